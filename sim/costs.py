@@ -1,0 +1,166 @@
+"""Cost model: the duration of each plan op on a :class:`~sim.specs.HardwareProfile`.
+
+Pure functions of (op, profile). Formulas:
+
+* H2D / D2H: ``latency_s + bytes / bytes_per_s`` of the copy path (pinned or pageable).
+* GEMM / MUL_MAT_ID: roofline, ``max(FLOP / (peak * gemm_efficiency),
+  bytes / (HBM * hbm_efficiency)) + kernel_s``, with FLOP = 2·m·n·k per matrix-token
+  (MUL_MAT_ID: m·top-k rows) and bytes = weights read + activations in (f32) and out (f32).
+  When the profile has a measured ``gemm_table`` holding the (n, k) shape, the time is
+  interpolated in log(m) from it instead (measured beats roofline).
+* Attention: FLOP = 4·pairs·n_head·head_dim (QKᵀ and PV), pairs = causal (query, key)
+  pairs of the ubatch against ``kv_len`` cached tokens (capped by a sliding window); bytes =
+  K and V read once (F16). Linear attention: 4·tokens·n_head·head_dim·state FLOP.
+* CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
+  cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
+  is bounded by host DRAM bandwidth).
+* Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile; host work of building
+  expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from .plan import Op, OpKind, Plan
+from .specs import HardwareProfile
+
+#: host time per router id scanned when building the set of used experts and its runs.
+#: Assumption: a few ns per id for a tight C loop; 5 ns keeps it visible but negligible.
+HOST_WORK_PER_ITEM_S = 5e-9
+
+ACT_BYTES = 4  # activations are f32 in ggml graphs
+
+
+def gemm_s(hw: HardwareProfile, m: int, n: int, k: int, weight_bytes: float, rows: int | None = None) -> float:
+    """Time of a (m×k)·(k×n) matmul whose weights take ``weight_bytes``.
+
+    Args:
+        m: tokens. rows: matmul rows if different from m (MUL_MAT_ID: m·top-k).
+
+    Returns seconds (> 0).
+    """
+    rows = m if rows is None else rows
+    tab = _table_lookup(hw, n, k, rows)
+    if tab is not None:
+        # measured table is for dense weights of its own dtype; correct for weight bytes
+        # streamed when they differ (quantised weights stream fewer bytes)
+        return tab
+    flops = 2.0 * rows * n * k
+    nbytes = weight_bytes + ACT_BYTES * rows * (n + k)
+    return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
+               nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+
+
+def _table_lookup(hw: HardwareProfile, n: int, k: int, m: int) -> float | None:
+    if hw.gemm_table is None:
+        return None
+    curves = _gemm_curves(id(hw.gemm_table), hw.gemm_table)
+    curve = curves.get((int(n), int(k)))
+    if curve is None:
+        return None
+    ms, ts = curve
+    lm = math.log(max(m, 1))
+    if lm <= ms[0]:
+        return float(math.exp(ts[0]))
+    if lm >= ms[-1]:
+        # beyond the table: compute-bound, time scales with m
+        return float(math.exp(ts[-1]) * math.exp(lm - ms[-1]))
+    return float(math.exp(np.interp(lm, ms, ts)))
+
+
+_CURVE_CACHE: dict[int, dict] = {}
+
+
+def _gemm_curves(key: int, table) -> dict:
+    got = _CURVE_CACHE.get(key)
+    if got is not None:
+        return got
+    curves = {}
+    for (n, k), grp in table.groupby(["n", "k"]):
+        g = grp.groupby("m")["t_s"].median().sort_index()
+        curves[(int(n), int(k))] = (np.log(g.index.to_numpy(float)), np.log(g.to_numpy(float)))
+    _CURVE_CACHE[key] = curves
+    return curves
+
+
+def attn_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
+           head_dim: int, window: int = 0, linear: bool = False, state_dim: int = 128) -> float:
+    """Time of one layer's attention for ``n_tokens`` new tokens on ``kv_len`` cached ones."""
+    if linear:
+        flops = 4.0 * n_tokens * n_head * head_dim * state_dim
+        nbytes = ACT_BYTES * n_tokens * n_head * head_dim * 3
+    else:
+        pairs = attn_pairs(n_tokens, kv_len, window)
+        flops = 4.0 * pairs * n_head * head_dim
+        kv_read = (min(kv_len + n_tokens, window) if window else kv_len + n_tokens)
+        nbytes = kv_read * n_head_kv * head_dim * 2 * 2 + ACT_BYTES * n_tokens * n_head * head_dim * 2
+    return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
+               nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+
+
+def attn_pairs(n_tokens: int, kv_len: int, window: int = 0) -> float:
+    """Causal (query, key) pairs: token i of the ubatch sees ``kv_len + i + 1`` keys, at most
+    ``window`` of them when a sliding window is set."""
+    n = n_tokens
+    if not window:
+        return n * kv_len + n * (n + 1) / 2
+    # sum_{i=1..n} min(kv_len + i, window)
+    full_from = max(0, min(n, window - kv_len))  # i < full_from: below the window
+    below = full_from * kv_len + full_from * (full_from + 1) / 2
+    return below + (n - full_from) * window
+
+
+def cpu_s(hw: HardwareProfile, weight_bytes: float, flops: float) -> float:
+    """Time of an op run by the CPU backend on host weights (memory- or compute-bound)."""
+    return max(weight_bytes / hw.cpu_bytes_per_s, flops / hw.cpu_flops_per_s)
+
+
+def op_duration_s(op: Op, hw: HardwareProfile) -> float:
+    """Duration of one op in seconds.
+
+    Raises:
+        ValueError: an op kind the cost model does not know.
+    """
+    k = op.kind
+    if k is OpKind.H2D:
+        return hw.h2d(op.pinned).time_s(op.nbytes)
+    if k is OpKind.D2H:
+        return hw.d2h.time_s(op.nbytes)
+    if k is OpKind.GEMM:
+        m, n, kk = op.shape[:3]
+        return gemm_s(hw, m, n, kk, op.nbytes)
+    if k is OpKind.MOE:
+        m, n, kk, _n_used, topk = op.shape[:5]
+        return gemm_s(hw, m, n, kk, op.nbytes, rows=m * topk)
+    if k is OpKind.ATTN:
+        n_tok, kv, nh, nkv, hd, window, linear, state = op.shape
+        return attn_s(hw, n_tok, kv, nh, nkv, hd, window, bool(linear), state)
+    if k is OpKind.CPU_MATVEC:
+        m, n, kk, mult = op.shape[:4]
+        return cpu_s(hw, op.nbytes, 2.0 * m * mult * n * kk)
+    if k is OpKind.HOST_SYNC:
+        return hw.host_sync_s
+    if k is OpKind.ISSUE:
+        return hw.op_issue_s
+    if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
+        return hw.event_s
+    if k is OpKind.HOST_WORK:
+        return HOST_WORK_PER_ITEM_S * (op.shape[0] if op.shape else 0)
+    raise ValueError(f"no cost for op kind {k}")
+
+
+def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
+    """Durations (seconds) of every op of ``plan``: an ``(n,)`` float64 array."""
+    cache: dict = {}
+    out = np.empty(len(plan.ops), dtype=np.float64)
+    for op in plan.ops:
+        key = (op.kind, op.nbytes, op.shape, op.pinned)
+        d = cache.get(key)
+        if d is None:
+            d = cache[key] = op_duration_s(op, hw)
+        out[op.id] = d
+    return out

@@ -1,0 +1,822 @@
+"""Frozen specifications of a what-if scenario: model, hardware, placement, workload, variant.
+
+All loaded from TOML under ``scenarios/`` through :mod:`sim.tomlio`, which names the file and
+the field on any bad value. Units are SI and carried in names (``vram_bytes``,
+``h2d_bytes_per_s``, ``host_sync_s``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import ScenarioError
+from .quant import GGML_TYPE_BPW, TENSOR_GROUPS, bpw_of, preset_group_types
+from .tomlio import Fields, load_toml
+from .units import GB
+
+# --------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One weight tensor, named as in GGUF (``blk.7.ffn_up_exps``).
+
+    Attributes:
+        name: GGUF tensor name.
+        layer: block index, or -1 for ``token_embd``/``output``/``output_norm``.
+        group: tensor group (see :data:`sim.quant.TENSOR_GROUPS`).
+        n_in: input features (ggml ``ne[0]``).
+        n_out: output features (ggml ``ne[1]``).
+        n_mat: number of matrices (``ne[2]``: experts for ``*_exps``, else 1).
+        bpw: bits per weight.
+    """
+
+    name: str
+    layer: int
+    group: str
+    n_in: int
+    n_out: int
+    n_mat: int
+    bpw: float
+
+    @property
+    def n_params(self) -> int:
+        return self.n_in * self.n_out * self.n_mat
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor (all experts)."""
+        return int(round(self.n_params * self.bpw / 8))
+
+    @property
+    def bytes_per_mat(self) -> int:
+        """Bytes of one matrix (one expert for ``*_exps``)."""
+        return int(round(self.n_in * self.n_out * self.bpw / 8))
+
+    @property
+    def is_expert(self) -> bool:
+        return self.group.startswith("exps_")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts part of a model.
+
+    Attributes:
+        n_expert: routed experts per layer (``n_expert``).
+        n_expert_used: experts per token (top-k, ``n_expert_used``).
+        n_ff_exp: hidden size of one expert (``expert_feed_forward_length``).
+        n_expert_shared: shared experts (always active, held with the dense weights).
+        n_ff_shexp: hidden size of the shared expert(s) together.
+        n_layer_dense_lead: leading layers with a dense FFN instead of experts.
+        fused_gate_up: one ``ffn_gate_up_exps`` tensor instead of gate and up.
+    """
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_expert_shared: int = 0
+    n_ff_shexp: int = 0
+    n_layer_dense_lead: int = 0
+    fused_gate_up: bool = False
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A transformer as llama.cpp sees it.
+
+    Attributes:
+        name: display name (llama-bench's ``model`` column).
+        n_layer: blocks.
+        d_model: embedding size (``n_embd``).
+        n_head, n_head_kv, head_dim: attention geometry.
+        n_vocab: vocabulary size.
+        n_ff: dense FFN hidden size (dense layers and leading dense layers of MoE models).
+        attn_kind: ``"full"`` (softmax attention, cost grows with KV depth) or ``"hybrid"``
+            (linear attention, cost independent of depth, with one full-attention layer every
+            ``full_attn_interval`` layers; ``"linear"`` is hybrid with no full layer).
+        full_attn_interval: see ``attn_kind``.
+        sliding_window: tokens of the sliding window on SWA layers (0 = none).
+        swa_interval: every ``swa_interval``-th layer is full, the others sliding (0 = none).
+        linear_state_dim: per-head recurrent state size of linear-attention layers.
+        moe: the MoE part, or None for a dense model.
+        group_types: ggml type (or bits) per tensor group.
+        kv_bytes_per_elem: bytes per K/V element in the KV cache (2 = F16, the default).
+        source: where the architecture numbers come from.
+        file: the TOML file it was read from.
+    """
+
+    name: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    n_ff: int
+    attn_kind: str = "full"
+    full_attn_interval: int = 1
+    sliding_window: int = 0
+    swa_interval: int = 0
+    linear_state_dim: int = 128
+    moe: MoESpec | None = None
+    group_types: Mapping[str, str | float] = field(default_factory=dict)
+    kv_bytes_per_elem: float = 2.0
+    source: str = ""
+    file: str | None = None
+
+    # -- structure --------------------------------------------------------------------
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.n_layer_dense_lead
+
+    def is_full_attn_layer(self, layer: int) -> bool:
+        if self.attn_kind == "full":
+            return True
+        if self.attn_kind == "linear":
+            return False
+        return (layer + 1) % self.full_attn_interval == 0
+
+    def attn_window(self, layer: int) -> int:
+        """KV tokens a full-attention layer attends to at most (0 = unlimited)."""
+        if self.sliding_window and self.swa_interval and (layer + 1) % self.swa_interval != 0:
+            return self.sliding_window
+        return 0
+
+    def bpw(self, group: str) -> float:
+        return bpw_of(self.group_types.get(group, "F16"))
+
+    @cached_property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """All weight tensors in GGUF order (norms omitted: they are < 0.01% of bytes)."""
+        d, hd = self.d_model, self.head_dim
+        out: list[Tensor] = [Tensor("token_embd", -1, "embd", d, self.n_vocab, 1, self.bpw("embd"))]
+        for i in range(self.n_layer):
+            b = f"blk.{i}."
+            out += [
+                Tensor(b + "attn_q", i, "attn_q", d, self.n_head * hd, 1, self.bpw("attn_q")),
+                Tensor(b + "attn_k", i, "attn_k", d, self.n_head_kv * hd, 1, self.bpw("attn_k")),
+                Tensor(b + "attn_v", i, "attn_v", d, self.n_head_kv * hd, 1, self.bpw("attn_v")),
+                Tensor(b + "attn_output", i, "attn_output", self.n_head * hd, d, 1, self.bpw("attn_output")),
+            ]
+            if self.is_moe_layer(i):
+                m = self.moe
+                assert m is not None
+                out.append(Tensor(b + "ffn_gate_inp", i, "router", d, m.n_expert, 1, self.bpw("router")))
+                if m.fused_gate_up:
+                    out.append(Tensor(b + "ffn_gate_up_exps", i, "exps_gate", d, 2 * m.n_ff_exp, m.n_expert, self.bpw("exps_gate")))
+                else:
+                    out.append(Tensor(b + "ffn_gate_exps", i, "exps_gate", d, m.n_ff_exp, m.n_expert, self.bpw("exps_gate")))
+                    out.append(Tensor(b + "ffn_up_exps", i, "exps_up", d, m.n_ff_exp, m.n_expert, self.bpw("exps_up")))
+                out.append(Tensor(b + "ffn_down_exps", i, "exps_down", m.n_ff_exp, d, m.n_expert, self.bpw("exps_down")))
+                if m.n_expert_shared:
+                    out += [
+                        Tensor(b + "ffn_gate_shexp", i, "shexp", d, m.n_ff_shexp, 1, self.bpw("shexp")),
+                        Tensor(b + "ffn_up_shexp", i, "shexp", d, m.n_ff_shexp, 1, self.bpw("shexp")),
+                        Tensor(b + "ffn_down_shexp", i, "shexp", m.n_ff_shexp, d, 1, self.bpw("shexp")),
+                    ]
+            else:
+                out += [
+                    Tensor(b + "ffn_gate", i, "ffn_gate", d, self.n_ff, 1, self.bpw("ffn_gate")),
+                    Tensor(b + "ffn_up", i, "ffn_up", d, self.n_ff, 1, self.bpw("ffn_up")),
+                    Tensor(b + "ffn_down", i, "ffn_down", self.n_ff, d, 1, self.bpw("ffn_down")),
+                ]
+        out.append(Tensor("output", -1, "output", d, self.n_vocab, 1, self.bpw("output")))
+        return tuple(out)
+
+    @cached_property
+    def n_params(self) -> int:
+        return sum(t.n_params for t in self.tensors)
+
+    @cached_property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def kv_bytes_per_token(self, layer: int) -> float:
+        """K and V bytes one token adds to one layer's cache (0 for linear-attention layers)."""
+        if not self.is_full_attn_layer(layer):
+            return 0.0
+        return 2 * self.n_head_kv * self.head_dim * self.kv_bytes_per_elem
+
+    def size_label(self) -> str:
+        """llama-bench's ``size`` column: ``12.34 GiB``."""
+        return f"{self.nbytes / 2**30:.2f} GiB"
+
+    def params_label(self) -> str:
+        """llama-bench's ``params`` column: ``20.91 B``."""
+        return f"{self.n_params / 1e9:.2f} B"
+
+
+def load_model(path: str | Path) -> ModelSpec:
+    """Read a model TOML (``scenarios/models/*.toml``).
+
+    Raises:
+        ScenarioError: naming the file and field of any missing or invalid value.
+    """
+    data = load_toml(path)
+    f = Fields(data, path)
+    m = f.sub("model", required=True)
+    name = m.str("name")
+    n_layer = m.int("n_layer", min=1)
+    d_model = m.int("d_model", min=1)
+    n_head = m.int("n_head", min=1)
+    n_head_kv = m.int("n_head_kv", n_head, min=1)
+    if n_head % n_head_kv:
+        raise m.error("n_head_kv", f"must divide n_head ({n_head}), got {n_head_kv}")
+    head_dim = m.int("head_dim", d_model // n_head, min=1)
+    n_vocab = m.int("n_vocab", min=1)
+    n_ff = m.int("n_ff", 0, min=0)
+    attn_kind = m.str("attn_kind", "full", choices=("full", "hybrid", "linear"))
+    full_attn_interval = m.int("full_attn_interval", 1 if attn_kind == "full" else 4, min=1)
+    sliding_window = m.int("sliding_window", 0, min=0)
+    swa_interval = m.int("swa_interval", 0, min=0)
+    linear_state_dim = m.int("linear_state_dim", 128, min=1)
+    kv_bytes = m.float("kv_bytes_per_elem", 2.0, positive=True)
+    source = m.str("source", "")
+    m.check_unknown()
+
+    moe = None
+    if f.has("moe"):
+        e = f.sub("moe")
+        n_expert = e.int("n_expert", min=1)
+        n_used = e.int("n_expert_used", min=1)
+        if n_used > n_expert:
+            raise e.error("n_expert_used", f"top-k {n_used} exceeds n_expert {n_expert}")
+        moe = MoESpec(
+            n_expert=n_expert,
+            n_expert_used=n_used,
+            n_ff_exp=e.int("n_ff_exp", min=1),
+            n_expert_shared=e.int("n_expert_shared", 0, min=0),
+            n_ff_shexp=e.int("n_ff_shexp", 0, min=0),
+            n_layer_dense_lead=e.int("n_layer_dense_lead", 0, min=0, max=n_layer),
+            fused_gate_up=e.bool("fused_gate_up", False),
+        )
+        if moe.n_expert_shared and not moe.n_ff_shexp:
+            raise e.error("n_ff_shexp", "required when n_expert_shared > 0")
+        e.check_unknown()
+    if (moe is None or moe.n_layer_dense_lead > 0) and n_ff <= 0:
+        raise m.error("n_ff", "a dense model (or leading dense layers) needs n_ff > 0")
+
+    q = f.sub("quant")
+    preset = q.str("preset", "F16")
+    try:
+        types: dict[str, str | float] = dict(preset_group_types(preset))
+    except KeyError as exc:
+        raise q.error("preset", str(exc.args[0])) from None
+    for g in TENSOR_GROUPS:
+        if q.has(g):
+            v = q.raw(g)
+            try:
+                bpw_of(v)
+            except (KeyError, ValueError) as exc:
+                raise q.error(g, str(exc.args[0])) from None
+            types[g] = v
+    q.check_unknown()
+    f.check_unknown()
+    return ModelSpec(
+        name=name, n_layer=n_layer, d_model=d_model, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, n_vocab=n_vocab, n_ff=n_ff, attn_kind=attn_kind,
+        full_attn_interval=full_attn_interval, sliding_window=sliding_window,
+        swa_interval=swa_interval, linear_state_dim=linear_state_dim, moe=moe,
+        group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A copy path: ``t = latency_s + bytes / bytes_per_s``.
+
+    Attributes:
+        bytes_per_s: sustained bandwidth.
+        latency_s: fixed cost per copy call.
+        host_blocking: the host thread is blocked for the copy (pageable memory: CUDA stages
+            it through a pinned bounce buffer, ``cudaMemcpyAsync`` API sync behaviour).
+    """
+
+    bytes_per_s: float
+    latency_s: float
+    host_blocking: bool = False
+
+    def time_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A GPU + host system, from datasheets or measured by ``prefetch-sim calibrate``.
+
+    Attributes:
+        name: display name (llama-bench's ``backend`` column shows ``CUDA``).
+        gpu_name: the device name.
+        n_gpu: GPUs (layers are split across them, llama.cpp ``-sm layer``).
+        vram_bytes: memory per GPU.
+        vram_reserved_bytes: memory per GPU taken by the CUDA context and driver.
+        gpu_flops_per_s: dense f16/bf16 tensor-core peak.
+        gemm_efficiency: achieved share of ``gpu_flops_per_s`` on large GEMMs.
+        hbm_bytes_per_s: device memory bandwidth.
+        hbm_efficiency: achieved share of ``hbm_bytes_per_s`` on weight-streaming kernels.
+        kernel_s: minimum GPU time of one kernel (launch and tail).
+        h2d_pinned, h2d_pageable, d2h: copy paths.
+        host_sync_s: host cost of ``cudaStreamSynchronize`` returning after the GPU is idle.
+        op_issue_s: host cost to issue one asynchronous op (kernel launch, async copy call).
+        event_s: host cost of an event record or stream-wait-event call.
+        cpu_bytes_per_s: host DRAM bandwidth a CPU matvec achieves (ops run on the CPU).
+        cpu_flops_per_s: CPU matmul throughput (CPU ops with many tokens).
+        event_semantics: ``"record_point"`` (CUDA: a wait releases when the work before the
+            record finished) or ``"stream_tail"`` (seen on ROCm with pageable memory: released
+            only when the copy stream drains).
+        gemm_table: optional measured GEMM times (columns m, n, k, t_s), used for shapes it
+            covers.
+        attn_table: optional measured attention times (columns n_tokens, kv_len, n_head,
+            n_head_kv, head_dim, t_s).
+        sources: field -> where the number came from.
+        measured: metadata of a calibrated profile (device, driver, versions, date, command).
+        file: the TOML file.
+    """
+
+    name: str
+    gpu_name: str
+    n_gpu: int
+    vram_bytes: float
+    vram_reserved_bytes: float
+    gpu_flops_per_s: float
+    gemm_efficiency: float
+    hbm_bytes_per_s: float
+    hbm_efficiency: float
+    kernel_s: float
+    h2d_pinned: LinkSpec
+    h2d_pageable: LinkSpec
+    d2h: LinkSpec
+    host_sync_s: float
+    op_issue_s: float
+    event_s: float
+    cpu_bytes_per_s: float
+    cpu_flops_per_s: float
+    event_semantics: str = "record_point"
+    gemm_table: Any = None
+    attn_table: Any = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+    measured: Mapping[str, str] = field(default_factory=dict)
+    file: str | None = None
+
+    def h2d(self, pinned: bool) -> LinkSpec:
+        return self.h2d_pinned if pinned else self.h2d_pageable
+
+    def with_(self, **changes: Any) -> HardwareProfile:
+        """A copy with some fields changed (for sweeps), e.g. ``hw.with_(h2d_pinned=...)``."""
+        return replace(self, **changes)
+
+
+_HW_NUMBERS = {
+    # field: (toml key, default-or-required)
+    "vram_bytes": "vram_gb",
+    "gpu_flops_per_s": "gpu_tflops",
+    "hbm_bytes_per_s": "hbm_gb_per_s",
+}
+
+
+def load_hardware(path: str | Path) -> HardwareProfile:
+    """Read a hardware profile TOML (``scenarios/hardware/*.toml``).
+
+    Every number is ``{ value = ..., source = "..." }``. Units in keys: ``_gb`` (10**9 bytes),
+    ``_gb_per_s``, ``_tflops`` (10**12 FLOP/s), ``_us`` (microseconds).
+
+    Raises:
+        ScenarioError: naming the file and field of any missing or invalid value.
+    """
+    data = load_toml(path)
+    f = Fields(data, path)
+    g = f.sub("hardware", required=True)
+    sources: dict[str, str] = {}
+
+    def num(key: str, scale: float, default: Any = None, positive: bool = True) -> float:
+        if default is not None and not g.has(key):
+            return default
+        v, s = g.sourced(key, positive=positive)
+        sources[key] = s
+        return v * scale
+
+    name = g.str("name")
+    gpu_name = g.str("gpu_name", name)
+    n_gpu = g.int("n_gpu", 1, min=1, max=16)
+    vram = num("vram_gb", GB)
+    reserved = num("vram_reserved_gb", GB, default=0.5 * GB)
+    flops = num("gpu_tflops", 1e12)
+    eff = num("gemm_efficiency", 1.0, default=0.7)
+    hbm = num("hbm_gb_per_s", GB)
+    hbm_eff = num("hbm_efficiency", 1.0, default=0.8)
+    kernel_s = num("kernel_us", 1e-6, default=5e-6)
+    pin_bw = num("h2d_pinned_gb_per_s", GB)
+    pin_lat = num("h2d_pinned_latency_us", 1e-6, default=10e-6)
+    pag_bw = num("h2d_pageable_gb_per_s", GB)
+    pag_lat = num("h2d_pageable_latency_us", 1e-6, default=20e-6)
+    d2h_bw = num("d2h_gb_per_s", GB, default=pin_bw)
+    d2h_lat = num("d2h_latency_us", 1e-6, default=15e-6)
+    host_sync = num("host_sync_us", 1e-6, default=10e-6)
+    issue = num("op_issue_us", 1e-6, default=4e-6)
+    event = num("event_us", 1e-6, default=2e-6)
+    cpu_bw = num("cpu_gb_per_s", GB)
+    cpu_flops = num("cpu_tflops", 1e12, default=1e12)
+    sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
+    for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
+        if val > 1:
+            raise g.error(key, f"an efficiency is a share of peak, must be <= 1, got {val}")
+    gemm_table = attn_table = None
+    if g.has("gemm_table"):
+        gemm_table = _read_table(g, "gemm_table", ("m", "n", "k", "t_s"))
+    if g.has("attn_table"):
+        attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"))
+    g.check_unknown()
+    measured: dict[str, str] = {}
+    if f.has("measured"):
+        ms = f.sub("measured")
+        measured = {k: str(ms.raw(k)) for k in list(ms.table)}
+    f.check_unknown()
+    return HardwareProfile(
+        name=name, gpu_name=gpu_name, n_gpu=n_gpu, vram_bytes=vram, vram_reserved_bytes=reserved,
+        gpu_flops_per_s=flops, gemm_efficiency=eff, hbm_bytes_per_s=hbm, hbm_efficiency=hbm_eff,
+        kernel_s=kernel_s,
+        h2d_pinned=LinkSpec(pin_bw, pin_lat, False),
+        h2d_pageable=LinkSpec(pag_bw, pag_lat, True),
+        d2h=LinkSpec(d2h_bw, d2h_lat, False),
+        host_sync_s=host_sync, op_issue_s=issue, event_s=event,
+        cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem,
+        gemm_table=gemm_table, attn_table=attn_table, sources=sources, measured=measured,
+        file=str(path),
+    )
+
+
+def _read_table(g: Fields, key: str, columns: tuple[str, ...]):
+    import pandas as pd
+
+    p = g.path(key)
+    try:
+        df = pd.read_csv(p, comment="#")
+    except FileNotFoundError:
+        raise g.error(key, f"table file not found: {p}") from None
+    except Exception as exc:  # pandas raises several parser errors
+        raise g.error(key, f"cannot read table {p}: {exc}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise g.error(key, f"table {p} lacks columns {', '.join(missing)}")
+    if (df["t_s"] <= 0).any() or df["t_s"].isna().any():
+        raise g.error(key, f"table {p} has non-positive or missing t_s")
+    return df
+
+
+# --------------------------------------------------------------------------------------
+# Placement
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where weights live, as llama.cpp's flags set it.
+
+    Attributes:
+        ngl: ``-ngl``: the last ``ngl`` blocks are offloaded (``n_layer + 1`` also puts
+            ``output`` on the GPU; llama.cpp's default of 999 means all).
+        n_cpu_moe: ``--n-cpu-moe N``: experts of the first N blocks stay on the host.
+        override_tensor: ``-ot`` rules as ``(regex, buffer)`` pairs, buffer ``"CPU"`` or
+            ``"CUDA0"``...; the first rule whose regex ``re.search``-es a tensor name wins.
+        pinned: host weights in pinned memory (``--no-mmap`` with pinned host buffers) versus
+            pageable (mmap'd, the llama.cpp default).
+        expert_cache_experts: capacity of the GPU expert cache in experts per layer-tensor
+            set (0 = no cache; ``-1`` = whatever VRAM is left, see :mod:`sim.vram`).
+        op_offload_min_batch: batch at and above which an op with a host weight runs on the
+            GPU (ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH``, default 32).
+        ctx_size: ``-c``: KV cache reserved for this many tokens.
+        fit_experts: if true, ``n_cpu_moe`` is chosen as the smallest value whose placement
+            fits in VRAM (as llama.cpp's ``--fit``), after the variant's staging reservation.
+    """
+
+    ngl: int = 999
+    n_cpu_moe: int = 0
+    override_tensor: tuple[tuple[str, str], ...] = ()
+    pinned: bool = True
+    expert_cache_experts: int = 0
+    op_offload_min_batch: int = 32
+    ctx_size: int = 4096
+    fit_experts: bool = False
+
+    def host_resident(self, model: ModelSpec, t: Tensor) -> bool:
+        """True if tensor ``t`` is kept in host memory under this placement."""
+        for regex, buf in self.override_tensor:
+            if re.search(regex, t.name):
+                return buf.upper() == "CPU"
+        if t.layer < 0:
+            if t.group == "embd":
+                return True  # llama.cpp keeps token_embd on the host (get_rows on CPU)
+            return self.ngl <= model.n_layer  # output offloaded only with ngl > n_layer
+        if t.layer < model.n_layer - min(self.ngl, model.n_layer):
+            return True
+        if t.is_expert and t.layer < self.n_cpu_moe:
+            return True
+        return False
+
+    def layer_on_gpu(self, model: ModelSpec, layer: int) -> bool:
+        return layer >= model.n_layer - min(self.ngl, model.n_layer)
+
+
+def placement_from_fields(p: Fields) -> Placement:
+    rules = []
+    raw = p.raw("override_tensor", [])
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise p.error("override_tensor", "expected a list of 'regex=BUFFER' strings")
+    for i, rule in enumerate(raw):
+        fld = f"{p.name('override_tensor')}[{i}]"
+        if not isinstance(rule, str) or "=" not in rule:
+            raise ScenarioError(f"expected 'regex=BUFFER' (as llama.cpp -ot), got {rule!r}", file=p.file, field=fld)
+        regex, buf = rule.rsplit("=", 1)
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise ScenarioError(f"bad regex '{regex}': {exc}", file=p.file, field=fld) from None
+        if not re.fullmatch(r"CPU|CUDA\d+|GPU\d*", buf.upper()):
+            raise ScenarioError(f"buffer must be CPU or CUDA<n>, got '{buf}'", file=p.file, field=fld)
+        rules.append((regex, buf.upper()))
+    host_memory = p.str("host_memory", "pinned", choices=("pinned", "pageable"))
+    cache = p.raw("expert_cache_experts", 0)
+    if cache == "auto":
+        cache = -1
+    elif isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+        raise p.error("expert_cache_experts", f"expected a count >= 0 or \"auto\", got {cache!r}")
+    return Placement(
+        ngl=p.int("ngl", 999, min=0),
+        n_cpu_moe=p.int("n_cpu_moe", 0, min=0),
+        override_tensor=tuple(rules),
+        pinned=host_memory == "pinned",
+        expert_cache_experts=cache,
+        op_offload_min_batch=p.int("op_offload_min_batch", 32, min=1),
+        ctx_size=p.int("ctx_size", 4096, min=1),
+        fit_experts=p.bool("fit_experts", False),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    """One llama-bench test: ``pp512``, ``tg128``, ``pp512 @ d10000``.
+
+    Attributes:
+        n_prompt: prompt tokens processed (pp), 0 for tg.
+        n_gen: tokens generated one at a time (tg), 0 for pp.
+        n_depth: tokens already in the KV cache before the test (``-d``).
+    """
+
+    n_prompt: int
+    n_gen: int
+    n_depth: int = 0
+
+    @property
+    def name(self) -> str:
+        base = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{base} @ d{self.n_depth}" if self.n_depth else base
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_prompt or self.n_gen
+
+
+@dataclass(frozen=True)
+class Workload:
+    """llama-bench's test matrix (``-p``, ``-n``, ``-d``, ``-ub``, ``-b``, ``-r``).
+
+    Attributes:
+        n_prompt: prompt lengths (``-p``); 0 entries are skipped.
+        n_gen: generation lengths (``-n``); 0 entries are skipped.
+        n_depth: KV depths (``-d``).
+        n_ubatch: physical batch (``-ub``).
+        n_batch: logical batch (``-b``); a prompt is cut in ``n_batch`` graphs' worth of
+            ubatches.
+        repetitions: ``-r``; repetitions differ by routing draws.
+    """
+
+    n_prompt: tuple[int, ...] = (512,)
+    n_gen: tuple[int, ...] = (128,)
+    n_depth: tuple[int, ...] = (0,)
+    n_ubatch: int = 512
+    n_batch: int = 2048
+    repetitions: int = 5
+
+    def tests(self) -> list[BenchTest]:
+        out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]
+        out += [BenchTest(0, n, d) for n in self.n_gen if n > 0 for d in self.n_depth]
+        return out
+
+
+def workload_from_fields(w: Fields) -> Workload:
+    n_ubatch = w.int("n_ubatch", 512, min=1)
+    n_batch = w.int("n_batch", 2048, min=1)
+    if n_ubatch > n_batch:
+        n_ubatch = n_batch  # llama.cpp clamps ubatch to batch
+    wl = Workload(
+        n_prompt=w.int_list("n_prompt", (512,), min=0),
+        n_gen=w.int_list("n_gen", (128,), min=0),
+        n_depth=w.int_list("n_depth", (0,), min=0),
+        n_ubatch=n_ubatch,
+        n_batch=n_batch,
+        repetitions=w.int("repetitions", 5, min=1, max=1000),
+    )
+    if not wl.tests():
+        raise w.error("n_prompt", "no test to run: every -p and -n value is 0")
+    return wl
+
+
+# --------------------------------------------------------------------------------------
+# Variant
+# --------------------------------------------------------------------------------------
+
+CACHE_POLICIES = ("none", "lru", "lfu")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A scheduler policy to evaluate.
+
+    Attributes:
+        name: label shown in reports.
+        prefetch_weights: ungated weight prefetch (``--prefetch-weights``): the next split's
+            whole host weights are copied on a second stream during the current split.
+        gate_min_batch: MoE-batch gate: in a graph with MoE ops, prefetch is off when the
+            ubatch has fewer tokens than this (None = ungated).
+        expert_slots: staging slots of ``--prefetch-experts-slots N`` (0 = off). Fires when
+            tokens * top-k >= 2 * n_expert (prefill only).
+        expert_cache: GPU expert cache policy, ``"none"``, ``"lru"`` or ``"lfu"``.
+        selective_copy: copy only the experts the ubatch uses (upstream ggml behaviour);
+            false copies whole expert tensors (the control in DESIGN.md).
+    """
+
+    name: str = "baseline"
+    prefetch_weights: bool = False
+    gate_min_batch: int | None = None
+    expert_slots: int = 0
+    expert_cache: str = "none"
+    selective_copy: bool = True
+
+    @property
+    def any_prefetch(self) -> bool:
+        return self.prefetch_weights or self.expert_slots > 0
+
+    @property
+    def is_baseline(self) -> bool:
+        return not self.any_prefetch and self.expert_cache == "none" and self.selective_copy
+
+
+_VARIANT_TOKEN = re.compile(
+    r"(?P<baseline>baseline)$|(?P<ungated>prefetch_ungated|prefetch_weights|prefetch)$"
+    r"|(?:prefetch_gated_?|gated_?)(?P<gate>\d+)$|(?:prefetch_experts_slots_?|slots_?)(?P<slots>\d+)$"
+    r"|cache_(?P<cache>lru|lfu)$|(?P<nosel>no_selective_copy|baseline_without_selective_copy|whole_copy)$"
+)
+
+
+def parse_variant(text: str, *, file: str | Path | None = None, field_name: str = "variant") -> Variant:
+    """Parse a variant label such as ``baseline``, ``prefetch_ungated``,
+    ``prefetch_gated_512``, ``slots3``, ``cache_lru``, ``baseline_without_selective_copy`` or
+    a ``+``-joined combination (``slots3+cache_lru``).
+
+    Raises:
+        ScenarioError: an unknown token, naming ``field_name`` in ``file``.
+    """
+    kw: dict[str, Any] = {}
+    for tok in text.strip().lower().split("+"):
+        mt = _VARIANT_TOKEN.match(tok.strip())
+        if not mt:
+            raise ScenarioError(
+                f"unknown variant '{tok}' (use baseline, prefetch_ungated, prefetch_gated_<N>, "
+                "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, joined with +)",
+                file=file, field=field_name)
+        if mt["ungated"]:
+            kw["prefetch_weights"] = True
+        elif mt["gate"]:
+            kw["prefetch_weights"] = True
+            kw["gate_min_batch"] = int(mt["gate"])
+        elif mt["slots"]:
+            n = int(mt["slots"])
+            if n < 1:
+                raise ScenarioError("slots must be >= 1", file=file, field=field_name)
+            kw["expert_slots"] = n
+        elif mt["cache"]:
+            kw["expert_cache"] = mt["cache"]
+        elif mt["nosel"]:
+            kw["selective_copy"] = False
+    return Variant(name=text.strip(), **kw)
+
+
+def variant_from_fields(v: Fields) -> Variant:
+    if v.has("spec"):
+        var = parse_variant(v.str("spec"), file=v.file, field_name=v.name("spec"))
+        name = v.str("name", var.name)
+        v.check_unknown()
+        return replace(var, name=name)
+    gate = v.int("gate_min_batch", None, min=1) if v.has("gate_min_batch") else None
+    var = Variant(
+        name=v.str("name"),
+        prefetch_weights=v.bool("prefetch_weights", gate is not None),
+        gate_min_batch=gate,
+        expert_slots=v.int("expert_slots", 0, min=0),
+        expert_cache=v.str("expert_cache", "none", choices=CACHE_POLICIES),
+        selective_copy=v.bool("selective_copy", True),
+    )
+    v.check_unknown()
+    return var
+
+
+DEFAULT_VARIANTS = ("baseline", "prefetch_ungated", "prefetch_gated_512", "slots3")
+
+
+# --------------------------------------------------------------------------------------
+# Scenario
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A complete what-if: model, hardware, placement, workload, routing, variants, seed.
+
+    Attributes:
+        routing: a :class:`sim.routing.RoutingSpec`.
+        compute_buffer_bytes: per-GPU compute buffer; None = estimated (see :mod:`sim.vram`).
+    """
+
+    name: str
+    model: ModelSpec
+    hardware: HardwareProfile
+    placement: Placement
+    workload: Workload
+    routing: Any
+    variants: tuple[Variant, ...]
+    seed: int = 0
+    compute_buffer_bytes: float | None = None
+    file: str | None = None
+
+    def with_(self, **changes: Any) -> Scenario:
+        return replace(self, **changes)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read a scenario TOML that names a model and a hardware file (relative to itself).
+
+    Raises:
+        ScenarioError: naming the file and field of any missing or invalid value, in the
+            scenario or in the files it names.
+    """
+    from .routing import routing_from_fields
+
+    data = load_toml(path)
+    f = Fields(data, path)
+    s = f.sub("scenario", required=True)
+    name = s.str("name")
+    model_path = s.path("model")
+    hw_path = s.path("hardware")
+    seed = s.int("seed", 0, min=0)
+    cbuf = s.float("compute_buffer_mib", None, min=0) if s.has("compute_buffer_mib") else None
+    s.check_unknown()
+    model = load_model(model_path)
+    hardware = load_hardware(hw_path)
+    pl_fields = f.sub("placement")
+    placement = placement_from_fields(pl_fields)
+    pl_fields.check_unknown()
+    if placement.n_cpu_moe > model.n_layer:
+        raise pl_fields.error("n_cpu_moe", f"exceeds the model's {model.n_layer} layers")
+    if placement.n_cpu_moe and model.moe is None:
+        raise pl_fields.error("n_cpu_moe", f"model '{model.name}' has no experts")
+    wl_fields = f.sub("workload")
+    workload = workload_from_fields(wl_fields)
+    wl_fields.check_unknown()
+    routing = routing_from_fields(f.sub("routing"), model)
+    variants: list[Variant] = []
+    raw_vars = f.raw("variant", None)
+    if raw_vars is None:
+        variants = [parse_variant(v) for v in DEFAULT_VARIANTS]
+    else:
+        if not isinstance(raw_vars, list):
+            raise f.error("variant", "expected [[variant]] tables")
+        for i, tbl in enumerate(raw_vars):
+            vf = Fields(tbl, path, f"variant[{i}]")
+            variants.append(variant_from_fields(vf))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise f.error("variant", f"duplicate variant names: {names}")
+    f.check_unknown()
+    return Scenario(
+        name=name, model=model, hardware=hardware, placement=placement, workload=workload,
+        routing=routing, variants=tuple(variants), seed=seed,
+        compute_buffer_bytes=None if cbuf is None else cbuf * 2**20, file=str(path),
+    )

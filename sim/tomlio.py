@@ -1,0 +1,176 @@
+"""Typed reading of TOML tables with errors that name the file and the dotted field.
+
+One place for validation (DESIGN.md, conventions): every loader reads its table through a
+:class:`Fields` view, which raises :class:`~sim.errors.ScenarioError` naming ``file`` and
+``field`` on a missing, mistyped, out-of-range or unknown key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import ScenarioError
+
+_MISSING = object()
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file.
+
+    Raises:
+        ScenarioError: the file is missing, unreadable or not valid TOML.
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError("file not found", file=p) from None
+    except IsADirectoryError:
+        raise ScenarioError("is a directory, expected a TOML file", file=p) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"not valid TOML: {exc}", file=p) from None
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror}", file=p) from None
+
+
+class Fields:
+    """A read-only view of one TOML table that remembers where it came from.
+
+    Args:
+        table: the parsed table.
+        file: the file it was read from (for error messages).
+        prefix: dotted path of the table inside the file (``"placement"``).
+    """
+
+    def __init__(self, table: Mapping[str, Any] | None, file: str | Path | None, prefix: str = ""):
+        if table is not None and not isinstance(table, Mapping):
+            raise ScenarioError("expected a table", file=file, field=prefix or None)
+        self.table = dict(table or {})
+        self.file = file
+        self.prefix = prefix
+        self._used: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def error(self, key: str, message: str) -> ScenarioError:
+        return ScenarioError(message, file=self.file, field=self.name(key))
+
+    def has(self, key: str) -> bool:
+        return key in self.table
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        self._used.add(key)
+        if key not in self.table:
+            if default is _MISSING:
+                raise self.error(key, "missing required field")
+            return default
+        return self.table[key]
+
+    def sub(self, key: str, required: bool = False) -> Fields:
+        val = self.raw(key, _MISSING if required else None)
+        if val is not None and not isinstance(val, Mapping):
+            raise self.error(key, f"expected a table, got {type(val).__name__}")
+        return Fields(val, self.file, self.name(key))
+
+    def int(self, key: str, default: Any = _MISSING, *, min: int | None = None, max: int | None = None) -> int:
+        val = self.raw(key, default)
+        if val is None:
+            return val
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise self.error(key, f"expected an integer, got {val!r}")
+        if min is not None and val < min:
+            raise self.error(key, f"must be >= {min}, got {val}")
+        if max is not None and val > max:
+            raise self.error(key, f"must be <= {max}, got {val}")
+        return val
+
+    def float(self, key: str, default: Any = _MISSING, *, min: float | None = None,
+              max: float | None = None, positive: bool = False) -> float:
+        val = self.raw(key, default)
+        if val is None:
+            return val
+        if isinstance(val, bool) or not isinstance(val, (int, float)):
+            raise self.error(key, f"expected a number, got {val!r}")
+        val = float(val)
+        if val != val:
+            raise self.error(key, "must not be NaN")
+        if positive and val <= 0:
+            raise self.error(key, f"must be > 0, got {val}")
+        if min is not None and val < min:
+            raise self.error(key, f"must be >= {min}, got {val}")
+        if max is not None and val > max:
+            raise self.error(key, f"must be <= {max}, got {val}")
+        return val
+
+    def str(self, key: str, default: Any = _MISSING, *, choices: Iterable[str] | None = None) -> str:
+        val = self.raw(key, default)
+        if val is None:
+            return val
+        if not isinstance(val, str):
+            raise self.error(key, f"expected a string, got {val!r}")
+        if choices is not None:
+            choices = tuple(choices)
+            if val not in choices:
+                raise self.error(key, f"must be one of {', '.join(choices)}; got '{val}'")
+        return val
+
+    def bool(self, key: str, default: Any = _MISSING) -> bool:
+        val = self.raw(key, default)
+        if not isinstance(val, bool):
+            raise self.error(key, f"expected true or false, got {val!r}")
+        return val
+
+    def int_list(self, key: str, default: Any = _MISSING, *, min: int | None = None) -> tuple[int, ...]:
+        val = self.raw(key, default)
+        if isinstance(val, int) and not isinstance(val, bool):
+            val = [val]
+        if not isinstance(val, (list, tuple)) or not val:
+            raise self.error(key, f"expected a non-empty list of integers, got {val!r}")
+        out = []
+        for i, v in enumerate(val):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ScenarioError(f"expected an integer, got {v!r}", file=self.file, field=f"{self.name(key)}[{i}]")
+            if min is not None and v < min:
+                raise ScenarioError(f"must be >= {min}, got {v}", file=self.file, field=f"{self.name(key)}[{i}]")
+            out.append(v)
+        return tuple(out)
+
+    def path(self, key: str, default: Any = _MISSING) -> Path | None:
+        """A path relative to the file's folder (absolute paths are kept)."""
+        val = self.str(key, default)
+        if val is None:
+            return None
+        p = Path(val)
+        if not p.is_absolute() and self.file is not None:
+            p = Path(self.file).parent / p
+        return p
+
+    def sourced(self, key: str, default: Any = _MISSING, *, positive: bool = True) -> tuple[float, str]:
+        """A datasheet or measured number written as ``{ value = ..., source = "..." }``.
+
+        Every hardware number carries its source (DESIGN.md, conventions); a bare number is an
+        error that says so.
+        """
+        val = self.raw(key, default)
+        if val is default and default is not _MISSING:
+            return default
+        if not isinstance(val, Mapping):
+            raise self.error(key, "expected { value = <number>, source = \"<where it comes from>\" }")
+        sub = Fields(val, self.file, self.name(key))
+        num = sub.float("value", positive=positive)
+        src = sub.str("source")
+        if not src.strip():
+            raise sub.error("source", "must say where the number comes from")
+        sub.check_unknown()
+        return num, src
+
+    def check_unknown(self) -> None:
+        """Raise on keys nobody read (typos such as ``n_cpu_mo``)."""
+        unknown = sorted(set(self.table) - self._used)
+        if unknown:
+            raise self.error(unknown[0], f"unknown field (known here: {', '.join(sorted(self._used)) or 'none'})")
