@@ -100,6 +100,10 @@ class Op:
 
     @property
     def queue(self) -> tuple[str, int]:
+        """``(stream, device)``; the host thread and the CPU backend are one queue each
+        whatever the device (a pageable H2D on the host queue names its GPU for the link)."""
+        if self.stream in (Stream.HOST, Stream.CPU):
+            return (self.stream.value, -1)
         return (self.stream.value, self.device)
 
 

@@ -1,0 +1,569 @@
+"""Plan builder: mirrors the ggml scheduler for one llama-bench test under one variant.
+
+``build_plan(scenario, variant, test, rng)`` turns a model, placement and workload into the ops
+of :mod:`sim.plan`. What it models (DESIGN.md, "The mechanics being modelled"):
+
+* **Graphs and ubatches.** A ``ppN`` test is cut into ubatches of ``n_ubatch`` tokens; each
+  ubatch is one graph, attending to the KV cache filled so far (``-d`` depth plus earlier
+  ubatches). A ``tgN`` test is N graphs of one token.
+* **Splits.** Inside a graph, ops run on the backend of their weight; an op whose weight is
+  host-resident runs on the GPU only when its batch is at least ``op_offload_min_batch``
+  tokens (ggml-cuda's offload rule; MUL_MAT_ID counts tokens, not tokens x top-k), and then it
+  heads its own split whose input (the weight) is copied H2D first. Below the threshold the
+  op runs on the CPU backend (no copy; CPU time, activations cross the bus D2H and back).
+* **Baseline (one graph copy).** Before a split with host inputs: host sync; for the first
+  expert split of a layer, router ids readback (D2H + sync) and building the used-expert runs;
+  then the copies (selective: used experts only, contiguous runs merged) and a wait; then the
+  compute launch. Copy and compute never overlap.
+* **Ungated weight prefetch.** A copy stream loads the next host split's *whole* weights into
+  one of two staging buffers while the current split computes; the consumer waits on the copy's
+  ready event; a buffer is overwritten only after its last consumer finished (free event). With
+  pageable host memory each copy blocks the host thread.
+* **MoE-batch gate.** In a graph with MoE host splits, prefetch is off when the ubatch has
+  fewer tokens than ``gate_min_batch``; staging stays reserved (see :mod:`sim.vram`).
+* **Expert staging slots.** When tokens x top-k >= 2 x n_expert, expert splits are copied
+  whole into N rotating slots with up to N-1 copies in flight ahead of the consumer.
+* **Expert cache.** Used experts that hit the cache are not copied; misses are copied and
+  inserted. At decode, hits run on the GPU and misses on the CPU (their insertion is copied in
+  the background on the copy stream).
+* **Event semantics.** With ``stream_tail`` (ROCm + pageable), a wait on a copy's ready event
+  releases only when every copy issued so far on that copy stream has finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from .cache import ExpertCache
+from .errors import PlacementError
+from .plan import Op, OpKind, Plan, Stream
+from .routing import Router, make_router
+from .specs import BenchTest, ModelSpec, Scenario, Tensor, Variant
+from .vram import VramBreakdown, account, fit_n_cpu_moe, layer_devices
+
+ACT_BYTES = 4  # f32 activations
+ID_BYTES = 4   # int32 router ids
+
+
+# ----------------------------------------------------------------------------------------
+# graph items: the weight ops of one graph, before they are cut into splits
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    """One compute op of a graph (before split assignment).
+
+    Attributes:
+        kind: GEMM, MOE or ATTN.
+        name: label (GGUF tensor name for weight ops).
+        layer: block index.
+        shape: cost-model shape (see :class:`sim.plan.OpKind`).
+        weight_bytes: bytes of the weight read by the op (MOE: used experts only).
+        tensors: weight tensors read (for host-resident ones: what must be copied).
+        host: the weight is host-resident.
+        cpu: the op runs on the CPU backend.
+        device: GPU of the op (-1 for CPU ops).
+    """
+
+    kind: OpKind
+    name: str
+    layer: int
+    shape: tuple
+    weight_bytes: int
+    tensors: tuple[Tensor, ...] = ()
+    host: bool = False
+    cpu: bool = False
+    device: int = 0
+    expert: bool = False
+
+
+@dataclass
+class Split:
+    """A run of items on one backend. ``host_input`` is the host weight the split copies."""
+
+    items: list[Item]
+    device: int              # GPU index, or -1 for the CPU backend
+    host_input: Item | None  # the offloaded op heading the split, if any
+
+    @property
+    def cpu(self) -> bool:
+        return self.device < 0
+
+
+@dataclass
+class BuildContext:
+    """Per-test state shared by the graphs of one plan (router, cache, VRAM)."""
+
+    scn: Scenario
+    variant: Variant
+    router: Router | None
+    cache: ExpertCache | None
+    rng: np.random.Generator
+    vram: list[VramBreakdown]
+    n_cpu_moe: int
+    host_names: frozenset
+    layer_dev: list[int]
+    stats: dict = field(default_factory=dict)
+
+
+def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> BuildContext:
+    """Resolve the placement (``fit_experts``), VRAM and the router/cache for a variant.
+
+    Raises:
+        PlacementError: the placement does not fit.
+    """
+    model = scn.model
+    placement = scn.placement
+    if placement.fit_experts and model.moe is not None:
+        n = fit_n_cpu_moe(scn, variant)
+        placement = replace(placement, n_cpu_moe=n)
+    vram = account(scn, variant, placement)
+    scn2 = scn.with_(placement=placement)
+    router = make_router(scn.routing, model, np.random.default_rng(scn.seed)) if model.moe else None
+    cache = None
+    if variant.expert_cache != "none" and model.moe is not None:
+        cap = sum(v.cache_experts for v in vram)
+        cache = ExpertCache(cap, variant.expert_cache)
+    host = frozenset(t.name for t in model.tensors if placement.host_resident(model, t))
+    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
+                        layer_devices(model, placement, scn.hardware.n_gpu))
+
+
+# ----------------------------------------------------------------------------------------
+# items of one graph
+# ----------------------------------------------------------------------------------------
+
+
+def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int) -> list[Item]:
+    """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order."""
+    scn, model = ctx.scn, ctx.scn.model
+    pl = scn.placement
+    tens = {t.name: t for t in model.tensors}
+    offload = n_tokens >= pl.op_offload_min_batch
+    items: list[Item] = []
+
+    def weight_item(kind, name, layer, shape, tensors, weight_bytes=None, expert=False):
+        host = any(t.name in ctx.host_names for t in tensors)
+        dev = ctx.layer_dev[layer] if layer >= 0 else scn.hardware.n_gpu - 1
+        wb = sum(t.nbytes for t in tensors) if weight_bytes is None else weight_bytes
+        cpu = host and not offload
+        items.append(Item(kind, name, layer, shape, wb, tuple(tensors), host, cpu,
+                          -1 if cpu else max(dev, 0), expert))
+
+    d = model.d_model
+    for i in range(model.n_layer):
+        b = f"blk.{i}."
+        q, k, v, o = (tens[b + n] for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
+        # q/k/v projections: one GEMM per tensor group residency (fused when all resident)
+        weight_item(OpKind.GEMM, b + "attn_qkv", i, (n_tokens, q.n_out + k.n_out + v.n_out, d), (q, k, v))
+        # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU
+        win = model.attn_window(i)
+        linear = not model.is_full_attn_layer(i)
+        shape = (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
+                 model.linear_state_dim)
+        on_gpu = ctx.layer_dev[i] >= 0
+        items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not on_gpu,
+                          ctx.layer_dev[i] if on_gpu else -1))
+        weight_item(OpKind.GEMM, b + "attn_output", i, (n_tokens, o.n_out, o.n_in), (o,))
+        if model.is_moe_layer(i):
+            m = model.moe
+            assert m is not None and ctx.router is not None
+            weight_item(OpKind.GEMM, b + "ffn_gate_inp", i, (n_tokens, m.n_expert, d), (tens[b + "ffn_gate_inp"],))
+            mask = ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
+            n_used = int(mask.sum())
+            ctx.stats.setdefault("used_masks", {})[i] = mask
+            names = ["ffn_gate_up_exps"] if m.fused_gate_up else ["ffn_gate_exps", "ffn_up_exps"]
+            names.append("ffn_down_exps")
+            for nm in names:
+                t = tens[b + nm]
+                weight_item(OpKind.MOE, b + nm, i, (n_tokens, t.n_out, t.n_in, n_used, m.n_expert_used),
+                            (t,), weight_bytes=n_used * t.bytes_per_mat, expert=True)
+            if m.n_expert_shared:
+                g_, u_, dn = (tens[b + n] for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+                weight_item(OpKind.GEMM, b + "ffn_gate_up_shexp", i, (n_tokens, g_.n_out + u_.n_out, d), (g_, u_))
+                weight_item(OpKind.GEMM, b + "ffn_down_shexp", i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+        else:
+            g_, u_, dn = (tens[b + n] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+            # gate and up are separate ops in ggml: each host-resident one heads its own split
+            weight_item(OpKind.GEMM, b + "ffn_gate", i, (n_tokens, g_.n_out, d), (g_,))
+            weight_item(OpKind.GEMM, b + "ffn_up", i, (n_tokens, u_.n_out, d), (u_,))
+            weight_item(OpKind.GEMM, b + "ffn_down", i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+    out = tens["output"]
+    # llama-bench's pp graphs compute logits of the last token only; tg of its one token
+    weight_item(OpKind.GEMM, "output", -1, (1, out.n_out, out.n_in), (out,))
+    return items
+
+
+def cut_splits(items: Sequence[Item]) -> list[Split]:
+    """Cut items into splits as ``ggml_backend_sched`` does: a new split when the backend
+    changes, and at every GPU op whose weight is host-resident (it heads its own split)."""
+    splits: list[Split] = []
+    for it in items:
+        dev = -1 if it.cpu else it.device
+        offloaded = it.host and not it.cpu
+        if splits and splits[-1].device == dev and not offloaded:
+            splits[-1].items.append(it)
+        else:
+            splits.append(Split([it], dev, it if offloaded else None))
+    return splits
+
+
+# ----------------------------------------------------------------------------------------
+# emission
+# ----------------------------------------------------------------------------------------
+
+
+class Emitter:
+    """Appends ops to a plan while tracking host and stream state."""
+
+    def __init__(self, plan: Plan, ctx: BuildContext):
+        self.plan = plan
+        self.ctx = ctx
+        self.pinned = ctx.scn.placement.pinned
+        self.host_pending: list[int] = []   # ops the next host op must wait for (CPU backend)
+        self.last_gpu: dict[tuple[str, int], int] = {}
+        self.graph = 0
+        self.split = 0
+        self.layer = -1
+        self.token_offset = 0
+        self.cache_split: dict[int, tuple[int, int]] = {}
+
+    # -- primitives ------------------------------------------------------------------
+    def op(self, kind, stream, device, name, deps=(), **kw) -> int:
+        kw.setdefault("layer", self.layer)
+        kw.setdefault("split", self.split)
+        kw.setdefault("graph", self.graph)
+        oid = self.plan.add(kind, stream, device, name, deps, **kw)
+        if stream in (Stream.COMPUTE, Stream.COPY):
+            self.last_gpu[(stream.value, device)] = oid
+        return oid
+
+    def host(self, kind, name, deps=(), **kw) -> int:
+        deps = list(deps) + self.host_pending
+        self.host_pending = []
+        return self.op(kind, Stream.HOST, -1, name, deps, **kw)
+
+    def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
+        """Host issues an async GPU op; returns the GPU op's id."""
+        iss = self.host(OpKind.ISSUE, f"issue {name}")
+        return self.op(kind, stream, device, name, (iss, *deps), **kw)
+
+    def sync(self, device: int, name="sync") -> int:
+        """Host waits for everything issued on ``device``'s streams."""
+        deps = [v for (s, d), v in self.last_gpu.items() if d == device]
+        return self.host(OpKind.HOST_SYNC, name, deps)
+
+    def h2d(self, name, device, nbytes, *, stream=Stream.COMPUTE, deps=(), slot=-1, slot_bytes=0, tag=""):
+        """A host→device copy; pageable copies run on (and block) the host thread."""
+        if self.pinned:
+            return self.launch(OpKind.H2D, stream, device, name, deps, nbytes=int(nbytes), slot=slot,
+                               slot_bytes=int(slot_bytes), pinned=True, tag=tag)
+        # pageable: cudaMemcpyAsync syncs the destination stream, stages through a bounce
+        # buffer and returns when the data left host memory: the host is blocked meanwhile
+        stream_deps = [v for (s, d), v in self.last_gpu.items() if d == device and s == stream.value]
+        deps = list(deps) + stream_deps + self.host_pending
+        self.host_pending = []
+        # on the host queue (the thread is blocked), holding the H2D link of ``device``
+        oid = self.op(OpKind.H2D, Stream.HOST, device, name, deps, nbytes=int(nbytes), slot=slot,
+                      slot_bytes=int(slot_bytes), pinned=False, tag=tag)
+        return oid
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous runs ``(first, count)`` of True in a boolean mask (the selective copy merges
+    adjacent used experts into one copy)."""
+    if not mask.any():
+        return []
+    m = np.concatenate(([False], mask.astype(bool), [False]))
+    edges = np.flatnonzero(m[1:] != m[:-1])
+    starts, ends = edges[::2], edges[1::2]
+    return [(int(s), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> None:
+    """Emit the ops of one graph (ubatch)."""
+    ctx = em.ctx
+    scn, var, model = ctx.scn, ctx.variant, ctx.scn.model
+    hw = scn.hardware
+    items = graph_items(ctx, n_tokens, kv_len, token_offset)
+    splits = cut_splits(items)
+    has_moe_host = any(s.host_input is not None and s.host_input.expert for s in splits)
+    prefetch_on = var.prefetch_weights and not (
+        has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
+    slots_on = (var.expert_slots > 0 and model.moe is not None
+                and n_tokens * model.moe.n_expert_used >= 2 * model.moe.n_expert)
+    # which splits get their host input staged on the copy stream, and with which lookahead
+    # split index -> (buffer pool, buffers in the pool); lookahead = buffers - 1
+    staged: dict[int, tuple[str, int]] = {}
+    for si, s in enumerate(splits):
+        if s.host_input is None:
+            continue
+        if s.host_input.expert and slots_on:
+            staged[si] = ("slots", var.expert_slots)
+        elif prefetch_on:
+            staged[si] = ("weights", 2)
+    staged_order = sorted(staged)
+    pools: dict[str, list[int]] = {}
+    for si in staged_order:
+        pools.setdefault(staged[si][0], []).append(si)
+    # issue point of each staged copy: the start of the split that is (buffers - 1) staged
+    # splits earlier in its pool (up to buffers - 1 copies in flight ahead of the consumer);
+    # the first ones of a graph are issued at the graph's first split
+    issue_at: dict[int, int] = {}
+    for pool, members in pools.items():
+        for pos, si in enumerate(members):
+            la = staged[si][1] - 1
+            issue_at[si] = members[pos - la] if pos >= la else 0
+    copy_of: dict[int, int] = {}       # split -> H2D op into its staging buffer
+    consumer_of: dict[int, int] = {}   # split -> compute op reading the staging buffer
+    issued_upto = -1                   # index into staged_order of the last issued copy
+    ids_read: set[int] = set()         # layers whose router ids were read back this graph
+    miss_masks: dict[int, np.ndarray] = {}
+    used_tag: dict[int, np.ndarray] = {}
+
+    def issue_staged_copy(k: int) -> None:
+        si = staged_order[k]
+        s = splits[si]
+        pool_name, nbuf = staged[si]
+        t = s.host_input
+        assert t is not None
+        # the buffer was last read by the consumer nbuf positions earlier in the same pool
+        pool = pools[pool_name]
+        pos = pool.index(si)
+        free_dep = consumer_of.get(pool[pos - nbuf]) if pos >= nbuf else None
+        dev = s.device
+        slot = pos % nbuf
+        nbytes = sum(tt.nbytes for tt in t.tensors)
+        em.layer, em.split = t.layer, si
+        deps = [free_dep] if free_dep is not None else []
+        if free_dep is not None:
+            em.host(OpKind.EVENT_WAIT, f"wait free slot{slot}")
+        copy_of[si] = em.h2d(f"{t.name} (prefetch)", dev, nbytes, stream=Stream.COPY, deps=deps,
+                             slot=slot, slot_bytes=slot_bytes[pool_name], tag="prefetch")
+        em.host(OpKind.EVENT_RECORD, f"record ready {t.name}")
+
+    # a staging buffer is allocated for the largest tensor it may hold (worst-case graph)
+    slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
+                  for name, members in pools.items()}
+    for si, s in enumerate(splits):
+        em.split = si
+        em.layer = s.items[0].layer
+        # prefetch lookahead: issue the staged copies whose issue point has come
+        while issued_upto + 1 < len(staged_order) and issue_at[staged_order[issued_upto + 1]] <= si:
+            issue_staged_copy(issued_upto + 1)
+            issued_upto += 1
+        if s.cpu:
+            _emit_cpu_split(em, s, n_tokens)
+            continue
+        dev = s.device
+        first = s.items[0]
+        deps_first: list[int] = []
+        if s.host_input is not None:
+            t = s.host_input
+            if si in staged:
+                # consumer waits on the ready event of its copy
+                ready = copy_of[si]
+                if hw.event_semantics == "stream_tail":
+                    ready = em.last_gpu.get((Stream.COPY.value, dev), ready)
+                em.host(OpKind.EVENT_WAIT, f"wait ready {t.name}")
+                deps_first.append(ready)
+            else:
+                deps_first += _emit_sync_copy(em, ctx, s, n_tokens, ids_read, miss_masks, used_tag)
+        for j, it in enumerate(s.items):
+            em.layer = it.layer
+            if it is first and s.host_input is not None and si in staged:
+                cp = em.plan.ops[copy_of[si]]
+                oid = em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first, nbytes=it.weight_bytes,
+                                shape=it.shape, slot=cp.slot, slot_bytes=cp.slot_bytes, tag="staged")
+                consumer_of[si] = oid
+                em.host(OpKind.EVENT_RECORD, f"record free {it.name}")
+            else:
+                oid = em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first if j == 0 else (),
+                                nbytes=it.weight_bytes, shape=it.shape)
+        if prefetch_on and si not in staged:
+            # the prefetch machinery records a done event per split so that buffers can be
+            # released; it costs host time even when nothing is copied
+            em.host(OpKind.EVENT_RECORD, f"record done split{si}")
+    # end of graph: the host synchronises every GPU before the next ubatch
+    for g in range(hw.n_gpu):
+        em.sync(g, f"graph {em.graph} end sync{g}")
+    em.plan.graph_last_op.append(len(em.plan.ops) - 1)
+    em.plan.graph_tokens.append(n_tokens)
+
+
+def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids_read: set,
+                    miss_masks: dict, used_tag: dict) -> list[int]:
+    """Baseline (one graph copy) handling of a split's host input: sync, ids readback for
+    the first expert split of a layer, selective or whole copy, wait. Returns deps for the
+    split's first compute op."""
+    var, model = ctx.variant, ctx.scn.model
+    t = s.host_input
+    assert t is not None
+    dev = s.device
+    em.sync(dev, f"sync before {t.name}")
+    tensor = t.tensors[0]
+    if t.expert and var.selective_copy:
+        mask = ctx.stats["used_masks"][t.layer]
+        if t.layer not in ids_read:
+            ids_read.add(t.layer)
+            d2h = em.launch(OpKind.D2H, Stream.COMPUTE, dev, f"blk.{t.layer}.ffn_moe_topk ids",
+                            nbytes=n_tokens * model.moe.n_expert_used * ID_BYTES, tag="ids")
+            em.host(OpKind.HOST_SYNC, f"wait ids blk.{t.layer}", (d2h,))
+            em.host(OpKind.HOST_WORK, f"build expert runs blk.{t.layer}",
+                    shape=(n_tokens * model.moe.n_expert_used,))
+            if ctx.cache is not None:
+                res = ctx.cache.access(t.layer, np.flatnonzero(mask))
+                miss = np.zeros_like(mask)
+                miss[np.asarray(res.misses, dtype=int)] = True
+                miss_masks[t.layer] = miss
+        copy_mask = miss_masks.get(t.layer, mask)
+        runs = _runs(copy_mask)
+        pieces = [(f"{t.name}[{a}:{a + c}]", c * tensor.bytes_per_mat) for a, c in runs]
+        tag = "cache_miss" if ctx.cache is not None else "selective"
+    else:
+        pieces = [(t.name, sum(tt.nbytes for tt in t.tensors))]
+        tag = "whole"
+    last = None
+    for name, nb in pieces:
+        last = em.h2d(name, dev, nb, stream=Stream.COMPUTE, tag=tag)
+    if last is not None and em.pinned:
+        em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
+    return []
+
+
+def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
+    """A split on the CPU backend: activations D2H, CPU compute on the host thread, H2D back.
+
+    With an expert cache at decode, experts that hit run on the GPU; only misses run on the CPU
+    (their insertion into the cache is copied in the background on the copy stream)."""
+    ctx = em.ctx
+    model = ctx.scn.model
+    d = model.d_model
+    act = n_tokens * d * ACT_BYTES
+    gpu = _current_device(em)  # the GPU holding the activations
+    d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{s.items[0].layer}", nbytes=act, tag="act")
+    em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
+    cache_gpu_items = []
+    last_cpu = None
+    read_layers: set[int] = set()
+    for it in s.items:
+        em.layer = it.layer
+        nbytes, shape = it.weight_bytes, None
+        if it.kind is OpKind.ATTN:
+            from .costs import attn_pairs
+
+            n_tok, kv, nh, nkv, hd, win, linear, state = it.shape
+            pairs = n_tok * nh * hd * state if linear else attn_pairs(n_tok, kv, win) * nh * hd
+            kv_read = 0 if linear else (min(kv + n_tok, win) if win else kv + n_tok) * nkv * hd * 4
+            shape = (1, int(2 * pairs), 1, 1)
+            nbytes = int(kv_read)
+        elif it.kind is OpKind.MOE:
+            m_, n_, k_, n_used, topk = it.shape
+            if ctx.cache is not None:
+                mask = ctx.stats["used_masks"][it.layer]
+                if it.layer not in read_layers:
+                    read_layers.add(it.layer)
+                    res = ctx.cache.access(it.layer, np.flatnonzero(mask))
+                    em.cache_split[it.layer] = (len(res.hits), len(res.misses))
+                hits, misses = em.cache_split[it.layer]
+                t = it.tensors[0]
+                if hits:
+                    cache_gpu_items.append((it, hits))
+                if misses:
+                    # background insertion of the missed experts (not waited on)
+                    em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill", nbytes=misses * t.bytes_per_mat,
+                              pinned=True, tag="cache_fill")
+                n_used = misses
+                nbytes = misses * t.bytes_per_mat
+            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0)
+        else:
+            m_, n_, k_ = it.shape
+            shape = (m_, n_, k_, 1)
+        if nbytes == 0 and shape[-1] == 0:
+            continue
+        deps = [last_cpu] if last_cpu is not None else []
+        last_cpu = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, it.name, deps, nbytes=int(nbytes), shape=shape)
+        em.host_pending.append(last_cpu)
+    for it, hits in cache_gpu_items:
+        m_, n_, k_, _, topk = it.shape
+        em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", nbytes=hits * it.tensors[0].bytes_per_mat,
+                  shape=(m_, n_, k_, hits, min(topk, hits)), tag="cache_hit")
+    # the CPU backend's compute buffer is pinned host memory (CUDA host buffer type)
+    em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
+              tag="act", pinned=True)
+
+
+def _current_device(em: Emitter) -> int:
+    """GPU that ran the most recent compute op (activations live there)."""
+    best, dev = -1, 0
+    for (st, dv), oid in em.last_gpu.items():
+        if st == Stream.COMPUTE.value and oid > best:
+            best, dev = oid, dv
+    return dev
+
+
+# ----------------------------------------------------------------------------------------
+# public entry point
+# ----------------------------------------------------------------------------------------
+
+
+def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> list[tuple[int, int, int]]:
+    """``(n_tokens, kv_len, token_offset)`` of each graph of a test."""
+    ub = n_ubatch or scn.workload.n_ubatch
+    out = []
+    if test.n_prompt:
+        done = 0
+        while done < test.n_prompt:
+            n = min(ub, test.n_prompt - done)
+            out.append((n, test.n_depth + done, done))
+            done += n
+    else:
+        for j in range(test.n_gen):
+            out.append((1, test.n_depth + j, j))
+    return out
+
+
+def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.Generator,
+               ctx: BuildContext | None = None) -> Plan:
+    """Build the plan of one llama-bench test under one variant.
+
+    Args:
+        scn: the scenario (model, hardware, placement, workload, routing).
+        variant: the scheduler policy.
+        test: ``pp``/``tg`` test with depth.
+        rng: routing draws (one repetition of the test).
+        ctx: reuse a context (e.g. to keep an expert cache warm across tests).
+
+    Returns:
+        The plan, with ``meta`` holding ``h2d_bytes``, ``vram`` (list of
+        :class:`~sim.vram.VramBreakdown`), ``n_cpu_moe``, ``cache_hit_rate``.
+
+    Raises:
+        PlacementError: the placement does not fit in VRAM.
+    """
+    ctx = ctx or make_context(scn, variant, rng)
+    ctx.rng = rng
+    if scn.hardware.n_gpu < 1:
+        raise PlacementError("n_gpu must be >= 1", file=scn.hardware.file, field="hardware.n_gpu")
+    plan = Plan(label=f"{variant.name} / {test.name}")
+    em = Emitter(plan, ctx)
+    for gi, (n, kv, off) in enumerate(test_graphs(scn, test)):
+        em.graph = gi
+        em.token_offset = off
+        ctx.stats["used_masks"] = {}
+        em.cache_split = {}
+        build_graph(em, n, kv, off)
+    plan.meta.update(
+        h2d_bytes=plan.h2d_bytes(),
+        vram=ctx.vram,
+        n_cpu_moe=ctx.n_cpu_moe,
+        cache_hit_rate=ctx.cache.hit_rate if ctx.cache is not None else None,
+        test=test.name,
+        variant=variant.name,
+        n_tokens=test.n_tokens,
+    )
+    return plan

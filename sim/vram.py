@@ -1,0 +1,174 @@
+"""VRAM accounting per GPU: resident weights, KV cache, compute buffer, staging, cache pool.
+
+Staging is reserved for the worst-case graph (DESIGN.md, variant 2 caveat): a gated prefetch
+reserves the same bytes as an ungated one, even in graphs where it is off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .errors import PlacementError
+from .specs import ModelSpec, Placement, Scenario, Tensor, Variant
+from .units import GiB, MiB
+
+#: compute buffer activations per ubatch token, in f32 elements per d_model (residual stream,
+#: normed input, q/k/v/attention output, FFN hidden up to top-k experts). An estimate of
+#: llama.cpp's graph allocator peak; override with ``compute_buffer_mib`` in the scenario.
+ACT_ELEMS_FACTOR = 6
+
+
+@dataclass(frozen=True)
+class VramBreakdown:
+    """Bytes per GPU by component; ``total_bytes`` must not exceed ``capacity_bytes``.
+
+    Attributes:
+        device: GPU index.
+        capacity_bytes: VRAM of the GPU.
+        reserved_bytes: CUDA context and driver.
+        weights_bytes: resident weights of the layers on this GPU.
+        kv_bytes: KV cache of those layers for ``ctx_size`` tokens.
+        compute_bytes: compute buffer (activations + copies of host weights for the largest
+            offloaded op).
+        staging_bytes: prefetch staging buffers (2 x largest host split for weight prefetch,
+            N x largest expert tensor for expert slots).
+        cache_bytes: expert cache pool (what the cache actually holds).
+        cache_experts: cache capacity in experts (an expert = gate+up+down of one layer).
+    """
+
+    device: int
+    capacity_bytes: float
+    reserved_bytes: float
+    weights_bytes: float
+    kv_bytes: float
+    compute_bytes: float
+    staging_bytes: float
+    cache_bytes: float = 0.0
+    cache_experts: int = 0
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.reserved_bytes + self.weights_bytes + self.kv_bytes + self.compute_bytes
+                + self.staging_bytes + self.cache_bytes)
+
+    @property
+    def free_bytes(self) -> float:
+        return self.capacity_bytes - self.total_bytes
+
+
+def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[int]:
+    """GPU of each block (-1: not offloaded), contiguous ranges as llama.cpp ``-sm layer``."""
+    n_off = min(placement.ngl, model.n_layer)
+    first = model.n_layer - n_off
+    out = []
+    for i in range(model.n_layer):
+        if i < first:
+            out.append(-1)
+        else:
+            out.append(min(n_gpu - 1, (i - first) * n_gpu // max(n_off, 1)))
+    return out
+
+
+def expert_bytes(model: ModelSpec, layer: int) -> int:
+    """Bytes of one expert of ``layer`` (all its tensors: gate, up, down)."""
+    return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
+
+
+def staging_bytes(model: ModelSpec, placement: Placement, variant: Variant, host: list[Tensor]) -> float:
+    """Staging reservation of a variant given the host-resident tensors (per GPU)."""
+    out = 0.0
+    if variant.prefetch_weights and host:
+        out += 2 * max(t.nbytes for t in host if t.layer >= 0) if any(t.layer >= 0 for t in host) else 0
+    if variant.expert_slots:
+        exps = [t.nbytes for t in host if t.is_expert]
+        if exps:
+            out += variant.expert_slots * max(exps)
+    return float(out)
+
+
+def account(scn: Scenario, variant: Variant, placement: Placement | None = None) -> list[VramBreakdown]:
+    """VRAM per GPU for a scenario under a variant.
+
+    Raises:
+        PlacementError: the placement does not fit; names ``placement.*`` in the scenario file.
+    """
+    model, hw = scn.model, scn.hardware
+    pl = placement or scn.placement
+    devs = layer_devices(model, pl, hw.n_gpu)
+    host = [t for t in model.tensors if pl.host_resident(model, t)]
+    host_set = {t.name for t in host}
+    out = []
+    n_ub = scn.workload.n_ubatch
+    for g in range(hw.n_gpu):
+        w = 0.0
+        kv = 0.0
+        for t in model.tensors:
+            if t.name in host_set:
+                continue
+            if t.layer >= 0 and devs[t.layer] == g:
+                w += t.nbytes
+            elif t.layer < 0 and g == hw.n_gpu - 1:
+                w += t.nbytes
+        for i in range(model.n_layer):
+            if devs[i] == g:
+                ctx = pl.ctx_size
+                win = model.attn_window(i)
+                if win:
+                    ctx = min(ctx, win + n_ub)
+                kv += model.kv_bytes_per_token(i) * ctx
+        if scn.compute_buffer_bytes is not None:
+            comp = scn.compute_buffer_bytes
+        else:
+            widest = model.d_model
+            if model.moe:
+                widest = max(widest, model.moe.n_ff_exp * model.moe.n_expert_used, model.moe.n_ff_shexp)
+            widest = max(widest, model.n_ff, model.n_head * model.head_dim)
+            comp = 4.0 * n_ub * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
+            offl = [t.nbytes for t in host if t.layer >= 0]
+            if offl:
+                comp += max(offl)  # a copy of the largest offloaded host weight
+        stg = staging_bytes(model, pl, variant, host)
+        out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg))
+    for b in out:
+        if b.total_bytes > b.capacity_bytes:
+            raise PlacementError(
+                f"does not fit on GPU {b.device}: needs {b.total_bytes / GiB:.2f} GiB "
+                f"(weights {b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f}, compute "
+                f"{b.compute_bytes / GiB:.2f}, staging {b.staging_bytes / GiB:.2f}, reserved "
+                f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; raise "
+                f"placement.n_cpu_moe, lower placement.ngl or placement.ctx_size, or add -ot rules",
+                file=scn.file, field="placement")
+    # expert cache pool: what is left, split over GPUs
+    if variant.expert_cache != "none" and model.moe is not None:
+        want = pl.expert_cache_experts
+        eb = max((expert_bytes(model, i) for i in range(model.n_layer) if model.is_moe_layer(i)), default=0)
+        if eb:
+            cap_total = sum(int(max(b.free_bytes, 0) // eb) for b in out)
+            n_cache = cap_total if want in (-1, 0) else min(want, cap_total)
+            per = _spread(n_cache, len(out))
+            out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
+    return out
+
+
+def _spread(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def fit_n_cpu_moe(scn: Scenario, variant: Variant) -> int:
+    """Smallest ``n_cpu_moe`` whose placement fits with the variant's staging reserved
+    (llama.cpp ``--fit``-style automatic placement). Starts from the scenario's ``n_cpu_moe``.
+
+    Raises:
+        PlacementError: even all experts on the host do not fit.
+    """
+    model = scn.model
+    last_err = None
+    for n in range(scn.placement.n_cpu_moe, model.n_layer + 1):
+        pl = replace(scn.placement, n_cpu_moe=n)
+        try:
+            account(scn, variant, pl)
+            return n
+        except PlacementError as exc:
+            last_err = exc
+    assert last_err is not None
+    raise last_err
