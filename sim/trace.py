@@ -1,0 +1,316 @@
+"""Traces: one row per executed op, the common output of the DES, the analytic engine and the
+real GPU executor; Chrome-trace export and overlap metrics.
+
+Schema (:data:`TRACE_COLUMNS`, dtypes in :data:`TRACE_DTYPES`):
+
+========  =====================================================================
+op_id     op id in the plan (int)
+name      op name, usually the GGUF tensor or split (``blk.3.ffn_up_exps``)
+kind      :class:`sim.plan.OpKind` value (``"h2d"``, ``"moe"``, ...)
+stream    :class:`sim.plan.Stream` value (``"host"``, ``"compute"``, ``"copy"``, ``"cpu"``)
+device    GPU index, -1 for host/CPU (int)
+queue     queue name as in ``PlanArrays.queue_names``: ``f"{stream}{device}"`` for GPU
+          streams (``"compute0"``, ``"copy1"``); ``"host"`` and ``"cpu"`` for the host
+          thread and the CPU backend whatever the op's device (see ``Op.queue``)
+layer     block index, -1 outside blocks (int)
+split     split index within the graph (int)
+graph     graph (ubatch) index within the test (int)
+slot      staging slot, -1 for none (int)
+tag       free-form role (``"prefetch"``, ``"selective"``, ...)
+nbytes    bytes moved or weight bytes read (int)
+start_s   start, seconds from the start of the run (float)
+end_s     end, seconds (float)
+dur_s     ``end_s - start_s`` (float)
+engine    ``"analytic"``, ``"des"`` or ``"executor"``
+test      llama-bench style test name (``"pp512"``)
+variant   prefetch variant label
+========  =====================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .plan import COMPUTE_KINDS, OpKind, Plan, Schedule, Stream
+
+#: the exact columns of a trace, in order
+TRACE_COLUMNS: tuple[str, ...] = (
+    "op_id", "name", "kind", "stream", "device", "queue", "layer", "split", "graph", "slot",
+    "tag", "nbytes", "start_s", "end_s", "dur_s", "engine", "test", "variant",
+)
+
+_INT_COLS = ("op_id", "device", "layer", "split", "graph", "slot", "nbytes")
+_FLOAT_COLS = ("start_s", "end_s", "dur_s")
+_STR_COLS = ("name", "kind", "stream", "queue", "tag", "engine", "test", "variant")
+
+#: dtype of each column: ``"int64"``, ``"float64"`` or ``"object"`` (Python str)
+TRACE_DTYPES: dict[str, str] = {
+    **{c: "int64" for c in _INT_COLS},
+    **{c: "float64" for c in _FLOAT_COLS},
+    **{c: "object" for c in _STR_COLS},
+}
+
+_RUN_KEYS = ["engine", "test", "variant"]
+_H2D = OpKind.H2D.value
+_COMPUTE_KIND_VALUES = frozenset(k.value for k in COMPUTE_KINDS)
+
+
+def to_dataframe(plan: Plan, schedule: Schedule, *, test: str = "", variant: str = "",
+                 scenario: int | None = None) -> pd.DataFrame:
+    """One row per op of ``plan`` with its times from ``schedule``.
+
+    Args:
+        plan: the plan that was scheduled.
+        schedule: its schedule; (n,) arrays, or (S, n) with ``scenario`` picking the row.
+        test: test name written to every row (``"pp512"``).
+        variant: variant label written to every row.
+        scenario: row of a batch schedule to use (required when it is 2-D).
+
+    Returns:
+        DataFrame with exactly :data:`TRACE_COLUMNS`, dtypes :data:`TRACE_DTYPES`.
+
+    Raises:
+        ValueError: schedule shape does not match the plan, or a batch without ``scenario``.
+    """
+    start = np.asarray(schedule.start_s, dtype=np.float64)
+    end = np.asarray(schedule.end_s, dtype=np.float64)
+    if start.ndim == 2:
+        if scenario is None:
+            raise ValueError(f"schedule: batch of {start.shape[0]} scenarios; pass scenario= to pick one")
+        start, end = start[scenario], end[scenario]
+    n = len(plan.ops)
+    if start.shape != (n,) or end.shape != (n,):
+        raise ValueError(f"schedule: shape {start.shape} does not match a plan of {n} ops")
+    ops = plan.ops
+    qnames = plan.arrays.queue_names
+    queue = plan.arrays.queue
+    cols = {
+        "op_id": np.arange(n, dtype=np.int64),
+        "name": [o.name for o in ops],
+        "kind": [o.kind.value for o in ops],
+        "stream": [o.stream.value for o in ops],
+        "device": np.fromiter((o.device for o in ops), dtype=np.int64, count=n),
+        "queue": [qnames[q] for q in queue.tolist()],
+        "layer": np.fromiter((o.layer for o in ops), dtype=np.int64, count=n),
+        "split": np.fromiter((o.split for o in ops), dtype=np.int64, count=n),
+        "graph": np.fromiter((o.graph for o in ops), dtype=np.int64, count=n),
+        "slot": np.fromiter((o.slot for o in ops), dtype=np.int64, count=n),
+        "tag": [o.tag for o in ops],
+        "nbytes": np.fromiter((o.nbytes for o in ops), dtype=np.int64, count=n),
+        "start_s": start,
+        "end_s": end,
+        "dur_s": end - start,
+        "engine": [schedule.engine] * n,
+        "test": [test] * n,
+        "variant": [variant] * n,
+    }
+    df = pd.DataFrame(cols, columns=list(TRACE_COLUMNS))
+    for c in _STR_COLS:
+        df[c] = df[c].astype(object)
+    return df
+
+
+def validate_trace(df: pd.DataFrame) -> None:
+    """Check that ``df`` has the trace schema.
+
+    Checks: exactly :data:`TRACE_COLUMNS` in that order; integer columns hold integers,
+    time columns floats, text columns strings; times are finite and ``end_s >= start_s``.
+
+    Raises:
+        ValueError: naming the first problem found.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"trace: expected a pandas DataFrame, got {type(df).__name__}")
+    cols = tuple(df.columns)
+    if cols != TRACE_COLUMNS:
+        missing = [c for c in TRACE_COLUMNS if c not in cols]
+        extra = [c for c in cols if c not in TRACE_COLUMNS]
+        raise ValueError(f"trace: wrong columns (missing {missing}, unexpected {extra}); "
+                         f"expected exactly {list(TRACE_COLUMNS)} in that order")
+    for c in _INT_COLS:
+        if not pd.api.types.is_integer_dtype(df[c]):
+            raise ValueError(f"trace: column {c!r} must be integer, got {df[c].dtype}")
+    for c in _FLOAT_COLS:
+        if not pd.api.types.is_float_dtype(df[c]):
+            raise ValueError(f"trace: column {c!r} must be float seconds, got {df[c].dtype}")
+    for c in _STR_COLS:
+        s = df[c]
+        if not (pd.api.types.is_string_dtype(s) or s.dtype == object) or not s.map(type).eq(str).all():
+            raise ValueError(f"trace: column {c!r} must hold strings")
+    start = df["start_s"].to_numpy()
+    end = df["end_s"].to_numpy()
+    if not (np.isfinite(start).all() and np.isfinite(end).all()):
+        raise ValueError("trace: start_s/end_s must be finite")
+    bad = np.flatnonzero(end < start)
+    if bad.size:
+        raise ValueError(f"trace: op_id {int(df['op_id'].iloc[bad[0]])} ends before it starts")
+
+
+def to_chrome_trace(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write a trace as Chrome trace-event JSON (chrome://tracing, https://ui.perfetto.dev).
+
+    One complete event (``"ph": "X"``) per op with ``ts``/``dur`` in microseconds. Processes:
+    ``"host"`` for host-thread and CPU-backend ops, ``"gpu<d>"`` for GPU streams; threads are
+    the queue names. Integer pids/tids are used, named by ``"M"`` metadata events
+    (``process_name``, ``thread_name``). When ``df`` holds several runs (engine, test,
+    variant), each gets its own processes, named ``"gpu0 [engine variant test]"``.
+    ``args`` carry op_id, kind, bytes, layer, split, graph, slot and tag.
+
+    The file is written to a temporary file in the same directory and moved into place with
+    :func:`os.replace`, so ``path`` is either the old file or the complete new one.
+
+    Args:
+        df: a trace (see :func:`validate_trace`).
+        path: output file.
+
+    Returns:
+        the path written.
+
+    Raises:
+        ValueError: ``df`` is not a valid trace.
+        OSError: the file cannot be written (no partial file is left behind).
+    """
+    validate_trace(df)
+    path = Path(path)
+    multi = len(df[_RUN_KEYS].drop_duplicates()) > 1
+    host_like = {Stream.HOST.value, Stream.CPU.value}
+    proc_names = ["host" if st in host_like else f"gpu{dev}"
+                  for st, dev in zip(df["stream"].tolist(), df["device"].tolist())]
+    if multi:
+        proc_names = [f"{p} [{e} {v} {t}]" for p, e, v, t in
+                      zip(proc_names, df["engine"].tolist(), df["variant"].tolist(), df["test"].tolist())]
+    pid_of = {p: k for k, p in enumerate(sorted(set(proc_names)))}
+    threads = sorted(set(zip(proc_names, df["queue"].tolist())))
+    tid_of = {pq: k for k, pq in enumerate(threads)}
+    events: list[dict] = []
+    for pname, pid in pid_of.items():
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": pname}})
+    for (pname, qname), tid in tid_of.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": pid_of[pname], "tid": tid, "args": {"name": qname}})
+    pids = [pid_of[p] for p in proc_names]
+    tids = [tid_of[pq] for pq in zip(proc_names, df["queue"].tolist())]
+    ts_us = (df["start_s"].to_numpy() * 1e6).tolist()
+    dur_us = (df["dur_s"].to_numpy() * 1e6).tolist()
+    recs = df[["op_id", "name", "kind", "nbytes", "layer", "split", "graph", "slot", "tag"]].itertuples(
+        index=False, name=None)
+    for k, (op_id, name, kind, nbytes, layer, split, graph, slot, tag) in enumerate(recs):
+        events.append({
+            "ph": "X", "name": name, "cat": kind, "ts": ts_us[k], "dur": dur_us[k],
+            "pid": pids[k], "tid": tids[k],
+            "args": {"op_id": int(op_id), "kind": kind, "bytes": int(nbytes), "layer": int(layer),
+                     "split": int(split), "graph": int(graph), "slot": int(slot), "tag": tag},
+        })
+    doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------
+# Overlap metrics (interval arithmetic)
+# --------------------------------------------------------------------------------------
+
+
+def _covered_s(a_start, a_end, b_start, b_end) -> tuple[float, float]:
+    """Measure of ∪A and of (∪A) ∩ (∪B) for two sets of closed intervals (seconds).
+
+    Sweep line, vectorised: +1/-1 at each interval's start/end per set, cumulative counts
+    give coverage on each elementary segment between consecutive boundaries.
+    """
+    a_start = np.asarray(a_start, dtype=np.float64)
+    b_start = np.asarray(b_start, dtype=np.float64)
+    pts = np.concatenate([a_start, np.asarray(a_end, dtype=np.float64), b_start, np.asarray(b_end, dtype=np.float64)])
+    if pts.size == 0:
+        return 0.0, 0.0
+    na, nb = a_start.size, b_start.size
+    da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
+    db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
+    order = np.argsort(pts, kind="stable")
+    pts = pts[order]
+    ca = np.cumsum(da[order])[:-1]
+    cb = np.cumsum(db[order])[:-1]
+    seg = np.diff(pts)
+    in_a = ca > 0
+    return float(seg[in_a].sum()), float(seg[in_a & (cb > 0)].sum())
+
+
+def _single_run(df: pd.DataFrame, what: str) -> None:
+    validate_trace(df)
+    if len(df) and len(df[_RUN_KEYS].drop_duplicates()) > 1:
+        raise ValueError(f"{what}: trace holds several runs (engine, test, variant); "
+                         f"use df.groupby({_RUN_KEYS}).apply({what})")
+
+
+def _h2d_and_hidden_s(df: pd.DataFrame) -> tuple[float, float]:
+    kind = df["kind"].to_numpy()
+    stream = df["stream"].to_numpy()
+    device = df["device"].to_numpy()
+    start = df["start_s"].to_numpy()
+    end = df["end_s"].to_numpy()
+    is_h2d = kind == _H2D
+    is_comp = np.isin(kind, list(_COMPUTE_KIND_VALUES))
+    cpu_comp = is_comp & (stream == Stream.CPU.value)
+    total = hidden = 0.0
+    for dev in np.unique(device[is_h2d]):
+        a = is_h2d & (device == dev)
+        b = cpu_comp | (is_comp & (stream == Stream.COMPUTE.value) & (device == dev))
+        t, h = _covered_s(start[a], end[a], start[b], end[b])
+        total += t
+        hidden += h
+    return total, hidden
+
+
+def exposed_transfer_s(df: pd.DataFrame) -> float:
+    """Copy time not hidden behind compute, seconds.
+
+    Per GPU ``d``: the measure of the set of instants at which at least one H2D op of device
+    ``d`` runs (any stream: copy stream, compute stream or a pageable copy on the host) and
+    no compute op (kind in :data:`sim.plan.COMPUTE_KINDS`) runs on ``d``'s compute stream or
+    on the CPU backend. Summed over GPUs. Equal to the H2D busy time (union of H2D
+    intervals) when nothing overlaps, 0 when every copy is hidden. Host ops, syncs and
+    D2H are not compute: time spent in them while a copy runs is exposed.
+
+    Args:
+        df: a trace of one run (one engine, test and variant).
+
+    Raises:
+        ValueError: not a valid trace, or several runs mixed.
+    """
+    _single_run(df, "exposed_transfer_s")
+    total, hidden = _h2d_and_hidden_s(df)
+    return max(total - hidden, 0.0)
+
+
+def overlap_fraction(df: pd.DataFrame) -> float:
+    """Share of H2D time overlapped by compute, in [0, 1].
+
+    ``1 - exposed_transfer_s(df) / H2D busy time``, where the H2D busy time of a GPU is the
+    measure of the union of its H2D intervals, summed over GPUs (see
+    :func:`exposed_transfer_s`). NaN when the trace has no H2D time (the share is undefined).
+
+    Raises:
+        ValueError: not a valid trace, or several runs mixed.
+    """
+    _single_run(df, "overlap_fraction")
+    total, hidden = _h2d_and_hidden_s(df)
+    if total <= 0.0:
+        return float("nan")
+    return min(hidden / total, 1.0)

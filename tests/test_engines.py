@@ -1,0 +1,273 @@
+"""Engines: analytic vs DES agreement, theory, invariants and a hand-derived golden trace."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plangen import durations_for, golden_plan, pipeline_plan, plans, plans_with_durations
+from sim import engines
+from sim.engines import analytic, des
+from sim.plan import OpKind, Plan, Stream
+
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+def _pred_ends(plan: Plan, end: np.ndarray) -> np.ndarray:
+    """max(end of queue predecessor, link predecessor, deps) per op, from the raw plan."""
+    a = plan.arrays
+    out = np.zeros(a.n)
+    for i in range(a.n):
+        ends = [end[j] for j in a.dep_idx[a.dep_ptr[i]:a.dep_ptr[i + 1]]]
+        for j in (a.queue_prev[i], a.link_prev[i]):
+            if j >= 0:
+                ends.append(end[j])
+        out[i] = max(ends, default=0.0)
+    return out
+
+
+def _check_contract(plan: Plan, dur: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+    a = plan.arrays
+    np.testing.assert_array_equal(end, start + dur)
+    for i, op in enumerate(plan.ops):
+        for j in op.deps:
+            assert start[i] >= end[j], f"op {i} starts before its dep {j} ended"
+        if a.queue_prev[i] >= 0:
+            assert start[i] >= end[a.queue_prev[i]], f"op {i} overlaps its queue predecessor"
+        if a.link_prev[i] >= 0:
+            assert start[i] >= end[a.link_prev[i]], f"H2D op {i} overlaps its link predecessor"
+    # earliest schedule: nothing waits without a reason
+    np.testing.assert_array_equal(start, _pred_ends(plan, end))
+    # no two ops of a queue overlap; no two H2D of a link overlap (sorted by start)
+    for ids_of in (a.queue, a.link):
+        for q in np.unique(ids_of[ids_of >= 0]):
+            ids = np.flatnonzero(ids_of == q)
+            o = np.argsort(start[ids], kind="stable")
+            s, e = start[ids][o], end[ids][o]
+            assert (s[1:] >= e[:-1]).all()
+
+
+# ------------------------------------------------------------------ agreement ----------
+
+
+@SETTINGS
+@given(plans_with_durations(zeros=True))
+def test_des_agrees_with_analytic(pd_):
+    plan, dur = pd_
+    a = analytic.run(plan, dur)
+    d = des.run(plan, dur)
+    assert a.engine == "analytic" and d.engine == "des"
+    np.testing.assert_allclose(d.start_s, a.start_s, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(d.end_s, a.end_s, rtol=1e-9, atol=0)
+
+
+@SETTINGS
+@given(plans_with_durations(zeros=True))
+def test_both_engines_keep_the_contract(pd_):
+    plan, dur = pd_
+    for eng in engines.ENGINES:
+        s = engines.run(plan, dur, engine=eng)
+        _check_contract(plan, dur, s.start_s, s.end_s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans(), st.data())
+def test_batch_equals_separate_runs(plan, data):
+    n = len(plan.ops)
+    S = data.draw(st.integers(2, 6))
+    batch = np.stack([data.draw(durations_for(n)) for _ in range(S)])
+    got = analytic.run(plan, batch)
+    assert got.start_s.shape == (S, n) and got.end_s.shape == (S, n)
+    for k in range(S):
+        one = analytic.run(plan, batch[k])
+        np.testing.assert_array_equal(got.start_s[k], one.start_s)
+        np.testing.assert_array_equal(got.end_s[k], one.end_s)
+    np.testing.assert_array_equal(got.makespan_s, [analytic.run(plan, b).makespan_s for b in batch])
+    # the DES runs a batch row by row
+    d = des.run(plan, batch)
+    np.testing.assert_allclose(d.end_s, got.end_s, rtol=1e-9, atol=0)
+
+
+# ------------------------------------------------------------------ invariants ---------
+
+
+@SETTINGS
+@given(plans_with_durations())
+def test_makespan_at_least_busiest_queue_and_link(pd_):
+    plan, dur = pd_
+    a = plan.arrays
+    ms = analytic.run(plan, dur).makespan_s
+    busy_q = np.bincount(a.queue, weights=dur)
+    assert ms >= busy_q.max() * (1 - 1e-12)
+    if (a.link >= 0).any():
+        busy_l = np.bincount(a.link[a.link >= 0], weights=dur[a.link >= 0])
+        assert ms >= busy_l.max() * (1 - 1e-12)
+
+
+@SETTINGS
+@given(plans_with_durations(), st.floats(0.0, 1.0))
+def test_faster_link_never_slows_anything(pd_, factor):
+    """Shrinking every H2D duration (more bandwidth) moves no op later (max-plus is monotone)."""
+    plan, dur = pd_
+    h2d = np.array([op.kind is OpKind.H2D for op in plan.ops])
+    faster = np.where(h2d, dur * factor, dur)
+    s = analytic.run(plan, np.stack([dur, faster]))
+    assert (s.end_s[1] <= s.end_s[0]).all()
+    assert s.makespan_s[1] <= s.makespan_s[0]
+    d = des.run(plan, faster)
+    assert d.makespan_s <= des.run(plan, dur).makespan_s
+
+
+# ------------------------------------------------------------------ theory -------------
+
+_pos = st.floats(1e-6, 1e-2, allow_nan=False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_pos, _pos), min_size=1, max_size=30))
+def test_sequential_plan_is_sum_of_durations(ct):
+    """Baseline one-graph-copy: copy then compute, each op waiting for the previous one."""
+    C = np.array([c for c, _ in ct])
+    T = np.array([t for _, t in ct])
+    plan = Plan()
+    prev = None
+    dur = []
+    for i, (c, t) in enumerate(ct):
+        prev = plan.add(OpKind.H2D, Stream.COMPUTE, 0, f"copy{i}", [prev])
+        prev = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, f"compute{i}", [prev])
+        dur += [t, c]
+    for eng in engines.ENGINES:
+        ms = engines.run(plan, np.array(dur), engine=eng).makespan_s
+        assert ms == pytest.approx(math.fsum(dur), rel=1e-12)
+        assert ms == pytest.approx(analytic.sequential_makespan(C, T), rel=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_pos, _pos), min_size=1, max_size=30), st.integers(1, 6))
+def test_pipeline_plan_matches_recurrence_and_closed_forms(ct, slots):
+    C = np.array([c for c, _ in ct])
+    T = np.array([t for _, t in ct])
+    n = len(ct)
+    plan, copies, computes = pipeline_plan(n, slots)
+    dur = np.empty(len(plan.ops))
+    dur[copies] = T
+    dur[computes] = C
+    a_rec, b_rec = analytic.pipeline_recurrence(C, T, slots)
+    for eng in engines.ENGINES:
+        s = engines.run(plan, dur, engine=eng)
+        np.testing.assert_allclose(s.end_s[copies], a_rec, rtol=1e-12)
+        np.testing.assert_allclose(s.end_s[computes], b_rec, rtol=1e-12)
+    ms = analytic.run(plan, dur).makespan_s
+    assert ms == pytest.approx(analytic.pipeline_makespan(C, T, slots), rel=1e-12)
+    if slots == 1:
+        assert ms == pytest.approx(analytic.sequential_makespan(C, T), rel=1e-12)
+    if slots == 2:
+        closed = T[0] + sum(max(C[i], T[i + 1]) for i in range(n - 1)) + C[-1]
+        assert ms == pytest.approx(closed, rel=1e-12)
+    if slots >= n:
+        flow_shop = max(T[: j + 1].sum() + C[j:].sum() for j in range(n))
+        assert ms == pytest.approx(flow_shop, rel=1e-12)
+    # more slots never hurt, and the pipeline never beats its busiest stream
+    assert analytic.pipeline_makespan(C, T, slots + 1) <= ms * (1 + 1e-12)
+    assert ms >= max(C.sum(), T.sum()) * (1 - 1e-12)
+
+
+def test_pipeline_makespan_vectorised_and_known_values():
+    C = np.array([[2.0, 2.0, 2.0], [1.0, 5.0, 1.0]])
+    T = np.array([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])
+    # by hand, slots=2: T1 + max(C1,T2) + max(C2,T3) + C3
+    #   row 0: 1 + 2 + 2 + 2 = 7 ; row 1: 3 + max(1,3) + max(5,3) + 1 = 12
+    np.testing.assert_array_equal(analytic.pipeline_makespan(C, T, 2), [7.0, 12.0])
+    np.testing.assert_array_equal(analytic.pipeline_makespan(C, T, 1), [9.0, 16.0])
+    np.testing.assert_array_equal(analytic.sequential_makespan(C, T), [9.0, 16.0])
+    with pytest.raises(ValueError, match="slots"):
+        analytic.pipeline_makespan(C, T, 0)
+
+
+# ------------------------------------------------------------------ golden trace -------
+
+
+def test_golden_trace_hand_derived():
+    plan, dur = golden_plan()
+    # Derived by hand from the contract (queue order, link order, deps), link 0 shared by
+    # "prefetch w1", "pageable copy w2", "prefetch w3" in that (plan) order:
+    #  0 launch attn      host   no preds                              -> [0,    1   ]
+    #  1 attn             comp0  dep 0 (1)                             -> [1,    5   ]
+    #  2 launch prefetch  host   host prev 0 (1)                       -> [1,    2   ]
+    #  3 prefetch w1      copy0  dep 2 (2), first on link              -> [2,    5   ]
+    #  4 sync compute     host   host prev 2 (2), dep 1 (5)            -> [5,    5.5 ]
+    #  5 pageable copy w2 host   host prev 4 (5.5), link prev 3 (5)    -> [5.5,  7.5 ]
+    #  6 wait ready       host   host prev 5 (7.5)                     -> [7.5,  7.75]
+    #  7 launch ffn       host   host prev 6 (7.75)                    -> [7.75, 8.75]
+    #  8 ffn              comp0  comp prev 1 (5), deps 7 (8.75), 6 (7.75), 3 (5), 5 (7.5)
+    #                                                                  -> [8.75, 10.75]
+    #  9 prefetch w3      copy0  copy prev 3 (5), deps 1 (5), 2 (2), link prev 5 (7.5):
+    #                            its buffer is free at 5 but the pageable copy holds the link
+    #                                                                  -> [7.5,  10.5]
+    expected = [
+        ("launch attn", 0.0, 1.0), ("attn", 1.0, 5.0), ("launch prefetch", 1.0, 2.0),
+        ("prefetch w1", 2.0, 5.0), ("sync compute", 5.0, 5.5), ("pageable copy w2", 5.5, 7.5),
+        ("wait ready", 7.5, 7.75), ("launch ffn", 7.75, 8.75), ("ffn", 8.75, 10.75),
+        ("prefetch w3", 7.5, 10.5),
+    ]
+    for eng in engines.ENGINES:
+        s = engines.run(plan, dur, engine=eng)
+        got = [(op.name, float(s.start_s[i]), float(s.end_s[i])) for i, op in enumerate(plan.ops)]
+        assert got == expected, eng
+        assert s.makespan_s == 10.75
+
+
+def test_link_is_granted_in_plan_order_not_request_order():
+    """A later copy whose queue is free early still waits for an earlier copy of the link."""
+    p = Plan()
+    k = p.add(OpKind.GEMM, Stream.COMPUTE, 0, "compute")                 # [0, 5]
+    p.add(OpKind.H2D, Stream.COPY, 0, "copy after compute", [k])        # [5, 6]
+    p.add(OpKind.H2D, Stream.HOST, 0, "pageable copy", pinned=False)    # ready at 0, link at 6 -> [6, 8]
+    p.add(OpKind.H2D, Stream.COPY, 1, "copy on gpu1")                   # other link -> [0, 1]
+    dur = np.array([5.0, 1.0, 2.0, 1.0])
+    for eng in engines.ENGINES:
+        s = engines.run(plan=p, durations=dur, engine=eng)
+        assert s.start_s.tolist() == [0.0, 5.0, 6.0, 0.0]
+        assert s.end_s.tolist() == [5.0, 6.0, 8.0, 1.0]
+
+
+# ------------------------------------------------------------------ errors -------------
+
+
+def test_unknown_engine_names_accepted_values():
+    plan, dur = golden_plan()
+    with pytest.raises(ValueError, match="analytic, des"):
+        engines.run(plan, dur, engine="simpy")
+
+
+@pytest.mark.parametrize("engine", engines.ENGINES)
+def test_bad_durations_rejected(engine):
+    plan, dur = golden_plan()
+    with pytest.raises(ValueError, match="shape"):
+        engines.run(plan, dur[:-1], engine=engine)
+    bad = dur.copy()
+    bad[3] = -1.0
+    with pytest.raises(ValueError, match="op 3"):
+        engines.run(plan, bad, engine=engine)
+    bad[3] = np.nan
+    with pytest.raises(ValueError, match="op 3"):
+        engines.run(plan, bad, engine=engine)
+
+
+def test_compiled_plan_cache_follows_plan_changes():
+    plan, dur = golden_plan()
+    assert analytic.run(plan, dur).makespan_s == 10.75
+    plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "late", [len(plan.ops) - 1])  # after prefetch w3
+    s = analytic.run(plan, np.append(dur, 1.0))
+    assert s.end_s[-1] == 11.75  # max(ffn end 10.75, prefetch w3 end 10.5) + 1
+    assert des.run(plan, np.append(dur, 1.0)).end_s[-1] == 11.75
+
+
+def test_empty_plan():
+    for eng in engines.ENGINES:
+        s = engines.run(Plan(), np.zeros(0), engine=eng)
+        assert s.start_s.shape == (0,) and s.makespan_s == 0.0

@@ -1,0 +1,189 @@
+"""Trace schema, Chrome-trace export and the overlap metrics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+
+from plangen import golden_plan, pipeline_plan, plans_with_durations
+from sim import engines, trace
+from sim.engines import analytic
+from sim.plan import COMPUTE_KINDS, OpKind, Stream
+
+
+def _golden_df(engine="des", **kw):
+    plan, dur = golden_plan()
+    return plan, trace.to_dataframe(plan, engines.run(plan, dur, engine=engine), **kw)
+
+
+def test_dataframe_schema_and_content():
+    plan, df = _golden_df(test="pp512", variant="prefetch")
+    assert tuple(df.columns) == trace.TRACE_COLUMNS
+    trace.validate_trace(df)
+    assert len(df) == len(plan.ops)
+    assert {c: str(t) for c, t in df.dtypes.items()} == trace.TRACE_DTYPES
+    row = df.set_index("name").loc["pageable copy w2"]
+    assert tuple(row[["kind", "stream", "device", "queue", "nbytes", "tag"]]) == \
+        ("h2d", "host", 0, "host", 2 << 20, "selective")
+    assert tuple(row[["start_s", "end_s", "dur_s"]]) == (5.5, 7.5, 2.0)
+    assert set(df.queue) == {"host", "compute0", "copy0"}  # host queue whatever the device
+    assert (df.engine == "des").all() and (df.test == "pp512").all() and (df.variant == "prefetch").all()
+
+
+def test_batch_schedule_needs_a_scenario():
+    plan, dur = golden_plan()
+    s = analytic.run(plan, np.stack([dur, 2 * dur]))
+    with pytest.raises(ValueError, match="scenario"):
+        trace.to_dataframe(plan, s)
+    df = trace.to_dataframe(plan, s, scenario=1)
+    assert df.end_s.max() == 2 * 10.75
+
+
+@pytest.mark.parametrize("breakage", ["drop", "extra", "reorder", "int_as_float", "time_as_str", "backwards"])
+def test_validate_trace_rejects_wrong_schema(breakage):
+    _, df = _golden_df()
+    if breakage == "drop":
+        df = df.drop(columns=["slot"])
+    elif breakage == "extra":
+        df = df.assign(extra=1)
+    elif breakage == "reorder":
+        cols = list(trace.TRACE_COLUMNS)
+        cols[0], cols[1] = cols[1], cols[0]
+        df = df[cols]
+    elif breakage == "int_as_float":
+        df["nbytes"] = df["nbytes"].astype(float)
+    elif breakage == "time_as_str":
+        df["start_s"] = df["start_s"].astype(str)
+    elif breakage == "backwards":
+        df.loc[3, "end_s"] = df.loc[3, "start_s"] - 1.0
+    with pytest.raises(ValueError, match="trace"):
+        trace.validate_trace(df)
+
+
+# ------------------------------------------------------------------ Chrome trace -------
+
+
+def test_chrome_trace_round_trip(tmp_path):
+    plan, df = _golden_df(test="pp512", variant="v")
+    out = trace.to_chrome_trace(df, tmp_path / "sub" / "golden.json")
+    doc = json.loads(out.read_text())
+    assert sorted(p.name for p in out.parent.iterdir()) == ["golden.json"]  # no temp file left
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(plan.ops)
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    pname = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    tname = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    assert set(pname.values()) == {"host", "gpu0"}
+    by_id = {e["args"]["op_id"]: e for e in xs}
+    for r in df.itertuples():
+        e = by_id[r.op_id]
+        assert e["name"] == r.name
+        assert e["ts"] == pytest.approx(r.start_s * 1e6, rel=1e-12)
+        assert e["dur"] == pytest.approx(r.dur_s * 1e6, rel=1e-12)
+        assert tname[(e["pid"], e["tid"])] == r.queue
+        assert pname[e["pid"]] == ("host" if r.stream in ("host", "cpu") else f"gpu{r.device}")
+        assert (e["args"]["bytes"], e["args"]["layer"], e["args"]["tag"]) == (r.nbytes, r.layer, r.tag)
+    # hand check: "ffn" runs [8.75 s, 10.75 s]
+    ffn = next(e for e in xs if e["name"] == "ffn")
+    assert (ffn["ts"], ffn["dur"]) == (8.75e6, 2.0e6)
+
+
+def test_chrome_trace_several_runs_get_separate_processes(tmp_path):
+    _, a = _golden_df("analytic", variant="a")
+    _, b = _golden_df("des", variant="b")
+    doc = json.loads(trace.to_chrome_trace(pd.concat([a, b], ignore_index=True), tmp_path / "t.json").read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"host [analytic a ]", "gpu0 [analytic a ]", "host [des b ]", "gpu0 [des b ]"}
+
+
+def test_chrome_trace_write_is_atomic(tmp_path, monkeypatch):
+    _, df = _golden_df()
+    path = tmp_path / "t.json"
+    path.write_text("old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trace.json, "dump", boom)
+    with pytest.raises(OSError, match="disk full"):
+        trace.to_chrome_trace(df, path)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
+# ------------------------------------------------------------------ overlap metrics ----
+
+
+def test_overlap_metrics_golden_by_hand():
+    _, df = _golden_df()
+    # H2D on gpu0: [2,5] ∪ [5.5,7.5] ∪ [7.5,10.5] -> 3 + 5 = 8 s.
+    # compute0: attn [1,5], ffn [8.75,10.75]; hidden: [2,5] (3 s) + [8.75,10.5] (1.75 s) = 4.75 s.
+    assert trace.exposed_transfer_s(df) == 8.0 - 4.75
+    assert trace.overlap_fraction(df) == 4.75 / 8.0
+
+
+def test_overlap_metrics_on_pipelines():
+    C = np.array([2.0, 2.0, 2.0, 2.0])
+    T = np.array([1.0, 1.0, 1.0, 1.0])
+    for slots, exposed in ((1, 4.0), (2, 1.0)):
+        # slots=1: nothing overlaps; slots=2: only the first copy (T_1) is exposed
+        plan, copies, computes = pipeline_plan(len(C), slots)
+        dur = np.empty(len(plan.ops))
+        dur[copies], dur[computes] = T, C
+        df = trace.to_dataframe(plan, analytic.run(plan, dur))
+        assert trace.exposed_transfer_s(df) == exposed
+        assert trace.overlap_fraction(df) == (4.0 - exposed) / 4.0
+
+
+def test_overlap_metrics_reject_mixed_runs_and_handle_no_copies():
+    _, a = _golden_df("analytic")
+    _, b = _golden_df("des")
+    with pytest.raises(ValueError, match="several runs"):
+        trace.exposed_transfer_s(pd.concat([a, b], ignore_index=True))
+    no_h2d = a[a.kind != "h2d"].reset_index(drop=True)
+    assert trace.exposed_transfer_s(no_h2d) == 0.0
+    assert np.isnan(trace.overlap_fraction(no_h2d))
+
+
+def _reference_exposed(df: pd.DataFrame) -> tuple[float, float]:
+    """Plain-Python reference: elementary segments between all boundaries."""
+    comp = {k.value for k in COMPUTE_KINDS}
+    total = hidden = 0.0
+    for dev in sorted(set(df.device[df.kind == "h2d"])):
+        h = [(r.start_s, r.end_s) for r in df.itertuples() if r.kind == "h2d" and r.device == dev]
+        c = [(r.start_s, r.end_s) for r in df.itertuples()
+             if r.kind in comp and (r.stream == "cpu" or (r.stream == "compute" and r.device == dev))]
+        pts = sorted({p for iv in h + c for p in iv})
+        for lo, hi in zip(pts, pts[1:]):
+            mid = (lo + hi) / 2
+            if any(s <= mid <= e for s, e in h):
+                total += hi - lo
+                if any(s <= mid <= e for s, e in c):
+                    hidden += hi - lo
+    return total - hidden, total
+
+
+@settings(max_examples=100, deadline=None)
+@given(plans_with_durations(zeros=True))
+def test_overlap_metrics_match_reference(pd_):
+    plan, dur = pd_
+    df = trace.to_dataframe(plan, analytic.run(plan, dur))
+    exposed, total = _reference_exposed(df)
+    got = trace.exposed_transfer_s(df)
+    assert got == pytest.approx(exposed, rel=1e-9, abs=1e-15)
+    assert 0.0 <= got <= total * (1 + 1e-12)
+    frac = trace.overlap_fraction(df)
+    if total > 0:
+        assert frac == pytest.approx(1 - exposed / total, rel=1e-9, abs=1e-12)
+        assert 0.0 <= frac <= 1.0
+    else:
+        assert np.isnan(frac)
+
+
+def test_kinds_used_by_metrics_exist():
+    # the metrics key on these enum values; a rename in sim.plan must break this test
+    assert OpKind.H2D.value == "h2d" and Stream.CPU.value == "cpu" and Stream.COMPUTE.value == "compute"
