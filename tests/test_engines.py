@@ -14,7 +14,7 @@ from sim import engines
 from sim.engines import analytic, des
 from sim.plan import OpKind, Plan, Stream
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=100, deadline=None)
 
 
 def _pred_ends(plan: Plan, end: np.ndarray) -> np.ndarray:

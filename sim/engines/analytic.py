@@ -121,7 +121,9 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
 
     Returns:
         :class:`~sim.plan.Schedule` with ``start_s``/``end_s`` of the same shape as
-        ``durations``, ``engine="analytic"``.
+        ``durations``, ``engine="analytic"``. For a batch they are transposed views of
+        (n, S) arrays (column-major (S, n)): the engine works op by op on rows of S
+        scenarios, and a transposing copy would double its memory traffic.
 
     Raises:
         ValueError: see :func:`check_durations`.
@@ -164,7 +166,9 @@ def _run_scalar(preds, dur: list[float]) -> tuple[list[float], list[float]]:
 
 
 def _run_batch(preds, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """S scenarios at once: rows of ``(n, S)`` arrays, one numpy call or two per op."""
+    """S scenarios at once: rows of ``(n, S)`` arrays, one numpy call or two per op.
+
+    Returns (S, n) views (transposes) of the (n, S) start and end arrays."""
     n = d.shape[1]
     s_count = d.shape[0]
     dt = np.ascontiguousarray(d.T)
@@ -183,7 +187,7 @@ def _run_batch(preds, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             for j in p[2:]:
                 maximum(si, end[j], out=si)
         add(si, dt[i], out=end[i])
-    return np.ascontiguousarray(start.T), np.ascontiguousarray(end.T)
+    return start.T, end.T
 
 
 # --------------------------------------------------------------------------------------
