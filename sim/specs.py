@@ -785,6 +785,9 @@ def load_scenario(path: str | Path) -> Scenario:
     name = s.str("name")
     model_path = s.path("model")
     hw_path = s.path("hardware")
+    for key, p in (("model", model_path), ("hardware", hw_path)):
+        if not p.is_file():
+            raise s.error(key, f"file not found: {p}")
     seed = s.int("seed", 0, min=0)
     cbuf = s.float("compute_buffer_mib", None, min=0) if s.has("compute_buffer_mib") else None
     s.check_unknown()
