@@ -1,0 +1,81 @@
+"""Command line of the calibration: ``python -m calibrate --out scenarios/hardware/NAME.toml``
+(also ``prefetch-sim calibrate``, through :mod:`sim.cli_calibrate`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from sim.errors import PrefetchSimError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The calibration's options, shared by both entry points."""
+    p.add_argument("--out", required=True,
+                   help="profile to write, e.g. scenarios/hardware/h200.toml; its tables go to the folder "
+                        "named like the file without .toml (scenarios/hardware/h200/)")
+    p.add_argument("--name", help="profile name (default: the file name without .toml)")
+    p.add_argument("--raw-dir", help="folder for the raw logs (default: data/calibration/NAME-YYYYMMDD; "
+                                     "'none' to skip)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="repeat the key numbers (copy sweeps, a reference GEMM) this many times (default 3)")
+    p.add_argument("--quick", action="store_true", help="a tiny sweep (seconds; for checking the setup)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the input data and routing draws")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--fake-gpu", action="store_true",
+                   help="use a numpy stand-in for CuPy (runs on a CPU; the numbers are meaningless)")
+
+
+def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = None) -> int:
+    """Run the calibration described by parsed ``args``; prints a summary table last.
+
+    Returns the exit status (0).
+
+    Raises:
+        GPUUnavailableError: no CuPy or no GPU (nothing is written).
+    """
+    from .run import Sweep, fit_calibration, run_calibration, summary_table, write_calibration  # noqa: PLC0415
+
+    if args.rounds < 1:
+        raise PrefetchSimError(f"--rounds must be >= 1, got {args.rounds}")
+    out = Path(args.out)
+    if out.suffix != ".toml":
+        raise PrefetchSimError(f"--out must name a .toml file, got '{args.out}'")
+    name = args.name or out.stem
+    day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
+    if args.raw_dir is None:
+        raw = Path("data/calibration") / f"{name}-{day}"
+    elif args.raw_dir.lower() == "none":
+        raw = None
+    else:
+        raw = Path(args.raw_dir)
+    cp = None
+    if args.fake_gpu:
+        from . import _fakecupy as cp  # noqa: PLC0415
+    command = " ".join(shlex.quote(a) for a in (argv_for_record if argv_for_record is not None else sys.argv))
+    t0 = time.perf_counter()
+    cal = run_calibration(name, sweep=Sweep.quick() if args.quick else Sweep.full(), rounds=args.rounds, cp=cp,
+                          seed=args.seed, progress=not args.quiet, command=command)
+    paths = write_calibration(cal, out, raw)
+    for p in paths:
+        print(f"wrote {p}", file=sys.stderr)
+    print(summary_table(cal, fit_calibration(cal)))
+    print(f"elapsed: {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m calibrate``."""
+    ap = argparse.ArgumentParser(prog="python -m calibrate",
+                                 description="Measure a GPU and its host with CuPy and write a hardware profile.")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return run_from_args(args, ["python", "-m", "calibrate", *(sys.argv[1:] if argv is None else argv)])
+    except PrefetchSimError as exc:
+        print(f"calibrate: error: {exc}", file=sys.stderr)
+        return 2

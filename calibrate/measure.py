@@ -1,0 +1,856 @@
+"""GPU measurements with CuPy: copies, GEMMs, grouped expert GEMMs, attention, overheads.
+
+Every function here takes a :class:`Gpu` (made by :func:`open_gpu` from the ``cupy`` module,
+so CuPy is only imported by the caller, lazily) and returns plain rows (dicts of numbers)
+that :mod:`calibrate.run` turns into tables and fits.
+
+How GPU time is measured (:func:`gpu_time`): after warm-up calls, a *spin kernel* holding the
+stream for longer than the host needs to issue all repetitions is launched first; the timed
+calls are then queued behind it with a CUDA event between consecutive calls. The GPU runs
+them back to back, so ``elapsed(event_i, event_i+1)`` is the device time of call ``i``
+(including the GPU-side gap between kernels, about 1 µs) and not the host's issue time. The
+host's own costs (issue, event, sync) are measured separately on the host clock
+(:func:`measure_overheads`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+perf = time.perf_counter
+
+KERNELS_SRC = r"""
+extern "C" __global__ void spin_ns(unsigned long long ns) {
+    // hold the stream for ns nanoseconds of the GPU's global timer; the iteration cap ends
+    // the loop even if the timer does not advance
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (unsigned long long i = 0; i < ns; ++i) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns) break;
+    }
+}
+extern "C" __global__ void noop() {}
+extern "C" __global__ void probe_words(const unsigned long long* addrs, int n, unsigned int* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = *((const volatile unsigned int*)addrs[i]);
+}
+"""
+
+#: cudaMemcpyKind values (CUDA runtime API)
+H2D, D2H, D2D = 1, 2, 3
+
+
+@dataclass
+class Gpu:
+    """An opened GPU: the CuPy module, two non-blocking streams, helper kernels, facts.
+
+    Attributes:
+        cp: the ``cupy`` module (or the numpy stand-in :mod:`calibrate._fakecupy`).
+        stream: the compute stream.
+        copy_stream: a second non-blocking stream for copies.
+        spin, noop, probe: helper kernels (see :data:`KERNELS_SRC`).
+        bf16: numpy dtype of bfloat16 when CuPy supports it (``ml_dtypes``), else None.
+        bf16_note: why bf16 is unavailable (empty when it is).
+        batched_gemm: ``cublasGemmStridedBatchedEx`` works and agrees with a loop of matmuls.
+        info: device, driver, runtime and library versions.
+        rng: CuPy random generator for input data.
+    """
+
+    cp: Any
+    stream: Any
+    copy_stream: Any
+    spin: Any
+    noop: Any
+    probe: Any
+    bf16: Any
+    bf16_note: str
+    batched_gemm: bool
+    info: dict
+    rng: Any
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def rt(self):
+        return self.cp.cuda.runtime
+
+    def event(self):
+        return self.cp.cuda.Event()
+
+    def elapsed_s(self, a, b) -> float:
+        return float(self.cp.cuda.get_elapsed_time(a, b)) * 1e-3
+
+    def spin_for(self, seconds: float, stream=None) -> None:
+        """Hold ``stream`` busy for ``seconds`` (capped at 2 s)."""
+        s = stream or self.stream
+        ns = int(min(max(seconds, 0.0), 2.0) * 1e9)
+        with s:
+            self.spin((1,), (1,), (np.uint64(ns),))
+
+    def note(self, msg: str) -> None:
+        self.log.append(msg)
+
+
+def _decode(v) -> str:
+    return v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def _nvidia_smi() -> dict:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit,pcie.link.gen.max,pcie.link.width.max",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    line = out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+    keys = ["smi_name", "driver", "sm_clock_max", "mem_clock_max", "power_limit", "pcie_gen_max", "pcie_width_max"]
+    vals = [v.strip() for v in line.split(",")]
+    return dict(zip(keys, vals)) if len(vals) == len(keys) else {}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def open_gpu(cp, *, seed: int = 0) -> Gpu:
+    """Open device 0: streams, helper kernels, bf16 and batched-GEMM probes, version facts.
+
+    Args:
+        cp: the ``cupy`` module (from :func:`calibrate._gpu.require_cupy`).
+        seed: seed of the input-data generator.
+    """
+    rt = cp.cuda.runtime
+    cp.cuda.Device(0).use()
+    props = rt.getDeviceProperties(0)
+    free0, total = rt.memGetInfo()
+    stream = cp.cuda.Stream(non_blocking=True)
+    copy_stream = cp.cuda.Stream(non_blocking=True)
+    spin = cp.RawKernel(KERNELS_SRC, "spin_ns")
+    noop = cp.RawKernel(KERNELS_SRC, "noop")
+    probe = cp.RawKernel(KERNELS_SRC, "probe_words")
+    rng = cp.random.default_rng(seed)
+    info = {
+        "device": _decode(props.get("name", "?")),
+        "compute_capability": f"{props.get('major', '?')}.{props.get('minor', '?')}",
+        "multiprocessors": int(props.get("multiProcessorCount", 0)),
+        "l2_bytes": int(props.get("l2CacheSize", 0)),
+        "vram_total_bytes": int(total),
+        "vram_free_at_start_bytes": int(free0),
+        "driver_api_version": int(rt.driverGetVersion()),
+        "cuda_runtime_version": int(rt.runtimeGetVersion()),
+        "cupy_version": str(getattr(cp, "__version__", "?")),
+        "numpy_version": np.__version__,
+        "host_cpu": _cpu_model(),
+        "host_cpus": os.cpu_count() or 0,
+        "python": platform.python_version(),
+        "hostname_kernel": platform.release(),
+    }
+    info.update(_nvidia_smi())
+    g = Gpu(cp, stream, copy_stream, spin, noop, probe, None, "", False, info, rng)
+    # kernels compile on first use: do it now, outside any timing
+    g.spin_for(1e-6)
+    with stream:
+        noop((1,), (1,), ())
+    stream.synchronize()
+    g.bf16, g.bf16_note = _detect_bf16(g)
+    g.batched_gemm = _check_batched(g)
+    return g
+
+
+def _detect_bf16(g: Gpu):
+    cp = g.cp
+    try:
+        import ml_dtypes  # noqa: PLC0415
+
+        dt = np.dtype(ml_dtypes.bfloat16)
+        a = cp.ones((64, 64), dtype=cp.float32).astype(dt)
+        c = cp.dot(a, a)
+        val = float(cp.asnumpy(c.astype(cp.float32))[0, 0])
+        if abs(val - 64.0) > 0.5:
+            return None, f"bf16 matmul gave {val}, expected 64"
+        return dt, ""
+    except Exception as exc:  # ImportError, TypeError (dtype not supported), CUDA errors
+        return None, f"bf16 unavailable in this CuPy: {type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------------------------------
+# batched GEMM (cuBLAS strided batched; CuPy's own 3-D matmul upcasts f16 to f32)
+# ---------------------------------------------------------------------------------------
+
+
+def _cuda_dtype(g: Gpu, dtype) -> int:
+    rt = g.rt
+    if np.dtype(dtype) == np.float16:
+        return int(rt.CUDA_R_16F)
+    if g.bf16 is not None and np.dtype(dtype) == g.bf16:
+        return int(rt.CUDA_R_16BF)
+    raise TypeError(f"batched GEMM supports float16/bfloat16, got {dtype}")
+
+
+def bgemm(g: Gpu, a, b, c, *, trans_b: bool = False, use_batched: bool | None = None) -> None:
+    """``c[i] = a[i] @ b[i]`` (or ``a[i] @ b[i].T`` with ``trans_b``) for 3-D f16/bf16 arrays
+    on the current stream.
+
+    Shapes: ``a`` (B, r, k); ``b`` (B, k, n), or (B, n, k) with ``trans_b``; ``c`` (B, r, n).
+    Each matrix must be C-contiguous in its last two axes (the batch stride is free). One
+    ``cublasGemmStridedBatchedEx`` call (f32 accumulation) when :attr:`Gpu.batched_gemm`,
+    else a loop of 2-D ``cupy.dot`` calls.
+    """
+    cp = g.cp
+    batched = g.batched_gemm if use_batched is None else use_batched
+    if not batched or getattr(cp, "IS_FAKE", False):
+        for i in range(a.shape[0]):
+            cp.dot(a[i], b[i].T if trans_b else b[i], out=c[i])
+        return
+    from cupy.cuda import device  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    nb, r, k = a.shape
+    n = c.shape[2]
+    it = a.itemsize
+    for x in (a, b, c):
+        if x.strides[2] != it or x.strides[1] != x.shape[2] * it:
+            raise ValueError("bgemm: each matrix must be C-contiguous in its last two axes")
+    dt = _cuda_dtype(g, a.dtype)
+    one = np.array(1.0, dtype=np.float32)
+    zero = np.array(0.0, dtype=np.float32)
+    # row-major C = A·B'  <=>  column-major Cᵀ = B'ᵀ·Aᵀ (see docs/calibration.md)
+    cublas.gemmStridedBatchedEx(
+        device.get_cublas_handle(),
+        cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N,
+        n, r, k, one.ctypes.data,
+        b.data.ptr, dt, k if trans_b else n, b.strides[0] // it,
+        a.data.ptr, dt, k, a.strides[0] // it,
+        zero.ctypes.data,
+        c.data.ptr, dt, n, c.strides[0] // it,
+        nb, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+
+
+def _check_batched(g: Gpu) -> bool:
+    """Run the strided-batched path on a small problem and compare with 2-D matmuls."""
+    cp = g.cp
+    if getattr(cp, "IS_FAKE", False):
+        g.note("numpy stand-in: batched GEMM runs as a loop")
+        return False
+    try:
+        a = g.rng.standard_normal((3, 40, 24), dtype=cp.float32).astype(cp.float16)
+        b = g.rng.standard_normal((3, 24, 56), dtype=cp.float32).astype(cp.float16)
+        bt = cp.ascontiguousarray(b.transpose(0, 2, 1))
+        c1 = cp.empty((3, 40, 56), dtype=cp.float16)
+        c2 = cp.empty_like(c1)
+        c3 = cp.empty_like(c1)
+        with g.stream:
+            bgemm(g, a, b, c1, use_batched=False)
+            bgemm(g, a, b, c2, use_batched=True)
+            bgemm(g, a, bt, c3, trans_b=True, use_batched=True)
+        g.stream.synchronize()
+        r1, r2, r3 = (cp.asnumpy(x).astype(np.float64) for x in (c1, c2, c3))
+        ok = bool(np.allclose(r1, r2, rtol=2e-2, atol=2e-2) and np.allclose(r1, r3, rtol=2e-2, atol=2e-2))
+        if not ok:
+            g.note("batched GEMM disagrees with 2-D matmuls; using the loop")
+        return ok
+    except Exception as exc:  # cuBLAS binding missing in this CuPy, or the fake
+        g.note(f"batched GEMM unavailable ({type(exc).__name__}: {exc}); using a loop of 2-D matmuls")
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# timing helper
+# ---------------------------------------------------------------------------------------
+
+
+def gpu_time(g: Gpu, fn: Callable[[int], Any], reps: int, *, warmup: int = 2, stream=None) -> np.ndarray:
+    """Device time of ``fn(i)`` for ``i`` in ``range(reps)``, seconds, shape (reps,).
+
+    ``fn`` issues work on the current stream (it is called inside ``with stream``). See the
+    module docstring for the spin-kernel method.
+    """
+    s = stream or g.stream
+    with s:
+        for i in range(warmup):
+            fn(i % max(reps, 1))
+    s.synchronize()
+    t0 = perf()
+    with s:
+        fn(0)
+    host_one = perf() - t0
+    s.synchronize()
+    evs = [g.event() for _ in range(reps + 1)]
+    g.spin_for(host_one * reps * 1.5 + 200e-6, s)
+    with s:
+        evs[0].record(s)
+        for i in range(reps):
+            fn(i)
+            evs[i + 1].record(s)
+    evs[-1].synchronize()
+    return np.array([g.elapsed_s(evs[i], evs[i + 1]) for i in range(reps)])
+
+
+def _reps_for(est_s: float, budget_s: float, lo: int, hi: int) -> int:
+    return int(min(max(budget_s / max(est_s, 1e-9), lo), hi))
+
+
+# ---------------------------------------------------------------------------------------
+# copies
+# ---------------------------------------------------------------------------------------
+
+COPY_SIZES = tuple(2**p for p in range(12, 31))          # 4 KiB .. 1 GiB
+COPY_SIZES_QUICK = tuple(2**p for p in (12, 16, 20, 24, 26))
+
+
+@dataclass
+class HostBuffers:
+    """Host memory for copies: ``pinned`` (cupyx.empty_pinned) and ``pageable`` (numpy),
+    both ``nbytes`` of uint8, filled with a non-zero pattern, and a device buffer as large."""
+
+    pinned: Any
+    pageable: np.ndarray
+    device: Any
+    nbytes: int
+
+
+def alloc_copy_buffers(g: Gpu, nbytes: int) -> HostBuffers:
+    cp = g.cp
+    pinned = alloc_pinned(g, nbytes)
+    pageable = np.empty(nbytes, dtype=np.uint8)
+    words = nbytes // 4
+    pat = (np.arange(words, dtype=np.uint32) * np.uint32(2654435761)) ^ np.uint32(0x5A5A5A5A)
+    pageable[: words * 4].view(np.uint32)[:] = pat
+    pinned[: words * 4].view(np.uint32)[:] = pat
+    dev = cp.empty(nbytes, dtype=cp.uint8)
+    return HostBuffers(pinned, pageable, dev, nbytes)
+
+
+def _ptr_host(a) -> int:
+    return int(a.ctypes.data)
+
+
+def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *, stream=None,
+                spin: bool = True, warmup: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Time ``reps`` copies of ``nbytes``: device time (events) and host time of each
+    ``cudaMemcpyAsync`` call returning, seconds, each shape (reps,).
+
+    With ``spin`` the stream is held busy while the calls are issued, so event times are
+    pure device time and host times pure issue cost. Without it (pageable memory, where the
+    call itself blocks), each call starts on an idle stream.
+    """
+    s = stream or g.stream
+    memcpy = g.rt.memcpyAsync
+    for _ in range(warmup):
+        memcpy(dst, src, nbytes, kind, s.ptr)
+    s.synchronize()
+    host = np.empty(reps)
+    if spin:
+        evs = [g.event() for _ in range(reps + 1)]
+        g.spin_for(reps * 30e-6 + 200e-6, s)
+        evs[0].record(s)
+        for i in range(reps):
+            t0 = perf()
+            memcpy(dst, src, nbytes, kind, s.ptr)
+            host[i] = perf() - t0
+            evs[i + 1].record(s)
+        evs[-1].synchronize()
+        dev = np.array([g.elapsed_s(evs[i], evs[i + 1]) for i in range(reps)])
+        return dev, host
+    starts = [g.event() for _ in range(reps)]
+    ends = [g.event() for _ in range(reps)]
+    for i in range(reps):
+        s.synchronize()
+        starts[i].record(s)
+        t0 = perf()
+        memcpy(dst, src, nbytes, kind, s.ptr)
+        host[i] = perf() - t0
+        ends[i].record(s)
+    s.synchronize()
+    dev = np.array([g.elapsed_s(starts[i], ends[i]) for i in range(reps)])
+    return dev, host
+
+
+def measure_copies(g: Gpu, bufs: HostBuffers, sizes: Sequence[int], round_idx: int, *,
+                   budget_s: float = 0.03) -> list[dict]:
+    """H2D pinned, H2D pageable and D2H pinned copies of each size.
+
+    Returns rows ``{round, direction, memory, nbytes, rep, t_s, t_host_s}``; ``t_s`` is the
+    device time (events), ``t_host_s`` the time the ``cudaMemcpyAsync`` call took to return.
+    """
+    rows = []
+    dptr = int(bufs.device.data.ptr)
+    for nb in sizes:
+        if nb > bufs.nbytes:
+            continue
+        series = [
+            ("h2d", "pinned", dptr, _ptr_host(bufs.pinned), H2D, True, 5e-6 + nb / 50e9),
+            ("h2d", "pageable", dptr, _ptr_host(bufs.pageable), H2D, False, 10e-6 + nb / 10e9),
+            ("d2h", "pinned", _ptr_host(bufs.pinned), dptr, D2H, True, 5e-6 + nb / 50e9),
+        ]
+        for direction, memory, dst, src, kind, spin, est in series:
+            if direction == "d2h" and nb > 256 * 2**20:
+                continue
+            reps = _reps_for(est, budget_s, 5 if nb >= 2**26 else 10, 30)
+            dev, host = copy_series(g, dst, src, nb, kind, reps, spin=spin)
+            for i in range(reps):
+                rows.append({"round": round_idx, "direction": direction, "memory": memory, "nbytes": int(nb),
+                             "rep": i, "t_s": float(dev[i]), "t_host_s": float(host[i])})
+    return rows
+
+
+def measure_host_blocking(g: Gpu, bufs: HostBuffers, nbytes: int = 64 * 2**20, reps: int = 5) -> dict:
+    """Does the host wait for the copy? Host time of the ``cudaMemcpyAsync`` call returning
+    over the copy's device time, for pinned and pageable sources on an idle stream (~0:
+    asynchronous; ~1: the host is blocked for the copy)."""
+    nbytes = min(nbytes, bufs.nbytes)
+    dptr = int(bufs.device.data.ptr)
+    out = {"nbytes": nbytes}
+    for memory, src in (("pinned", _ptr_host(bufs.pinned)), ("pageable", _ptr_host(bufs.pageable))):
+        dev, host = copy_series(g, dptr, src, nbytes, H2D, reps, spin=False)
+        out[f"{memory}_t_s"] = float(np.median(dev))
+        out[f"{memory}_host_return_s"] = float(np.median(host))
+        out[f"{memory}_host_block_ratio"] = float(np.median(host) / np.median(dev))
+    return out
+
+
+def measure_ids_readback(g: Gpu, n_tokens: int = 2048, top_k: int = 10, reps: int = 50) -> dict:
+    """Router ids readback: D2H of an (n_tokens × top_k) int32 tensor plus stream sync, on
+    the host clock (what the host waits), into pinned memory and into a new numpy array
+    (``ndarray.get``: pageable)."""
+    cp = g.cp
+    s = g.stream
+    with s:
+        ids = (g.rng.random((n_tokens, top_k)) * 128).astype(cp.int32)
+    s.synchronize()
+    nbytes = int(ids.nbytes)
+    host = np.empty((n_tokens, top_k), dtype=np.int32)
+    pinned = alloc_pinned(g, nbytes)
+    t_pin, t_page, t_dev = [], [], []
+    for i in range(reps + 3):
+        e0, e1 = g.event(), g.event()
+        t0 = perf()
+        e0.record(s)
+        g.rt.memcpyAsync(_ptr_host(pinned), int(ids.data.ptr), nbytes, D2H, s.ptr)
+        e1.record(s)
+        s.synchronize()
+        t1 = perf()
+        ids.get(stream=s, out=host)
+        s.synchronize()
+        t2 = perf()
+        if i >= 3:
+            t_pin.append(t1 - t0)
+            t_page.append(t2 - t1)
+            t_dev.append(g.elapsed_s(e0, e1))
+    return {"n_tokens": n_tokens, "top_k": top_k, "nbytes": nbytes,
+            "pinned_host_s": float(np.median(t_pin)), "pinned_host_min_s": float(np.min(t_pin)),
+            "pinned_host_max_s": float(np.max(t_pin)),
+            "pageable_get_host_s": float(np.median(t_page)), "device_s": float(np.median(t_dev)), "n": reps}
+
+
+def alloc_pinned(g: Gpu, nbytes: int) -> np.ndarray:
+    """A numpy uint8 array of ``nbytes`` in page-locked (pinned) host memory."""
+    if getattr(g.cp, "IS_FAKE", False):
+        return g.cp.empty_pinned(nbytes, np.uint8)
+    import cupyx  # noqa: PLC0415
+
+    return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
+
+
+# ---------------------------------------------------------------------------------------
+# copy/compute concurrency and event semantics
+# ---------------------------------------------------------------------------------------
+
+
+def measure_concurrency(g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 256 * 2**20, n_copies: int = 8,
+                        gemm_n: int = 8192) -> dict:
+    """A pinned copy on a dedicated non-blocking stream concurrent with compute.
+
+    Three runs each for two kinds of compute (an f16 GEMM ``gemm_n``³, compute-bound, and an
+    elementwise f16 kernel reading and writing ``copy_bytes`` each, memory-bound): copies alone, compute alone, both
+    released together by one event. Returns the device times and the slowdown ratios
+    (concurrent / alone) of each side: 1.0 means no interference.
+    """
+    cp = g.cp
+    nb = min(copy_bytes, bufs.nbytes)
+    dptr = int(bufs.device.data.ptr)
+    src = _ptr_host(bufs.pinned)
+    out: dict[str, float] = {"copy_bytes": nb, "n_copies": n_copies}
+    a = (g.rng.standard_normal((gemm_n, gemm_n), dtype=cp.float32) * 0.1).astype(cp.float16)
+    c = cp.empty_like(a)
+    x = (g.rng.standard_normal(max(nb, 4096) // 2, dtype=cp.float32)).astype(cp.float16)
+    y = cp.empty_like(x)
+
+    def run(do_copy: bool, compute: str | None, n_compute: int):
+        gate = g.event()
+        g.spin_for(6e-3, g.stream)
+        gate.record(g.stream)
+        g.copy_stream.wait_event(gate)
+        c0, c1, p0, p1 = g.event(), g.event(), g.event(), g.event()
+        with g.stream:
+            c0.record(g.stream)
+            for _ in range(n_compute if compute else 0):
+                if compute == "gemm":
+                    cp.dot(a, a, out=c)
+                else:
+                    cp.add(x, 1, out=y)
+            c1.record(g.stream)
+        p0.record(g.copy_stream)
+        for _ in range(n_copies if do_copy else 0):
+            g.rt.memcpyAsync(dptr, src, nb, H2D, g.copy_stream.ptr)
+        p1.record(g.copy_stream)
+        g.stream.synchronize()
+        g.copy_stream.synchronize()
+        return g.elapsed_s(p0, p1), g.elapsed_s(c0, c1)
+
+    run(True, "gemm", 2)  # warm-up
+    t_copy, _ = run(True, None, 0)
+    for kind in ("gemm", "elementwise"):
+        _, t1 = run(False, kind, 4)
+        per = max(t1 / 4, 1e-6)
+        n_compute = max(4, int(math.ceil(t_copy / per)))
+        _, t_comp = run(False, kind, n_compute)
+        tc, tk = run(True, kind, n_compute)
+        out[f"{kind}_n"] = n_compute
+        out[f"{kind}_alone_s"] = t_comp
+        out[f"{kind}_concurrent_s"] = tk
+        out[f"{kind}_copy_alone_s"] = t_copy
+        out[f"{kind}_copy_concurrent_s"] = tc
+        out[f"{kind}_compute_slowdown"] = tk / t_comp
+        out[f"{kind}_copy_slowdown"] = tc / t_copy
+    out["copy_alone_gb_per_s"] = nb * n_copies / t_copy / 1e9
+    del a, c, x, y
+    return out
+
+
+def measure_event_semantics(g: Gpu, bufs: HostBuffers) -> dict:
+    """When does a stream waiting on an event recorded between two copies get released?
+
+    Copy A (64 MiB), record ``ready``, copy B (512 MiB) on the copy stream; the compute stream
+    waits on ``ready`` and records ``go``. ``record_point`` (CUDA semantics): ``go`` follows
+    A's end; ``stream_tail`` (seen on ROCm with pageable memory): ``go`` follows B's end.
+    Done for pinned and pageable sources.
+    """
+    dptr = int(bufs.device.data.ptr)
+    na = min(64 * 2**20, bufs.nbytes // 2)
+    nbb = min(512 * 2**20, bufs.nbytes - na)
+    out: dict[str, Any] = {}
+    for memory, host in (("pinned", bufs.pinned), ("pageable", bufs.pageable)):
+        src = _ptr_host(host)
+        t0, ready, b_end, go = g.event(), g.event(), g.event(), g.event()
+        g.stream.synchronize()
+        g.copy_stream.synchronize()
+        t0.record(g.copy_stream)
+        g.rt.memcpyAsync(dptr, src, na, H2D, g.copy_stream.ptr)
+        ready.record(g.copy_stream)
+        g.stream.wait_event(ready)
+        with g.stream:
+            g.noop((1,), (1,), ())
+        go.record(g.stream)
+        g.rt.memcpyAsync(dptr + na, src + na, nbb, H2D, g.copy_stream.ptr)
+        b_end.record(g.copy_stream)
+        g.stream.synchronize()
+        g.copy_stream.synchronize()
+        ta, tb, tg = g.elapsed_s(t0, ready), g.elapsed_s(t0, b_end), g.elapsed_s(t0, go)
+        out[f"{memory}_a_end_s"] = ta
+        out[f"{memory}_b_end_s"] = tb
+        out[f"{memory}_released_s"] = tg
+        out[f"{memory}_semantics"] = "record_point" if tg < (ta + tb) / 2 else "stream_tail"
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# GEMM sweep
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class GemmPools:
+    """Random inputs for the GEMM sweep. Weights are taken at rotating offsets of a pool
+    several times the L2 cache, so each timed matmul reads its weight from HBM, as a model's
+    layers do; activations and output are reused."""
+
+    w: dict
+    x: dict
+    out: Any
+    w_elems: int
+
+
+def alloc_gemm_pools(g: Gpu, max_mk: int, max_mn: int, w_pool_bytes: int, dtypes: Sequence[str]) -> GemmPools:
+    cp = g.cp
+    w_elems = w_pool_bytes // 2
+    w16 = (g.rng.standard_normal(w_elems, dtype=cp.float32) * 0.05).astype(cp.float16)
+    x16 = (g.rng.standard_normal(max_mk, dtype=cp.float32) * 0.5).astype(cp.float16)
+    w = {"f16": w16}
+    x = {"f16": x16}
+    if "bf16" in dtypes and g.bf16 is not None:
+        w["bf16"] = w16.astype(g.bf16)
+        x["bf16"] = x16.astype(g.bf16)
+    out = cp.empty(max_mn, dtype=cp.float16)
+    return GemmPools(w, x, out, w_elems)
+
+
+def _dtype_of(g: Gpu, name: str):
+    return g.cp.float16 if name == "f16" else g.bf16
+
+
+def measure_gemm(g: Gpu, pools: GemmPools, m: int, n: int, k: int, dtype: str, *, budget_s: float = 0.02) -> dict:
+    """Median device time of ``(m×k)·(k×n)`` in ``dtype`` (``cupy.dot``, f32 accumulation).
+
+    Returns ``{m, n, k, dtype, t_s, t_min_s, t_max_s, n_rep}``.
+    """
+    cp = g.cp
+    dt = _dtype_of(g, dtype)
+    wpool = pools.w[dtype]
+    x = pools.x[dtype][: m * k].reshape(m, k)
+    out = pools.out[: m * n]
+    if dtype != "f16":
+        out = out.view(dt)
+    out = out.reshape(m, n)
+    kn = k * n
+    n_slots = max(1, (pools.w_elems - kn) // max(kn, 1) + 1)
+    est = max(2.0 * m * n * k / 600e12, 2.0 * kn / 3e12) + 6e-6
+    reps = _reps_for(est, budget_s, 3, 20)
+    ws = []
+    for i in range(reps):
+        off = (i % n_slots) * kn
+        off -= off % 128
+        ws.append(wpool[off: off + kn].reshape(k, n))
+    t = gpu_time(g, lambda i: cp.dot(x, ws[i], out=out), reps, warmup=2)
+    return {"m": m, "n": n, "k": k, "dtype": dtype, "t_s": float(np.median(t)), "t_min_s": float(t.min()),
+            "t_max_s": float(t.max()), "n_rep": reps}
+
+
+# ---------------------------------------------------------------------------------------
+# grouped expert GEMM (MUL_MAT_ID)
+# ---------------------------------------------------------------------------------------
+
+
+def route_uniform(rng: np.random.Generator, n_tokens: int, n_expert: int, top_k: int) -> np.ndarray:
+    """Rows per expert when each token picks ``top_k`` distinct experts uniformly at random:
+    (n_expert,) int counts summing to ``n_tokens * top_k``."""
+    picks = np.argsort(rng.random((n_tokens, n_expert)), axis=1)[:, :top_k]
+    return np.bincount(picks.ravel(), minlength=n_expert)
+
+
+def measure_moe(g: Gpu, model: str, n_expert: int, top_k: int, n: int, k: int, n_tokens: int,
+                rng: np.random.Generator, *, reps: int = 3) -> list[dict]:
+    """Grouped expert GEMM of ``n_tokens`` routed uniformly to ``top_k`` of ``n_expert``
+    experts, each expert an (k → n) f16 matmul over its rows.
+
+    Two methods: ``loop`` (one 2-D matmul per used expert with its own rows, as ggml-cuda's
+    MUL_MAT_ID does for large batches) and ``batched`` (one strided-batched GEMM over the used
+    experts, rows padded to the largest share ``ceil(tokens·top_k / n_used)``).
+    """
+    cp = g.cp
+    counts = route_uniform(rng, n_tokens, n_expert, top_k)
+    used = np.flatnonzero(counts)
+    n_used = int(used.size)
+    rows_total = int(counts.sum())
+    r_pad = int(math.ceil(rows_total / n_used))
+    w = (g.rng.standard_normal((n_used, k, n), dtype=cp.float32) * 0.05).astype(cp.float16)
+    x = (g.rng.standard_normal((n_used, r_pad, k), dtype=cp.float32) * 0.5).astype(cp.float16)
+    c = cp.empty((n_used, r_pad, n), dtype=cp.float16)
+    cnt = counts[used]
+
+    def loop(_i):
+        for e in range(n_used):
+            r = int(cnt[e])
+            cp.dot(x[e, :r], w[e], out=c[e, :r])
+
+    rows = []
+    t = gpu_time(g, loop, reps, warmup=1)
+    base = {"model": model, "n_expert": n_expert, "top_k": top_k, "n_tokens": n_tokens, "n_used": n_used,
+            "rows": rows_total, "n": n, "k": k, "dtype": "f16"}
+    rows.append({**base, "method": "loop", "t_s": float(np.median(t)), "t_min_s": float(t.min()),
+                 "t_max_s": float(t.max()), "n_rep": reps})
+    if g.batched_gemm:
+        t = gpu_time(g, lambda _i: bgemm(g, x, w, c), reps, warmup=1)
+        rows.append({**base, "method": "batched", "t_s": float(np.median(t)), "t_min_s": float(t.min()),
+                     "t_max_s": float(t.max()), "n_rep": reps})
+    del w, x, c
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# attention
+# ---------------------------------------------------------------------------------------
+
+
+def attention(g: Gpu, q, k, v, out, *, max_score_bytes: int = 2 * 2**30) -> None:
+    """softmax(Q·Kᵀ/√d)·V for grouped-query attention, on the current stream.
+
+    Shapes: ``q`` (H_kv, G·n, d) — the G query heads sharing a KV head stacked with the n
+    tokens; ``k``, ``v`` (H_kv, L, d); ``out`` (H_kv, G·n, d); all f16. Scores are formed in
+    f16 by a batched GEMM, the softmax is done in f32, then P·V by a batched GEMM. Query rows
+    are processed in chunks so the f32 score block stays under ``max_score_bytes``. No
+    causal mask: every query sees all L keys (the cost of the full rectangle).
+    """
+    cp = g.cp
+    hkv, rows, d = q.shape
+    L = k.shape[1]
+    scale = 1.0 / math.sqrt(d)
+    chunk = max(1, min(rows, max_score_bytes // max(hkv * L * 4, 1)))
+    for r0 in range(0, rows, chunk):
+        r1 = min(rows, r0 + chunk)
+        s = cp.empty((hkv, r1 - r0, L), dtype=cp.float16)
+        bgemm(g, q[:, r0:r1], k, s, trans_b=True)
+        s32 = s.astype(cp.float32)
+        s32 *= scale
+        s32 -= s32.max(axis=-1, keepdims=True)
+        cp.exp(s32, out=s32)
+        s32 /= s32.sum(axis=-1, keepdims=True)
+        p = s32.astype(cp.float16)
+        bgemm(g, p, v, out[:, r0:r1])
+
+
+def measure_attention(g: Gpu, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int, head_dim: int, *,
+                      reps: int = 3) -> dict:
+    """Device time of :func:`attention` for ``n_tokens`` new tokens over ``kv_len`` cached
+    ones (L = kv_len + n_tokens keys)."""
+    cp = g.cp
+    grp = n_head // n_head_kv
+    L = kv_len + n_tokens
+    q = (g.rng.standard_normal((n_head_kv, grp * n_tokens, head_dim), dtype=cp.float32)).astype(cp.float16)
+    kk = (g.rng.standard_normal((n_head_kv, L, head_dim), dtype=cp.float32)).astype(cp.float16)
+    vv = (g.rng.standard_normal((n_head_kv, L, head_dim), dtype=cp.float32)).astype(cp.float16)
+    out = cp.empty_like(q)
+    t = gpu_time(g, lambda _i: attention(g, q, kk, vv, out), reps, warmup=1)
+    del q, kk, vv, out
+    return {"n_tokens": n_tokens, "kv_len": kv_len, "n_head": n_head, "n_head_kv": n_head_kv,
+            "head_dim": head_dim, "t_s": float(np.median(t)), "t_min_s": float(t.min()),
+            "t_max_s": float(t.max()), "n_rep": reps}
+
+
+# ---------------------------------------------------------------------------------------
+# HBM and host-side overheads
+# ---------------------------------------------------------------------------------------
+
+
+def measure_hbm(g: Gpu, nbytes: int = 2 * 2**30, reps: int = 5) -> dict:
+    """Device-memory bandwidth: a device-to-device ``cudaMemcpyAsync`` and an elementwise
+    copy kernel of ``nbytes``, counting bytes read plus bytes written."""
+    cp = g.cp
+    a = cp.empty(nbytes, dtype=cp.uint8)
+    a.view(cp.uint32)[:] = 7
+    b = cp.empty_like(a)
+    t_memcpy = gpu_time(g, lambda _i: g.rt.memcpyAsync(int(b.data.ptr), int(a.data.ptr), nbytes, D2D, g.stream.ptr),
+                        reps, warmup=1)
+    af, bf = a.view(cp.float32), b.view(cp.float32)
+    t_kernel = gpu_time(g, lambda _i: cp.copyto(bf, af), reps, warmup=1)
+    del a, b
+    return {"nbytes": nbytes,
+            "memcpy_d2d_gb_per_s": 2 * nbytes / float(np.median(t_memcpy)) / 1e9,
+            "kernel_copy_gb_per_s": 2 * nbytes / float(np.median(t_kernel)) / 1e9,
+            "memcpy_d2d_t_s": float(np.median(t_memcpy)), "kernel_copy_t_s": float(np.median(t_kernel))}
+
+
+def _host_loop(fn: Callable[[], Any], n: int) -> float:
+    t0 = perf()
+    for _ in range(n):
+        fn()
+    return (perf() - t0) / n
+
+
+def measure_overheads(g: Gpu, n: int = 2000) -> dict:
+    """Host costs, seconds per call, on the host clock: event record, stream wait on a
+    completed event, stream synchronize on an idle stream, launches (empty kernel, a small
+    ``cupy.dot``, a 4 KiB pinned ``cudaMemcpyAsync``), an empty Python call (the floor of any
+    call from Python), and the host's wake-up after a kernel it synchronised on."""
+    cp = g.cp
+    s = g.stream
+    ev = g.event()
+    ev.record(s)
+    s.synchronize()
+    out: dict[str, float] = {"n_calls": n}
+    out["python_call_s"] = _host_loop(lambda: None, n)
+    out["event_record_s"] = _host_loop(lambda: ev.record(s), n)
+    s.synchronize()
+    out["stream_wait_event_s"] = _host_loop(lambda: g.copy_stream.wait_event(ev), n)
+    g.copy_stream.synchronize()
+    out["stream_sync_idle_s"] = _host_loop(s.synchronize, n)
+    with s:
+        out["launch_noop_s"] = _host_loop(lambda: g.noop((1,), (1,), ()), n)
+    s.synchronize()
+    a = cp.ones((64, 64), dtype=cp.float16)
+    c = cp.empty_like(a)
+    with s:
+        cp.dot(a, a, out=c)
+        out["launch_dot_s"] = _host_loop(lambda: cp.dot(a, a, out=c), n // 4)
+    s.synchronize()
+    pinned = alloc_pinned(g, 4096)
+    dst = cp.empty(4096, dtype=cp.uint8)
+    out["issue_memcpy_pinned_s"] = _host_loop(
+        lambda: g.rt.memcpyAsync(int(dst.data.ptr), _ptr_host(pinned), 4096, H2D, s.ptr), n // 4)
+    s.synchronize()
+    # wake-up: host time of (launch spin of known device time; sync) minus device time and launch
+    wake = []
+    for _ in range(20):
+        e0, e1 = g.event(), g.event()
+        t0 = perf()
+        e0.record(s)
+        g.spin_for(200e-6, s)
+        e1.record(s)
+        s.synchronize()
+        host = perf() - t0
+        wake.append(host - g.elapsed_s(e0, e1))
+    wake_arr = np.array(wake)
+    out["sync_wake_s"] = float(np.median(wake_arr) - out["launch_noop_s"] - 2 * out["event_record_s"])
+    out["sync_wake_raw_s"] = float(np.median(wake_arr))
+    out["sync_wake_max_s"] = float(wake_arr.max())
+    return out
+
+
+def measure_spin_accuracy(g: Gpu, seconds: float = 1e-3) -> float:
+    """Device time of a spin kernel asked to hold ``seconds`` (checks the timer it uses)."""
+    t = gpu_time(g, lambda _i: g.spin((1,), (1,), (np.uint64(int(seconds * 1e9)),)), 3, warmup=1)
+    return float(np.median(t))
+
+
+# ---------------------------------------------------------------------------------------
+# CPU (host) side
+# ---------------------------------------------------------------------------------------
+
+
+def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
+    """Host DRAM bandwidth of a numpy float32 matrix-vector product over ``nbytes`` of
+    matrix (the CPU backend's decode matvec is memory-bound), and numpy float32 GEMM FLOP/s.
+    Runs on the host only (no GPU)."""
+    cols = 16384
+    rows = max(1, nbytes // 4 // cols)
+    a = np.empty((rows, cols), dtype=np.float32)
+    a[:] = 0.25
+    x = np.linspace(-1.0, 1.0, cols, dtype=np.float32)
+    a @ x  # warm-up: page faults, BLAS threads
+    ts = []
+    for _ in range(reps):
+        t0 = perf()
+        a @ x
+        ts.append(perf() - t0)
+    tm = np.array(ts)
+    del a
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
+    b @ b
+    tg = []
+    for _ in range(3):
+        t0 = perf()
+        b @ b
+        tg.append(perf() - t0)
+    flops = 2.0 * gemm_n**3
+    return {"matvec_bytes": int(rows * cols * 4), "matvec_t_s": float(np.median(tm)),
+            "matvec_gb_per_s": rows * cols * 4 / float(np.median(tm)) / 1e9,
+            "matvec_gb_per_s_min": rows * cols * 4 / float(tm.max()) / 1e9,
+            "matvec_gb_per_s_max": rows * cols * 4 / float(tm.min()) / 1e9,
+            "sgemm_n": gemm_n, "sgemm_tflops": flops / float(np.median(tg)) / 1e12, "threads": os.cpu_count() or 0}

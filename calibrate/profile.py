@@ -1,0 +1,125 @@
+"""Writing a measured hardware profile: the TOML that :func:`sim.specs.load_hardware` reads,
+its CSV tables beside it, and the raw logs.
+
+Every file is first written to a temporary file in its target folder and then moved into
+place with :func:`os.replace`; the TOML is moved last, so a reader never sees a profile whose
+tables are missing, and an interrupted run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# ---------------------------------------------------------------------------------------
+# a small TOML writer (tables of scalars, lists of scalars and inline tables)
+# ---------------------------------------------------------------------------------------
+
+
+def _toml_scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        r = repr(float(f"{v:.6g}"))
+        return r
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=True)
+    if hasattr(v, "item") and not isinstance(v, (list, tuple, dict)):  # numpy scalar
+        return _toml_scalar(v.item())
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_scalar(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_scalar(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    if k and all(c.isalnum() or c in "_-" for c in k):
+        return k
+    return json.dumps(k, ensure_ascii=True)
+
+
+def dumps_toml(doc: Mapping[str, Mapping[str, Any]], header: str = "") -> str:
+    """Serialise ``{table: {key: value}}`` to TOML text.
+
+    Values may be bool, int, float, str, lists of those, or inline tables of those
+    (``{ value = 1.0, source = "..." }``). Floats are written with 6 significant digits.
+
+    Raises:
+        TypeError: a value of another type.
+    """
+    lines = [f"# {h}" if h else "#" for h in header.splitlines()] if header else []
+    for table, body in doc.items():
+        if lines:
+            lines.append("")
+        lines.append(f"[{_toml_key(table)}]")
+        for k, v in body.items():
+            lines.append(f"{_toml_key(k)} = {_toml_scalar(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def sourced(value: float, source: str) -> dict[str, Any]:
+    """``{ value = ..., source = ... }`` as the hardware loader expects."""
+    return {"value": float(value), "source": source}
+
+
+# ---------------------------------------------------------------------------------------
+# atomic file writing
+# ---------------------------------------------------------------------------------------
+
+
+def _tmp_for(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write_files_atomically(files: Mapping[Path, str | bytes | pd.DataFrame]) -> list[Path]:
+    """Write several files so that each is either absent/old or complete.
+
+    All contents are first written to temporary files beside their targets; only when all of
+    them succeeded are they moved into place, in the given order (put the file that refers
+    to the others last). On error every temporary file is removed.
+
+    Args:
+        files: target path -> text, bytes, or a DataFrame (written as CSV without index).
+
+    Returns:
+        the paths written.
+    """
+    tmps: list[tuple[Path, Path]] = []
+    try:
+        for path, content in files.items():
+            path = Path(path)
+            tmp = _tmp_for(path)
+            tmps.append((tmp, path))
+            if isinstance(content, pd.DataFrame):
+                content.to_csv(tmp, index=False, float_format="%.6g")
+            elif isinstance(content, bytes):
+                tmp.write_bytes(content)
+            else:
+                tmp.write_text(content, encoding="utf-8")
+        for tmp, path in tmps:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _ in tmps:
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+        raise
+    return [p for _, p in tmps]

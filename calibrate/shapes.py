@@ -1,0 +1,103 @@
+"""Matmul and attention shapes of the shipped models, swept by the calibration.
+
+A GEMM shape is ``(n, k)``: ``n`` output features and ``k`` input features of a weight
+(``ggml`` ``ne[1]`` and ``ne[0]``); the token count ``m`` is swept separately. Sources: the
+models' Hugging Face ``config.json`` files (hidden size, head counts, head dim, FFN sizes),
+as quoted in the calibration brief; laguna's attention geometry is not published, so only its
+expert FFN shapes are swept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """The layer geometry of one model.
+
+    Attributes:
+        name: model label (used to hold out one model when validating the roofline fit).
+        d_model: embedding size.
+        q_out: output features of the Q projection (``n_head * head_dim``), 0 if unknown.
+        kv_out: output features of the K and V projections (``n_head_kv * head_dim``).
+        n_ff: hidden size of the FFN (dense) or of one expert (MoE).
+        n_head, n_head_kv, head_dim: attention geometry (0 if unknown).
+        n_expert, n_expert_used: MoE experts and top-k (0 for dense).
+    """
+
+    name: str
+    d_model: int
+    q_out: int
+    kv_out: int
+    n_ff: int
+    n_head: int = 0
+    n_head_kv: int = 0
+    head_dim: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+
+    def gemm_shapes(self) -> list[tuple[str, int, int]]:
+        """``(role, n, k)`` of every distinct weight matmul of one layer."""
+        d = self.d_model
+        out: list[tuple[str, int, int]] = []
+        if self.q_out:
+            out += [("attn_q", self.q_out, d), ("attn_kv", self.kv_out, d), ("attn_output", d, self.q_out)]
+        role = "ffn_exp" if self.n_expert else "ffn"
+        out += [(f"{role}_gate_up", self.n_ff, d), (f"{role}_down", d, self.n_ff)]
+        seen: set[tuple[int, int]] = set()
+        uniq = []
+        for r, n, k in out:
+            if (n, k) not in seen:
+                seen.add((n, k))
+                uniq.append((r, n, k))
+        return uniq
+
+
+#: the models the calibration sweeps (see the module docstring for sources)
+MODELS: tuple[ModelShapes, ...] = (
+    ModelShapes("qwen3-30b-a3b", 2048, 4096, 512, 768, 32, 4, 128, 128, 8),
+    ModelShapes("gpt-oss-20b", 2880, 4096, 512, 2880, 64, 8, 64, 32, 4),
+    ModelShapes("gemma3-27b", 5376, 4096, 2048, 21504, 32, 16, 128),
+    ModelShapes("mixtral-8x7b", 4096, 4096, 1024, 14336, 32, 8, 128, 8, 2),
+    ModelShapes("laguna", 4096, 0, 0, 640, 0, 0, 0, 256, 10),
+)
+
+#: token counts of the GEMM sweep: powers of two 1..16384 and a few between
+GEMM_TOKENS: tuple[int, ...] = tuple(sorted(
+    {2**i for i in range(15)} | {3, 24, 48, 96, 384, 768, 1536, 3072, 6144, 12288}))
+
+#: a short sweep for ``--quick`` runs and tests
+GEMM_TOKENS_QUICK: tuple[int, ...] = (1, 16, 256, 4096)
+
+
+def gemm_sweep(models=MODELS) -> list[tuple[str, str, int, int]]:
+    """``(model, role, n, k)`` for every distinct ``(n, k)``; a shape shared by two models is
+    listed under the first."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for m in models:
+        for role, n, k in m.gemm_shapes():
+            if (n, k) in seen:
+                continue
+            seen.add((n, k))
+            out.append((m.name, role, n, k))
+    return out
+
+
+def attn_shapes(models=MODELS) -> list[tuple[str, int, int, int]]:
+    """``(model, n_head, n_head_kv, head_dim)`` of the models with known attention geometry,
+    deduplicated."""
+    seen = set()
+    out = []
+    for m in models:
+        key = (m.n_head, m.n_head_kv, m.head_dim)
+        if m.n_head and key not in seen:
+            seen.add(key)
+            out.append((m.name, *key))
+    return out
+
+
+def moe_configs(models=MODELS) -> list[tuple[str, int, int, int, int]]:
+    """``(model, n_expert, top_k, n, k)`` of each MoE model's expert gate/up matmul."""
+    return [(m.name, m.n_expert, m.n_expert_used, m.n_ff, m.d_model) for m in models if m.n_expert]
