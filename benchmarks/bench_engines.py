@@ -181,7 +181,7 @@ def bench_real(scn, n_scen: int, repeat: int, rng) -> list[dict]:
         plan = build_plan(scn, var, test, np.random.default_rng(scn.seed))
         t_build = time.perf_counter() - t0
         dur = plan_durations(plan, scn.hardware)
-        label = f"{Path(scn.file).name}: {var.name} pp8192 ub512"
+        label = f"{Path(scn.file).name} ({scn.model.name}): {var.name} pp8192 ub512"
         r = bench_plan(label, plan, dur, n_scen, repeat, rng)
         r.append(dict(r[0], engine="build_plan", S=0, wall_s=t_build, split_evals_per_s=np.nan, note="sim.builder"))
         rows += r
