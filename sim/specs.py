@@ -498,6 +498,8 @@ class Placement:
         ctx_size: ``-c``: KV cache reserved for this many tokens.
         fit_experts: if true, ``n_cpu_moe`` is chosen as the smallest value whose placement
             fits in VRAM (as llama.cpp's ``--fit``), after the variant's staging reservation.
+        tensor_split: ``-ts``: share of the offloaded layers per GPU (normalised); empty =
+            equal shares (llama.cpp's default for identical GPUs).
     """
 
     ngl: int = 999
@@ -508,6 +510,7 @@ class Placement:
     op_offload_min_batch: int = 32
     ctx_size: int = 4096
     fit_experts: bool = False
+    tensor_split: tuple[float, ...] = ()
 
     def host_resident(self, model: ModelSpec, t: Tensor) -> bool:
         """True if tensor ``t`` is kept in host memory under this placement."""
@@ -562,7 +565,17 @@ def placement_from_fields(p: Fields) -> Placement:
         op_offload_min_batch=p.int("op_offload_min_batch", 32, min=1),
         ctx_size=p.int("ctx_size", 4096, min=1),
         fit_experts=p.bool("fit_experts", False),
+        tensor_split=_tensor_split(p),
     )
+
+
+def _tensor_split(p: Fields) -> tuple[float, ...]:
+    raw = p.raw("tensor_split", [])
+    if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in raw):
+        raise p.error("tensor_split", f"expected a list of non-negative numbers (as -ts 3,2), got {raw!r}")
+    if raw and sum(raw) <= 0:
+        raise p.error("tensor_split", "at least one share must be > 0")
+    return tuple(float(x) for x in raw)
 
 
 # --------------------------------------------------------------------------------------

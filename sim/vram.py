@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .errors import PlacementError
 from .specs import ModelSpec, Placement, Scenario, Tensor, Variant
 from .units import GiB, MiB
@@ -57,15 +59,27 @@ class VramBreakdown:
 
 
 def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[int]:
-    """GPU of each block (-1: not offloaded), contiguous ranges as llama.cpp ``-sm layer``."""
+    """GPU of each block (-1: not offloaded), contiguous ranges as llama.cpp ``-sm layer``:
+    block ``i`` of the ``n_off`` offloaded ones goes to the first GPU whose cumulative
+    ``tensor_split`` share exceeds ``i / n_off`` (``llama_model::load_tensors``).
+
+    Raises:
+        PlacementError: ``tensor_split`` names more GPUs than the hardware has.
+    """
     n_off = min(placement.ngl, model.n_layer)
     first = model.n_layer - n_off
+    ts = list(placement.tensor_split) or [1.0] * n_gpu
+    if len(ts) > n_gpu:
+        raise PlacementError(f"{len(ts)} shares for {n_gpu} GPU(s)", field="placement.tensor_split")
+    ts += [0.0] * (n_gpu - len(ts))
+    cum = np.cumsum(ts) / sum(ts)
     out = []
     for i in range(model.n_layer):
         if i < first:
             out.append(-1)
         else:
-            out.append(min(n_gpu - 1, (i - first) * n_gpu // max(n_off, 1)))
+            frac = (i - first) / max(n_off, 1)
+            out.append(int(min(np.searchsorted(cum, frac, side="right"), n_gpu - 1)))
     return out
 
 

@@ -278,9 +278,6 @@ def test_scenario_fits_in_vram_for_every_variant(name):
     assert _min_free_bytes(_scenario(name)) >= 0
 
 
-@pytest.mark.xfail(strict=True, raises=PlacementError, reason=(
-    "needs a tensor split (llama.cpp -ts): sim.vram.layer_devices splits the 48 blocks 24/24, "
-    "which puts all 19 GPU-resident expert layers and half the 12 GiB KV cache on GPU 1"))
 def test_laguna_fits_in_vram():
     assert _min_free_bytes(_scenario("laguna-2x3090")) >= 0
 

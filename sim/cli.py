@@ -1,0 +1,247 @@
+"""``prefetch-sim`` command line.
+
+Subcommands: ``run`` (llama-bench-style table of every variant), ``trace`` (Chrome trace of one
+test), ``calibrate`` (measure a GPU), ``validate`` (predicted vs measured on a GPU),
+``crossover`` (sweeps and crossover plots), ``check`` (hazard checker). Errors in user input
+print one line naming the file and field, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from .errors import PrefetchSimError, ScenarioError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SCENARIO = "scenarios/default.toml"
+
+
+def default_scenario_path() -> Path:
+    """``scenarios/default.toml`` of the working directory if present, else the one shipped
+    beside the package (editable install / source checkout)."""
+    here = Path.cwd() / DEFAULT_SCENARIO
+    return here if here.exists() else REPO_ROOT / DEFAULT_SCENARIO
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """llama-bench list syntax: ``512,1024`` or ``512-2048*2`` (start-end*mult) or ``a-b+s``."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part[1:]:
+                a, rest = part.split("-", 1)
+                if "*" in rest:
+                    b, mul = rest.split("*")
+                    v = int(a)
+                    while v <= int(b):
+                        out.append(v)
+                        v *= int(mul)
+                    continue
+                step = 1
+                if "+" in rest:
+                    rest, s = rest.split("+")
+                    step = int(s)
+                out.extend(range(int(a), int(rest) + 1, step))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected integers like 512,1024 or 128-2048*2, got '{text}'") from None
+    if any(v < 0 for v in out):
+        raise argparse.ArgumentTypeError(f"values must be >= 0, got '{text}'")
+    return tuple(out)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_scenario_with_overrides(args: argparse.Namespace):
+    """The scenario named on the command line (or the default), with llama-bench flag
+    overrides applied and validated."""
+    from .specs import Workload, load_scenario, parse_variant
+
+    path = Path(args.scenario) if args.scenario else default_scenario_path()
+    scn = load_scenario(path)
+    wl = scn.workload
+    changes = {}
+    for flag, key in (("n_prompt", "n_prompt"), ("n_gen", "n_gen"), ("n_depth", "n_depth")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            changes[key] = v
+    for flag in ("n_ubatch", "n_batch", "repetitions"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            if v < 1:
+                raise ScenarioError(f"must be >= 1, got {v}", field=f"--{flag}")
+            changes[flag] = v
+    if changes:
+        wl = replace(wl, **changes)
+        if wl.n_ubatch > wl.n_batch:
+            wl = replace(wl, n_ubatch=wl.n_batch)
+        if not wl.tests():
+            raise ScenarioError("no test to run: every -p and -n value is 0", field="-p/-n")
+        scn = scn.with_(workload=wl)
+    if getattr(args, "variant", None):
+        scn = scn.with_(variants=tuple(parse_variant(v, field_name="--variant") for v in args.variant))
+    return scn
+
+
+def _add_bench_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", nargs="?", help=f"scenario TOML (default: {DEFAULT_SCENARIO})")
+    p.add_argument("-p", "--n-prompt", dest="n_prompt", type=_int_list, help="prompt lengths, e.g. 512,2048")
+    p.add_argument("-n", "--n-gen", dest="n_gen", type=_int_list, help="generation lengths, e.g. 128")
+    p.add_argument("-d", "--n-depth", dest="n_depth", type=_int_list, help="KV depths, e.g. 0,8192")
+    p.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
+    p.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
+    p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
+    p.add_argument("--variant", action="append",
+                   help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
+                        "slots<N>, cache_lru, baseline_without_selective_copy, or a+b")
+    p.add_argument("--engine", choices=("analytic", "des"), default="analytic")
+
+
+def rows_from_results(scn, results, ratios) -> list:
+    """:class:`sim.report.BenchRow` s of a scenario's results (``ratios`` from
+    :func:`sim.metrics.speedups`; the baseline row gets ``None``)."""
+    from .report import BenchRow
+
+    m, wl = scn.model, scn.workload
+    base = scn.variants[0].name
+    rows = []
+    for r in results:
+        rows.append(BenchRow(
+            model=m.name, size_bytes=m.nbytes, n_params=m.n_params, backend="CUDA",
+            ngl=scn.placement.ngl, n_ubatch=wl.n_ubatch, n_batch=wl.n_batch, n_cpu_moe=r.n_cpu_moe,
+            variant=r.variant, test=r.test, tps_mean=r.tps_mean, tps_std=r.tps_std,
+            speedup_vs_baseline=None if r.variant == base else ratios.get((r.variant, r.test)),
+            ttft_s=r.ttft_s, h2d_bytes=int(r.h2d_bytes), staging_bytes=int(r.staging_bytes),
+            exposed_transfer_s=r.exposed_transfer_s,
+            overlap_fraction=None if r.overlap_fraction != r.overlap_fraction else r.overlap_fraction,
+            cache_hit_rate=r.cache_hit_rate, peak_vram_bytes=int(r.peak_vram_bytes), engine=r.engine))
+    return rows
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .metrics import run_scenario, speedups
+    from .report import format_rows
+
+    scn = load_scenario_with_overrides(args)
+    progress = None
+    if not args.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        progress = lambda it: tqdm(it, desc="simulating", unit="cell", file=sys.stderr)  # noqa: E731
+    results = run_scenario(scn, engine=args.engine, progress=progress)
+    rows = rows_from_results(scn, results, speedups(results, scn.variants[0].name))
+    text = format_rows(rows, args.output)
+    if args.out:
+        write_atomic(args.out, text)
+    else:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .builder import build_plan, make_context
+    from .metrics import rep_rng, time_plan
+    from .trace import to_chrome_trace, to_dataframe
+
+    scn = load_scenario_with_overrides(args)
+    variant = scn.variants[0]
+    tests = scn.workload.tests()
+    if args.test:
+        match = [t for t in tests if t.name == args.test]
+        if not match:
+            raise ScenarioError(f"no test named '{args.test}' (have: {', '.join(t.name for t in tests)})",
+                                field="--test")
+        test, ti = match[0], tests.index(match[0])
+    else:
+        test, ti = tests[0], 0
+    ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
+    plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
+    sched = time_plan(plan, scn, args.engine)
+    df = to_dataframe(plan, sched, test=test.name, variant=variant.name)
+    out = Path(args.out)
+    if out.suffix == ".csv":
+        write_atomic(out, df.to_csv(index=False))
+    else:
+        to_chrome_trace(df, out)
+    print(f"{variant.name} / {test.name}: {len(plan.ops)} ops, makespan {float(np.max(sched.end_s)) * 1e3:.3f} ms "
+          f"-> {out}")
+    return 0
+
+
+# optional subcommands contributed by other modules: (module, add_parser function name)
+_PLUGINS = (
+    ("sim.cli_calibrate", "add_calibrate_parser"),
+    ("sim.cli_validate", "add_validate_parser"),
+    ("sim.crossover", "add_crossover_parser"),
+    ("sim.hazards", "add_check_parser"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="prefetch-sim",
+        description="What-if simulator for weight and MoE expert prefetching in llama.cpp/ggml.")
+    from . import __version__
+
+    ap.add_argument("--version", action="version", version=f"prefetch-sim {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="llama-bench-style table of every variant (default scenario if none given)")
+    _add_bench_flags(run)
+    run.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl"), default="md")
+    run.add_argument("--out", help="write to this file instead of stdout")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+    tr = sub.add_parser("trace", help="per-op trace of one test: Chrome trace JSON (or .csv)")
+    _add_bench_flags(tr)
+    tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
+    tr.add_argument("--out", default="trace.json", help="output file (.json Chrome trace, .csv table)")
+    tr.set_defaults(func=cmd_trace)
+    for mod, fn in _PLUGINS:
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                continue
+            raise
+        getattr(m, fn)(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``prefetch-sim`` console script. Returns the exit status."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PrefetchSimError as exc:
+        print(f"prefetch-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("prefetch-sim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

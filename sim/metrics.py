@@ -1,0 +1,153 @@
+"""Run a scenario's tests under its variants and summarise them as llama-bench would.
+
+Repetitions differ by routing draws. Variants of one repetition share the same draws
+(common random numbers: the rng of (seed, test, repetition) does not depend on the variant),
+so a difference between variants is the policy's, not the dice's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import engines
+from .builder import BuildContext, build_plan, make_context
+from .costs import plan_durations
+from .plan import Plan, Schedule
+from .specs import BenchTest, Scenario, Variant
+from .vram import VramBreakdown
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """One (variant, test) cell, aggregated over repetitions.
+
+    Attributes:
+        variant, test: labels (``prefetch_ungated``, ``pp512 @ d8192``).
+        n_tokens: tokens of the test (prompt or generated).
+        tps: (repetitions,) tokens per second of each repetition.
+        makespan_s: (repetitions,) simulated time of each repetition.
+        ttft_s: time to first token of a pp test (end of the last prompt ubatch; the first
+            token is sampled from its logits), mean over repetitions; None for tg.
+        h2d_bytes: mean bytes copied host→device per repetition.
+        exposed_transfer_s: mean H2D time not hidden behind compute.
+        overlap_fraction: mean share of H2D time overlapped by compute.
+        cache_hit_rate: expert cache hit rate (None without a cache).
+        vram: per-GPU VRAM breakdown of the variant.
+        n_cpu_moe: the placement's ``n_cpu_moe`` after ``fit_experts``.
+        engine: engine that timed it.
+    """
+
+    variant: str
+    test: str
+    n_tokens: int
+    tps: np.ndarray
+    makespan_s: np.ndarray
+    ttft_s: float | None
+    h2d_bytes: float
+    exposed_transfer_s: float
+    overlap_fraction: float
+    cache_hit_rate: float | None
+    vram: tuple[VramBreakdown, ...]
+    n_cpu_moe: int
+    engine: str
+
+    @property
+    def tps_mean(self) -> float:
+        return float(np.mean(self.tps))
+
+    @property
+    def tps_std(self) -> float:
+        """Sample standard deviation over repetitions (0 for one repetition), as llama-bench."""
+        return float(np.std(self.tps, ddof=1)) if len(self.tps) > 1 else 0.0
+
+    @property
+    def peak_vram_bytes(self) -> float:
+        return max(v.total_bytes for v in self.vram)
+
+    @property
+    def staging_bytes(self) -> float:
+        return max(v.staging_bytes for v in self.vram)
+
+
+def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
+    """The routing rng of one repetition of one test (shared by all variants)."""
+    return np.random.default_rng([seed, test_index, rep])
+
+
+def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
+    """Durations from the cost model, then the engine's schedule."""
+    return engines.run(plan, plan_durations(plan, scn.hardware), engine=engine)
+
+
+def transfer_stats(plan: Plan, sched: Schedule) -> tuple[float, float]:
+    """(exposed H2D seconds, overlap fraction) of one timed plan, via :mod:`sim.trace`."""
+    from .trace import exposed_transfer_s, overlap_fraction, to_dataframe
+
+    df = to_dataframe(plan, sched)
+    return float(exposed_transfer_s(df)), float(overlap_fraction(df))
+
+
+def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_index: int,
+                     repetitions: int, engine: str = "analytic",
+                     ctx: BuildContext | None = None) -> TestResult:
+    """Build, time and summarise ``repetitions`` runs of one test under one variant.
+
+    Raises:
+        PlacementError: the placement does not fit with this variant.
+    """
+    ctx = ctx or make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
+    if ctx.cache is not None:
+        # llama-bench runs one untimed warm-up; it also warms the expert cache
+        build_plan(scn, variant, test, rep_rng(scn.seed, test_index, 10_000), ctx)
+        ctx.cache.reset_stats()
+    tps, mk, h2d, exp, ovl = [], [], [], [], []
+    for r in range(repetitions):
+        plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
+        sched = time_plan(plan, scn, engine)
+        t = float(sched.makespan_s)
+        mk.append(t)
+        tps.append(test.n_tokens / t)
+        h2d.append(plan.meta["h2d_bytes"])
+        e, o = transfer_stats(plan, sched)
+        exp.append(e)
+        ovl.append(o)
+    return TestResult(
+        variant=variant.name, test=test.name, n_tokens=test.n_tokens, tps=np.asarray(tps),
+        makespan_s=np.asarray(mk), ttft_s=float(np.mean(mk)) if test.n_prompt else None,
+        h2d_bytes=float(np.mean(h2d)), exposed_transfer_s=float(np.mean(exp)),
+        overlap_fraction=float(np.mean(ovl)),
+        cache_hit_rate=ctx.cache.hit_rate if ctx.cache is not None else None,
+        vram=tuple(ctx.vram), n_cpu_moe=ctx.n_cpu_moe, engine=engine,
+    )
+
+
+def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
+                 tests: Sequence[BenchTest] | None = None, engine: str = "analytic",
+                 repetitions: int | None = None,
+                 progress: Callable[[Iterable], Iterable] | None = None) -> list[TestResult]:
+    """All (variant, test) cells of a scenario, variant-major.
+
+    Raises:
+        PlacementError: a variant's placement does not fit (names the scenario file).
+    """
+    variants = list(variants or scn.variants)
+    tests = list(tests or scn.workload.tests())
+    reps = repetitions or scn.workload.repetitions
+    cells = [(v, ti, t) for v in variants for ti, t in enumerate(tests)]
+    it = progress(cells) if progress else cells
+    out = []
+    ctxs: dict[str, BuildContext] = {}
+    for v, ti, t in it:
+        if v.name not in ctxs:
+            ctxs[v.name] = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+        out.append(run_variant_test(scn, v, t, ti, reps, engine, ctxs[v.name]))
+    return out
+
+
+def speedups(results: Sequence[TestResult], baseline: str = "baseline") -> dict[tuple[str, str], float | None]:
+    """``(variant, test) -> mean t/s ratio vs the baseline variant`` (None without one)."""
+    base = {r.test: r.tps_mean for r in results if r.variant == baseline}
+    return {(r.variant, r.test): (r.tps_mean / base[r.test] if r.test in base else None) for r in results}
