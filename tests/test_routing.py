@@ -3,7 +3,6 @@ the fit against the reported points, trace replay and trace validation."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 
