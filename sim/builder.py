@@ -338,13 +338,15 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         dev = s.device
         slot = pos % nbuf
         nbytes = sum(tt.nbytes for tt in t.tensors)
-        em.layer, em.split = t.layer, si
+        saved = em.layer, em.split
+        em.layer, em.split = t.layer, si  # the copy belongs to the split it feeds
         deps = [free_dep] if free_dep is not None else []
         if free_dep is not None:
             em.host(OpKind.EVENT_WAIT, f"wait free slot{slot}")
         copy_of[si] = em.h2d(f"{t.name} (prefetch)", dev, nbytes, stream=Stream.COPY, deps=deps,
                              slot=slot, slot_bytes=slot_bytes[pool_name], tag="prefetch")
         em.host(OpKind.EVENT_RECORD, f"record ready {t.name}")
+        em.layer, em.split = saved
 
     # a staging buffer is allocated for the largest tensor it may hold (worst-case graph)
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)

@@ -1,0 +1,362 @@
+"""Plan builder: the ggml scheduler's mechanics, checked against theory and invariants."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim import engines
+from sim.builder import _runs, build_plan, cut_splits, graph_items, make_context
+from sim.costs import plan_durations
+from sim.engines.analytic import pipeline_recurrence
+from sim.errors import PlacementError
+from sim.plan import OpKind, Stream
+from sim.specs import BenchTest, LinkSpec, load_scenario, parse_variant
+from sim.trace import overlap_fraction, to_dataframe
+from sim.vram import account
+
+from scenario_factory import ROOT, make_scenario, scenarios
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def plan_of(scn, variant: str, n_prompt: int = 0, n_gen: int = 0, depth: int = 0, seed: int = 0):
+    v = parse_variant(variant)
+    return build_plan(scn, v, BenchTest(n_prompt, n_gen, depth), np.random.default_rng(seed))
+
+
+def makespan(plan, hw, engine="analytic") -> float:
+    return float(engines.run(plan, plan_durations(plan, hw), engine=engine).makespan_s)
+
+
+def zero_host_costs(hw):
+    """The same GPU with free host calls and copy latency (isolates C and T for theory)."""
+    return replace(hw, host_sync_s=0.0, op_issue_s=0.0, event_s=0.0,
+                   h2d_pinned=LinkSpec(hw.h2d_pinned.bytes_per_s, 0.0),
+                   d2h=LinkSpec(hw.d2h.bytes_per_s, 0.0))
+
+
+def split_C_T(plan, hw, head: bool = False):
+    """Per split of a one-graph plan: summed compute time C_j and copy time T_j (and, with
+    ``head``, the time of the split's first compute op, the one that reads the staged weight)."""
+    d = plan_durations(plan, hw)
+    n_split = max(op.split for op in plan.ops) + 1
+    C, T, H = np.zeros(n_split), np.zeros(n_split), np.full(n_split, np.nan)
+    for op in plan.ops:
+        if op.kind in (OpKind.GEMM, OpKind.MOE, OpKind.ATTN):
+            C[op.split] += d[op.id]
+            if np.isnan(H[op.split]):
+                H[op.split] = d[op.id]
+        elif op.kind is OpKind.H2D:
+            T[op.split] += d[op.id]
+    return (C, T, H) if head else (C, T)
+
+
+def staged_pipeline_end(C, T, buffers: int, C_head=None) -> float:
+    """Reference recurrence for a graph whose splits with T_j > 0 are staged: copy j waits for
+    the previous copy (one link) and for the end of the consumer op (the split's head, taking
+    ``C_head[j]`` of its ``C[j]``) of the staged split ``buffers`` positions earlier (free
+    event); compute j waits for compute j-1 and its own copy (ready event). With every split
+    staged and C_head = C this is :func:`sim.engines.analytic.pipeline_recurrence`."""
+    C_head = C if C_head is None else C_head
+    staged = [j for j in range(len(C)) if T[j] > 0]
+    last_copy = 0.0
+    b = 0.0
+    head_end = {}
+    for j in range(len(C)):
+        start = b
+        if T[j] > 0:
+            pos = staged.index(j)
+            free = head_end[staged[pos - buffers]] if pos >= buffers else 0.0
+            last_copy = max(last_copy, free) + T[j]
+            start = max(b, last_copy)
+        head_end[j] = start + C_head[j]
+        b = start + C[j]
+    return b
+
+
+def test_reference_recurrence_matches_pipeline_recurrence_when_all_staged():
+    rng = np.random.default_rng(0)
+    C, T = rng.random(9), rng.random(9) + 0.1
+    for n in (1, 2, 3):
+        assert staged_pipeline_end(C, T, n) == pytest.approx(pipeline_recurrence(C, T, n)[1][-1], rel=1e-12)
+
+
+# -- splits and the op-offload rule ---------------------------------------------------------
+
+
+def test_each_offloaded_host_weight_heads_its_own_split():
+    scn = make_scenario()
+    ctx = make_context(scn, parse_variant("baseline"), np.random.default_rng(0))
+    splits = cut_splits(graph_items(ctx, 64, 0, 0))
+    heads = [s.host_input.name for s in splits if s.host_input is not None]
+    assert heads == [f"blk.{i}.{t}" for i in range(2) for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+    # every expert split holds exactly one host weight op; resident ops ride along
+    for s in splits:
+        assert sum(it.host for it in s.items) == (1 if s.host_input else 0)
+
+
+@pytest.mark.parametrize("n_tokens,offloaded", [(1, False), (31, False), (32, True), (64, True)])
+def test_op_offload_rule_at_32_tokens(n_tokens, offloaded):
+    scn = make_scenario(n_ubatch=128)
+    plan = plan_of(scn, "baseline", n_prompt=n_tokens)
+    weight_copies = [o for o in plan.ops if o.kind is OpKind.H2D and o.tag in ("selective", "whole")]
+    cpu_expert_ops = [o for o in plan.ops if o.kind is OpKind.CPU_MATVEC and "_exps" in o.name]
+    assert bool(weight_copies) == offloaded
+    assert bool(cpu_expert_ops) == (not offloaded)
+
+
+def test_op_offload_threshold_is_configurable():
+    scn = make_scenario(n_ubatch=128)
+    scn = scn.with_(placement=replace(scn.placement, op_offload_min_batch=8))
+    plan = plan_of(scn, "baseline", n_prompt=16)
+    assert any(o.kind is OpKind.H2D and o.tag == "selective" for o in plan.ops)
+
+
+def test_dense_decode_runs_ffn_on_cpu_and_prefetch_cannot_help():
+    scn = make_scenario(moe=False, ffn_on_cpu=True)
+    base, pre = plan_of(scn, "baseline", n_gen=4), plan_of(scn, "prefetch_ungated", n_gen=4)
+    assert not any(o.kind is OpKind.H2D and o.tag in ("whole", "prefetch") for o in pre.ops)
+    assert makespan(pre, scn.hardware) >= makespan(base, scn.hardware) - 1e-15
+
+
+# -- selective expert copy --------------------------------------------------------------------
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=64))
+def test_runs_are_maximal_and_cover_the_mask(bits):
+    mask = np.array(bits)
+    runs = _runs(mask)
+    rebuilt = np.zeros_like(mask)
+    for a, c in runs:
+        assert c >= 1
+        rebuilt[a:a + c] = True
+    assert (rebuilt == mask).all()
+    for (a1, c1), (a2, _) in zip(runs, runs[1:]):
+        assert a1 + c1 < a2  # merged: no two runs touch
+
+
+def test_selective_copy_moves_used_experts_once_per_tensor_and_reads_ids_once_per_layer():
+    scn = make_scenario(n_expert=32, top_k=2)
+    plan = plan_of(scn, "baseline", n_prompt=40)
+    ids = [o for o in plan.ops if o.kind is OpKind.D2H and o.tag == "ids"]
+    assert [o.layer for o in ids] == [0, 1]
+    tens = {t.name: t for t in scn.model.tensors}
+    for layer in range(2):
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            full = f"blk.{layer}.{name}"
+            moved = sum(o.nbytes for o in plan.ops if o.kind is OpKind.H2D and o.name.startswith(full + "["))
+            compute = next(o for o in plan.ops if o.kind is OpKind.MOE and o.name == full)
+            n_used = compute.shape[3]
+            assert moved == n_used * tens[full].bytes_per_mat
+            assert 0 < n_used < 32
+
+
+def test_whole_copy_control_moves_every_expert():
+    scn = make_scenario(n_expert=32, top_k=2)
+    plan = plan_of(scn, "baseline_without_selective_copy", n_prompt=40)
+    host = sum(t.nbytes for t in scn.model.tensors if t.is_expert)
+    assert plan.h2d_bytes() == host
+    assert not any(o.tag == "ids" for o in plan.ops)
+
+
+# -- theory --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("moe,variant", [(False, "baseline"), (True, "baseline_without_selective_copy")])
+def test_baseline_is_fully_sequential(moe, variant):
+    """One graph copy: copy and compute never overlap; with free host calls the makespan is
+    exactly sum(C + T) (DESIGN.md: layer time C_n + T_n)."""
+    scn = make_scenario(moe=moe, ffn_on_cpu=not moe, n_layer=3)
+    hw = zero_host_costs(scn.hardware)
+    plan = plan_of(scn, variant, n_prompt=64)
+    C, T = split_C_T(plan, hw)
+    assert T.sum() > 0 and C.sum() > 0
+    assert makespan(plan, hw) == pytest.approx(C.sum() + T.sum(), rel=1e-12)
+    sched = engines.run(plan, plan_durations(plan, scn.hardware))
+    assert overlap_fraction(to_dataframe(plan, sched)) == 0.0
+
+
+@pytest.mark.parametrize("moe", [False, True])
+@pytest.mark.parametrize("bw", [0.5, 10.0, 200.0])
+def test_ungated_prefetch_is_the_two_slot_pipeline(moe, bw):
+    """Ungated prefetch with free host calls equals the 2-buffer pipeline recurrence over the
+    graph's splits (copy i waits for the compute two staged splits back; compute i waits for
+    copy i)."""
+    scn = make_scenario(moe=moe, ffn_on_cpu=not moe, n_layer=3, h2d_gb_per_s=bw)
+    hw = zero_host_costs(scn.hardware)
+    plan = plan_of(scn, "prefetch_ungated", n_prompt=64)
+    C, T, H = split_C_T(plan, hw, head=True)
+    assert makespan(plan, hw) == pytest.approx(staged_pipeline_end(C, T, 2, H), rel=1e-12)
+    # and the bounds of a pipeline
+    assert makespan(plan, hw) >= max(C.sum(), T.sum()) - 1e-15
+    assert makespan(plan, hw) <= C.sum() + T.sum() + 1e-15
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4])
+def test_expert_slots_are_the_n_slot_pipeline(slots):
+    scn = make_scenario(n_layer=3, n_expert=8, top_k=2, h2d_gb_per_s=5.0)
+    hw = zero_host_costs(scn.hardware)
+    plan = plan_of(scn, f"slots{slots}", n_prompt=64)
+    C, T, H = split_C_T(plan, hw, head=True)
+    assert makespan(plan, hw) == pytest.approx(staged_pipeline_end(C, T, slots, H), rel=1e-12)
+
+
+def test_more_slots_never_slower_and_gain_saturates():
+    scn = make_scenario(n_layer=4, n_expert=8, top_k=2, h2d_gb_per_s=5.0)
+    t = [makespan(plan_of(scn, f"slots{n}", n_prompt=64), scn.hardware) for n in (1, 2, 3, 4, 6)]
+    assert all(a >= b - 1e-15 for a, b in zip(t, t[1:]))
+
+
+# -- variants, gates, semantics -----------------------------------------------------------
+
+
+def test_gate_below_threshold_is_baseline_and_above_is_ungated():
+    scn = make_scenario(n_ubatch=512)
+    sig = lambda p: [(o.kind, o.stream, o.nbytes, o.deps) for o in p.ops]  # noqa: E731
+    assert sig(plan_of(scn, "prefetch_gated_128", n_prompt=64)) == sig(plan_of(scn, "baseline", n_prompt=64))
+    assert sig(plan_of(scn, "prefetch_gated_128", n_prompt=256)) == sig(plan_of(scn, "prefetch_ungated", n_prompt=256))
+
+
+def test_gate_keeps_prefetch_for_dense_graphs():
+    scn = make_scenario(moe=False, ffn_on_cpu=True)
+    gated = plan_of(scn, "prefetch_gated_512", n_prompt=64)
+    assert any(o.tag == "prefetch" for o in gated.ops)
+
+
+@pytest.mark.parametrize("n_tokens,fires", [(32, False), (40, False), (64, True)])
+def test_slots_fire_only_at_prefill_scale(n_tokens, fires):
+    # fires when tokens * top-k >= 2 * n_expert: 32 experts, top-1 -> 64 tokens
+    scn = make_scenario(n_expert=32, top_k=1, n_ubatch=128)
+    plan = plan_of(scn, "slots3", n_prompt=n_tokens)
+    assert any(o.tag == "prefetch" for o in plan.ops) == fires
+
+
+def test_staging_vram_is_reserved_even_when_gated():
+    scn = make_scenario()
+    ung = account(scn, parse_variant("prefetch_ungated"))
+    gat = account(scn, parse_variant("prefetch_gated_4096"))
+    base = account(scn, parse_variant("baseline"))
+    assert ung[0].staging_bytes == gat[0].staging_bytes > 0 == base[0].staging_bytes
+    largest_expert_tensor = max(t.nbytes for t in scn.model.tensors if t.is_expert)
+    assert account(scn, parse_variant("slots3"))[0].staging_bytes == 3 * largest_expert_tensor
+
+
+def test_pageable_copies_block_the_host_thread():
+    scn = make_scenario(pinned=False)
+    plan = plan_of(scn, "prefetch_ungated", n_prompt=64)
+    copies = [o for o in plan.ops if o.kind is OpKind.H2D and o.tag == "prefetch"]
+    assert copies and all(o.stream is Stream.HOST and not o.pinned for o in copies)
+
+
+def test_vram_overflow_is_a_placement_error_naming_the_placement():
+    scn = make_scenario(n_cpu_moe=0, n_ff_exp=4096, d_model=1024, n_expert=32)
+    scn = scn.with_(file="toy.toml")
+    with pytest.raises(PlacementError) as exc:
+        plan_of(scn, "baseline", n_prompt=64)
+    assert "toy.toml" in str(exc.value) and "placement" in str(exc.value) and "does not fit" in str(exc.value)
+
+
+def test_expert_cache_hits_skip_copies_and_decode_hits_run_on_gpu():
+    scn = make_scenario(n_expert=8, top_k=2, cache=-1, variants=("baseline", "cache_lru"))
+    v = parse_variant("cache_lru")
+    ctx = make_context(scn, v, np.random.default_rng(0))
+    assert ctx.cache is not None and ctx.cache.capacity_experts > 0
+    first = build_plan(scn, v, BenchTest(64, 0), np.random.default_rng(1), ctx)
+    second = build_plan(scn, v, BenchTest(64, 0), np.random.default_rng(2), ctx)
+    assert second.h2d_bytes() < first.h2d_bytes()  # warm cache: hits skip the copy
+    dec = build_plan(scn, v, BenchTest(0, 2), np.random.default_rng(3), ctx)
+    assert any(o.tag == "cache_hit" and o.kind is OpKind.MOE for o in dec.ops)
+    assert 0.0 <= ctx.cache.hit_rate <= 1.0
+
+
+# -- invariants (hypothesis) -------------------------------------------------------------------
+
+
+@SETTINGS
+@given(scenarios(moe=True), st.integers(1, 200))
+def test_bytes_ordering_baseline_le_gated_le_ungated(scn, n_tokens):
+    b = plan_of(scn, "baseline", n_prompt=n_tokens).h2d_bytes()
+    g = plan_of(scn, "prefetch_gated_64", n_prompt=n_tokens).h2d_bytes()
+    u = plan_of(scn, "prefetch_ungated", n_prompt=n_tokens).h2d_bytes()
+    w = plan_of(scn, "baseline_without_selective_copy", n_prompt=n_tokens).h2d_bytes()
+    assert b <= g <= u
+    assert b <= w
+
+
+@SETTINGS
+@given(scenarios(), st.sampled_from(["baseline", "prefetch_ungated", "slots2", "slots3"]),
+       st.integers(1, 160))
+def test_makespan_does_not_grow_with_link_bandwidth(scn, variant, n_tokens):
+    plan = plan_of(scn, variant, n_prompt=n_tokens)
+    hw = scn.hardware
+    fast = replace(hw, h2d_pinned=LinkSpec(hw.h2d_pinned.bytes_per_s * 2, hw.h2d_pinned.latency_s),
+                   h2d_pageable=LinkSpec(hw.h2d_pageable.bytes_per_s * 2, hw.h2d_pageable.latency_s, True))
+    assert makespan(plan, fast) <= makespan(plan, hw) * (1 + 1e-12)
+
+
+@SETTINGS
+@given(scenarios(), st.sampled_from(["baseline", "prefetch_ungated", "prefetch_gated_64", "slots3"]),
+       st.integers(1, 160))
+def test_analytic_and_des_agree_on_built_plans(scn, variant, n_tokens):
+    plan = plan_of(scn, variant, n_prompt=n_tokens)
+    a = makespan(plan, scn.hardware, "analytic")
+    d = makespan(plan, scn.hardware, "des")
+    assert d == pytest.approx(a, rel=1e-9)
+
+
+@SETTINGS
+@given(scenarios(moe=True), st.integers(32, 160))
+def test_stream_tail_events_never_beat_record_point(scn, n_tokens):
+    rp = scn.with_(hardware=replace(scn.hardware, event_semantics="record_point"))
+    tail = scn.with_(hardware=replace(scn.hardware, event_semantics="stream_tail"))
+    a = makespan(plan_of(rp, "slots3", n_prompt=n_tokens), rp.hardware)
+    b = makespan(plan_of(tail, "slots3", n_prompt=n_tokens), tail.hardware)
+    assert b >= a * (1 - 1e-12)
+
+
+# -- golden trace -------------------------------------------------------------------------------
+
+GOLDEN = ROOT / "tests" / "data" / "golden_tiny_trace.csv"
+
+
+def _golden_frame() -> pd.DataFrame:
+    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
+    frames = []
+    for v in scn.variants:
+        for test in scn.workload.tests():
+            plan = build_plan(scn, v, test, np.random.default_rng(scn.seed))
+            for eng in ("analytic", "des"):
+                sched = engines.run(plan, plan_durations(plan, scn.hardware), engine=eng)
+                df = to_dataframe(plan, sched, test=test.name, variant=v.name)
+                frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    cols = ["variant", "test", "engine", "op_id", "name", "kind", "queue", "nbytes", "start_s", "end_s"]
+    df = df[cols].copy()
+    df["start_us"] = (df.pop("start_s") * 1e6).round(6)
+    df["end_us"] = (df.pop("end_s") * 1e6).round(6)
+    return df
+
+
+def test_golden_trace_of_the_tiny_scenario():
+    """The tiny scenario's traces (all variants, both engines) match the committed golden file.
+    Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_builder.py``
+    and review the diff."""
+    df = _golden_frame()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(GOLDEN, index=False)
+    want = pd.read_csv(GOLDEN)
+    got = pd.read_csv(pd.io.common.StringIO(df.to_csv(index=False)))
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9, atol=1e-6)
+    # both engines produced identical timelines
+    a = df[df.engine == "analytic"].reset_index(drop=True)
+    d = df[df.engine == "des"].reset_index(drop=True)
+    assert np.allclose(a.end_us, d.end_us, rtol=1e-12, atol=0)
