@@ -196,6 +196,7 @@ _PLUGINS = (
     ("sim.cli_validate", "add_validate_parser"),
     ("sim.crossover", "add_crossover_parser"),
     ("sim.hazards", "add_check_parser"),
+    ("sim.reproduce", "add_reproduce_parser"),
 )
 
 
