@@ -38,7 +38,7 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
     Raises:
         GPUUnavailableError: no CuPy or no GPU (nothing is written).
     """
-    from .run import Sweep, fit_calibration, run_calibration, summary_table, write_calibration  # noqa: PLC0415
+    from .run import Sweep, dump_raw, fit_calibration, run_calibration, summary_table, write_calibration  # noqa: PLC0415
 
     if args.rounds < 1:
         raise PrefetchSimError(f"--rounds must be >= 1, got {args.rounds}")
@@ -60,7 +60,13 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
     t0 = time.perf_counter()
     cal = run_calibration(name, sweep=Sweep.quick() if args.quick else Sweep.full(), rounds=args.rounds, cp=cp,
                           seed=args.seed, progress=not args.quiet, command=command)
-    paths = write_calibration(cal, out, raw)
+    try:
+        paths = write_calibration(cal, out, raw)
+    except Exception:
+        rescue = raw if raw is not None else out.parent / f"{name}-unfitted"
+        print(f"calibrate: writing the profile failed; raw tables saved to {rescue}", file=sys.stderr)
+        dump_raw(cal, rescue)
+        raise
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(summary_table(cal, fit_calibration(cal)))

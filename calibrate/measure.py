@@ -342,18 +342,32 @@ def _ptr_host(a) -> int:
 
 
 def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *, stream=None,
-                spin: bool = True, warmup: int = 2) -> tuple[np.ndarray, np.ndarray]:
+                spin: bool = True, warmup: int = 2, host_span: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Time ``reps`` copies of ``nbytes``: device time (events) and host time of each
     ``cudaMemcpyAsync`` call returning, seconds, each shape (reps,).
 
     With ``spin`` the stream is held busy while the calls are issued, so event times are
     pure device time and host times pure issue cost. Without it (pageable memory, where the
     call itself blocks), each call starts on an idle stream.
+
+    With ``host_span`` > ``nbytes``, the host side of each copy (source of an H2D,
+    destination of a D2H) moves on by ``nbytes`` (4 KiB aligned) within a buffer of
+    ``host_span`` bytes, so repeated copies do not find their host memory in the CPU caches
+    (a model's weights are read once per token batch).
     """
     s = stream or g.stream
     memcpy = g.rt.memcpyAsync
-    for _ in range(warmup):
-        memcpy(dst, src, nbytes, kind, s.ptr)
+    h2d = kind == H2D
+    room = max(host_span - nbytes, 0)
+    step = max(nbytes // 4096 * 4096, 4096)
+
+    def place(i: int) -> tuple[int, int]:
+        off = (i * step) % (room + 1) if room else 0
+        off -= off % 4096
+        return (dst, src + off) if h2d else (dst + off, src)
+
+    for i in range(warmup):
+        memcpy(*place(reps + i), nbytes, kind, s.ptr)
     s.synchronize()
     host = np.empty(reps)
     if spin:
@@ -361,8 +375,9 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
         g.spin_for(reps * 30e-6 + 200e-6, s)
         evs[0].record(s)
         for i in range(reps):
+            d, sr = place(i)
             t0 = perf()
-            memcpy(dst, src, nbytes, kind, s.ptr)
+            memcpy(d, sr, nbytes, kind, s.ptr)
             host[i] = perf() - t0
             evs[i + 1].record(s)
         evs[-1].synchronize()
@@ -371,10 +386,11 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
     starts = [g.event() for _ in range(reps)]
     ends = [g.event() for _ in range(reps)]
     for i in range(reps):
+        d, sr = place(i)
         s.synchronize()
         starts[i].record(s)
         t0 = perf()
-        memcpy(dst, src, nbytes, kind, s.ptr)
+        memcpy(d, sr, nbytes, kind, s.ptr)
         host[i] = perf() - t0
         ends[i].record(s)
     s.synchronize()
@@ -384,7 +400,8 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
 
 def measure_copies(g: Gpu, bufs: HostBuffers, sizes: Sequence[int], round_idx: int, *,
                    budget_s: float = 0.03) -> list[dict]:
-    """H2D pinned, H2D pageable and D2H pinned copies of each size.
+    """H2D pinned, H2D pageable and D2H pinned copies of each size, the host side of each
+    copy at a new place in the host buffer (see :func:`copy_series`).
 
     Returns rows ``{round, direction, memory, nbytes, rep, t_s, t_host_s}``; ``t_s`` is the
     device time (events), ``t_host_s`` the time the ``cudaMemcpyAsync`` call took to return.
@@ -403,7 +420,7 @@ def measure_copies(g: Gpu, bufs: HostBuffers, sizes: Sequence[int], round_idx: i
             if direction == "d2h" and nb > 256 * 2**20:
                 continue
             reps = _reps_for(est, budget_s, 5 if nb >= 2**26 else 10, 30)
-            dev, host = copy_series(g, dst, src, nb, kind, reps, spin=spin)
+            dev, host = copy_series(g, dst, src, nb, kind, reps, spin=spin, host_span=bufs.nbytes)
             for i in range(reps):
                 rows.append({"round": round_idx, "direction": direction, "memory": memory, "nbytes": int(nb),
                              "rep": i, "t_s": float(dev[i]), "t_host_s": float(host[i])})
@@ -514,7 +531,8 @@ def measure_concurrency(g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 256 * 2*
         g.copy_stream.synchronize()
         return g.elapsed_s(p0, p1), g.elapsed_s(c0, c1)
 
-    run(True, "gemm", 2)  # warm-up
+    run(True, "gemm", 2)  # warm-up (cuBLAS heuristics, elementwise kernel compilation)
+    run(True, "elementwise", 2)
     t_copy, _ = run(True, None, 0)
     for kind in ("gemm", "elementwise"):
         _, t1 = run(False, kind, 4)
@@ -806,7 +824,9 @@ def measure_overheads(g: Gpu, n: int = 2000) -> dict:
         host = perf() - t0
         wake.append(host - g.elapsed_s(e0, e1))
     wake_arr = np.array(wake)
-    out["sync_wake_s"] = float(np.median(wake_arr) - out["launch_noop_s"] - 2 * out["event_record_s"])
+    # host - device time = (t0 .. the GPU executing e0) + (the GPU executing e1 .. return);
+    # the first part is about one event-record call
+    out["sync_wake_s"] = float(np.median(wake_arr) - out["event_record_s"])
     out["sync_wake_raw_s"] = float(np.median(wake_arr))
     out["sync_wake_max_s"] = float(wake_arr.max())
     return out

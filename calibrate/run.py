@@ -73,17 +73,19 @@ class Sweep:
     w_pool_bytes: int
 
     @classmethod
-    def full(cls) -> Sweep:
+    def full(cls, models_dir: str = "scenarios/models") -> Sweep:
+        """The brief's models plus every model file in ``models_dir`` (if it exists)."""
+        models = S.MODELS + S.shipped_models(models_dir)
         return cls(
             copy_sizes=tuple(2**p for p in range(12, 31)),
             copy_buffer_bytes=2**30,
             gemm_tokens=S.GEMM_TOKENS,
-            gemm_shapes=tuple(S.gemm_sweep()),
+            gemm_shapes=tuple(S.gemm_sweep(models)),
             dtypes=("f16", "bf16"),
             ref_gemm=(8192, 8192, 8192),
-            moe=tuple(S.moe_configs()),
+            moe=tuple(S.moe_configs(models)),
             moe_tokens=(32, 512, 4096),
-            attn=tuple(S.attn_shapes()),
+            attn=tuple(S.attn_shapes(models)),
             attn_tokens=(1, 512),
             attn_kv=(0, 1024, 4096, 16384, 65536),
             hbm_bytes=2 * 2**30,
@@ -202,7 +204,8 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
     rng = np.random.default_rng(seed)
     notes: list[str] = []
     scalars: dict[str, dict] = {}
-    n_gemm = len(sweep.gemm_shapes) * len(sweep.gemm_tokens) * len(sweep.dtypes)
+    points = S.gemm_points(sweep.gemm_shapes, sweep.gemm_tokens)
+    n_gemm = len(points) * len(sweep.dtypes)
     n_moe = len(sweep.moe) * len(sweep.moe_tokens)
     n_attn = len(sweep.attn) * len(sweep.attn_tokens) * len(sweep.attn_kv)
     bar = _progress(rounds + n_gemm + n_moe + n_attn + 8, progress)
@@ -214,8 +217,8 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
     bufs = M.alloc_copy_buffers(g, sweep.copy_buffer_bytes)
     scalars["spin"] = {"asked_s": 1e-3, "measured_s": M.measure_spin_accuracy(g, 1e-3)}
     tick()
-    max_mk = max(max(sweep.gemm_tokens) * max(k for *_, k in sweep.gemm_shapes), sweep.ref_gemm[0] * sweep.ref_gemm[2])
-    max_mn = max(max(sweep.gemm_tokens) * max(n for *_, n, _k in sweep.gemm_shapes), sweep.ref_gemm[0] * sweep.ref_gemm[1])
+    max_mk = max(max(m * k for *_, n, k, m in points), sweep.ref_gemm[0] * sweep.ref_gemm[2])
+    max_mn = max(max(m * n for *_, n, k, m in points), sweep.ref_gemm[0] * sweep.ref_gemm[1])
     dtypes = tuple(d for d in sweep.dtypes if d == "f16" or g.bf16 is not None)
     if len(dtypes) < len(sweep.dtypes):
         notes.append(f"bf16 skipped: {g.bf16_note}")
@@ -231,6 +234,8 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
     def key_round(r: int) -> None:
         copy_rows.extend(M.measure_copies(g, bufs, sweep.copy_sizes, r))
         for dt in dtypes:
+            if dt != "f16" and any(n.startswith(f"{dt} GEMM failed") for n in notes):
+                continue
             row = M.measure_gemm(g, pools, *sweep.ref_gemm, dt)
             row["round"] = r
             row["tflops"] = 2.0 * np.prod(sweep.ref_gemm, dtype=float) / row["t_s"] / 1e12
@@ -238,25 +243,44 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
         tick()
 
     def gemm_section() -> None:
-        for model, role, n, k in sweep.gemm_shapes:
+        skip: set[str] = set()
+        for model, role, n, k, m in points:
             for dt in dtypes:
-                for m in sweep.gemm_tokens:
+                tick()
+                if dt in skip:
+                    continue
+                try:
                     row = M.measure_gemm(g, pools, m, n, k, dt)
-                    row.update(model=model, role=role)
-                    gemm_rows.append(row)
-                    tick()
+                except Exception as exc:
+                    if dt == "f16":
+                        raise
+                    skip.add(dt)
+                    notes.append(f"{dt} GEMM failed, skipped: {type(exc).__name__}: {exc}")
+                    continue
+                row.update(model=model, role=role)
+                gemm_rows.append(row)
+
+    def guarded(what: str, fn, *a):
+        try:
+            return fn(*a)
+        except Exception as exc:  # a failed optional measurement must not lose the run
+            notes.append(f"{what} failed: {type(exc).__name__}: {exc}")
+            say(f"calibrate: {what} FAILED: {type(exc).__name__}: {exc}")
+            return None
 
     def moe_attn_section() -> None:
         for model, ne, topk, n, k in sweep.moe:
             for t in sweep.moe_tokens:
-                moe_rows.extend(M.measure_moe(g, model, ne, topk, n, k, t, rng))
+                rows = guarded(f"moe {model} tokens={t}", M.measure_moe, g, model, ne, topk, n, k, t, rng)
+                moe_rows.extend(rows or [])
                 tick()
         for model, nh, nkv, hd in sweep.attn:
             for nt in sweep.attn_tokens:
                 for kv in sweep.attn_kv:
-                    row = M.measure_attention(g, nt, kv, nh, nkv, hd)
-                    row["model"] = model
-                    attn_rows.append(row)
+                    row = guarded(f"attention {model} n={nt} kv={kv}", M.measure_attention, g, nt, kv, nh, nkv, hd)
+                    if row is not None:
+                        row["model"] = model
+                        attn_rows.append(row)
                     tick()
 
     def rest_section() -> None:
@@ -567,6 +591,16 @@ def write_calibration(cal: Calibration, out_toml: str | Path, raw_dir: str | Pat
         files[raw / "ref_gemm.csv"] = cal.ref_gemm
         files[raw / "measurements.json"] = measurements_json(cal, fits)
     files[out_toml] = dumps_toml(doc, header)
+    return write_files_atomically(files)
+
+
+def dump_raw(cal: Calibration, raw_dir: str | Path) -> list[Path]:
+    """Save the measured tables as they are (no fitting), e.g. when fitting or writing the
+    profile failed, so that the measurements are not lost."""
+    raw = Path(raw_dir)
+    files: dict[Path, Any] = {raw / f"{k}.csv": getattr(cal, k) for k in ("copies", "gemm", "ref_gemm", "moe", "attn")}
+    files[raw / "scalars.json"] = json.dumps({"info": cal.info, "scalars": cal.scalars, "notes": cal.notes,
+                                              "date": cal.date, "command": cal.command}, indent=1, default=str)
     return write_files_atomically(files)
 
 

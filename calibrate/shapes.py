@@ -37,14 +37,18 @@ class ModelShapes:
     n_expert: int = 0
     n_expert_used: int = 0
 
+    extra_gemms: tuple[tuple[str, int, int], ...] = ()
+
     def gemm_shapes(self) -> list[tuple[str, int, int]]:
-        """``(role, n, k)`` of every distinct weight matmul of one layer."""
+        """``(role, n, k)`` of every distinct weight matmul of one layer (and of
+        ``extra_gemms``: the router, the output head)."""
         d = self.d_model
         out: list[tuple[str, int, int]] = []
         if self.q_out:
             out += [("attn_q", self.q_out, d), ("attn_kv", self.kv_out, d), ("attn_output", d, self.q_out)]
         role = "ffn_exp" if self.n_expert else "ffn"
         out += [(f"{role}_gate_up", self.n_ff, d), (f"{role}_down", d, self.n_ff)]
+        out += list(self.extra_gemms)
         seen: set[tuple[int, int]] = set()
         uniq = []
         for r, n, k in out:
@@ -54,7 +58,44 @@ class ModelShapes:
         return uniq
 
 
-#: the models the calibration sweeps (see the module docstring for sources)
+def from_spec(spec, name: str | None = None) -> ModelShapes:
+    """The shapes of a :class:`sim.specs.ModelSpec` (a shipped model TOML): every distinct
+    ``(n_out, n_in)`` of its weight tensors except ``token_embd`` (a row lookup, not a
+    matmul) — attention projections, dense and expert FFNs, shared experts, the router and
+    the output head."""
+    moe = spec.moe
+    extra = []
+    seen = set()
+    for t in spec.tensors:
+        if t.group == "embd" or (t.n_out, t.n_in) in seen:
+            continue
+        seen.add((t.n_out, t.n_in))
+        extra.append((t.group, t.n_out, t.n_in))
+    return ModelShapes(
+        name=name or spec.name, d_model=spec.d_model, q_out=0, kv_out=0,
+        n_ff=moe.n_ff_exp if moe else spec.n_ff, n_head=spec.n_head, n_head_kv=spec.n_head_kv,
+        head_dim=spec.head_dim, n_expert=moe.n_expert if moe else 0,
+        n_expert_used=moe.n_expert_used if moe else 0, extra_gemms=tuple(extra))
+
+
+def shipped_models(models_dir: str = "scenarios/models") -> tuple[ModelShapes, ...]:
+    """:func:`from_spec` of every ``*.toml`` in ``models_dir`` (none if it does not exist).
+
+    Raises:
+        ScenarioError: a malformed model file.
+    """
+    from pathlib import Path  # noqa: PLC0415
+
+    from sim.specs import load_model  # noqa: PLC0415
+
+    d = Path(models_dir)
+    if not d.is_dir():
+        return ()
+    return tuple(from_spec(load_model(p), name=p.stem) for p in sorted(d.glob("*.toml")))
+
+
+#: the models of the calibration brief (see the module docstring for sources); the sweep
+#: adds the shipped model files (:func:`shipped_models`)
 MODELS: tuple[ModelShapes, ...] = (
     ModelShapes("qwen3-30b-a3b", 2048, 4096, 512, 768, 32, 4, 128, 128, 8),
     ModelShapes("gpt-oss-20b", 2880, 4096, 512, 2880, 64, 8, 64, 32, 4),
@@ -99,5 +140,26 @@ def attn_shapes(models=MODELS) -> list[tuple[str, int, int, int]]:
 
 
 def moe_configs(models=MODELS) -> list[tuple[str, int, int, int, int]]:
-    """``(model, n_expert, top_k, n, k)`` of each MoE model's expert gate/up matmul."""
-    return [(m.name, m.n_expert, m.n_expert_used, m.n_ff, m.d_model) for m in models if m.n_expert]
+    """``(model, n_expert, top_k, n, k)`` of each MoE model's expert gate/up matmul,
+    deduplicated."""
+    seen = set()
+    out = []
+    for m in models:
+        key = (m.n_expert, m.n_expert_used, m.n_ff, m.d_model)
+        if m.n_expert and key not in seen:
+            seen.add(key)
+            out.append((m.name, *key))
+    return out
+
+
+#: the output head (``output``, n = vocabulary) computes logits for the last token of a
+#: prompt only (llama.cpp outputs one row per sequence in prompt processing), so it is swept
+#: up to this many tokens
+OUTPUT_MAX_TOKENS = 512
+
+
+def gemm_points(shapes, tokens) -> list[tuple[str, str, int, int, int]]:
+    """``(model, role, n, k, m)`` of the GEMM sweep: every shape at every token count, the
+    output head only up to :data:`OUTPUT_MAX_TOKENS`."""
+    return [(model, role, n, k, m) for model, role, n, k in shapes for m in tokens
+            if role != "output" or m <= OUTPUT_MAX_TOKENS]

@@ -1,0 +1,302 @@
+"""Calibration: fits against theory, TOML/profile writing, the CLI end to end on the numpy
+stand-in for CuPy, and a clean error without a GPU."""
+
+from __future__ import annotations
+
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import calibrate._fakecupy as fakecp
+from calibrate import fit as F
+from calibrate import shapes as S
+from calibrate.profile import dumps_toml, write_files_atomically
+from calibrate.run import Sweep, run_calibration, summary_table, write_calibration
+from sim.costs import ACT_BYTES, gemm_s
+from sim.errors import GPUUnavailableError
+from sim.specs import HardwareProfile, LinkSpec, load_hardware
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------ copy-link fit
+
+
+@settings(max_examples=25, deadline=None)
+@given(bw=st.floats(1e9, 1e11), lat=st.floats(1e-7, 5e-5))
+def test_fit_link_recovers_latency_and_bandwidth(bw, lat):
+    sizes = np.array([2**p for p in range(12, 31)], dtype=float)
+    t = lat + sizes / bw
+    f = F.fit_link(np.repeat(sizes, 3), np.repeat(t, 3))
+    assert f.bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert f.latency_s == pytest.approx(lat, rel=1e-4, abs=1e-12)
+    assert f.max_rel_err < 1e-6
+
+
+def test_fit_link_uses_medians_and_small_sizes_for_latency():
+    rng = np.random.default_rng(1)
+    sizes = np.array([2**p for p in range(12, 31)], dtype=float)
+    bw, lat = 25e9, 8e-6
+    b = np.repeat(sizes, 5)
+    t = lat + b / bw
+    t = t * (1 + 0.01 * rng.standard_normal(t.size))
+    t[::5] *= 3.0  # one outlier in five repeats: the median ignores it
+    f = F.fit_link(b, t)
+    assert f.bytes_per_s == pytest.approx(bw, rel=0.03)
+    assert f.latency_s == pytest.approx(lat, rel=0.1)
+
+
+def test_fit_link_rejects_bad_input():
+    with pytest.raises(ValueError, match="sizes >="):
+        F.fit_link([4096, 8192], [1e-5, 2e-5])
+    with pytest.raises(ValueError, match="> 0"):
+        F.fit_link([4096, 2**25, 2**26], [0.0, 1e-3, 2e-3])
+
+
+# ------------------------------------------------------------------ roofline fit
+
+
+def _synthetic_gemms(p, w, k_s, noise, seed=0):
+    rng = np.random.default_rng(seed)
+    pts = S.gemm_points(S.gemm_sweep(), S.GEMM_TOKENS)
+    m = np.array([x[4] for x in pts], float)
+    n = np.array([x[2] for x in pts], float)
+    k = np.array([x[3] for x in pts], float)
+    groups = np.array([x[0] for x in pts], dtype=object)
+    fl = F.gemm_flops(m, n, k)
+    by = F.gemm_bytes(m, n, k, 2 * n * k)
+    t = F.roofline_time(fl, by, p, w, k_s) * np.exp(noise * rng.standard_normal(m.size))
+    return groups, fl, by, t
+
+
+def test_fit_roofline_recovers_parameters_of_exact_data():
+    groups, fl, by, t = _synthetic_gemms(7.5e14, 4.2e12, 7e-6, 0.0)
+    f = F.fit_roofline(fl, by, t)
+    assert f.flops_per_s == pytest.approx(7.5e14, rel=0.01)
+    assert f.bytes_per_s == pytest.approx(4.2e12, rel=0.01)
+    assert f.kernel_s == pytest.approx(7e-6, rel=0.05)
+    assert f.median_rel_err < 0.005
+
+
+def test_roofline_holdout_error_reflects_noise():
+    groups, fl, by, t = _synthetic_gemms(7.5e14, 4.2e12, 7e-6, 0.05, seed=3)
+    hold = F.holdout_errors(groups, fl, by, t)
+    assert {h.group for h in hold} == set(groups.tolist())
+    for h in hold:
+        # log-normal noise of sigma 5%: the median |error| of a good fit is about 0.67 sigma
+        assert h.median_rel_err < 0.08
+        assert h.fit.flops_per_s == pytest.approx(7.5e14, rel=0.1)
+
+
+def test_fit_formula_is_the_cost_models_formula():
+    """The roofline fitted here, written into a profile with efficiencies 1 and no table,
+    gives sim.costs.gemm_s exactly."""
+    assert F.ACT_BYTES == ACT_BYTES
+    p, w, k_s = 7.1e14, 4.0e12, 6e-6
+    link = LinkSpec(50e9, 1e-6)
+    hw = HardwareProfile(name="x", gpu_name="x", n_gpu=1, vram_bytes=1e11, vram_reserved_bytes=0,
+                         gpu_flops_per_s=p, gemm_efficiency=1.0, hbm_bytes_per_s=w, hbm_efficiency=1.0,
+                         kernel_s=k_s, h2d_pinned=link, h2d_pageable=link, d2h=link, host_sync_s=1e-6,
+                         op_issue_s=1e-6, event_s=1e-6, cpu_bytes_per_s=1e11, cpu_flops_per_s=1e12)
+    for m, n, k in ((1, 4096, 2048), (512, 14336, 4096), (16384, 768, 2048)):
+        wb = 2 * n * k
+        ours = F.roofline_time(F.gemm_flops(m, n, k), F.gemm_bytes(m, n, k, wb), p, w, k_s)
+        assert float(ours) == pytest.approx(gemm_s(hw, m, n, k, wb), rel=1e-12)
+
+
+def test_spread():
+    s = F.spread([10.0, 12.0, 11.0])
+    assert s["median"] == 11.0 and s["min"] == 10.0 and s["max"] == 12.0
+    assert s["rel_spread"] == pytest.approx(2 / 11)
+
+
+# ------------------------------------------------------------------ shapes
+
+
+def test_gemm_sweep_is_deduplicated_and_covers_the_brief():
+    shapes = S.gemm_sweep()
+    nk = [(n, k) for _m, _r, n, k in shapes]
+    assert len(nk) == len(set(nk))
+    # qwen3: q 4096x2048, kv 512x2048, expert 768x2048 and 2048x768
+    for need in ((4096, 2048), (512, 2048), (768, 2048), (2048, 768), (21504, 5376), (5376, 21504),
+                 (14336, 4096), (640, 4096), (2880, 2880)):
+        assert need in nk
+
+
+def test_shipped_models_shapes_match_their_files():
+    from sim.specs import load_model
+
+    models = S.shipped_models(str(REPO / "scenarios/models"))
+    if not models:
+        pytest.skip("no shipped model files")
+    for ms in models:
+        spec = load_model(REPO / "scenarios/models" / f"{ms.name}.toml")
+        want = {(t.n_out, t.n_in) for t in spec.tensors if t.group != "embd"}
+        got = {(n, k) for _r, n, k in ms.gemm_shapes()}
+        assert want <= got
+        assert ms.n_head == spec.n_head and ms.head_dim == spec.head_dim
+
+
+def test_output_head_swept_only_to_last_token_sizes():
+    pts = S.gemm_points((("m", "output", 1000, 64), ("m", "attn_q", 64, 64)), (1, 512, 4096))
+    assert [p[4] for p in pts if p[1] == "output"] == [1, 512]
+    assert [p[4] for p in pts if p[1] == "attn_q"] == [1, 512, 4096]
+
+
+def test_route_uniform_counts():
+    from calibrate.measure import route_uniform
+
+    rng = np.random.default_rng(0)
+    c = route_uniform(rng, 300, 64, 6)
+    assert c.sum() == 300 * 6
+    assert c.max() <= 300  # top-k experts of one token are distinct
+    # uniform routing: expected used experts 64 * (1 - (1 - 6/64)^300) ~ 64
+    assert (c > 0).sum() == 64
+
+
+# ------------------------------------------------------------------ TOML and files
+
+
+def test_dumps_toml_round_trips():
+    doc = {"hardware": {"name": "h\"x\" é", "n": 3, "f": 1.2345678e-6, "big": 5.5e12, "flag": True,
+                        "lst": [1.5, 2, "a"], "inl": {"value": 0.1, "source": "measured: x = y"}},
+           "measured": {"nan": float("nan"), "neg": -2.0}}
+    text = dumps_toml(doc, header="line one\nline two")
+    back = tomllib.loads(text)
+    h = back["hardware"]
+    assert h["name"] == "h\"x\" é" and h["n"] == 3 and h["flag"] is True
+    assert h["f"] == pytest.approx(1.2345678e-6, rel=1e-5)
+    assert h["big"] == 5.5e12
+    assert h["lst"] == [1.5, 2, "a"]
+    assert h["inl"] == {"value": 0.1, "source": "measured: x = y"}
+    assert math.isnan(back["measured"]["nan"])
+    assert text.startswith("# line one\n# line two\n")
+
+
+def test_write_files_atomically_all_or_nothing(tmp_path):
+    good = {tmp_path / "a" / "x.csv": pd.DataFrame({"a": [1]}), tmp_path / "b.txt": "hello"}
+    paths = write_files_atomically(good)
+    assert all(p.exists() for p in paths)
+
+    class Boom:
+        pass
+
+    bad = {tmp_path / "c.txt": "fine", tmp_path / "d.txt": Boom()}
+    with pytest.raises(TypeError):
+        write_files_atomically(bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "c.txt").exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+# ------------------------------------------------------------------ end to end (numpy stand-in)
+
+
+@pytest.fixture(scope="module")
+def fake_calibration():
+    return run_calibration("fake", sweep=Sweep.quick(), rounds=2, cp=fakecp, progress=False,
+                           command="pytest", log=lambda _l: None)
+
+
+def test_fake_calibration_writes_a_loadable_profile(fake_calibration, tmp_path):
+    out = tmp_path / "hw" / "fake.toml"
+    paths = write_calibration(fake_calibration, out, tmp_path / "raw")
+    assert paths[-1] == out  # the TOML is moved into place last
+    hw = load_hardware(out)
+    assert hw.gpu_name.startswith("FakeGPU")
+    for key, src in hw.sources.items():
+        assert src.startswith(("measured:", "by definition:")), (key, src)
+    for key in ("h2d_pinned_gb_per_s", "h2d_pageable_gb_per_s", "gpu_tflops", "kernel_us", "cpu_gb_per_s",
+                "op_issue_us", "host_sync_us", "event_us"):
+        assert key in hw.sources
+    # the gemm table is f16 only and covers every swept shape and token count
+    tab = hw.gemm_table
+    assert set(tab.dtype) == {"f16"}
+    sweep = fake_calibration.sweep
+    assert len(tab) == len(S.gemm_points(sweep.gemm_shapes, sweep.gemm_tokens))
+    # a covered shape is looked up in the table, not priced by the roofline
+    row = tab.iloc[0]
+    assert gemm_s(hw, int(row.m), int(row.n), int(row.k), 1) == pytest.approx(row.t_s, rel=1e-9)
+    att = hw.attn_table
+    assert list(att.columns[:6]) == ["n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"]
+    assert len(att) == len(sweep.attn) * len(sweep.attn_tokens) * len(sweep.attn_kv)
+    meas = hw.measured
+    assert meas["command"] == "pytest" and meas["rounds"] == "2"
+    assert len(tomllib.loads(out.read_text())["measured"]["h2d_pinned_gb_per_s_rounds"]) == 2
+    for f in ("copies.csv", "ref_gemm.csv", "measurements.json"):
+        assert (tmp_path / "raw" / f).exists()
+
+
+def test_summary_table_lists_key_figures(fake_calibration):
+    text = summary_table(fake_calibration)
+    for label in ("H2D pinned bandwidth", "H2D pageable bandwidth", "roofline f16", "held out"):
+        assert label in text
+
+
+def test_copy_rows_cover_every_size_and_round(fake_calibration):
+    c = fake_calibration.copies
+    sw = fake_calibration.sweep
+    got = c.groupby(["direction", "memory"]).nbytes.unique()
+    assert sorted(got[("h2d", "pinned")]) == sorted(sw.copy_sizes)
+    assert sorted(c["round"].unique()) == [0, 1]
+    assert (c.t_s > 0).all()
+
+
+def test_cli_fake_gpu(tmp_path, capsys):
+    from sim.cli import main
+
+    out = tmp_path / "p.toml"
+    rc = main(["calibrate", "--out", str(out), "--fake-gpu", "--quick", "--rounds", "1", "--quiet",
+               "--raw-dir", "none"])
+    assert rc == 0
+    assert load_hardware(out).name == "p"
+    assert "H2D pinned bandwidth" in capsys.readouterr().out
+
+
+def test_cli_without_cupy_reports_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from sim.cli import main
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    out = tmp_path / "p.toml"
+    rc = main(["calibrate", "--out", str(out), "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "CuPy" in err and "Traceback" not in err
+    assert not out.exists() and not any(tmp_path.iterdir())
+
+
+def test_require_cupy_raises_gpu_unavailable(monkeypatch):
+    from calibrate._gpu import gpu_available, require_cupy
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(GPUUnavailableError, match="CuPy"):
+        require_cupy()
+    assert gpu_available() is False
+
+
+def test_cli_rejects_bad_out(tmp_path, capsys):
+    from calibrate.cli import main
+
+    assert main(["--out", str(tmp_path / "x.txt"), "--fake-gpu", "--quick"]) == 2
+    assert ".toml" in capsys.readouterr().err
+
+
+def test_measured_h200_profile_loads():
+    p = REPO / "scenarios/hardware/h200.toml"
+    if not p.exists():
+        pytest.skip("no measured H200 profile yet")
+    hw = load_hardware(p)
+    assert hw.gemm_table is not None and hw.attn_table is not None
+    assert hw.measured["device"].startswith("NVIDIA H200")
+    # the table is consistent with the fitted roofline within the reported error band
+    tab = hw.gemm_table
+    m, n, k = (tab[c].to_numpy(float) for c in "mnk")
+    pred = F.roofline_time(F.gemm_flops(m, n, k), F.gemm_bytes(m, n, k, 2 * n * k), hw.gpu_flops_per_s,
+                           hw.hbm_bytes_per_s, hw.kernel_s)
+    assert np.median(np.abs(pred / tab.t_s.to_numpy() - 1)) < 0.15

@@ -1,0 +1,244 @@
+"""The executor: plan -> program translation (pure), runs on the numpy stand-in for CuPy
+(trace schema, plan semantics, losslessness, hazard detection), and a GPU smoke test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import calibrate._fakecupy as fakecp
+from calibrate.executor import (ExecutorHazardError, LosslessnessError, attn_keys, check_lossless, execute,
+                                fill_pool, moe_rows_per_expert, pool_words, translate, union_s)
+from calibrate.smoke import prefetch_plan, sequential_plan
+from sim.plan import OpKind, Plan, Stream
+from sim.trace import TRACE_COLUMNS, validate_trace
+
+SHAPE = (16, 64, 32)
+WB = 64 * 1024
+
+
+# ------------------------------------------------------------------ translation
+
+
+def test_pool_pattern_matches_fill():
+    a = np.empty(1 << 16, dtype=np.uint8)
+    fill_pool(a)
+    w = a.view(np.uint32)
+    idx = np.array([0, 1, 777, w.size - 1])
+    assert (w[idx] == pool_words(idx)).all()
+    assert len(set(pool_words(np.arange(4096)).tolist())) == 4096  # distinct words: a shifted copy is visible
+
+
+def test_translate_sequential_plan():
+    plan = sequential_plan(3, WB, SHAPE)
+    prog = translate(plan)
+    h2d = [op.id for op in plan.ops if op.kind is OpKind.H2D]
+    gemm = [op.id for op in plan.ops if op.kind is OpKind.GEMM]
+    assert set(prog.copies) == set(h2d)
+    # each GEMM consumes the copy of its own split, at offset 0 of the split input buffer
+    assert prog.producers == {g: [c] for g, c in zip(gemm, h2d)}
+    assert {prog.copies[c].buffer for c in h2d} == {("input", 0)}
+    assert all(prog.copies[c].offset == 0 for c in h2d)
+    assert prog.buffers == {("input", 0): WB}
+    # every ISSUE launches the GPU op right after it
+    for i, j in prog.fused_issue.items():
+        assert plan.ops[i].kind is OpKind.ISSUE and j == i + 1 and i in plan.ops[j].deps
+    assert len(prog.fused_issue) == len(h2d) + len(gemm)
+    # host syncs wait on GPU ops
+    syncs = [op.id for op in plan.ops if op.kind is OpKind.HOST_SYNC]
+    assert all(prog.gpu_deps[s] == list(plan.ops[s].deps) for s in syncs)
+    assert sum(bool(prog.gpu_deps[s]) for s in syncs) == len(syncs) - 1  # the first sync has nothing to wait for
+    assert prog.gemm_shapes == {(SHAPE[1], SHAPE[2]): SHAPE[0]}
+
+
+def test_translate_prefetch_plan_slots_and_expected_words():
+    plan = prefetch_plan(5, WB, SHAPE, n_slots=3)
+    prog = translate(plan, byte_scale=0.5)
+    consumers = [op for op in plan.ops if op.kind is OpKind.GEMM]
+    for op in consumers:
+        (c,) = prog.producers[op.id]
+        assert plan.ops[c].kind is OpKind.H2D and c in op.deps  # the copy it waits for
+        assert prog.copies[c].buffer == ("slot", 0, op.slot, WB)
+    assert len(prog.buffers) == 3
+    for p in prog.copies.values():
+        assert p.nbytes == WB // 2 and p.nbytes % 4 == 0
+        assert p.src_offset % 4096 == 0 and p.src_offset + p.nbytes <= prog.host_pool_bytes
+    # expected words are what a filled pool holds at the copy's first and last word
+    pool = np.empty(prog.host_pool_bytes, dtype=np.uint8)
+    fill_pool(pool)
+    for p in prog.copies.values():
+        src = pool[p.src_offset:p.src_offset + p.nbytes].view(np.uint32)
+        assert src[0] == p.head_word and src[-1] == p.tail_word
+
+
+def test_translate_split_with_several_copies_packs_them():
+    p = Plan()
+    a = p.add(OpKind.H2D, Stream.COMPUTE, 0, "x[0:3]", nbytes=1000, split=1, tag="selective")
+    b = p.add(OpKind.H2D, Stream.COMPUTE, 0, "x[5:6]", nbytes=3000, split=1, tag="selective")
+    g = p.add(OpKind.MOE, Stream.COMPUTE, 0, "x", (a, b), nbytes=4000, shape=(8, 64, 32, 4, 2), split=1)
+    g2 = p.add(OpKind.GEMM, Stream.COMPUTE, 0, "y", (g,), nbytes=10, shape=(8, 16, 64), split=1)
+    prog = translate(p)
+    pa, pb = prog.copies[a], prog.copies[b]
+    assert pa.offset == 0 and pb.offset >= pa.nbytes and pb.offset % 256 == 0
+    assert prog.producers[g] == [a, b]
+    assert g2 not in prog.producers  # only the split's first compute op probes
+    assert prog.moe_shapes == {(64, 32): (4, moe_rows_per_expert(8, 2, 4))}
+
+
+def test_translate_rejects_bad_input():
+    with pytest.raises(ValueError, match="byte_scale"):
+        translate(sequential_plan(1, WB, SHAPE), byte_scale=0)
+    p = Plan()
+    p.add(OpKind.GEMM, Stream.HOST, -1, "w", shape=(1, 2, 3))
+    with pytest.raises(ValueError, match="GPU queues"):
+        translate(p)
+
+
+def test_shape_helpers():
+    assert moe_rows_per_expert(512, 10, 200) == 26  # ceil(5120 / 200)
+    assert moe_rows_per_expert(4, 2, 0) == 0
+    assert attn_keys(512, 1000, 0) == 1512
+    assert attn_keys(512, 1000, 1024) == 1024
+    assert union_s([0, 1, 5], [2, 3, 6]) == pytest.approx(4.0)
+    assert union_s([], []) == 0.0
+
+
+# ------------------------------------------------------------------ execution on the stand-in
+
+
+def _run(plan, **kw):
+    return execute(plan, cp=fakecp, warmup=0, **kw)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: sequential_plan(4, WB, SHAPE),
+    lambda: sequential_plan(4, WB, SHAPE, pinned=False),
+    lambda: prefetch_plan(4, WB, SHAPE, n_slots=2),
+    lambda: prefetch_plan(5, WB, SHAPE, n_slots=3),
+])
+def test_trace_schema_and_plan_semantics(make):
+    plan = make()
+    r = _run(plan, test="pp16", variant="v")
+    df = r.trace
+    validate_trace(df)
+    assert tuple(df.columns) == TRACE_COLUMNS
+    assert (df.engine == "executor").all() and (df.test == "pp16").all() and (df.variant == "v").all()
+    assert len(df) == len(plan.ops)
+    s, e = r.schedule.start_s, r.schedule.end_s
+    eps = 1e-9
+    # FIFO per queue and dependencies respected
+    last: dict = {}
+    for op in plan.ops:
+        q = op.queue
+        if q in last:
+            assert s[op.id] >= e[last[q]] - eps
+        last[q] = op.id
+        for d in op.deps:
+            assert s[op.id] >= e[d] - 5e-6  # host/GPU clock alignment on the stand-in is exact up to us
+    assert r.makespan_s == pytest.approx(e.max())
+    assert r.h2d_bytes == plan.h2d_bytes()
+    assert r.probes_checked == 4 * len(translate(plan).producers)
+
+
+def test_variants_are_lossless_and_scale_independent():
+    plans = {"sequential": sequential_plan(4, WB, SHAPE), "pageable": sequential_plan(4, WB, SHAPE, pinned=False),
+             "prefetch2": prefetch_plan(4, WB, SHAPE, n_slots=2), "prefetch3": prefetch_plan(4, WB, SHAPE, n_slots=3)}
+    res = {k: _run(p, variant=k) for k, p in plans.items()}
+    d = check_lossless(res)
+    assert all(r.digest == d for r in res.values())
+    assert _run(plans["prefetch2"], byte_scale=0.25).digest == d  # copy sizes never change the output
+    assert _run(plans["prefetch2"], seed=1).digest != d  # other weights, other output
+
+
+def test_check_lossless_names_the_differing_op():
+    plan = sequential_plan(3, WB, SHAPE)
+    a = _run(plan)
+    b = _run(plan)
+    key = sorted(b.outputs, key=repr)[1]
+    b.outputs[key] = (0, 0)
+    b.digest = "changed"
+    with pytest.raises(LosslessnessError, match="blk"):
+        check_lossless({"a": a, "b": b})
+    other = _run(sequential_plan(2, WB, SHAPE))
+    with pytest.raises(LosslessnessError, match="different compute ops"):
+        check_lossless({"a": a, "c": other})
+
+
+def test_slot_reused_before_its_consumer_is_detected():
+    """Copy A into slot 0, then copy B into slot 0, then A's consumer: in plan order the
+    consumer can only see B's bytes; the probe names the consumer and its copy."""
+    p = Plan()
+    ia = p.add(OpKind.ISSUE, Stream.HOST, -1, "issue a")
+    a = p.add(OpKind.H2D, Stream.COPY, 0, "a (prefetch)", (ia,), nbytes=WB, slot=0, slot_bytes=WB, split=1)
+    ib = p.add(OpKind.ISSUE, Stream.HOST, -1, "issue b")
+    p.add(OpKind.H2D, Stream.COPY, 0, "b (prefetch)", (ib,), nbytes=WB, slot=0, slot_bytes=WB, split=2)
+    ic = p.add(OpKind.ISSUE, Stream.HOST, -1, "issue consumer")
+    c = p.add(OpKind.GEMM, Stream.COMPUTE, 0, "a", (ic, a), nbytes=WB, shape=SHAPE, slot=0, slot_bytes=WB, split=1)
+    p.add(OpKind.HOST_SYNC, Stream.HOST, -1, "end", (c,))
+    with pytest.raises(ExecutorHazardError) as ei:
+        _run(p)
+    assert ei.value.mismatches[0]["op_id"] == c
+    assert "a (prefetch)" in ei.value.mismatches[0]["producer"]
+    # without the check the run completes
+    assert _run(p, check=False).probes_checked == 0
+
+
+def test_host_ops_and_cpu_ops_run_on_the_host():
+    p = Plan()
+    i = p.add(OpKind.ISSUE, Stream.HOST, -1, "issue ids")
+    d = p.add(OpKind.D2H, Stream.COMPUTE, 0, "ids", (i,), nbytes=4096, tag="ids")
+    s = p.add(OpKind.HOST_SYNC, Stream.HOST, -1, "wait ids", (d,))
+    w = p.add(OpKind.HOST_WORK, Stream.HOST, -1, "runs", (s,), shape=(2048,))
+    cpu = p.add(OpKind.CPU_MATVEC, Stream.CPU, -1, "blk.0.ffn_up", (w,), nbytes=1 << 20, shape=(1, 1024, 256, 1))
+    p.add(OpKind.EVENT_RECORD, Stream.HOST, -1, "rec", (cpu,))
+    p.add(OpKind.EVENT_WAIT, Stream.HOST, -1, "wait")
+    r = _run(p)
+    validate_trace(r.trace)
+    st, en = r.schedule.start_s, r.schedule.end_s
+    assert st[s] >= en[d] - 1e-9 and st[cpu] >= en[w] - 1e-9
+    assert any(k[1] == "blk.0.ffn_up" for k in r.outputs)  # CPU outputs are part of the digest
+
+
+def test_builder_plans_run_and_are_lossless():
+    """The shipped tiny scenario through the real plan builder: every test, every variant."""
+    from pathlib import Path
+
+    builder = pytest.importorskip("sim.builder")
+    from sim.specs import load_scenario
+
+    path = Path(__file__).resolve().parent.parent / "scenarios/tiny/tiny.toml"
+    if not path.exists():
+        pytest.skip("no tiny scenario")
+    scn = load_scenario(path)
+    for test in scn.workload.tests():
+        res = {}
+        for v in scn.variants:
+            plan = builder.build_plan(scn, v, test, np.random.default_rng(scn.seed))
+            r = _run(plan, test=test.name, variant=v.name)
+            validate_trace(r.trace)
+            assert r.h2d_bytes == plan.h2d_bytes()
+            res[v.name] = r
+        check_lossless(res)
+
+
+# ------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+def test_executor_on_gpu():
+    cp = pytest.importorskip("cupy")
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception:
+        n = 0
+    if n < 1:
+        pytest.skip("no CUDA GPU")
+    shape = (2048, 4096, 4096)
+    res = {k: execute(p, repeats=2) for k, p in {
+        "sequential": sequential_plan(4, 16 << 20, shape), "prefetch2": prefetch_plan(4, 16 << 20, shape)}.items()}
+    check_lossless(res)
+    for r in res.values():
+        validate_trace(r.trace)
+        assert r.probes_checked > 0
+    with pytest.raises(ExecutorHazardError):
+        execute(prefetch_plan(6, 64 << 20, (8192, 14336, 4096), drop_free_wait=True), warmup=0)
