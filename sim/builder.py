@@ -234,11 +234,10 @@ class Emitter:
 
     # -- primitives ------------------------------------------------------------------
     def op(self, kind, stream, device, name, deps=(), **kw) -> int:
-        kw.setdefault("layer", self.layer)
-        kw.setdefault("split", self.split)
-        kw.setdefault("graph", self.graph)
-        oid = self.plan.add(kind, stream, device, name, deps, **kw)
-        if stream in (Stream.COMPUTE, Stream.COPY):
+        if "layer" not in kw:
+            kw["layer"] = self.layer
+        oid = self.plan.add(kind, stream, device, name, deps, split=self.split, graph=self.graph, **kw)
+        if stream is Stream.COMPUTE or stream is Stream.COPY:
             self.last_gpu[(stream.value, device)] = oid
         return oid
 

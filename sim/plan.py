@@ -156,11 +156,15 @@ class Plan:
     def add(self, kind: OpKind, stream: Stream, device: int, name: str, deps=(), **kw) -> int:
         """Append an op; returns its id. Dependencies must point to earlier ops."""
         oid = len(self.ops)
-        deps = tuple(sorted({d for d in deps if d is not None and d >= 0}))
-        if deps and deps[-1] >= oid:
-            raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
+        if deps:
+            deps = tuple(sorted({d for d in deps if d is not None and d >= 0}))
+            if deps and deps[-1] >= oid:
+                raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
+        else:
+            deps = ()
         self.ops.append(Op(oid, kind, stream, device, name, deps, **kw))
-        self.__dict__.pop("arrays", None)
+        if "arrays" in self.__dict__:
+            del self.__dict__["arrays"]
         return oid
 
     @cached_property
