@@ -73,8 +73,9 @@ class TestResult:
 
 
 def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
-    """The routing rng of one repetition of one test (shared by all variants)."""
-    return np.random.default_rng([seed, test_index, rep])
+    """The routing rng of one repetition of one test (shared by all variants). ``-1`` indices
+    (context set-up) map to a separate stream."""
+    return np.random.default_rng([seed, test_index + 1, rep + 1])
 
 
 def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
@@ -124,27 +125,44 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     )
 
 
+def _run_variant(scn: Scenario, v: Variant, tests: Sequence[BenchTest], reps: int, engine: str) -> list[TestResult]:
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    return [run_variant_test(scn, v, t, ti, reps, engine, ctx) for ti, t in enumerate(tests)]
+
+
 def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
                  tests: Sequence[BenchTest] | None = None, engine: str = "analytic",
                  repetitions: int | None = None,
-                 progress: Callable[[Iterable], Iterable] | None = None) -> list[TestResult]:
+                 progress: Callable[[Iterable], Iterable] | None = None,
+                 jobs: int | None = None) -> list[TestResult]:
     """All (variant, test) cells of a scenario, variant-major.
+
+    Variants run in parallel processes (``jobs``, default: all cores); the tests of one variant
+    run in order in one process so that an expert cache stays warm across them. Results do not
+    depend on ``jobs`` (every repetition has its own seeded rng).
 
     Raises:
         PlacementError: a variant's placement does not fit (names the scenario file).
     """
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
     variants = list(variants or scn.variants)
     tests = list(tests or scn.workload.tests())
     reps = repetitions or scn.workload.repetitions
-    cells = [(v, ti, t) for v in variants for ti, t in enumerate(tests)]
-    it = progress(cells) if progress else cells
-    out = []
-    ctxs: dict[str, BuildContext] = {}
-    for v, ti, t in it:
-        if v.name not in ctxs:
-            ctxs[v.name] = make_context(scn, v, rep_rng(scn.seed, -1, -1))
-        out.append(run_variant_test(scn, v, t, ti, reps, engine, ctxs[v.name]))
-    return out
+    jobs = min(jobs or os.cpu_count() or 1, len(variants))
+    # fail fast, in this process, on a placement that does not fit
+    for v in variants:
+        make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    if jobs <= 1:
+        it = progress(variants) if progress else variants
+        per = [_run_variant(scn, v, tests, reps, engine) for v in it]
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            futs = [ex.submit(_run_variant, scn, v, tests, reps, engine) for v in variants]
+            it = progress(futs) if progress else futs
+            per = [f.result() for f in it]
+    return [r for rs in per for r in rs]
 
 
 def speedups(results: Sequence[TestResult], baseline: str = "baseline") -> dict[tuple[str, str], float | None]:
