@@ -1,0 +1,300 @@
+"""Crossover sweeps: interpolation against theory, serial == parallel, CSV/PNG outputs, the
+axes' effect on scenario/variants/test, and clean errors naming the flag."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import cli
+from sim.crossover import (
+    AXES, CSV_COLUMNS, FIGURES, apply_point, check_axes, figure_spec, find_crossovers, parse_axis,
+    parse_test, sweep,
+)
+from sim.errors import ScenarioError
+from sim.metrics import run_variant_test
+from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.units import GB
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "scenarios" / "tiny" / "tiny.toml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_scenario(TINY)
+
+
+# ---------------------------------------------------------------------------------------
+# find_crossovers on synthetic data
+# ---------------------------------------------------------------------------------------
+
+
+def test_crossing_between_neighbours_is_linear_interpolation():
+    # y crosses 1.0 between x=2 (0.8) and x=4 (1.3): 2 + (1 - 0.8) * (4 - 2) / (1.3 - 0.8) = 2.8
+    out = find_crossovers([1, 2, 4, 8], [0.5, 0.8, 1.3, 1.6])
+    assert len(out) == 1
+    value, lo, hi, rises = out[0]
+    assert value == pytest.approx(2.8, rel=1e-12)
+    assert (lo, hi, rises) == (2.0, 4.0, True)
+
+
+def test_falling_and_rising_crossings_in_order():
+    # 1.2 -> 0.9 between 10 and 20: 10 + 0.2 / 0.3 * 10 ; 0.9 -> 1.5 between 30 and 40: 30 + 0.1 / 0.6 * 10
+    out = find_crossovers([10, 20, 30, 40], [1.2, 0.9, 0.9, 1.5])
+    assert [round(v, 9) for v, *_ in out] == [round(10 + 20 / 3, 9), round(30 + 10 / 6, 9)]
+    assert [r for *_, r in out] == [False, True]
+
+
+def test_points_on_the_level_between_sides_give_their_middle():
+    out = find_crossovers([1, 2, 3, 4, 5], [0.9, 1.0, 1.0, 1.0, 1.1])
+    assert out == [(3.0, 1.0, 5.0, True)]
+
+
+@pytest.mark.parametrize("y", [[1.1, 1.0, 1.2], [1.0, 1.0, 1.0], [0.9, 1.0, 0.95], [1.2, 1.3, 1.4]])
+def test_touching_or_staying_on_one_side_is_no_crossing(y):
+    assert find_crossovers([1, 2, 3], y) == []
+
+
+def test_nan_points_are_skipped():
+    out = find_crossovers([1, 2, 3], [0.5, float("nan"), 1.5])
+    assert out == [(2.0, 1.0, 3.0, True)]
+
+
+def test_bad_input_is_rejected():
+    with pytest.raises(ValueError):
+        find_crossovers([1, 2], [1.0])
+    with pytest.raises(ValueError):
+        find_crossovers([2, 1], [0.5, 1.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(x0=st.floats(-50, 50), slope=st.one_of(st.floats(0.05, 10), st.floats(-10, -0.05)),
+       n_left=st.integers(1, 5), n_right=st.integers(1, 5), step=st.floats(0.5, 5))
+def test_linear_series_crosses_at_its_root(x0, slope, n_left, n_right, step):
+    """Theory: y = 1 + slope (x - x0) crosses 1 at x0 exactly; interpolation of a line is exact."""
+    x = np.concatenate([x0 - step * (np.arange(n_left, 0, -1) - 0.37), x0 + step * (np.arange(n_right) + 0.41)])
+    y = 1.0 + slope * (x - x0)
+    out = find_crossovers(x, y)
+    assert len(out) == 1
+    value, lo, hi, rises = out[0]
+    assert value == pytest.approx(x0, abs=1e-9 * max(1.0, abs(x0)) + 1e-9)
+    assert lo < value < hi
+    assert rises == (slope > 0)
+
+
+# ---------------------------------------------------------------------------------------
+# axes, tests and points
+# ---------------------------------------------------------------------------------------
+
+
+def test_parse_axis_values_and_ranges():
+    assert parse_axis("slots=1-4").values == (1, 2, 3, 4)
+    assert parse_axis("ubatch=32-256*2").values == (32, 64, 128, 256)
+    assert parse_axis("depth=8192,0,0").values == (0, 8192)
+    assert parse_axis("pcie=16, 8.5,32").values == (8.5, 16.0, 32.0)
+    assert parse_axis("CACHE=0,64").spec.column == "cache_experts_requested"
+
+
+@pytest.mark.parametrize("text, flag, words", [
+    ("foo=1,2", "--axis", "unknown axis 'foo'"),
+    ("ubatch", "--axis2", "NAME=V1"),
+    ("ubatch=abc", "--axis", "ubatch"),
+    ("ubatch=0,32", "--axis", ">= 1"),
+    ("pcie=0,16", "--axis2", "> 0"),
+])
+def test_bad_axis_names_the_flag(text, flag, words):
+    with pytest.raises(ScenarioError) as ei:
+        parse_axis(text, flag)
+    assert ei.value.field == flag
+    assert words in str(ei.value)
+
+
+def test_parse_test():
+    assert parse_test("pp512") == BenchTest(512, 0, 0)
+    assert parse_test("tg128") == BenchTest(0, 128, 0)
+    assert parse_test("pp512 @ d8192") == BenchTest(512, 0, 8192)
+    with pytest.raises(ScenarioError) as ei:
+        parse_test("pp")
+    assert ei.value.field == "--test"
+
+
+def test_check_axes_rejects_axes_that_cannot_apply():
+    vs = [parse_variant("baseline"), parse_variant("prefetch_ungated")]
+    for name in ("gate", "slots", "cache"):
+        with pytest.raises(ScenarioError, match=name) as ei:
+            check_axes([parse_axis(f"{name}=1,2")], vs, BenchTest(512, 0, 0))
+        assert ei.value.field == "--axis"
+    with pytest.raises(ScenarioError, match="pp test") as ei:
+        check_axes([parse_axis("depth=0"), parse_axis("prompt=64")], vs, BenchTest(0, 16, 0))
+    assert ei.value.field == "--axis2"
+    with pytest.raises(ScenarioError, match="twice"):
+        check_axes([parse_axis("depth=0"), parse_axis("depth=1")], vs, BenchTest(64, 0, 0))
+
+
+def test_apply_point_sets_each_axis(tiny):
+    vs = [parse_variant(v) for v in ("baseline", "prefetch_gated_512", "slots2", "cache_lru")]
+    t = BenchTest(64, 0, 0)
+    s, v, t2 = apply_point(tiny, vs, t, [("ubatch", 128)])
+    assert (s.workload.n_ubatch, s.workload.n_batch) == (128, 128)  # n_batch (64) raised to the ubatch
+    s, v, t2 = apply_point(tiny, vs, t, [("depth", 1000), ("prompt", 32)])
+    assert t2 == BenchTest(32, 0, 1000)
+    assert s.placement.ctx_size == 1032  # raised from 256 to depth + prompt
+    s, v, _ = apply_point(tiny, vs, t, [("gate", 64)])
+    assert [x.gate_min_batch for x in v] == [None, 64, None, None]
+    assert [x.name for x in v] == [x.name for x in vs]
+    s, v, _ = apply_point(tiny, vs, t, [("slots", 5)])
+    assert [x.expert_slots for x in v] == [0, 0, 5, 0]
+    s, v, _ = apply_point(tiny, vs, t, [("cache", 7)])
+    assert s.placement.expert_cache_experts == 7
+    s, v, _ = apply_point(tiny, vs, t, [("cache", 0)])
+    assert [x.expert_cache for x in v] == ["none"] * 4
+    s, v, _ = apply_point(tiny, vs, t, [("pcie", 2.5)])
+    assert s.hardware.h2d_pinned.bytes_per_s == 2.5 * GB
+    assert s.hardware.h2d_pinned.latency_s == tiny.hardware.h2d_pinned.latency_s
+    assert s.hardware.h2d_pageable == tiny.hardware.h2d_pageable
+
+
+# ---------------------------------------------------------------------------------------
+# sweeps
+# ---------------------------------------------------------------------------------------
+
+
+def _tiny_sweep(tiny, jobs):
+    return sweep(tiny, [parse_axis("prompt=8,16,32,64"), parse_axis("pcie=1,10,40")],
+                 [parse_variant("prefetch_ungated"), parse_variant("slots2")], BenchTest(64, 0, 0),
+                 repetitions=2, jobs=jobs)
+
+
+def test_parallel_sweep_equals_serial(tiny):
+    serial = _tiny_sweep(tiny, 1)
+    parallel = _tiny_sweep(tiny, 2)
+    # repr of a float round-trips exactly, and NaN (ttft of nothing, no cache) compares equal
+    assert repr(serial.cells) == repr(parallel.cells)
+    pd.testing.assert_frame_equal(serial.to_dataframe(), parallel.to_dataframe(), check_exact=True)
+
+
+def test_sweep_cell_matches_a_direct_run(tiny):
+    """A cell is what run_variant_test gives on the scenario with the axis applied by hand."""
+    res = _tiny_sweep(tiny, 1)
+    i, j = 2, 0  # prompt 32, pcie 1 GB/s
+    hw = tiny.hardware.with_(h2d_pinned=replace(tiny.hardware.h2d_pinned, bytes_per_s=1 * GB))
+    scn = tiny.with_(hardware=hw)
+    for name in ("baseline", "prefetch_ungated"):
+        r = run_variant_test(scn, parse_variant(name), BenchTest(32, 0, 0), 0, 2)
+        assert res.metric(name, "tps_mean")[i, j] == r.tps_mean
+        assert res.metric(name, "ttft_s")[i, j] == r.ttft_s
+    base = res.metric("baseline", "tps_mean")
+    np.testing.assert_array_equal(res.speedup("baseline"), base / base)
+
+
+def test_sweep_crossovers_are_bracketed(tiny):
+    """Every reported crossing lies between two sweep points whose speedups are on opposite
+    sides of 1.0 (at the same value of the other axis)."""
+    res = _tiny_sweep(tiny, 1)
+    a0, a1 = res.axes
+    for c in res.crossovers():
+        s = res.speedup(c.variant)
+        if c.axis == a0.name:
+            line, vals = s[:, a1.values.index(c.fixed[1])], a0.values
+        else:
+            line, vals = s[a0.values.index(c.fixed[1]), :], a1.values
+        lo, hi = line[vals.index(c.lo)], line[vals.index(c.hi)]
+        assert (lo - 1.0) * (hi - 1.0) < 0
+        assert c.lo < c.value < c.hi
+        assert c.gains_above == (hi > 1.0)
+
+
+def test_a_point_that_does_not_fit_is_a_row_with_the_error(tiny):
+    # the tiny GPU has 1 GB; 4M tokens of KV cache (256 B/token) do not fit
+    res = sweep(tiny, [parse_axis("depth=0,4000000")], [parse_variant("prefetch_ungated")], BenchTest(64, 0, 0),
+                jobs=1)
+    df = res.to_dataframe()
+    bad = df[df.n_depth == 4000000]
+    assert len(bad) == 2 and bad.error.str.contains("does not fit").all()
+    assert bad.tps_mean.isna().all() and bad.speedup_vs_baseline.isna().all()
+    good = df[df.n_depth == 0]
+    assert (good.error == "").all() and good.tps_mean.notna().all()
+
+
+# ---------------------------------------------------------------------------------------
+# command line: CSV, PNG, errors
+# ---------------------------------------------------------------------------------------
+
+
+def test_cli_one_axis_writes_csv_and_png(tmp_path, capsys):
+    rc = cli.main([
+        "crossover", str(TINY), "--axis", "prompt=8,16,32,64", "--variant", "prefetch_ungated",
+        "--variant", "slots2", "--out", str(tmp_path), "-q", "-j", "1", "-r", "1"])
+    assert rc == 0
+    csvs = list(tmp_path.glob("*.csv"))
+    pngs = list(tmp_path.glob("*.png"))
+    assert len(csvs) == 1 and len(pngs) == 1
+    assert pngs[0].read_bytes()[:8] == PNG_MAGIC
+    df = pd.read_csv(csvs[0], keep_default_na=False, na_values=[""])
+    assert list(df.columns) == ["n_prompt", *CSV_COLUMNS]
+    assert len(df) == 4 * 3  # points x (baseline + 2 variants)
+    assert list(df.variant.unique()) == ["baseline", "prefetch_ungated", "slots2"]
+    assert list(df.test.unique()) == ["pp8", "pp16", "pp32", "pp64"]
+    base = df[df.variant == "baseline"].set_index("n_prompt").tps_mean
+    for _, row in df.iterrows():
+        assert row.speedup_vs_baseline == pytest.approx(row.tps_mean / base[row.n_prompt], rel=1e-12)
+    out = capsys.readouterr().out
+    assert str(csvs[0]) in out and str(pngs[0]) in out
+
+
+def test_cli_two_axes_writes_heatmap(tmp_path):
+    rc = cli.main([
+        "crossover", str(TINY), "--axis", "prompt=16,64", "--axis2", "pcie=5,20", "--variant",
+        "prefetch_ungated", "--out", str(tmp_path), "-q", "-j", "2"])
+    assert rc == 0
+    (png,) = tmp_path.glob("*.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    (csv,) = tmp_path.glob("*.csv")
+    df = pd.read_csv(csv)
+    assert list(df.columns[:2]) == ["n_prompt", "h2d_pinned_gb_per_s"]
+    assert len(df) == 2 * 2 * 2
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--axis", "bogus=1,2"], "--axis"),
+    (["--axis", "ubatch=64", "--axis2", "bogus=1"], "--axis2"),
+    ([], "--axis"),
+    (["--axis", "gate=64,128", "--variant", "prefetch_ungated"], "--axis"),
+    (["--axis", "ubatch=64", "--test", "xx1"], "--test"),
+    (["--axis", "ubatch=64", "--variant", "nonsense"], "--variant"),
+    (["--figure", "zzz"], "--figure"),
+    (["--figure", "a", "--axis", "ubatch=64"], "--figure"),
+    (["--axis", "ubatch=64", "-r", "0"], "--repetitions"),
+])
+def test_cli_bad_input_is_one_line_naming_the_flag(argv, flag, tmp_path, capsys):
+    rc = cli.main(["crossover", str(TINY), "--out", str(tmp_path), "-q", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert flag in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_builtin_figures_are_well_formed():
+    """Each built-in figure names an existing scenario, parseable variants, test and axes that
+    apply (without running the sweep)."""
+    assert set(FIGURES) == {"a", "b", "c", "d"}
+    for key, spec in FIGURES.items():
+        assert figure_spec(key) is spec and figure_spec(spec.name) is spec
+        scn = load_scenario(ROOT / spec.scenario)
+        vs = [parse_variant(v) for v in spec.variants]
+        test = parse_test(spec.test)
+        for text in spec.fixed:
+            ax = parse_axis(text)
+            scn, vs, test = apply_point(scn, vs, test, [(ax.name, ax.values[0])])
+        axes = [parse_axis(t) for t in spec.axes]
+        assert all(a.name in AXES for a in axes)
+        check_axes(axes, vs, test)
