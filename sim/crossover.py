@@ -578,7 +578,9 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
 # ----------------------------------------------------------------------------------------
 
 
-def _new_figure(width: float, height: float):
+def new_figure(width: float, height: float):
+    """A matplotlib Figure of ``width`` x ``height`` inches on its own Agg canvas (no pyplot,
+    no global backend state: safe in worker processes, scripts and notebooks)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -639,7 +641,7 @@ def plot_line(res: SweepResult):
     crossovers marked. Returns the matplotlib Figure."""
     ax_ = res.axes[0]
     x = np.asarray(ax_.values, dtype=float)
-    fig = _new_figure(7.0, 6.0)
+    fig = new_figure(7.0, 6.0)
     top, bot = fig.subplots(2, 1, sharex=True)
     for k, v in enumerate(res.variants):
         top.plot(x, res.metric(v, "tps_mean"), label=v, **_style(k))
@@ -677,7 +679,7 @@ def plot_heatmap(res: SweepResult):
 
     a0, a1 = res.axes
     others = [v for v in res.variants if v != res.baseline]
-    fig = _new_figure(1.2 + 5.2 * len(others), 4.6)
+    fig = new_figure(1.2 + 5.2 * len(others), 4.6)
     axs = np.atleast_1d(fig.subplots(1, len(others), squeeze=False)[0])
     allv = np.concatenate([res.speedup(v).ravel() for v in others])
     finite = allv[np.isfinite(allv)]
@@ -758,7 +760,7 @@ def _plot_prompt(res: SweepResult):
     """Figure b: TTFT and prefill t/s vs prompt length; the ungated crossover and the gate."""
     ax_ = res.axes[0]
     x = np.asarray(ax_.values, dtype=float)
-    fig = _new_figure(7.0, 6.2)
+    fig = new_figure(7.0, 6.2)
     top, bot = fig.subplots(2, 1, sharex=True)
     for k, v in enumerate(res.variants):
         top.plot(x, res.metric(v, "ttft_s") * 1e3, label=v, **_style(k))
@@ -797,7 +799,7 @@ def _plot_slots(res: SweepResult):
     """Figure c: prefill gain vs slot count, staging VRAM on a second y-axis."""
     ax_ = res.axes[0]
     x = np.asarray(ax_.values, dtype=float)
-    fig = _new_figure(7.0, 4.4)
+    fig = new_figure(7.0, 4.4)
     ax = fig.subplots()
     ax2 = ax.twinx()
     for k, v in enumerate(res.variants):
@@ -827,7 +829,7 @@ def _plot_cache(res: SweepResult):
     without staging reserved; dotted lines where each variant's cache pool is full."""
     ax_ = res.axes[0]
     x = np.asarray(ax_.values, dtype=float)
-    fig = _new_figure(7.0, 6.0)
+    fig = new_figure(7.0, 6.0)
     top, bot = fig.subplots(2, 1, sharex=True)
     for k, v in enumerate(res.variants):
         tps = res.metric(v, "tps_mean")
