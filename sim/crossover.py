@@ -590,11 +590,16 @@ def new_figure(width: float, height: float):
 
 
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and ``os.replace`` (never half-written), with the
+    permissions a plain ``open`` would give (mkstemp creates files 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -905,11 +910,9 @@ class SweepOutput:
 
 def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) -> SweepOutput:
     """Write ``<stem>.csv`` and ``<stem>.png`` (``fig``, or :func:`plot_sweep`) into ``out_dir``."""
-    from .cli import write_atomic
-
     out_dir = Path(out_dir)
     csv_path = out_dir / f"{stem}.csv"
-    write_atomic(csv_path, res.to_dataframe().to_csv(index=False))
+    _write_bytes_atomic(csv_path, res.to_dataframe().to_csv(index=False).encode())
     png_path = save_figure(fig if fig is not None else plot_sweep(res), out_dir / f"{stem}.png")
     return SweepOutput(res, csv_path, png_path, tuple(res.crossovers()))
 
