@@ -852,7 +852,7 @@ def _plot_cache(res: SweepResult):
             bot.annotate(f"pool full: {cap:.0f}", (cap, 0.02), textcoords="offset points", xytext=(-4, 4),
                          rotation=90, fontsize=7, color=f"C{k}", ha="right", va="bottom")
     top.set_ylabel("decode t/s")
-    top.legend(fontsize=7)
+    top.legend(fontsize=7, loc="lower right")
     top.set_title(_title(res), fontsize=9)
     bot.set_ylabel("expert cache hit rate")
     bot.set_ylim(0, 1)
