@@ -231,6 +231,8 @@ class Emitter:
         self.layer = -1
         self.token_offset = 0
         self.cache_split: dict[int, tuple[int, int]] = {}
+        self.fill_of: dict[int, int] = {}    # layer -> last background cache-fill copy
+        self.fill_pending = False
 
     # -- primitives ------------------------------------------------------------------
     def op(self, kind, stream, device, name, deps=(), **kw) -> int:
@@ -251,9 +253,10 @@ class Emitter:
         iss = self.host(OpKind.ISSUE, f"issue {name}")
         return self.op(kind, stream, device, name, (iss, *deps), **kw)
 
-    def sync(self, device: int, name="sync") -> int:
-        """Host waits for everything issued on ``device``'s streams."""
-        deps = [v for (s, d), v in self.last_gpu.items() if d == device]
+    def sync(self, device: int, name="sync", streams=(Stream.COMPUTE, Stream.COPY)) -> int:
+        """Host waits for everything issued on ``device``'s ``streams``."""
+        keep = {s.value for s in streams}
+        deps = [v for (s, d), v in self.last_gpu.items() if d == device and s in keep]
         return self.host(OpKind.HOST_SYNC, name, deps)
 
     def h2d(self, name, device, nbytes, *, stream=Stream.COMPUTE, deps=(), slot=-1, slot_bytes=0, tag=""):
@@ -335,7 +338,8 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         pos = pool.index(si)
         free_dep = consumer_of.get(pool[pos - nbuf]) if pos >= nbuf else None
         dev = s.device
-        slot = pos % nbuf
+        # slot ids are unique per graph: the weight-prefetch pair first, expert slots after it
+        slot = pos % nbuf + (2 if pool_name == "slots" and "weights" in pools else 0)
         nbytes = sum(tt.nbytes for tt in t.tensors)
         saved = em.layer, em.split
         em.layer, em.split = t.layer, si  # the copy belongs to the split it feeds
@@ -391,7 +395,11 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
             em.host(OpKind.EVENT_RECORD, f"record done split{si}")
     # end of graph: the host synchronises every GPU before the next ubatch
     for g in range(hw.n_gpu):
-        em.sync(g, f"graph {em.graph} end sync{g}")
+        # background cache fills (decode) are not waited for here: the hits that need them
+        # wait on their fill's event instead (Emitter.fill_of)
+        em.sync(g, f"graph {em.graph} end sync{g}",
+                (Stream.COMPUTE,) if em.fill_pending else (Stream.COMPUTE, Stream.COPY))
+        em.fill_pending = False
     em.plan.graph_last_op.append(len(em.plan.ops) - 1)
     em.plan.graph_tokens.append(n_tokens)
 
@@ -475,9 +483,12 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
                 if hits:
                     cache_gpu_items.append((it, hits))
                 if misses:
-                    # background insertion of the missed experts (not waited on)
-                    em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill", nbytes=misses * t.bytes_per_mat,
-                              pinned=True, tag="cache_fill")
+                    # background insertion of the missed experts on the copy stream; a later
+                    # hit on them waits for this copy (fill event), the graph does not
+                    em.fill_of[it.layer] = em.launch(
+                        OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill", nbytes=misses * t.bytes_per_mat,
+                        pinned=True, tag="cache_fill")
+                    em.fill_pending = True
                 n_used = misses
                 nbytes = misses * t.bytes_per_mat
             shape = (m_, n_, k_, min(topk, n_used) if n_used else 0)
@@ -491,8 +502,11 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.host_pending.append(last_cpu)
     for it, hits in cache_gpu_items:
         m_, n_, k_, _, topk = it.shape
-        em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", nbytes=hits * it.tensors[0].bytes_per_mat,
-                  shape=(m_, n_, k_, hits, min(topk, hits)), tag="cache_hit")
+        # conservatively wait for the layer's last fill (it may hold an expert hit now)
+        fill = em.fill_of.get(it.layer)
+        em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
+                  nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits)),
+                  tag="cache_hit")
     # the CPU backend's compute buffer is pinned host memory (CUDA host buffer type)
     em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
               tag="act", pinned=True)

@@ -157,15 +157,25 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
         want = pl.expert_cache_experts
         eb = max((expert_bytes(model, i) for i in range(model.n_layer) if model.is_moe_layer(i)), default=0)
         if eb:
-            cap_total = sum(int(max(b.free_bytes, 0) // eb) for b in out)
-            n_cache = cap_total if want in (-1, 0) else min(want, cap_total)
-            per = _spread(n_cache, len(out))
+            caps = [int(max(b.free_bytes, 0) // eb) for b in out]
+            n_cache = sum(caps) if want in (-1, 0) else min(want, sum(caps))
+            per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out
 
 
-def _spread(n: int, k: int) -> list[int]:
-    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+def _fill(n: int, caps: list[int]) -> list[int]:
+    """Spread ``n`` cache entries over GPUs in proportion to their free room, never above it."""
+    total = sum(caps)
+    if total == 0:
+        return [0] * len(caps)
+    per = [min(c, n * c // total) for c in caps]
+    i = 0
+    while sum(per) < n:
+        if per[i % len(caps)] < caps[i % len(caps)]:
+            per[i % len(caps)] += 1
+        i += 1
+    return per
 
 
 def fit_n_cpu_moe(scn: Scenario, variant: Variant) -> int:
