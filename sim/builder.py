@@ -231,6 +231,7 @@ class Emitter:
         self.layer = -1
         self.token_offset = 0
         self.cache_split: dict[int, tuple[int, int]] = {}
+        self.last_host = -1                  # the host thread's last op
         self.fill_of: dict[int, int] = {}    # layer -> last background cache-fill copy
         self.fill_pending = False
 
@@ -246,7 +247,8 @@ class Emitter:
     def host(self, kind, name, deps=(), **kw) -> int:
         deps = list(deps) + self.host_pending
         self.host_pending = []
-        return self.op(kind, Stream.HOST, -1, name, deps, **kw)
+        self.last_host = self.op(kind, Stream.HOST, -1, name, deps, **kw)
+        return self.last_host
 
     def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
         """Host issues an async GPU op; returns the GPU op's id."""
@@ -454,9 +456,12 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
     d = model.d_model
     act = n_tokens * d * ACT_BYTES
     gpu = _current_device(em)  # the GPU holding the activations
-    d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{s.items[0].layer}", nbytes=act, tag="act")
+    ids = n_tokens * model.moe.n_expert_used * ID_BYTES if any(it.expert for it in s.items) else 0
+    d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{s.items[0].layer}", nbytes=act + ids,
+                    tag="act")
     em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
     cache_gpu_items = []
+    new_fills: dict[int, int] = {}
     last_cpu = None
     read_layers: set[int] = set()
     for it in s.items:
@@ -485,7 +490,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
                 if misses:
                     # background insertion of the missed experts on the copy stream; a later
                     # hit on them waits for this copy (fill event), the graph does not
-                    em.fill_of[it.layer] = em.launch(
+                    new_fills[it.layer] = em.launch(
                         OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill", nbytes=misses * t.bytes_per_mat,
                         pinned=True, tag="cache_fill")
                     em.fill_pending = True
@@ -497,9 +502,11 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
             shape = (m_, n_, k_, 1)
         if nbytes == 0 and shape[-1] == 0:
             continue
-        deps = [last_cpu] if last_cpu is not None else []
+        # the CPU backend runs on the host thread: it starts after the host's last op (the
+        # wait for the activations) and the host continues only when it is done
+        deps = [em.last_host] + ([last_cpu] if last_cpu is not None else [])
         last_cpu = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, it.name, deps, nbytes=int(nbytes), shape=shape)
-        em.host_pending.append(last_cpu)
+        em.host_pending = [last_cpu]
     for it, hits in cache_gpu_items:
         m_, n_, k_, _, topk = it.shape
         # conservatively wait for the layer's last fill (it may hold an expert hit now)
@@ -507,6 +514,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
                   nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits)),
                   tag="cache_hit")
+    em.fill_of.update(new_fills)  # this token's fills serve later tokens' hits
     # the CPU backend's compute buffer is pinned host memory (CUDA host buffer type)
     em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
               tag="act", pinned=True)

@@ -360,3 +360,18 @@ def test_golden_trace_of_the_tiny_scenario():
     a = df[df.engine == "analytic"].reset_index(drop=True)
     d = df[df.engine == "des"].reset_index(drop=True)
     assert np.allclose(a.end_us, d.end_us, rtol=1e-12, atol=0)
+
+
+@SETTINGS
+@given(scenarios(), st.sampled_from(["baseline", "prefetch_ungated", "cache_lru", "slots2+cache_lru"]),
+       st.sampled_from([(0, 3), (8, 0), (64, 0)]))
+def test_cpu_backend_runs_on_the_host_thread(scn, variant, test):
+    """The CPU backend computes on the host thread: a CPU op never overlaps a host op, starts
+    after the host op before it and the host resumes only after it (so CPU time is on the
+    critical path of decode with host-resident weights)."""
+    scn = scn.with_(placement=replace(scn.placement, expert_cache_experts=-1))
+    plan = plan_of(scn, variant, n_prompt=test[0], n_gen=test[1])
+    sched = engines.run(plan, plan_durations(plan, scn.hardware))
+    seq = [(o.id, o.stream) for o in plan.ops if o.stream in (Stream.HOST, Stream.CPU)]
+    for (a, _), (b, _) in zip(seq, seq[1:]):
+        assert sched.start_s[b] >= sched.end_s[a] - 1e-15, (plan.ops[a].name, plan.ops[b].name)
