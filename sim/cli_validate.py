@@ -1,0 +1,97 @@
+"""``prefetch-sim validate``: predicted vs measured on a GPU, over the validation grid.
+
+Writes into ``--out DIR``: ``<name>_validation.csv`` (one row per case, predicted and measured
+total time, relative error), ``<name>_per_kind.csv`` (per case and op kind, summed predicted and
+measured op time), ``<name>_validation.png`` (scatter + one overlaid timeline),
+``<name>_timeline.csv`` (that timeline's two traces) and ``<name>_meta.json`` (device, driver,
+CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
+or CuPy the command says so and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from .errors import ScenarioError
+
+GRIDS = ("default", "smoke")
+
+
+def add_validate_parser(sub) -> None:
+    p = sub.add_parser("validate", help="run the validation grid on a GPU: predicted vs measured")
+    p.add_argument("--grid", choices=GRIDS, default="default",
+                   help="default: the 64-case grid; smoke: 6 quick cases")
+    p.add_argument("--hardware", default="scenarios/hardware/h200.toml",
+                   help="profile the predictions use (default: the measured H200 profile)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case (median reported)")
+    p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+
+def _grid(name: str):
+    from .validation import default_grid
+
+    g = default_grid()
+    if name == "smoke":
+        keep = {"moe-pinned-pp512-d0-baseline", "moe-pinned-pp512-d0-prefetch_ungated",
+                "moe-pinned-pp512-d0-slots2", "dense-pinned-pp512-d0-baseline",
+                "dense-pinned-pp512-d0-prefetch_ungated", "moe-pageable-pp128-d0-baseline"}
+        g = [c for c in g if c.name in keep]
+    return g
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from calibrate._gpu import require_cupy  # noqa: PLC0415
+
+    from .cli import write_atomic
+    from .specs import load_hardware
+    from .validation import plot_validation, run_grid, summarize
+
+    if args.repeats < 1:
+        raise ScenarioError(f"must be >= 1, got {args.repeats}", field="--repeats")
+    hw = load_hardware(args.hardware)
+    cp = require_cupy()  # clear error, nothing written, when there is no GPU
+    cases = _grid(args.grid)
+    timeline = args.timeline_case or "moe-pinned-pp2048-d0-prefetch_ungated"
+    progress = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        progress = lambda it: tqdm(it, desc="validating", unit="case", file=sys.stderr)  # noqa: E731
+    t0 = time.time()
+    df, kinds, trace = run_grid(cases, hw, repeats=args.repeats, progress=progress, cp=cp, keep_trace=timeline)
+    out = Path(args.out)
+    summ = summarize(df)
+    dev = cp.cuda.runtime.getDeviceProperties(0)
+    meta = {
+        "device": dev["name"].decode() if isinstance(dev["name"], bytes) else str(dev["name"]),
+        "driver_api_version": int(cp.cuda.runtime.driverGetVersion()),
+        "cuda_runtime_version": int(cp.cuda.runtime.runtimeGetVersion()),
+        "cupy_version": cp.__version__, "python": platform.python_version(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "prefetch-sim " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("prefetch-sim")
+        else " ".join(sys.argv), "hardware_profile": str(args.hardware), "grid": args.grid,
+        "repeats": args.repeats, "wall_s": round(time.time() - t0, 1), **summ,
+    }
+    write_atomic(out / f"{args.name}_validation.csv", df.to_csv(index=False))
+    write_atomic(out / f"{args.name}_per_kind.csv", kinds.to_csv(index=False))
+    if trace is not None:
+        write_atomic(out / f"{args.name}_timeline.csv", trace.to_csv(index=False))
+    plot_validation(df, out / f"{args.name}_validation.png", trace)
+    write_atomic(out / f"{args.name}_meta.json", json.dumps(meta, indent=2) + "\n")
+    show = df[["case", "predicted_s", "measured_s", "rel_error"]].copy()
+    show["predicted_ms"] = (show.pop("predicted_s") * 1e3).round(3)
+    show["measured_ms"] = (show.pop("measured_s") * 1e3).round(3)
+    show["rel_error"] = show["rel_error"].map(lambda x: f"{x:+.1%}")
+    print(show.to_string(index=False))
+    print(f"\n{summ['n_cases']} cases: median |error| {summ['median_abs_error']:.1%}, "
+          f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}  -> {out}")
+    return 0

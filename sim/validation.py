@@ -1,0 +1,264 @@
+"""Validation grid: the same plans predicted by the simulator and measured by the GPU executor.
+
+A *case* is (model, placement, variant, test). For each case the plan is built once with
+:func:`sim.builder.build_plan`; the analytic engine predicts its makespan from a hardware
+profile (the measured H200 one for the committed results); :func:`calibrate.executor.execute`
+runs the same plan on the GPU and measures it. :func:`compare` turns both into one row per
+case (predicted, measured, relative error) and per-op-kind error summaries.
+
+The grid (:func:`default_grid`) covers dense and MoE models, ubatch 32…8192, KV depth 0…32k,
+slots 1…4, baseline / ungated / gated prefetch, pinned and pageable host memory, and the
+expert cache on and off. Models are the shipped ones cut to a few layers (per-layer shapes and
+bytes are the real ones; fewer layers keep the grid inside a few minutes of GPU time).
+
+This module is pure Python (no CuPy); :func:`run_grid` imports the executor lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .builder import build_plan, make_context
+from .costs import plan_durations
+from .engines import analytic
+from .plan import Plan
+from .specs import BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model, parse_variant
+from .routing import RoutingSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: columns of the validation CSV (one row per case), SI units in the names
+CASE_COLUMNS = (
+    "case", "model", "variant", "test", "n_ubatch", "n_depth", "host_memory", "expert_slots", "cache",
+    "n_ops", "predicted_s", "measured_s", "measured_min_s", "measured_max_s", "rel_error",
+    "h2d_bytes", "h2d_bytes_per_s", "probes_checked", "digest", "device",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validation case.
+
+    Attributes:
+        name: unique label, e.g. ``moe-pinned-ub512-d0-prefetch_ungated``.
+        model: ``"moe"`` or ``"dense"`` (see :func:`case_scenario`).
+        variant: variant label (:func:`sim.specs.parse_variant`).
+        test: ``pp<N>`` (one ubatch of N tokens) or ``tg<N>``.
+        n_depth: KV depth.
+        pinned: host weights pinned (else pageable).
+        cache: expert-cache capacity in experts (0 = none; only with a cache variant).
+    """
+
+    name: str
+    model: str
+    variant: str
+    test: str
+    n_depth: int = 0
+    pinned: bool = True
+    cache: int = 0
+
+    @property
+    def bench_test(self) -> BenchTest:
+        n = int(self.test[2:])
+        return BenchTest(n, 0, self.n_depth) if self.test.startswith("pp") else BenchTest(0, n, self.n_depth)
+
+
+#: layers kept from each model for validation (the real per-layer shapes and bytes)
+VALIDATION_LAYERS = 4
+
+
+def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATION_LAYERS) -> Scenario:
+    """The scenario of a case: Qwen3-30B-A3B (``moe``, all experts host-resident) or Gemma-3-27B
+    (``dense``, ``ffn_(gate|up|down)`` host-resident), cut to ``n_layer`` layers."""
+    if case.model == "moe":
+        m = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+        m = replace(m, n_layer=n_layer)
+        pl = Placement(n_cpu_moe=n_layer, pinned=case.pinned, ctx_size=max(4096, case.n_depth + 8192),
+                       expert_cache_experts=case.cache)
+    elif case.model == "dense":
+        m = load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml")
+        m = replace(m, n_layer=n_layer)
+        pl = Placement(override_tensor=(("ffn_(gate|up|down)$", "CPU"),), pinned=case.pinned,
+                       ctx_size=max(4096, case.n_depth + 8192))
+    else:
+        raise ValueError(f"unknown validation model '{case.model}' (moe or dense)")
+    m.__dict__.pop("tensors", None)
+    m.__dict__.pop("n_params", None)
+    m.__dict__.pop("nbytes", None)
+    t = case.bench_test
+    ub = max(t.n_prompt, 1)
+    return Scenario(name=case.name, model=m, hardware=hardware, placement=pl,
+                    workload=Workload(n_prompt=(t.n_prompt,), n_gen=(t.n_gen,), n_depth=(case.n_depth,),
+                                      n_ubatch=ub, n_batch=ub, repetitions=1),
+                    routing=RoutingSpec(), variants=(parse_variant(case.variant),), seed=0)
+
+
+def default_grid() -> list[Case]:
+    """The committed validation grid (72 cases)."""
+    cases: list[Case] = []
+
+    def add(model, variant, test, depth=0, pinned=True, cache=0):
+        mem = "pinned" if pinned else "pageable"
+        name = f"{model}-{mem}-{test}-d{depth}-{variant}" + (f"-c{cache}" if cache else "")
+        cases.append(Case(name, model, variant, test, depth, pinned, cache))
+
+    for ub in (32, 128, 512, 2048, 8192):
+        for v in ("baseline", "prefetch_ungated", "prefetch_gated_512", "slots2"):
+            add("moe", v, f"pp{ub}")
+        for v in ("baseline", "prefetch_ungated"):
+            add("dense", v, f"pp{ub}")
+    for n in (1, 3, 4):
+        add("moe", f"slots{n}", "pp512")
+        add("moe", f"slots{n}", "pp2048")
+    for d in (8192, 32768):
+        for v in ("baseline", "prefetch_ungated"):
+            add("moe", v, "pp512", depth=d)
+            add("dense", v, "pp512", depth=d)
+    for ub in (128, 2048):
+        for v in ("baseline", "prefetch_ungated", "slots2"):
+            add("moe", v, f"pp{ub}", pinned=False)
+        for v in ("baseline", "prefetch_ungated"):
+            add("dense", v, f"pp{ub}", pinned=False)
+    for v in ("cache_lru", "slots2+cache_lru"):
+        add("moe", v, "pp512", cache=256)
+        add("moe", v, "tg8", cache=256)
+    for v in ("baseline", "prefetch_ungated"):
+        add("moe", v, "tg8")
+        add("dense", v, "tg8")
+    add("moe", "prefetch_gated_512", "pp256")
+    add("moe", "prefetch_gated_512", "pp1024")
+    return cases
+
+
+def build_case(case: Case, hardware: HardwareProfile) -> tuple[Scenario, Plan]:
+    """Build the plan of a case (routing draws from the case's fixed seed)."""
+    scn = case_scenario(case, hardware)
+    v = scn.variants[0]
+    rng = np.random.default_rng([scn.seed, 0, 0])
+    ctx = make_context(scn, v, rng)
+    if ctx.cache is not None:  # warm the cache as llama-bench's warm-up run would
+        build_plan(scn, v, case.bench_test, np.random.default_rng([scn.seed, 0, 1]), ctx)
+        ctx.cache.reset_stats()
+    return scn, build_plan(scn, v, case.bench_test, rng, ctx)
+
+
+def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
+    """Analytic makespan of a plan on a profile, seconds."""
+    return float(analytic.run(plan, plan_durations(plan, hardware)).makespan_s)
+
+
+def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int = 3, warmup: int = 1,
+             progress: Callable[[Iterable], Iterable] | None = None, cp=None,
+             keep_trace: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """Predict and measure every case on the GPU.
+
+    Returns:
+        (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
+        predicted traces of the case named ``keep_trace`` or None).
+
+    Raises:
+        GPUUnavailableError: no CuPy or GPU.
+        LosslessnessError: variants of one (model, test, memory) group produced different outputs.
+    """
+    from calibrate.executor import check_lossless, execute  # noqa: PLC0415 - needs CuPy
+    from .trace import to_dataframe
+
+    rows, kinds, kept = [], [], None
+    groups: dict[tuple, dict] = {}
+    it = progress(cases) if progress else cases
+    for case in it:
+        scn, plan = build_case(case, hardware)
+        pred_d = plan_durations(plan, hardware)
+        pred_sched = analytic.run(plan, pred_d)
+        r = execute(plan, test=case.test, variant=case.variant, repeats=repeats, warmup=warmup, cp=cp)
+        pred = float(pred_sched.makespan_s)
+        rows.append(dict(
+            case=case.name, model=case.model, variant=case.variant, test=case.test,
+            n_ubatch=scn.workload.n_ubatch, n_depth=case.n_depth, host_memory="pinned" if case.pinned else "pageable",
+            expert_slots=scn.variants[0].expert_slots, cache=case.cache, n_ops=len(plan.ops), predicted_s=pred,
+            measured_s=r.makespan_s, measured_min_s=min(r.makespans_s), measured_max_s=max(r.makespans_s),
+            rel_error=pred / r.makespan_s - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
+            probes_checked=r.probes_checked, digest=r.digest, device=r.device))
+        kinds.append(per_kind_errors(case.name, r.trace, pred_d))
+        groups.setdefault((case.model, case.test, case.n_depth, case.pinned), {})[case.variant] = r
+        if keep_trace == case.name:
+            kept = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],
+                             ignore_index=True)
+    for key, res in groups.items():
+        # variants without a cache share the plan's computation; cache variants too
+        plain = {k: v for k, v in res.items() if "cache" not in k}
+        if len(plain) > 1:
+            check_lossless(plain)
+    return pd.DataFrame(rows, columns=list(CASE_COLUMNS)), pd.concat(kinds, ignore_index=True), kept
+
+
+def per_kind_errors(case: str, measured: pd.DataFrame, predicted_dur_s: np.ndarray) -> pd.DataFrame:
+    """Per op kind of one case: summed measured and predicted op durations (s), op count and
+    median relative error per op (ops of at least 1 µs measured)."""
+    m = measured.sort_values("op_id")
+    d = m["dur_s"].to_numpy()
+    p = predicted_dur_s[m["op_id"].to_numpy()]
+    df = pd.DataFrame({"kind": m["kind"].to_numpy(), "measured_s": d, "predicted_s": p})
+    ok = df.measured_s >= 1e-6
+    df["rel"] = np.where(ok, df.predicted_s / df.measured_s.where(ok, 1.0) - 1.0, np.nan)
+    g = df.groupby("kind").agg(n=("kind", "size"), measured_s=("measured_s", "sum"),
+                               predicted_s=("predicted_s", "sum"), median_rel_error=("rel", "median"))
+    g.insert(0, "case", case)
+    return g.reset_index()
+
+
+def summarize(df: pd.DataFrame) -> dict[str, float]:
+    """Median and 90th percentile of |relative error| of the predicted total time."""
+    e = df["rel_error"].abs()
+    return {"n_cases": int(len(df)), "median_abs_error": float(e.median()),
+            "p90_abs_error": float(e.quantile(0.9)), "max_abs_error": float(e.max())}
+
+
+def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | None = None) -> Path:
+    """Predicted-vs-measured scatter (log-log, coloured by model/memory) and, if given, one
+    overlaid timeline (executor vs analytic). Written atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from .crossover import save_figure
+
+    ncols = 2 if trace is not None else 1
+    fig = Figure(figsize=(6.5 * ncols, 5.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols)
+    ax = axes[0] if ncols == 2 else axes
+    for (model, mem), g in df.groupby(["model", "host_memory"]):
+        ax.scatter(g.measured_s * 1e3, g.predicted_s * 1e3, s=18, label=f"{model}, {mem}", alpha=0.8)
+    lo = min(df.measured_s.min(), df.predicted_s.min()) * 1e3 * 0.8
+    hi = max(df.measured_s.max(), df.predicted_s.max()) * 1e3 * 1.25
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.85", label="±10%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured on GPU (ms)")
+    ax.set_ylabel("predicted, analytic engine (ms)")
+    s = summarize(df)
+    ax.set_title(f"{s['n_cases']} cases: median |err| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}")
+    ax.legend(fontsize=8)
+    if trace is not None:
+        ax2 = axes[1]
+        queues = sorted(trace["queue"].unique())
+        for i, (eng, g) in enumerate(trace.groupby("engine")):
+            off = 0.2 if eng == "executor" else -0.2
+            for q in queues:
+                gq = g[(g.queue == q) & (g.dur_s > 0)]
+                y = queues.index(q) + off
+                ax2.broken_barh(list(zip(gq.start_s * 1e3, gq.dur_s * 1e3)), (y - 0.15, 0.3),
+                                color="C0" if eng == "executor" else "C1", alpha=0.8,
+                                label=eng if q == queues[0] else None)
+        ax2.set_yticks(range(len(queues)), queues)
+        ax2.set_xlabel("time (ms)")
+        ax2.set_title(f"timeline: {trace['variant'].iloc[0]} / {trace['test'].iloc[0]} (executor vs analytic)")
+        ax2.legend(fontsize=8)
+    return save_figure(fig, path)

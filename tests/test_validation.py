@@ -1,0 +1,86 @@
+"""Validation grid and comparison (pure parts; the GPU run is `prefetch-sim validate`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.plan import OpKind
+from sim.specs import load_hardware
+from sim.validation import (CASE_COLUMNS, build_case, default_grid, per_kind_errors, plot_validation,
+                            predict_s, summarize)
+
+from scenario_factory import ROOT
+
+HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200-datasheet.toml")
+
+
+def test_grid_covers_what_the_issue_asks():
+    g = default_grid()
+    assert len(g) >= 60 and len({c.name for c in g}) == len(g)
+    ubs = {c.bench_test.n_prompt for c in g if c.test.startswith("pp")}
+    assert min(ubs) <= 32 and max(ubs) >= 8192
+    assert {0, 32768} <= {c.n_depth for c in g}
+    assert {"moe", "dense"} == {c.model for c in g}
+    assert {"baseline", "prefetch_ungated", "prefetch_gated_512"} <= {c.variant for c in g}
+    assert {f"slots{n}" for n in (1, 2, 3, 4)} <= {c.variant for c in g}
+    assert {True, False} == {c.pinned for c in g}
+    assert any("cache" in c.variant for c in g) and any("cache" not in c.variant for c in g)
+    assert any(c.test.startswith("tg") for c in g)
+
+
+def test_every_case_builds_and_has_a_positive_prediction():
+    for c in default_grid():
+        scn, plan = build_case(c, HW)
+        assert scn.model.n_layer == 4
+        assert predict_s(plan, HW) > 0
+        if c.test.startswith("pp") and c.bench_test.n_prompt >= 32 and "cache" not in c.variant:
+            assert plan.h2d_bytes() > 0, c.name
+
+
+def test_cases_are_deterministic():
+    c = default_grid()[3]
+    a, b = build_case(c, HW)[1], build_case(c, HW)[1]
+    assert [(o.kind, o.nbytes, o.deps) for o in a.ops] == [(o.kind, o.nbytes, o.deps) for o in b.ops]
+
+
+def test_summary_and_plot(tmp_path):
+    rng = np.random.default_rng(0)
+    m = rng.uniform(1e-3, 1e-1, 20)
+    err = np.linspace(-0.2, 0.2, 20)
+    df = pd.DataFrame({c: [None] * 20 for c in CASE_COLUMNS})
+    df["model"] = ["moe", "dense"] * 10
+    df["host_memory"] = "pinned"
+    df["measured_s"] = m
+    df["predicted_s"] = m * (1 + err)
+    df["rel_error"] = err
+    s = summarize(df)
+    assert s["median_abs_error"] == pytest.approx(np.median(np.abs(err)))
+    assert s["p90_abs_error"] == pytest.approx(np.quantile(np.abs(err), 0.9))
+    p = plot_validation(df, tmp_path / "v.png")
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_per_kind_errors_sums_durations():
+    tr = pd.DataFrame({"op_id": [0, 1, 2], "kind": ["h2d", "gemm", "gemm"], "dur_s": [2e-3, 1e-3, 3e-3]})
+    pred = np.array([1e-3, 1e-3, 3e-3])
+    k = per_kind_errors("x", tr, pred).set_index("kind")
+    assert k.loc["gemm", "measured_s"] == pytest.approx(4e-3)
+    assert k.loc["h2d", "median_rel_error"] == pytest.approx(-0.5)
+    assert k.loc["gemm", "n"] == 2
+
+
+def test_validate_without_gpu_says_so_and_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("sim.cli_validate")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy present: this test is for machines without it")
+    except ImportError:
+        pass
+    out = tmp_path / "val"
+    rc = main(["validate", "--out", str(out), "--hardware", str(ROOT / "scenarios/hardware/h200-datasheet.toml")])
+    assert rc == 2
+    assert "CuPy" in capsys.readouterr().err
+    assert not out.exists()
