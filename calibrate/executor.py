@@ -360,6 +360,8 @@ class ExecResult:
         h2d_bytes_per_s: ``h2d_bytes / h2d_busy_s`` (achieved while copying).
         h2d_op_bytes_per_s: median over H2D ops of ``bytes / duration`` for ops of at least
             1 MiB (NaN if none).
+        host_op_s: (n,) full host time of each host op (NaN for GPU ops); an ISSUE op's
+            trace interval may be shorter (see :func:`execute`).
         device: GPU name.
     """
 
@@ -375,6 +377,7 @@ class ExecResult:
     h2d_busy_s: float
     h2d_bytes_per_s: float
     h2d_op_bytes_per_s: float
+    host_op_s: np.ndarray | None = None
     device: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -497,11 +500,7 @@ class _Runtime:
                 self.expected.append((len(addrs), op.id, f"{ops_name(plan, c)} ({which})", word, "after"))
                 addrs.append(a)
             addrs.extend([0, 0])  # output words, filled per launch (the ring buffer in use)
-        self.addr_host = np.array(addrs + [0], dtype=np.uint64)
-        self.addr_dev = cp.asarray(self.addr_host)
-        self.probe_out = cp.zeros(max(len(addrs), 1), dtype=cp.uint32)
-        self.ring_i = 0
-        # the output ring buffer and its words are fixed per op, so the addresses are too
+        # the output ring buffer of each compute op is fixed, so are its output words
         self.out_of: dict[int, Any] = {}
         ring_i = 0
         for op in plan.ops:
@@ -512,9 +511,67 @@ class _Runtime:
                 start, cnt, nprod = self.post[op.id]
                 nel = self._out_elems(op)
                 base = int(buf.data.ptr)
-                self.addr_host[start + nprod] = base
-                self.addr_host[start + nprod + 1] = base + max(nel * 2 - 4, 0)
+                addrs[start + nprod] = base
+                addrs[start + nprod + 1] = base + max((nel * 2 - 4) // 4 * 4, 0)
+        self.addr_host = np.array(addrs + [0], dtype=np.uint64)
         self.addr_dev = cp.asarray(self.addr_host)
+        self.probe_out = cp.zeros(max(len(addrs), 1), dtype=cp.uint32)
+        # each GPU op's launch, prepared once: (stream, ops to wait for, pre-probe, body,
+        # post-probe); the hot loop then only calls them
+        self.fast = bool(self.g.batched_gemm) and not getattr(cp, "IS_FAKE", False)
+        self.steps: dict[int, tuple] = {}
+        for op in plan.ops:
+            if not _is_gpu_queue(op):
+                continue
+            st = self.streams[(op.stream.value, op.device)]
+            q = (op.stream, op.device)
+            waits = tuple(d for d in prog.gpu_deps[op.id] if (plan.ops[d].stream, plan.ops[d].device) != q)
+            pre = self._probe_call(*self.pre[op.id]) if probes and op.id in self.pre else None
+            post = self._probe_call(*self.post[op.id][:2]) if probes and op.id in self.post else None
+            self.steps[op.id] = (st, waits, pre, self._body(op, st), post)
+        # everything above ran on the legacy default stream, which the executor's
+        # non-blocking streams do not wait for: finish it before any op runs
+        cp.cuda.runtime.deviceSynchronize()
+
+    def _probe_call(self, start: int, count: int):
+        if count <= 0:
+            return None
+        args = (self.addr_dev[start:start + count], np.int32(count), self.probe_out[start:start + count])
+        grid, kern = ((count + 127) // 128,), self.g.probe
+        return lambda: kern(grid, (128,), args)
+
+    def _body(self, op, stream):
+        """A no-argument callable issuing the op's GPU work on the current stream."""
+        cp = self.cp
+        if op.kind in (OpKind.H2D, OpKind.D2H):
+            p = self.prog.copies.get(op.id)
+            if p is None:
+                return lambda: None
+            memcpy = cp.cuda.runtime.memcpyAsync
+            if op.kind is OpKind.H2D:
+                host = self.pinned if p.pinned else self.pageable
+                args = (int(self.buf[p.buffer].data.ptr) + p.offset, int(host.ctypes.data) + p.src_offset,
+                        p.nbytes, 1, stream.ptr)
+            else:
+                args = (int(self.d2h_host.ctypes.data), int(self.buf[p.buffer].data.ptr), p.nbytes, 2, stream.ptr)
+            return lambda: memcpy(*args)
+        if not self.fast or op.kind is OpKind.ATTN:
+            return lambda: self.compute(op)
+        out = self.out_of[op.id]
+        if op.kind is OpKind.GEMM:
+            m, n, k = (int(x) for x in op.shape[:3])
+            if m <= 0:
+                return lambda: None
+            ws = self.gemm_w[(n, k)]
+            w = ws[_hash(op.name) % len(ws)]
+            return self.M.bgemm_call(self.g, self.x[k][: m * k].reshape(1, m, k), w.reshape(1, k, n),
+                                     out[: m * n].reshape(1, m, n))
+        m, n, k, u, topk = (int(x) for x in op.shape[:5])
+        r = moe_rows_per_expert(m, topk, u)
+        if r == 0:
+            return lambda: None
+        return self.M.bgemm_call(self.g, self.x[k][: u * r * k].reshape(u, r, k), self.moe_w[(n, k)][:u],
+                                 out[: u * r * n].reshape(u, r, n))
 
     # -- sizes ------------------------------------------------------------------------
     @staticmethod
@@ -565,13 +622,6 @@ class _Runtime:
                 self.M.attention(self.g, qq, kk[:, :keys], vv[:, :keys],
                                  out[: nkv * grp * n_tok * hd].reshape(nkv, grp * n_tok, hd))
 
-    def probe(self, stream, start: int, count: int) -> None:
-        if count <= 0:
-            return
-        with stream:
-            self.g.probe(((count + 127) // 128,), (128,),
-                         (self.addr_dev[start:start + count], np.int32(count), self.probe_out[start:start + count]))
-
     def copy(self, op, stream) -> None:
         p = self.prog.copies.get(op.id)
         if p is None:
@@ -614,26 +664,19 @@ def _run_once(rt: _Runtime) -> tuple[np.ndarray, np.ndarray, dict]:
     last_stream = [rt.default_stream]
 
     def launch(j: int) -> None:
-        op = ops[j]
-        s = rt.streams[(op.stream.value, op.device)]
-        q = (op.stream, op.device)
-        for d in prog.gpu_deps[j]:
-            if (ops[d].stream, ops[d].device) != q:
-                s.wait_event(rt.ev_e[d])
-        if rt.probes and j in rt.pre:
-            rt.probe(s, *rt.pre[j])
-        rt.ev_s[j].record(s)
-        if op.kind in (OpKind.H2D, OpKind.D2H):
-            rt.copy(op, s)
-        else:
-            with s:
-                rt.compute(op)
-        rt.ev_e[j].record(s)
-        if rt.probes and j in rt.post:
-            st, cnt, _np = rt.post[j]
-            rt.probe(s, st, cnt)
+        st, waits, pre, body, post = rt.steps[j]
+        for d in waits:
+            st.wait_event(rt.ev_e[d])
+        with st:
+            if pre is not None:
+                pre()
+            rt.ev_s[j].record(st)
+            body()
+            rt.ev_e[j].record(st)
+            if post is not None:
+                post()
         launched[j] = True
-        last_stream[0] = s
+        last_stream[0] = st
 
     for s in rt.streams.values():
         s.synchronize()
@@ -680,12 +723,15 @@ def _run_once(rt: _Runtime) -> tuple[np.ndarray, np.ndarray, dict]:
         if _is_gpu_queue(op):
             start[op.id] = rt.g.elapsed_s(rt.ev0, rt.ev_s[op.id])
             end[op.id] = rt.g.elapsed_s(rt.ev0, rt.ev_e[op.id])
-    # a GPU op launched by an ISSUE cannot start before its launch returned: the start event
-    # is stamped as soon as an idle stream reaches it, before the kernel is enqueued behind it
+    # the full host time of every host op, before the adjustment below
+    host_dur = np.where(np.isnan(host_call), np.nan, end - start)
+    # an idle stream starts a GPU op while Python is still issuing it (an op of several
+    # kernels, or a slow launch path): the GPU times are what was measured, and the ISSUE op
+    # is cut at its GPU op's start so that the trace keeps the plan's ISSUE -> op order; the
+    # rest of the launch call shows as host time before the next host op
     for i, j in prog.fused_issue.items():
-        if start[j] < end[i]:
-            start[j] = end[i]
-            end[j] = max(end[j], start[j])
+        if end[i] > start[j]:
+            end[i] = max(start[i], start[j])
     # a host op waiting on GPU work starts when that work ended (plan semantics)
     for op in ops:
         i = op.id
@@ -693,7 +739,7 @@ def _run_once(rt: _Runtime) -> tuple[np.ndarray, np.ndarray, dict]:
             dep_end = max(end[d] for d in prog.gpu_deps[i])
             start[i] = min(max(host_call[i], dep_end), end[i])
     probe_vals = cp.asnumpy(rt.probe_out) if rt.probes else np.zeros(0, dtype=np.uint32)
-    return start, end, {"cpu": cpu_out, "probes": probe_vals}
+    return start, end, {"cpu": cpu_out, "probes": probe_vals, "host_dur": host_dur}
 
 
 def _check_probes(rt: _Runtime, vals: np.ndarray) -> int:
@@ -776,7 +822,12 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         cp: the CuPy module (default: imported lazily; ``calibrate._fakecupy`` on a CPU).
 
     Returns:
-        :class:`ExecResult` with a trace of exactly :data:`sim.trace.TRACE_COLUMNS`.
+        :class:`ExecResult` with a trace of exactly :data:`sim.trace.TRACE_COLUMNS`. GPU ops
+        carry their CUDA-event times; host ops their host-clock times, a host op that waited
+        on GPU work starting when that work ended. When a GPU op started before the Python
+        call issuing it returned (an idle stream runs the first kernels of an op while the
+        rest is still being issued), its ISSUE op ends at the GPU op's start in the trace;
+        its full host time is in ``host_op_s``.
 
     Raises:
         GPUUnavailableError: no CuPy or no GPU.
@@ -819,7 +870,7 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         outputs=outs, probes_checked=n_checked, byte_scale=byte_scale, h2d_bytes=int(scaled.sum()),
         h2d_busy_s=busy, h2d_bytes_per_s=float(scaled.sum() / busy) if busy > 0 else float("nan"),
         h2d_op_bytes_per_s=float(np.median(per_op)) if per_op.size else float("nan"),
-        device=rt.device_name, notes=list(rt.g.log))
+        host_op_s=aux["host_dur"], device=rt.device_name, notes=list(rt.g.log))
 
 
 def check_lossless(results: dict[str, ExecResult]) -> str:

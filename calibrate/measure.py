@@ -99,6 +99,11 @@ class Gpu:
     def note(self, msg: str) -> None:
         self.log.append(msg)
 
+    def sync_all(self) -> None:
+        """Wait for every stream of the device, including the legacy default stream on which
+        CuPy fills new arrays (the non-blocking streams used for timing do not wait for it)."""
+        self.cp.cuda.runtime.deviceSynchronize()
+
 
 def _decode(v) -> str:
     return v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
@@ -203,6 +208,43 @@ def _cuda_dtype(g: Gpu, dtype) -> int:
     raise TypeError(f"batched GEMM supports float16/bfloat16, got {dtype}")
 
 
+#: alpha and beta of the cuBLAS calls (host pointers must stay valid)
+_ONE = np.array(1.0, dtype=np.float32)
+_ZERO = np.array(0.0, dtype=np.float32)
+
+
+def bgemm_call(g: Gpu, a, b, c, *, trans_b: bool = False):
+    """A ready-to-run ``cublasGemmStridedBatchedEx`` for ``c[i] = a[i] @ b[i]`` (see
+    :func:`bgemm`): returns a no-argument callable that issues it on the current stream.
+    Building the argument list once and calling it many times costs less host time than
+    ``cupy.dot`` (used by the executor's launch path).
+
+    Raises:
+        ValueError: a matrix not C-contiguous in its last two axes.
+    """
+    from cupy.cuda import device  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    nb, r, k = a.shape
+    n = c.shape[2]
+    it = a.itemsize
+    for x in (a, b, c):
+        if x.strides[2] != it or x.strides[1] != x.shape[2] * it:
+            raise ValueError("bgemm: each matrix must be C-contiguous in its last two axes")
+    dt = _cuda_dtype(g, a.dtype)
+    # row-major C = A·B'  <=>  column-major Cᵀ = B'ᵀ·Aᵀ (see docs/calibration.md)
+    args = (device.get_cublas_handle(),
+            cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N,
+            n, r, k, _ONE.ctypes.data,
+            b.data.ptr, dt, k if trans_b else n, b.strides[0] // it,
+            a.data.ptr, dt, k, a.strides[0] // it,
+            _ZERO.ctypes.data,
+            c.data.ptr, dt, n, c.strides[0] // it,
+            nb, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    fn = cublas.gemmStridedBatchedEx
+    return lambda: fn(*args)
+
+
 def bgemm(g: Gpu, a, b, c, *, trans_b: bool = False, use_batched: bool | None = None) -> None:
     """``c[i] = a[i] @ b[i]`` (or ``a[i] @ b[i].T`` with ``trans_b``) for 3-D f16/bf16 arrays
     on the current stream.
@@ -218,28 +260,7 @@ def bgemm(g: Gpu, a, b, c, *, trans_b: bool = False, use_batched: bool | None = 
         for i in range(a.shape[0]):
             cp.dot(a[i], b[i].T if trans_b else b[i], out=c[i])
         return
-    from cupy.cuda import device  # noqa: PLC0415
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-    nb, r, k = a.shape
-    n = c.shape[2]
-    it = a.itemsize
-    for x in (a, b, c):
-        if x.strides[2] != it or x.strides[1] != x.shape[2] * it:
-            raise ValueError("bgemm: each matrix must be C-contiguous in its last two axes")
-    dt = _cuda_dtype(g, a.dtype)
-    one = np.array(1.0, dtype=np.float32)
-    zero = np.array(0.0, dtype=np.float32)
-    # row-major C = A·B'  <=>  column-major Cᵀ = B'ᵀ·Aᵀ (see docs/calibration.md)
-    cublas.gemmStridedBatchedEx(
-        device.get_cublas_handle(),
-        cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N,
-        n, r, k, one.ctypes.data,
-        b.data.ptr, dt, k if trans_b else n, b.strides[0] // it,
-        a.data.ptr, dt, k, a.strides[0] // it,
-        zero.ctypes.data,
-        c.data.ptr, dt, n, c.strides[0] // it,
-        nb, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    bgemm_call(g, a, b, c, trans_b=trans_b)()
 
 
 def _check_batched(g: Gpu) -> bool:
@@ -255,6 +276,7 @@ def _check_batched(g: Gpu) -> bool:
         c1 = cp.empty((3, 40, 56), dtype=cp.float16)
         c2 = cp.empty_like(c1)
         c3 = cp.empty_like(c1)
+        g.sync_all()
         with g.stream:
             bgemm(g, a, b, c1, use_batched=False)
             bgemm(g, a, b, c2, use_batched=True)
@@ -282,6 +304,7 @@ def gpu_time(g: Gpu, fn: Callable[[int], Any], reps: int, *, warmup: int = 2, st
     module docstring for the spin-kernel method.
     """
     s = stream or g.stream
+    g.sync_all()
     with s:
         for i in range(warmup):
             fn(i % max(reps, 1))
@@ -356,6 +379,7 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
     (a model's weights are read once per token batch).
     """
     s = stream or g.stream
+    g.sync_all()
     memcpy = g.rt.memcpyAsync
     h2d = kind == H2D
     room = max(host_span - nbytes, 0)
@@ -510,6 +534,7 @@ def measure_concurrency(g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 256 * 2*
     y = cp.empty_like(x)
 
     def run(do_copy: bool, compute: str | None, n_compute: int):
+        g.sync_all()
         gate = g.event()
         g.spin_for(6e-3, g.stream)
         gate.record(g.stream)
@@ -784,8 +809,9 @@ def _host_loop(fn: Callable[[], Any], n: int) -> float:
 def measure_overheads(g: Gpu, n: int = 2000) -> dict:
     """Host costs, seconds per call, on the host clock: event record, stream wait on a
     completed event, stream synchronize on an idle stream, launches (empty kernel, a small
-    ``cupy.dot``, a 4 KiB pinned ``cudaMemcpyAsync``), an empty Python call (the floor of any
-    call from Python), and the host's wake-up after a kernel it synchronised on."""
+    ``cupy.dot``, the same GEMM as a prepared cuBLAS call — the executor's path —, a 4 KiB
+    pinned ``cudaMemcpyAsync``), an empty Python call (the floor of any call from Python),
+    and the host's wake-up after a kernel it synchronised on."""
     cp = g.cp
     s = g.stream
     ev = g.event()
@@ -807,6 +833,13 @@ def measure_overheads(g: Gpu, n: int = 2000) -> dict:
         cp.dot(a, a, out=c)
         out["launch_dot_s"] = _host_loop(lambda: cp.dot(a, a, out=c), n // 4)
     s.synchronize()
+    if g.batched_gemm:
+        a3, c3 = a.reshape(1, 64, 64), c.reshape(1, 64, 64)
+        call = bgemm_call(g, a3, a3, c3)
+        with s:
+            call()
+            out["launch_cublas_s"] = _host_loop(call, n // 4)
+        s.synchronize()
     pinned = alloc_pinned(g, 4096)
     dst = cp.empty(4096, dtype=cp.uint8)
     out["issue_memcpy_pinned_s"] = _host_loop(

@@ -442,9 +442,16 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         sync_s = max(ov["sync_wake_s"], ov["stream_sync_idle_s"])
         hw["host_sync_us"] = sourced(sync_s * 1e6, f"measured: host wake-up after a synchronised kernel ends, "
                                                    f"CuPy stream.synchronize, median of 20 ({tag})")
-        hw["op_issue_us"] = sourced(ov["launch_dot_s"] * 1e6,
-                                    f"measured: host cost of issuing one cupy.dot from Python (the executor's launch "
-                                    f"path; a C++ cudaLaunchKernel costs less, see [measured] launch_noop_us) ({tag})")
+        if "launch_cublas_s" in ov:
+            hw["op_issue_us"] = sourced(
+                (ov["launch_cublas_s"] + 2 * ov["event_record_s"]) * 1e6,
+                f"measured: host cost of one prepared cuBLAS GEMM call from Python plus the two timing events "
+                f"the executor records around it (its launch path; a C++ cudaLaunchKernel costs less, see "
+                f"[measured] launch_noop_us) ({tag})")
+        else:
+            hw["op_issue_us"] = sourced(ov["launch_dot_s"] * 1e6,
+                                        f"measured: host cost of issuing one cupy.dot from Python (a C++ "
+                                        f"cudaLaunchKernel costs less, see [measured] launch_noop_us) ({tag})")
         hw["event_us"] = sourced(ov["event_record_s"] * 1e6, f"measured: host cost of cupy Event.record ({tag})")
     if cpu:
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],
@@ -523,7 +530,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
     if es:
         meas["event_semantics_pageable"] = es["pageable_semantics"]
     for key in ("event_record_s", "stream_wait_event_s", "stream_sync_idle_s", "launch_noop_s", "launch_dot_s",
-                "issue_memcpy_pinned_s", "python_call_s", "sync_wake_s"):
+                "launch_cublas_s", "issue_memcpy_pinned_s", "python_call_s", "sync_wake_s"):
         if key in ov:
             meas[key[:-2] + "_us"] = round(ov[key] * 1e6, 3)
     if cpu:

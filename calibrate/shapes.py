@@ -45,7 +45,8 @@ class ModelShapes:
         d = self.d_model
         out: list[tuple[str, int, int]] = []
         if self.q_out:
-            out += [("attn_q", self.q_out, d), ("attn_kv", self.kv_out, d), ("attn_output", d, self.q_out)]
+            out += [("attn_q", self.q_out, d), ("attn_kv", self.kv_out, d), ("attn_output", d, self.q_out),
+                    ("attn_qkv", self.q_out + 2 * self.kv_out, d)]
         role = "ffn_exp" if self.n_expert else "ffn"
         out += [(f"{role}_gate_up", self.n_ff, d), (f"{role}_down", d, self.n_ff)]
         out += list(self.extra_gemms)
@@ -64,8 +65,12 @@ def from_spec(spec, name: str | None = None) -> ModelShapes:
     matmul) — attention projections, dense and expert FFNs, shared experts, the router and
     the output head."""
     moe = spec.moe
-    extra = []
-    seen = set()
+    # the plan builder fuses q, k and v into one GEMM when they live together
+    qkv = [t for t in spec.tensors if t.layer == 0 and t.group in ("attn_q", "attn_k", "attn_v")]
+    extra = [("attn_qkv", sum(t.n_out for t in qkv), spec.d_model)] if len(qkv) == 3 else []
+    if moe is not None and moe.n_expert_shared:
+        extra.append(("ffn_gate_up_shexp", 2 * moe.n_ff_shexp, spec.d_model))
+    seen = {(n, k) for _r, n, k in extra}
     for t in spec.tensors:
         if t.group == "embd" or (t.n_out, t.n_in) in seen:
             continue

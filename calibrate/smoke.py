@@ -132,6 +132,67 @@ def predict_makespan_s(plan: Plan, hw) -> float:
     return float(sched.end_s.max())
 
 
+def kind_breakdown(plan: Plan, trace, hw):
+    """Per (kind, queue): op count, summed measured duration and summed cost-model duration
+    (ms) — where the executor and the model differ. Returns a DataFrame."""
+    import pandas as pd  # noqa: PLC0415
+
+    from sim.costs import plan_durations  # noqa: PLC0415
+
+    df = trace[["op_id", "kind", "stream", "dur_s"]].copy()
+    df["pred_s"] = plan_durations(plan, hw)[df.op_id.to_numpy()]
+    g = df.groupby(["kind", "stream"]).agg(n=("op_id", "size"), measured_ms=("dur_s", "sum"),
+                                           model_ms=("pred_s", "sum"))
+    g[["measured_ms", "model_ms"]] *= 1e3
+    return pd.DataFrame(g).reset_index()
+
+
+def run_scenario(path: str, hw, tests: list[str], *, repeats: int = 2, byte_scale: float = 1.0):
+    """Build a shipped scenario's plans (on profile ``hw``) for ``tests`` (``"pp512"``,
+    ``"tg16"``) and every variant, run them, and compare with the analytic engine.
+
+    Returns (summary rows, traces)."""
+    import numpy as np  # noqa: PLC0415
+
+    from sim.builder import build_plan  # noqa: PLC0415
+    from sim.specs import BenchTest, load_scenario  # noqa: PLC0415
+
+    from .executor import check_lossless, execute  # noqa: PLC0415
+
+    scn = load_scenario(path).with_(hardware=hw)
+    rows, traces = [], []
+    for tname in tests:
+        n = int(tname[2:])
+        test = BenchTest(n, 0) if tname.startswith("pp") else BenchTest(0, n)
+        results = {}
+        runs = [(v, True) for v in scn.variants] + [(scn.variants[0], False)]
+        for v, probes in runs:
+            plan = build_plan(scn, v, test, np.random.default_rng(scn.seed))
+            label = v.name if probes else f"{v.name} (no probes)"
+            r = execute(plan, test=tname, variant=label, repeats=repeats, warmup=1, byte_scale=byte_scale,
+                        probes=probes)
+            pred = predict_makespan_s(plan, hw)
+            if probes:
+                results[v.name] = r
+                traces.append(r.trace)
+            if v is scn.variants[0] and probes:
+                kb = kind_breakdown(plan, r.trace, hw)
+                print(f"{Path(path).stem} {tname} {v.name}: measured vs model per op kind\n"
+                      + kb.to_string(index=False, float_format=lambda x: f"{x:.3f}"), flush=True)
+            rows.append({"case": f"{Path(path).stem} {tname}", "variant": label, "ops": len(plan.ops),
+                         "measured_ms": r.makespan_s * 1e3,
+                         "spread_ms": (max(r.makespans_s) - min(r.makespans_s)) * 1e3,
+                         "analytic_ms": pred * 1e3, "measured/analytic": r.makespan_s / pred,
+                         "h2d_GBps": r.h2d_bytes_per_s / 1e9, "h2d_op_GBps": r.h2d_op_bytes_per_s / 1e9,
+                         "probes": r.probes_checked, "digest": r.digest[:12]})
+        try:
+            d = check_lossless(results)
+            print(f"{Path(path).stem} {tname}: lossless (digest {d[:12]})", flush=True)
+        except Exception as exc:  # report, keep going
+            print(f"{Path(path).stem} {tname}: {type(exc).__name__}: {exc}", flush=True)
+    return rows, traces
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the smoke plans on the GPU; write traces under ``--out``; print a table."""
     ap = argparse.ArgumentParser(prog="python -m calibrate.smoke")
@@ -139,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hardware", default="scenarios/hardware/h200.toml")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scenario", action="append", default=[],
+                    help="also run a shipped scenario's plans (every variant) on the measured profile")
+    ap.add_argument("--tests", default="pp512,tg16", help="tests of --scenario (default pp512,tg16)")
     args = ap.parse_args(argv)
     import pandas as pd  # noqa: PLC0415
 
@@ -186,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     except ExecutorHazardError as exc:
         hazard = f"detected: {str(exc)[:160]}"
     print(f"deliberate slot-reuse hazard: {hazard}", flush=True)
+    for path in args.scenario:
+        try:
+            r2, t2 = run_scenario(path, hw, args.tests.split(","), repeats=2)
+            rows += r2
+            traces += t2
+        except Exception as exc:  # report, keep the hand-built results
+            print(f"scenario {path} FAILED: {type(exc).__name__}: {exc}", flush=True)
     df = pd.DataFrame(rows)
     pd.concat(traces, ignore_index=True).to_csv(out / "smoke_traces.csv", index=False)
     df.to_csv(out / "smoke_summary.csv", index=False)

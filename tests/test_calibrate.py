@@ -124,9 +124,9 @@ def test_gemm_sweep_is_deduplicated_and_covers_the_brief():
     shapes = S.gemm_sweep()
     nk = [(n, k) for _m, _r, n, k in shapes]
     assert len(nk) == len(set(nk))
-    # qwen3: q 4096x2048, kv 512x2048, expert 768x2048 and 2048x768
-    for need in ((4096, 2048), (512, 2048), (768, 2048), (2048, 768), (21504, 5376), (5376, 21504),
-                 (14336, 4096), (640, 4096), (2880, 2880)):
+    # qwen3: q 4096x2048, kv 512x2048, fused qkv 5120x2048, expert 768x2048 and 2048x768
+    for need in ((4096, 2048), (512, 2048), (5120, 2048), (768, 2048), (2048, 768), (21504, 5376),
+                 (5376, 21504), (14336, 4096), (640, 4096), (2880, 2880)):
         assert need in nk
 
 
@@ -249,6 +249,7 @@ def test_copy_rows_cover_every_size_and_round(fake_calibration):
 
 
 def test_cli_fake_gpu(tmp_path, capsys):
+    pytest.importorskip("simpy")  # sim.cli loads every subcommand, some need SimPy
     from sim.cli import main
 
     out = tmp_path / "p.toml"
@@ -260,6 +261,7 @@ def test_cli_fake_gpu(tmp_path, capsys):
 
 
 def test_cli_without_cupy_reports_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("simpy")
     from sim.cli import main
 
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
@@ -278,6 +280,17 @@ def test_require_cupy_raises_gpu_unavailable(monkeypatch):
     with pytest.raises(GPUUnavailableError, match="CuPy"):
         require_cupy()
     assert gpu_available() is False
+
+
+def test_python_m_calibrate_fake_gpu(tmp_path, capsys):
+    from calibrate.cli import main
+
+    out = tmp_path / "q.toml"
+    assert main(["--out", str(out), "--fake-gpu", "--quick", "--rounds", "1", "--quiet", "--raw-dir",
+                 str(tmp_path / "raw")]) == 0
+    assert load_hardware(out).name == "q"
+    assert (tmp_path / "raw" / "measurements.json").exists()
+    assert "elapsed" in capsys.readouterr().out
 
 
 def test_cli_rejects_bad_out(tmp_path, capsys):
