@@ -573,7 +573,6 @@ def measure_concurrency(g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 256 * 2*
         out[f"{kind}_compute_slowdown"] = tk / t_comp
         out[f"{kind}_copy_slowdown"] = tc / t_copy
     out["copy_alone_gb_per_s"] = nb * n_copies / t_copy / 1e9
-    del a, c, x, y
     return out
 
 
@@ -722,7 +721,6 @@ def measure_moe(g: Gpu, model: str, n_expert: int, top_k: int, n: int, k: int, n
         t = gpu_time(g, lambda _i: bgemm(g, x, w, c), reps, warmup=1)
         rows.append({**base, "method": "batched", "t_s": float(np.median(t)), "t_min_s": float(t.min()),
                      "t_max_s": float(t.max()), "n_rep": reps})
-    del w, x, c
     return rows
 
 
@@ -770,7 +768,6 @@ def measure_attention(g: Gpu, n_tokens: int, kv_len: int, n_head: int, n_head_kv
     vv = (g.rng.standard_normal((n_head_kv, L, head_dim), dtype=cp.float32)).astype(cp.float16)
     out = cp.empty_like(q)
     t = gpu_time(g, lambda _i: attention(g, q, kk, vv, out), reps, warmup=1)
-    del q, kk, vv, out
     return {"n_tokens": n_tokens, "kv_len": kv_len, "n_head": n_head, "n_head_kv": n_head_kv,
             "head_dim": head_dim, "t_s": float(np.median(t)), "t_min_s": float(t.min()),
             "t_max_s": float(t.max()), "n_rep": reps}
@@ -792,7 +789,6 @@ def measure_hbm(g: Gpu, nbytes: int = 2 * 2**30, reps: int = 5) -> dict:
                         reps, warmup=1)
     af, bf = a.view(cp.float32), b.view(cp.float32)
     t_kernel = gpu_time(g, lambda _i: cp.copyto(bf, af), reps, warmup=1)
-    del a, b
     return {"nbytes": nbytes,
             "memcpy_d2d_gb_per_s": 2 * nbytes / float(np.median(t_memcpy)) / 1e9,
             "kernel_copy_gb_per_s": 2 * nbytes / float(np.median(t_kernel)) / 1e9,

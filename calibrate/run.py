@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
