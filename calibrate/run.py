@@ -456,11 +456,17 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],
                                      f"measured: numpy float32 matvec over {cpu['matvec_bytes'] / 2**30:.2f} GiB, "
                                      f"median of 5, {info.get('host_cpus', '?')} CPUs ({info.get('host_cpu', '?')}) ({tag})")
+        if "matvec_call_s" in cpu:
+            hw["cpu_op_us"] = sourced(max(cpu["matvec_call_s"] * 1e6, 0.01),
+                                      "measured: intercept of numpy float32 matvec time vs bytes, 256 KiB..16 MiB, "
+                                      f"median of 9 ({tag})")
         hw["cpu_tflops"] = sourced(cpu["sgemm_tflops"], f"measured: numpy float32 {cpu['sgemm_n']}^3 GEMM ({tag})")
     else:
         hw["cpu_gb_per_s"] = sourced(50.0, "assumption: host measurement failed, a typical DDR5 server share")
     es = sc.get("event_semantics")
     hw["event_semantics"] = es["pinned_semantics"] if es else "record_point"
+    # the GEMM/grouped-GEMM timings above are of f16 kernels reading f16 weights
+    hw["kernel_weight_bits"] = 16
     hw["gemm_table"] = f"{table_dir}/gemm.csv"
     hw["attn_table"] = f"{table_dir}/attn.csv"
 

@@ -32,6 +32,8 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case (median reported)")
     p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
+    p.add_argument("--partial-log", action="store_true",
+                   help="also append each case's row to <name>_partial.csv as it finishes")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_validate)
 
@@ -67,8 +69,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         progress = lambda it: tqdm(it, desc="validating", unit="case", file=sys.stderr)  # noqa: E731
     t0 = time.time()
-    df, kinds, trace = run_grid(cases, hw, repeats=args.repeats, progress=progress, cp=cp, keep_trace=timeline)
     out = Path(args.out)
+    partial = None
+    if args.partial_log:
+        out.mkdir(parents=True, exist_ok=True)
+        partial = out / f"{args.name}_partial.csv"
+    df, kinds, trace = run_grid(cases, hw, repeats=args.repeats, progress=progress, cp=cp, keep_trace=timeline,
+                                partial=partial)
     summ = summarize(df)
     dev = cp.cuda.runtime.getDeviceProperties(0)
     meta = {

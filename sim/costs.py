@@ -8,9 +8,14 @@ Pure functions of (op, profile). Formulas:
   (MUL_MAT_ID: m·top-k rows) and bytes = weights read + activations in (f32) and out (f32).
   When the profile has a measured ``gemm_table`` holding the (n, k) shape, the time is
   interpolated in log(m) from it instead (measured beats roofline).
+* MUL_MAT_ID with a measured profile: the roofline with the fitted rates (calibration found
+  a batched grouped GEMM within ~1% of it, ``scenarios/hardware/h200/moe.csv``), reading the
+  used experts' weights at ``kernel_weight_bits``.
 * Attention: FLOP = 4·pairs·n_head·head_dim (QKᵀ and PV), pairs = causal (query, key)
   pairs of the ubatch against ``kv_len`` cached tokens (capped by a sliding window); bytes =
-  K and V read once (F16). Linear attention: 4·tokens·n_head·head_dim·state FLOP.
+  K and V read once (F16). Linear attention: 4·tokens·n_head·head_dim·state FLOP. With a
+  measured ``attn_table`` holding the head geometry: a least-squares fit per geometry of
+  ``t = a + b·pairs + c·(kv_len + tokens)`` (fixed cost, score work, KV scan) to the table.
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth).
@@ -46,9 +51,9 @@ def gemm_s(hw: HardwareProfile, m: int, n: int, k: int, weight_bytes: float, row
     rows = m if rows is None else rows
     tab = _table_lookup(hw, n, k, rows)
     if tab is not None:
-        # measured table is for dense weights of its own dtype; correct for weight bytes
-        # streamed when they differ (quantised weights stream fewer bytes)
-        return tab
+        return tab  # measured kernels (their own weight format, see kernel_weight_bits)
+    if hw.kernel_weight_bits:
+        weight_bytes = n * k * hw.kernel_weight_bits / 8
     flops = 2.0 * rows * n * k
     nbytes = weight_bytes + ACT_BYTES * rows * (n + k)
     return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
@@ -114,9 +119,40 @@ def attn_pairs(n_tokens: int, kv_len: int, window: int = 0) -> float:
     return below + (n - full_from) * window
 
 
+_ATTN_FITS: dict[int, dict] = {}
+
+
+def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
+                  head_dim: int, window: int) -> float | None:
+    """Attention time from the measured table's per-geometry fit (None: geometry not in it)."""
+    fits = _ATTN_FITS.get(id(hw.attn_table))
+    if fits is None:
+        fits = {}
+        for key, g in hw.attn_table.groupby(["n_head", "n_head_kv", "head_dim"]):
+            n = g["n_tokens"].to_numpy(float)
+            kv = g["kv_len"].to_numpy(float)
+            X = np.column_stack([np.ones_like(n), [attn_pairs(a, b) for a, b in zip(n, kv)], kv + n])
+            # relative least squares: weight rows by 1/t so short and long times count alike
+            t = g["t_s"].to_numpy(float)
+            if "t_host_s" in g.columns:
+                # an op issued one call at a time lasts as long as its launches when those
+                # take longer than its kernels (many small kernels from Python)
+                t = np.maximum(t, g["t_host_s"].fillna(0.0).to_numpy(float))
+            w = 1.0 / t
+            coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
+            fits[tuple(int(x) for x in key)] = np.maximum(coef, 0.0)
+        _ATTN_FITS[id(hw.attn_table)] = fits
+    coef = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
+    if coef is None:
+        return None
+    kv_read = min(kv_len + n_tokens, window) if window else kv_len + n_tokens
+    return float(coef[0] + coef[1] * attn_pairs(n_tokens, kv_len, window) + coef[2] * kv_read)
+
+
 def cpu_s(hw: HardwareProfile, weight_bytes: float, flops: float) -> float:
-    """Time of an op run by the CPU backend on host weights (memory- or compute-bound)."""
-    return max(weight_bytes / hw.cpu_bytes_per_s, flops / hw.cpu_flops_per_s)
+    """Time of an op run by the CPU backend on host weights (memory- or compute-bound), plus
+    its fixed dispatch cost ``cpu_op_s``."""
+    return hw.cpu_op_s + max(weight_bytes / hw.cpu_bytes_per_s, flops / hw.cpu_flops_per_s)
 
 
 def op_duration_s(op: Op, hw: HardwareProfile) -> float:
@@ -134,10 +170,21 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
         m, n, kk = op.shape[:3]
         return gemm_s(hw, m, n, kk, op.nbytes)
     if k is OpKind.MOE:
-        m, n, kk, _n_used, topk = op.shape[:5]
-        return gemm_s(hw, m, n, kk, op.nbytes, rows=m * topk)
+        m, n, kk, n_used, topk = op.shape[:5]
+        wb = n_used * n * kk * hw.kernel_weight_bits / 8 if hw.kernel_weight_bits else op.nbytes
+        # one grouped kernel over the used experts: never the dense table (it would count
+        # one expert's weights), always the roofline on all used experts' bytes
+        rows = m * topk
+        flops = 2.0 * rows * n * kk
+        nbytes = wb + ACT_BYTES * rows * (n + kk)
+        return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
+                   nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
     if k is OpKind.ATTN:
         n_tok, kv, nh, nkv, hd, window, linear, state = op.shape
+        if not linear and hw.attn_table is not None:
+            t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window)
+            if t is not None:
+                return t
         return attn_s(hw, n_tok, kv, nh, nkv, hd, window, bool(linear), state)
     if k is OpKind.CPU_MATVEC:
         m, n, kk, mult = op.shape[:4]

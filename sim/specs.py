@@ -332,6 +332,7 @@ class HardwareProfile:
         event_s: host cost of an event record or stream-wait-event call.
         cpu_bytes_per_s: host DRAM bandwidth a CPU matvec achieves (ops run on the CPU).
         cpu_flops_per_s: CPU matmul throughput (CPU ops with many tokens).
+        cpu_op_s: fixed cost of one CPU-backend op (thread-pool dispatch), seconds.
         event_semantics: ``"record_point"`` (CUDA: a wait releases when the work before the
             record finished) or ``"stream_tail"`` (seen on ROCm with pageable memory: released
             only when the copy stream drains).
@@ -339,6 +340,10 @@ class HardwareProfile:
             covers.
         attn_table: optional measured attention times (columns n_tokens, kv_len, n_head,
             n_head_kv, head_dim, t_s).
+        kernel_weight_bits: bits per weight the compute kernels read (16 for a profile measured
+            with f16 GEMMs, as ``prefetch-sim calibrate`` does); 0 = the model's quantisation
+            (llama.cpp's quantised kernels read the quantised bytes). Copies always move the
+            model's bytes.
         sources: field -> where the number came from.
         measured: metadata of a calibrated profile (device, driver, versions, date, command).
         file: the TOML file.
@@ -363,8 +368,10 @@ class HardwareProfile:
     cpu_bytes_per_s: float
     cpu_flops_per_s: float
     event_semantics: str = "record_point"
+    cpu_op_s: float = 0.0
     gemm_table: Any = None
     attn_table: Any = None
+    kernel_weight_bits: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
     measured: Mapping[str, str] = field(default_factory=dict)
     file: str | None = None
@@ -427,7 +434,9 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     event = num("event_us", 1e-6, default=2e-6)
     cpu_bw = num("cpu_gb_per_s", GB)
     cpu_flops = num("cpu_tflops", 1e12, default=1e12)
+    cpu_op = num("cpu_op_us", 1e-6, default=0.0)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
+    kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
         if val > 1:
             raise g.error(key, f"an efficiency is a share of peak, must be <= 1, got {val}")
@@ -450,8 +459,9 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         h2d_pageable=LinkSpec(pag_bw, pag_lat, True),
         d2h=LinkSpec(d2h_bw, d2h_lat, False),
         host_sync_s=host_sync, op_issue_s=issue, event_s=event,
-        cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem,
-        gemm_table=gemm_table, attn_table=attn_table, sources=sources, measured=measured,
+        cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,
+        gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
+        sources=sources, measured=measured,
         file=str(path),
     )
 

@@ -154,7 +154,8 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
 
 def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int = 3, warmup: int = 1,
              progress: Callable[[Iterable], Iterable] | None = None, cp=None,
-             keep_trace: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+             keep_trace: str | None = None,
+             partial: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """Predict and measure every case on the GPU.
 
     Returns:
@@ -185,6 +186,9 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             rel_error=pred / r.makespan_s - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
             probes_checked=r.probes_checked, digest=r.digest, device=r.device))
         kinds.append(per_kind_errors(case.name, r.trace, pred_d))
+        if partial is not None:  # a log that survives an interrupted run (not the result file)
+            pd.DataFrame(rows[-1:], columns=list(CASE_COLUMNS)).to_csv(
+                partial, mode="a", header=not Path(partial).exists(), index=False)
         groups.setdefault((case.model, case.test, case.n_depth, case.pinned), {})[case.variant] = r
         if keep_trace == case.name:
             kept = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],

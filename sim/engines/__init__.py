@@ -12,12 +12,19 @@ The real executor (``calibrate/``) produces the same :class:`~sim.plan.Schedule`
 from __future__ import annotations
 
 from ..plan import Plan, Schedule
-from . import analytic, des
+from . import analytic
 
 #: accepted values of ``engine``
 ENGINES: tuple[str, ...] = ("analytic", "des")
 
-_RUN = {"analytic": analytic.run, "des": des.run}
+
+def _des_run(plan: Plan, durations) -> Schedule:
+    from . import des  # SimPy is imported only when the DES is used
+
+    return des.run(plan, durations)
+
+
+_RUN = {"analytic": analytic.run, "des": _des_run}
 
 
 def run(plan: Plan, durations, engine: str = "analytic") -> Schedule:
@@ -40,4 +47,4 @@ def run(plan: Plan, durations, engine: str = "analytic") -> Schedule:
     return fn(plan, durations)
 
 
-__all__ = ["ENGINES", "run", "analytic", "des"]
+__all__ = ["ENGINES", "run", "analytic"]
