@@ -461,7 +461,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
                     tag="act")
     em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
     cache_gpu_items = []
-    new_fills: dict[int, int] = {}
+    fill_reqs: list = []
     last_cpu = None
     read_layers: set[int] = set()
     for it in s.items:
@@ -488,12 +488,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
                 if hits:
                     cache_gpu_items.append((it, hits))
                 if misses:
-                    # background insertion of the missed experts on the copy stream; a later
-                    # hit on them waits for this copy (fill event), the graph does not
-                    new_fills[it.layer] = em.launch(
-                        OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill", nbytes=misses * t.bytes_per_mat,
-                        pinned=True, tag="cache_fill")
-                    em.fill_pending = True
+                    fill_reqs.append((it.layer, t, misses))
                 n_used = misses
                 nbytes = misses * t.bytes_per_mat
             shape = (m_, n_, k_, min(topk, n_used) if n_used else 0)
@@ -514,7 +509,13 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
                   nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits)),
                   tag="cache_hit")
-    em.fill_of.update(new_fills)  # this token's fills serve later tokens' hits
+    # background insertion of this token's misses on the copy stream, after the hits were
+    # launched (the hits read experts filled by earlier tokens); later hits wait for these
+    # fills (fill event), the graph does not
+    for layer, t, misses in fill_reqs:
+        em.fill_of[layer] = em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill",
+                                      nbytes=misses * t.bytes_per_mat, pinned=True, tag="cache_fill")
+        em.fill_pending = True
     # the CPU backend's compute buffer is pinned host memory (CUDA host buffer type)
     em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
               tag="act", pinned=True)

@@ -15,7 +15,9 @@ Pure functions of (op, profile). Formulas:
   pairs of the ubatch against ``kv_len`` cached tokens (capped by a sliding window); bytes =
   K and V read once (F16). Linear attention: 4·tokens·n_head·head_dim·state FLOP. With a
   measured ``attn_table`` holding the head geometry: a least-squares fit per geometry of
-  ``t = a + b·pairs + c·(kv_len + tokens)`` (fixed cost, score work, KV scan) to the table.
+  ``t = a + b·pairs + c·(kv_len + tokens)`` (fixed cost, score work, KV scan) to the table,
+  where pairs counts the full (query, key) rectangle, as the measured kernel
+  (``calibrate.measure.attention``, no causal mask) computes it.
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth).
@@ -131,7 +133,7 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
         for key, g in hw.attn_table.groupby(["n_head", "n_head_kv", "head_dim"]):
             n = g["n_tokens"].to_numpy(float)
             kv = g["kv_len"].to_numpy(float)
-            X = np.column_stack([np.ones_like(n), [attn_pairs(a, b) for a, b in zip(n, kv)], kv + n])
+            X = np.column_stack([np.ones_like(n), n * (kv + n), kv + n])
             # relative least squares: weight rows by 1/t so short and long times count alike
             t = g["t_s"].to_numpy(float)
             if "t_host_s" in g.columns:
@@ -145,8 +147,8 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
     coef = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
     if coef is None:
         return None
-    kv_read = min(kv_len + n_tokens, window) if window else kv_len + n_tokens
-    return float(coef[0] + coef[1] * attn_pairs(n_tokens, kv_len, window) + coef[2] * kv_read)
+    keys = min(kv_len + n_tokens, window) if window else kv_len + n_tokens
+    return float(coef[0] + coef[1] * n_tokens * keys + coef[2] * keys)
 
 
 def cpu_s(hw: HardwareProfile, weight_bytes: float, flops: float) -> float:
