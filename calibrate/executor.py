@@ -455,7 +455,13 @@ class _Runtime:
                 vv = randn((nkv, max(keys, 1), hd), 1.0)
                 self.attn_kv[(nh, nkv, hd, linear, state)] = (q, kk, vv)
         self.out_ring = [cp.empty(max(prog.out_elems, 2), dtype=f16) for _ in range(4)]
-        self.cpu_a = np.empty(max(prog.cpu_max_bytes // 4, 1), dtype=np.float32)
+        # CPU-backend weights: one region per tensor name (a real model's host weights are
+        # distinct memory; re-reading one buffer would run from the CPU caches), up to 4 GiB
+        names = sorted({op.name for op in plan.ops if op.kind is OpKind.CPU_MATVEC})
+        per = max(prog.cpu_max_bytes // 4, 1)
+        n_regions = max(1, min(len(names), (4 << 30) // max(prog.cpu_max_bytes, 1)))
+        self.cpu_region = {nm: (i % n_regions) * per for i, nm in enumerate(names)}
+        self.cpu_a = np.empty(per * n_regions, dtype=np.float32)
         base = rng.standard_normal(1 << 16, dtype=np.float32)
         for s0 in range(0, self.cpu_a.size, base.size):
             chunk = self.cpu_a[s0:s0 + base.size]
@@ -641,7 +647,8 @@ class _Runtime:
         m, _n, k = (int(x) for x in op.shape[:3]) if len(op.shape) >= 3 else (1, 1, elems)
         kk = int(max(1, min(k, elems)))
         rows = max(1, elems // kk)
-        a = self.cpu_a[: rows * kk].reshape(rows, kk)
+        off = self.cpu_region.get(op.name, 0)
+        a = self.cpu_a[off: off + rows * kk].reshape(rows, kk)
         x = np.linspace(-1, 1, kk * max(m, 1), dtype=np.float32).reshape(kk, max(m, 1))
         return a @ x
 

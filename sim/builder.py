@@ -251,8 +251,11 @@ class Emitter:
         return self.last_host
 
     def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
-        """Host issues an async GPU op; returns the GPU op's id."""
-        iss = self.host(OpKind.ISSUE, f"issue {name}")
+        """Host issues an async GPU op; returns the GPU op's id. The ISSUE op carries the
+        launched kind in its tag (and an attention's shape: an attention made of several
+        kernels costs the host more than one launch, see :mod:`sim.costs`)."""
+        iss = self.host(OpKind.ISSUE, f"issue {name}", tag=kind.value,
+                        shape=kw.get("shape", ()) if kind is OpKind.ATTN else ())
         return self.op(kind, stream, device, name, (iss, *deps), **kw)
 
     def sync(self, device: int, name="sync", streams=(Stream.COMPUTE, Stream.COPY)) -> int:

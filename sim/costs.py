@@ -21,7 +21,9 @@ Pure functions of (op, profile). Formulas:
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth).
-* Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile; host work of building
+* Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile (launching an
+  attention costs the table's ``t_host_s`` fit when the profile measured it: the measured
+  attention is several kernels launched one by one); host work of building
   expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there).
 """
 
@@ -121,13 +123,14 @@ def attn_pairs(n_tokens: int, kv_len: int, window: int = 0) -> float:
     return below + (n - full_from) * window
 
 
-_ATTN_FITS: dict[int, dict] = {}
+_ATTN_FITS: dict[tuple, dict] = {}
 
 
 def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
-                  head_dim: int, window: int) -> float | None:
-    """Attention time from the measured table's per-geometry fit (None: geometry not in it)."""
-    fits = _ATTN_FITS.get(id(hw.attn_table))
+                  head_dim: int, window: int, column: str = "t_s") -> float | None:
+    """Attention time from the measured table's per-geometry fit (None: geometry not in it).
+    ``column="t_host_s"``: the host time to launch its kernels, one call at a time."""
+    fits = _ATTN_FITS.get((id(hw.attn_table), column))
     if fits is None:
         fits = {}
         for key, g in hw.attn_table.groupby(["n_head", "n_head_kv", "head_dim"]):
@@ -135,15 +138,11 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
             kv = g["kv_len"].to_numpy(float)
             X = np.column_stack([np.ones_like(n), n * (kv + n), kv + n])
             # relative least squares: weight rows by 1/t so short and long times count alike
-            t = g["t_s"].to_numpy(float)
-            if "t_host_s" in g.columns:
-                # an op issued one call at a time lasts as long as its launches when those
-                # take longer than its kernels (many small kernels from Python)
-                t = np.maximum(t, g["t_host_s"].fillna(0.0).to_numpy(float))
+            t = g[column].to_numpy(float)
             w = 1.0 / t
             coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
             fits[tuple(int(x) for x in key)] = np.maximum(coef, 0.0)
-        _ATTN_FITS[id(hw.attn_table)] = fits
+        _ATTN_FITS[(id(hw.attn_table), column)] = fits
     coef = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
     if coef is None:
         return None
@@ -194,6 +193,12 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
     if k is OpKind.HOST_SYNC:
         return hw.host_sync_s
     if k is OpKind.ISSUE:
+        if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
+            n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape
+            if not linear:
+                t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window, column="t_host_s")
+                if t is not None:
+                    return max(hw.op_issue_s, t)
         return hw.op_issue_s
     if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
         return hw.event_s
