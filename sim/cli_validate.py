@@ -84,8 +84,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "cuda_runtime_version": int(cp.cuda.runtime.runtimeGetVersion()),
         "cupy_version": cp.__version__, "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "prefetch-sim " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("prefetch-sim")
-        else " ".join(sys.argv), "hardware_profile": str(args.hardware), "grid": args.grid,
+        "command": "prefetch-sim " + " ".join(sys.argv[1:]), "hardware_profile": str(args.hardware),
+        "grid": args.grid,
         "repeats": args.repeats, "wall_s": round(time.time() - t0, 1), **summ,
     }
     write_atomic(out / f"{args.name}_validation.csv", df.to_csv(index=False))
