@@ -223,6 +223,12 @@ def summarize(df: pd.DataFrame) -> dict[str, float]:
             "p90_abs_error": float(e.quantile(0.9)), "max_abs_error": float(e.max())}
 
 
+def plt_null_formatter():
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
+
+
 def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | None = None) -> Path:
     """Predicted-vs-measured scatter (log-log, coloured by model/memory) and, if given, one
     overlaid timeline (executor vs analytic). Written atomically."""
@@ -236,15 +242,22 @@ def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | No
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, ncols)
     ax = axes[0] if ncols == 2 else axes
-    for (model, mem), g in df.groupby(["model", "host_memory"]):
-        ax.scatter(g.measured_s * 1e3, g.predicted_s * 1e3, s=18, label=f"{model}, {mem}", alpha=0.8)
     lo = min(df.measured_s.min(), df.predicted_s.min()) * 1e3 * 0.8
     hi = max(df.measured_s.max(), df.predicted_s.max()) * 1e3 * 1.25
     xs = np.array([lo, hi])
-    ax.plot(xs, xs, "k-", lw=0.8)
-    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.85", label="±10%")
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.88", label="±10%", zorder=0)
+    ax.plot(xs, xs, "k-", lw=0.8, zorder=1)
+    for i, ((model, mem), g) in enumerate(df.groupby(["model", "host_memory"])):
+        ax.scatter(g.measured_s * 1e3, g.predicted_s * 1e3, s=22, label=f"{model}, {mem}", alpha=0.85,
+                   marker="os^D"[i % 4], zorder=2)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(plt_null_formatter())
     ax.set_xlabel("measured on GPU (ms)")
     ax.set_ylabel("predicted, analytic engine (ms)")
     s = summarize(df)
