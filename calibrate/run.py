@@ -444,14 +444,19 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         sync_s = max(ov["sync_wake_s"], ov["stream_sync_idle_s"])
         hw["host_sync_us"] = sourced(sync_s * 1e6, f"measured: host wake-up after a synchronised kernel ends, "
                                                    f"CuPy stream.synchronize, median of 20 ({tag})")
-        if "launch_cublas_s" in ov:
+        if "launch_noop_s" in ov:
             hw["op_issue_us"] = sourced(
+                ov["launch_noop_s"] * 1e6,
+                f"measured: host cost of one kernel launch (an empty RawKernel, median of many); the native "
+                f"launch path a C++ scheduler such as ggml's has ({tag})")
+        if "launch_cublas_s" in ov:
+            hw["executor_op_issue_us"] = sourced(
                 (ov["launch_cublas_s"] + 2 * ov["event_record_s"]) * 1e6,
                 f"measured: host cost of one prepared cuBLAS GEMM call from Python plus the two timing events "
                 f"the executor records around it (its launch path; a C++ cudaLaunchKernel costs less, see "
                 f"[measured] launch_noop_us) ({tag})")
         else:
-            hw["op_issue_us"] = sourced(ov["launch_dot_s"] * 1e6,
+            hw["executor_op_issue_us"] = sourced(ov["launch_dot_s"] * 1e6,
                                         f"measured: host cost of issuing one cupy.dot from Python (a C++ "
                                         f"cudaLaunchKernel costs less, see [measured] launch_noop_us) ({tag})")
         hw["event_us"] = sourced(ov["event_record_s"] * 1e6, f"measured: host cost of cupy Event.record ({tag})")

@@ -21,9 +21,10 @@ Pure functions of (op, profile). Formulas:
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth).
-* Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile (launching an
-  attention costs the table's ``t_host_s`` fit when the profile measured it: the measured
-  attention is several kernels launched one by one); host work of building
+* Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile. In ``executor_mode``
+  (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an
+  attention the table's ``t_host_s`` fit (the executor's attention is several kernels launched
+  one by one from Python); host work of building
   expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there).
 """
 
@@ -193,13 +194,16 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
     if k is OpKind.HOST_SYNC:
         return hw.host_sync_s
     if k is OpKind.ISSUE:
+        if not hw.executor_mode:
+            return hw.op_issue_s
+        issue = hw.executor_op_issue_s or hw.op_issue_s
         if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
             n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape
             if not linear:
                 t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window, column="t_host_s")
                 if t is not None:
-                    return max(hw.op_issue_s, t)
-        return hw.op_issue_s
+                    return max(issue, t)
+        return issue
     if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
         return hw.event_s
     if k is OpKind.HOST_WORK:

@@ -333,6 +333,11 @@ class HardwareProfile:
         cpu_bytes_per_s: host DRAM bandwidth a CPU matvec achieves (ops run on the CPU).
         cpu_flops_per_s: CPU matmul throughput (CPU ops with many tokens).
         cpu_op_s: fixed cost of one CPU-backend op (thread-pool dispatch), seconds.
+        executor_op_issue_s: host cost of one launch on the *executor's* path (Python, with its
+            timing events), seconds; 0 = ``op_issue_s``.
+        executor_mode: price host launches as the thin CuPy executor issues them
+            (``executor_op_issue_s``; an attention launches several kernels, the table's
+            ``t_host_s``) instead of the native launch path; set by ``prefetch-sim validate``.
         event_semantics: ``"record_point"`` (CUDA: a wait releases when the work before the
             record finished) or ``"stream_tail"`` (seen on ROCm with pageable memory: released
             only when the copy stream drains).
@@ -369,6 +374,8 @@ class HardwareProfile:
     cpu_flops_per_s: float
     event_semantics: str = "record_point"
     cpu_op_s: float = 0.0
+    executor_op_issue_s: float = 0.0
+    executor_mode: bool = False
     gemm_table: Any = None
     attn_table: Any = None
     kernel_weight_bits: float = 0.0
@@ -435,6 +442,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     cpu_bw = num("cpu_gb_per_s", GB)
     cpu_flops = num("cpu_tflops", 1e12, default=1e12)
     cpu_op = num("cpu_op_us", 1e-6, default=0.0)
+    ex_issue = num("executor_op_issue_us", 1e-6, default=0.0)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
@@ -460,6 +468,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         d2h=LinkSpec(d2h_bw, d2h_lat, False),
         host_sync_s=host_sync, op_issue_s=issue, event_s=event,
         cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,
+        executor_op_issue_s=ex_issue,
         gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
         file=str(path),

@@ -135,6 +135,11 @@ def default_grid() -> list[Case]:
     return cases
 
 
+def executor_profile(hardware: HardwareProfile) -> HardwareProfile:
+    """The profile with host launches priced as the CuPy executor issues them."""
+    return replace(hardware, executor_mode=True)
+
+
 def build_case(case: Case, hardware: HardwareProfile) -> tuple[Scenario, Plan]:
     """Build the plan of a case (routing draws from the case's fixed seed)."""
     scn = case_scenario(case, hardware)
@@ -169,6 +174,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
     from calibrate.executor import check_lossless, execute  # noqa: PLC0415 - needs CuPy
     from .trace import to_dataframe
 
+    hardware = executor_profile(hardware)
     rows, kinds, kept = [], [], None
     groups: dict[tuple, dict] = {}
     it = progress(cases) if progress else cases

@@ -84,3 +84,21 @@ def test_validate_without_gpu_says_so_and_writes_nothing(tmp_path, capsys):
     assert rc == 2
     assert "CuPy" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_committed_validation_predictions_are_reproduced_by_this_code():
+    """The headline figure (docs/validation.md) holds for the code as it is: every committed
+    prediction is recomputed from the committed profile. If this fails, the model changed:
+    run `prefetch-sim validate` on the GPU again and commit the new results."""
+    from sim.validation import executor_profile
+
+    path = ROOT / "data" / "validation" / "h200_validation.csv"
+    committed = pd.read_csv(path).set_index("case")
+    hw = executor_profile(load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml"))
+    cases = {c.name: c for c in default_grid()}
+    assert set(committed.index) == set(cases)
+    for name, c in cases.items():
+        _, plan = build_case(c, hw)
+        assert predict_s(plan, hw) == pytest.approx(committed.loc[name, "predicted_s"], rel=1e-9), name
+    s = summarize(committed)
+    assert s["median_abs_error"] == pytest.approx(np.median(np.abs(committed.rel_error)))
