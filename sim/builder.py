@@ -39,9 +39,9 @@ import numpy as np
 
 from .cache import ExpertCache
 from .errors import PlacementError
-from .plan import Op, OpKind, Plan, Stream
+from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
-from .specs import BenchTest, ModelSpec, Scenario, Tensor, Variant
+from .specs import BenchTest, Scenario, Tensor, Variant
 from .vram import VramBreakdown, account, fit_n_cpu_moe, layer_devices
 
 ACT_BYTES = 4  # f32 activations

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from .atomic import write_atomic  # noqa: F401 (re-exported for subcommands)
 from .errors import PrefetchSimError, ScenarioError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -58,27 +57,10 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never half-written)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def load_scenario_with_overrides(args: argparse.Namespace):
     """The scenario named on the command line (or the default), with llama-bench flag
     overrides applied and validated."""
-    from .specs import Workload, load_scenario, parse_variant
+    from .specs import load_scenario, parse_variant
 
     path = Path(args.scenario) if args.scenario else default_scenario_path()
     scn = load_scenario(path)

@@ -53,7 +53,7 @@ def _grid(name: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from calibrate._gpu import require_cupy  # noqa: PLC0415
 
-    from .cli import write_atomic
+    from .atomic import write_atomic
     from .specs import load_hardware
     from .validation import plot_validation, run_grid, summarize
 

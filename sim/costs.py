@@ -31,7 +31,6 @@ Pure functions of (op, profile). Formulas:
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 

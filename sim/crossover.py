@@ -35,11 +35,9 @@ ask; ``docs/crossover.md`` shows them with the commands that made them.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
@@ -589,30 +587,7 @@ def new_figure(width: float, height: float):
     return fig
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file and ``os.replace`` (never half-written), with the
-    permissions a plain ``open`` would give (mkstemp creates files 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_figure(fig, path: str | Path) -> Path:
-    """Write a figure as PNG atomically; returns the path."""
-    path = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    _write_bytes_atomic(path, buf.getvalue())
-    return path
+from .atomic import save_figure, write_atomic as _write_bytes_atomic  # noqa: E402
 
 
 def _use_log(ax_spec: AxisSpec, values: Sequence[float]) -> bool:

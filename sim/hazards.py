@@ -36,7 +36,6 @@ synchronisation guarantee. The relation is computed once with per-queue vector c
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from enum import Enum

@@ -8,7 +8,7 @@ so a difference between variants is the policy's, not the dice's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

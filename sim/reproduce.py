@@ -233,7 +233,7 @@ def add_reproduce_parser(sub) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from .cli import write_atomic
+    from .atomic import write_atomic
 
     df = to_frame(compare(args.repetitions))
     if args.out:

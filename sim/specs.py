@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ScenarioError
-from .quant import GGML_TYPE_BPW, TENSOR_GROUPS, bpw_of, preset_group_types
+from .quant import TENSOR_GROUPS, bpw_of, preset_group_types
 from .tomlio import Fields, load_toml
 from .units import GB
 

@@ -241,7 +241,7 @@ def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .crossover import save_figure
+    from .atomic import save_figure
 
     ncols = 2 if trace is not None else 1
     fig = Figure(figsize=(6.5 * ncols, 5.5), dpi=100, layout="constrained")

@@ -6,13 +6,13 @@ reserves the same bytes as an ungated one, even in graphs where it is off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .errors import PlacementError
 from .specs import ModelSpec, Placement, Scenario, Tensor, Variant
-from .units import GiB, MiB
+from .units import GiB
 
 #: compute buffer activations per ubatch token, in f32 elements per d_model (residual stream,
 #: normed input, q/k/v/attention output, FFN hidden up to top-k experts). An estimate of

@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.plan import OpKind
 from sim.specs import load_hardware
 from sim.validation import (CASE_COLUMNS, build_case, default_grid, per_kind_errors, plot_validation,
                             predict_s, summarize)
