@@ -123,6 +123,24 @@ def rows_from_results(scn, results, ratios) -> list:
     return rows
 
 
+def vram_table(results) -> str:
+    """Markdown table of peak VRAM by component (GiB) per variant and GPU."""
+    from .units import GiB
+
+    lines = ["| variant | GPU | reserved | weights | KV cache | compute | staging | expert cache | total | free |",
+             "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
+    seen = set()
+    for r in results:
+        if r.variant in seen:
+            continue
+        seen.add(r.variant)
+        for b in r.vram:
+            vals = (b.reserved_bytes, b.weights_bytes, b.kv_bytes, b.compute_bytes, b.staging_bytes, b.cache_bytes,
+                    b.total_bytes, b.free_bytes)
+            lines.append(f"| {r.variant} | {b.device} | " + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
+    return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .metrics import run_scenario, speedups
     from .report import format_rows
@@ -136,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = run_scenario(scn, engine=args.engine, progress=progress)
     rows = rows_from_results(scn, results, speedups(results, scn.variants[0].name))
     text = format_rows(rows, args.output)
+    if args.vram:
+        text = text.rstrip("\n") + "\n\n" + vram_table(results)
     if args.out:
         write_atomic(args.out, text)
     else:
@@ -198,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl"), default="md")
     run.add_argument("--out", help="write to this file instead of stdout")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
     run.set_defaults(func=cmd_run)
     tr = sub.add_parser("trace", help="per-op trace of one test: Chrome trace JSON (or .csv)")
     _add_bench_flags(tr)

@@ -138,10 +138,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 widest = max(widest, model.moe.n_ff_exp * model.moe.n_expert_used, model.moe.n_ff_shexp)
             widest = max(widest, model.n_ff, model.n_head * model.head_dim)
             comp = 4.0 * n_ub * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
-            offl = [t.nbytes for t in host if t.layer >= 0]
+            offl = [t.nbytes for t in host if t.layer >= 0 and max(devs[t.layer], 0) == g]
             if offl:
-                comp += max(offl)  # a copy of the largest offloaded host weight
-        stg = staging_bytes(model, pl, variant, host)
+                comp += max(offl)  # a copy of the largest host weight offloaded to this GPU
+        # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
+        # layers that are not offloaded)
+        stg = staging_bytes(model, pl, variant, [t for t in host if t.layer >= 0 and max(devs[t.layer], 0) == g])
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg))
     for b in out:
         if b.total_bytes > b.capacity_bytes:
