@@ -13,6 +13,16 @@ from pathlib import Path
 from sim.errors import PrefetchSimError
 
 
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The calibration's options, shared by both entry points."""
     p.add_argument("--out", required=True,
@@ -24,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="repeat the key numbers (copy sweeps, a reference GEMM) this many times (default 3)")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (seconds; for checking the setup)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the input data and routing draws")
+    p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the input data and routing draws (>= 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--fake-gpu", action="store_true",
                    help="use a numpy stand-in for CuPy (runs on a CPU; the numbers are meaningless)")
@@ -45,6 +55,9 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
     out = Path(args.out)
     if out.suffix != ".toml":
         raise PrefetchSimError(f"--out must name a .toml file, got '{args.out}'")
+    from sim.atomic import check_output_path  # noqa: PLC0415
+
+    check_output_path(out)
     name = args.name or out.stem
     day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     if args.raw_dir is None:

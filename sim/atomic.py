@@ -35,6 +35,32 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
+def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False) -> Path:
+    """Fail early (before any simulation) on an output path that cannot be written. Creates
+    nothing.
+
+    Raises:
+        ScenarioError: naming ``flag``: the path is a folder (for a file output), a file (for a
+            folder output), or its folder cannot be created or written.
+    """
+    from .errors import ScenarioError
+
+    p = Path(path)
+    if not directory and p.is_dir():
+        raise ScenarioError(f"'{p}' is a folder; give a file name", field=flag)
+    if directory and p.exists() and not p.is_dir():
+        raise ScenarioError(f"'{p}' exists and is not a folder", field=flag)
+    folder = (p if directory else p.parent).absolute()
+    existing = folder
+    while not existing.exists():  # the folder will be created under its nearest ancestor
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ScenarioError(f"cannot create folder '{folder}': '{existing}' is not a folder", field=flag)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ScenarioError(f"folder '{existing}' is not writable", field=flag)
+    return p
+
+
 def save_figure(fig, path: str | Path) -> Path:
     """Write a matplotlib figure as PNG atomically; returns the path."""
     buf = io.BytesIO()

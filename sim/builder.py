@@ -1,7 +1,7 @@
 """Plan builder: mirrors the ggml scheduler for one llama-bench test under one variant.
 
 ``build_plan(scenario, variant, test, rng)`` turns a model, placement and workload into the ops
-of :mod:`sim.plan`. What it models (DESIGN.md, "The mechanics being modelled"):
+of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelled"):
 
 * **Graphs and ubatches.** A ``ppN`` test is cut into ubatches of ``n_ubatch`` tokens; each
   ubatch is one graph, attending to the KV cache filled so far (``-d`` depth plus earlier

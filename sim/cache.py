@@ -7,7 +7,7 @@ the fused ``ffn_gate_up_exps`` and ``ffn_down_exps``): an entry costs the sum of
 so entries of different layers may differ in size; the capacity here counts entries, the
 VRAM planner turns bytes into a count). Capacity is shared by all layers.
 
-Policies (DESIGN.md, "GPU expert cache"):
+Policies (docs/DESIGN.md, "GPU expert cache"):
 
 ``lru``
     Least recently used: a hit moves the entry to the most-recent end; a miss is inserted

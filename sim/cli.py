@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .atomic import write_atomic  # noqa: F401 (re-exported for subcommands)
+from .atomic import check_output_path, write_atomic
 from .errors import PrefetchSimError, ScenarioError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -70,11 +70,12 @@ def load_scenario_with_overrides(args: argparse.Namespace):
         v = getattr(args, flag, None)
         if v is not None:
             changes[key] = v
-    for flag in ("n_ubatch", "n_batch", "repetitions"):
+    for flag, name in (("n_ubatch", "-ub/--ubatch-size"), ("n_batch", "-b/--batch-size"),
+                       ("repetitions", "-r/--repetitions")):
         v = getattr(args, flag, None)
         if v is not None:
             if v < 1:
-                raise ScenarioError(f"must be >= 1, got {v}", field=f"--{flag}")
+                raise ScenarioError(f"must be >= 1, got {v}", field=name)
             changes[flag] = v
     if changes:
         wl = replace(wl, **changes)
@@ -84,8 +85,15 @@ def load_scenario_with_overrides(args: argparse.Namespace):
             raise ScenarioError("no test to run: every -p and -n value is 0", field="-p/-n")
         scn = scn.with_(workload=wl)
     if getattr(args, "variant", None):
-        scn = scn.with_(variants=tuple(parse_variant(v, field_name="--variant") for v in args.variant))
-    return scn
+        vs = tuple(parse_variant(v, field_name="--variant") for v in args.variant)
+        names = [v.name for v in vs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
+        scn = scn.with_(variants=vs)
+    from .metrics import fit_context_to_tests
+
+    return fit_context_to_tests(scn)
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -98,8 +106,11 @@ def _add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
     p.add_argument("--variant", action="append",
                    help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
-                        "slots<N>, cache_lru, baseline_without_selective_copy, or a+b")
-    p.add_argument("--engine", choices=("analytic", "des"), default="analytic")
+                        "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, or a+b "
+                        "(e.g. slots3+cache_lru)")
+    p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
+                   help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
+                        "(same results, slower)")
 
 
 def rows_from_results(scn, results, ratios) -> list:
@@ -108,7 +119,7 @@ def rows_from_results(scn, results, ratios) -> list:
     from .report import BenchRow
 
     m, wl = scn.model, scn.workload
-    base = scn.variants[0].name
+    base = "baseline"
     rows = []
     for r in results:
         rows.append(BenchRow(
@@ -144,18 +155,27 @@ def vram_table(results) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from .metrics import run_scenario, speedups
     from .report import format_rows
+    from .specs import parse_variant
 
+    if args.out:
+        check_output_path(args.out)
     scn = load_scenario_with_overrides(args)
+    if not any(v.name == "baseline" for v in scn.variants):
+        # "vs base" is always against the upstream scheduler: add it when not asked for
+        scn = scn.with_(variants=(parse_variant("baseline"),) + scn.variants)
     progress = None
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
         progress = lambda it: tqdm(it, desc="simulating", unit="cell", file=sys.stderr)  # noqa: E731
     results = run_scenario(scn, engine=args.engine, progress=progress)
-    rows = rows_from_results(scn, results, speedups(results, scn.variants[0].name))
+    rows = rows_from_results(scn, results, speedups(results, "baseline"))
     text = format_rows(rows, args.output)
     if args.vram:
-        text = text.rstrip("\n") + "\n\n" + vram_table(results)
+        if args.output == "md":
+            text = text.rstrip("\n") + "\n\n" + vram_table(results)
+        else:  # keep csv/json parseable
+            sys.stderr.write(vram_table(results))
     if args.out:
         write_atomic(args.out, text)
     else:
@@ -170,8 +190,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from .metrics import rep_rng, time_plan
     from .trace import to_chrome_trace, to_dataframe
 
+    out = Path(args.out)
+    if out.suffix not in (".json", ".csv"):
+        raise ScenarioError(f"'{out}': use a .json (Chrome trace) or .csv file name", field="--out")
+    check_output_path(out)
     scn = load_scenario_with_overrides(args)
-    variant = scn.variants[0]
     tests = scn.workload.tests()
     if args.test:
         match = [t for t in tests if t.name == args.test]
@@ -181,17 +204,22 @@ def cmd_trace(args: argparse.Namespace) -> int:
         test, ti = match[0], tests.index(match[0])
     else:
         test, ti = tests[0], 0
-    ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
-    plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
-    sched = time_plan(plan, scn, args.engine)
-    df = to_dataframe(plan, sched, test=test.name, variant=variant.name)
-    out = Path(args.out)
+    import pandas as pd
+
+    frames, lines = [], []
+    for variant in scn.variants:  # every variant asked for, one timeline each, in one file
+        ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
+        plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
+        sched = time_plan(plan, scn, args.engine)
+        frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
+        lines.append(f"{variant.name} / {test.name}: {len(plan.ops)} ops, makespan "
+                     f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
+    df = pd.concat(frames, ignore_index=True)
     if out.suffix == ".csv":
         write_atomic(out, df.to_csv(index=False))
     else:
         to_chrome_trace(df, out)
-    print(f"{variant.name} / {test.name}: {len(plan.ops)} ops, makespan {float(np.max(sched.end_s)) * 1e3:.3f} ms "
-          f"-> {out}")
+    print("\n".join(lines) + f"\n-> {out}")
     return 0
 
 
@@ -220,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
     run.set_defaults(func=cmd_run)
-    tr = sub.add_parser("trace", help="per-op trace of one test: Chrome trace JSON (or .csv)")
+    tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv)")
     _add_bench_flags(tr)
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
     tr.add_argument("--out", default="trace.json", help="output file (.json Chrome trace, .csv table)")
@@ -244,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except PrefetchSimError as exc:
         print(f"prefetch-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # an output that could not be written after all
+        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        print(f"prefetch-sim: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("prefetch-sim: interrupted", file=sys.stderr)

@@ -59,6 +59,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ScenarioError(f"must be >= 1, got {args.repeats}", field="--repeats")
+    from .atomic import check_output_path
+
+    check_output_path(args.out, "--out", directory=True)
     hw = load_hardware(args.hardware)
     cp = require_cupy()  # clear error, nothing written, when there is no GPU
     cases = _grid(args.grid)

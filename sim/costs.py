@@ -19,7 +19,7 @@ Pure functions of (op, profile). Formulas:
   where pairs counts the full (query, key) rectangle, as the measured kernel
   (``calibrate.measure.attention``, no causal mask) computes it.
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
-  cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (DESIGN.md: decode on partially offloaded models
+  cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (docs/DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth).
 * Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile. In ``executor_mode``
   (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an

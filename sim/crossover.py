@@ -958,6 +958,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+    from .atomic import check_output_path
+
+    check_output_path(args.out, "--out", directory=True)
     progress = not args.quiet and sys.stderr.isatty()
     if args.figure:
         if args.axis or args.axis2 or args.variant or args.test:

@@ -1,7 +1,7 @@
 """Hazard checker for staging slots (``prefetch-sim check``).
 
 Analyses a :class:`~sim.plan.Plan` for the races and overruns that real prefetch
-implementations hit (DESIGN.md, variant 3, "known hazards"):
+implementations hit (docs/DESIGN.md, variant 3, "known hazards"):
 
 =======================  ===================================================================
 ``slot_overwrite``       (i) a copy into slot *s* on GPU *d* that is not ordered after every

@@ -72,6 +72,18 @@ class TestResult:
         return max(v.staging_bytes for v in self.vram)
 
 
+def fit_context_to_tests(scn: Scenario, tests: Sequence[BenchTest] | None = None) -> Scenario:
+    """The scenario with ``placement.ctx_size`` raised to the largest ``depth + tokens`` of its
+    tests (llama-bench sizes its context per test as n_prompt + n_gen + n_depth); unchanged
+    when it is large enough."""
+    from dataclasses import replace
+
+    need = max((t.n_depth + t.n_prompt + t.n_gen for t in (tests or scn.workload.tests())), default=0)
+    if need > scn.placement.ctx_size:
+        return scn.with_(placement=replace(scn.placement, ctx_size=need))
+    return scn
+
+
 def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
     """The routing rng of one repetition of one test (shared by all variants). ``-1`` indices
     (context set-up) map to a separate stream."""
@@ -120,7 +132,8 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         makespan_s=np.asarray(mk), ttft_s=float(np.mean(mk)) if test.n_prompt else None,
         h2d_bytes=float(np.mean(h2d)), exposed_transfer_s=float(np.mean(exp)),
         overlap_fraction=float(np.mean(ovl)),
-        cache_hit_rate=ctx.cache.hit_rate if ctx.cache is not None else None,
+        # None without a cache or when the test never consulted it (prefetch copies whole tensors)
+        cache_hit_rate=ctx.cache.hit_rate if ctx.cache is not None and ctx.cache.n_accesses else None,
         vram=tuple(ctx.vram), n_cpu_moe=ctx.n_cpu_moe, engine=engine,
     )
 
@@ -149,6 +162,7 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
 
     variants = list(variants or scn.variants)
     tests = list(tests or scn.workload.tests())
+    scn = fit_context_to_tests(scn, tests)
     reps = repetitions or scn.workload.repetitions
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
     # fail fast, in this process, on a placement that does not fit

@@ -2,7 +2,7 @@
 
 ``prefetch-sim reproduce`` runs the shipped scenarios that describe each reported setup (no
 per-case factors: hardware comes from datasheets, routing skew is fitted to the two reported
-"expert fraction copied" points, which DESIGN.md allows) and prints, per reported row, the
+"expert fraction copied" points, which docs/DESIGN.md allows) and prints, per reported row, the
 simulated value, the error, and whether the *sign* of the difference to baseline agrees.
 
 Rows the model cannot address from the scenario alone are listed with the reason
@@ -227,13 +227,22 @@ def to_frame(rows: list[Comparison]) -> pd.DataFrame:
 
 def add_reproduce_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="simulate the published A/B figures (data/reported_measurements.csv)")
-    p.add_argument("-r", "--repetitions", type=int, default=2)
+    p.add_argument("-r", "--repetitions", type=int, default=2, help="routing draws per test (default 2)")
     p.add_argument("--out", help="also write the comparison as CSV here")
     p.set_defaults(func=cmd_reproduce)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from .atomic import write_atomic
+    from .atomic import check_output_path, write_atomic
+    from .errors import PrefetchSimError, ScenarioError
+
+    if args.repetitions < 1:
+        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="-r/--repetitions")
+    if args.out:
+        check_output_path(args.out)
+    if not REPORTED_CSV.is_file():
+        raise PrefetchSimError(f"{REPORTED_CSV} not found: `reproduce` needs the source checkout "
+                               "(pip install -e . from a clone)")
 
     df = to_frame(compare(args.repetitions))
     if args.out:

@@ -26,7 +26,7 @@ Three kinds (TOML ``[routing] kind = ...``):
 
         P(e used) = 1 - (1 - pi_e)^B,       f(B) = (1/E) * sum_e [1 - (1 - pi_e)^B].
 
-    Why two parameters (DESIGN.md): one Zipf exponent that gives 44 % of the experts at
+    Why two parameters (docs/DESIGN.md): one Zipf exponent that gives 44 % of the experts at
     34 tokens gives ~100 % at 2048 tokens on a 256-expert top-10 model, while 84 % was
     reported. The cold share bounds f(B) by ``1 - d`` at large ubatches; the exponent sets
     how fast f approaches it. With ``d = 0`` and ``s = 0`` the model is ``uniform``.

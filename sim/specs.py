@@ -692,7 +692,7 @@ class Variant:
             tokens * top-k >= 2 * n_expert (prefill only).
         expert_cache: GPU expert cache policy, ``"none"``, ``"lru"`` or ``"lfu"``.
         selective_copy: copy only the experts the ubatch uses (upstream ggml behaviour);
-            false copies whole expert tensors (the control in DESIGN.md).
+            false copies whole expert tensors (the control in docs/DESIGN.md).
     """
 
     name: str = "baseline"
@@ -727,6 +727,7 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
         ScenarioError: an unknown token, naming ``field_name`` in ``file``.
     """
     kw: dict[str, Any] = {}
+    seen: dict[str, str] = {}
     for tok in text.strip().lower().split("+"):
         mt = _VARIANT_TOKEN.match(tok.strip())
         if not mt:
@@ -734,6 +735,12 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
                 f"unknown variant '{tok}' (use baseline, prefetch_ungated, prefetch_gated_<N>, "
                 "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, joined with +)",
                 file=file, field=field_name)
+        group = next(g for g in ("baseline", "ungated", "gate", "slots", "cache", "nosel") if mt[g])
+        group = "prefetch" if group in ("ungated", "gate") else group
+        if group in seen:
+            raise ScenarioError(f"'{seen[group]}' and '{tok}' contradict each other in '{text}'",
+                                file=file, field=field_name)
+        seen[group] = tok
         if mt["ungated"]:
             kw["prefetch_weights"] = True
         elif mt["gate"]:
@@ -818,6 +825,8 @@ def load_scenario(path: str | Path) -> Scenario:
     model_path = s.path("model")
     hw_path = s.path("hardware")
     for key, p in (("model", model_path), ("hardware", hw_path)):
+        if p.is_dir():
+            raise s.error(key, f"is a folder, expected a TOML file: {p}")
         if not p.is_file():
             raise s.error(key, f"file not found: {p}")
     seed = s.int("seed", 0, min=0)

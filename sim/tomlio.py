@@ -1,6 +1,6 @@
 """Typed reading of TOML tables with errors that name the file and the dotted field.
 
-One place for validation (DESIGN.md, conventions): every loader reads its table through a
+One place for validation (docs/DESIGN.md, conventions): every loader reads its table through a
 :class:`Fields` view, which raises :class:`~sim.errors.ScenarioError` naming ``file`` and
 ``field`` on a missing, mistyped, out-of-range or unknown key.
 """
@@ -33,6 +33,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ScenarioError("is a directory, expected a TOML file", file=p) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"not valid TOML: {exc}", file=p) from None
+    except UnicodeDecodeError:
+        raise ScenarioError("not valid TOML: not UTF-8 text", file=p) from None
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror}", file=p) from None
 
@@ -153,7 +155,7 @@ class Fields:
     def sourced(self, key: str, default: Any = _MISSING, *, positive: bool = True) -> tuple[float, str]:
         """A datasheet or measured number written as ``{ value = ..., source = "..." }``.
 
-        Every hardware number carries its source (DESIGN.md, conventions); a bare number is an
+        Every hardware number carries its source (docs/DESIGN.md, conventions); a bare number is an
         error that says so.
         """
         val = self.raw(key, default)

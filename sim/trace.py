@@ -30,8 +30,6 @@ variant   prefetch variant label
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -207,21 +205,9 @@ def to_chrome_trace(df: pd.DataFrame, path: str | Path) -> Path:
                      "split": int(split), "graph": int(graph), "slot": int(slot), "tag": tag},
         })
     doc = {"traceEvents": events, "displayTimeUnit": "ms"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    from .atomic import write_atomic
+
+    return write_atomic(path, json.dumps(doc))
 
 
 # --------------------------------------------------------------------------------------

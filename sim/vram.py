@@ -1,6 +1,6 @@
 """VRAM accounting per GPU: resident weights, KV cache, compute buffer, staging, cache pool.
 
-Staging is reserved for the worst-case graph (DESIGN.md, variant 2 caveat): a gated prefetch
+Staging is reserved for the worst-case graph (docs/DESIGN.md, variant 2 caveat): a gated prefetch
 reserves the same bytes as an ungated one, even in graphs where it is off.
 """
 
@@ -148,7 +148,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     for b in out:
         if b.total_bytes > b.capacity_bytes:
             raise PlacementError(
-                f"does not fit on GPU {b.device}: needs {b.total_bytes / GiB:.2f} GiB "
+                f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU {b.device}: needs {b.total_bytes / GiB:.2f} GiB "
                 f"(weights {b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f}, compute "
                 f"{b.compute_bytes / GiB:.2f}, staging {b.staging_bytes / GiB:.2f}, reserved "
                 f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; raise "

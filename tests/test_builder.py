@@ -172,7 +172,7 @@ def test_whole_copy_control_moves_every_expert():
 @pytest.mark.parametrize("moe,variant", [(False, "baseline"), (True, "baseline_without_selective_copy")])
 def test_baseline_is_fully_sequential(moe, variant):
     """One graph copy: copy and compute never overlap; with free host calls the makespan is
-    exactly sum(C + T) (DESIGN.md: layer time C_n + T_n)."""
+    exactly sum(C + T) (docs/DESIGN.md: layer time C_n + T_n)."""
     scn = make_scenario(moe=moe, ffn_on_cpu=not moe, n_layer=3)
     hw = zero_host_costs(scn.hardware)
     plan = plan_of(scn, variant, n_prompt=64)

@@ -34,7 +34,7 @@ from sim.tomlio import Fields
 
 # Reported selective-copy fractions (shared/data/reported_measurements.csv, case
 # laguna_2x3090: expert_fraction_copied_34_tokens / _ubatch_2048; 256 experts, top-10) and
-# DESIGN.md's 512-expert / top-10 / 67-token report.
+# docs/DESIGN.md's 512-expert / top-10 / 67-token report.
 REPORTED_256 = [(34, 0.44), (2048, 0.84)]
 REPORTED_512_67 = 0.39
 
@@ -263,7 +263,7 @@ def test_fit_reproduces_reported_256_expert_points():
 
 
 def test_fit_predicts_512_expert_report_within_a_few_points():
-    """DESIGN.md: reproduce reported magnitudes "within a few points" with no per-case fudge."""
+    """docs/DESIGN.md: reproduce reported magnitudes "within a few points" with no per-case fudge."""
     f = expected_fraction_skewed(512, 10, LAGUNA_ZIPF_S, LAGUNA_COLD_SHARE, 67)
     assert abs(f - REPORTED_512_67) < 0.02
     assert expected_distinct_uniform(512, 10, 67) / 512 - REPORTED_512_67 > 0.3

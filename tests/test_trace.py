@@ -108,7 +108,9 @@ def test_chrome_trace_write_is_atomic(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(trace.json, "dump", boom)
+    import sim.atomic
+
+    monkeypatch.setattr(sim.atomic.os, "replace", boom)  # fail at the last step of the write
     with pytest.raises(OSError, match="disk full"):
         trace.to_chrome_trace(df, path)
     assert path.read_text() == "old"

@@ -198,7 +198,7 @@ def _run_batch(preds, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def sequential_makespan(C, T):
     """Makespan of splits run one after the other: copy, then compute, no overlap.
 
-    This is the baseline ggml scheduler with one graph copy (DESIGN.md: layer time
+    This is the baseline ggml scheduler with one graph copy (docs/DESIGN.md: layer time
     ``C_n + T_n``): ``makespan = sum_i (C_i + T_i)``.
 
     Args:
@@ -217,7 +217,7 @@ def sequential_makespan(C, T):
 def pipeline_recurrence(C, T, slots: int):
     """End times of a copy/compute pipeline with ``slots`` staging buffers (the recurrence).
 
-    Model (DESIGN.md, variants 1 and 3): split ``i`` (1-based) first copies ``T_i`` into
+    Model (docs/DESIGN.md, variants 1 and 3): split ``i`` (1-based) first copies ``T_i`` into
     staging slot ``i mod slots`` on the copy stream (one link, FIFO), then computes ``C_i``
     on the compute stream after the copy's ready event. A slot is overwritten only after the
     compute that read it finished (free event), so copy ``i`` also waits for compute
@@ -272,7 +272,7 @@ def pipeline_makespan(C, T, slots: int = 2):
       = P_{i-1} + max(T_i, C_{i-1}) + T_{i+1} = P_i + T_{i+1}``, then
       ``b_{i+1} = max(b_i, a_{i+1}) + C_{i+1} = P_i + max(C_i, T_{i+1}) + C_{i+1}
       = P_{i+1} + C_{i+1}``. So ``b_n = P_n + C_n``, the formula above: per split the
-      layer time is ``max(C_i, T_{i+1})`` (DESIGN.md, variant 1), plus the first copy and
+      layer time is ``max(C_i, T_{i+1})`` (docs/DESIGN.md, variant 1), plus the first copy and
       the last compute that nothing hides.
     * ``slots >= n`` (never waits for a free slot): copies run back to back,
       ``a_i = sum_{j<=i} T_j``, and ``b_n = max_j (sum_{i<=j} T_i + sum_{i>=j} C_i)``

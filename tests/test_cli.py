@@ -1,0 +1,93 @@
+"""Command line: user errors are one line naming the flag or field, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.errors import ScenarioError
+from sim.specs import load_scenario, parse_variant
+from sim.tomlio import load_toml
+
+from scenario_factory import ROOT
+
+TINY = str(ROOT / "scenarios" / "tiny" / "tiny.toml")
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return rc, out, err
+
+
+def test_run_csv_has_speedups_against_baseline_even_when_not_asked(capsys):
+    rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-o", "csv", "--variant", "slots2",
+                     "--variant", "prefetch_ungated")
+    assert rc == 0
+    df = pd.read_csv(pd.io.common.StringIO(out))
+    assert df.variant.iloc[0] == "baseline" and df[df.variant == "baseline"].speedup_vs_baseline.isna().all()
+    base = df[df.variant == "baseline"].set_index("test").tps_mean
+    for r in df[df.variant != "baseline"].itertuples():
+        assert r.speedup_vs_baseline == pytest.approx(r.tps_mean / base[r.test])
+
+
+def test_out_is_a_folder(capsys, tmp_path):
+    rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "--out", str(tmp_path))
+    assert rc == 2 and "--out" in err and "folder" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_trace_rejects_unknown_extension_and_traces_every_variant(capsys, tmp_path):
+    rc, _, err = run(capsys, "trace", TINY, "--out", str(tmp_path / "t.txt"))
+    assert rc == 2 and "--out" in err
+    rc, out, _ = run(capsys, "trace", TINY, "--variant", "baseline", "--variant", "slots2",
+                     "--out", str(tmp_path / "t.json"))
+    assert rc == 0 and "baseline / pp64" in out and "slots2 / pp64" in out
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert any(e["ph"] == "X" for e in doc["traceEvents"])
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--variant", "baseline", "--variant", "baseline"], "--variant"),
+    (["--variant", "slots2+slots3"], "--variant"),
+    (["-ub", "0"], "-ub/--ubatch-size"),
+    (["-b", "0"], "-b/--batch-size"),
+])
+def test_bad_flags_name_the_flag(capsys, argv, flag):
+    rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", *argv)
+    assert rc == 2 and flag in err
+
+
+@pytest.mark.parametrize("text", ["prefetch_ungated+prefetch_gated_512", "cache_lru+cache_lfu", "slots2+slots4"])
+def test_contradictory_variant_combinations(text):
+    with pytest.raises(ScenarioError, match="contradict"):
+        parse_variant(text)
+
+
+def test_non_utf8_scenario_is_a_clean_error(tmp_path):
+    p = tmp_path / "bin.toml"
+    p.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ScenarioError, match="UTF-8") as exc:
+        load_toml(p)
+    assert str(p) in str(exc.value)
+
+
+def test_depth_beyond_ctx_size_raises_the_context(capsys):
+    small = load_scenario(TINY)
+    rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-o", "csv", "-p", "64", "-n", "0", "--vram",
+                     "--variant", "baseline")
+    rc2, out2, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-o", "csv", "-p", "64", "-n", "0",
+                       "-d", str(10 * small.placement.ctx_size), "--variant", "baseline")
+    assert rc == rc2 == 0
+    v1 = pd.read_csv(pd.io.common.StringIO(out)).peak_vram_bytes.iloc[0]
+    v2 = pd.read_csv(pd.io.common.StringIO(out2)).peak_vram_bytes.iloc[0]
+    assert v2 > v1  # the KV cache was sized for depth + tokens
+
+
+def test_reproduce_rejects_zero_repetitions(capsys):
+    rc, _, err = run(capsys, "reproduce", "-r", "0")
+    assert rc == 2 and "-r/--repetitions" in err
