@@ -113,7 +113,10 @@ def write_files_atomically(files: Mapping[Path, str | bytes | pd.DataFrame]) -> 
                 tmp.write_bytes(content)
             else:
                 tmp.write_text(content, encoding="utf-8")
+        umask = os.umask(0)
+        os.umask(umask)
         for tmp, path in tmps:
+            os.chmod(tmp, 0o666 & ~umask)  # the permissions a plain open() would give
             os.replace(tmp, path)
     except BaseException:
         for tmp, _ in tmps:
