@@ -80,6 +80,16 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         print(f"calibrate: writing the profile failed; raw tables saved to {rescue}", file=sys.stderr)
         dump_raw(cal, rescue)
         raise
+    if not args.quick:
+        # the executor's launch cost per op kind, priced with the profile just written
+        from sim.specs import load_hardware  # noqa: PLC0415
+
+        from .executor_costs import measure, update_profile  # noqa: PLC0415
+
+        costs = measure(load_hardware(out), cp=cp)
+        update_profile(out, costs, cal.info.get("device", ""))
+        print("executor launch costs (us): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in costs.items()),
+              file=sys.stderr)
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(summary_table(cal, fit_calibration(cal)))

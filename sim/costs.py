@@ -195,7 +195,7 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
     if k is OpKind.ISSUE:
         if not hw.executor_mode:
             return hw.op_issue_s
-        issue = hw.executor_op_issue_s or hw.op_issue_s
+        issue = hw.executor_issue_s_by_kind.get(op.tag) or hw.executor_op_issue_s or hw.op_issue_s
         if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
             n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape
             if not linear:

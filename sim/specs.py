@@ -335,6 +335,9 @@ class HardwareProfile:
         cpu_op_s: fixed cost of one CPU-backend op (thread-pool dispatch), seconds.
         executor_op_issue_s: host cost of one launch on the *executor's* path (Python, with its
             timing events), seconds; 0 = ``op_issue_s``.
+        executor_issue_s_by_kind: the executor's launch cost per launched op kind (``gemm``,
+            ``moe``, ``attn``, ``h2d``, ``d2h``), measured by ``calibrate.executor_costs``;
+            kinds not in it cost ``executor_op_issue_s``.
         executor_mode: price host launches as the thin CuPy executor issues them
             (``executor_op_issue_s``; an attention launches several kernels, the table's
             ``t_host_s``) instead of the native launch path; set by ``prefetch-sim validate``.
@@ -375,6 +378,7 @@ class HardwareProfile:
     event_semantics: str = "record_point"
     cpu_op_s: float = 0.0
     executor_op_issue_s: float = 0.0
+    executor_issue_s_by_kind: Mapping[str, float] = field(default_factory=dict)
     executor_mode: bool = False
     gemm_table: Any = None
     attn_table: Any = None
@@ -443,6 +447,8 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     cpu_flops = num("cpu_tflops", 1e12, default=1e12)
     cpu_op = num("cpu_op_us", 1e-6, default=0.0)
     ex_issue = num("executor_op_issue_us", 1e-6, default=0.0)
+    ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False) for k in ("gemm", "moe", "attn", "h2d", "d2h")
+                  if g.has(f"executor_issue_{k}_us")}
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
@@ -468,7 +474,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         d2h=LinkSpec(d2h_bw, d2h_lat, False),
         host_sync_s=host_sync, op_issue_s=issue, event_s=event,
         cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,
-        executor_op_issue_s=ex_issue,
+        executor_op_issue_s=ex_issue, executor_issue_s_by_kind=ex_by_kind,
         gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
         file=str(path),

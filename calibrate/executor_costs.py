@@ -1,0 +1,110 @@
+"""The executor's own launch cost per op kind, measured on dedicated lockstep plans.
+
+The thin executor launches from Python; each op also records timing events and dispatches
+through a small interpreter, so its host cost per op differs by kind (an attention is several
+CuPy kernels; a GEMM one prepared cuBLAS call). Validation prices launches the executor's way
+(``executor_mode``); this module measures those costs so that the prices come from
+calibration, not from the validation grid.
+
+Method: for each kind, a plan of ``n`` ops in lockstep (launch, run on the compute stream,
+host sync — as in batch-1 decode or the one-graph-copy baseline) is run by the executor
+(warm-up, median of 3 repeats). The plan's makespan minus the simulator's prediction with a
+zero launch cost, divided by ``n``, is that kind's launch cost. The shapes are small, so the
+GPU time is a minor, table-priced part.
+
+``python -m calibrate.executor_costs --profile scenarios/hardware/NAME.toml`` adds
+``executor_issue_<kind>_us`` keys to the profile (rewritten atomically); ``prefetch-sim
+calibrate`` runs it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from sim.plan import OpKind, Plan, Stream
+
+#: kind -> (op kind, shape, weight bytes) of the lockstep probe ops (Qwen3-30B-A3B geometry)
+PROBES = {
+    "gemm": (OpKind.GEMM, (1, 4096, 2048), 4096 * 2048 * 2),
+    "moe": (OpKind.MOE, (1, 768, 2048, 8, 8), 8 * 768 * 2048 * 2),
+    "attn": (OpKind.ATTN, (1, 1024, 32, 4, 128, 0, 0, 128), 0),
+    "h2d": (OpKind.H2D, (), 64 * 1024),
+    "d2h": (OpKind.D2H, (), 64 * 1024),
+}
+
+
+def lockstep_plan(kind: str, n: int = 40) -> Plan:
+    """``n`` × (launch, op on compute stream 0, host sync) for one probe kind."""
+    op_kind, shape, nbytes = PROBES[kind]
+    plan = Plan(label=f"executor launch probe: {kind}")
+    for i in range(n):
+        iss = plan.add(OpKind.ISSUE, Stream.HOST, -1, f"issue {kind}{i}", tag=op_kind.value,
+                       shape=shape if op_kind is OpKind.ATTN else (), split=i)
+        op = plan.add(op_kind, Stream.COMPUTE, 0, f"probe.{kind}.{i % 4}", (iss,), nbytes=nbytes, shape=shape,
+                      split=i, pinned=True)
+        plan.add(OpKind.HOST_SYNC, Stream.HOST, -1, f"sync {i}", (op,), split=i)
+    return plan
+
+
+def measure(hw, *, n: int = 40, cp=None) -> dict[str, float]:
+    """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``."""
+    from sim.costs import plan_durations  # noqa: PLC0415
+    from sim.engines import analytic  # noqa: PLC0415
+
+    from .executor import execute  # noqa: PLC0415
+
+    out = {}
+    base = replace(hw, executor_mode=True, executor_op_issue_s=1e-12, executor_issue_s_by_kind={},
+                   attn_table=None if hw.attn_table is None else hw.attn_table.drop(columns=["t_host_s"],
+                                                                                     errors="ignore"))
+    for kind in PROBES:
+        plan = lockstep_plan(kind, n)
+        r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp)
+        pred0 = float(analytic.run(plan, plan_durations(plan, base)).makespan_s)
+        out[kind] = max((r.makespan_s - pred0) / n, 0.0)
+    return out
+
+
+def update_profile(path: str | Path, costs: dict[str, float], device: str = "") -> Path:
+    """Add (or replace) ``executor_issue_<kind>_us`` keys in the ``[hardware]`` table of a
+    profile TOML, atomically."""
+    from sim.atomic import write_atomic  # noqa: PLC0415
+
+    p = Path(path)
+    lines = p.read_text().splitlines()
+    lines = [ln for ln in lines if not ln.startswith("executor_issue_")]
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
+    while at > 0 and not lines[at - 1].strip():
+        at -= 1
+    new = [f'executor_issue_{k}_us = {{ value = {v * 1e6:.6g}, source = "measured: the executor\'s host cost '
+           f'per {k} op in lockstep (launch + op + sync) beyond the simulated op, python -m '
+           f'calibrate.executor_costs{(" (" + device + ")") if device else ""}" }}' for k, v in costs.items()]
+    lines[at:at] = new
+    return write_atomic(p, "\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.errors import PrefetchSimError  # noqa: PLC0415
+    from sim.specs import load_hardware  # noqa: PLC0415
+
+    ap = argparse.ArgumentParser(prog="python -m calibrate.executor_costs", description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", required=True, help="profile TOML to measure with and update")
+    ap.add_argument("-n", type=int, default=40, help="ops per probe plan")
+    args = ap.parse_args(argv)
+    try:
+        hw = load_hardware(args.profile)
+        costs = measure(hw, n=args.n)
+        update_profile(args.profile, costs, hw.gpu_name)
+    except PrefetchSimError as exc:
+        print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)
+        return 2
+    for k, v in costs.items():
+        print(f"executor launch cost {k:5s}: {v * 1e6:8.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
