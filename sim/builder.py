@@ -329,8 +329,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
     consumer_of: dict[int, int] = {}   # split -> compute op reading the staging buffer
     issued_upto = -1                   # index into staged_order of the last issued copy
     ids_read: set[int] = set()         # layers whose router ids were read back this graph
-    miss_masks: dict[int, np.ndarray] = {}
-    used_tag: dict[int, np.ndarray] = {}
+    miss_masks: dict[int, np.ndarray] = {}  # layer -> experts the cache missed (copied)
 
     def issue_staged_copy(k: int) -> None:
         si = staged_order[k]
@@ -382,7 +381,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
                 em.host(OpKind.EVENT_WAIT, f"wait ready {t.name}")
                 deps_first.append(ready)
             else:
-                deps_first += _emit_sync_copy(em, ctx, s, n_tokens, ids_read, miss_masks, used_tag)
+                _emit_sync_copy(em, ctx, s, n_tokens, ids_read, miss_masks)
         for j, it in enumerate(s.items):
             em.layer = it.layer
             if it is first and s.host_input is not None and si in staged:
@@ -392,8 +391,8 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
                 consumer_of[si] = oid
                 em.host(OpKind.EVENT_RECORD, f"record free {it.name}")
             else:
-                oid = em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first if j == 0 else (),
-                                nbytes=it.weight_bytes, shape=it.shape)
+                em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first if j == 0 else (),
+                          nbytes=it.weight_bytes, shape=it.shape)
         if prefetch_on and si not in staged:
             # the prefetch machinery records a done event per split so that buffers can be
             # released; it costs host time even when nothing is copied
@@ -410,10 +409,10 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
 
 
 def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids_read: set,
-                    miss_masks: dict, used_tag: dict) -> list[int]:
+                    miss_masks: dict) -> None:
     """Baseline (one graph copy) handling of a split's host input: sync, ids readback for
-    the first expert split of a layer, selective or whole copy, wait. Returns deps for the
-    split's first compute op."""
+    the first expert split of a layer, selective or whole copy, wait (the split's compute is
+    then ordered after the copies by the stream, or by the host for pageable copies)."""
     var, model = ctx.variant, ctx.scn.model
     t = s.host_input
     assert t is not None
@@ -446,7 +445,6 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids
         last = em.h2d(name, dev, nb, stream=Stream.COMPUTE, tag=tag)
     if last is not None and em.pinned:
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
-    return []
 
 
 def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
