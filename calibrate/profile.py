@@ -104,7 +104,10 @@ def write_files_atomically(files: Mapping[Path, str | bytes | pd.DataFrame]) -> 
     tmps: list[tuple[Path, Path]] = []
     try:
         for path, content in files.items():
-            path = Path(path)
+            # write through a symlink; refuse to replace a device or other special file
+            path = Path(os.path.realpath(path))
+            if path.exists() and not path.is_file():
+                raise OSError(21, "not a regular file", str(path))
             tmp = _tmp_for(path)
             tmps.append((tmp, path))
             if isinstance(content, pd.DataFrame):

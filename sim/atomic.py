@@ -19,20 +19,37 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     Raises:
         OSError: the folder cannot be created or written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    target = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    # a symlink is written through (its target is replaced, not the link); a device, FIFO or
+    # other special file (/dev/null, /dev/stdout) is written in place, never replaced
+    path = Path(os.path.realpath(target))
+    if path.exists() and not path.is_file():
+        try:
+            with open(path, "wb") as fh:
+                fh.write(payload)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
+        return target
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # name the user's path, not a temporary one
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.write(payload)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return target
 
 
 def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False) -> Path:
@@ -46,6 +63,8 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     from .errors import ScenarioError
 
     p = Path(path)
+    if str(path) == "":
+        raise ScenarioError("empty path", field=flag)
     if not directory and p.is_dir():
         raise ScenarioError(f"'{p}' is a folder; give a file name", field=flag)
     if directory and p.exists() and not p.is_dir():

@@ -100,7 +100,9 @@ def _add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", nargs="?", help=f"scenario TOML (default: {DEFAULT_SCENARIO})")
     p.add_argument("-p", "--n-prompt", dest="n_prompt", type=_int_list, help="prompt lengths, e.g. 512,2048")
     p.add_argument("-n", "--n-gen", dest="n_gen", type=_int_list, help="generation lengths, e.g. 128")
-    p.add_argument("-d", "--n-depth", dest="n_depth", type=_int_list, help="KV depths, e.g. 0,8192")
+    p.add_argument("-d", "--n-depth", dest="n_depth", type=_int_list,
+                   help="KV depths, e.g. 0,8192 (as llama-bench, the KV cache is sized to depth + tokens "
+                        "when the scenario's ctx_size is smaller)")
     p.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
     p.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
     p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")

@@ -743,6 +743,9 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
                 file=file, field=field_name)
         group = next(g for g in ("baseline", "ungated", "gate", "slots", "cache", "nosel") if mt[g])
         group = "prefetch" if group in ("ungated", "gate") else group
+        if group == "baseline" and len(text.split("+")) > 1:
+            raise ScenarioError(f"'baseline' is the upstream scheduler and cannot be combined ('{text}')",
+                                file=file, field=field_name)
         if group in seen:
             raise ScenarioError(f"'{seen[group]}' and '{tok}' contradict each other in '{text}'",
                                 file=file, field=field_name)
@@ -862,6 +865,11 @@ def load_scenario(path: str | Path) -> Scenario:
             vf = Fields(tbl, path, f"variant[{i}]")
             variants.append(variant_from_fields(vf))
     names = [v.name for v in variants]
+    for i, v in enumerate(variants):
+        if v.name == "baseline" and not v.is_baseline:
+            raise ScenarioError("the name 'baseline' is reserved for the upstream scheduler (speedups are "
+                                "measured against it); name this variant otherwise", file=path,
+                                field=f"variant[{i}].name")
     if len(set(names)) != len(names):
         raise f.error("variant", f"duplicate variant names: {names}")
     f.check_unknown()

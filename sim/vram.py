@@ -149,10 +149,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
         if b.total_bytes > b.capacity_bytes:
             raise PlacementError(
                 f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU {b.device}: needs {b.total_bytes / GiB:.2f} GiB "
-                f"(weights {b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f}, compute "
+                f"(weights {b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute "
                 f"{b.compute_bytes / GiB:.2f}, staging {b.staging_bytes / GiB:.2f}, reserved "
-                f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; raise "
-                f"placement.n_cpu_moe, lower placement.ngl or placement.ctx_size, or add -ot rules",
+                f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; "
+                + ("use fewer staging slots or no prefetch, or " if b.staging_bytes else "")
+                + "raise placement.n_cpu_moe, lower placement.ngl, the context (ctx_size, or the "
+                "tests' depth + tokens) or add -ot rules",
                 file=scn.file, field="placement")
     # expert cache pool: what is left, split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -91,3 +92,29 @@ def test_depth_beyond_ctx_size_raises_the_context(capsys):
 def test_reproduce_rejects_zero_repetitions(capsys):
     rc, _, err = run(capsys, "reproduce", "-r", "0")
     assert rc == 2 and "-r/--repetitions" in err
+
+
+def test_out_writes_through_symlinks_and_special_files(capsys, tmp_path):
+    target = tmp_path / "target.md"
+    target.write_text("old")
+    link = tmp_path / "link.md"
+    link.symlink_to(target)
+    rc, _, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-n", "0", "--out", str(link))
+    assert rc == 0 and link.is_symlink() and "| model" in target.read_text()
+    rc, _, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-n", "0", "--out", "/dev/null")
+    assert rc == 0 and not Path("/dev/null").is_file()
+
+
+def test_a_variant_named_baseline_must_be_the_baseline(tmp_path):
+    text = (ROOT / "scenarios" / "tiny" / "tiny.toml").read_text()
+    text = text.replace('model = "tiny-moe.toml"', f'model = "{ROOT}/scenarios/tiny/tiny-moe.toml"')
+    text = text.replace('hardware = "tiny-gpu.toml"', f'hardware = "{ROOT}/scenarios/tiny/tiny-gpu.toml"')
+    text += '\n[[variant]]\nname = "baseline"\nspec = "prefetch_ungated"\n'
+    text = text.replace('[[variant]]\nspec = "baseline"\n', "")
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(ScenarioError, match="reserved") as exc:
+        load_scenario(p)
+    assert str(p) in str(exc.value)
+    with pytest.raises(ScenarioError, match="cannot be combined"):
+        parse_variant("baseline+prefetch_ungated")
