@@ -33,6 +33,7 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -109,6 +110,11 @@ class BuildContext:
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
 
+    @cached_property
+    def tensor_by_name(self) -> dict[str, Tensor]:
+        """GGUF name -> tensor of the model (built once per context)."""
+        return {t.name: t for t in self.scn.model.tensors}
+
 
 def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> BuildContext:
     """Resolve the placement (``fit_experts``), VRAM and the router/cache for a variant.
@@ -142,7 +148,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
     """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order."""
     scn, model = ctx.scn, ctx.scn.model
     pl = scn.placement
-    tens = {t.name: t for t in model.tensors}
+    tens = ctx.tensor_by_name
     offload = n_tokens >= pl.op_offload_min_batch
     items: list[Item] = []
 
