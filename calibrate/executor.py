@@ -208,10 +208,7 @@ def moe_rows_per_expert(m: int, topk: int, n_used: int) -> int:
     return math.ceil(m * topk / n_used)
 
 
-def attn_keys(n_tokens: int, kv_len: int, window: int) -> int:
-    """Keys a full-attention op attends to: ``kv_len + n_tokens``, capped by a window."""
-    total = kv_len + n_tokens
-    return min(total, window) if window else total
+from sim.costs import attn_keys  # noqa: E402  (keys attended; shared with the cost model)
 
 
 def translate(plan: Plan, *, byte_scale: float = 1.0) -> Program:

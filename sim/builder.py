@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from .cache import ExpertCache
+from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
 from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
@@ -156,7 +157,9 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         host = any(t.name in ctx.host_names for t in tensors)
         dev = ctx.layer_dev[layer] if layer >= 0 else scn.hardware.n_gpu - 1
         wb = sum(t.nbytes for t in tensors) if weight_bytes is None else weight_bytes
-        cpu = host and not offload
+        # ggml-cuda's offload rule looks at the op's own batch (ne[1] of MUL_MAT, tokens of
+        # MUL_MAT_ID): the output head computes one row per graph
+        cpu = host and not (offload if kind is OpKind.MOE else shape[0] >= pl.op_offload_min_batch)
         items.append(Item(kind, name, layer, shape, wb, tuple(tensors), host, cpu,
                           -1 if cpu else max(dev, 0), expert))
 
@@ -319,10 +322,10 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
             staged[si] = ("slots", var.expert_slots)
         elif prefetch_on:
             staged[si] = ("weights", 2)
-    staged_order = sorted(staged)
     pools: dict[str, list[int]] = {}
-    for si in staged_order:
+    for si in sorted(staged):
         pools.setdefault(staged[si][0], []).append(si)
+    pool_pos = {si: pos for members in pools.values() for pos, si in enumerate(members)}
     # issue point of each staged copy: the start of the split that is (buffers - 1) staged
     # splits earlier in its pool (up to buffers - 1 copies in flight ahead of the consumer);
     # the first ones of a graph are issued at the graph's first split
@@ -331,6 +334,8 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         for pos, si in enumerate(members):
             la = staged[si][1] - 1
             issue_at[si] = members[pos - la] if pos >= la else 0
+    # copies are issued when their issue point comes (pools independent of each other)
+    staged_order = sorted(staged, key=lambda si: (issue_at[si], si))
     copy_of: dict[int, int] = {}       # split -> H2D op into its staging buffer
     consumer_of: dict[int, int] = {}   # split -> compute op reading the staging buffer
     issued_upto = -1                   # index into staged_order of the last issued copy
@@ -345,7 +350,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         assert t is not None
         # the buffer was last read by the consumer nbuf positions earlier in the same pool
         pool = pools[pool_name]
-        pos = pool.index(si)
+        pos = pool_pos[si]
         free_dep = consumer_of.get(pool[pos - nbuf]) if pos >= nbuf else None
         dev = s.device
         # slot ids are unique per graph: the weight-prefetch pair first, expert slots after it
@@ -404,12 +409,12 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
             # released; it costs host time even when nothing is copied
             em.host(OpKind.EVENT_RECORD, f"record done split{si}")
     # end of graph: the host synchronises every GPU before the next ubatch
+    # background cache fills (decode) are not waited for here: the hits that need them wait
+    # on their fill's event instead (Emitter.fill_of)
+    streams = (Stream.COMPUTE,) if em.fill_pending else (Stream.COMPUTE, Stream.COPY)
     for g in range(hw.n_gpu):
-        # background cache fills (decode) are not waited for here: the hits that need them
-        # wait on their fill's event instead (Emitter.fill_of)
-        em.sync(g, f"graph {em.graph} end sync{g}",
-                (Stream.COMPUTE,) if em.fill_pending else (Stream.COMPUTE, Stream.COPY))
-        em.fill_pending = False
+        em.sync(g, f"graph {em.graph} end sync{g}", streams)
+    em.fill_pending = False
     em.plan.graph_last_op.append(len(em.plan.ops) - 1)
     em.plan.graph_tokens.append(n_tokens)
 
@@ -475,11 +480,9 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.layer = it.layer
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
-            from .costs import attn_pairs
-
             n_tok, kv, nh, nkv, hd, win, linear, state = it.shape
             pairs = n_tok * nh * hd * state if linear else attn_pairs(n_tok, kv, win) * nh * hd
-            kv_read = 0 if linear else (min(kv + n_tok, win) if win else kv + n_tok) * nkv * hd * 4
+            kv_read = 0 if linear else attn_keys(n_tok, kv, win) * nkv * hd * 4
             shape = (1, int(2 * pairs), 1, 1)
             nbytes = int(kv_read)
         elif it.kind is OpKind.MOE:

@@ -9,7 +9,7 @@ Pure functions of (op, profile). Formulas:
   When the profile has a measured ``gemm_table`` holding the (n, k) shape, the time is
   interpolated in log(m) from it instead (measured beats roofline).
 * MUL_MAT_ID with a measured profile: the roofline with the fitted rates (calibration found
-  a batched grouped GEMM within ~1% of it, ``scenarios/hardware/h200/moe.csv``), reading the
+  a batched grouped GEMM within ~3% of it, ``scenarios/hardware/h200/moe.csv``), reading the
   used experts' weights at ``kernel_weight_bits``.
 * Attention: FLOP = 4·pairs·n_head·head_dim (QKᵀ and PV), pairs = causal (query, key)
   pairs of the ubatch against ``kv_len`` cached tokens (capped by a sliding window); bytes =
@@ -44,6 +44,17 @@ HOST_WORK_PER_ITEM_S = 5e-9
 ACT_BYTES = 4  # activations are f32 in ggml graphs
 
 
+def roofline_s(hw: HardwareProfile, flops: float, nbytes: float) -> float:
+    """``max(FLOP / (peak · gemm_efficiency), bytes / (HBM · hbm_efficiency)) + kernel_s``."""
+    return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
+               nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+
+
+def attn_keys(n_tokens: int, kv_len: int, window: int = 0) -> int:
+    """Keys the last query of a ubatch attends to: ``kv_len + n_tokens``, at most ``window``."""
+    return min(kv_len + n_tokens, window) if window else kv_len + n_tokens
+
+
 def gemm_s(hw: HardwareProfile, m: int, n: int, k: int, weight_bytes: float, rows: int | None = None) -> float:
     """Time of a (m×k)·(k×n) matmul whose weights take ``weight_bytes``.
 
@@ -58,10 +69,7 @@ def gemm_s(hw: HardwareProfile, m: int, n: int, k: int, weight_bytes: float, row
         return tab  # measured kernels (their own weight format, see kernel_weight_bits)
     if hw.kernel_weight_bits:
         weight_bytes = n * k * hw.kernel_weight_bits / 8
-    flops = 2.0 * rows * n * k
-    nbytes = weight_bytes + ACT_BYTES * rows * (n + k)
-    return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
-               nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+    return roofline_s(hw, 2.0 * rows * n * k, weight_bytes + ACT_BYTES * rows * (n + k))
 
 
 def _table_lookup(hw: HardwareProfile, n: int, k: int, m: int) -> float | None:
@@ -86,13 +94,13 @@ _CURVE_CACHE: dict[int, dict] = {}
 
 def _gemm_curves(key: int, table) -> dict:
     got = _CURVE_CACHE.get(key)
-    if got is not None:
-        return got
+    if got is not None and got[0] is table:  # the cache holds the table: its id cannot be reused
+        return got[1]
     curves = {}
     for (n, k), grp in table.groupby(["n", "k"]):
         g = grp.groupby("m")["t_s"].median().sort_index()
         curves[(int(n), int(k))] = (np.log(g.index.to_numpy(float)), np.log(g.to_numpy(float)))
-    _CURVE_CACHE[key] = curves
+    _CURVE_CACHE[key] = (table, curves)
     return curves
 
 
@@ -105,10 +113,9 @@ def attn_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_
     else:
         pairs = attn_pairs(n_tokens, kv_len, window)
         flops = 4.0 * pairs * n_head * head_dim
-        kv_read = (min(kv_len + n_tokens, window) if window else kv_len + n_tokens)
+        kv_read = attn_keys(n_tokens, kv_len, window)
         nbytes = kv_read * n_head_kv * head_dim * 2 * 2 + ACT_BYTES * n_tokens * n_head * head_dim * 2
-    return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
-               nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+    return roofline_s(hw, flops, nbytes)
 
 
 def attn_pairs(n_tokens: int, kv_len: int, window: int = 0) -> float:
@@ -130,7 +137,8 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
                   head_dim: int, window: int, column: str = "t_s") -> float | None:
     """Attention time from the measured table's per-geometry fit (None: geometry not in it).
     ``column="t_host_s"``: the host time to launch its kernels, one call at a time."""
-    fits = _ATTN_FITS.get((id(hw.attn_table), column))
+    got = _ATTN_FITS.get((id(hw.attn_table), column))
+    fits = got[1] if got is not None and got[0] is hw.attn_table else None
     if fits is None:
         fits = {}
         for key, g in hw.attn_table.groupby(["n_head", "n_head_kv", "head_dim"]):
@@ -142,11 +150,11 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
             w = 1.0 / t
             coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
             fits[tuple(int(x) for x in key)] = np.maximum(coef, 0.0)
-        _ATTN_FITS[(id(hw.attn_table), column)] = fits
+        _ATTN_FITS[(id(hw.attn_table), column)] = (hw.attn_table, fits)
     coef = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
     if coef is None:
         return None
-    keys = min(kv_len + n_tokens, window) if window else kv_len + n_tokens
+    keys = attn_keys(n_tokens, kv_len, window)
     return float(coef[0] + coef[1] * n_tokens * keys + coef[2] * keys)
 
 
@@ -176,10 +184,7 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
         # one grouped kernel over the used experts: never the dense table (it would count
         # one expert's weights), always the roofline on all used experts' bytes
         rows = m * topk
-        flops = 2.0 * rows * n * kk
-        nbytes = wb + ACT_BYTES * rows * (n + kk)
-        return max(flops / (hw.gpu_flops_per_s * hw.gemm_efficiency),
-                   nbytes / (hw.hbm_bytes_per_s * hw.hbm_efficiency)) + hw.kernel_s
+        return roofline_s(hw, 2.0 * rows * n * kk, wb + ACT_BYTES * rows * (n + kk))
     if k is OpKind.ATTN:
         n_tok, kv, nh, nkv, hd, window, linear, state = op.shape
         if not linear and hw.attn_table is not None:
@@ -215,7 +220,7 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     cache: dict = {}
     out = np.empty(len(plan.ops), dtype=np.float64)
     for op in plan.ops:
-        key = (op.kind, op.nbytes, op.shape, op.pinned)
+        key = (op.kind, op.nbytes, op.shape, op.pinned, op.tag)  # tag: launched kind (executor_mode)
         d = cache.get(key)
         if d is None:
             d = cache[key] = op_duration_s(op, hw)

@@ -88,15 +88,35 @@ def expert_bytes(model: ModelSpec, layer: int) -> int:
     return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
 
 
-def staging_bytes(model: ModelSpec, placement: Placement, variant: Variant, host: list[Tensor]) -> float:
-    """Staging reservation of a variant given the host-resident tensors (per GPU)."""
+def weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
+    """The weights each weight op of a graph reads, grouped as :func:`sim.builder.graph_items`
+    emits them (fused q/k/v, shared-expert gate+up, one group per other tensor): a host split
+    copies a whole group, so staging and split-input buffers are sized by groups."""
+    out: list[tuple[Tensor, ...]] = []
+    by_layer: dict[int, list[Tensor]] = {}
+    for t in model.tensors:
+        by_layer.setdefault(t.layer, []).append(t)
+    for layer, ts in by_layer.items():
+        fused = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv"}
+        groups: dict[str, list[Tensor]] = {}
+        for t in ts:
+            key = fused.get(t.group, t.name)
+            if t.name.endswith(("ffn_gate_shexp", "ffn_up_shexp")):
+                key = "shexp_gate_up"
+            groups.setdefault(key, []).append(t)
+        out.extend(tuple(g) for g in groups.values())
+    return out
+
+
+def staging_bytes(variant: Variant, host_groups: list[tuple[Tensor, ...]]) -> float:
+    """Staging reservation of a variant on one GPU, given the host-resident weight groups whose
+    ops run there: 2 × the largest group for weight prefetch, N × the largest expert tensor for
+    expert slots."""
     out = 0.0
-    if variant.prefetch_weights and host:
-        out += 2 * max(t.nbytes for t in host if t.layer >= 0) if any(t.layer >= 0 for t in host) else 0
+    if variant.prefetch_weights:
+        out += 2 * max((sum(t.nbytes for t in g) for g in host_groups), default=0)
     if variant.expert_slots:
-        exps = [t.nbytes for t in host if t.is_expert]
-        if exps:
-            out += variant.expert_slots * max(exps)
+        out += variant.expert_slots * max((t.nbytes for g in host_groups for t in g if t.is_expert), default=0)
     return float(out)
 
 
@@ -110,6 +130,13 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     pl = placement or scn.placement
     devs = layer_devices(model, pl, hw.n_gpu)
     host = [t for t in model.tensors if pl.host_resident(model, t)]
+    # host weight groups whose ops may be offloaded (token_embd is read by get_rows on the CPU;
+    # a host-resident output head has a batch of one row and runs on the CPU)
+    host_groups = [g for g in weight_groups(model)
+                   if g[0].layer >= 0 and any(pl.host_resident(model, t) for t in g)]
+
+    def gpu_of(group: tuple[Tensor, ...]) -> int:
+        return max(devs[group[0].layer], 0)  # the layer's GPU (GPU 0 if the layer is not offloaded)
     host_set = {t.name for t in host}
     out = []
     n_ub = scn.workload.n_ubatch
@@ -138,12 +165,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 widest = max(widest, model.moe.n_ff_exp * model.moe.n_expert_used, model.moe.n_ff_shexp)
             widest = max(widest, model.n_ff, model.n_head * model.head_dim)
             comp = 4.0 * n_ub * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
-            offl = [t.nbytes for t in host if t.layer >= 0 and max(devs[t.layer], 0) == g]
+            offl = [sum(t.nbytes for t in grp) for grp in host_groups if gpu_of(grp) == g]
             if offl:
-                comp += max(offl)  # a copy of the largest host weight offloaded to this GPU
+                comp += max(offl)  # a copy of the largest host weight group offloaded to this GPU
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
         # layers that are not offloaded)
-        stg = staging_bytes(model, pl, variant, [t for t in host if t.layer >= 0 and max(devs[t.layer], 0) == g])
+        stg = staging_bytes(variant, [grp for grp in host_groups if gpu_of(grp) == g])
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg))
     for b in out:
         if b.total_bytes > b.capacity_bytes:

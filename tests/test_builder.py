@@ -374,3 +374,17 @@ def test_cpu_backend_runs_on_the_host_thread(scn, variant, test):
     seq = [(o.id, o.stream) for o in plan.ops if o.stream in (Stream.HOST, Stream.CPU)]
     for (a, _), (b, _) in zip(seq, seq[1:]):
         assert sched.start_s[b] >= sched.end_s[a] - 1e-15, (plan.ops[a].name, plan.ops[b].name)
+
+
+@pytest.mark.parametrize("variant", ["prefetch_ungated", "slots3", "slots2+prefetch_ungated"])
+def test_vram_reserves_every_staging_buffer_the_plan_uses(variant):
+    """The staging the builder allocates (slot_bytes of each distinct slot) fits in what the VRAM
+    accounting reserves, also when a split copies several tensors (fused q/k/v)."""
+    scn = make_scenario(n_layer=3, n_expert=8, top_k=2)
+    scn = scn.with_(placement=replace(scn.placement, override_tensor=(("blk\\.1\\.attn_", "CPU"),)))
+    plan = plan_of(scn, variant, n_prompt=64)
+    used = {}
+    for o in plan.ops:
+        if o.kind is OpKind.H2D and o.tag == "prefetch":
+            used[o.slot] = max(used.get(o.slot, 0), o.slot_bytes)
+    assert used and sum(used.values()) <= account(scn, parse_variant(variant))[0].staging_bytes
