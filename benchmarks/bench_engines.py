@@ -32,6 +32,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import best_of  # noqa: E402
 from sim.engines import analytic, des  # noqa: E402
 from sim.plan import OpKind, Plan, Stream  # noqa: E402
 
@@ -103,15 +105,6 @@ def synthetic_durations(plan: Plan, rng: np.random.Generator) -> np.ndarray:
 
 def n_splits(plan: Plan) -> int:
     return len({(op.graph, op.layer, op.split) for op in plan.ops})
-
-
-def best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def bench_plan(label: str, plan: Plan, dur: np.ndarray, n_scen: int, repeat: int, rng) -> list[dict]:

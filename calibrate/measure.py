@@ -805,6 +805,16 @@ def measure_hbm(g: Gpu, nbytes: int = 2 * 2**30, reps: int = 5) -> dict:
             "memcpy_d2d_t_s": float(np.median(t_memcpy)), "kernel_copy_t_s": float(np.median(t_kernel))}
 
 
+def _host_samples(fn: Callable[[], Any], n: int) -> np.ndarray:
+    """Host wall time (s) of each of ``n`` calls of ``fn()``, shape (n,)."""
+    out = np.empty(n)
+    for i in range(n):
+        t0 = perf()
+        fn()
+        out[i] = perf() - t0
+    return out
+
+
 def _host_loop(fn: Callable[[], Any], n: int) -> float:
     t0 = perf()
     for _ in range(n):
@@ -892,21 +902,12 @@ def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
     a[:] = 0.25
     x = np.linspace(-1.0, 1.0, cols, dtype=np.float32)
     a @ x  # warm-up: page faults, BLAS threads
-    ts = []
-    for _ in range(reps):
-        t0 = perf()
-        a @ x
-        ts.append(perf() - t0)
-    tm = np.array(ts)
-    del a
+    tm = _host_samples(lambda: a @ x, reps)
+    a = None  # free the 1 GiB matrix
     rng = np.random.default_rng(0)
     b = rng.standard_normal((gemm_n, gemm_n), dtype=np.float32)
     b @ b
-    tg = []
-    for _ in range(3):
-        t0 = perf()
-        b @ b
-        tg.append(perf() - t0)
+    tg = _host_samples(lambda: b @ b, 3)
     flops = 2.0 * gemm_n**3
     # small matvecs (decode-sized expert slices): per-call cost = intercept of t vs bytes
     small_b, small_t = [], []
@@ -916,13 +917,8 @@ def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
         m_ = np.full((r, k), 0.5, dtype=np.float32)
         v = np.linspace(-1, 1, k, dtype=np.float32)
         m_ @ v
-        tt = []
-        for _ in range(9):
-            t0 = perf()
-            m_ @ v
-            tt.append(perf() - t0)
         small_b.append(r * k * 4)
-        small_t.append(float(np.median(tt)))
+        small_t.append(float(np.median(_host_samples(lambda: m_ @ v, 9))))
     slope, icpt = np.polyfit(np.array(small_b, float), np.array(small_t), 1)
     return {"matvec_small_bytes": small_b, "matvec_small_t_s": small_t, "matvec_call_s": float(max(icpt, 0.0)),
             "matvec_bytes": int(rows * cols * 4), "matvec_t_s": float(np.median(tm)),
