@@ -244,8 +244,24 @@ def _probe_words(grid, block, args):
         o[i] = ctypes.c_uint32.from_address(int(addrs[i])).value
 
 
+def _softmax_rows_f16(grid, block, args):
+    """numpy twin of ``softmax_rows_f16``: ``grid[0]`` rows of ``L`` f16 values back to back
+    from the array's address become ``softmax(row * scale)`` in f16, in place; f32 math in the
+    kernel's order (max of the scaled row, sum of exponentials, exponential / sum)."""
+    s, n_cols, scale = args
+    rows, n_cols = int(grid[0]), int(n_cols)
+    ptr = s.data.ptr if isinstance(s, FakeArray) else int(s.ctypes.data)
+    a = np.ctypeslib.as_array((ctypes.c_uint16 * (rows * n_cols)).from_address(ptr)).view(np.float16)
+    a = a.reshape(rows, n_cols)
+    x = a.astype(np.float32) * np.float32(scale)
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    x *= np.float32(1.0) / x.sum(axis=1, keepdims=True, dtype=np.float32)
+    a[...] = x.astype(np.float16)
+
+
 _KERNELS = {"spin_ns": lambda grid, block, args: None, "noop": lambda grid, block, args: None,
-            "probe_words": _probe_words}
+            "probe_words": _probe_words, "softmax_rows_f16": _softmax_rows_f16}
 
 
 class RawKernel:

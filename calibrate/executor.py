@@ -13,9 +13,11 @@ Two halves:
   pageable copies from numpy memory (the call blocks the host), pinned ones from a
   ``cupyx.empty_pinned`` pool; staging slots preallocated; GEMMs of the op's (m, n, k) in
   f16; MoE ops as one grouped (strided-batched) GEMM over ``n_used`` experts with
-  ``m·top_k`` rows in total; attention of the op's shape; CPU ops as numpy matvecs on the
-  host. Every op's start and end is recorded — CUDA events for GPU ops, the host clock for
-  host ops — and mapped onto one time axis; the result is a trace with exactly the schema
+  ``m·top_k`` rows in total; softmax attention of the op's shape as one prepared
+  :func:`calibrate.measure.attention_call` (per chunk of query rows: a QKᵀ GEMM, an in-place
+  f16 row-softmax kernel, a PV GEMM, on a score buffer per stream); CPU ops as numpy matvecs
+  on the host. Every op's start and end is recorded — CUDA events for GPU ops, the host clock
+  for host ops — and mapped onto one time axis; the result is a trace with exactly the schema
   of :mod:`sim.trace` (``engine="executor"``).
 
 Losslessness. Two checks, both schedule-independent by construction:
@@ -452,6 +454,18 @@ class _Runtime:
                 vv = randn((nkv, max(keys, 1), hd), 1.0)
                 self.attn_kv[(nh, nkv, hd, linear, state)] = (q, kk, vv)
         self.out_ring = [cp.empty(max(prog.out_elems, 2), dtype=f16) for _ in range(4)]
+        # one f16 score buffer per stream for its (softmax) attention ops, sized for the
+        # largest chunk (capped at M.ATTN_SCORE_BYTES, the calibration's cap, so ops chunk as
+        # attn_table was measured); the ops of one stream run one after another and share it
+        score_elems: dict[tuple[str, int], int] = defaultdict(int)
+        for op in plan.ops:
+            if op.kind is OpKind.ATTN and _is_gpu_queue(op):
+                n_tok, kv, nh, nkv, _hd, window, linear = (int(x) for x in op.shape[:7])
+                if not linear and n_tok > 0:
+                    key = (op.stream.value, op.device)
+                    need = M.attention_score_elems(nkv, (nh // nkv) * n_tok, attn_keys(n_tok, kv, window))
+                    score_elems[key] = max(score_elems[key], need)
+        self.scores = {key: cp.empty(max(n_el, 1), dtype=f16) for key, n_el in score_elems.items()}
         # CPU-backend weights: one region per tensor name (a real model's host weights are
         # distinct memory; re-reading one buffer would run from the CPU caches), up to 4 GiB
         names = sorted({op.name for op in plan.ops if op.kind is OpKind.CPU_MATVEC})
@@ -558,7 +572,9 @@ class _Runtime:
             else:
                 args = (int(self.d2h_host.ctypes.data), int(self.buf[p.buffer].data.ptr), p.nbytes, 2, stream.ptr)
             return lambda: memcpy(*args)
-        if not self.fast or op.kind is OpKind.ATTN:
+        if op.kind is OpKind.ATTN:
+            return self._attn_call(op)
+        if not self.fast:
             return lambda: self.compute(op)
         out = self.out_of[op.id]
         if op.kind is OpKind.GEMM:
@@ -575,6 +591,22 @@ class _Runtime:
             return lambda: None
         return self.M.bgemm_call(self.g, self.x[k][: u * r * k].reshape(u, r, k), self.moe_w[(n, k)][:u],
                                  out[: u * r * n].reshape(u, r, n))
+
+    def _attn_call(self, op):
+        """Softmax attention as one prepared :func:`calibrate.measure.attention_call` (two
+        cuBLAS GEMMs and the softmax kernel, per chunk of query rows) on the stream's score
+        buffer; linear attention through :meth:`compute`."""
+        n_tok, kv, nh, nkv, hd, window, linear, _state = (int(x) for x in op.shape)
+        if linear:
+            return lambda: self.compute(op)
+        if n_tok <= 0:
+            return lambda: None
+        q, kk, vv = self.attn_kv[(nh, nkv, hd, False, 0)]
+        keys = attn_keys(n_tok, kv, window)
+        rows = (nh // nkv) * n_tok
+        out = self.out_of[op.id][: nkv * rows * hd].reshape(nkv, rows, hd)
+        return self.M.attention_call(self.g, q[:, :rows], kk[:, :keys], vv[:, :keys], out,
+                                     scores=self.scores[(op.stream.value, op.device)])
 
     # -- sizes ------------------------------------------------------------------------
     @staticmethod

@@ -1,10 +1,10 @@
 """The executor's own launch cost per op kind, measured on dedicated lockstep plans.
 
 The thin executor launches from Python; each op also records timing events and dispatches
-through a small interpreter, so its host cost per op differs by kind (an attention is several
-CuPy kernels; a GEMM one prepared cuBLAS call). Validation prices launches the executor's way
-(``executor_mode``); this module measures those costs so that the prices come from
-calibration, not from the validation grid.
+through a small interpreter, so its host cost per op differs by kind (an attention is three
+prepared launches, two cuBLAS GEMMs and a softmax kernel; a GEMM one prepared cuBLAS call).
+Validation prices launches the executor's way (``executor_mode``); this module measures those
+costs so that the prices come from calibration, not from the validation grid.
 
 Method: for each kind, a plan of ``n`` ops in lockstep (launch, run on the compute stream,
 host sync — as in batch-1 decode or the one-graph-copy baseline) is run by the executor

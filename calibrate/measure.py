@@ -44,7 +44,55 @@ extern "C" __global__ void probe_words(const unsigned long long* addrs, int n, u
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = *((const volatile unsigned int*)addrs[i]);
 }
+// f16 <-> f32 with the PTX conversions that cuda_fp16.h's __half2float / __float2half use
+// (f16 values travel as their 16 bits, so no header is needed under NVRTC)
+__device__ __forceinline__ float f16_to_f32(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+extern "C" __global__ void softmax_rows_f16(unsigned short* s, int L, float scale) {
+    // in place, one block per row: row r (gridDim.x rows of L f16 values, back to back from
+    // s) becomes softmax(row * scale) in f16; math in f32. blockDim.x: a power of two <= 1024.
+    __shared__ float red[1024];
+    unsigned short* row = s + (unsigned long long)blockIdx.x * (unsigned long long)L;
+    const int t = threadIdx.x;
+    const int nt = blockDim.x;
+    // pass 1: row maximum of s * scale
+    float m = -3.402823466e+38f;
+    for (int i = t; i < L; i += nt) m = fmaxf(m, f16_to_f32(row[i]) * scale);
+    red[t] = m;
+    __syncthreads();
+    for (int w = nt >> 1; w > 0; w >>= 1) {
+        if (t < w) red[t] = fmaxf(red[t], red[t + w]);
+        __syncthreads();
+    }
+    m = red[0];
+    __syncthreads();
+    // pass 2: sum of exp(s * scale - max)
+    float sum = 0.0f;
+    for (int i = t; i < L; i += nt) sum += __expf(f16_to_f32(row[i]) * scale - m);
+    red[t] = sum;
+    __syncthreads();
+    for (int w = nt >> 1; w > 0; w >>= 1) {
+        if (t < w) red[t] += red[t + w];
+        __syncthreads();
+    }
+    const float inv = 1.0f / red[0];
+    // pass 3: exp(s * scale - max) / sum, rounded to f16
+    for (int i = t; i < L; i += nt) row[i] = f32_to_f16(__expf(f16_to_f32(row[i]) * scale - m) * inv);
+}
 """
+
+#: threads per block of ``softmax_rows_f16`` (one block per score row)
+SOFTMAX_THREADS = 256
+#: default cap on one chunk's f16 score block of :func:`attention_call` (bytes)
+ATTN_SCORE_BYTES = 2 * 2**30
 
 #: cudaMemcpyKind values (CUDA runtime API)
 H2D, D2H, D2D = 1, 2, 3
@@ -59,6 +107,8 @@ class Gpu:
         stream: the compute stream.
         copy_stream: a second non-blocking stream for copies.
         spin, noop, probe: helper kernels (see :data:`KERNELS_SRC`).
+        softmax: the in-place f16 row softmax of :func:`attention_call`
+            (``softmax_rows_f16``; grid = rows, block = :data:`SOFTMAX_THREADS`).
         bf16: numpy dtype of bfloat16 when CuPy supports it (``ml_dtypes``), else None.
         bf16_note: why bf16 is unavailable (empty when it is).
         batched_gemm: ``cublasGemmStridedBatchedEx`` works and agrees with a loop of matmuls.
@@ -72,6 +122,7 @@ class Gpu:
     spin: Any
     noop: Any
     probe: Any
+    softmax: Any
     bf16: Any
     bf16_note: str
     batched_gemm: bool
@@ -149,6 +200,7 @@ def open_gpu(cp, *, seed: int = 0) -> Gpu:
     spin = cp.RawKernel(KERNELS_SRC, "spin_ns")
     noop = cp.RawKernel(KERNELS_SRC, "noop")
     probe = cp.RawKernel(KERNELS_SRC, "probe_words")
+    softmax = cp.RawKernel(KERNELS_SRC, "softmax_rows_f16")
     rng = cp.random.default_rng(seed)
     info = {
         "device": _decode(props.get("name", "?")),
@@ -167,12 +219,13 @@ def open_gpu(cp, *, seed: int = 0) -> Gpu:
         "hostname_kernel": platform.release(),
     }
     info.update(_nvidia_smi())
-    g = Gpu(cp, stream, copy_stream, spin, noop, probe, None, "", False, info, rng)
+    g = Gpu(cp, stream, copy_stream, spin, noop, probe, softmax, None, "", False, info, rng)
     # kernels compile on first use: do it now, outside any timing
     g.spin_for(1e-6)
     with stream:
         noop((1,), (1,), ())
     stream.synchronize()
+    _check_softmax(g)
     g.bf16, g.bf16_note = _detect_bf16(g)
     g.batched_gemm = _check_batched(g)
     return g
@@ -729,37 +782,138 @@ def measure_moe(g: Gpu, model: str, n_expert: int, top_k: int, n: int, k: int, n
 # ---------------------------------------------------------------------------------------
 
 
-def attention(g: Gpu, q, k, v, out, *, max_score_bytes: int = 2 * 2**30) -> None:
-    """softmax(Q·Kᵀ/√d)·V for grouped-query attention, on the current stream.
+def softmax_rows_ref(s, scale: float) -> np.ndarray:
+    """Float64 reference of ``softmax_rows_f16``: ``softmax(s * scale)`` along the last axis
+    of a host array (any float dtype), returned as float64."""
+    x = np.asarray(s, dtype=np.float64) * float(scale)
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
-    Shapes: ``q`` (H_kv, G·n, d) — the G query heads sharing a KV head stacked with the n
-    tokens; ``k``, ``v`` (H_kv, L, d); ``out`` (H_kv, G·n, d); all f16. Scores are formed in
-    f16 by a batched GEMM, the softmax is done in f32, then P·V by a batched GEMM. Query rows
-    are processed in chunks so the f32 score block stays under ``max_score_bytes``. No
-    causal mask: every query sees all L keys (the cost of the full rectangle).
+
+def _check_softmax(g: Gpu) -> None:
+    """Compile ``softmax_rows_f16`` (outside any timing) and check it on 3 rows of 300 keys
+    (more than one block's width, not a multiple of it) against :func:`softmax_rows_ref`.
+
+    Raises:
+        RuntimeError: the kernel's result differs from the reference.
     """
     cp = g.cp
-    hkv, rows, d = q.shape
-    L = k.shape[1]
-    scale = 1.0 / math.sqrt(d)
-    chunk = max(1, min(rows, max_score_bytes // max(hkv * L * 4, 1)))
+    rows, L, scale = 3, 300, 0.37
+    host = (np.random.default_rng(1).standard_normal((rows, L)) * 4).astype(np.float16)
+    dev = cp.asarray(host.ravel())
+    g.sync_all()
+    with g.stream:
+        g.softmax((rows,), (SOFTMAX_THREADS,), (dev, np.int32(L), np.float32(scale)))
+    g.stream.synchronize()
+    got = cp.asnumpy(dev).reshape(rows, L).astype(np.float64)
+    ref = softmax_rows_ref(host, scale)
+    if not np.allclose(got, ref, rtol=4e-3, atol=1e-6):
+        raise RuntimeError(f"softmax_rows_f16 disagrees with the reference (max abs error "
+                           f"{float(np.abs(got - ref).max()):.3g})")
+
+
+def attention_chunk_rows(n_batch: int, rows: int, L: int, max_score_bytes: int = ATTN_SCORE_BYTES) -> int:
+    """Query rows per chunk of :func:`attention_call`: the most (at least 1, at most
+    ``rows``) for which the f16 score block (n_batch, chunk, L) fits in ``max_score_bytes``."""
+    return max(1, min(rows, max_score_bytes // max(n_batch * L * 2, 1)))
+
+
+def attention_score_elems(n_batch: int, rows: int, L: int, max_score_bytes: int = ATTN_SCORE_BYTES) -> int:
+    """Elements (f16) of the score buffer :func:`attention_call` needs for these shapes."""
+    if n_batch <= 0 or rows <= 0 or L <= 0:
+        return 0
+    return n_batch * attention_chunk_rows(n_batch, rows, L, max_score_bytes) * L
+
+
+def attention_call(g: Gpu, q, k, v, out, *, scores=None, max_score_bytes: int = ATTN_SCORE_BYTES):
+    """A prepared softmax(Q·Kᵀ/√d)·V for grouped-query attention: returns a no-argument
+    callable that issues it on the current stream (see :func:`attention`).
+
+    Shapes: ``q`` (H_kv, G·n, d) — the G query heads sharing a KV head stacked with the n
+    tokens; ``k``, ``v`` (H_kv, L, d); ``out`` (H_kv, G·n, d); all f16, each C-contiguous in
+    its last two axes. Query rows are taken in chunks of :func:`attention_chunk_rows` so that
+    one chunk's f16 score block S (H_kv, chunk, L) stays under ``max_score_bytes``; per chunk
+    three launches: ``S = Q·Kᵀ`` (strided-batched cuBLAS GEMM, f32 accumulation, f16 out),
+    ``softmax_rows_f16`` on S in place (one block per row, f32 math, scale 1/√d), and
+    ``out = S·V`` (the same GEMM). No causal mask: every query sees all L keys (the cost of
+    the full rectangle).
+
+    Args:
+        scores: a 1-D f16 device array of at least :func:`attention_score_elems` elements
+            for S, reused by every chunk and every call (calls on one stream may share it);
+            None allocates one here, once.
+        max_score_bytes: cap on one chunk's score block, bytes.
+
+    Everything (argument lists, views, the score buffer) is built here, once; a call only
+    launches. On the numpy stand-in, or without :attr:`Gpu.batched_gemm`, the GEMMs run as
+    loops of 2-D matmuls (:func:`bgemm`); the softmax is always the kernel (the stand-in
+    runs a numpy twin of it).
+
+    Raises:
+        ValueError: no keys, or ``scores`` not a large enough 1-D f16 array.
+    """
+    cp = g.cp
+    hkv, rows, d = (int(x) for x in q.shape)
+    L = int(k.shape[1])
+    if hkv == 0 or rows == 0:
+        return lambda: None
+    if L <= 0:
+        raise ValueError("attention needs at least one key")
+    chunk = attention_chunk_rows(hkv, rows, L, max_score_bytes)
+    need = hkv * chunk * L
+    if scores is None:
+        scores = cp.empty(need, dtype=cp.float16)
+    elif scores.ndim != 1 or scores.dtype != np.float16 or scores.size < need:
+        raise ValueError(f"attention scores: need a 1-D float16 array of >= {need} elements, got "
+                         f"{scores.dtype} {tuple(scores.shape)}")
+    prepared = bool(g.batched_gemm) and not getattr(cp, "IS_FAKE", False)
+
+    def gemm(a, b, c, trans_b=False):
+        if prepared:
+            return bgemm_call(g, a, b, c, trans_b=trans_b)
+        return lambda: bgemm(g, a, b, c, trans_b=trans_b, use_batched=False)
+
+    kern, block = g.softmax, (SOFTMAX_THREADS,)
+    len_arg, scale = np.int32(L), np.float32(1.0 / math.sqrt(d))
+    steps = []
     for r0 in range(0, rows, chunk):
         r1 = min(rows, r0 + chunk)
-        s = cp.empty((hkv, r1 - r0, L), dtype=cp.float16)
-        bgemm(g, q[:, r0:r1], k, s, trans_b=True)
-        s32 = s.astype(cp.float32)
-        s32 *= scale
-        s32 -= s32.max(axis=-1, keepdims=True)
-        cp.exp(s32, out=s32)
-        s32 /= s32.sum(axis=-1, keepdims=True)
-        p = s32.astype(cp.float16)
-        bgemm(g, p, v, out[:, r0:r1])
+        s = scores[: hkv * (r1 - r0) * L].reshape(hkv, r1 - r0, L)
+        steps.append((gemm(q[:, r0:r1], k, s, trans_b=True), (hkv * (r1 - r0),), (s, len_arg, scale),
+                      gemm(s, v, out[:, r0:r1])))
+    if len(steps) == 1:
+        qk, grid, args, pv = steps[0]
+
+        def run() -> None:
+            qk()
+            kern(grid, block, args)
+            pv()
+
+        return run
+
+    def run_chunks() -> None:
+        for qk_, grid_, args_, pv_ in steps:
+            qk_()
+            kern(grid_, block, args_)
+            pv_()
+
+    return run_chunks
+
+
+def attention(g: Gpu, q, k, v, out, *, max_score_bytes: int = ATTN_SCORE_BYTES) -> None:
+    """softmax(Q·Kᵀ/√d)·V for grouped-query attention, on the current stream: prepares
+    :func:`attention_call` (shapes and method there; its score buffer allocated here) and
+    runs it once."""
+    attention_call(g, q, k, v, out, max_score_bytes=max_score_bytes)()
 
 
 def measure_attention(g: Gpu, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int, head_dim: int, *,
                       reps: int = 3) -> dict:
-    """Device time of :func:`attention` for ``n_tokens`` new tokens over ``kv_len`` cached
-    ones (L = kv_len + n_tokens keys)."""
+    """Device time (``t_s``) and host issue time (``t_host_s``) of one prepared
+    :func:`attention_call` — the executor's attention — for ``n_tokens`` new tokens over
+    ``kv_len`` cached ones (L = kv_len + n_tokens keys), seconds."""
     cp = g.cp
     grp = n_head // n_head_kv
     L = kv_len + n_tokens
@@ -767,15 +921,16 @@ def measure_attention(g: Gpu, n_tokens: int, kv_len: int, n_head: int, n_head_kv
     kk = (g.rng.standard_normal((n_head_kv, L, head_dim), dtype=cp.float32)).astype(cp.float16)
     vv = (g.rng.standard_normal((n_head_kv, L, head_dim), dtype=cp.float32)).astype(cp.float16)
     out = cp.empty_like(q)
-    t = gpu_time(g, lambda _i: attention(g, q, kk, vv, out), reps, warmup=1)
-    # host time to issue the attention's kernels one call at a time (as the executor does):
-    # when it exceeds the device time, the op spans the launches, not the kernels
+    call = attention_call(g, q, kk, vv, out)
+    t = gpu_time(g, lambda _i: call(), reps, warmup=1)
+    # host time to issue the prepared launches (two cuBLAS calls and the softmax kernel per
+    # chunk), as the executor does: when it exceeds the device time, the op spans the launches
     th = []
     for _ in range(reps):
         g.stream.synchronize()
         with g.stream:
             t0 = perf()
-            attention(g, q, kk, vv, out)
+            call()
             th.append(perf() - t0)
     g.stream.synchronize()
     return {"n_tokens": n_tokens, "kv_len": kv_len, "n_head": n_head, "n_head_kv": n_head_kv,

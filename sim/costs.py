@@ -23,8 +23,8 @@ Pure functions of (op, profile). Formulas:
   is bounded by host DRAM bandwidth).
 * Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile. In ``executor_mode``
   (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an
-  attention the table's ``t_host_s`` fit (the executor's attention is several kernels launched
-  one by one from Python); host work of building
+  attention the table's ``t_host_s`` fit (the executor's attention is three prepared launches
+  per chunk of query rows, two cuBLAS GEMMs and a softmax kernel); host work of building
   expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there).
 """
 
@@ -136,7 +136,7 @@ _ATTN_FITS: dict[tuple, dict] = {}
 def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
                   head_dim: int, window: int, column: str = "t_s") -> float | None:
     """Attention time from the measured table's per-geometry fit (None: geometry not in it).
-    ``column="t_host_s"``: the host time to launch its kernels, one call at a time."""
+    ``column="t_host_s"``: the host time to issue its prepared launches."""
     got = _ATTN_FITS.get((id(hw.attn_table), column))
     fits = got[1] if got is not None and got[0] is hw.attn_table else None
     if fits is None:

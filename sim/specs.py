@@ -339,8 +339,8 @@ class HardwareProfile:
             ``moe``, ``attn``, ``h2d``, ``d2h``), measured by ``calibrate.executor_costs``;
             kinds not in it cost ``executor_op_issue_s``.
         executor_mode: price host launches as the thin CuPy executor issues them
-            (``executor_op_issue_s``; an attention launches several kernels, the table's
-            ``t_host_s``) instead of the native launch path; set by ``prefetch-sim validate``.
+            (``executor_op_issue_s``; an attention: the table's ``t_host_s``, its three prepared
+            launches) instead of the native launch path; set by ``prefetch-sim validate``.
         event_semantics: ``"record_point"`` (CUDA: a wait releases when the work before the
             record finished) or ``"stream_tail"`` (seen on ROCm with pageable memory: released
             only when the copy stream drains).
