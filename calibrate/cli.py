@@ -88,7 +88,7 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
 
         costs = measure(load_hardware(out), cp=cp)
         update_profile(out, costs, cal.info.get("device", ""))
-        print("executor launch costs (us): " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in costs.items()),
+        print("executor launch costs (us): " + ", ".join(f"{k} {v * 1e6:.4g}" for k, v in costs.items()),
               file=sys.stderr)
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)

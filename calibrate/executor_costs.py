@@ -49,8 +49,22 @@ def lockstep_plan(kind: str, n: int = 40) -> Plan:
     return plan
 
 
+#: router-id counts of the host-work probes (a decode token ... a 2048-token ubatch at top-8)
+HOST_WORK_IDS = (64, 16384)
+
+
+def host_work_plan(n_ids: int, n: int = 40) -> Plan:
+    """``n`` host-work ops (building the used-expert runs from ``n_ids`` router ids)."""
+    plan = Plan(label=f"executor host-work probe: {n_ids} ids")
+    for i in range(n):
+        plan.add(OpKind.HOST_WORK, Stream.HOST, -1, f"expert runs {i}", shape=(n_ids,), split=i)
+    return plan
+
+
 def measure(hw, *, n: int = 40, cp=None) -> dict[str, float]:
-    """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``."""
+    """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
+    the executor's host work of building expert runs: ``host_work`` (seconds per op) and
+    ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`."""
     from sim.costs import plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
@@ -65,23 +79,40 @@ def measure(hw, *, n: int = 40, cp=None) -> dict[str, float]:
         r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp)
         pred0 = float(analytic.run(plan, plan_durations(plan, base)).makespan_s)
         out[kind] = max((r.makespan_s - pred0) / n, 0.0)
+    per_op = []
+    for n_ids in HOST_WORK_IDS:
+        r = execute(host_work_plan(n_ids, n), test="probe", variant="host_work", warmup=1, repeats=3, probes=False,
+                    cp=cp)
+        per_op.append(r.makespan_s / n)
+    lo, hi = HOST_WORK_IDS
+    slope = max((per_op[1] - per_op[0]) / (hi - lo), 0.0)
+    out["host_work"] = max(per_op[0] - slope * lo, 0.0)
+    out["host_work_per_id"] = slope
     return out
 
 
 def update_profile(path: str | Path, costs: dict[str, float], device: str = "") -> Path:
-    """Add (or replace) ``executor_issue_<kind>_us`` keys in the ``[hardware]`` table of a
-    profile TOML, atomically."""
+    """Add (or replace) ``executor_issue_<kind>_us`` keys (and ``executor_host_work_us``,
+    ``executor_host_work_ns_per_id``) in the ``[hardware]`` table of a profile TOML, atomically."""
     from sim.atomic import write_atomic  # noqa: PLC0415
 
     p = Path(path)
     lines = p.read_text().splitlines()
-    lines = [ln for ln in lines if not ln.startswith("executor_issue_")]
+    lines = [ln for ln in lines if not ln.startswith(("executor_issue_", "executor_host_work"))]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
     while at > 0 and not lines[at - 1].strip():
         at -= 1
     new = [f'executor_issue_{k}_us = {{ value = {v * 1e6:.6g}, source = "measured: the executor\'s host cost '
            f'per {k} op in lockstep (launch + op + sync) beyond the simulated op, python -m '
-           f'calibrate.executor_costs{(" (" + device + ")") if device else ""}" }}' for k, v in costs.items()]
+           f'calibrate.executor_costs{(" (" + device + ")") if device else ""}" }}' for k, v in costs.items()
+           if not k.startswith("host_work")]
+    dev = f" ({device})" if device else ""
+    if "host_work" in costs:
+        new.append(f'executor_host_work_us = {{ value = {costs["host_work"] * 1e6:.6g}, source = "measured: the '
+                   f'executor\'s host time per op building used-expert runs (numpy), intercept of a line through '
+                   f'{HOST_WORK_IDS[0]} and {HOST_WORK_IDS[1]} router ids, python -m calibrate.executor_costs{dev}" }}')
+        new.append(f'executor_host_work_ns_per_id = {{ value = {costs["host_work_per_id"] * 1e9:.6g}, source = '
+                   f'"measured: slope of the same line, per router id, python -m calibrate.executor_costs{dev}" }}')
     lines[at:at] = new
     return write_atomic(p, "\n".join(lines) + "\n")
 
@@ -102,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)
         return 2
     for k, v in costs.items():
-        print(f"executor launch cost {k:5s}: {v * 1e6:8.2f} us")
+        if k == "host_work_per_id":
+            print(f"executor host work per router id: {v * 1e9:8.2f} ns")
+        else:
+            print(f"executor {'launch cost ' + k if not k.startswith('host') else 'host work per op'}: "
+                  f"{v * 1e6:8.2f} us")
     return 0
 
 

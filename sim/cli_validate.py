@@ -3,8 +3,10 @@
 Writes into ``--out DIR``: ``<name>_validation.csv`` (one row per case, predicted and measured
 total time, relative error), ``<name>_per_kind.csv`` (per case and op kind, summed predicted and
 measured op time), ``<name>_validation.png`` (scatter + one overlaid timeline),
-``<name>_timeline.csv`` (that timeline's two traces) and ``<name>_meta.json`` (device, driver,
-CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
+``<name>_timeline.csv`` (that timeline's two traces), ``<name>_traces.csv.gz`` (every case's
+measured and predicted per-op trace), ``<name>_host_probes.csv`` (the host's pageable-copy,
+CPU-matvec and launch speed at the start of every pass, :mod:`calibrate.drift`) and
+``<name>_meta.json`` (device, driver, CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
 or CuPy the command says so and writes nothing.
 """
 
@@ -30,7 +32,11 @@ def add_validate_parser(sub) -> None:
                    help="profile the predictions use (default: the measured H200 profile)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per case (median reported)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per case and pass (default 3)")
+    p.add_argument("--passes", type=int, default=3,
+                   help="passes over the grid, alternating forward and reverse order; a case's measured time "
+                        "is the median over passes x repeats timed runs (default 3)")
+    p.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches this regular expression")
     p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
     p.add_argument("--partial-log", action="store_true",
                    help="also append each case's row to <name>_partial.csv as it finishes")
@@ -59,12 +65,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ScenarioError(f"must be >= 1, got {args.repeats}", field="--repeats")
+    if args.passes < 1:
+        raise ScenarioError(f"must be >= 1, got {args.passes}", field="--passes")
     from .atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
     hw = load_hardware(args.hardware)
-    cp = require_cupy()  # clear error, nothing written, when there is no GPU
     cases = _grid(args.grid)
+    if args.cases:
+        import re
+
+        try:
+            pat = re.compile(args.cases)
+        except re.error as exc:
+            raise ScenarioError(f"not a regular expression ({exc})", field="--cases") from None
+        cases = [c for c in cases if pat.search(c.name)]
+        if not cases:
+            raise ScenarioError(f"no case of grid '{args.grid}' matches '{args.cases}'", field="--cases")
+    cp = require_cupy()  # clear error, nothing written, when there is no GPU
     timeline = args.timeline_case or "moe-pinned-pp2048-d0-prefetch_ungated"
     progress = None
     if not args.quiet:
@@ -77,8 +95,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.partial_log:
         out.mkdir(parents=True, exist_ok=True)
         partial = out / f"{args.name}_partial.csv"
-    df, kinds, trace = run_grid(cases, hw, repeats=args.repeats, progress=progress, cp=cp, keep_trace=timeline,
-                                partial=partial)
+    probes: list = []
+    df, kinds, trace, traces = run_grid(cases, hw, repeats=args.repeats, passes=args.passes, progress=progress,
+                                        cp=cp, keep_trace=timeline, partial=partial, host_probes=probes)
+    from calibrate.drift import probes_frame
+
+    probe_df = probes_frame(probes)
     summ = summarize(df)
     dev = cp.cuda.runtime.getDeviceProperties(0)
     meta = {
@@ -89,19 +111,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "prefetch-sim " + " ".join(sys.argv[1:]), "hardware_profile": str(args.hardware),
         "grid": args.grid,
-        "repeats": args.repeats, "wall_s": round(time.time() - t0, 1), **summ,
+        "repeats": args.repeats, "passes": args.passes, "n_cases": len(cases),
+        "wall_s": round(time.time() - t0, 1), **summ,
+        "pass_spread_median": float(df["pass_spread"].median()),
+        "pass_spread_p90": float(df["pass_spread"].quantile(0.9)),
+        "host_probe_spread": {c: float(probe_df[c].max() / probe_df[c].min() - 1.0)
+                              for c in probe_df.columns[2:] if len(probe_df)},
     }
     write_atomic(out / f"{args.name}_validation.csv", df.to_csv(index=False))
     write_atomic(out / f"{args.name}_per_kind.csv", kinds.to_csv(index=False))
     if trace is not None:
         write_atomic(out / f"{args.name}_timeline.csv", trace.to_csv(index=False))
+    import gzip
+
+    write_atomic(out / f"{args.name}_traces.csv.gz", gzip.compress(traces.to_csv(index=False).encode(), mtime=0))
+    write_atomic(out / f"{args.name}_host_probes.csv", probe_df.to_csv(index=False))
     plot_validation(df, out / f"{args.name}_validation.png", trace)
     write_atomic(out / f"{args.name}_meta.json", json.dumps(meta, indent=2) + "\n")
-    show = df[["case", "predicted_s", "measured_s", "rel_error"]].copy()
+    show = df[["case", "predicted_s", "measured_s", "rel_error", "pass_spread"]].copy()
     show["predicted_ms"] = (show.pop("predicted_s") * 1e3).round(3)
     show["measured_ms"] = (show.pop("measured_s") * 1e3).round(3)
     show["rel_error"] = show["rel_error"].map(lambda x: f"{x:+.1%}")
+    show["pass_spread"] = show.pop("pass_spread").map(lambda x: f"{x:.1%}")
+    if len(probe_df):
+        print(probe_df.round(3).to_string(index=False), file=sys.stderr)
     print(show.to_string(index=False))
     print(f"\n{summ['n_cases']} cases: median |error| {summ['median_abs_error']:.1%}, "
-          f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}  -> {out}")
+          f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}; pass-to-pass spread of the "
+          f"measurement median {meta['pass_spread_median']:.1%}, p90 {meta['pass_spread_p90']:.1%}  -> {out}")
     return 0

@@ -25,7 +25,8 @@ Pure functions of (op, profile). Formulas:
   (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an
   attention the table's ``t_host_s`` fit (the executor's attention is three prepared launches
   per chunk of query rows, two cuBLAS GEMMs and a softmax kernel); host work of building
-  expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there).
+  expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there), or
+  in ``executor_mode`` the executor's measured ``executor_host_work_s`` + per-id cost.
 """
 
 from __future__ import annotations
@@ -211,7 +212,10 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
     if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
         return hw.event_s
     if k is OpKind.HOST_WORK:
-        return HOST_WORK_PER_ITEM_S * (op.shape[0] if op.shape else 0)
+        n_ids = op.shape[0] if op.shape else 0
+        if hw.executor_mode and (hw.executor_host_work_s or hw.executor_host_work_per_id_s):
+            return hw.executor_host_work_s + hw.executor_host_work_per_id_s * n_ids
+        return HOST_WORK_PER_ITEM_S * n_ids
     raise ValueError(f"no cost for op kind {k}")
 
 

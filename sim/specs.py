@@ -338,6 +338,10 @@ class HardwareProfile:
         executor_issue_s_by_kind: the executor's launch cost per launched op kind (``gemm``,
             ``moe``, ``attn``, ``h2d``, ``d2h``), measured by ``calibrate.executor_costs``;
             kinds not in it cost ``executor_op_issue_s``.
+        executor_host_work_s, executor_host_work_per_id_s: the executor's host time per
+            host-work op (building used-expert runs with numpy) and per router id, seconds,
+            measured by ``calibrate.executor_costs``; 0 = the native estimate
+            (:data:`sim.costs.HOST_WORK_PER_ITEM_S`). Used in ``executor_mode`` only.
         executor_mode: price host launches as the thin CuPy executor issues them
             (``executor_op_issue_s``; an attention: the table's ``t_host_s``, its three prepared
             launches) instead of the native launch path; set by ``prefetch-sim validate``.
@@ -379,6 +383,8 @@ class HardwareProfile:
     cpu_op_s: float = 0.0
     executor_op_issue_s: float = 0.0
     executor_issue_s_by_kind: Mapping[str, float] = field(default_factory=dict)
+    executor_host_work_s: float = 0.0
+    executor_host_work_per_id_s: float = 0.0
     executor_mode: bool = False
     gemm_table: Any = None
     attn_table: Any = None
@@ -449,6 +455,8 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     ex_issue = num("executor_op_issue_us", 1e-6, default=0.0)
     ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False) for k in ("gemm", "moe", "attn", "h2d", "d2h")
                   if g.has(f"executor_issue_{k}_us")}
+    ex_hw = num("executor_host_work_us", 1e-6, default=0.0, positive=False)
+    ex_hw_id = num("executor_host_work_ns_per_id", 1e-9, default=0.0, positive=False)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
@@ -475,6 +483,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         host_sync_s=host_sync, op_issue_s=issue, event_s=event,
         cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,
         executor_op_issue_s=ex_issue, executor_issue_s_by_kind=ex_by_kind,
+        executor_host_work_s=ex_hw, executor_host_work_per_id_s=ex_hw_id,
         gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
         file=str(path),

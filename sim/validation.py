@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASE_COLUMNS = (
     "case", "model", "variant", "test", "n_ubatch", "n_depth", "host_memory", "expert_slots", "cache",
     "n_ops", "predicted_s", "measured_s", "measured_min_s", "measured_max_s", "rel_error",
-    "h2d_bytes", "h2d_bytes_per_s", "probes_checked", "digest", "device",
+    "h2d_bytes", "h2d_bytes_per_s", "probes_checked", "digest", "device", "n_runs", "pass_spread",
 )
 
 
@@ -158,53 +158,106 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
 
 
 def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int = 3, warmup: int = 1,
-             progress: Callable[[Iterable], Iterable] | None = None, cp=None,
-             keep_trace: str | None = None,
-             partial: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+             passes: int = 1, progress: Callable[[Iterable], Iterable] | None = None, cp=None,
+             keep_trace: str | None = None, partial: str | Path | None = None,
+             host_probes: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """Predict and measure every case on the GPU.
+
+    The grid is measured ``passes`` times, in plan order on even passes and in reverse order on
+    odd ones, so that a slow drift of the host (pageable copies and the CPU backend depend on
+    it) spreads over all cases instead of following their position in the grid. Each pass runs
+    ``warmup`` untimed and ``repeats`` timed executions of each case; a case's measured time is
+    the median over all ``passes × repeats`` timed makespans, and ``pass_spread`` is the
+    largest over the smallest per-pass median, minus one (the case's repeatability).
+
+    Args:
+        host_probes: when a list, a :class:`calibrate.drift.HostProbe` is appended at the start
+            of every pass and at the end (the host's state during the run; recorded only).
 
     Returns:
         (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
-        predicted traces of the case named ``keep_trace`` or None).
+        predicted traces of every case — ``engine`` ``executor`` or ``analytic``, a ``case``
+        column first; the measured one is the timed run closest to the case's median).
 
     Raises:
         GPUUnavailableError: no CuPy or GPU.
-        LosslessnessError: variants of one (model, test, memory) group produced different outputs.
+        LosslessnessError: variants of one (model, test, memory) group, or passes of one
+            case, produced different outputs.
+        ValueError: ``passes`` or ``repeats`` below 1.
     """
-    from calibrate.executor import check_lossless, execute  # noqa: PLC0415 - needs CuPy
+    from calibrate.executor import LosslessnessError, check_lossless, execute  # noqa: PLC0415 - needs CuPy
     from .trace import to_dataframe
 
+    if passes < 1 or repeats < 1:
+        raise ValueError(f"passes and repeats must be >= 1, got {passes} and {repeats}")
     hardware = executor_profile(hardware)
-    rows, kinds, kept = [], [], None
-    groups: dict[tuple, dict] = {}
-    it = progress(cases) if progress else cases
-    for case in it:
+    prober = None
+    if host_probes is not None:
+        from calibrate.drift import HostProber  # noqa: PLC0415
+        from calibrate.measure import open_gpu  # noqa: PLC0415
+
+        if cp is None:
+            from calibrate._gpu import require_cupy  # noqa: PLC0415
+
+            cp = require_cupy()
+        prober = HostProber(open_gpu(cp))
+    built = {}
+    for case in cases:
         scn, plan = build_case(case, hardware)
         pred_d = plan_durations(plan, hardware)
-        pred_sched = analytic.run(plan, pred_d)
-        r = execute(plan, test=case.test, variant=case.variant, repeats=repeats, warmup=warmup, cp=cp)
+        built[case.name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
+    results: dict[str, list] = {c.name: [] for c in cases}
+    for p in range(passes):
+        if prober is not None:
+            host_probes.append(prober.probe(f"pass {p + 1} start"))
+        order = list(cases) if p % 2 == 0 else list(reversed(cases))
+        it = progress(order) if progress else order
+        for case in it:
+            _scn, plan, _d, _sched = built[case.name]
+            r = execute(plan, test=case.test, variant=case.variant, repeats=repeats, warmup=warmup, cp=cp)
+            results[case.name].append(r)
+            if partial is not None:  # a log that survives an interrupted run (not the result file)
+                pd.DataFrame([dict(pass_=p + 1, case=case.name, predicted_s=float(_sched.makespan_s),
+                                   measured_s=r.makespan_s)]).to_csv(
+                    partial, mode="a", header=not Path(partial).exists(), index=False)
+    if prober is not None:
+        host_probes.append(prober.probe("end"))
+    rows, kinds, traces, kept = [], [], [], None
+    groups: dict[tuple, dict] = {}
+    for case in cases:
+        scn, plan, pred_d, pred_sched = built[case.name]
+        rs = results[case.name]
+        digests = {r.digest for r in rs}
+        if len(digests) > 1:
+            raise LosslessnessError(f"case {case.name}: passes produced {len(digests)} different output digests")
+        all_mk = np.concatenate([np.asarray(r.makespans_s, float) for r in rs])
+        med = float(np.median(all_mk))
+        per_pass = [float(np.median(r.makespans_s)) for r in rs]
+        r = min(rs, key=lambda x: abs(x.makespan_s - med))  # its trace stands for the case
         pred = float(pred_sched.makespan_s)
         rows.append(dict(
             case=case.name, model=case.model, variant=case.variant, test=case.test,
             n_ubatch=scn.workload.n_ubatch, n_depth=case.n_depth, host_memory="pinned" if case.pinned else "pageable",
             expert_slots=scn.variants[0].expert_slots, cache=case.cache, n_ops=len(plan.ops), predicted_s=pred,
-            measured_s=r.makespan_s, measured_min_s=min(r.makespans_s), measured_max_s=max(r.makespans_s),
-            rel_error=pred / r.makespan_s - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
-            probes_checked=r.probes_checked, digest=r.digest, device=r.device))
+            measured_s=med, measured_min_s=float(all_mk.min()), measured_max_s=float(all_mk.max()),
+            rel_error=pred / med - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
+            probes_checked=r.probes_checked, digest=r.digest, device=r.device, n_runs=int(all_mk.size),
+            pass_spread=max(per_pass) / min(per_pass) - 1.0))
         kinds.append(per_kind_errors(case.name, r.trace, pred_d))
-        if partial is not None:  # a log that survives an interrupted run (not the result file)
-            pd.DataFrame(rows[-1:], columns=list(CASE_COLUMNS)).to_csv(
-                partial, mode="a", header=not Path(partial).exists(), index=False)
+        both = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],
+                         ignore_index=True)
+        both.insert(0, "case", case.name)
+        traces.append(both)
         groups.setdefault((case.model, case.test, case.n_depth, case.pinned), {})[case.variant] = r
         if keep_trace == case.name:
-            kept = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],
-                             ignore_index=True)
+            kept = both.drop(columns=["case"])
     for key, res in groups.items():
         # variants without a cache share the plan's computation; cache variants too
         plain = {k: v for k, v in res.items() if "cache" not in k}
         if len(plain) > 1:
             check_lossless(plain)
-    return pd.DataFrame(rows, columns=list(CASE_COLUMNS)), pd.concat(kinds, ignore_index=True), kept
+    return (pd.DataFrame(rows, columns=list(CASE_COLUMNS)), pd.concat(kinds, ignore_index=True), kept,
+            pd.concat(traces, ignore_index=True))
 
 
 def per_kind_errors(case: str, measured: pd.DataFrame, predicted_dur_s: np.ndarray) -> pd.DataFrame:

@@ -242,3 +242,37 @@ def test_executor_on_gpu():
         assert r.probes_checked > 0
     with pytest.raises(ExecutorHazardError):
         execute(prefetch_plan(6, 64 << 20, (8192, 14336, 4096), drop_free_wait=True), warmup=0)
+
+
+def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
+    """calibrate.executor_costs measures every launch kind and the host work, writes them into
+    a profile, and the profile loads them; in executor_mode host work is priced by them."""
+    import shutil
+    from dataclasses import replace
+    from pathlib import Path
+
+    from calibrate.executor_costs import PROBES, measure, update_profile
+    from sim.costs import HOST_WORK_PER_ITEM_S, op_duration_s
+    from sim.plan import OpKind, Plan, Stream
+    from sim.specs import load_hardware
+
+    root = Path(__file__).resolve().parent.parent
+    src = root / "scenarios" / "hardware" / "h200.toml"
+    dst = tmp_path / "h200.toml"
+    shutil.copy(src, dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    costs = measure(load_hardware(dst), n=4, cp=fakecp)
+    assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id"}
+    assert all(v >= 0 for v in costs.values())
+    costs = {**costs, "host_work": 2e-6, "host_work_per_id": 3e-9}
+    update_profile(dst, costs, "fake")
+    hw = load_hardware(dst)
+    assert hw.executor_host_work_s == pytest.approx(2e-6)
+    assert hw.executor_host_work_per_id_s == pytest.approx(3e-9)
+    hw_op = Plan()
+    hw_op.add(OpKind.HOST_WORK, Stream.HOST, -1, "runs", shape=(1000,))
+    o = hw_op.ops[0]
+    assert op_duration_s(o, replace(hw, executor_mode=True)) == pytest.approx(2e-6 + 3e-9 * 1000)
+    assert op_duration_s(o, hw) == pytest.approx(HOST_WORK_PER_ITEM_S * 1000)
+    update_profile(dst, costs, "fake")  # replaces, never duplicates
+    assert dst.read_text().count("executor_host_work_us") == 1

@@ -101,3 +101,44 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
         assert predict_s(plan, hw) == pytest.approx(committed.loc[name, "predicted_s"], rel=1e-9), name
     s = summarize(committed)
     assert s["median_abs_error"] == pytest.approx(np.median(np.abs(committed.rel_error)))
+
+
+def test_run_grid_passes_probes_and_traces(monkeypatch):
+    """run_grid on the numpy stand-in: several passes (alternating order), the median over all
+    timed runs, host probes per pass, and both engines' traces of every case."""
+    import calibrate._fakecupy as fakecp
+    import sim.validation as V
+    from sim.builder import build_plan
+    from sim.specs import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
+    test = scn.workload.tests()[0]
+    by_variant = {v.name: v for v in scn.variants}
+
+    def tiny_case(case, hardware):
+        v = by_variant[case.variant]
+        return scn, build_plan(scn, v, test, np.random.default_rng(scn.seed))
+
+    monkeypatch.setattr(V, "build_case", tiny_case)
+    names = list(by_variant)[:2]
+    cases = [V.Case(f"tiny-{n}", "moe", n, test.name) for n in names]
+    seen = []
+    real_execute = __import__("calibrate.executor", fromlist=["execute"]).execute
+
+    def spy(plan, **kw):
+        seen.append(kw["variant"])
+        return real_execute(plan, **kw)
+
+    monkeypatch.setattr("calibrate.executor.execute", spy)
+    probes = []
+    df, kinds, kept, traces = V.run_grid(cases, HW, repeats=2, passes=3, cp=fakecp, host_probes=probes,
+                                         keep_trace=cases[1].name)
+    assert seen == names + names[::-1] + names  # forward, reverse, forward
+    assert len(probes) == 4 and probes[-1].label == "end"
+    assert list(df.columns) == list(CASE_COLUMNS)
+    assert (df.n_runs == 6).all() and (df.pass_spread >= 0).all()
+    assert (df.measured_min_s <= df.measured_s).all() and (df.measured_s <= df.measured_max_s).all()
+    assert set(traces.engine) == {"executor", "analytic"} and set(traces.case) == set(df.case)
+    assert kept is not None and set(kept.engine) == {"executor", "analytic"}
+    with pytest.raises(ValueError, match="passes"):
+        V.run_grid(cases, HW, passes=0, cp=fakecp)
