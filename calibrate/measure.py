@@ -1081,3 +1081,56 @@ def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
             "matvec_gb_per_s_min": rows * cols * 4 / float(tm.max()) / 1e9,
             "matvec_gb_per_s_max": rows * cols * 4 / float(tm.min()) / 1e9,
             "sgemm_n": gemm_n, "sgemm_tflops": flops / float(np.median(tg)) / 1e12, "threads": os.cpu_count() or 0}
+
+
+def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, copy_bytes: int = 64 * 2**20,
+                        small_bytes: int = 8 * 2**20, big_bytes: int = 64 * 2**20, k: int = 2048,
+                        pool_bytes: int = 2**30, interval_s: float = 0.25) -> dict:
+    """The host-dependent paths sampled repeatedly over ``seconds``, for medians that do not
+    hang on one moment of a noisy host.
+
+    On a shared or virtualised host the pageable-copy bandwidth and the CPU matvec bandwidth
+    change from one second to the next (on the lent H200 VM, probes 0.35 s apart spread
+    5.8–9.6 GB/s and 68–123 GB/s, ``data/validation/*_drift.csv``); a figure taken from a few
+    samples at one moment can sit 10–20% off the typical. Each sample here, ``interval_s``
+    apart, is: one pageable H2D copy of ``copy_bytes`` (device time; its host source moves
+    through the buffer so it is not in the CPU caches) and two float32 matvecs of ``small_bytes``
+    and ``big_bytes`` on windows of a ``pool_bytes`` matrix pool, ``k`` columns, each window
+    read once per pass as the executor's CPU ops read a model's weights (cold, from DRAM).
+
+    Returns:
+        dict of sample lists (seconds): ``page_t_s`` (copy), ``mv_small_t_s``, ``mv_big_t_s``,
+        and the sizes used.
+    """
+    t_end = perf() + seconds
+    n_win_small = max(1, pool_bytes // small_bytes)
+    n_win_big = max(1, pool_bytes // big_bytes)
+    pool = np.empty(pool_bytes // 4, dtype=np.float32)
+    pool[:] = 0.25
+    x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
+    rows_s, rows_b = small_bytes // 4 // k, big_bytes // 4 // k
+    page, small, big = [], [], []
+    dev = int(bufs.device.data.ptr)
+    src = _ptr_host(bufs.pageable)
+    i = 0
+    while perf() < t_end or i < 5:
+        nb = min(copy_bytes, bufs.nbytes)
+        off = (i * nb) % max(bufs.nbytes - nb + 1, 1)
+        off -= off % 4096
+        d, _h = copy_series(g, dev, src + off, nb, H2D, 1, spin=False, warmup=0)
+        page.append(float(d[0]))
+        o = (i % n_win_small) * rows_s * k
+        a = pool[o: o + rows_s * k].reshape(rows_s, k)
+        t0 = perf()
+        a @ x
+        small.append(perf() - t0)
+        o = (i % n_win_big) * rows_b * k
+        a = pool[o: o + rows_b * k].reshape(rows_b, k)
+        t0 = perf()
+        a @ x
+        big.append(perf() - t0)
+        i += 1
+        time.sleep(interval_s)
+    return {"page_t_s": page, "page_bytes": int(min(copy_bytes, bufs.nbytes)), "mv_small_t_s": small,
+            "mv_big_t_s": big, "mv_small_bytes": int(rows_s * k * 4), "mv_big_bytes": int(rows_b * k * 4),
+            "seconds": seconds, "n": i, "pool_bytes": int(pool_bytes)}

@@ -49,6 +49,9 @@ class Sweep:
         concurrency_bytes, concurrency_copies, concurrency_gemm_n: the overlap test.
         overhead_calls: calls per host-overhead loop.
         w_pool_bytes: weight pool of the GEMM sweep (several times the L2 cache).
+        host_series_s: seconds of repeated sampling of the host-dependent paths (pageable
+            copies, cold CPU matvecs; :func:`calibrate.measure.measure_host_series`), 0 = none.
+        host_series_kw: keyword arguments of that function (sizes).
     """
 
     copy_sizes: tuple[int, ...]
@@ -70,6 +73,8 @@ class Sweep:
     concurrency_gemm_n: int
     overhead_calls: int
     w_pool_bytes: int
+    host_series_s: float = 0.0
+    host_series_kw: tuple = ()
 
     @classmethod
     def full(cls, models_dir: str = "scenarios/models") -> Sweep:
@@ -95,6 +100,7 @@ class Sweep:
             concurrency_gemm_n=8192,
             overhead_calls=2000,
             w_pool_bytes=512 * 2**20,
+            host_series_s=15.0,
         )
 
     @classmethod
@@ -122,6 +128,9 @@ class Sweep:
             concurrency_gemm_n=64,
             overhead_calls=50,
             w_pool_bytes=2**20,
+            host_series_s=0.05,
+            host_series_kw=(("copy_bytes", 2**20), ("small_bytes", 2**18), ("big_bytes", 2**20), ("k", 256),
+                            ("pool_bytes", 8 * 2**20), ("interval_s", 0.0)),
         )
 
 
@@ -296,9 +305,14 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
             ("event_semantics", lambda: M.measure_event_semantics(g, bufs)),
             ("hbm", lambda: M.measure_hbm(g, sweep.hbm_bytes)),
             ("cpu", lambda: M.measure_cpu(sweep.cpu_bytes, gemm_n=sweep.cpu_gemm_n)),
+            ("host_series", lambda: M.measure_host_series(g, bufs, seconds=sweep.host_series_s,
+                                                          **dict(sweep.host_series_kw))
+             if sweep.host_series_s > 0 else None),
         ):
             try:
-                scalars[key] = fn()
+                got = fn()
+                if got is not None:
+                    scalars[key] = got
             except Exception as exc:  # one failed section must not lose the others
                 notes.append(f"section {key} failed: {type(exc).__name__}: {exc}")
                 say(f"calibrate: section {key} FAILED: {type(exc).__name__}: {exc}")
@@ -460,7 +474,29 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
                                         f"measured: host cost of issuing one cupy.dot from Python (a C++ "
                                         f"cudaLaunchKernel costs less, see [measured] launch_noop_us) ({tag})")
         hw["event_us"] = sourced(ov["event_record_s"] * 1e6, f"measured: host cost of cupy Event.record ({tag})")
-    if cpu:
+    hs = sc.get("host_series")
+    if hs:
+        # medians of samples spread over time (the host is noisy from second to second)
+        n_s, secs = hs["n"], hs["seconds"]
+        t_small, t_big = _median(hs["mv_small_t_s"]), _median(hs["mv_big_t_s"])
+        slope = (t_big - t_small) / max(hs["mv_big_bytes"] - hs["mv_small_bytes"], 1)
+        if slope > 0:
+            bw = 1.0 / slope
+            hw["cpu_gb_per_s"] = sourced(bw / 1e9,
+                                         f"measured: numpy float32 matvecs on cold {hs['mv_small_bytes'] / 2**20:.3g} "
+                                         f"and {hs['mv_big_bytes'] / 2**20:.3g} MiB windows of a "
+                                         f"{hs.get('pool_bytes', 2**30) / 2**20:.0f} MiB pool, slope of "
+                                         f"the medians of {n_s} samples over {secs:.3g} s, "
+                                         f"{info.get('host_cpus', '?')} CPUs ({info.get('host_cpu', '?')}) ({tag})")
+            hw["cpu_op_us"] = sourced(max((t_small - hs["mv_small_bytes"] / bw) * 1e6, 0.01),
+                                      f"measured: intercept of the same line (per-op dispatch) ({tag})")
+        t_page = _median(hs["page_t_s"])
+        lat = _median(pag_lat)
+        hw["h2d_pageable_gb_per_s"] = sourced(hs["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
+                                              f"measured: pageable cudaMemcpyAsync of {hs['page_bytes'] / 2**20:.3g} "
+                                              f"MiB (numpy source, not in the CPU caches), CUDA events, median of "
+                                              f"{n_s} samples over {secs:.3g} s ({tag})")
+    if cpu and not (hs and "cpu_gb_per_s" in hw):
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],
                                      f"measured: numpy float32 matvec over {cpu['matvec_bytes'] / 2**30:.2f} GiB, "
                                      f"median of 5, {info.get('host_cpus', '?')} CPUs ({info.get('host_cpu', '?')}) ({tag})")
@@ -468,8 +504,9 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
             hw["cpu_op_us"] = sourced(max(cpu["matvec_call_s"] * 1e6, 0.01),
                                       "measured: intercept of numpy float32 matvec time vs bytes, 256 KiB..16 MiB, "
                                       f"median of 9 ({tag})")
+    if cpu:
         hw["cpu_tflops"] = sourced(cpu["sgemm_tflops"], f"measured: numpy float32 {cpu['sgemm_n']}^3 GEMM ({tag})")
-    else:
+    elif "cpu_gb_per_s" not in hw:
         hw["cpu_gb_per_s"] = sourced(50.0, "assumption: host measurement failed, a typical DDR5 server share")
     es = sc.get("event_semantics")
     hw["event_semantics"] = es["pinned_semantics"] if es else "record_point"
@@ -548,6 +585,16 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
             meas[key[:-2] + "_us"] = round(ov[key] * 1e6, 3)
     if cpu:
         meas["cpu_matvec_gb_per_s_min_max"] = [round(cpu["matvec_gb_per_s_min"], 2), round(cpu["matvec_gb_per_s_max"], 2)]
+        meas["cpu_matvec_1gib_gb_per_s"] = round(cpu["matvec_gb_per_s"], 2)
+    if hs:
+        def p10_90(ts, nb):
+            bw = nb / np.asarray(ts, float) / 1e9
+            return [round(float(np.quantile(bw, 0.1)), 2), round(float(np.quantile(bw, 0.9)), 2)]
+
+        meas["host_series_samples"] = int(hs["n"])
+        meas["host_series_pageable_gb_per_s_p10_p90"] = p10_90(hs["page_t_s"], hs["page_bytes"])
+        meas["host_series_matvec_big_gb_per_s_p10_p90"] = p10_90(hs["mv_big_t_s"], hs["mv_big_bytes"])
+        meas["h2d_pageable_fit_gb_per_s"] = round(_median(pag_bw) / 1e9, 3)
     if len(fits.moe) and "measured_over_roofline" in fits.moe:
         for meth, grp in fits.moe.groupby("method"):
             meas[f"moe_{meth}_over_roofline_median"] = round(float(grp.measured_over_roofline.median()), 3)

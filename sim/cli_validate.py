@@ -33,9 +33,9 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case and pass (default 3)")
-    p.add_argument("--passes", type=int, default=3,
+    p.add_argument("--passes", type=int, default=5,
                    help="passes over the grid, alternating forward and reverse order; a case's measured time "
-                        "is the median over passes x repeats timed runs (default 3)")
+                        "is the median over passes x repeats timed runs (default 5)")
     p.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches this regular expression")
     p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
     p.add_argument("--partial-log", action="store_true",

@@ -136,8 +136,20 @@ _ATTN_FITS: dict[tuple, dict] = {}
 
 def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
                   head_dim: int, window: int, column: str = "t_s") -> float | None:
-    """Attention time from the measured table's per-geometry fit (None: geometry not in it).
-    ``column="t_host_s"``: the host time to issue its prepared launches."""
+    """Attention time from the measured table (None: geometry not in it).
+
+    Within the table's token range the time is interpolated: along the KV axis linearly at
+    each measured token count (at a fixed token count the work is linear in the keys: one
+    score row per query over ``L = kv + tokens`` keys), extrapolated linearly from the row's
+    last two points beyond its largest KV length; between the two bracketing token counts
+    geometrically (log t linear in log tokens: the cost goes from a fixed launch cost to
+    quadratic in the tokens, a power law between neighbouring grid points). Outside the token
+    range, and for a sliding window shorter than the ubatch (fewer keys than queries: no
+    table row has that shape), a least-squares fit per geometry of ``t = a + b·pairs + c·keys`` (fixed cost, score
+    work, KV scan) over the whole table, weighted by 1/t, where pairs counts the full
+    (query, key) rectangle, as the measured kernel (``calibrate.measure.attention``, no causal
+    mask) computes it. ``column="t_host_s"``: the host time to launch its kernels.
+    """
     got = _ATTN_FITS.get((id(hw.attn_table), column))
     fits = got[1] if got is not None and got[0] is hw.attn_table else None
     if fits is None:
@@ -150,12 +162,37 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
             t = g[column].to_numpy(float)
             w = 1.0 / t
             coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
-            fits[tuple(int(x) for x in key)] = np.maximum(coef, 0.0)
+            rows = {}
+            for nt, gr in g.groupby("n_tokens"):
+                gr = gr.sort_values("kv_len")
+                rows[int(nt)] = (gr["kv_len"].to_numpy(float), gr[column].to_numpy(float))
+            fits[tuple(int(x) for x in key)] = (np.maximum(coef, 0.0), rows)
         _ATTN_FITS[(id(hw.attn_table), column)] = (hw.attn_table, fits)
-    coef = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
-    if coef is None:
+    got = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
+    if got is None:
         return None
+    coef, rows = got
     keys = attn_keys(n_tokens, kv_len, window)
+    ns = sorted(rows)
+    if ns and ns[0] <= n_tokens <= ns[-1] and keys >= n_tokens:
+        kv_eff = keys - n_tokens
+
+        def along_kv(nt: int) -> float:
+            kvs, ts = rows[nt]
+            if len(kvs) == 1:
+                return float(ts[0])
+            if kv_eff > kvs[-1]:
+                slope = (ts[-1] - ts[-2]) / (kvs[-1] - kvs[-2])
+                return float(ts[-1] + max(slope, 0.0) * (kv_eff - kvs[-1]))
+            return float(np.interp(kv_eff, kvs, ts))
+
+        i = int(np.searchsorted(ns, n_tokens))
+        if ns[min(i, len(ns) - 1)] == n_tokens:
+            return along_kv(n_tokens)
+        n0, n1 = ns[i - 1], ns[i]
+        t0, t1 = along_kv(n0), along_kv(n1)
+        f = (math.log(n_tokens) - math.log(n0)) / (math.log(n1) - math.log(n0))
+        return float(math.exp((1 - f) * math.log(t0) + f * math.log(t1)))
     return float(coef[0] + coef[1] * n_tokens * keys + coef[2] * keys)
 
 

@@ -313,3 +313,37 @@ def test_measured_h200_profile_loads():
     pred = F.roofline_time(F.gemm_flops(m, n, k), F.gemm_bytes(m, n, k, 2 * n * k), hw.gpu_flops_per_s,
                            hw.hbm_bytes_per_s, hw.kernel_s)
     assert np.median(np.abs(pred / tab.t_s.to_numpy() - 1)) < 0.15
+
+
+def test_attention_table_interpolates_inside_and_fits_outside():
+    """Inside the measured token range the attention time reproduces every table point and
+    lies between its neighbours (linear in KV at a fixed token count, geometric between token
+    counts); outside it the per-geometry fit takes over."""
+    from dataclasses import replace
+
+    import numpy as np
+    import pandas as pd
+
+    from sim.costs import _attn_table_s
+    from sim.specs import load_hardware
+
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    rows = []
+    for n in (1, 64, 512):
+        for kv in (0, 1024, 4096):
+            rows.append(dict(n_tokens=n, kv_len=kv, n_head=8, n_head_kv=2, head_dim=64,
+                             t_s=1e-5 + 2e-12 * n * (kv + n) + 1e-9 * (kv + n)))
+    hw = replace(hw, attn_table=pd.DataFrame(rows))
+    for r in rows:
+        assert _attn_table_s(hw, r["n_tokens"], r["kv_len"], 8, 2, 64, 0) == pytest.approx(r["t_s"], rel=1e-12)
+    mid_kv = _attn_table_s(hw, 64, 2048, 8, 2, 64, 0)
+    assert mid_kv == pytest.approx(np.interp(2048, [1024, 4096], [rows[4]["t_s"], rows[5]["t_s"]]))
+    t64, t512 = _attn_table_s(hw, 64, 1024, 8, 2, 64, 0), _attn_table_s(hw, 512, 1024, 8, 2, 64, 0)
+    t200 = _attn_table_s(hw, 200, 1024, 8, 2, 64, 0)
+    f = (np.log(200) - np.log(64)) / (np.log(512) - np.log(64))
+    assert t200 == pytest.approx(np.exp((1 - f) * np.log(t64) + f * np.log(t512)))
+    beyond = _attn_table_s(hw, 512, 8192, 8, 2, 64, 0)  # linear extrapolation along KV
+    slope = (rows[8]["t_s"] - rows[7]["t_s"]) / 3072
+    assert beyond == pytest.approx(rows[8]["t_s"] + slope * 4096)
+    assert _attn_table_s(hw, 4096, 0, 8, 2, 64, 0) > t512  # the fit, beyond the largest token count
+    assert _attn_table_s(hw, 64, 0, 16, 2, 64, 0) is None  # geometry not measured
