@@ -1096,7 +1096,10 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     apart, is: one pageable H2D copy of ``copy_bytes`` (device time; its host source moves
     through the buffer so it is not in the CPU caches) and two float32 matvecs of ``small_bytes``
     and ``big_bytes`` on windows of a ``pool_bytes`` matrix pool, ``k`` columns, each window
-    read once per pass as the executor's CPU ops read a model's weights (cold, from DRAM).
+    read once per pass as the executor's CPU ops read a model's weights (cold, from DRAM),
+    right after an untimed matvec on a small cache-resident matrix that wakes the BLAS worker
+    threads (parked after the pause; parked threads added ~200 µs to the first matvec on the
+    H200 VM, which is not the cost of an op in a run of CPU-backend ops).
 
     Returns:
         dict of sample lists (seconds): ``page_t_s`` (copy), ``mv_small_t_s``, ``mv_big_t_s``,
@@ -1109,6 +1112,7 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     pool[:] = 0.25
     x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
     rows_s, rows_b = small_bytes // 4 // k, big_bytes // 4 // k
+    wake = np.full((max(1, 2**18 // 4 // k), k), 0.5, dtype=np.float32)  # 256 KiB, cache-resident
     page, small, big = [], [], []
     dev = int(bufs.device.data.ptr)
     src = _ptr_host(bufs.pageable)
@@ -1119,6 +1123,9 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
         off -= off % 4096
         d, _h = copy_series(g, dev, src + off, nb, H2D, 1, spin=False, warmup=0)
         page.append(float(d[0]))
+        # after the copy and the pause the BLAS worker threads are parked; the CPU backend's
+        # ops of one layer run back to back, so wake them first (untimed)
+        wake @ x
         o = (i % n_win_small) * rows_s * k
         a = pool[o: o + rows_s * k].reshape(rows_s, k)
         t0 = perf()
