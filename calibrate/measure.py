@@ -1097,9 +1097,10 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     through the buffer so it is not in the CPU caches) and two float32 matvecs of ``small_bytes``
     and ``big_bytes`` on windows of a ``pool_bytes`` matrix pool, ``k`` columns, each window
     read once per pass as the executor's CPU ops read a model's weights (cold, from DRAM),
-    right after an untimed matvec on a small cache-resident matrix that wakes the BLAS worker
-    threads (parked after the pause; parked threads added ~200 µs to the first matvec on the
-    H200 VM, which is not the cost of an op in a run of CPU-backend ops).
+    right after two untimed matvecs on a 4 MiB cache-resident matrix that wake the BLAS worker
+    threads (parked after the pause: parked threads added ~200 µs to the first matvec on the
+    H200 VM, which is not the cost of an op in a run of CPU-backend ops; a 256 KiB matvec did
+    not wake them, BLAS runs it on one thread).
 
     Returns:
         dict of sample lists (seconds): ``page_t_s`` (copy), ``mv_small_t_s``, ``mv_big_t_s``,
@@ -1112,7 +1113,8 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     pool[:] = 0.25
     x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
     rows_s, rows_b = small_bytes // 4 // k, big_bytes // 4 // k
-    wake = np.full((max(1, 2**18 // 4 // k), k), 0.5, dtype=np.float32)  # 256 KiB, cache-resident
+    # a matvec large enough for BLAS to use all its threads, small enough to stay in the caches
+    wake = np.full((max(1, min(small_bytes, 4 * 2**20) // 4 // k), k), 0.5, dtype=np.float32)
     page, small, big = [], [], []
     dev = int(bufs.device.data.ptr)
     src = _ptr_host(bufs.pageable)
@@ -1124,7 +1126,9 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
         d, _h = copy_series(g, dev, src + off, nb, H2D, 1, spin=False, warmup=0)
         page.append(float(d[0]))
         # after the copy and the pause the BLAS worker threads are parked; the CPU backend's
-        # ops of one layer run back to back, so wake them first (untimed)
+        # ops of one layer run back to back, so wake them first (untimed; a small matvec runs
+        # single-threaded and would not)
+        wake @ x
         wake @ x
         o = (i % n_win_small) * rows_s * k
         a = pool[o: o + rows_s * k].reshape(rows_s, k)
