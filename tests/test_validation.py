@@ -142,3 +142,13 @@ def test_run_grid_passes_probes_and_traces(monkeypatch):
     assert kept is not None and set(kept.engine) == {"executor", "analytic"}
     with pytest.raises(ValueError, match="passes"):
         V.run_grid(cases, HW, passes=0, cp=fakecp)
+
+
+@pytest.mark.parametrize("args, field", [(["--passes", "0"], "--passes"), (["--cases", "no-such-case"], "--cases"),
+                                         (["--cases", "("], "--cases")])
+def test_validate_rejects_bad_options_before_touching_the_gpu(tmp_path, capsys, args, field):
+    out = tmp_path / "val"
+    rc = main(["validate", "--out", str(out), *args])
+    assert rc == 2
+    assert field in capsys.readouterr().err
+    assert not out.exists()
