@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import best_of  # noqa: E402
+from timing import best_of, int_at_least  # noqa: E402
 from sim.engines import analytic, des  # noqa: E402
 from sim.plan import OpKind, Plan, Stream  # noqa: E402
 
@@ -183,11 +183,11 @@ def bench_real(scn, n_scen: int, repeat: int, rng) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--graphs", type=int, default=16, help="ubatches (graphs) per plan")
-    ap.add_argument("--scenarios", type=int, default=1000, help="S of the analytic batch run")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int_at_least(1), default=48)
+    ap.add_argument("--graphs", type=int_at_least(1), default=16, help="ubatches (graphs) per plan")
+    ap.add_argument("--scenarios", type=int_at_least(1), default=1000, help="S of the analytic batch run")
+    ap.add_argument("--repeat", type=int_at_least(1), default=3)
+    ap.add_argument("--seed", type=int_at_least(0), default=0)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     rows = []

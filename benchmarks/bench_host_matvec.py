@@ -13,16 +13,22 @@ shape-dependence of that price can be seen.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from time import perf_counter as perf
 
 import numpy as np
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import int_at_least  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pool-mib", type=int, default=2048, help="matrix pool, MiB (cold windows rotate through it)")
-    ap.add_argument("--reps", type=int, default=15, help="timed matvecs per shape")
+    ap.add_argument("--pool-mib", type=int_at_least(256), default=2048,
+                    help="matrix pool, MiB, >= 256 (cold windows rotate through it)")
+    ap.add_argument("--reps", type=int_at_least(1), default=15, help="timed matvecs per shape")
     args = ap.parse_args()
     pool = np.empty(args.pool_mib * 2**20 // 4, dtype=np.float32)
     pool[:] = 0.25

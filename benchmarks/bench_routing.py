@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import best_of  # noqa: E402
+from timing import best_of, int_at_least  # noqa: E402
 from sim.routing import (  # noqa: E402
     Router,
     RoutingSpec,
@@ -43,7 +43,7 @@ TRACE = ROOT / "scenarios" / "traces" / "example_skewed_256x10.csv"
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="routing speed and fit")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int_at_least(1), default=5)
     a = ap.parse_args(argv)
 
     routers = {

@@ -66,6 +66,10 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         raw = None
     else:
         raw = Path(args.raw_dir)
+    # fail before a minute of measuring, not after: the tables folder and the raw folder
+    check_output_path(out.with_suffix(""), "--out (its tables folder)", directory=True)
+    if raw is not None:
+        check_output_path(raw, "--raw-dir", directory=True)
     cp = None
     if args.fake_gpu:
         from . import _fakecupy as cp  # noqa: PLC0415
@@ -77,8 +81,12 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         paths = write_calibration(cal, out, raw)
     except Exception:
         rescue = raw if raw is not None else out.parent / f"{name}-unfitted"
-        print(f"calibrate: writing the profile failed; raw tables saved to {rescue}", file=sys.stderr)
-        dump_raw(cal, rescue)
+        try:
+            dump_raw(cal, rescue)
+            print(f"calibrate: writing the profile failed; raw tables saved to {rescue}", file=sys.stderr)
+        except OSError as exc:
+            print(f"calibrate: writing the profile failed, and saving the raw tables to {rescue} too ({exc})",
+                  file=sys.stderr)
         raise
     if not args.quick:
         # the executor's launch cost per op kind, priced with the profile just written
@@ -107,4 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_from_args(args, ["python", "-m", "calibrate", *(sys.argv[1:] if argv is None else argv)])
     except PrefetchSimError as exc:
         print(f"calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"calibrate: error: cannot write '{exc.filename}': {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -125,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between probes (default 1)")
     ap.add_argument("--out", help="CSV to write (one row per probe)")
     args = ap.parse_args(argv)
+    import math
+
+    if not (math.isfinite(args.seconds) and args.seconds > 0):
+        print(f"calibrate.drift: error: --seconds must be a positive number, got {args.seconds}", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.interval) and args.interval >= 0):
+        print(f"calibrate.drift: error: --interval must be >= 0, got {args.interval}", file=sys.stderr)
+        return 2
     from sim.atomic import check_output_path, write_atomic  # noqa: PLC0415
     from sim.errors import PrefetchSimError  # noqa: PLC0415
 
@@ -141,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     prober = HostProber(open_gpu(cp))
     probes = []
     end = time.monotonic() + args.seconds
-    while time.monotonic() < end:
+    while True:  # at least one probe
         probes.append(prober.probe(f"sample {len(probes)}"))
+        if time.monotonic() >= end:
+            break
         time.sleep(max(0.0, args.interval - 0.2))
     df = probes_frame(probes)
     if args.out:

@@ -475,6 +475,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
                                         f"cudaLaunchKernel costs less, see [measured] launch_noop_us) ({tag})")
         hw["event_us"] = sourced(ov["event_record_s"] * 1e6, f"measured: host cost of cupy Event.record ({tag})")
     hs = sc.get("host_series")
+    hs_notes: list[str] = []
     if hs:
         # medians of samples spread over time (the host is noisy from second to second)
         n_s, secs = hs["n"], hs["seconds"]
@@ -488,8 +489,15 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
                                          f"{hs.get('pool_bytes', 2**30) / 2**20:.0f} MiB pool, slope of "
                                          f"the medians of {n_s} samples over {secs:.3g} s, "
                                          f"{info.get('host_cpus', '?')} CPUs ({info.get('host_cpu', '?')}) ({tag})")
-            hw["cpu_op_us"] = sourced(max((t_small - hs["mv_small_bytes"] / bw) * 1e6, 0.01),
+            icpt_us = (t_small - hs["mv_small_bytes"] / bw) * 1e6
+            if icpt_us < 0.01:
+                hs_notes.append(f"host series: the matvec line's intercept was {icpt_us:.3g} us (the small windows "
+                                f"ran faster per byte than the large ones); cpu_op_us clamped to 0.01")
+            hw["cpu_op_us"] = sourced(max(icpt_us, 0.01),
                                       f"measured: intercept of the same line (per-op dispatch) ({tag})")
+        else:
+            hs_notes.append("host series: the 64 MiB matvec median was not slower than the 8 MiB one (no "
+                            "bandwidth from the line); cpu_gb_per_s from the single large matvec")
         t_page = _median(hs["page_t_s"])
         lat = _median(pag_lat)
         hw["h2d_pageable_gb_per_s"] = sourced(hs["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
@@ -595,6 +603,8 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         meas["host_series_pageable_gb_per_s_p10_p90"] = p10_90(hs["page_t_s"], hs["page_bytes"])
         meas["host_series_matvec_big_gb_per_s_p10_p90"] = p10_90(hs["mv_big_t_s"], hs["mv_big_bytes"])
         meas["h2d_pageable_fit_gb_per_s"] = round(_median(pag_bw) / 1e9, 3)
+        if hs_notes:
+            meas["host_series_notes"] = hs_notes
     if len(fits.moe) and "measured_over_roofline" in fits.moe:
         for meth, grp in fits.moe.groupby("method"):
             meas[f"moe_{meth}_over_roofline_median"] = round(float(grp.measured_over_roofline.median()), 3)

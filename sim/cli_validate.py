@@ -28,7 +28,7 @@ def add_validate_parser(sub) -> None:
     p = sub.add_parser("validate", help="run the validation grid on a GPU: predicted vs measured")
     p.add_argument("--grid", choices=GRIDS, default="default",
                    help="default: the 64-case grid; smoke: 6 quick cases")
-    p.add_argument("--hardware", default="scenarios/hardware/h200.toml",
+    p.add_argument("--hardware", default=None,
                    help="profile the predictions use (default: the measured H200 profile)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
@@ -70,11 +70,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
+    if args.hardware is None:  # the shipped measured profile, from any working folder
+        from .cli import REPO_ROOT
+
+        here = Path("scenarios/hardware/h200.toml")
+        args.hardware = str(here if here.exists() else REPO_ROOT / here)
+    import re
+
+    if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name) or args.name in (".", ".."):
+        raise ScenarioError(f"'{args.name}' is not a file name prefix (letters, digits, '.', '_', '-')",
+                            field="--name")
     hw = load_hardware(args.hardware)
     cases = _grid(args.grid)
     if args.cases:
-        import re
-
         try:
             pat = re.compile(args.cases)
         except re.error as exc:
@@ -82,8 +90,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         cases = [c for c in cases if pat.search(c.name)]
         if not cases:
             raise ScenarioError(f"no case of grid '{args.grid}' matches '{args.cases}'", field="--cases")
-    cp = require_cupy()  # clear error, nothing written, when there is no GPU
     timeline = args.timeline_case or "moe-pinned-pp2048-d0-prefetch_ungated"
+    if args.timeline_case and args.timeline_case not in {c.name for c in cases}:
+        raise ScenarioError(f"'{args.timeline_case}' is not a case of this run (see the case names in "
+                            "docs/validation.md or the CSV)", field="--timeline-case")
+    if timeline not in {c.name for c in cases}:
+        timeline = cases[0].name
+    cp = require_cupy()  # clear error, nothing written, when there is no GPU
     progress = None
     if not args.quiet:
         from tqdm import tqdm

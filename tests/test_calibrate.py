@@ -347,3 +347,48 @@ def test_attention_table_interpolates_inside_and_fits_outside():
     assert beyond == pytest.approx(rows[8]["t_s"] + slope * 4096)
     assert _attn_table_s(hw, 4096, 0, 8, 2, 64, 0) > t512  # the fit, beyond the largest token count
     assert _attn_table_s(hw, 64, 0, 16, 2, 64, 0) is None  # geometry not measured
+
+
+def test_host_series_prices_the_cpu_backend_and_pageable_copies(fake_calibration):
+    """The profile's cpu_gb_per_s / cpu_op_us come from the line through the host series'
+    medians and h2d_pageable_gb_per_s from its copy median; degenerate series fall back to
+    the single large matvec or clamp the intercept, with a note in [measured]."""
+    import copy
+
+    from calibrate.run import build_profile, fit_calibration
+
+    cal = copy.deepcopy(fake_calibration)
+    hs = cal.scalars["host_series"]
+    sb, bb = hs["mv_small_bytes"], hs["mv_big_bytes"]
+    hs["mv_small_t_s"], hs["mv_big_t_s"] = [10e-6 + sb / 50e9] * 5, [10e-6 + bb / 50e9] * 5
+    hs["page_t_s"] = [hs["page_bytes"] / 7e9] * 5
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    hw = doc["hardware"]
+    assert hw["cpu_gb_per_s"]["value"] == pytest.approx(50.0, rel=1e-9)
+    assert hw["cpu_op_us"]["value"] == pytest.approx(10.0, rel=1e-6)
+    lat_s = hw["h2d_pageable_latency_us"]["value"] * 1e-6  # the copy median minus the fitted latency
+    assert hw["h2d_pageable_gb_per_s"]["value"] == pytest.approx(
+        hs["page_bytes"] / (hs["page_bytes"] / 7e9 - lat_s) / 1e9, rel=1e-3)
+    assert "host_series_notes" not in doc["measured"]
+    hs["mv_small_t_s"], hs["mv_big_t_s"] = [1e-3] * 5, [1e-3] * 5  # no slope
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    assert doc["hardware"]["cpu_gb_per_s"]["value"] == pytest.approx(cal.scalars["cpu"]["matvec_gb_per_s"])
+    assert "single large matvec" in doc["measured"]["host_series_notes"][0]
+    hs["mv_small_t_s"], hs["mv_big_t_s"] = [1e-4] * 5, [1.5e-3] * 5  # negative intercept
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    assert doc["hardware"]["cpu_op_us"]["value"] == pytest.approx(0.01)
+    assert "clamped" in doc["measured"]["host_series_notes"][0]
+
+
+def test_cli_checks_the_raw_and_tables_folders_before_measuring(tmp_path, capsys, monkeypatch):
+    import calibrate.run as R
+    from calibrate.cli import main
+
+    monkeypatch.setattr(R, "run_calibration", lambda *a, **k: pytest.fail("measured before checking the paths"))
+    (tmp_path / "afile").write_text("x")
+    assert main(["--out", str(tmp_path / "q.toml"), "--fake-gpu", "--quick", "--raw-dir", str(tmp_path / "afile")]) == 2
+    assert "--raw-dir" in capsys.readouterr().err
+    (tmp_path / "t").write_text("x")  # the tables folder of t.toml is a file
+    assert main(["--out", str(tmp_path / "t.toml"), "--fake-gpu", "--quick", "--raw-dir", "none"]) == 2
+    assert "tables folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "t"]
