@@ -37,7 +37,7 @@ def main() -> None:
         pool[o: o + 2**24].reshape(-1, 2048) @ np.ones(2048, dtype=np.float32)
     for k in (768, 2048, 5376, 21504):
         x = np.linspace(-1, 1, k, dtype=np.float32)
-        wake = np.full((max(1, 2**16 // k), k), 0.5, dtype=np.float32)
+        wake = np.full((max(1, 2**20 // k), k), 0.5, dtype=np.float32)  # 4 MiB: BLAS uses all threads
         for mib in (2, 8, 32, 64, 128):
             r = mib * 2**20 // 4 // k
             n_win = max(1, pool.size // (r * k))

@@ -477,7 +477,7 @@ class _Runtime:
         for op in cpu_ops:
             win[op.name] = max(win.get(op.name, 0), max(int(op.nbytes) // 4, 1))
         total = sum(win.values())
-        rot = max(1, min(64, -(-(1 << 28) // max(total, 1))))  # 2**28 f32 = 1 GiB
+        rot = max(1, -(-(1 << 28) // max(total, 1)))  # 2**28 f32 = 1 GiB
         cap = 1 << 30  # f32 elements (4 GiB)
         self.cpu_off: dict[int, int] = {}
         start, base_of = 0, {}
@@ -821,6 +821,47 @@ def _check_probes(rt: _Runtime, vals: np.ndarray) -> int:
     return len(rt.expected)
 
 
+#: slack of the event-time order checks, seconds (CUDA event timestamps resolve ~0.5 µs)
+ORDER_TOL_S = 2e-6
+
+
+def check_order(prog: Program, start: np.ndarray, end: np.ndarray, tol_s: float = ORDER_TOL_S) -> list[dict]:
+    """Ready/free order of a run from its CUDA-event times (no probes needed, so it can check
+    the timed runs the staging probes stay out of).
+
+    * ready: a consumer starts no earlier than each copy it reads has ended;
+    * free: a copy into a buffer region starts no earlier than the consumers of the previous
+      copy into an overlapping region have ended (consumers as in ``prog.producers``: the
+      first compute op of a split; later ops of the split follow it on its stream).
+
+    Returns:
+        one dict per violation: ``kind`` ("ready"/"free"), ``op_id``, ``other`` (op id),
+        ``by_s`` (how early, seconds).
+    """
+    bad: list[dict] = []
+    consumers: dict[int, list[int]] = defaultdict(list)
+    for j, cs in prog.producers.items():
+        for c in cs:
+            consumers[c].append(j)
+            if start[j] < end[c] - tol_s:
+                bad.append({"kind": "ready", "op_id": j, "other": c, "by_s": float(end[c] - start[j])})
+    seen: dict[tuple, list[int]] = defaultdict(list)
+    for c in sorted(prog.copies):
+        place = prog.copies[c]
+        if place.buffer[0] == "d2h":
+            continue
+        lo, hi = place.offset, place.offset + place.nbytes
+        for a in reversed(seen[place.buffer]):
+            pa = prog.copies[a]
+            if pa.offset < hi and lo < pa.offset + pa.nbytes:  # the last copy over these bytes
+                for j in consumers.get(a, []):
+                    if start[c] < end[j] - tol_s:
+                        bad.append({"kind": "free", "op_id": c, "other": j, "by_s": float(end[j] - start[c])})
+                break
+        seen[place.buffer].append(c)
+    return bad
+
+
 def _outputs(rt: _Runtime, probe_vals: np.ndarray, cpu_out: dict) -> dict:
     plan = rt.prog.plan
     seen: dict[tuple, int] = defaultdict(int)
@@ -881,7 +922,8 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         probes: run the staging probes and record output words (a few µs of launches per
             compute op): in the warm-up runs and in one untimed run after the timed ones, which
             run without them (so the timed runs carry none of the probes' launch cost).
-        check: raise :class:`ExecutorHazardError` when a probe fails.
+        check: raise :class:`ExecutorHazardError` when a probe fails, or when a timed run's
+            event times break the ready/free order (:func:`check_order`).
         seed: seed of the synthetic weights and inputs.
         fold_devices: run a multi-GPU plan's streams all on GPU 0.
         cp: the CuPy module (default: imported lazily; ``calibrate._fakecupy`` on a CPU).
@@ -919,6 +961,13 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
     runs = []
     for _ in range(repeats):
         s, e, aux = _run_once(rt, probes=False)
+        bad = check_order(prog, s, e) if check else []
+        if bad:
+            b = bad[0]
+            raise ExecutorHazardError(
+                f"{len(bad)} ready/free order violation(s) in a timed run; first: {ops_name(plan, b['op_id'])} "
+                f"({b['kind']}) started {b['by_s'] * 1e6:.1f} us before {ops_name(plan, b['other'])} ended",
+                [{**x, "name": plan.ops[x["op_id"]].name} for x in bad])
         runs.append((float(e.max()) if e.size else 0.0, s, e, aux))
     if probes:
         _s, _e, aux_p = _run_once(rt, probes=True)

@@ -98,7 +98,11 @@ def update_profile(path: str | Path, costs: dict[str, float], device: str = "") 
 
     p = Path(path)
     lines = p.read_text().splitlines()
-    lines = [ln for ln in lines if not ln.startswith(("executor_issue_", "executor_host_work"))]
+    replaced = tuple(f"executor_issue_{k}_us" for k in costs if not k.startswith("host_work"))
+    if "host_work" in costs:
+        replaced += ("executor_host_work_us", "executor_host_work_ns_per_id")
+    lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]
+    device = device.replace("\\", "\\\\").replace('"', '\\"')  # a TOML basic string
     at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
     while at > 0 and not lines[at - 1].strip():
         at -= 1

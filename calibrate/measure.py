@@ -1095,7 +1095,8 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     samples at one moment can sit 10–20% off the typical. Each sample here, ``interval_s``
     apart, is: one pageable H2D copy of ``copy_bytes`` (device time; its host source moves
     through the buffer so it is not in the CPU caches) and two float32 matvecs of ``small_bytes``
-    and ``big_bytes`` on windows of a ``pool_bytes`` matrix pool, ``k`` columns, each window
+    and ``big_bytes`` on windows of a ``pool_bytes`` matrix pool (the small windows in one half,
+    the large ones in the other), ``k`` columns, each window
     read once per pass as the executor's CPU ops read a model's weights (cold, from DRAM),
     right after two untimed matvecs on a 4 MiB cache-resident matrix that wake the BLAS worker
     threads (parked after the pause: parked threads added ~200 µs to the first matvec on the
@@ -1107,8 +1108,11 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
         and the sizes used.
     """
     t_end = perf() + seconds
-    n_win_small = max(1, pool_bytes // small_bytes)
-    n_win_big = max(1, pool_bytes // big_bytes)
+    # the small windows in the first half of the pool, the large ones in the second: a small
+    # window never lies inside a large one read a moment before (it would be cache-warm)
+    half = pool_bytes // 2
+    n_win_small = max(1, half // small_bytes)
+    n_win_big = max(1, half // big_bytes)
     pool = np.empty(pool_bytes // 4, dtype=np.float32)
     pool[:] = 0.25
     x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
@@ -1135,7 +1139,7 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
         t0 = perf()
         a @ x
         small.append(perf() - t0)
-        o = (i % n_win_big) * rows_b * k
+        o = half // 4 + (i % n_win_big) * rows_b * k
         a = pool[o: o + rows_b * k].reshape(rows_b, k)
         t0 = perf()
         a @ x

@@ -216,7 +216,7 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
     n_gemm = len(points) * len(sweep.dtypes)
     n_moe = len(sweep.moe) * len(sweep.moe_tokens)
     n_attn = len(sweep.attn) * len(sweep.attn_tokens) * len(sweep.attn_kv)
-    bar = _progress(rounds + n_gemm + n_moe + n_attn + 8, progress)
+    bar = _progress(rounds + n_gemm + n_moe + n_attn + 9, progress)  # 9 ticks of rest_section
 
     def tick(k=1):
         if bar is not None:
@@ -481,6 +481,12 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         n_s, secs = hs["n"], hs["seconds"]
         t_small, t_big = _median(hs["mv_small_t_s"]), _median(hs["mv_big_t_s"])
         slope = (t_big - t_small) / max(hs["mv_big_bytes"] - hs["mv_small_bytes"], 1)
+        direct = hs["mv_big_bytes"] / t_big  # the large matvec's own rate, bytes/s
+        if slope > 0 and not 0.5 <= direct * slope <= 2.0:
+            hs_notes.append(f"host series: the matvec line's bandwidth {1 / slope / 1e9:.3g} GB/s is off the large "
+                            f"matvec's own rate {direct / 1e9:.3g} GB/s by more than 2x; using the latter, with "
+                            f"cpu_op_us from the small matvec")
+            slope = 1.0 / direct
         if slope > 0:
             bw = 1.0 / slope
             hw["cpu_gb_per_s"] = sourced(bw / 1e9,
@@ -499,7 +505,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
             hs_notes.append("host series: the 64 MiB matvec median was not slower than the 8 MiB one (no "
                             "bandwidth from the line); cpu_gb_per_s from the single large matvec")
         t_page = _median(hs["page_t_s"])
-        lat = _median(pag_lat)
+        lat = min(max(_median(pag_lat), 0.0), 0.5 * t_page)  # a latency never eats the copy
         hw["h2d_pageable_gb_per_s"] = sourced(hs["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
                                               f"measured: pageable cudaMemcpyAsync of {hs['page_bytes'] / 2**20:.3g} "
                                               f"MiB (numpy source, not in the CPU caches), CUDA events, median of "

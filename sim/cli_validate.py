@@ -108,9 +108,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.partial_log:
         out.mkdir(parents=True, exist_ok=True)
         partial = out / f"{args.name}_partial.csv"
+        partial.unlink(missing_ok=True)  # a log of this run only (an older one may have other columns)
     probes: list = []
+    failures: list[str] = []
     df, kinds, trace, traces = run_grid(cases, hw, repeats=args.repeats, passes=args.passes, progress=progress,
-                                        cp=cp, keep_trace=timeline, partial=partial, host_probes=probes)
+                                        cp=cp, keep_trace=timeline, partial=partial, host_probes=probes,
+                                        failures=failures)
     from calibrate.drift import probes_frame
 
     probe_df = probes_frame(probes)
@@ -128,8 +131,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "wall_s": round(time.time() - t0, 1), **summ,
         "pass_spread_median": float(df["pass_spread"].median()),
         "pass_spread_p90": float(df["pass_spread"].quantile(0.9)),
+        "lossless_failures": failures,
         "host_probe_spread": {c: float(probe_df[c].max() / probe_df[c].min() - 1.0)
-                              for c in probe_df.columns[2:] if len(probe_df)},
+                              for c in probe_df.columns[2:] if len(probe_df) and probe_df[c].min() > 0},
     }
     write_atomic(out / f"{args.name}_validation.csv", df.to_csv(index=False))
     write_atomic(out / f"{args.name}_per_kind.csv", kinds.to_csv(index=False))
@@ -152,4 +156,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"\n{summ['n_cases']} cases: median |error| {summ['median_abs_error']:.1%}, "
           f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}; pass-to-pass spread of the "
           f"measurement median {meta['pass_spread_median']:.1%}, p90 {meta['pass_spread_p90']:.1%}  -> {out}")
+    if failures:  # written above, for the record; the run still fails
+        for msg in failures:
+            print(f"prefetch-sim: error: losslessness: {msg}", file=sys.stderr)
+        return 3
     return 0

@@ -136,37 +136,49 @@ _ATTN_FITS: dict[tuple, dict] = {}
 
 def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, n_head_kv: int,
                   head_dim: int, window: int, column: str = "t_s") -> float | None:
-    """Attention time from the measured table (None: geometry not in it).
+    """Attention time from the measured table (None: geometry not in it, or too few points).
 
-    Within the table's token range the time is interpolated: along the KV axis linearly at
-    each measured token count (at a fixed token count the work is linear in the keys: one
-    score row per query over ``L = kv + tokens`` keys), extrapolated linearly from the row's
-    last two points beyond its largest KV length; between the two bracketing token counts
-    geometrically (log t linear in log tokens: the cost goes from a fixed launch cost to
-    quadratic in the tokens, a power law between neighbouring grid points). Outside the token
-    range, and for a sliding window shorter than the ubatch (fewer keys than queries: no
-    table row has that shape), a least-squares fit per geometry of ``t = a + b·pairs + c·keys`` (fixed cost, score
-    work, KV scan) over the whole table, weighted by 1/t, where pairs counts the full
-    (query, key) rectangle, as the measured kernel (``calibrate.measure.attention``, no causal
-    mask) computes it. ``column="t_host_s"``: the host time to launch its kernels.
+    The table is first cleaned: non-positive or non-finite times dropped, repeated
+    ``(n_tokens, kv_len)`` points replaced by their median. Within the table's token range the
+    time is interpolated: along the KV axis linearly at each measured token count (at a fixed
+    token count the work is linear in the keys: one score row per query over
+    ``L = kv + tokens`` keys), extrapolated linearly from the row's last two points beyond its
+    largest KV length; between the two bracketing token counts geometrically (log t linear in
+    log tokens: the cost goes from a fixed launch cost to quadratic in the tokens, a power law
+    between neighbouring grid points). Only token counts measured at two KV lengths or more are
+    interpolated between. A sliding window shorter than the ubatch (``keys < n_tokens``: the
+    kernel computes n queries × ``keys`` keys, a shape no table row has) is priced as the
+    ``keys``-token, KV-0 point scaled by ``n_tokens / keys`` (the score work is linear in the
+    queries at fixed keys). Outside the token range a least-squares fit per geometry of
+    ``t = a + b·pairs + c·keys`` (fixed cost, score work, KV scan) over the whole table,
+    weighted by 1/t, where pairs counts the full (query, key) rectangle, as the measured kernel
+    (``calibrate.measure.attention``, no causal mask) computes it. ``column="t_host_s"``: the
+    host time to launch its kernels.
     """
     got = _ATTN_FITS.get((id(hw.attn_table), column))
     fits = got[1] if got is not None and got[0] is hw.attn_table else None
     if fits is None:
         fits = {}
-        for key, g in hw.attn_table.groupby(["n_head", "n_head_kv", "head_dim"]):
-            n = g["n_tokens"].to_numpy(float)
-            kv = g["kv_len"].to_numpy(float)
-            X = np.column_stack([np.ones_like(n), n * (kv + n), kv + n])
-            # relative least squares: weight rows by 1/t so short and long times count alike
-            t = g[column].to_numpy(float)
-            w = 1.0 / t
-            coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
+        tab = hw.attn_table
+        ok = np.isfinite(tab[column].to_numpy(float)) & (tab[column].to_numpy(float) > 0)
+        tab = tab[ok].groupby(["n_head", "n_head_kv", "head_dim", "n_tokens", "kv_len"], as_index=False)[column].median()
+        for key, g in tab.groupby(["n_head", "n_head_kv", "head_dim"]):
+            coef = None
+            if len(g) >= 3:
+                n = g["n_tokens"].to_numpy(float)
+                kv = g["kv_len"].to_numpy(float)
+                X = np.column_stack([np.ones_like(n), n * (kv + n), kv + n])
+                # relative least squares: weight rows by 1/t so short and long times count alike
+                t = g[column].to_numpy(float)
+                w = 1.0 / t
+                coef, *_ = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)
+                coef = np.maximum(coef, 0.0)
             rows = {}
             for nt, gr in g.groupby("n_tokens"):
-                gr = gr.sort_values("kv_len")
-                rows[int(nt)] = (gr["kv_len"].to_numpy(float), gr[column].to_numpy(float))
-            fits[tuple(int(x) for x in key)] = (np.maximum(coef, 0.0), rows)
+                if len(gr) >= 2:
+                    gr = gr.sort_values("kv_len")
+                    rows[int(nt)] = (gr["kv_len"].to_numpy(float), gr[column].to_numpy(float))
+            fits[tuple(int(x) for x in key)] = (coef, rows)
         _ATTN_FITS[(id(hw.attn_table), column)] = (hw.attn_table, fits)
     got = fits.get((int(n_head), int(n_head_kv), int(head_dim)))
     if got is None:
@@ -174,25 +186,29 @@ def _attn_table_s(hw: HardwareProfile, n_tokens: int, kv_len: int, n_head: int, 
     coef, rows = got
     keys = attn_keys(n_tokens, kv_len, window)
     ns = sorted(rows)
-    if ns and ns[0] <= n_tokens <= ns[-1] and keys >= n_tokens:
-        kv_eff = keys - n_tokens
 
-        def along_kv(nt: int) -> float:
-            kvs, ts = rows[nt]
-            if len(kvs) == 1:
-                return float(ts[0])
-            if kv_eff > kvs[-1]:
-                slope = (ts[-1] - ts[-2]) / (kvs[-1] - kvs[-2])
-                return float(ts[-1] + max(slope, 0.0) * (kv_eff - kvs[-1]))
-            return float(np.interp(kv_eff, kvs, ts))
+    def along_kv(nt: int, kv_eff: float) -> float:
+        kvs, ts = rows[nt]
+        if kv_eff > kvs[-1]:
+            slope = (ts[-1] - ts[-2]) / (kvs[-1] - kvs[-2])
+            return float(ts[-1] + max(slope, 0.0) * (kv_eff - kvs[-1]))
+        return float(np.interp(kv_eff, kvs, ts))
 
-        i = int(np.searchsorted(ns, n_tokens))
-        if ns[min(i, len(ns) - 1)] == n_tokens:
-            return along_kv(n_tokens)
+    def interp(nt: int, kv_eff: float) -> float:
+        i = int(np.searchsorted(ns, nt))
+        if ns[min(i, len(ns) - 1)] == nt:
+            return along_kv(nt, kv_eff)
         n0, n1 = ns[i - 1], ns[i]
-        t0, t1 = along_kv(n0), along_kv(n1)
-        f = (math.log(n_tokens) - math.log(n0)) / (math.log(n1) - math.log(n0))
+        t0, t1 = along_kv(n0, kv_eff), along_kv(n1, kv_eff)
+        f = (math.log(nt) - math.log(n0)) / (math.log(n1) - math.log(n0))
         return float(math.exp((1 - f) * math.log(t0) + f * math.log(t1)))
+
+    if ns and keys >= n_tokens and ns[0] <= n_tokens <= ns[-1]:
+        return interp(n_tokens, keys - n_tokens)
+    if ns and 0 < keys < n_tokens and ns[0] <= keys <= ns[-1]:
+        return interp(keys, 0.0) * n_tokens / keys
+    if coef is None:
+        return None
     return float(coef[0] + coef[1] * n_tokens * keys + coef[2] * keys)
 
 

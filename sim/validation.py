@@ -160,7 +160,8 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
 def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int = 3, warmup: int = 1,
              passes: int = 1, progress: Callable[[Iterable], Iterable] | None = None, cp=None,
              keep_trace: str | None = None, partial: str | Path | None = None,
-             host_probes: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+             host_probes: list | None = None, failures: list | None = None,
+             ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """Predict and measure every case on the GPU.
 
     The grid is measured ``passes`` times, in plan order on even passes and in reverse order on
@@ -173,16 +174,20 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
     Args:
         host_probes: when a list, a :class:`calibrate.drift.HostProbe` is appended at the start
             of every pass and at the end (the host's state during the run; recorded only).
+        failures: when a list, losslessness failures are appended to it as messages and the
+            results are still returned (so a caller can write them before failing); when None
+            they raise.
 
     Returns:
         (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
         predicted traces of every case — ``engine`` ``executor`` or ``analytic``, a ``case``
-        column first; the measured one is the timed run closest to the case's median).
+        column first; the measured one is the median-makespan timed run of the pass whose
+        median lies closest to the case's median over all passes).
 
     Raises:
         GPUUnavailableError: no CuPy or GPU.
-        LosslessnessError: variants of one (model, test, memory) group, or passes of one
-            case, produced different outputs.
+        LosslessnessError: (``failures`` None) variants of one (model, test, memory) group, or
+            passes of one case, produced different outputs.
         ValueError: ``passes`` or ``repeats`` below 1.
     """
     from calibrate.executor import LosslessnessError, check_lossless, execute  # noqa: PLC0415 - needs CuPy
@@ -223,13 +228,14 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
     if prober is not None:
         host_probes.append(prober.probe("end"))
     rows, kinds, traces, kept = [], [], [], None
+    problems: list[str] = []
     groups: dict[tuple, dict] = {}
     for case in cases:
         scn, plan, pred_d, pred_sched = built[case.name]
         rs = results[case.name]
         digests = {r.digest for r in rs}
         if len(digests) > 1:
-            raise LosslessnessError(f"case {case.name}: passes produced {len(digests)} different output digests")
+            problems.append(f"case {case.name}: passes produced {len(digests)} different output digests")
         all_mk = np.concatenate([np.asarray(r.makespans_s, float) for r in rs])
         med = float(np.median(all_mk))
         per_pass = [float(np.median(r.makespans_s)) for r in rs]
@@ -255,7 +261,14 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         # variants without a cache share the plan's computation; cache variants too
         plain = {k: v for k, v in res.items() if "cache" not in k}
         if len(plain) > 1:
-            check_lossless(plain)
+            try:
+                check_lossless(plain)
+            except LosslessnessError as exc:
+                problems.append(str(exc))
+    if problems:
+        if failures is None:
+            raise LosslessnessError("; ".join(problems))
+        failures.extend(problems)
     return (pd.DataFrame(rows, columns=list(CASE_COLUMNS)), pd.concat(kinds, ignore_index=True), kept,
             pd.concat(traces, ignore_index=True))
 

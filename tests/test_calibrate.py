@@ -392,3 +392,37 @@ def test_cli_checks_the_raw_and_tables_folders_before_measuring(tmp_path, capsys
     assert main(["--out", str(tmp_path / "t.toml"), "--fake-gpu", "--quick", "--raw-dir", "none"]) == 2
     assert "tables folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "t"]
+
+
+def test_attention_table_guards_and_sliding_window():
+    """Repeated points count once (their median), a token count measured at a single KV length
+    is not interpolated from, zero times are ignored, and a window shorter than the ubatch
+    scales the (keys tokens, KV 0) time by tokens / keys."""
+    from dataclasses import replace
+
+    import numpy as np
+    import pandas as pd
+
+    from sim.costs import _attn_table_s
+    from sim.specs import load_hardware
+
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+
+    def t_of(n, kv):
+        return 1e-5 + 2e-12 * n * (kv + n) + 1e-9 * (kv + n)
+
+    rows = [dict(n_tokens=n, kv_len=kv, n_head=8, n_head_kv=2, head_dim=64, t_s=t_of(n, kv))
+            for n in (64, 512, 2048) for kv in (0, 1024, 4096)]
+    rows += [dict(rows[-1], t_s=rows[-1]["t_s"] * 1.5), dict(rows[-1], t_s=rows[-1]["t_s"] * 0.5)]  # repeats
+    rows += [dict(n_tokens=1024, kv_len=0, n_head=8, n_head_kv=2, head_dim=64, t_s=1.0)]  # lone point
+    rows += [dict(n_tokens=512, kv_len=2048, n_head=8, n_head_kv=2, head_dim=64, t_s=0.0)]  # failed point
+    hw = replace(hw, attn_table=pd.DataFrame(rows))
+    beyond = _attn_table_s(hw, 2048, 8192, 8, 2, 64, 0)
+    assert np.isfinite(beyond) and beyond > t_of(2048, 4096)
+    assert _attn_table_s(hw, 2048, 4096, 8, 2, 64, 0) == pytest.approx(t_of(2048, 4096))  # median of 3
+    mid = _attn_table_s(hw, 1024, 0, 8, 2, 64, 0)  # geometric between 512 and 2048, not the lone 1.0 s
+    assert t_of(512, 0) < mid < t_of(2048, 0)
+    assert _attn_table_s(hw, 512, 2048, 8, 2, 64, 0) == pytest.approx(np.interp(2048, [1024, 4096], [t_of(512, 1024),
+                                                                                                     t_of(512, 4096)]))
+    # window 512 over a 2048-token ubatch: 2048 queries x 512 keys
+    assert _attn_table_s(hw, 2048, 0, 8, 2, 64, 512) == pytest.approx(t_of(512, 0) * 2048 / 512)

@@ -107,7 +107,8 @@ def test_shape_helpers():
 
 
 def _run(plan, **kw):
-    return execute(plan, cp=fakecp, warmup=0, **kw)
+    kw.setdefault("warmup", 0)
+    return execute(plan, cp=fakecp, **kw)
 
 
 @pytest.mark.parametrize("make", [
@@ -175,10 +176,16 @@ def test_slot_reused_before_its_consumer_is_detected():
     ic = p.add(OpKind.ISSUE, Stream.HOST, -1, "issue consumer")
     c = p.add(OpKind.GEMM, Stream.COMPUTE, 0, "a", (ic, a), nbytes=WB, shape=SHAPE, slot=0, slot_bytes=WB, split=1)
     p.add(OpKind.HOST_SYNC, Stream.HOST, -1, "end", (c,))
-    with pytest.raises(ExecutorHazardError) as ei:
-        _run(p)
+    with pytest.raises(ExecutorHazardError) as ei:  # the warm-up run's probes
+        _run(p, warmup=1)
     assert ei.value.mismatches[0]["op_id"] == c
     assert "a (prefetch)" in ei.value.mismatches[0]["producer"]
+    # no warm-up: the timed run's event times already break the free order (b overwrote the
+    # slot before a's consumer ran)
+    with pytest.raises(ExecutorHazardError, match="order") as ei:
+        _run(p)
+    b = ei.value.mismatches[0]
+    assert (b["kind"], b["op_id"], b["other"]) == ("free", a + 2, c)
     # without the check the run completes
     assert _run(p, check=False).probes_checked == 0
 
@@ -276,3 +283,17 @@ def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     assert op_duration_s(o, hw) == pytest.approx(HOST_WORK_PER_ITEM_S * 1000)
     update_profile(dst, costs, "fake")  # replaces, never duplicates
     assert dst.read_text().count("executor_host_work_us") == 1
+
+
+def test_check_order_flags_a_consumer_that_starts_before_its_copy_ends():
+    from calibrate.executor import check_order
+
+    prog = translate(prefetch_plan(4, WB, SHAPE))
+    n = len(prog.plan.ops)
+    start, end = np.arange(n, dtype=float), np.arange(n, dtype=float) + 0.5  # plan order, no overlap
+    assert check_order(prog, start, end) == []
+    j, cs = next(iter(prog.producers.items()))
+    end[cs[0]] = start[j] + 1e-3  # the copy ends 1 ms after its consumer started
+    bad = check_order(prog, start, end)
+    assert {"kind": "ready", "op_id": j, "other": cs[0]} == {k: bad[0][k] for k in ("kind", "op_id", "other")}
+    assert bad[0]["by_s"] == pytest.approx(1e-3)
