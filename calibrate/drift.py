@@ -83,19 +83,11 @@ class HostProber:
         # the pageable source moves through its buffer (not in the CPU caches, as in calibration)
         page, _ = M.copy_series(g, dev, M._ptr_host(b.pageable), nb, M.H2D, reps, spin=False, warmup=1,
                                 host_span=self.bufs.nbytes)
-        tm = []
-        for _ in range(reps):
-            t = perf()
-            self.a @ self.x
-            tm.append(perf() - t)
+        tm = M._host_samples(lambda: self.a @ self.x, reps)
         g.stream.synchronize()
         noop = g.noop
         with g.stream:
-            tl = []
-            for _ in range(200):
-                t = perf()
-                noop((1,), (1,), ())
-                tl.append(perf() - t)
+            tl = M._host_samples(lambda: noop((1,), (1,), ()), 200)
         g.stream.synchronize()
         return HostProbe(t_s=perf() - self.t0, label=label,
                          h2d_pinned_gb_per_s=nb / float(np.median(pin)) / 1e9,

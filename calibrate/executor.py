@@ -557,7 +557,6 @@ class _Runtime:
         # post-probe); the hot loop then only calls them
         self.fast = bool(self.g.batched_gemm) and not getattr(cp, "IS_FAKE", False)
         self.steps: dict[int, tuple] = {}
-        self.steps_plain: dict[int, tuple] = {}  # the same launches without probes (timed runs)
         for op in plan.ops:
             if not _is_gpu_queue(op):
                 continue
@@ -566,9 +565,7 @@ class _Runtime:
             waits = tuple(d for d in prog.gpu_deps[op.id] if (plan.ops[d].stream, plan.ops[d].device) != q)
             pre = self._probe_call(*self.pre[op.id]) if probes and op.id in self.pre else None
             post = self._probe_call(*self.post[op.id][:2]) if probes and op.id in self.post else None
-            body = self._body(op, st)
-            self.steps[op.id] = (st, waits, pre, body, post)
-            self.steps_plain[op.id] = (st, waits, None, body, None)
+            self.steps[op.id] = (st, waits, pre, self._body(op, st), post)
         # everything above ran on the legacy default stream, which the executor's
         # non-blocking streams do not wait for: finish it before any op runs
         cp.cuda.runtime.deviceSynchronize()
@@ -714,7 +711,6 @@ def _run_once(rt: _Runtime, probes: bool = True) -> tuple[np.ndarray, np.ndarray
     staging probes run around every consumer and their words are returned."""
     prog = rt.prog
     probes = probes and rt.probes
-    steps = rt.steps if probes else rt.steps_plain
     plan = prog.plan
     ops = plan.ops
     n = len(ops)
@@ -727,16 +723,16 @@ def _run_once(rt: _Runtime, probes: bool = True) -> tuple[np.ndarray, np.ndarray
     last_stream = [rt.default_stream]
 
     def launch(j: int) -> None:
-        st, waits, pre, body, post = steps[j]
+        st, waits, pre, body, post = rt.steps[j]
         for d in waits:
             st.wait_event(rt.ev_e[d])
         with st:
-            if pre is not None:
+            if probes and pre is not None:
                 pre()
             rt.ev_s[j].record(st)
             body()
             rt.ev_e[j].record(st)
-            if post is not None:
+            if probes and post is not None:
                 post()
         launched[j] = True
         last_stream[0] = st

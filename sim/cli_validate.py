@@ -13,8 +13,10 @@ or CuPy the command says so and writes nothing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -75,8 +77,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         here = Path("scenarios/hardware/h200.toml")
         args.hardware = str(here if here.exists() else REPO_ROOT / here)
-    import re
-
     if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name) or args.name in (".", ".."):
         raise ScenarioError(f"'{args.name}' is not a file name prefix (letters, digits, '.', '_', '-')",
                             field="--name")
@@ -139,8 +139,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     write_atomic(out / f"{args.name}_per_kind.csv", kinds.to_csv(index=False))
     if trace is not None:
         write_atomic(out / f"{args.name}_timeline.csv", trace.to_csv(index=False))
-    import gzip
-
     write_atomic(out / f"{args.name}_traces.csv.gz", gzip.compress(traces.to_csv(index=False).encode(), mtime=0))
     write_atomic(out / f"{args.name}_host_probes.csv", probe_df.to_csv(index=False))
     plot_validation(df, out / f"{args.name}_validation.png", trace)
