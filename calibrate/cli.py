@@ -92,12 +92,13 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         # the executor's launch cost per op kind, priced with the profile just written
         from sim.specs import load_hardware  # noqa: PLC0415
 
-        from .executor_costs import measure, update_profile  # noqa: PLC0415
+        from .executor_costs import measure, summary, update_profile  # noqa: PLC0415
 
         costs = measure(load_hardware(out), cp=cp)
         update_profile(out, costs, cal.info.get("device", ""))
-        print("executor launch costs (us): " + ", ".join(f"{k} {v * 1e6:.4g}" for k, v in costs.items()),
-              file=sys.stderr)
+        print("executor costs:\n" + summary(costs), file=sys.stderr)
+        if raw is not None:
+            (Path(raw) / "executor_costs.txt").write_text(summary(costs) + "\n")
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(summary_table(cal, fit_calibration(cal)))

@@ -905,7 +905,7 @@ def union_s(starts, ends) -> float:
 
 
 def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float = 1.0, warmup: int = 1,
-            repeats: int = 1, probes: bool = True, check: bool = True, seed: int = 0, fold_devices: bool = False,
+            warmup_s: float = 0.0, repeats: int = 1, probes: bool = True, check: bool = True, seed: int = 0, fold_devices: bool = False,
             cp: Any = None) -> ExecResult:
     """Run ``plan`` on GPU 0 and measure it.
 
@@ -914,6 +914,10 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         test, variant: written to the trace.
         byte_scale: copies move ``nbytes * byte_scale`` bytes (compute is never scaled).
         warmup: untimed runs first (cuBLAS heuristics, kernel compilation, page faults).
+        warmup_s: keep running untimed runs (after ``warmup`` of them) until this many
+            seconds have passed since the first: a short plan's timed runs then do not start
+            within a moment of the setup (gigabytes of host buffers allocated and filled, the
+            previous plan's freed), while the host may still be busy with that memory.
         repeats: timed runs; the one with the median makespan is reported.
         probes: run the staging probes and record output words (a few µs of launches per
             compute op): in the warm-up runs and in one untimed run after the timed ones, which
@@ -948,8 +952,11 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
     prog = translate(plan, byte_scale=byte_scale)
     rt = _Runtime(cp, prog, seed=seed, fold_devices=fold_devices, probes=probes)
     n_checked = 0
-    for _ in range(max(warmup, 0)):
+    t_warm = perf()
+    done = 0
+    while done < max(warmup, 0) or (done > 0 and perf() - t_warm < warmup_s):
         _s, _e, aux = _run_once(rt, probes=probes)
+        done += 1
         if probes and check:
             n_checked = _check_probes(rt, aux["probes"])
     # timed runs without the probes (their launches would be timed as the executor's own

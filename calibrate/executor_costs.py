@@ -12,6 +12,18 @@ host sync — as in batch-1 decode or the one-graph-copy baseline) is run by the
 zero launch cost, divided by ``n``, is that kind's launch cost. The shapes are small, so the
 GPU time is a minor, table-priced part.
 
+Busy host (decode): once the executor has run CPU-backend ops, its launches are slower (on the
+lent H200 VM 1.5–4× per kind: the BLAS worker threads stay active after each matvec, and the
+matvec stream evicts the launch path from the CPU caches), and its numpy matvecs cost more per
+op than in the isolated host series. Two more probe families measure this in decode's shape:
+``burst_plan`` (``per`` launches of one kind, a host sync, then ``n_cpu`` CPU matvecs — or no
+CPU ops, the reference) gives each kind's extra launch cost, ``(busy makespan − the CPU ops'
+measured host time − reference makespan) / launches``; ``loop_plan`` (a decode layer: GEMM,
+attention, GEMM, GEMM, D2H, host sync, ``n_cpu`` CPU matvecs, H2D) at several matvec sizes
+gives the executor's matvec cost, a line through the sizes of the mean (over the ops'
+positions in a run) of the median host time per position, and, priced with everything measured
+here, a check of the prediction of the whole loop.
+
 ``python -m calibrate.executor_costs --profile scenarios/hardware/NAME.toml`` adds
 ``executor_issue_<kind>_us`` keys to the profile (rewritten atomically); ``prefetch-sim
 calibrate`` runs it at the end.
@@ -23,6 +35,8 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from sim.plan import OpKind, Plan, Stream
 
@@ -61,10 +75,128 @@ def host_work_plan(n_ids: int, n: int = 40) -> Plan:
     return plan
 
 
-def measure(hw, *, n: int = 40, cp=None) -> dict[str, float]:
+#: columns of the CPU matvecs of the busy-host probes (Qwen3-30B-A3B hidden size)
+LOOP_K = 2048
+#: CPU matvec bytes between launch bursts in :func:`burst_plan` (about one expert slice)
+BURST_CPU_BYTES = 8 * 2**20
+#: CPU matvec sizes of :func:`loop_plan` (bytes): expert slices of a decode token ... a dense
+#: model's FFN weight
+LOOP_CPU_BYTES = (4 * 2**20, 8 * 2**20, 16 * 2**20, 64 * 2**20)
+
+
+def _cpu(plan: Plan, nbytes: int, name: str, deps) -> int:
+    rows = max(1, nbytes // 4 // LOOP_K)
+    return plan.add(OpKind.CPU_MATVEC, Stream.CPU, -1, name, deps, nbytes=rows * LOOP_K * 4,
+                    shape=(1, rows, LOOP_K, 1))
+
+
+def _launch(plan: Plan, kind: str, name: str, deps, split: int) -> int:
+    op_kind, shape, nbytes = PROBES[kind]
+    iss = plan.add(OpKind.ISSUE, Stream.HOST, -1, f"issue {name}", deps, tag=op_kind.value,
+                   shape=shape if op_kind is OpKind.ATTN else (), split=split)
+    return plan.add(op_kind, Stream.COMPUTE, 0, name, (iss,), nbytes=nbytes, shape=shape, split=split, pinned=True)
+
+
+def burst_plan(kind: str, n: int = 24, per: int = 3, cpu_bytes: int = 0, n_cpu: int = 3) -> Plan:
+    """``n`` × (``per`` launches of ``kind`` on compute stream 0, a host sync, then ``n_cpu``
+    CPU matvecs of ``cpu_bytes`` each when ``cpu_bytes`` > 0): batch-1 decode's shape."""
+    plan = Plan(label=f"executor busy-launch probe: {kind}{' + cpu' if cpu_bytes else ''}")
+    prev: tuple = ()
+    for i in range(n):
+        for j in range(per):
+            prev = (_launch(plan, kind, f"probe.{kind}.{j}", prev, i),)
+        prev = (plan.add(OpKind.HOST_SYNC, Stream.HOST, -1, f"sync {i}", prev, split=i),)
+        if cpu_bytes:
+            for j in range(n_cpu):
+                prev = (_cpu(plan, cpu_bytes, f"cpu.{j}", prev),)
+    return plan
+
+
+def loop_plan(cpu_bytes: int, n: int = 24, n_cpu: int = 3) -> Plan:
+    """``n`` decode-shaped layers: GEMM, attention, GEMM, GEMM, D2H launched back to back, a
+    host sync, ``n_cpu`` CPU matvecs of ``cpu_bytes`` each, an H2D of the activations."""
+    plan = Plan(label=f"executor decode-loop probe: {cpu_bytes} B matvecs")
+    prev: tuple = ()
+    for i in range(n):
+        for j, kind in enumerate(("gemm", "attn", "gemm", "gemm", "d2h")):
+            prev = (_launch(plan, kind, f"layer.{kind}.{j}", prev, i),)
+        prev = (plan.add(OpKind.HOST_SYNC, Stream.HOST, -1, f"sync {i}", prev, split=i),)
+        for j in range(n_cpu):
+            prev = (_cpu(plan, cpu_bytes, f"cpu.{j}", prev),)
+        prev = (_launch(plan, "h2d", "act", prev, i),)
+    return plan
+
+
+def _cpu_host_s(plan: Plan, r) -> tuple[float, np.ndarray]:
+    """Total measured host time of the CPU ops of ``plan`` in run ``r``, and the median per
+    position in a run (``cpu.0``, ``cpu.1``, …)."""
+    names = sorted({op.name for op in plan.ops if op.kind is OpKind.CPU_MATVEC})
+    ids = {nm: [op.id for op in plan.ops if op.name == nm] for nm in names}
+    total = float(sum(np.nansum(r.host_op_s[v]) for v in ids.values()))
+    per_pos = np.array([float(np.nanmedian(r.host_op_s[ids[nm]])) for nm in names])
+    return total, per_pos
+
+
+def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP_CPU_BYTES, cp=None,
+                 repeats: int = 3) -> dict:
+    """The executor's busy-host costs, given the profile ``hw`` and its measured lockstep
+    launch costs (see the module docstring).
+
+    Raises:
+        ValueError: fewer than two distinct ``sizes``.
+
+    Returns:
+        dict with ``busy_<kind>`` (seconds of extra launch cost per kind, clamped at 0),
+        ``cpu_op`` (seconds per matvec, clamped at 0) and ``cpu_bytes_per_s`` (the line
+        through ``sizes``, at least two; both absent when the time does not grow with the
+        bytes), ``loop_sizes``: ``(bytes, mean seconds per matvec)`` per size, ``loop_check``: list of ``(cpu_bytes, measured_s,
+        predicted_s)`` of the decode-loop probes priced with these costs.
+    """
+    from sim.costs import plan_durations  # noqa: PLC0415
+    from sim.engines import analytic  # noqa: PLC0415
+
+    from .executor import execute  # noqa: PLC0415
+
+    def run(plan):
+        return execute(plan, test="probe", variant="busy", warmup=1, repeats=repeats, probes=False, cp=cp)
+
+    if len(set(sizes)) < 2:
+        raise ValueError(f"measure_busy needs at least two matvec sizes, got {sizes}")
+    out: dict = {}
+    for kind in PROBES:
+        ref = run(burst_plan(kind, n, per))
+        plan = burst_plan(kind, n, per, cpu_bytes=BURST_CPU_BYTES)
+        r = run(plan)
+        cpu_total, _ = _cpu_host_s(plan, r)
+        out[f"busy_{kind}"] = max((r.makespan_s - cpu_total - ref.makespan_s) / (n * per), 0.0)
+    got_b, times, loops = [], [], []
+    for nb in sizes:
+        plan = loop_plan(nb, n)
+        r = run(plan)
+        _, per_pos = _cpu_host_s(plan, r)
+        got_b.append(float(next(op.nbytes for op in plan.ops if op.kind is OpKind.CPU_MATVEC)))
+        times.append(float(np.mean(per_pos)))
+        loops.append((plan, r.makespan_s))
+    slope, icpt = np.polyfit(np.array(got_b), np.array(times), 1)
+    out["loop_sizes"] = [(int(b), float(t)) for b, t in zip(got_b, times)]
+    if slope > 0:
+        out["cpu_op"] = max(float(icpt), 0.0)
+        out["cpu_bytes_per_s"] = float(1.0 / slope)
+    # else (time not growing with bytes: a disturbed host) no matvec line: the profile's
+    # native CPU figures price the executor's matvecs, and the check below shows it
+    priced = replace(hw, executor_mode=True, executor_cpu_op_s=out.get("cpu_op", 0.0),
+                     executor_cpu_bytes_per_s=out.get("cpu_bytes_per_s", 0.0),
+                     executor_busy_issue_s_by_kind={k: out[f"busy_{k}"] for k in PROBES})
+    out["loop_check"] = [(int(got_b[i]), mk, float(analytic.run(p, plan_durations(p, priced)).makespan_s))
+                         for i, (p, mk) in enumerate(loops)]
+    return out
+
+
+def measure(hw, *, n: int = 40, cp=None, busy: bool = True) -> dict[str, float]:
     """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
     the executor's host work of building expert runs: ``host_work`` (seconds per op) and
-    ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`."""
+    ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`; with
+    ``busy``, also :func:`measure_busy`'s keys, priced with the launch costs measured here."""
     from sim.costs import plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
@@ -88,36 +220,73 @@ def measure(hw, *, n: int = 40, cp=None) -> dict[str, float]:
     slope = max((per_op[1] - per_op[0]) / (hi - lo), 0.0)
     out["host_work"] = max(per_op[0] - slope * lo, 0.0)
     out["host_work_per_id"] = slope
+    if busy:
+        out.update(measure_busy(replace(hw, executor_issue_s_by_kind={k: out[k] for k in PROBES}),
+                                n=max(4, min(n, 24)), cp=cp))
     return out
 
 
-def update_profile(path: str | Path, costs: dict[str, float], device: str = "") -> Path:
-    """Add (or replace) ``executor_issue_<kind>_us`` keys (and ``executor_host_work_us``,
-    ``executor_host_work_ns_per_id``) in the ``[hardware]`` table of a profile TOML, atomically."""
+def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str]]:
+    """``(key, value, source)`` of the profile keys for the measured ``costs`` (the keys of
+    :func:`measure`), values in the key's unit."""
+    dev = f" ({device})" if device else ""
+    cmd = f"python -m calibrate.executor_costs{dev}"
+    out = []
+    for k in PROBES:
+        if k in costs:
+            out.append((f"executor_issue_{k}_us", costs[k] * 1e6, f"measured: the executor's host cost per {k} op in "
+                        f"lockstep (launch + op + sync) beyond the simulated op, {cmd}"))
+    if "host_work" in costs:
+        out.append(("executor_host_work_us", costs["host_work"] * 1e6, "measured: the executor's host time per op "
+                    f"building used-expert runs (numpy), intercept of a line through {HOST_WORK_IDS[0]} and "
+                    f"{HOST_WORK_IDS[1]} router ids, {cmd}"))
+        out.append(("executor_host_work_ns_per_id", costs["host_work_per_id"] * 1e9,
+                    f"measured: slope of the same line, per router id, {cmd}"))
+    for k in PROBES:
+        if f"busy_{k}" in costs:
+            out.append((f"executor_busy_issue_{k}_us", costs[f"busy_{k}"] * 1e6, f"measured: extra cost of a {k} "
+                        f"launch between runs of CPU matvecs ({BURST_CPU_BYTES >> 20} MiB), bursts of 3 launches + "
+                        f"sync + 3 matvecs vs the same bursts without matvecs, {cmd}"))
+    if "cpu_bytes_per_s" in costs:
+        check = "; ".join(f"{nb >> 20} MiB {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
+                          for nb, me, pr in costs.get("loop_check", []))
+        src = (f"measured: the executor's numpy matvec in a decode-shaped loop (5 launches, sync, 3 matvecs, "
+               f"H2D), line through {', '.join(str(b >> 20) for b in LOOP_CPU_BYTES)} MiB, {cmd}")
+        out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
+        out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
+                    src + (f"; whole-loop check predicted/measured: {check}" if check else "")))
+    return out
+
+
+def summary(costs: dict) -> str:
+    """The measured costs as ``key = value`` lines in the profile's units, then the decode-loop
+    check (predicted / measured)."""
+    lines = [f"{k} = {v:.4g}" for k, v, _s in profile_entries(costs)]
+    for nb, t in costs.get("loop_sizes", []):
+        lines.append(f"executor matvec in the decode-loop probe, {nb / 2**20:g} MiB: {t * 1e6:.1f} us per op "
+                     f"({nb / t / 1e9:.1f} GB/s)")
+    for nb, me, pr in costs.get("loop_check", []):
+        lines.append(f"decode-loop probe, {nb >> 20} MiB matvecs: predicted {pr * 1e3:.3f} ms, measured "
+                     f"{me * 1e3:.3f} ms ({(pr - me) / me:+.1%})")
+    return "\n".join(lines)
+
+
+def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
+    """Add (or replace) the executor's measured keys (:func:`profile_entries`: launch costs,
+    host work, busy-host launch extras, CPU matvec line) in the ``[hardware]`` table of a
+    profile TOML, atomically."""
     from sim.atomic import write_atomic  # noqa: PLC0415
 
     p = Path(path)
     lines = p.read_text().splitlines()
-    replaced = tuple(f"executor_issue_{k}_us" for k in costs if not k.startswith("host_work"))
-    if "host_work" in costs:
-        replaced += ("executor_host_work_us", "executor_host_work_ns_per_id")
+    entries = profile_entries(costs, device)
+    replaced = {k for k, _v, _s in entries}
     lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]
-    device = device.replace("\\", "\\\\").replace('"', '\\"')  # a TOML basic string
     at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
     while at > 0 and not lines[at - 1].strip():
         at -= 1
-    new = [f'executor_issue_{k}_us = {{ value = {v * 1e6:.6g}, source = "measured: the executor\'s host cost '
-           f'per {k} op in lockstep (launch + op + sync) beyond the simulated op, python -m '
-           f'calibrate.executor_costs{(" (" + device + ")") if device else ""}" }}' for k, v in costs.items()
-           if not k.startswith("host_work")]
-    dev = f" ({device})" if device else ""
-    if "host_work" in costs:
-        new.append(f'executor_host_work_us = {{ value = {costs["host_work"] * 1e6:.6g}, source = "measured: the '
-                   f'executor\'s host time per op building used-expert runs (numpy), intercept of a line through '
-                   f'{HOST_WORK_IDS[0]} and {HOST_WORK_IDS[1]} router ids, python -m calibrate.executor_costs{dev}" }}')
-        new.append(f'executor_host_work_ns_per_id = {{ value = {costs["host_work_per_id"] * 1e9:.6g}, source = '
-                   f'"measured: slope of the same line, per router id, python -m calibrate.executor_costs{dev}" }}')
-    lines[at:at] = new
+    esc = {ord("\\"): "\\\\", ord('"'): '\\"'}  # a TOML basic string
+    lines[at:at] = [f'{k} = {{ value = {v:.6g}, source = "{src.translate(esc)}" }}' for k, v, src in entries]
     return write_atomic(p, "\n".join(lines) + "\n")
 
 
@@ -136,12 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     except PrefetchSimError as exc:
         print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)
         return 2
-    for k, v in costs.items():
-        if k == "host_work_per_id":
-            print(f"executor host work per router id: {v * 1e9:8.2f} ns")
-        else:
-            print(f"executor {'launch cost ' + k if not k.startswith('host') else 'host work per op'}: "
-                  f"{v * 1e6:8.2f} us")
+    print(summary(costs))
     return 0
 
 

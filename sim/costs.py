@@ -20,13 +20,17 @@ Pure functions of (op, profile). Formulas:
   (``calibrate.measure.attention``, no causal mask) computes it.
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (docs/DESIGN.md: decode on partially offloaded models
-  is bounded by host DRAM bandwidth).
+  is bounded by host DRAM bandwidth). In ``executor_mode`` with a measured
+  ``executor_cpu_bytes_per_s``: ``executor_cpu_op_s + bytes / executor_cpu_bytes_per_s``,
+  the executor's numpy matvec measured in a decode-shaped loop.
 * Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile. In ``executor_mode``
   (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an
   attention the table's ``t_host_s`` fit (the executor's attention is three prepared launches
   per chunk of query rows, two cuBLAS GEMMs and a softmax kernel); host work of building
   expert runs: :data:`HOST_WORK_PER_ITEM_S` per expert id (an assumption, documented there), or
-  in ``executor_mode`` the executor's measured ``executor_host_work_s`` + per-id cost.
+  in ``executor_mode`` the executor's measured ``executor_host_work_s`` + per-id cost. In
+  ``executor_mode`` a launch after the plan's first CPU-backend op adds the measured
+  busy-host extra of its kind (:func:`plan_durations`).
 """
 
 from __future__ import annotations
@@ -218,8 +222,12 @@ def cpu_s(hw: HardwareProfile, weight_bytes: float, flops: float) -> float:
     return hw.cpu_op_s + max(weight_bytes / hw.cpu_bytes_per_s, flops / hw.cpu_flops_per_s)
 
 
-def op_duration_s(op: Op, hw: HardwareProfile) -> float:
+def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> float:
     """Duration of one op in seconds.
+
+    ``host_busy``: the plan ran a CPU-backend op before this one (see :func:`plan_durations`);
+    in ``executor_mode`` a launch then also costs the profile's
+    ``executor_busy_issue_s_by_kind`` for its kind.
 
     Raises:
         ValueError: an op kind the cost model does not know.
@@ -248,6 +256,9 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
         return attn_s(hw, n_tok, kv, nh, nkv, hd, window, bool(linear), state)
     if k is OpKind.CPU_MATVEC:
         m, n, kk, mult = op.shape[:4]
+        if hw.executor_mode and hw.executor_cpu_bytes_per_s > 0:
+            return hw.executor_cpu_op_s + max(op.nbytes / hw.executor_cpu_bytes_per_s,
+                                              2.0 * m * mult * n * kk / hw.cpu_flops_per_s)
         return cpu_s(hw, op.nbytes, 2.0 * m * mult * n * kk)
     if k is OpKind.HOST_SYNC:
         return hw.host_sync_s
@@ -255,13 +266,14 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
         if not hw.executor_mode:
             return hw.op_issue_s
         issue = hw.executor_issue_s_by_kind.get(op.tag) or hw.executor_op_issue_s or hw.op_issue_s
+        busy = hw.executor_busy_issue_s_by_kind.get(op.tag, 0.0) if host_busy else 0.0
         if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
             n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape
             if not linear:
                 t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window, column="t_host_s")
                 if t is not None:
-                    return max(issue, t)
-        return issue
+                    return max(issue, t) + busy
+        return issue + busy
     if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
         return hw.event_s
     if k is OpKind.HOST_WORK:
@@ -273,13 +285,24 @@ def op_duration_s(op: Op, hw: HardwareProfile) -> float:
 
 
 def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
-    """Durations (seconds) of every op of ``plan``: an ``(n,)`` float64 array."""
+    """Durations (seconds) of every op of ``plan``: an ``(n,)`` float64 array.
+
+    In ``executor_mode`` the launches that come after the plan's first CPU-backend op (plan
+    order) are priced with the profile's busy-host extra (``executor_busy_issue_s_by_kind``):
+    from then on the host's BLAS worker threads are active (OpenBLAS keeps them spinning for a
+    while after each call) and the executor's launches were measured slower
+    (``calibrate.executor_costs``)."""
     cache: dict = {}
     out = np.empty(len(plan.ops), dtype=np.float64)
+    busy = False
+    track = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
     for op in plan.ops:
-        key = (op.kind, op.nbytes, op.shape, op.pinned, op.tag)  # tag: launched kind (executor_mode)
+        hb = busy and op.kind is OpKind.ISSUE
+        key = (op.kind, op.nbytes, op.shape, op.pinned, op.tag, hb)  # tag: launched kind (executor_mode)
         d = cache.get(key)
         if d is None:
-            d = cache[key] = op_duration_s(op, hw)
+            d = cache[key] = op_duration_s(op, hw, host_busy=hb)
         out[op.id] = d
+        if track and op.kind is OpKind.CPU_MATVEC:
+            busy = True
     return out

@@ -342,6 +342,16 @@ class HardwareProfile:
             host-work op (building used-expert runs with numpy) and per router id, seconds,
             measured by ``calibrate.executor_costs``; 0 = the native estimate
             (:data:`sim.costs.HOST_WORK_PER_ITEM_S`). Used in ``executor_mode`` only.
+        executor_busy_issue_s_by_kind: extra cost of one executor launch per launched op kind
+            once the plan has run a CPU-backend op (the host's BLAS worker threads active: on
+            the lent H200 VM a launch issued between CPU matvecs took 1.5–4× its cost in a
+            GPU-only loop), seconds, measured by ``calibrate.executor_costs`` in a decode-shaped
+            loop. Used in ``executor_mode`` only.
+        executor_cpu_op_s, executor_cpu_bytes_per_s: the executor's CPU matvec cost in a
+            decode-shaped loop (GPU launches, host sync, runs of CPU matvecs over weights
+            read cold from DRAM): fixed seconds per op and bytes/s, a line through the measured
+            sizes (``calibrate.executor_costs``); 0 = ``cpu_op_s`` / ``cpu_bytes_per_s``. Used
+            in ``executor_mode`` only.
         executor_mode: price host launches as the thin CuPy executor issues them
             (``executor_op_issue_s``; an attention: the table's ``t_host_s``, its three prepared
             launches) instead of the native launch path; set by ``prefetch-sim validate``.
@@ -385,6 +395,9 @@ class HardwareProfile:
     executor_issue_s_by_kind: Mapping[str, float] = field(default_factory=dict)
     executor_host_work_s: float = 0.0
     executor_host_work_per_id_s: float = 0.0
+    executor_busy_issue_s_by_kind: Mapping[str, float] = field(default_factory=dict)
+    executor_cpu_op_s: float = 0.0
+    executor_cpu_bytes_per_s: float = 0.0
     executor_mode: bool = False
     gemm_table: Any = None
     attn_table: Any = None
@@ -457,6 +470,10 @@ def load_hardware(path: str | Path) -> HardwareProfile:
                   if g.has(f"executor_issue_{k}_us")}
     ex_hw = num("executor_host_work_us", 1e-6, default=0.0, positive=False)
     ex_hw_id = num("executor_host_work_ns_per_id", 1e-9, default=0.0, positive=False)
+    ex_busy = {k: num(f"executor_busy_issue_{k}_us", 1e-6, positive=False) for k in ("gemm", "moe", "attn", "h2d", "d2h")
+               if g.has(f"executor_busy_issue_{k}_us")}
+    ex_cpu_op = num("executor_cpu_op_us", 1e-6, default=0.0, positive=False)
+    ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
@@ -484,6 +501,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,
         executor_op_issue_s=ex_issue, executor_issue_s_by_kind=ex_by_kind,
         executor_host_work_s=ex_hw, executor_host_work_per_id_s=ex_hw_id,
+        executor_busy_issue_s_by_kind=ex_busy, executor_cpu_op_s=ex_cpu_op, executor_cpu_bytes_per_s=ex_cpu_bw,
         gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
         file=str(path),

@@ -268,7 +268,7 @@ def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     dst = tmp_path / "h200.toml"
     shutil.copy(src, dst)
     shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
-    costs = measure(load_hardware(dst), n=4, cp=fakecp)
+    costs = measure(load_hardware(dst), n=4, cp=fakecp, busy=False)
     assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id"}
     assert all(v >= 0 for v in costs.values())
     costs = {**costs, "host_work": 2e-6, "host_work_per_id": 3e-9}
@@ -297,3 +297,90 @@ def test_check_order_flags_a_consumer_that_starts_before_its_copy_ends():
     bad = check_order(prog, start, end)
     assert {"kind": "ready", "op_id": j, "other": cs[0]} == {k: bad[0][k] for k in ("kind", "op_id", "other")}
     assert bad[0]["by_s"] == pytest.approx(1e-3)
+
+
+def test_busy_probe_plans_have_decode_shape():
+    from calibrate.executor_costs import burst_plan, loop_plan
+
+    ref = burst_plan("gemm", n=2, per=3)
+    busy = burst_plan("gemm", n=2, per=3, cpu_bytes=8 << 20, n_cpu=3)
+    kinds = [op.kind for op in busy.ops]
+    assert [op.kind for op in ref.ops].count(OpKind.GEMM) == kinds.count(OpKind.GEMM) == 6
+    assert kinds.count(OpKind.CPU_MATVEC) == 6 and OpKind.CPU_MATVEC not in [op.kind for op in ref.ops]
+    # every CPU op follows the host sync of its burst, and the next burst waits for the CPU ops
+    first_cpu = kinds.index(OpKind.CPU_MATVEC)
+    assert kinds[first_cpu - 1] is OpKind.HOST_SYNC and kinds[first_cpu + 3] is OpKind.ISSUE
+    assert busy.ops[first_cpu + 3].deps == (first_cpu + 2,)
+    loop = loop_plan(4 << 20, n=2, n_cpu=3)
+    launched = [op.kind for op in loop.ops if op.stream is Stream.COMPUTE]
+    assert launched == [OpKind.GEMM, OpKind.ATTN, OpKind.GEMM, OpKind.GEMM, OpKind.D2H, OpKind.H2D] * 2
+    assert all(op.nbytes == 4 << 20 for op in loop.ops if op.kind is OpKind.CPU_MATVEC)
+
+
+def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
+    """measure_busy returns every kind's busy extra, a matvec line and the loop check; the keys
+    land in a profile, load back, and are priced in executor_mode only."""
+    import shutil
+    from dataclasses import replace
+    from pathlib import Path
+
+    from calibrate.executor_costs import PROBES, measure_busy, summary, update_profile
+    from sim.costs import plan_durations
+    from sim.specs import load_hardware
+
+    root = Path(__file__).resolve().parent.parent
+    dst = tmp_path / "h200.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    hw = load_hardware(dst)
+    with pytest.raises(ValueError, match="two matvec sizes"):
+        measure_busy(hw, n=1, sizes=(1 << 20,), cp=fakecp)
+    costs = measure_busy(hw, n=1, per=1, sizes=(1 << 20, 4 << 20), cp=fakecp, repeats=1)
+    assert {f"busy_{k}" for k in PROBES} <= set(costs) and all(costs[f"busy_{k}"] >= 0 for k in PROBES)
+    assert len(costs["loop_check"]) == 2 and len(costs["loop_sizes"]) == 2
+    text = summary(costs)
+    assert "decode-loop probe, 1 MiB matvecs" in text
+    costs = {**costs, "busy_gemm": 7e-6, "busy_attn": 11e-6, "cpu_op": 20e-6, "cpu_bytes_per_s": 50e9}
+    update_profile(dst, costs, 'dev "x"')
+    update_profile(dst, costs, 'dev "x"')  # replaces, never duplicates
+    assert dst.read_text().count("executor_busy_issue_gemm_us") == 1
+    hw = load_hardware(dst)
+    assert hw.executor_busy_issue_s_by_kind["gemm"] == pytest.approx(7e-6)
+    assert hw.executor_cpu_op_s == pytest.approx(20e-6) and hw.executor_cpu_bytes_per_s == pytest.approx(50e9)
+
+    plan = Plan()
+    g0 = plan.add(OpKind.ISSUE, Stream.HOST, -1, "issue g0", tag="gemm")
+    plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "g0", (g0,), nbytes=1 << 20, shape=(1, 256, 2048))
+    c = plan.add(OpKind.CPU_MATVEC, Stream.CPU, -1, "cpu", nbytes=10**8, shape=(1, 12207, 2048, 1))
+    g1 = plan.add(OpKind.ISSUE, Stream.HOST, -1, "issue g1", (c,), tag="gemm")
+    plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "g1", (g1,), nbytes=1 << 20, shape=(1, 256, 2048))
+    ex = replace(hw, executor_mode=True)
+    d_ex, d_native = plan_durations(plan, ex), plan_durations(plan, hw)
+    # a launch after the first CPU op costs the busy extra of its kind; one before it does not
+    assert d_ex[g1] - d_ex[g0] == pytest.approx(7e-6)
+    assert d_native[g1] == d_native[g0]
+    # the executor's matvec line in executor_mode, the native CPU figures otherwise
+    assert d_ex[c] == pytest.approx(20e-6 + 10**8 / 50e9)
+    assert d_native[c] == pytest.approx(hw.cpu_op_s + 10**8 / hw.cpu_bytes_per_s)
+
+
+def test_warmup_s_keeps_warming_up_until_the_time_has_passed(monkeypatch):
+    import calibrate.executor as ex
+
+    calls = []
+    real = ex._run_once
+
+    def counting(rt, probes=True):
+        calls.append(probes)
+        return real(rt, probes)
+
+    monkeypatch.setattr(ex, "_run_once", counting)
+    plan = sequential_plan(2, WB, SHAPE)
+    execute(plan, warmup=1, repeats=1, probes=False, cp=fakecp)
+    n_plain = len(calls)
+    calls.clear()
+    clock = iter(np.arange(0.0, 1e4, 0.005))  # every perf() call advances 5 ms
+    monkeypatch.setattr(ex, "perf", lambda: float(next(clock)))
+    execute(plan, warmup=1, warmup_s=0.55, repeats=1, probes=False, cp=fakecp)
+    assert n_plain == 2  # one warm-up, one timed run
+    assert len(calls) > n_plain  # more warm-ups until 0.55 s of (fake) clock had passed
