@@ -6,6 +6,8 @@ measured op time), ``<name>_validation.png`` (scatter + one overlaid timeline),
 ``<name>_timeline.csv`` (that timeline's two traces), ``<name>_traces.csv.gz`` (every case's
 measured and predicted per-op trace), ``<name>_host_probes.csv`` (the host's pageable-copy,
 CPU-matvec and launch speed at the start of every pass, :mod:`calibrate.drift`) and
+``<name>_executor_costs.csv`` (the executor's own costs measured at the start of every pass,
+``--executor-costs per-pass``, whose medians price the executor in the predictions) and
 ``<name>_meta.json`` (device, driver, CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
 or CuPy the command says so and writes nothing.
 """
@@ -40,6 +42,10 @@ def add_validate_parser(sub) -> None:
                         "is the median over passes x repeats timed runs (default 5)")
     p.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches this regular expression")
     p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
+    p.add_argument("--executor-costs", choices=("per-pass", "profile"), default="per-pass",
+                   help="per-pass (default): measure the executor's own launch, host-work and busy-host costs "
+                        "at the start of every pass (calibrate.executor_costs) and price the executor with their "
+                        "medians; profile: use the costs in --hardware")
     p.add_argument("--partial-log", action="store_true",
                    help="also append each case's row to <name>_partial.csv as it finishes")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -63,7 +69,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from .atomic import write_atomic
     from .specs import load_hardware
-    from .validation import plot_validation, run_grid, summarize
+    from .validation import median_costs, plot_validation, run_grid, summarize
 
     if args.repeats < 1:
         raise ScenarioError(f"must be >= 1, got {args.repeats}", field="--repeats")
@@ -111,9 +117,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         partial.unlink(missing_ok=True)  # a log of this run only (an older one may have other columns)
     probes: list = []
     failures: list[str] = []
+    cost_log: list[dict] = []
+    cost_probe = None
+    if args.executor_costs == "per-pass":
+        from calibrate.executor_costs import measure as measure_costs  # noqa: PLC0415
+
+        cost_probe = lambda: measure_costs(hw, cp=cp)  # noqa: E731
     df, kinds, trace, traces = run_grid(cases, hw, repeats=args.repeats, passes=args.passes, progress=progress,
                                         cp=cp, keep_trace=timeline, partial=partial, host_probes=probes,
-                                        failures=failures)
+                                        failures=failures, cost_probe=cost_probe, cost_log=cost_log)
     from calibrate.drift import probes_frame
 
     probe_df = probes_frame(probes)
@@ -132,6 +144,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "pass_spread_median": float(df["pass_spread"].median()),
         "pass_spread_p90": float(df["pass_spread"].quantile(0.9)),
         "lossless_failures": failures,
+        "executor_costs": args.executor_costs,
+        "executor_costs_used": ({k: v for k, v in median_costs([{k2: v2 for k2, v2 in c.items() if k2 != "pass"}
+                                                                  for c in cost_log]).items()}
+                                if cost_log else None),
         "host_probe_spread": {c: float(probe_df[c].max() / probe_df[c].min() - 1.0)
                               for c in probe_df.columns[2:] if len(probe_df) and probe_df[c].min() > 0},
     }
@@ -141,6 +157,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         write_atomic(out / f"{args.name}_timeline.csv", trace.to_csv(index=False))
     write_atomic(out / f"{args.name}_traces.csv.gz", gzip.compress(traces.to_csv(index=False).encode(), mtime=0))
     write_atomic(out / f"{args.name}_host_probes.csv", probe_df.to_csv(index=False))
+    if cost_log:
+        import pandas as pd  # noqa: PLC0415
+
+        write_atomic(out / f"{args.name}_executor_costs.csv", pd.DataFrame(cost_log).to_csv(index=False))
     plot_validation(df, out / f"{args.name}_validation.png", trace)
     write_atomic(out / f"{args.name}_meta.json", json.dumps(meta, indent=2) + "\n")
     show = df[["case", "predicted_s", "measured_s", "rel_error", "pass_spread"]].copy()

@@ -157,10 +157,37 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
     return float(analytic.run(plan, plan_durations(plan, hardware)).makespan_s)
 
 
+def median_costs(measured: Sequence[dict]) -> dict[str, float]:
+    """Median of each key over the per-pass cost dicts (keys missing in a pass are skipped)."""
+    keys = sorted({k for c in measured for k in c})
+    return {k: float(np.median([c[k] for c in measured if k in c])) for k in keys}
+
+
+def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> HardwareProfile:
+    """``hardware`` with the executor's costs replaced by ``costs`` (seconds, the keys of
+    :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
+    ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``); keys absent from
+    ``costs`` keep the profile's value."""
+    kinds = ("gemm", "moe", "attn", "h2d", "d2h")
+    kw: dict = {}
+    if any(k in costs for k in kinds):
+        kw["executor_issue_s_by_kind"] = {**hardware.executor_issue_s_by_kind,
+                                          **{k: costs[k] for k in kinds if k in costs}}
+    if any(f"busy_{k}" in costs for k in kinds):
+        kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
+                                               **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
+    for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
+                     ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s")):
+        if key in costs:
+            kw[fld] = costs[key]
+    return replace(hardware, **kw)
+
+
 def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int = 3, warmup: int = 1,
              passes: int = 1, progress: Callable[[Iterable], Iterable] | None = None, cp=None,
              keep_trace: str | None = None, partial: str | Path | None = None,
              host_probes: list | None = None, failures: list | None = None,
+             cost_probe: Callable[[], dict] | None = None, cost_log: list | None = None,
              ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """Predict and measure every case on the GPU.
 
@@ -177,6 +204,15 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         failures: when a list, losslessness failures are appended to it as messages and the
             results are still returned (so a caller can write them before failing); when None
             they raise.
+        cost_probe: when given, called at the start of every pass; it measures the executor's
+            own costs and returns them as :func:`calibrate.executor_costs.measure` does (seconds;
+            other keys ignored). The predictions then price the executor with the median of each
+            cost over the passes (:func:`with_executor_costs`) instead of the profile's: the
+            executor's launch and host costs are a property of the instrument on the host of
+            the moment (on the lent H200 VM they changed up to 2× between machines and
+            minutes), measured by dedicated probes, never by the validation cases.
+        cost_log: when a list, each pass's measured costs are appended to it (a dict with
+            ``pass`` and the numeric keys).
 
     Returns:
         (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
@@ -212,9 +248,15 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         pred_d = plan_durations(plan, hardware)
         built[case.name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
     results: dict[str, list] = {c.name: [] for c in cases}
+    measured_costs: list[dict] = []
     for p in range(passes):
         if prober is not None:
             host_probes.append(prober.probe(f"pass {p + 1} start"))
+        if cost_probe is not None:
+            c = {k: float(v) for k, v in cost_probe().items() if isinstance(v, (int, float))}
+            measured_costs.append(c)
+            if cost_log is not None:
+                cost_log.append({"pass": p + 1, **c})
         order = list(cases) if p % 2 == 0 else list(reversed(cases))
         it = progress(order) if progress else order
         for case in it:
@@ -227,6 +269,11 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
                     partial, mode="a", header=not Path(partial).exists(), index=False)
     if prober is not None:
         host_probes.append(prober.probe("end"))
+    if measured_costs:  # price the executor with its costs measured during the run
+        hardware = with_executor_costs(hardware, median_costs(measured_costs))
+        for name, (scn, plan, _d, _s) in built.items():
+            pred_d = plan_durations(plan, hardware)
+            built[name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
     rows, kinds, traces, kept = [], [], [], None
     problems: list[str] = []
     groups: dict[tuple, dict] = {}

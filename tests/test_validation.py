@@ -144,6 +144,38 @@ def test_run_grid_passes_probes_and_traces(monkeypatch):
         V.run_grid(cases, HW, passes=0, cp=fakecp)
 
 
+def test_run_grid_prices_the_executor_with_the_median_of_its_per_pass_costs(monkeypatch):
+    """With a cost probe, each pass's executor costs are logged and the predictions use their
+    medians (here: a launch cost that differs per pass, so the prediction must move)."""
+    import calibrate._fakecupy as fakecp
+    import sim.validation as V
+    from sim.builder import build_plan
+    from sim.specs import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
+    test = scn.workload.tests()[0]
+    v0 = scn.variants[0]
+    monkeypatch.setattr(V, "build_case", lambda case, hw: (scn, build_plan(scn, v0, test,
+                                                                           np.random.default_rng(scn.seed))))
+    cases = [V.Case("tiny-a", "moe", v0.name, test.name)]
+    per_pass = iter([{"gemm": 1e-3, "cpu_op": 2e-6, "loop_check": [(1, 2.0, 3.0)]},
+                     {"gemm": 3e-3, "cpu_op": 4e-6}, {"gemm": 2e-3, "busy_gemm": 5e-6}])
+    log: list = []
+    df, _k, _t, traces = V.run_grid(cases, HW, repeats=1, passes=3, cp=fakecp,
+                                    cost_probe=lambda: next(per_pass), cost_log=log)
+    assert [e["pass"] for e in log] == [1, 2, 3] and "loop_check" not in log[0]
+    med = V.median_costs([{k: v for k, v in e.items() if k != "pass"} for e in log])
+    assert med == {"gemm": 2e-3, "cpu_op": 3e-6, "busy_gemm": 5e-6}
+    hw = V.with_executor_costs(V.executor_profile(HW), med)
+    assert hw.executor_issue_s_by_kind["gemm"] == 2e-3 and hw.executor_cpu_op_s == 3e-6
+    assert hw.executor_busy_issue_s_by_kind == {**HW.executor_busy_issue_s_by_kind, "gemm": 5e-6}
+    _, plan = V.build_case(cases[0], hw)
+    assert df.predicted_s.iloc[0] == pytest.approx(V.predict_s(plan, hw), rel=1e-12)
+    assert df.predicted_s.iloc[0] != pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-6)
+    pred = traces[traces.engine == "analytic"]
+    assert pred.end_s.max() == pytest.approx(df.predicted_s.iloc[0], rel=1e-9)
+
+
 @pytest.mark.parametrize("args, field", [(["--passes", "0"], "--passes"), (["--cases", "no-such-case"], "--cases"),
                                          (["--cases", "("], "--cases")])
 def test_validate_rejects_bad_options_before_touching_the_gpu(tmp_path, capsys, args, field):
