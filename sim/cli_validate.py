@@ -7,7 +7,8 @@ measured op time), ``<name>_validation.png`` (scatter + one overlaid timeline),
 measured and predicted per-op trace), ``<name>_host_probes.csv`` (the host's pageable-copy,
 CPU-matvec and launch speed at the start of every pass, :mod:`calibrate.drift`) and
 ``<name>_executor_costs.csv`` (the executor's own costs measured at the start of every pass,
-``--executor-costs per-pass``, whose medians price the executor in the predictions) and
+``--host-state per-pass``, whose medians, with the host probes' median pageable bandwidth,
+price the host in ``predicted_s``; ``predicted_profile_s`` uses the profile alone) and
 ``<name>_meta.json`` (device, driver, CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
 or CuPy the command says so and writes nothing.
 """
@@ -42,10 +43,11 @@ def add_validate_parser(sub) -> None:
                         "is the median over passes x repeats timed runs (default 5)")
     p.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches this regular expression")
     p.add_argument("--timeline-case", help="case whose timeline is plotted (default: a prefetch case)")
-    p.add_argument("--executor-costs", choices=("per-pass", "profile"), default="per-pass",
-                   help="per-pass (default): measure the executor's own launch, host-work and busy-host costs "
-                        "at the start of every pass (calibrate.executor_costs) and price the executor with their "
-                        "medians; profile: use the costs in --hardware")
+    p.add_argument("--host-state", choices=("per-pass", "profile"), default="per-pass",
+                   help="per-pass (default): measure the host-dependent figures at the start of every pass -- the "
+                        "executor's own launch, host-work, busy-host and matvec costs (calibrate.executor_costs) "
+                        "and the pageable H2D bandwidth (calibrate.drift) -- and predict with their medians; the "
+                        "profile-only predictions are kept in predicted_profile_s. profile: use --hardware alone")
     p.add_argument("--partial-log", action="store_true",
                    help="also append each case's row to <name>_partial.csv as it finishes")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -119,13 +121,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failures: list[str] = []
     cost_log: list[dict] = []
     cost_probe = None
-    if args.executor_costs == "per-pass":
+    if args.host_state == "per-pass":
         from calibrate.executor_costs import measure as measure_costs  # noqa: PLC0415
 
         cost_probe = lambda: measure_costs(hw, cp=cp)  # noqa: E731
     df, kinds, trace, traces = run_grid(cases, hw, repeats=args.repeats, passes=args.passes, progress=progress,
                                         cp=cp, keep_trace=timeline, partial=partial, host_probes=probes,
-                                        failures=failures, cost_probe=cost_probe, cost_log=cost_log)
+                                        failures=failures, cost_probe=cost_probe, cost_log=cost_log,
+                                        pageable_from_probes=args.host_state == "per-pass")
     from calibrate.drift import probes_frame
 
     probe_df = probes_frame(probes)
@@ -144,10 +147,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "pass_spread_median": float(df["pass_spread"].median()),
         "pass_spread_p90": float(df["pass_spread"].quantile(0.9)),
         "lossless_failures": failures,
-        "executor_costs": args.executor_costs,
-        "executor_costs_used": ({k: v for k, v in median_costs([{k2: v2 for k2, v2 in c.items() if k2 != "pass"}
-                                                                  for c in cost_log]).items()}
+        "host_state": args.host_state,
+        "executor_costs_used": (median_costs([{k: v for k, v in c.items() if k != "pass"} for c in cost_log])
                                 if cost_log else None),
+        "pageable_gb_per_s_used": (float(probe_df["h2d_pageable_gb_per_s"].median())
+                                   if args.host_state == "per-pass" and len(probe_df) else None),
+        "profile_only": summarize(df, "rel_error_profile"),
         "host_probe_spread": {c: float(probe_df[c].max() / probe_df[c].min() - 1.0)
                               for c in probe_df.columns[2:] if len(probe_df) and probe_df[c].min() > 0},
     }
@@ -168,12 +173,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     show["measured_ms"] = (show.pop("measured_s") * 1e3).round(3)
     show["rel_error"] = show["rel_error"].map(lambda x: f"{x:+.1%}")
     show["pass_spread"] = show.pop("pass_spread").map(lambda x: f"{x:.1%}")
+    if args.host_state == "per-pass":
+        show["profile_only_error"] = df["rel_error_profile"].map(lambda x: f"{x:+.1%}")
     if len(probe_df):
         print(probe_df.round(3).to_string(index=False), file=sys.stderr)
     print(show.to_string(index=False))
+    prof = meta["profile_only"]
+    cond = " (host state measured during the run)" if args.host_state == "per-pass" else ""
     print(f"\n{summ['n_cases']} cases: median |error| {summ['median_abs_error']:.1%}, "
-          f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}; pass-to-pass spread of the "
+          f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}{cond}; pass-to-pass spread of the "
           f"measurement median {meta['pass_spread_median']:.1%}, p90 {meta['pass_spread_p90']:.1%}  -> {out}")
+    if args.host_state == "per-pass":
+        print(f"profile only ({args.hardware}): median |error| {prof['median_abs_error']:.1%}, "
+              f"p90 {prof['p90_abs_error']:.1%}, max {prof['max_abs_error']:.1%}")
     if failures:  # written above, for the record; the run still fails
         for msg in failures:
             print(f"prefetch-sim: error: losslessness: {msg}", file=sys.stderr)

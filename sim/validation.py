@@ -37,6 +37,7 @@ CASE_COLUMNS = (
     "case", "model", "variant", "test", "n_ubatch", "n_depth", "host_memory", "expert_slots", "cache",
     "n_ops", "predicted_s", "measured_s", "measured_min_s", "measured_max_s", "rel_error",
     "h2d_bytes", "h2d_bytes_per_s", "probes_checked", "digest", "device", "n_runs", "pass_spread",
+    "predicted_profile_s", "rel_error_profile",
 )
 
 
@@ -163,6 +164,17 @@ def median_costs(measured: Sequence[dict]) -> dict[str, float]:
     return {k: float(np.median([c[k] for c in measured if k in c])) for k in keys}
 
 
+def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = None,
+                    pageable_bytes_per_s: float | None = None) -> HardwareProfile:
+    """``hardware`` conditioned on the host state measured during a validation run: the
+    executor's costs (:func:`with_executor_costs`) and the pageable H2D bandwidth (the
+    latency is kept). ``None`` keeps the profile's."""
+    hw = with_executor_costs(hardware, costs) if costs else hardware
+    if pageable_bytes_per_s:
+        hw = replace(hw, h2d_pageable=replace(hw.h2d_pageable, bytes_per_s=float(pageable_bytes_per_s)))
+    return hw
+
+
 def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> HardwareProfile:
     """``hardware`` with the executor's costs replaced by ``costs`` (seconds, the keys of
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
@@ -188,6 +200,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
              keep_trace: str | None = None, partial: str | Path | None = None,
              host_probes: list | None = None, failures: list | None = None,
              cost_probe: Callable[[], dict] | None = None, cost_log: list | None = None,
+             pageable_from_probes: bool = False,
              ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """Predict and measure every case on the GPU.
 
@@ -213,6 +226,14 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             minutes), measured by dedicated probes, never by the validation cases.
         cost_log: when a list, each pass's measured costs are appended to it (a dict with
             ``pass`` and the numeric keys).
+        pageable_from_probes: (with ``host_probes``) price pageable H2D copies with the median
+            of the host probes' pageable bandwidth over the run instead of the profile's (on
+            the lent H200 VM it drifted ±20% within minutes, so a calibration minutes earlier
+            does not describe the run's host).
+
+    ``predicted_s`` / ``rel_error`` use the host state measured during the run when
+    ``cost_probe`` or ``pageable_from_probes`` is given; ``predicted_profile_s`` /
+    ``rel_error_profile`` always use ``hardware`` alone.
 
     Returns:
         (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
@@ -242,11 +263,14 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
 
             cp = require_cupy()
         prober = HostProber(open_gpu(cp))
+    if pageable_from_probes and host_probes is None:
+        raise ValueError("pageable_from_probes needs host_probes")
     built = {}
     for case in cases:
         scn, plan = build_case(case, hardware)
         pred_d = plan_durations(plan, hardware)
         built[case.name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
+    profile_pred = {name: float(b[3].makespan_s) for name, b in built.items()}
     results: dict[str, list] = {c.name: [] for c in cases}
     measured_costs: list[dict] = []
     for p in range(passes):
@@ -269,8 +293,12 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
                     partial, mode="a", header=not Path(partial).exists(), index=False)
     if prober is not None:
         host_probes.append(prober.probe("end"))
-    if measured_costs:  # price the executor with its costs measured during the run
-        hardware = with_executor_costs(hardware, median_costs(measured_costs))
+    pageable = None
+    if pageable_from_probes:
+        vals = [p.h2d_pageable_gb_per_s for p in host_probes if p.h2d_pageable_gb_per_s > 0]
+        pageable = float(np.median(vals)) * 1e9 if vals else None
+    if measured_costs or pageable:  # price the host with its state measured during the run
+        hardware = with_host_state(hardware, median_costs(measured_costs) if measured_costs else None, pageable)
         for name, (scn, plan, _d, _s) in built.items():
             pred_d = plan_durations(plan, hardware)
             built[name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
@@ -295,7 +323,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             measured_s=med, measured_min_s=float(all_mk.min()), measured_max_s=float(all_mk.max()),
             rel_error=pred / med - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
             probes_checked=r.probes_checked, digest=r.digest, device=r.device, n_runs=int(all_mk.size),
-            pass_spread=max(per_pass) / min(per_pass) - 1.0))
+            pass_spread=max(per_pass) / min(per_pass) - 1.0, predicted_profile_s=profile_pred[case.name],
+            rel_error_profile=profile_pred[case.name] / med - 1.0))
         kinds.append(per_kind_errors(case.name, r.trace, pred_d))
         both = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],
                          ignore_index=True)
@@ -335,9 +364,11 @@ def per_kind_errors(case: str, measured: pd.DataFrame, predicted_dur_s: np.ndarr
     return g.reset_index()
 
 
-def summarize(df: pd.DataFrame) -> dict[str, float]:
-    """Median and 90th percentile of |relative error| of the predicted total time."""
-    e = df["rel_error"].abs()
+def summarize(df: pd.DataFrame, column: str = "rel_error") -> dict[str, float]:
+    """Median, 90th percentile (linear interpolation) and maximum of |relative error| of the
+    predicted total time (``column``: ``rel_error``, or ``rel_error_profile`` for the
+    profile-only predictions)."""
+    e = df[column].abs()
     return {"n_cases": int(len(df)), "median_abs_error": float(e.median()),
             "p90_abs_error": float(e.quantile(0.9)), "max_abs_error": float(e.max())}
 

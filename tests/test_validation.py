@@ -172,8 +172,21 @@ def test_run_grid_prices_the_executor_with_the_median_of_its_per_pass_costs(monk
     _, plan = V.build_case(cases[0], hw)
     assert df.predicted_s.iloc[0] == pytest.approx(V.predict_s(plan, hw), rel=1e-12)
     assert df.predicted_s.iloc[0] != pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-6)
+    # the profile-only prediction is kept beside it
+    assert df.predicted_profile_s.iloc[0] == pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-12)
+    assert df.rel_error_profile.iloc[0] == pytest.approx(df.predicted_profile_s.iloc[0] / df.measured_s.iloc[0] - 1)
     pred = traces[traces.engine == "analytic"]
     assert pred.end_s.max() == pytest.approx(df.predicted_s.iloc[0], rel=1e-9)
+
+
+def test_with_host_state_replaces_the_pageable_bandwidth_and_keeps_its_latency():
+    import sim.validation as V
+
+    hw = V.with_host_state(HW, None, 9e9)
+    assert hw.h2d_pageable.bytes_per_s == 9e9 and hw.h2d_pageable.latency_s == HW.h2d_pageable.latency_s
+    assert hw.h2d_pinned == HW.h2d_pinned and V.with_host_state(HW) == HW
+    with pytest.raises(ValueError, match="host_probes"):
+        V.run_grid([], HW, pageable_from_probes=True)
 
 
 @pytest.mark.parametrize("args, field", [(["--passes", "0"], "--passes"), (["--cases", "no-such-case"], "--cases"),
