@@ -13,9 +13,10 @@ zero launch cost, divided by ``n``, is that kind's launch cost. The shapes are s
 GPU time is a minor, table-priced part.
 
 Busy host (decode): once the executor has run CPU-backend ops, its launches are slower (on the
-lent H200 VM 1.5–4× per kind: the BLAS worker threads stay active after each matvec, and the
-matvec stream evicts the launch path from the CPU caches), and its numpy matvecs cost more per
-op than in the isolated host series. Two more probe families measure this in decode's shape:
+lent H200 VM 1.5–4.5× per kind, ``data/validation/history/diag/``; the cause is not isolated:
+the BLAS worker threads stay active after each matvec, and the matvec stream evicts the launch
+path from the CPU caches), and its numpy matvecs cost more per op than in the isolated host
+series. Two more probe families measure this in decode's shape:
 ``burst_plan`` (``per`` launches of one kind, a host sync, then ``n_cpu`` CPU matvecs — or no
 CPU ops, the reference) gives each kind's extra launch cost, ``(busy makespan − the CPU ops'
 measured host time − reference makespan) / launches``; ``loop_plan`` (a decode layer: GEMM,

@@ -289,9 +289,9 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
 
     In ``executor_mode`` the launches that come after the plan's first CPU-backend op (plan
     order) are priced with the profile's busy-host extra (``executor_busy_issue_s_by_kind``):
-    from then on the host's BLAS worker threads are active (OpenBLAS keeps them spinning for a
-    while after each call) and the executor's launches were measured slower
-    (``calibrate.executor_costs``)."""
+    from then on the executor's launches were measured slower (``calibrate.executor_costs``;
+    likely the host's BLAS worker threads, which OpenBLAS keeps spinning for a while after each
+    call, and the CPU caches the matvecs flushed)."""
     cache: dict = {}
     out = np.empty(len(plan.ops), dtype=np.float64)
     busy = False

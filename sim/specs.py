@@ -344,7 +344,7 @@ class HardwareProfile:
             (:data:`sim.costs.HOST_WORK_PER_ITEM_S`). Used in ``executor_mode`` only.
         executor_busy_issue_s_by_kind: extra cost of one executor launch per launched op kind
             once the plan has run a CPU-backend op (the host's BLAS worker threads active: on
-            the lent H200 VM a launch issued between CPU matvecs took 1.5–4× its cost in a
+            the lent H200 VM a launch issued between CPU matvecs took 1.5–4.5× its cost in a
             GPU-only loop), seconds, measured by ``calibrate.executor_costs`` in a decode-shaped
             loop. Used in ``executor_mode`` only.
         executor_cpu_op_s, executor_cpu_bytes_per_s: the executor's CPU matvec cost in a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -86,21 +88,33 @@ def test_validate_without_gpu_says_so_and_writes_nothing(tmp_path, capsys):
 
 
 def test_committed_validation_predictions_are_reproduced_by_this_code():
-    """The headline figure (docs/validation.md) holds for the code as it is: every committed
-    prediction is recomputed from the committed profile. If this fails, the model changed:
-    run `prefetch-sim validate` on the GPU again and commit the new results."""
-    from sim.validation import executor_profile
+    """The headline figures (docs/validation.md) hold for the code as it is: every committed
+    prediction is recomputed from the committed profile and, for the host-conditioned
+    ``predicted_s``, the committed per-pass host measurements of the same run (executor costs,
+    pageable bandwidth). If this fails, the model changed: run `prefetch-sim validate` on the
+    GPU again and commit the new results."""
+    from sim.validation import executor_profile, median_costs, with_host_state
 
-    path = ROOT / "data" / "validation" / "h200_validation.csv"
-    committed = pd.read_csv(path).set_index("case")
-    hw = executor_profile(load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml"))
+    val = ROOT / "data" / "validation"
+    committed = pd.read_csv(val / "h200_validation.csv").set_index("case")
+    profile = executor_profile(load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml"))
+    costs = pd.read_csv(val / "h200_executor_costs.csv").drop(columns=["pass"])
+    probes = pd.read_csv(val / "h200_host_probes.csv")
+    hw = with_host_state(profile, median_costs(costs.to_dict("records")),
+                         float(probes["h2d_pageable_gb_per_s"].median()) * 1e9)
+    meta = json.loads((val / "h200_meta.json").read_text())
+    assert meta["pageable_gb_per_s_used"] == pytest.approx(probes["h2d_pageable_gb_per_s"].median())
+    assert meta["executor_costs_used"] == pytest.approx(median_costs(costs.to_dict("records")))
     cases = {c.name: c for c in default_grid()}
     assert set(committed.index) == set(cases)
     for name, c in cases.items():
         _, plan = build_case(c, hw)
         assert predict_s(plan, hw) == pytest.approx(committed.loc[name, "predicted_s"], rel=1e-9), name
+        assert predict_s(plan, profile) == pytest.approx(committed.loc[name, "predicted_profile_s"], rel=1e-9), name
     s = summarize(committed)
     assert s["median_abs_error"] == pytest.approx(np.median(np.abs(committed.rel_error)))
+    assert s["median_abs_error"] == pytest.approx(meta["median_abs_error"])
+    assert summarize(committed, "rel_error_profile")["p90_abs_error"] == pytest.approx(meta["profile_only"]["p90_abs_error"])
 
 
 def test_run_grid_passes_probes_and_traces(monkeypatch):
