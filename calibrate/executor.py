@@ -914,7 +914,8 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         test, variant: written to the trace.
         byte_scale: copies move ``nbytes * byte_scale`` bytes (compute is never scaled).
         warmup: untimed runs first (cuBLAS heuristics, kernel compilation, page faults).
-        warmup_s: keep running untimed runs (after ``warmup`` of them) until this many
+        warmup_s: keep running untimed runs (after ``warmup`` of them; none when ``warmup``
+            is 0) until this many
             seconds have passed since the first: a short plan's timed runs then do not start
             within a moment of the setup (gigabytes of host buffers allocated and filled, the
             previous plan's freed), while the host may still be busy with that memory.

@@ -33,6 +33,7 @@ calibrate`` runs it at the end.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -148,7 +149,8 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
 
     Returns:
         dict with ``busy_<kind>`` (seconds of extra launch cost per kind, clamped at 0),
-        ``cpu_op`` (seconds per matvec, clamped at 0) and ``cpu_bytes_per_s`` (the line
+        ``busy_per``: ``per``, ``cpu_op`` (the line's intercept, seconds per matvec, clamped at
+        0) and ``cpu_bytes_per_s`` (the line
         through ``sizes``, at least two; both absent when the time does not grow with the
         bytes), ``loop_sizes``: ``(bytes, mean seconds per matvec)`` per size, ``loop_check``: list of ``(cpu_bytes, measured_s,
         predicted_s)`` of the decode-loop probes priced with these costs.
@@ -163,7 +165,7 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
 
     if len(set(sizes)) < 2:
         raise ValueError(f"measure_busy needs at least two matvec sizes, got {sizes}")
-    out: dict = {}
+    out: dict = {"busy_per": per}
     for kind in PROBES:
         ref = run(burst_plan(kind, n, per))
         plan = burst_plan(kind, n, per, cpu_bytes=BURST_CPU_BYTES)
@@ -193,7 +195,7 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
     return out
 
 
-def measure(hw, *, n: int = 40, cp=None, busy: bool = True) -> dict[str, float]:
+def measure(hw, *, n: int = 40, cp=None, busy: bool = True) -> dict:
     """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
     the executor's host work of building expert runs: ``host_work`` (seconds per op) and
     ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`; with
@@ -246,13 +248,15 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     for k in PROBES:
         if f"busy_{k}" in costs:
             out.append((f"executor_busy_issue_{k}_us", costs[f"busy_{k}"] * 1e6, f"measured: extra cost of a {k} "
-                        f"launch between runs of CPU matvecs ({BURST_CPU_BYTES >> 20} MiB), bursts of 3 launches + "
-                        f"sync + 3 matvecs vs the same bursts without matvecs, {cmd}"))
+                        f"launch between runs of CPU matvecs ({BURST_CPU_BYTES >> 20} MiB), bursts of "
+                        f"{costs.get('busy_per', 3)} launches + sync + 3 matvecs vs the same bursts without "
+                        f"matvecs, {cmd}"))
     if "cpu_bytes_per_s" in costs:
         check = "; ".join(f"{nb >> 20} MiB {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
                           for nb, me, pr in costs.get("loop_check", []))
+        sizes = [b for b, _t in costs.get("loop_sizes", [])] or list(LOOP_CPU_BYTES)
         src = (f"measured: the executor's numpy matvec in a decode-shaped loop (5 launches, sync, 3 matvecs, "
-               f"H2D), line through {', '.join(str(b >> 20) for b in LOOP_CPU_BYTES)} MiB, {cmd}")
+               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB, {cmd}")
         out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
         out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
                     src + (f"; whole-loop check predicted/measured: {check}" if check else "")))
@@ -278,17 +282,26 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     profile TOML, atomically."""
     from sim.atomic import write_atomic  # noqa: PLC0415
 
+    import json  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+
     p = Path(path)
     lines = p.read_text().splitlines()
-    entries = profile_entries(costs, device)
-    replaced = {k for k, _v, _s in entries}
+    entries = [(k, v, src) for k, v, src in profile_entries(costs, device) if math.isfinite(v)]
+    replaced = {k for k, _v, _s in profile_entries(costs, device)}
+    if any(k.startswith("busy_") for k in costs):  # a busy-host measurement replaces its whole family,
+        replaced |= {f"executor_busy_issue_{k}_us" for k in PROBES}  # also keys it could not measure
+        replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s"}
     lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]
     at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
     while at > 0 and not lines[at - 1].strip():
         at -= 1
-    esc = {ord("\\"): "\\\\", ord('"'): '\\"'}  # a TOML basic string
-    lines[at:at] = [f'{k} = {{ value = {v:.6g}, source = "{src.translate(esc)}" }}' for k, v, src in entries]
-    return write_atomic(p, "\n".join(lines) + "\n")
+    # json.dumps escapes quotes, backslashes and control characters as a TOML basic string does
+    lines[at:at] = [f"{k} = {{ value = {v:.6g}, source = {json.dumps(src, ensure_ascii=False)} }}"
+                    for k, v, src in entries]
+    text = "\n".join(lines) + "\n"
+    tomllib.loads(text)  # never replace a profile with one that does not parse
+    return write_atomic(p, text)
 
 
 def main(argv: list[str] | None = None) -> int:

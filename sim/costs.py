@@ -21,8 +21,8 @@ Pure functions of (op, profile). Formulas:
 * CPU ops (op offload rule not met): memory-bound matvec, ``max(weight bytes /
   cpu_bytes_per_s, FLOP / cpu_flops_per_s)`` (docs/DESIGN.md: decode on partially offloaded models
   is bounded by host DRAM bandwidth). In ``executor_mode`` with a measured
-  ``executor_cpu_bytes_per_s``: ``executor_cpu_op_s + bytes / executor_cpu_bytes_per_s``,
-  the executor's numpy matvec measured in a decode-shaped loop.
+  ``executor_cpu_bytes_per_s``: ``executor_cpu_op_s + max(bytes / executor_cpu_bytes_per_s,
+  FLOP / cpu_flops_per_s)``, the executor's numpy matvec measured in a decode-shaped loop.
 * Host ops: ``host_sync_s``, ``op_issue_s``, ``event_s`` of the profile. In ``executor_mode``
   (validation against the CuPy executor) a launch costs ``executor_op_issue_s`` and an
   attention the table's ``t_host_s`` fit (the executor's attention is three prepared launches
@@ -265,7 +265,9 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
     if k is OpKind.ISSUE:
         if not hw.executor_mode:
             return hw.op_issue_s
-        issue = hw.executor_issue_s_by_kind.get(op.tag) or hw.executor_op_issue_s or hw.op_issue_s
+        issue = hw.executor_issue_s_by_kind.get(op.tag)  # a measured 0 is a price, not "unknown"
+        if issue is None:
+            issue = hw.executor_op_issue_s or hw.op_issue_s
         busy = hw.executor_busy_issue_s_by_kind.get(op.tag, 0.0) if host_busy else 0.0
         if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
             n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape

@@ -350,8 +350,9 @@ class HardwareProfile:
         executor_cpu_op_s, executor_cpu_bytes_per_s: the executor's CPU matvec cost in a
             decode-shaped loop (GPU launches, host sync, runs of CPU matvecs over weights
             read cold from DRAM): fixed seconds per op and bytes/s, a line through the measured
-            sizes (``calibrate.executor_costs``); 0 = ``cpu_op_s`` / ``cpu_bytes_per_s``. Used
-            in ``executor_mode`` only.
+            sizes (``calibrate.executor_costs``). With ``executor_cpu_bytes_per_s`` 0 (absent)
+            both fall back to ``cpu_op_s`` / ``cpu_bytes_per_s``; with it set, the intercept is
+            used as given (0 included). Used in ``executor_mode`` only.
         executor_mode: price host launches as the thin CuPy executor issues them
             (``executor_op_issue_s``; an attention: the table's ``t_host_s``, its three prepared
             launches) instead of the native launch path; set by ``prefetch-sim validate``.

@@ -16,6 +16,8 @@ This module is pure Python (no CuPy); :func:`run_grid` imports the executor lazi
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,7 +39,7 @@ CASE_COLUMNS = (
     "case", "model", "variant", "test", "n_ubatch", "n_depth", "host_memory", "expert_slots", "cache",
     "n_ops", "predicted_s", "measured_s", "measured_min_s", "measured_max_s", "rel_error",
     "h2d_bytes", "h2d_bytes_per_s", "probes_checked", "digest", "device", "n_runs", "pass_spread",
-    "predicted_profile_s", "rel_error_profile",
+    "predicted_host_s", "rel_error_host",
 )
 
 
@@ -100,7 +102,7 @@ def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATI
 
 
 def default_grid() -> list[Case]:
-    """The committed validation grid (72 cases)."""
+    """The committed validation grid (64 cases)."""
     cases: list[Case] = []
 
     def add(model, variant, test, depth=0, pinned=True, cache=0):
@@ -159,9 +161,15 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
 
 
 def median_costs(measured: Sequence[dict]) -> dict[str, float]:
-    """Median of each key over the per-pass cost dicts (keys missing in a pass are skipped)."""
-    keys = sorted({k for c in measured for k in c})
-    return {k: float(np.median([c[k] for c in measured if k in c])) for k in keys}
+    """Median of each key over the per-pass cost dicts; keys missing in a pass, and
+    non-numeric or non-finite values (a CSV's empty cells read back as NaN), are skipped; a
+    key with no finite value is left out."""
+    out = {}
+    for k in sorted({k for c in measured for k in c}):
+        vals = [float(c[k]) for c in measured if isinstance(c.get(k), numbers.Real) and math.isfinite(c[k])]
+        if vals:
+            out[k] = float(np.median(vals))
+    return out
 
 
 def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = None,
@@ -200,7 +208,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
              keep_trace: str | None = None, partial: str | Path | None = None,
              host_probes: list | None = None, failures: list | None = None,
              cost_probe: Callable[[], dict] | None = None, cost_log: list | None = None,
-             pageable_from_probes: bool = False,
+             pageable_from_probes: bool = False, host_state_used: dict | None = None,
              ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """Predict and measure every case on the GPU.
 
@@ -219,21 +227,24 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             they raise.
         cost_probe: when given, called at the start of every pass; it measures the executor's
             own costs and returns them as :func:`calibrate.executor_costs.measure` does (seconds;
-            other keys ignored). The predictions then price the executor with the median of each
-            cost over the passes (:func:`with_executor_costs`) instead of the profile's: the
-            executor's launch and host costs are a property of the instrument on the host of
-            the moment (on the lent H200 VM they changed up to 2× between machines and
-            minutes), measured by dedicated probes, never by the validation cases.
+            non-numeric and non-finite values ignored; a probe that raises is logged as
+            ``error`` in ``cost_log`` and the run goes on). ``predicted_host_s`` then prices
+            the executor with the median of each cost over the passes
+            (:func:`with_executor_costs`): on the lent H200 VM those costs changed up to 2×
+            between machines and minutes. The probes run their own plans, never the cases.
         cost_log: when a list, each pass's measured costs are appended to it (a dict with
-            ``pass`` and the numeric keys).
-        pageable_from_probes: (with ``host_probes``) price pageable H2D copies with the median
-            of the host probes' pageable bandwidth over the run instead of the profile's (on
-            the lent H200 VM it drifted ±20% within minutes, so a calibration minutes earlier
-            does not describe the run's host).
+            ``pass`` and the numeric keys, or ``error``).
+        pageable_from_probes: (with ``host_probes``) ``predicted_host_s`` also prices pageable
+            H2D copies with the median of the host probes' pageable bandwidth over the run (on
+            the lent H200 VM it drifted ±20% within minutes).
+        host_state_used: when a dict, filled with what ``predicted_host_s`` used:
+            ``executor_costs`` (the medians, seconds) and ``pageable_bytes_per_s`` (or None).
 
-    ``predicted_s`` / ``rel_error`` use the host state measured during the run when
-    ``cost_probe`` or ``pageable_from_probes`` is given; ``predicted_profile_s`` /
-    ``rel_error_profile`` always use ``hardware`` alone.
+    ``predicted_s`` / ``rel_error`` are the prediction from ``hardware`` (the headline);
+    ``predicted_host_s`` / ``rel_error_host`` the same with the host state measured during the
+    run (equal to them without ``cost_probe`` and ``pageable_from_probes``): a diagnostic that
+    separates the model's error from the host's drift between calibration and run. Traces and
+    the per-kind frame use the ``hardware`` prediction.
 
     Returns:
         (cases frame with :data:`CASE_COLUMNS`, per-op-kind error frame, the measured and
@@ -270,17 +281,23 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         scn, plan = build_case(case, hardware)
         pred_d = plan_durations(plan, hardware)
         built[case.name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
-    profile_pred = {name: float(b[3].makespan_s) for name, b in built.items()}
     results: dict[str, list] = {c.name: [] for c in cases}
     measured_costs: list[dict] = []
     for p in range(passes):
         if prober is not None:
             host_probes.append(prober.probe(f"pass {p + 1} start"))
         if cost_probe is not None:
-            c = {k: float(v) for k, v in cost_probe().items() if isinstance(v, (int, float))}
-            measured_costs.append(c)
-            if cost_log is not None:
-                cost_log.append({"pass": p + 1, **c})
+            try:
+                raw = cost_probe()
+            except Exception as exc:  # noqa: BLE001 - a failed probe must not lose the passes measured
+                if cost_log is not None:
+                    cost_log.append({"pass": p + 1, "error": f"{type(exc).__name__}: {exc}"})
+            else:
+                c = {k: float(v) for k, v in raw.items()
+                     if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)}
+                measured_costs.append(c)
+                if cost_log is not None:
+                    cost_log.append({"pass": p + 1, **c})
         order = list(cases) if p % 2 == 0 else list(reversed(cases))
         it = progress(order) if progress else order
         for case in it:
@@ -297,11 +314,13 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
     if pageable_from_probes:
         vals = [p.h2d_pageable_gb_per_s for p in host_probes if p.h2d_pageable_gb_per_s > 0]
         pageable = float(np.median(vals)) * 1e9 if vals else None
-    if measured_costs or pageable:  # price the host with its state measured during the run
-        hardware = with_host_state(hardware, median_costs(measured_costs) if measured_costs else None, pageable)
-        for name, (scn, plan, _d, _s) in built.items():
-            pred_d = plan_durations(plan, hardware)
-            built[name] = (scn, plan, pred_d, analytic.run(plan, pred_d))
+    med_costs = median_costs(measured_costs) if measured_costs else None
+    if host_state_used is not None:
+        host_state_used.update(executor_costs=med_costs, pageable_bytes_per_s=pageable)
+    host_pred = {name: float(b[3].makespan_s) for name, b in built.items()}
+    if med_costs or pageable:  # the same plans with the host state measured during the run
+        hw_host = with_host_state(hardware, med_costs, pageable)
+        host_pred = {name: predict_s(plan, hw_host) for name, (_scn, plan, _d, _s) in built.items()}
     rows, kinds, traces, kept = [], [], [], None
     problems: list[str] = []
     groups: dict[tuple, dict] = {}
@@ -323,8 +342,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             measured_s=med, measured_min_s=float(all_mk.min()), measured_max_s=float(all_mk.max()),
             rel_error=pred / med - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
             probes_checked=r.probes_checked, digest=r.digest, device=r.device, n_runs=int(all_mk.size),
-            pass_spread=max(per_pass) / min(per_pass) - 1.0, predicted_profile_s=profile_pred[case.name],
-            rel_error_profile=profile_pred[case.name] / med - 1.0))
+            pass_spread=max(per_pass) / min(per_pass) - 1.0, predicted_host_s=host_pred[case.name],
+            rel_error_host=host_pred[case.name] / med - 1.0))
         kinds.append(per_kind_errors(case.name, r.trace, pred_d))
         both = pd.concat([r.trace, to_dataframe(plan, pred_sched, test=case.test, variant=case.variant)],
                          ignore_index=True)
@@ -366,8 +385,8 @@ def per_kind_errors(case: str, measured: pd.DataFrame, predicted_dur_s: np.ndarr
 
 def summarize(df: pd.DataFrame, column: str = "rel_error") -> dict[str, float]:
     """Median, 90th percentile (linear interpolation) and maximum of |relative error| of the
-    predicted total time (``column``: ``rel_error``, or ``rel_error_profile`` for the
-    profile-only predictions)."""
+    predicted total time (``column``: ``rel_error``, or ``rel_error_host`` for the
+    host-conditioned predictions)."""
     e = df[column].abs()
     return {"n_cases": int(len(df)), "median_abs_error": float(e.median()),
             "p90_abs_error": float(e.quantile(0.9)), "max_abs_error": float(e.max())}

@@ -342,8 +342,15 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     assert "decode-loop probe, 1 MiB matvecs" in text
     costs = {**costs, "busy_gemm": 7e-6, "busy_attn": 11e-6, "cpu_op": 20e-6, "cpu_bytes_per_s": 50e9}
     update_profile(dst, costs, 'dev "x"')
-    update_profile(dst, costs, 'dev "x"')  # replaces, never duplicates
+    update_profile(dst, costs, 'dev "x"\nline2\\')  # replaces, never duplicates; any device name is escaped
     assert dst.read_text().count("executor_busy_issue_gemm_us") == 1
+    # a non-finite value is not written, and a busy measurement without a matvec line removes the old one
+    update_profile(dst, {**{k: v for k, v in costs.items() if not k.startswith("cpu_")},
+                         "busy_attn": float("nan")}, "dev")
+    text = dst.read_text()
+    assert "executor_busy_issue_attn_us" not in text and "executor_cpu_gb_per_s" not in text
+    assert load_hardware(dst).executor_cpu_bytes_per_s == 0.0
+    update_profile(dst, costs, "dev")
     hw = load_hardware(dst)
     assert hw.executor_busy_issue_s_by_kind["gemm"] == pytest.approx(7e-6)
     assert hw.executor_cpu_op_s == pytest.approx(20e-6) and hw.executor_cpu_bytes_per_s == pytest.approx(50e9)
@@ -359,6 +366,9 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     # a launch after the first CPU op costs the busy extra of its kind; one before it does not
     assert d_ex[g1] - d_ex[g0] == pytest.approx(7e-6)
     assert d_native[g1] == d_native[g0]
+    # a measured launch cost of 0 is a price of 0, not "unknown"
+    zero = replace(ex, executor_issue_s_by_kind={**ex.executor_issue_s_by_kind, "gemm": 0.0})
+    assert plan_durations(plan, zero)[g0] == 0.0
     # the executor's matvec line in executor_mode, the native CPU figures otherwise
     assert d_ex[c] == pytest.approx(20e-6 + 10**8 / 50e9)
     assert d_native[c] == pytest.approx(hw.cpu_op_s + 10**8 / hw.cpu_bytes_per_s)

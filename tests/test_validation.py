@@ -89,32 +89,33 @@ def test_validate_without_gpu_says_so_and_writes_nothing(tmp_path, capsys):
 
 def test_committed_validation_predictions_are_reproduced_by_this_code():
     """The headline figures (docs/validation.md) hold for the code as it is: every committed
-    prediction is recomputed from the committed profile and, for the host-conditioned
-    ``predicted_s``, the committed per-pass host measurements of the same run (executor costs,
-    pageable bandwidth). If this fails, the model changed: run `prefetch-sim validate` on the
-    GPU again and commit the new results."""
+    prediction is recomputed from the committed profile (``predicted_s``) and, for the
+    host-conditioned diagnostic ``predicted_host_s``, with the committed per-pass host
+    measurements of the same run (executor costs, pageable bandwidth). If this fails, the model
+    changed: run `prefetch-sim validate` on the GPU again and commit the new results."""
     from sim.validation import executor_profile, median_costs, with_host_state
 
     val = ROOT / "data" / "validation"
     committed = pd.read_csv(val / "h200_validation.csv").set_index("case")
     profile = executor_profile(load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml"))
-    costs = pd.read_csv(val / "h200_executor_costs.csv").drop(columns=["pass"])
+    costs = median_costs(pd.read_csv(val / "h200_executor_costs.csv").drop(columns=["pass"]).to_dict("records"))
     probes = pd.read_csv(val / "h200_host_probes.csv")
-    hw = with_host_state(profile, median_costs(costs.to_dict("records")),
-                         float(probes["h2d_pageable_gb_per_s"].median()) * 1e9)
+    pageable = float(probes["h2d_pageable_gb_per_s"].median())
+    hw = with_host_state(profile, costs, pageable * 1e9)
     meta = json.loads((val / "h200_meta.json").read_text())
-    assert meta["pageable_gb_per_s_used"] == pytest.approx(probes["h2d_pageable_gb_per_s"].median())
-    assert meta["executor_costs_used"] == pytest.approx(median_costs(costs.to_dict("records")))
+    assert meta["host_conditioned"]["pageable_gb_per_s_used"] == pytest.approx(pageable)
+    assert meta["host_conditioned"]["executor_costs_used"] == pytest.approx(costs)
     cases = {c.name: c for c in default_grid()}
     assert set(committed.index) == set(cases)
     for name, c in cases.items():
-        _, plan = build_case(c, hw)
-        assert predict_s(plan, hw) == pytest.approx(committed.loc[name, "predicted_s"], rel=1e-9), name
-        assert predict_s(plan, profile) == pytest.approx(committed.loc[name, "predicted_profile_s"], rel=1e-9), name
+        _, plan = build_case(c, profile)
+        assert predict_s(plan, profile) == pytest.approx(committed.loc[name, "predicted_s"], rel=1e-9), name
+        assert predict_s(plan, hw) == pytest.approx(committed.loc[name, "predicted_host_s"], rel=1e-9), name
     s = summarize(committed)
     assert s["median_abs_error"] == pytest.approx(np.median(np.abs(committed.rel_error)))
-    assert s["median_abs_error"] == pytest.approx(meta["median_abs_error"])
-    assert summarize(committed, "rel_error_profile")["p90_abs_error"] == pytest.approx(meta["profile_only"]["p90_abs_error"])
+    assert s["p90_abs_error"] == pytest.approx(meta["p90_abs_error"])
+    assert summarize(committed, "rel_error_host")["p90_abs_error"] == pytest.approx(
+        meta["host_conditioned"]["p90_abs_error"])
 
 
 def test_run_grid_passes_probes_and_traces(monkeypatch):
@@ -158,39 +159,63 @@ def test_run_grid_passes_probes_and_traces(monkeypatch):
         V.run_grid(cases, HW, passes=0, cp=fakecp)
 
 
-def test_run_grid_prices_the_executor_with_the_median_of_its_per_pass_costs(monkeypatch):
-    """With a cost probe, each pass's executor costs are logged and the predictions use their
-    medians (here: a launch cost that differs per pass, so the prediction must move)."""
+def test_run_grid_prices_the_host_conditioned_prediction_with_the_per_pass_medians(monkeypatch):
+    """With a cost probe and per-pass host probes: each pass's costs are logged (a failing probe
+    as an error, the run going on), ``predicted_host_s`` uses the medians of the costs and of the
+    probes' pageable bandwidth, ``predicted_s`` and the traces the profile alone."""
+    import dataclasses
+
     import calibrate._fakecupy as fakecp
     import sim.validation as V
     from sim.builder import build_plan
     from sim.specs import load_scenario
 
-    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
-    test = scn.workload.tests()[0]
-    v0 = scn.variants[0]
-    monkeypatch.setattr(V, "build_case", lambda case, hw: (scn, build_plan(scn, v0, test,
-                                                                           np.random.default_rng(scn.seed))))
-    cases = [V.Case("tiny-a", "moe", v0.name, test.name)]
-    per_pass = iter([{"gemm": 1e-3, "cpu_op": 2e-6, "loop_check": [(1, 2.0, 3.0)]},
-                     {"gemm": 3e-3, "cpu_op": 4e-6}, {"gemm": 2e-3, "busy_gemm": 5e-6}])
+    scn0 = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
+    pageable = scn0.with_(placement=dataclasses.replace(scn0.placement, pinned=False))
+    pp, tg = scn0.workload.tests()[:2]
+    v0 = scn0.variants[0]
+    which = {"tiny-pp-pageable": (pageable, pp), "tiny-tg": (scn0, tg)}
+
+    def tiny_case(case, hw):
+        scn, test = which[case.name]
+        return scn, build_plan(scn, v0, test, np.random.default_rng(scn.seed))
+
+    monkeypatch.setattr(V, "build_case", tiny_case)
+    cases = [V.Case("tiny-pp-pageable", "moe", v0.name, pp.name), V.Case("tiny-tg", "moe", v0.name, tg.name)]
+    # medians differ from the first, the last and the mean pass; one pass lacks keys, one fails
+    per_pass = iter([{"gemm": 1e-3, "cpu_op": 2e-5, "busy_gemm": 1e-3, "loop_check": [(1, 2.0, 3.0)]},
+                     {"gemm": 2e-3, "cpu_op": 9e-5, "busy_gemm": float("nan")},
+                     {"gemm": 9e-3}, RuntimeError("probe broke"),
+                     {"gemm": 6e-3, "cpu_op": 5e-5, "busy_gemm": 2e-3}])
+
+    def probe():
+        x = next(per_pass)
+        if isinstance(x, Exception):
+            raise x
+        return x
+
     log: list = []
-    df, _k, _t, traces = V.run_grid(cases, HW, repeats=1, passes=3, cp=fakecp,
-                                    cost_probe=lambda: next(per_pass), cost_log=log)
-    assert [e["pass"] for e in log] == [1, 2, 3] and "loop_check" not in log[0]
-    med = V.median_costs([{k: v for k, v in e.items() if k != "pass"} for e in log])
-    assert med == {"gemm": 2e-3, "cpu_op": 3e-6, "busy_gemm": 5e-6}
-    hw = V.with_executor_costs(V.executor_profile(HW), med)
-    assert hw.executor_issue_s_by_kind["gemm"] == 2e-3 and hw.executor_cpu_op_s == 3e-6
-    assert hw.executor_busy_issue_s_by_kind == {**HW.executor_busy_issue_s_by_kind, "gemm": 5e-6}
-    _, plan = V.build_case(cases[0], hw)
-    assert df.predicted_s.iloc[0] == pytest.approx(V.predict_s(plan, hw), rel=1e-12)
-    assert df.predicted_s.iloc[0] != pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-6)
-    # the profile-only prediction is kept beside it
-    assert df.predicted_profile_s.iloc[0] == pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-12)
-    assert df.rel_error_profile.iloc[0] == pytest.approx(df.predicted_profile_s.iloc[0] / df.measured_s.iloc[0] - 1)
-    pred = traces[traces.engine == "analytic"]
-    assert pred.end_s.max() == pytest.approx(df.predicted_s.iloc[0], rel=1e-9)
+    probes: list = []
+    used: dict = {}
+    df, _kinds, _t, traces = V.run_grid(cases, HW, repeats=1, passes=5, cp=fakecp, cost_probe=probe,
+                                        cost_log=log, host_probes=probes, pageable_from_probes=True,
+                                        host_state_used=used)
+    assert [e["pass"] for e in log] == [1, 2, 3, 4, 5] and "error" in log[3] and "loop_check" not in log[0]
+    assert "busy_gemm" not in log[1]  # NaN dropped
+    med = {"gemm": 4e-3, "cpu_op": 5e-5, "busy_gemm": 1.5e-3}  # not the mean, first or last pass
+    assert used["executor_costs"] == pytest.approx(med)
+    pg = float(np.median([p.h2d_pageable_gb_per_s for p in probes])) * 1e9
+    assert used["pageable_bytes_per_s"] == pytest.approx(pg)
+    hw_host = V.with_host_state(V.executor_profile(HW), med, pg)
+    for name in df.case:
+        _, plan = V.build_case(V.Case(name, "moe", v0.name, ""), HW)
+        row = df.set_index("case").loc[name]
+        assert row.predicted_host_s == pytest.approx(V.predict_s(plan, hw_host), rel=1e-12)
+        assert row.predicted_s == pytest.approx(V.predict_s(plan, V.executor_profile(HW)), rel=1e-12)
+        assert row.predicted_host_s != pytest.approx(row.predicted_s, rel=1e-6)  # the host state moved it
+        assert row.rel_error_host == pytest.approx(row.predicted_host_s / row.measured_s - 1)
+        pred = traces[(traces.engine == "analytic") & (traces.case == name)]
+        assert pred.end_s.max() == pytest.approx(row.predicted_s, rel=1e-9)  # traces: the profile's
 
 
 def test_with_host_state_replaces_the_pageable_bandwidth_and_keeps_its_latency():
