@@ -279,11 +279,16 @@ def summary(costs: dict) -> str:
 def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     """Add (or replace) the executor's measured keys (:func:`profile_entries`: launch costs,
     host work, busy-host launch extras, CPU matvec line) in the ``[hardware]`` table of a
-    profile TOML, atomically."""
-    from sim.atomic import write_atomic  # noqa: PLC0415
+    profile TOML, atomically.
 
+    Raises:
+        ValueError: the file has no ``[hardware]`` table.
+        tomllib.TOMLDecodeError: the result would not parse (nothing written).
+        OSError: the file cannot be read or written."""
     import json  # noqa: PLC0415
     import tomllib  # noqa: PLC0415
+
+    from sim.atomic import write_atomic  # noqa: PLC0415
 
     p = Path(path)
     lines = p.read_text().splitlines()
@@ -293,8 +298,13 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
         replaced |= {f"executor_busy_issue_{k}_us" for k in PROBES}  # also keys it could not measure
         replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s"}
     lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]
-    at = next(i for i, ln in enumerate(lines) if ln.startswith("[measured]"))
-    while at > 0 and not lines[at - 1].strip():
+    # at the end of the [hardware] table: before the next table ([measured] in a calibrated
+    # profile), or at the end of the file
+    hw_at = next((i for i, ln in enumerate(lines) if ln.strip() == "[hardware]"), None)
+    if hw_at is None:
+        raise ValueError(f"{p}: no [hardware] table to add the executor's costs to")
+    at = next((i for i in range(hw_at + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    while at > hw_at + 1 and not lines[at - 1].strip():
         at -= 1
     # json.dumps escapes quotes, backslashes and control characters as a TOML basic string does
     lines[at:at] = [f"{k} = {{ value = {v:.6g}, source = {json.dumps(src, ensure_ascii=False)} }}"
@@ -310,14 +320,20 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.executor_costs", description=__doc__.split("\n")[0])
     ap.add_argument("--profile", required=True, help="profile TOML to measure with and update")
-    ap.add_argument("-n", type=int, default=40, help="ops per probe plan")
+    ap.add_argument("-n", type=int, default=40, help="ops per lockstep probe plan (>= 4)")
     args = ap.parse_args(argv)
+    if args.n < 4:
+        ap.error(f"-n must be >= 4, got {args.n}")
     try:
         hw = load_hardware(args.profile)
         costs = measure(hw, n=args.n)
         update_profile(args.profile, costs, hw.gpu_name)
-    except PrefetchSimError as exc:
+    except (PrefetchSimError, ValueError) as exc:
         print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"calibrate.executor_costs: error: cannot write '{args.profile}': {exc.strerror or exc}", file=sys.stderr)
+        print(summary(costs))  # the measurement is not lost
         return 2
     print(summary(costs))
     return 0

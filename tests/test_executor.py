@@ -394,3 +394,25 @@ def test_warmup_s_keeps_warming_up_until_the_time_has_passed(monkeypatch):
     execute(plan, warmup=1, warmup_s=0.55, repeats=1, probes=False, cp=fakecp)
     assert n_plain == 2  # one warm-up, one timed run
     assert len(calls) > n_plain  # more warm-ups until 0.55 s of (fake) clock had passed
+
+
+def test_executor_costs_cli_and_profiles_without_a_measured_table(tmp_path, capsys):
+    """-n below 4 is refused before measuring; the keys go into a datasheet profile (no
+    [measured] table) as well, and it still loads."""
+    import shutil
+    from pathlib import Path
+
+    from calibrate.executor_costs import main as ec_main
+    from calibrate.executor_costs import update_profile
+    from sim.specs import load_hardware
+
+    with pytest.raises(SystemExit) as exc:
+        ec_main(["--profile", "x.toml", "-n", "0"])
+    assert exc.value.code == 2 and "-n must be >= 4" in capsys.readouterr().err
+    root = Path(__file__).resolve().parent.parent
+    dst = tmp_path / "rtx3090.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "rtx3090.toml", dst)
+    update_profile(dst, {"gemm": 1e-5, "busy_gemm": 2e-6, "cpu_op": 1e-5, "cpu_bytes_per_s": 9e10}, "dev")
+    hw = load_hardware(dst)
+    assert hw.executor_busy_issue_s_by_kind == {"gemm": pytest.approx(2e-6)}
+    assert hw.executor_cpu_bytes_per_s == pytest.approx(9e10)
