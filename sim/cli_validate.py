@@ -9,8 +9,8 @@ CPU-matvec and launch speed at the start of every pass, :mod:`calibrate.drift`) 
 ``<name>_executor_costs.csv`` (the executor's own costs measured at the start of every pass,
 ``--host-state per-pass``, whose medians, with the host probes' median pageable bandwidth,
 price the host in the diagnostic ``predicted_host_s``; ``predicted_s`` uses the profile alone) and
-``<name>_meta.json`` (device, driver, CUDA/CuPy versions, date, command, summary). Every file is written atomically; without a GPU
-or CuPy the command says so and writes nothing.
+``<name>_meta.json`` (device, driver, CUDA/CuPy versions, date, command, summary). Every file is
+written atomically; without a GPU or CuPy the command says so and writes nothing.
 """
 
 from __future__ import annotations

@@ -313,6 +313,11 @@ class LinkSpec:
         return self.latency_s + nbytes / self.bytes_per_s
 
 
+#: launched op kinds whose executor launch costs a profile can carry
+#: (``executor_issue_<kind>_us``, ``executor_busy_issue_<kind>_us``; ``calibrate.executor_costs``)
+EXECUTOR_LAUNCH_KINDS = ("gemm", "moe", "attn", "h2d", "d2h")
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """A GPU + host system, from datasheets or measured by ``prefetch-sim calibrate``.
@@ -474,11 +479,11 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     cpu_flops = num("cpu_tflops", 1e12, default=1e12)
     cpu_op = num("cpu_op_us", 1e-6, default=0.0)
     ex_issue = num("executor_op_issue_us", 1e-6, default=0.0)
-    ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False) for k in ("gemm", "moe", "attn", "h2d", "d2h")
+    ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False) for k in EXECUTOR_LAUNCH_KINDS
                   if g.has(f"executor_issue_{k}_us")}
     ex_hw = num("executor_host_work_us", 1e-6, default=0.0, positive=False)
     ex_hw_id = num("executor_host_work_ns_per_id", 1e-9, default=0.0, positive=False)
-    ex_busy = {k: num(f"executor_busy_issue_{k}_us", 1e-6, positive=False) for k in ("gemm", "moe", "attn", "h2d", "d2h")
+    ex_busy = {k: num(f"executor_busy_issue_{k}_us", 1e-6, positive=False) for k in EXECUTOR_LAUNCH_KINDS
                if g.has(f"executor_busy_issue_{k}_us")}
     ex_cpu_op = num("executor_cpu_op_us", 1e-6, default=0.0, positive=False)
     ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0)

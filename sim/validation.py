@@ -29,7 +29,8 @@ from .builder import build_plan, make_context
 from .costs import plan_durations
 from .engines import analytic
 from .plan import Plan
-from .specs import BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model, parse_variant
+from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
+                    parse_variant)
 from .routing import RoutingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +189,7 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
     ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``); keys absent from
     ``costs`` keep the profile's value."""
-    kinds = ("gemm", "moe", "attn", "h2d", "d2h")
+    kinds = EXECUTOR_LAUNCH_KINDS
     kw: dict = {}
     if any(k in costs for k in kinds):
         kw["executor_issue_s_by_kind"] = {**hardware.executor_issue_s_by_kind,
@@ -355,7 +356,9 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
     for key, res in groups.items():
         # variants without a cache share the plan's computation; cache variants share theirs
         # (cached experts run as separate grouped GEMMs, so the two sets are compared apart)
-        for part in ({k: v for k, v in res.items() if "cache" not in k}, {k: v for k, v in res.items() if "cache" in k}):
+        plain = {k: v for k, v in res.items() if "cache" not in k}
+        cached = {k: v for k, v in res.items() if "cache" in k}
+        for part in (plain, cached):
             if len(part) > 1:
                 try:
                     check_lossless(part)

@@ -336,6 +336,9 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     with pytest.raises(ValueError, match="two matvec sizes"):
         measure_busy(hw, n=1, sizes=(1 << 20,), cp=fakecp)
     costs = measure_busy(hw, n=1, per=1, sizes=(1 << 20, 4 << 20), cp=fakecp, repeats=1)
+    from sim.specs import EXECUTOR_LAUNCH_KINDS
+
+    assert tuple(PROBES) == EXECUTOR_LAUNCH_KINDS  # every probed kind is a profile key the loader reads
     assert {f"busy_{k}" for k in PROBES} <= set(costs) and all(costs[f"busy_{k}"] >= 0 for k in PROBES)
     assert len(costs["loop_check"]) == 2 and len(costs["loop_sizes"]) == 2
     text = summary(costs)
