@@ -138,8 +138,9 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     )
 
 
-def _run_variant(scn: Scenario, v: Variant, tests: Sequence[BenchTest], reps: int, engine: str) -> list[TestResult]:
-    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+def _run_variant(scn: Scenario, v: Variant, tests: Sequence[BenchTest], reps: int, engine: str,
+                 ctx: BuildContext | None = None) -> list[TestResult]:
+    ctx = ctx or make_context(scn, v, rep_rng(scn.seed, -1, -1))
     return [run_variant_test(scn, v, t, ti, reps, engine, ctx) for ti, t in enumerate(tests)]
 
 
@@ -165,12 +166,12 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
     scn = fit_context_to_tests(scn, tests)
     reps = repetitions or scn.workload.repetitions
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
-    # fail fast, in this process, on a placement that does not fit
-    for v in variants:
-        make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    # fail fast, in this process, on a placement that does not fit (the serial path reuses these
+    # contexts; worker processes build their own from the same seeded rng)
+    ctxs = {v.name: make_context(scn, v, rep_rng(scn.seed, -1, -1)) for v in variants}
     if jobs <= 1:
         it = progress(variants) if progress else variants
-        per = [_run_variant(scn, v, tests, reps, engine) for v in it]
+        per = [_run_variant(scn, v, tests, reps, engine, ctxs[v.name]) for v in it]
     else:
         with ProcessPoolExecutor(max_workers=jobs) as ex:
             futs = [ex.submit(_run_variant, scn, v, tests, reps, engine) for v in variants]

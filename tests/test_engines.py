@@ -14,6 +14,8 @@ from sim import engines
 from sim.engines import analytic, des
 from sim.plan import OpKind, Plan, Stream
 
+from scenario_factory import ROOT
+
 SETTINGS = settings(max_examples=100, deadline=None)
 
 
@@ -271,3 +273,19 @@ def test_empty_plan():
     for eng in engines.ENGINES:
         s = engines.run(Plan(), np.zeros(0), engine=eng)
         assert s.start_s.shape == (0,) and s.makespan_s == 0.0
+
+
+def test_run_scenario_serial_and_parallel_agree_with_a_warm_cache():
+    """run_scenario's serial path (which reuses the contexts built for the placement check)
+    and its process pool give the same results, expert-cache hit rates included."""
+    from sim.metrics import run_scenario
+    from sim.specs import load_scenario, parse_variant
+
+    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
+    variants = [parse_variant("baseline"), parse_variant("cache_lru"), parse_variant("slots2+cache_lru")]
+    a = run_scenario(scn, variants=variants, repetitions=2, jobs=1)
+    b = run_scenario(scn, variants=variants, repetitions=2, jobs=3)
+    assert [(r.variant, r.test) for r in a] == [(r.variant, r.test) for r in b]
+    assert any(r.cache_hit_rate is not None for r in a)
+    for x, y in zip(a, b):
+        assert np.array_equal(x.tps, y.tps) and x.cache_hit_rate == y.cache_hit_rate and x.h2d_bytes == y.h2d_bytes
