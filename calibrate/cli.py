@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw-dir", help="folder for the raw logs (default: data/calibration/NAME-YYYYMMDD; "
                                      "'none' to skip)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="repeat the key numbers (copy sweeps, a reference GEMM) this many times (default 3)")
+                   help="repeat the key numbers (copy sweeps, a reference GEMM, the executor's cost probes) this many "
+                        "times (default 3)")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (seconds; for checking the setup)")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the input data and routing draws (>= 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -94,7 +95,7 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
 
         from .executor_costs import measure, summary, update_profile  # noqa: PLC0415
 
-        costs = measure(load_hardware(out), cp=cp)
+        costs = measure(load_hardware(out), cp=cp, rounds=args.rounds)
         update_profile(out, costs, cal.info.get("device", ""))
         print("executor costs:\n" + summary(costs), file=sys.stderr)
         if raw is not None:

@@ -149,15 +149,11 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
 
     Returns:
         dict with ``busy_<kind>`` (seconds of extra launch cost per kind, clamped at 0),
-        ``busy_per``: ``per``, ``cpu_op`` (the line's intercept, seconds per matvec, clamped at
-        0) and ``cpu_bytes_per_s`` (the line
-        through ``sizes``, at least two; both absent when the time does not grow with the
-        bytes), ``loop_sizes``: ``(bytes, mean seconds per matvec)`` per size, ``loop_check``: list of ``(cpu_bytes, measured_s,
-        predicted_s)`` of the decode-loop probes priced with these costs.
+        ``busy_per``: ``per``; per loop size ``loop_t_<bytes>`` (the mean over a layer's matvec
+        positions of the median host time per position, seconds) and ``loop_mk_<bytes>`` (the
+        loop's measured makespan), ``loop_n``: ``n``; and :func:`finish_loop`'s ``cpu_op``,
+        ``cpu_bytes_per_s``, ``loop_sizes``, ``loop_check``.
     """
-    from sim.costs import plan_durations  # noqa: PLC0415
-    from sim.engines import analytic  # noqa: PLC0415
-
     from .executor import execute  # noqa: PLC0415
 
     def run(plan):
@@ -172,34 +168,78 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
         r = run(plan)
         cpu_total, _ = _cpu_host_s(plan, r)
         out[f"busy_{kind}"] = max((r.makespan_s - cpu_total - ref.makespan_s) / (n * per), 0.0)
-    got_b, times, loops = [], [], []
     for nb in sizes:
         plan = loop_plan(nb, n)
         r = run(plan)
         _, per_pos = _cpu_host_s(plan, r)
-        got_b.append(float(next(op.nbytes for op in plan.ops if op.kind is OpKind.CPU_MATVEC)))
-        times.append(float(np.mean(per_pos)))
-        loops.append((plan, r.makespan_s))
-    slope, icpt = np.polyfit(np.array(got_b), np.array(times), 1)
-    out["loop_sizes"] = [(int(b), float(t)) for b, t in zip(got_b, times)]
-    if slope > 0:
-        out["cpu_op"] = max(float(icpt), 0.0)
-        out["cpu_bytes_per_s"] = float(1.0 / slope)
-    # else (time not growing with bytes: a disturbed host) no matvec line: the profile's
-    # native CPU figures price the executor's matvecs, and the check below shows it
+        b = int(next(op.nbytes for op in plan.ops if op.kind is OpKind.CPU_MATVEC))
+        out[f"loop_t_{b}"] = float(np.mean(per_pos))  # mean over positions of the median per position
+        out[f"loop_mk_{b}"] = float(r.makespan_s)
+    out["loop_n"] = n
+    return finish_loop(hw, out)
+
+
+def loop_points(costs: dict, prefix: str = "loop_t_") -> list[tuple[int, float]]:
+    """``(bytes, value)`` of the ``loop_t_<bytes>`` (or ``loop_mk_<bytes>``) keys, by size."""
+    return sorted((int(k[len(prefix):]), float(v)) for k, v in costs.items() if k.startswith(prefix))
+
+
+def finish_loop(hw, costs: dict) -> dict:
+    """Add to ``costs`` (the numeric keys of :func:`measure_busy`, possibly medians over
+    rounds) the matvec line through its ``loop_t_<bytes>`` points (``cpu_op``,
+    ``cpu_bytes_per_s``; absent when the time does not grow with the bytes: the profile's
+    native CPU figures then price the executor's matvecs), ``loop_sizes`` and ``loop_check``
+    (each loop probe predicted with every cost in ``costs``, against its ``loop_mk_<bytes>``)."""
+    from sim.costs import fit_matvec_line, plan_durations  # noqa: PLC0415
+    from sim.engines import analytic  # noqa: PLC0415
+
+    out = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s")}
+    pts = loop_points(out)
+    out.update(fit_matvec_line(pts))
+    out["loop_sizes"] = pts
     priced = replace(hw, executor_mode=True, executor_cpu_op_s=out.get("cpu_op", 0.0),
                      executor_cpu_bytes_per_s=out.get("cpu_bytes_per_s", 0.0),
-                     executor_busy_issue_s_by_kind={k: out[f"busy_{k}"] for k in PROBES})
-    out["loop_check"] = [(int(got_b[i]), mk, float(analytic.run(p, plan_durations(p, priced)).makespan_s))
-                         for i, (p, mk) in enumerate(loops)]
+                     executor_busy_issue_s_by_kind={k: out[f"busy_{k}"] for k in PROBES if f"busy_{k}" in out})
+    n = int(out.get("loop_n", 24))
+    out["loop_check"] = [(b, mk, float(analytic.run(p, plan_durations(p, priced)).makespan_s))
+                         for b, mk in loop_points(out, "loop_mk_") for p in (loop_plan(b, n),)]
     return out
 
 
-def measure(hw, *, n: int = 40, cp=None, busy: bool = True) -> dict:
+def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
+            round_gap_s: float = 2.0) -> dict:
     """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
     the executor's host work of building expert runs: ``host_work`` (seconds per op) and
     ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`; with
-    ``busy``, also :func:`measure_busy`'s keys, priced with the launch costs measured here."""
+    ``busy``, also :func:`measure_busy`'s keys, priced with the launch costs measured here.
+
+    ``rounds`` > 1 repeats the whole measurement, ``round_gap_s`` apart, and returns the
+    median of every numeric key over the rounds, the matvec line refitted through the median
+    time per size and the loop check redone with the medians (:func:`finish_loop`): one
+    sample of a drifting host is not a measurement (a single 64 MiB loop point once spoiled the
+    line, ``docs/calibration.md``)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if rounds > 1:
+        import time  # noqa: PLC0415
+
+        from sim.validation import median_costs  # noqa: PLC0415
+
+        each = []
+        for i in range(rounds):
+            if i:
+                time.sleep(round_gap_s)
+            each.append(_measure_once(hw, n=n, cp=cp, busy=busy))
+        med = median_costs(each)
+        med["rounds"] = rounds
+        if not busy:
+            return med
+        return finish_loop(replace(hw, executor_issue_s_by_kind={k: med[k] for k in PROBES}), med)
+    return _measure_once(hw, n=n, cp=cp, busy=busy)
+
+
+def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
+    """One round of :func:`measure`."""
     from sim.costs import plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
@@ -234,11 +274,12 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     :func:`measure`), values in the key's unit."""
     dev = f" ({device})" if device else ""
     cmd = f"python -m calibrate.executor_costs{dev}"
+    med_of = f" (median of {int(costs['rounds'])} rounds)" if costs.get("rounds", 1) > 1 else ""
     out = []
     for k in PROBES:
         if k in costs:
             out.append((f"executor_issue_{k}_us", costs[k] * 1e6, f"measured: the executor's host cost per {k} op in "
-                        f"lockstep (launch + op + sync) beyond the simulated op, {cmd}"))
+                        f"lockstep (launch + op + sync) beyond the simulated op{med_of}, {cmd}"))
     if "host_work" in costs:
         out.append(("executor_host_work_us", costs["host_work"] * 1e6, "measured: the executor's host time per op "
                     f"building used-expert runs (numpy), intercept of a line through {HOST_WORK_IDS[0]} and "
@@ -249,14 +290,15 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
         if f"busy_{k}" in costs:
             out.append((f"executor_busy_issue_{k}_us", costs[f"busy_{k}"] * 1e6, f"measured: extra cost of a {k} "
                         f"launch between runs of CPU matvecs ({BURST_CPU_BYTES >> 20} MiB), bursts of "
-                        f"{costs.get('busy_per', 3)} launches + sync + 3 matvecs vs the same bursts without "
-                        f"matvecs, {cmd}"))
+                        f"{int(costs.get('busy_per', 3))} launches + sync + 3 matvecs vs the same bursts without "
+                        f"matvecs{med_of}, {cmd}"))
     if "cpu_bytes_per_s" in costs:
         check = "; ".join(f"{nb >> 20} MiB {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
                           for nb, me, pr in costs.get("loop_check", []))
         sizes = [b for b, _t in costs.get("loop_sizes", [])] or list(LOOP_CPU_BYTES)
+        rounds = f", medians of {int(costs['rounds'])} rounds" if costs.get("rounds", 1) > 1 else ""
         src = (f"measured: the executor's numpy matvec in a decode-shaped loop (5 launches, sync, 3 matvecs, "
-               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB, {cmd}")
+               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB{rounds}, {cmd}")
         out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
         out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
                     src + (f"; whole-loop check predicted/measured: {check}" if check else "")))
@@ -321,12 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.executor_costs", description=__doc__.split("\n")[0])
     ap.add_argument("--profile", required=True, help="profile TOML to measure with and update")
     ap.add_argument("-n", type=int, default=40, help="ops per lockstep probe plan (>= 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="whole measurements, 2 s apart; medians (default 3)")
     args = ap.parse_args(argv)
     if args.n < 4:
         ap.error(f"-n must be >= 4, got {args.n}")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         hw = load_hardware(args.profile)
-        costs = measure(hw, n=args.n)
+        costs = measure(hw, n=args.n, rounds=args.rounds)
         update_profile(args.profile, costs, hw.gpu_name)
     except (PrefetchSimError, ValueError) as exc:
         print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)

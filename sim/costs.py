@@ -308,3 +308,18 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
         if track and op.kind is OpKind.CPU_MATVEC:
             busy = True
     return out
+
+
+def fit_matvec_line(points) -> dict[str, float]:
+    """Least-squares line ``t = cpu_op + bytes / cpu_bytes_per_s`` through ``(bytes, seconds)``
+    points (at least two distinct sizes): ``{"cpu_op": s (clamped at 0), "cpu_bytes_per_s":
+    B/s}``, or ``{}`` when the time does not grow with the bytes (a disturbed measurement).
+    Used for the executor's decode-loop matvec (``calibrate.executor_costs``)."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    if len({b for b, _t in pts}) < 2:
+        return {}
+    slope, icpt = np.polyfit(np.array([b for b, _t in pts]), np.array([t for _b, t in pts]), 1)
+    if not slope > 0:
+        return {}
+    return {"cpu_op": max(float(icpt), 0.0), "cpu_bytes_per_s": float(1.0 / slope)}
+

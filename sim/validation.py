@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .builder import build_plan, make_context
-from .costs import plan_durations
+from .costs import fit_matvec_line, plan_durations
 from .engines import analytic
 from .plan import Plan
 from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
@@ -187,7 +187,8 @@ def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = 
 def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> HardwareProfile:
     """``hardware`` with the executor's costs replaced by ``costs`` (seconds, the keys of
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
-    ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``); keys absent from
+    ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``, or the loop points
+    ``loop_t_<bytes>`` through which the matvec line is then refitted); keys absent from
     ``costs`` keep the profile's value."""
     kinds = EXECUTOR_LAUNCH_KINDS
     kw: dict = {}
@@ -197,6 +198,13 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     if any(f"busy_{k}" in costs for k in kinds):
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
+    # with per-size loop points (``loop_t_<bytes>``, medians over passes) the matvec line is
+    # refitted through them: one coherent line instead of an intercept and a slope that may
+    # come from different passes
+    pts = [(int(k[len("loop_t_"):]), v) for k, v in costs.items() if k.startswith("loop_t_")]
+    if pts:
+        costs = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s")}
+        costs.update(fit_matvec_line(pts))
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
                      ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s")):
         if key in costs:

@@ -419,3 +419,51 @@ def test_executor_costs_cli_and_profiles_without_a_measured_table(tmp_path, caps
     hw = load_hardware(dst)
     assert hw.executor_busy_issue_s_by_kind == {"gemm": pytest.approx(2e-6)}
     assert hw.executor_cpu_bytes_per_s == pytest.approx(9e10)
+
+
+def test_measure_rounds_take_medians_and_refit_the_matvec_line(monkeypatch, tmp_path):
+    """measure(rounds=3): the median of every numeric key over the rounds, the matvec line
+    refitted through the median time per size (not the median of the per-round lines), and the
+    loop check redone with the medians."""
+    import calibrate.executor_costs as EC
+    from sim.costs import fit_matvec_line
+    from sim.specs import load_hardware
+    from pathlib import Path
+
+    b1, b2 = 4 << 20, 16 << 20
+    rounds = iter([
+        {**{k: 1e-5 for k in EC.PROBES}, "host_work": 1e-5, "host_work_per_id": 1e-8, "busy_gemm": 1e-6,
+         f"loop_t_{b1}": 100e-6, f"loop_t_{b2}": 200e-6, f"loop_mk_{b1}": 1e-2, f"loop_mk_{b2}": 2e-2, "loop_n": 2,
+         "loop_check": [(0, 0.0, 0.0)]},
+        {**{k: 3e-5 for k in EC.PROBES}, "host_work": 3e-5, "host_work_per_id": 3e-8, "busy_gemm": 9e-6,
+         f"loop_t_{b1}": 60e-6, f"loop_t_{b2}": 400e-6, f"loop_mk_{b1}": 3e-2, f"loop_mk_{b2}": 4e-2, "loop_n": 2},
+        {**{k: 2e-5 for k in EC.PROBES}, "host_work": 2e-5, "host_work_per_id": 2e-8, "busy_gemm": 2e-6,
+         f"loop_t_{b1}": 80e-6, f"loop_t_{b2}": 250e-6, f"loop_mk_{b1}": 2e-2, f"loop_mk_{b2}": 3e-2, "loop_n": 2},
+    ])
+    monkeypatch.setattr(EC, "_measure_once", lambda hw, **kw: next(rounds))
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    c = EC.measure(hw, rounds=3, round_gap_s=0.0)
+    assert c["rounds"] == 3 and c["gemm"] == pytest.approx(2e-5) and c["busy_gemm"] == pytest.approx(2e-6)
+    assert c["loop_sizes"] == [(b1, pytest.approx(80e-6)), (b2, pytest.approx(250e-6))]
+    line = fit_matvec_line([(b1, 80e-6), (b2, 250e-6)])
+    assert c["cpu_op"] == pytest.approx(line["cpu_op"]) and c["cpu_bytes_per_s"] == pytest.approx(line["cpu_bytes_per_s"])
+    assert [(b, mk) for b, mk, _p in c["loop_check"]] == [(b1, pytest.approx(2e-2)), (b2, pytest.approx(3e-2))]
+    assert all(p > 0 for _b, _mk, p in c["loop_check"])
+    with pytest.raises(ValueError, match="rounds"):
+        EC.measure(hw, rounds=0)
+
+
+def test_fit_matvec_line_and_the_refit_from_loop_points():
+    import sim.validation as V
+    from sim.costs import fit_matvec_line
+    from sim.specs import load_hardware
+    from pathlib import Path
+
+    pts = [(b, 20e-6 + b / 90e9) for b in (4 << 20, 8 << 20, 64 << 20)]
+    line = fit_matvec_line(pts)
+    assert line["cpu_op"] == pytest.approx(20e-6) and line["cpu_bytes_per_s"] == pytest.approx(90e9)
+    assert fit_matvec_line([(1, 2e-4), (2, 1e-4)]) == {} and fit_matvec_line([(1, 1e-4)]) == {}
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    # loop points win over a separately given intercept and slope
+    got = V.with_executor_costs(hw, {"cpu_op": 1.0, "cpu_bytes_per_s": 1.0, **{f"loop_t_{b}": t for b, t in pts}})
+    assert got.executor_cpu_op_s == pytest.approx(20e-6) and got.executor_cpu_bytes_per_s == pytest.approx(90e9)
