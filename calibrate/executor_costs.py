@@ -232,9 +232,10 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
             each.append(_measure_once(hw, n=n, cp=cp, busy=busy))
         med = median_costs(each)
         med["rounds"] = rounds
+        med["per_round"] = each  # non-numeric: the spread, for the record (summary, raw logs)
         if not busy:
             return med
-        return finish_loop(replace(hw, executor_issue_s_by_kind={k: med[k] for k in PROBES}), med)
+        return finish_loop(replace(hw, executor_issue_s_by_kind={k: med[k] for k in PROBES if k in med}), med)
     return _measure_once(hw, n=n, cp=cp, busy=busy)
 
 
@@ -312,6 +313,14 @@ def summary(costs: dict) -> str:
     for nb, t in costs.get("loop_sizes", []):
         lines.append(f"executor matvec in the decode-loop probe, {nb / 2**20:g} MiB: {t * 1e6:.1f} us per op "
                      f"({nb / t / 1e9:.1f} GB/s)")
+    for i, r in enumerate(costs.get("per_round", [])):
+        line = f"round {i + 1}: launch gemm {r.get('gemm', float('nan')) * 1e6:.1f} us, attn " \
+               f"{r.get('attn', float('nan')) * 1e6:.1f} us"
+        if "busy_gemm" in r:
+            line += f", busy gemm +{r['busy_gemm'] * 1e6:.1f} us, attn +{r.get('busy_attn', float('nan')) * 1e6:.1f} us"
+        if "cpu_bytes_per_s" in r:
+            line += f", matvec {r.get('cpu_op', 0.0) * 1e6:.1f} us + bytes / {r['cpu_bytes_per_s'] / 1e9:.1f} GB/s"
+        lines.append(line)
     for nb, me, pr in costs.get("loop_check", []):
         lines.append(f"decode-loop probe, {nb >> 20} MiB matvecs: predicted {pr * 1e3:.3f} ms, measured "
                      f"{me * 1e3:.3f} ms ({(pr - me) / me:+.1%})")

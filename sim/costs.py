@@ -310,16 +310,26 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     return out
 
 
+#: a host matvec line faster than this is a broken fit, not a measurement (10 TB/s: several times
+#: the DRAM bandwidth of any current CPU socket)
+MAX_HOST_BYTES_PER_S = 1e13
+
+
 def fit_matvec_line(points) -> dict[str, float]:
     """Least-squares line ``t = cpu_op + bytes / cpu_bytes_per_s`` through ``(bytes, seconds)``
     points (at least two distinct sizes): ``{"cpu_op": s (clamped at 0), "cpu_bytes_per_s":
-    B/s}``, or ``{}`` when the time does not grow with the bytes (a disturbed measurement).
+    B/s}``, or ``{}`` when the time does not grow with the bytes, or grows so little that the
+    bandwidth would exceed :data:`MAX_HOST_BYTES_PER_S` (a disturbed measurement); a negative
+    intercept is replaced by the line through the origin.
     Used for the executor's decode-loop matvec (``calibrate.executor_costs``)."""
     pts = sorted((float(b), float(t)) for b, t in points)
     if len({b for b, _t in pts}) < 2:
         return {}
-    slope, icpt = np.polyfit(np.array([b for b, _t in pts]), np.array([t for _b, t in pts]), 1)
-    if not slope > 0:
+    b = np.array([b for b, _t in pts])
+    t = np.array([t for _b, t in pts])
+    slope, icpt = np.polyfit(b, t, 1)
+    if icpt < 0:  # a negative fixed cost is not physical: the line through the origin instead
+        slope, icpt = float(b @ t / (b @ b)), 0.0
+    if not slope > 0 or 1.0 / slope > MAX_HOST_BYTES_PER_S:
         return {}
-    return {"cpu_op": max(float(icpt), 0.0), "cpu_bytes_per_s": float(1.0 / slope)}
-
+    return {"cpu_op": float(icpt), "cpu_bytes_per_s": float(1.0 / slope)}

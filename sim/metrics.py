@@ -168,11 +168,13 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
     # fail fast, in this process, on a placement that does not fit (the serial path reuses these
     # contexts; worker processes build their own from the same seeded rng)
-    ctxs = {v.name: make_context(scn, v, rep_rng(scn.seed, -1, -1)) for v in variants}
+    ctxs = [make_context(scn, v, rep_rng(scn.seed, -1, -1)) for v in variants]
     if jobs <= 1:
-        it = progress(variants) if progress else variants
-        per = [_run_variant(scn, v, tests, reps, engine, ctxs[v.name]) for v in it]
+        pairs = list(zip(variants, ctxs))
+        it = progress(pairs) if progress else pairs
+        per = [_run_variant(scn, v, tests, reps, engine, ctx) for v, ctx in it]
     else:
+        del ctxs  # the workers build their own
         with ProcessPoolExecutor(max_workers=jobs) as ex:
             futs = [ex.submit(_run_variant, scn, v, tests, reps, engine) for v in variants]
             it = progress(futs) if progress else futs

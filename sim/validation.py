@@ -184,6 +184,27 @@ def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = 
     return hw
 
 
+#: keys of :func:`calibrate.executor_costs.measure` that price the executor (seconds; B/s)
+EXECUTOR_COST_KEYS = (*EXECUTOR_LAUNCH_KINDS, *(f"busy_{k}" for k in EXECUTOR_LAUNCH_KINDS), "host_work",
+                      "host_work_per_id", "cpu_op", "cpu_bytes_per_s")
+
+
+def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
+    """The executor costs that price a prediction, from measured ones (possibly medians over
+    passes): the keys of :data:`EXECUTOR_COST_KEYS`; with per-size loop points
+    (``loop_t_<bytes>``) the matvec line is refitted through them — one coherent line instead of
+    an intercept and a slope that may come from different passes — and when they give no rising
+    line, ``cpu_bytes_per_s`` is 0 (the profile's native CPU figures price the matvecs, as
+    :func:`calibrate.executor_costs.finish_loop` does)."""
+    out = {k: float(costs[k]) for k in EXECUTOR_COST_KEYS if k in costs}
+    pts = [(int(k[len("loop_t_"):]), v) for k, v in costs.items() if k.startswith("loop_t_")]
+    if pts:
+        out.pop("cpu_op", None)
+        out.pop("cpu_bytes_per_s", None)
+        out.update(fit_matvec_line(pts) or {"cpu_op": 0.0, "cpu_bytes_per_s": 0.0})
+    return out
+
+
 def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> HardwareProfile:
     """``hardware`` with the executor's costs replaced by ``costs`` (seconds, the keys of
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
@@ -198,13 +219,7 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     if any(f"busy_{k}" in costs for k in kinds):
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
-    # with per-size loop points (``loop_t_<bytes>``, medians over passes) the matvec line is
-    # refitted through them: one coherent line instead of an intercept and a slope that may
-    # come from different passes
-    pts = [(int(k[len("loop_t_"):]), v) for k, v in costs.items() if k.startswith("loop_t_")]
-    if pts:
-        costs = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s")}
-        costs.update(fit_matvec_line(pts))
+    costs = resolve_executor_costs(costs)
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
                      ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s")):
         if key in costs:
@@ -247,7 +262,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
             H2D copies with the median of the host probes' pageable bandwidth over the run (on
             the lent H200 VM it drifted ±20% within minutes).
         host_state_used: when a dict, filled with what ``predicted_host_s`` used:
-            ``executor_costs`` (the medians, seconds) and ``pageable_bytes_per_s`` (or None).
+            ``executor_costs`` (:func:`resolve_executor_costs` of the medians) and
+            ``pageable_bytes_per_s`` (or None).
 
     ``predicted_s`` / ``rel_error`` are the prediction from ``hardware`` (the headline);
     ``predicted_host_s`` / ``rel_error_host`` the same with the host state measured during the
@@ -325,7 +341,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         pageable = float(np.median(vals)) * 1e9 if vals else None
     med_costs = median_costs(measured_costs) if measured_costs else None
     if host_state_used is not None:
-        host_state_used.update(executor_costs=med_costs, pageable_bytes_per_s=pageable)
+        host_state_used.update(executor_costs=resolve_executor_costs(med_costs) if med_costs else None,
+                               pageable_bytes_per_s=pageable)
     host_pred = {name: float(b[3].makespan_s) for name, b in built.items()}
     if med_costs or pageable:  # the same plans with the host state measured during the run
         hw_host = with_host_state(hardware, med_costs, pageable)

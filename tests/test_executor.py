@@ -446,7 +446,9 @@ def test_measure_rounds_take_medians_and_refit_the_matvec_line(monkeypatch, tmp_
     assert c["rounds"] == 3 and c["gemm"] == pytest.approx(2e-5) and c["busy_gemm"] == pytest.approx(2e-6)
     assert c["loop_sizes"] == [(b1, pytest.approx(80e-6)), (b2, pytest.approx(250e-6))]
     line = fit_matvec_line([(b1, 80e-6), (b2, 250e-6)])
-    assert c["cpu_op"] == pytest.approx(line["cpu_op"]) and c["cpu_bytes_per_s"] == pytest.approx(line["cpu_bytes_per_s"])
+    assert c["cpu_op"] == pytest.approx(line["cpu_op"])
+    assert c["cpu_bytes_per_s"] == pytest.approx(line["cpu_bytes_per_s"])
+    assert len(c["per_round"]) == 3 and "round 2: launch gemm 30.0 us" in EC.summary(c)
     assert [(b, mk) for b, mk, _p in c["loop_check"]] == [(b1, pytest.approx(2e-2)), (b2, pytest.approx(3e-2))]
     assert all(p > 0 for _b, _mk, p in c["loop_check"])
     with pytest.raises(ValueError, match="rounds"):
@@ -463,6 +465,12 @@ def test_fit_matvec_line_and_the_refit_from_loop_points():
     line = fit_matvec_line(pts)
     assert line["cpu_op"] == pytest.approx(20e-6) and line["cpu_bytes_per_s"] == pytest.approx(90e9)
     assert fit_matvec_line([(1, 2e-4), (2, 1e-4)]) == {} and fit_matvec_line([(1, 1e-4)]) == {}
+    assert fit_matvec_line([(1 << 20, 1e-3), (2 << 20, 1e-3 + 1e-15)]) == {}  # flat: no bandwidth
+    through_origin = fit_matvec_line([(1 << 20, 5e-6), (64 << 20, 800e-6)])  # the fit's intercept < 0
+    assert through_origin["cpu_op"] == 0.0 and through_origin["cpu_bytes_per_s"] > 0
+    # loop points without a rising line: the native CPU figures price the executor's matvecs
+    assert V.resolve_executor_costs({"cpu_op": 1e-5, "cpu_bytes_per_s": 9e10, "loop_t_1": 2e-4,
+                                     "loop_t_2": 1e-4})["cpu_bytes_per_s"] == 0.0
     hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
     # loop points win over a separately given intercept and slope
     got = V.with_executor_costs(hw, {"cpu_op": 1.0, "cpu_bytes_per_s": 1.0, **{f"loop_t_{b}": t for b, t in pts}})

@@ -93,7 +93,7 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
     host-conditioned diagnostic ``predicted_host_s``, with the committed per-pass host
     measurements of the same run (executor costs, pageable bandwidth). If this fails, the model
     changed: run `prefetch-sim validate` on the GPU again and commit the new results."""
-    from sim.validation import executor_profile, median_costs, with_host_state
+    from sim.validation import executor_profile, median_costs, resolve_executor_costs, with_host_state
 
     val = ROOT / "data" / "validation"
     committed = pd.read_csv(val / "h200_validation.csv").set_index("case")
@@ -104,7 +104,7 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
     hw = with_host_state(profile, costs, pageable * 1e9)
     meta = json.loads((val / "h200_meta.json").read_text())
     assert meta["host_conditioned"]["pageable_gb_per_s_used"] == pytest.approx(pageable)
-    assert meta["host_conditioned"]["executor_costs_used"] == pytest.approx(costs)
+    assert meta["host_conditioned"]["executor_costs_used"] == pytest.approx(resolve_executor_costs(costs))
     cases = {c.name: c for c in default_grid()}
     assert set(committed.index) == set(cases)
     for name, c in cases.items():
