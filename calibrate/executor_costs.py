@@ -231,6 +231,7 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
                 time.sleep(round_gap_s)
             each.append(_measure_once(hw, n=n, cp=cp, busy=busy))
         med = median_costs(each)
+        med.update(host_work_line(med))  # one line through the median points
         med["rounds"] = rounds
         med["per_round"] = each  # non-numeric: the spread, for the record (summary, raw logs)
         if not busy:
@@ -260,14 +261,22 @@ def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
         r = execute(host_work_plan(n_ids, n), test="probe", variant="host_work", warmup=1, repeats=3, probes=False,
                     cp=cp)
         per_op.append(r.makespan_s / n)
-    lo, hi = HOST_WORK_IDS
-    slope = max((per_op[1] - per_op[0]) / (hi - lo), 0.0)
-    out["host_work"] = max(per_op[0] - slope * lo, 0.0)
-    out["host_work_per_id"] = slope
+    for n_ids, t in zip(HOST_WORK_IDS, per_op):
+        out[f"host_work_t_{n_ids}"] = t  # the points, so that medians over rounds refit one line
+    out.update(host_work_line(out))
     if busy:
         out.update(measure_busy(replace(hw, executor_issue_s_by_kind={k: out[k] for k in PROBES}),
                                 n=max(4, min(n, 24)), cp=cp))
     return out
+
+
+def host_work_line(costs: dict) -> dict[str, float]:
+    """:func:`sim.costs.fit_host_work_line` through the ``host_work_t_<ids>`` points of
+    ``costs`` (per-op times at :data:`HOST_WORK_IDS`), or ``{}`` without them."""
+    from sim.costs import fit_host_work_line  # noqa: PLC0415
+
+    return fit_host_work_line((int(k[len("host_work_t_"):]), v) for k, v in costs.items()
+                              if k.startswith("host_work_t_"))
 
 
 def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str]]:
@@ -284,7 +293,7 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     if "host_work" in costs:
         out.append(("executor_host_work_us", costs["host_work"] * 1e6, "measured: the executor's host time per op "
                     f"building used-expert runs (numpy), intercept of a line through {HOST_WORK_IDS[0]} and "
-                    f"{HOST_WORK_IDS[1]} router ids, {cmd}"))
+                    f"{HOST_WORK_IDS[1]} router ids{med_of}, {cmd}"))
         out.append(("executor_host_work_ns_per_id", costs["host_work_per_id"] * 1e9,
                     f"measured: slope of the same line, per router id, {cmd}"))
     for k in PROBES:

@@ -333,3 +333,17 @@ def fit_matvec_line(points) -> dict[str, float]:
     if not slope > 0 or 1.0 / slope > MAX_HOST_BYTES_PER_S:
         return {}
     return {"cpu_op": float(icpt), "cpu_bytes_per_s": float(1.0 / slope)}
+
+
+def fit_host_work_line(points) -> dict[str, float]:
+    """``{"host_work": s per op, "host_work_per_id": s per router id}`` (both clamped at 0):
+    the line through the smallest and the largest of ``(router ids, seconds per op)`` points,
+    or ``{}`` with fewer than two distinct counts. Used for the executor's host work of
+    building expert runs (``calibrate.executor_costs``)."""
+    pts = sorted((int(n), float(t)) for n, t in points)
+    if len({n for n, _t in pts}) < 2:
+        return {}
+    (lo, t_lo), (hi, t_hi) = pts[0], pts[-1]
+    slope = max((t_hi - t_lo) / (hi - lo), 0.0)
+    return {"host_work": max(t_lo - slope * lo, 0.0), "host_work_per_id": slope}
+

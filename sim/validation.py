@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .builder import build_plan, make_context
-from .costs import fit_matvec_line, plan_durations
+from .costs import fit_host_work_line, fit_matvec_line, plan_durations
 from .engines import analytic
 from .plan import Plan
 from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
@@ -191,12 +191,16 @@ EXECUTOR_COST_KEYS = (*EXECUTOR_LAUNCH_KINDS, *(f"busy_{k}" for k in EXECUTOR_LA
 
 def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
     """The executor costs that price a prediction, from measured ones (possibly medians over
-    passes): the keys of :data:`EXECUTOR_COST_KEYS`; with per-size loop points
+    passes): the keys of :data:`EXECUTOR_COST_KEYS`; with per-count host-work points
+    (``host_work_t_<ids>``) the host-work line is refitted through them; with per-size loop points
     (``loop_t_<bytes>``) the matvec line is refitted through them — one coherent line instead of
     an intercept and a slope that may come from different passes — and when they give no rising
     line, ``cpu_bytes_per_s`` is 0 (the profile's native CPU figures price the matvecs, as
     :func:`calibrate.executor_costs.finish_loop` does)."""
     out = {k: float(costs[k]) for k in EXECUTOR_COST_KEYS if k in costs}
+    # the host-work line through its (median) points, as for the matvec below
+    out.update(fit_host_work_line((int(k[len("host_work_t_"):]), v) for k, v in costs.items()
+                                  if k.startswith("host_work_t_")))
     pts = [(int(k[len("loop_t_"):]), v) for k, v in costs.items() if k.startswith("loop_t_")]
     if pts:
         out.pop("cpu_op", None)

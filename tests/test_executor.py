@@ -269,7 +269,7 @@ def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     shutil.copy(src, dst)
     shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
     costs = measure(load_hardware(dst), n=4, cp=fakecp, busy=False)
-    assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id"}
+    assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id", "host_work_t_64", "host_work_t_16384"}
     assert all(v >= 0 for v in costs.values())
     costs = {**costs, "host_work": 2e-6, "host_work_per_id": 3e-9}
     update_profile(dst, costs, "fake")
@@ -475,3 +475,18 @@ def test_fit_matvec_line_and_the_refit_from_loop_points():
     # loop points win over a separately given intercept and slope
     got = V.with_executor_costs(hw, {"cpu_op": 1.0, "cpu_bytes_per_s": 1.0, **{f"loop_t_{b}": t for b, t in pts}})
     assert got.executor_cpu_op_s == pytest.approx(20e-6) and got.executor_cpu_bytes_per_s == pytest.approx(90e9)
+
+
+def test_host_work_line_is_refitted_through_median_points():
+    import sim.validation as V
+    from calibrate.executor_costs import host_work_line
+    from sim.costs import fit_host_work_line
+
+    line = fit_host_work_line([(64, 10e-6 + 64 * 2e-8), (16384, 10e-6 + 16384 * 2e-8)])
+    assert line["host_work"] == pytest.approx(10e-6) and line["host_work_per_id"] == pytest.approx(2e-8)
+    assert fit_host_work_line([(64, 1e-5)]) == {}
+    pts = {"host_work_t_64": 10e-6 + 64 * 2e-8, "host_work_t_16384": 10e-6 + 16384 * 2e-8}
+    assert host_work_line(pts) == line
+    # the points win over a separately given intercept and slope
+    got = V.resolve_executor_costs({"host_work": 1.0, "host_work_per_id": 1.0, **pts})
+    assert got["host_work"] == pytest.approx(10e-6) and got["host_work_per_id"] == pytest.approx(2e-8)
