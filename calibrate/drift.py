@@ -6,8 +6,9 @@ a shared or virtualised host they drift while a calibration or validation runs. 
 about 0.1–0.3 s and measures each once (median of a few repeats), so that a validation can log
 the host's state next to its measurements and a separate run can chart the drift over time.
 
-The probes are *recorded*, never used to adjust a prediction: the predictions of
-``prefetch-sim validate`` come from one hardware profile for the whole grid.
+The headline predictions of ``prefetch-sim validate`` (``predicted_s``) come from one hardware
+profile for the whole grid; only its host-conditioned diagnostic (``predicted_host_s``,
+``--host-state per-pass``) uses the median pageable bandwidth of these probes over the run.
 
 ``python -m calibrate.drift --seconds 60 --out drift.csv`` samples the probes for a minute
 (one row per probe) and prints the spread of each column.

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.costs import attn_keys  # keys attended; shared with the cost model
 from sim.errors import PrefetchSimError
 from sim.plan import COMPUTE_KINDS, OpKind, Plan, Schedule, Stream
 
@@ -163,7 +164,7 @@ class Program:
         gemm_shapes: distinct (n, k) of GEMM ops with their largest m.
         moe_shapes: (n, k) -> (largest n_used, largest padded rows per expert).
         attn_shapes: (n_head, n_head_kv, head_dim, linear, state) -> largest (tokens, keys).
-        cpu_max_bytes, host_work_max: host-side buffer sizes.
+        host_work_max: router ids of the largest host-work op (its id buffer).
         out_elems: largest compute output (elements).
     """
 
@@ -178,7 +179,6 @@ class Program:
     gemm_shapes: dict[tuple[int, int], int]
     moe_shapes: dict[tuple[int, int], tuple[int, int]]
     attn_shapes: dict[tuple, tuple[int, int]]
-    cpu_max_bytes: int
     host_work_max: int
     out_elems: int
     devices: tuple[int, ...] = ()
@@ -208,9 +208,6 @@ def moe_rows_per_expert(m: int, topk: int, n_used: int) -> int:
     if n_used <= 0 or m <= 0 or topk <= 0:
         return 0
     return math.ceil(m * topk / n_used)
-
-
-from sim.costs import attn_keys  # noqa: E402  (keys attended; shared with the cost model)
 
 
 def translate(plan: Plan, *, byte_scale: float = 1.0) -> Program:
@@ -299,7 +296,6 @@ def translate(plan: Plan, *, byte_scale: float = 1.0) -> Program:
     gemm: dict[tuple[int, int], int] = {}
     moe: dict[tuple[int, int], tuple[int, int]] = {}
     attn: dict[tuple, tuple[int, int]] = {}
-    cpu_max = 0
     work_max = 0
     out_elems = 1
     for op in ops:
@@ -321,19 +317,17 @@ def translate(plan: Plan, *, byte_scale: float = 1.0) -> Program:
             t0, k0 = attn.get(akey, (0, 0))
             attn[akey] = (max(t0, n_tok), max(k0, keys))
             out_elems = max(out_elems, nh * n_tok * hd)
-        elif k is OpKind.CPU_MATVEC:
-            cpu_max = max(cpu_max, int(op.nbytes))
         elif k is OpKind.HOST_WORK:
             work_max = max(work_max, int(op.shape[0]) if op.shape else 0)
         elif k not in (OpKind.H2D, OpKind.D2H, OpKind.HOST_SYNC, OpKind.ISSUE, OpKind.EVENT_RECORD,
-                       OpKind.EVENT_WAIT, OpKind.HOST_WORK):
+                       OpKind.EVENT_WAIT, OpKind.CPU_MATVEC):
             if k in COMPUTE_KINDS and not _is_gpu_queue(op):
                 raise ValueError(f"op {op.id} ({op.name}): {k.value} on the {op.stream.value} queue; "
                                  "the executor runs GEMM/MoE/attention on GPU queues only")
             raise ValueError(f"op {op.id} ({op.name}): the executor cannot run kind {k.value}")
     devices = tuple(sorted({max(op.device, 0) for op in ops if _is_gpu_queue(op) or op.kind in (OpKind.H2D, OpKind.D2H)}))
     return Program(plan, byte_scale, places, dict(buffers), pool, producers, fused, gpu_deps, gemm, moe, attn,
-                   cpu_max, work_max, out_elems, devices)
+                   work_max, out_elems, devices)
 
 
 # ---------------------------------------------------------------------------------------
@@ -905,8 +899,8 @@ def union_s(starts, ends) -> float:
 
 
 def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float = 1.0, warmup: int = 1,
-            warmup_s: float = 0.0, repeats: int = 1, probes: bool = True, check: bool = True, seed: int = 0, fold_devices: bool = False,
-            cp: Any = None) -> ExecResult:
+            warmup_s: float = 0.0, repeats: int = 1, probes: bool = True, check: bool = True, seed: int = 0,
+            fold_devices: bool = False, cp: Any = None) -> ExecResult:
     """Run ``plan`` on GPU 0 and measure it.
 
     Args:
@@ -915,10 +909,10 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         byte_scale: copies move ``nbytes * byte_scale`` bytes (compute is never scaled).
         warmup: untimed runs first (cuBLAS heuristics, kernel compilation, page faults).
         warmup_s: keep running untimed runs (after ``warmup`` of them; none when ``warmup``
-            is 0) until this many
-            seconds have passed since the first: a short plan's timed runs then do not start
-            within a moment of the setup (gigabytes of host buffers allocated and filled, the
-            previous plan's freed), while the host may still be busy with that memory.
+            is 0) until this many seconds have passed since the first: a short plan's timed
+            runs then do not start within a moment of the setup (gigabytes of host buffers
+            allocated and filled, the previous plan's freed), while the host may still be busy
+            with that memory.
         repeats: timed runs; the one with the median makespan is reported.
         probes: run the staging probes and record output words (a few µs of launches per
             compute op): in the warm-up runs and in one untimed run after the timed ones, which

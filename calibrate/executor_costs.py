@@ -25,9 +25,9 @@ gives the executor's matvec cost, a line through the sizes of the mean (over the
 positions in a run) of the median host time per position, and, priced with everything measured
 here, a check of the prediction of the whole loop.
 
-``python -m calibrate.executor_costs --profile scenarios/hardware/NAME.toml`` adds
-``executor_issue_<kind>_us`` keys to the profile (rewritten atomically); ``prefetch-sim
-calibrate`` runs it at the end.
+``python -m calibrate.executor_costs --profile scenarios/hardware/NAME.toml`` adds the
+``executor_*`` keys (:func:`profile_entries`) to the profile (rewritten atomically);
+``prefetch-sim calibrate`` runs it at the end.
 """
 
 from __future__ import annotations
@@ -54,13 +54,9 @@ PROBES = {
 
 def lockstep_plan(kind: str, n: int = 40) -> Plan:
     """``n`` × (launch, op on compute stream 0, host sync) for one probe kind."""
-    op_kind, shape, nbytes = PROBES[kind]
     plan = Plan(label=f"executor launch probe: {kind}")
     for i in range(n):
-        iss = plan.add(OpKind.ISSUE, Stream.HOST, -1, f"issue {kind}{i}", tag=op_kind.value,
-                       shape=shape if op_kind is OpKind.ATTN else (), split=i)
-        op = plan.add(op_kind, Stream.COMPUTE, 0, f"probe.{kind}.{i % 4}", (iss,), nbytes=nbytes, shape=shape,
-                      split=i, pinned=True)
+        op = _launch(plan, kind, f"probe.{kind}.{i % 4}", (), i)
         plan.add(OpKind.HOST_SYNC, Stream.HOST, -1, f"sync {i}", (op,), split=i)
     return plan
 
@@ -179,22 +175,17 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
     return finish_loop(hw, out)
 
 
-def loop_points(costs: dict, prefix: str = "loop_t_") -> list[tuple[int, float]]:
-    """``(bytes, value)`` of the ``loop_t_<bytes>`` (or ``loop_mk_<bytes>``) keys, by size."""
-    return sorted((int(k[len(prefix):]), float(v)) for k, v in costs.items() if k.startswith(prefix))
-
-
 def finish_loop(hw, costs: dict) -> dict:
     """Add to ``costs`` (the numeric keys of :func:`measure_busy`, possibly medians over
     rounds) the matvec line through its ``loop_t_<bytes>`` points (``cpu_op``,
     ``cpu_bytes_per_s``; absent when the time does not grow with the bytes: the profile's
     native CPU figures then price the executor's matvecs), ``loop_sizes`` and ``loop_check``
     (each loop probe predicted with every cost in ``costs``, against its ``loop_mk_<bytes>``)."""
-    from sim.costs import fit_matvec_line, plan_durations  # noqa: PLC0415
+    from sim.costs import fit_matvec_line, plan_durations, prefixed_points  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
     out = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s")}
-    pts = loop_points(out)
+    pts = prefixed_points(out, "loop_t_")
     out.update(fit_matvec_line(pts))
     out["loop_sizes"] = pts
     priced = replace(hw, executor_mode=True, executor_cpu_op_s=out.get("cpu_op", 0.0),
@@ -202,7 +193,7 @@ def finish_loop(hw, costs: dict) -> dict:
                      executor_busy_issue_s_by_kind={k: out[f"busy_{k}"] for k in PROBES if f"busy_{k}" in out})
     n = int(out.get("loop_n", 24))
     out["loop_check"] = [(b, mk, float(analytic.run(p, plan_durations(p, priced)).makespan_s))
-                         for b, mk in loop_points(out, "loop_mk_") for p in (loop_plan(b, n),)]
+                         for b, mk in prefixed_points(out, "loop_mk_") for p in (loop_plan(b, n),)]
     return out
 
 
@@ -256,13 +247,10 @@ def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
         r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp)
         pred0 = float(analytic.run(plan, plan_durations(plan, base)).makespan_s)
         out[kind] = max((r.makespan_s - pred0) / n, 0.0)
-    per_op = []
-    for n_ids in HOST_WORK_IDS:
+    for n_ids in HOST_WORK_IDS:  # the points, so that medians over rounds refit one line
         r = execute(host_work_plan(n_ids, n), test="probe", variant="host_work", warmup=1, repeats=3, probes=False,
                     cp=cp)
-        per_op.append(r.makespan_s / n)
-    for n_ids, t in zip(HOST_WORK_IDS, per_op):
-        out[f"host_work_t_{n_ids}"] = t  # the points, so that medians over rounds refit one line
+        out[f"host_work_t_{n_ids}"] = r.makespan_s / n
     out.update(host_work_line(out))
     if busy:
         out.update(measure_busy(replace(hw, executor_issue_s_by_kind={k: out[k] for k in PROBES}),
@@ -273,10 +261,9 @@ def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
 def host_work_line(costs: dict) -> dict[str, float]:
     """:func:`sim.costs.fit_host_work_line` through the ``host_work_t_<ids>`` points of
     ``costs`` (per-op times at :data:`HOST_WORK_IDS`), or ``{}`` without them."""
-    from sim.costs import fit_host_work_line  # noqa: PLC0415
+    from sim.costs import fit_host_work_line, prefixed_points  # noqa: PLC0415
 
-    return fit_host_work_line((int(k[len("host_work_t_"):]), v) for k, v in costs.items()
-                              if k.startswith("host_work_t_"))
+    return fit_host_work_line(prefixed_points(costs, "host_work_t_"))
 
 
 def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str]]:
@@ -306,9 +293,8 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
         check = "; ".join(f"{nb >> 20} MiB {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
                           for nb, me, pr in costs.get("loop_check", []))
         sizes = [b for b, _t in costs.get("loop_sizes", [])] or list(LOOP_CPU_BYTES)
-        rounds = f", medians of {int(costs['rounds'])} rounds" if costs.get("rounds", 1) > 1 else ""
         src = (f"measured: the executor's numpy matvec in a decode-shaped loop (5 launches, sync, 3 matvecs, "
-               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB{rounds}, {cmd}")
+               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB{med_of}, {cmd}")
         out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
         out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
                     src + (f"; whole-loop check predicted/measured: {check}" if check else "")))
@@ -352,8 +338,9 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
 
     p = Path(path)
     lines = p.read_text().splitlines()
-    entries = [(k, v, src) for k, v, src in profile_entries(costs, device) if math.isfinite(v)]
-    replaced = {k for k, _v, _s in profile_entries(costs, device)}
+    every = profile_entries(costs, device)
+    entries = [(k, v, src) for k, v, src in every if math.isfinite(v)]
+    replaced = {k for k, _v, _s in every}
     if any(k.startswith("busy_") for k in costs):  # a busy-host measurement replaces its whole family,
         replaced |= {f"executor_busy_issue_{k}_us" for k in PROBES}  # also keys it could not measure
         replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s"}

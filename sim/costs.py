@@ -310,6 +310,12 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     return out
 
 
+def prefixed_points(costs: dict, prefix: str) -> list[tuple[int, float]]:
+    """``(x, value)`` of the keys ``<prefix><x>`` of ``costs`` (measured points such as
+    ``loop_t_<bytes>`` or ``host_work_t_<ids>``), sorted by ``x``."""
+    return sorted((int(k[len(prefix):]), float(v)) for k, v in costs.items() if k.startswith(prefix))
+
+
 #: a host matvec line faster than this is a broken fit, not a measurement (10 TB/s: several times
 #: the DRAM bandwidth of any current CPU socket)
 MAX_HOST_BYTES_PER_S = 1e13

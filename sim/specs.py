@@ -8,7 +8,6 @@ the field on any bad value. Units are SI and carried in names (``vram_bytes``,
 from __future__ import annotations
 
 import math
-
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .builder import build_plan, make_context
-from .costs import fit_host_work_line, fit_matvec_line, plan_durations
+from .costs import fit_host_work_line, fit_matvec_line, plan_durations, prefixed_points
 from .engines import analytic
 from .plan import Plan
 from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
@@ -199,9 +199,8 @@ def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
     :func:`calibrate.executor_costs.finish_loop` does)."""
     out = {k: float(costs[k]) for k in EXECUTOR_COST_KEYS if k in costs}
     # the host-work line through its (median) points, as for the matvec below
-    out.update(fit_host_work_line((int(k[len("host_work_t_"):]), v) for k, v in costs.items()
-                                  if k.startswith("host_work_t_")))
-    pts = [(int(k[len("loop_t_"):]), v) for k, v in costs.items() if k.startswith("loop_t_")]
+    out.update(fit_host_work_line(prefixed_points(costs, "host_work_t_")))
+    pts = prefixed_points(costs, "loop_t_")
     if pts:
         out.pop("cpu_op", None)
         out.pop("cpu_bytes_per_s", None)
@@ -215,6 +214,7 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``, or the loop points
     ``loop_t_<bytes>`` through which the matvec line is then refitted); keys absent from
     ``costs`` keep the profile's value."""
+    costs = resolve_executor_costs(costs)
     kinds = EXECUTOR_LAUNCH_KINDS
     kw: dict = {}
     if any(k in costs for k in kinds):
@@ -223,7 +223,6 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     if any(f"busy_{k}" in costs for k in kinds):
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
-    costs = resolve_executor_costs(costs)
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
                      ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s")):
         if key in costs:
