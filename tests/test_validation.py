@@ -118,6 +118,31 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
         meta["host_conditioned"]["p90_abs_error"])
 
 
+@pytest.mark.parametrize("run, host", [(15, False), (16, True)])
+def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, host):
+    """Runs 15 and 16 (``data/validation/history``): every profile prediction recomputed from
+    the run's own committed calibration (``data/calibration/h200-20261130-runN``); run 16's
+    host-conditioned column too (run 15's used the per-pass line medians of its time, see the
+    history README). docs/validation.md reports these runs beside the committed one."""
+    from sim.validation import executor_profile, median_costs, with_host_state
+
+    hist = ROOT / "data" / "validation" / "history"
+    committed = pd.read_csv(hist / f"run{run}_validation.csv").set_index("case")
+    profile = executor_profile(load_hardware(ROOT / "data" / "calibration" / f"h200-20261130-run{run}" / "h200.toml"))
+    meta = json.loads((hist / f"run{run}_meta.json").read_text())
+    hw = None
+    if host:
+        costs = median_costs(pd.read_csv(hist / f"run{run}_executor_costs.csv").drop(columns=["pass"]).to_dict("records"))
+        pageable = float(pd.read_csv(hist / f"run{run}_host_probes.csv")["h2d_pageable_gb_per_s"].median())
+        hw = with_host_state(profile, costs, pageable * 1e9)
+    for c in default_grid():
+        _, plan = build_case(c, profile)
+        assert predict_s(plan, profile) == pytest.approx(committed.loc[c.name, "predicted_s"], rel=1e-9), c.name
+        if hw is not None:
+            assert predict_s(plan, hw) == pytest.approx(committed.loc[c.name, "predicted_host_s"], rel=1e-9), c.name
+    assert summarize(committed)["p90_abs_error"] == pytest.approx(meta["p90_abs_error"])
+
+
 def test_run_grid_passes_probes_and_traces(monkeypatch):
     """run_grid on the numpy stand-in: several passes (alternating order), the median over all
     timed runs, host probes per pass, and both engines' traces of every case."""
