@@ -40,6 +40,7 @@ models fit; compute shapes are never scaled. The scale is recorded in the result
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import time
@@ -900,7 +901,7 @@ def union_s(starts, ends) -> float:
 
 def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float = 1.0, warmup: int = 1,
             warmup_s: float = 0.0, repeats: int = 1, probes: bool = True, check: bool = True, seed: int = 0,
-            fold_devices: bool = False, cp: Any = None) -> ExecResult:
+            fold_devices: bool = False, gc_off: bool = True, cp: Any = None) -> ExecResult:
     """Run ``plan`` on GPU 0 and measure it.
 
     Args:
@@ -921,6 +922,10 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
             event times break the ready/free order (:func:`check_order`).
         seed: seed of the synthetic weights and inputs.
         fold_devices: run a multi-GPU plan's streams all on GPU 0.
+        gc_off: collect garbage before the timed runs and keep Python's cyclic garbage
+            collector off during each of them (as :mod:`timeit` does): a collection landing
+            in a timed run would be timed as the executor's launch cost, which llama.cpp's C++
+            scheduler does not have. The collector's previous state is restored after each run.
         cp: the CuPy module (default: imported lazily; ``calibrate._fakecupy`` on a CPU).
 
     Returns:
@@ -957,8 +962,17 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
     # timed runs without the probes (their launches would be timed as the executor's own
     # overhead); the probes run in the warm-up and in one more untimed run at the end
     runs = []
+    if gc_off:
+        gc.collect()
     for _ in range(repeats):
-        s, e, aux = _run_once(rt, probes=False)
+        was_on = gc.isenabled()
+        if gc_off:
+            gc.disable()
+        try:
+            s, e, aux = _run_once(rt, probes=False)
+        finally:
+            if was_on:
+                gc.enable()
         bad = check_order(prog, s, e) if check else []
         if bad:
             b = bad[0]

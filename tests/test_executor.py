@@ -490,3 +490,33 @@ def test_host_work_line_is_refitted_through_median_points():
     # the points win over a separately given intercept and slope
     got = V.resolve_executor_costs({"host_work": 1.0, "host_work_per_id": 1.0, **pts})
     assert got["host_work"] == pytest.approx(10e-6) and got["host_work_per_id"] == pytest.approx(2e-8)
+
+
+@pytest.mark.parametrize("gc_off, gc_before", [(True, True), (True, False), (False, True)])
+def test_timed_runs_keep_the_garbage_collector_off_and_restore_it(monkeypatch, gc_off, gc_before):
+    """With ``gc_off`` (the default) the cyclic collector is off during every timed run and
+    on during the probe runs; afterwards it is as it was before, also when it was off."""
+    import gc
+
+    import calibrate.executor as ex
+
+    seen = []
+    real = ex._run_once
+
+    def spy(rt, probes=True):
+        seen.append((probes, gc.isenabled()))
+        return real(rt, probes)
+
+    monkeypatch.setattr(ex, "_run_once", spy)
+    was = gc.isenabled()
+    try:
+        (gc.enable if gc_before else gc.disable)()
+        execute(sequential_plan(2, WB, SHAPE), warmup=1, repeats=3, probes=True, cp=fakecp, gc_off=gc_off)
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    timed = [on for probes, on in seen if not probes]
+    assert len(timed) == 3 and len(seen) == 5  # 1 warm-up, 3 timed, 1 probe run
+    assert timed == [gc_before and not gc_off] * 3
+    assert [on for probes, on in seen if probes] == [gc_before] * 2
+    assert after == gc_before
