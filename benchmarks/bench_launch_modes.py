@@ -4,11 +4,16 @@
 ``busy=False``) flipping from one measurement to the next, a second apart and in any process
 state, between about 8 µs and 14 µs per GEMM launch (attention 14 µs and 25 µs). This script
 repeats that measurement in three conditions, interleaved, and records with each the GPU's SM
-clock just before (``nvidia-smi``), the CPU the main thread was on before and after:
+clock just before (``nvidia-smi``; not for ``gpu_warm``, whose GEMMs run right before), the CPU
+the main thread was on before and after:
 
 * ``plain``: as calibration and validation run it;
 * ``gpu_warm``: right after ~0.1 s of large GEMMs (the GPU out of its idle clocks);
 * ``one_core``: the main thread pinned to one CPU (``os.sched_setaffinity``).
+
+Restoring the affinity does not move the thread back: in the committed run
+(``data/validation/history/diag/launch_modes.csv``) it stayed on CPU 0 after the first pinned
+measurement, so ``plain`` and ``one_core`` barely differ after round 0.
 
 Prints one row per measurement and the median per condition, and writes
 ``$OUT/launch_modes.csv`` (or ``./launch_modes.csv``).
@@ -58,18 +63,20 @@ def main() -> None:
     rows = []
     for r in range(ROUNDS):
         for cond in ("plain", "gpu_warm", "one_core"):
-            if cond == "one_core":
-                os.sched_setaffinity(0, {min(all_cpus)})
-            if cond == "gpu_warm":
-                for _ in range(60):
-                    a @ a
-                cp.cuda.Device().synchronize()
-            clk = sm_clock_mhz() if cond != "gpu_warm" else float("nan")
-            c0 = cpu_now()
-            c = EC.measure(HW, n=40, busy=False)
-            c1 = cpu_now()
-            if cond == "one_core":
-                os.sched_setaffinity(0, all_cpus)
+            try:
+                if cond == "one_core":
+                    os.sched_setaffinity(0, {min(all_cpus)})
+                if cond == "gpu_warm":
+                    for _ in range(60):
+                        a @ a
+                    cp.cuda.Device().synchronize()
+                clk = sm_clock_mhz() if cond != "gpu_warm" else float("nan")
+                c0 = cpu_now()
+                c = EC.measure(HW, n=40, busy=False, gc_off=False)  # as recorded (before the gc switch)
+                c1 = cpu_now()
+            finally:
+                if cond == "one_core":
+                    os.sched_setaffinity(0, all_cpus)
             row = {"t_s": round(time.perf_counter() - t0, 2), "round": r, "cond": cond, "sm_mhz_before": clk,
                    "cpu_before": c0, "cpu_after": c1,
                    **{k: round(c[k] * 1e6, 2) for k in EC.PROBES}, "host_work": round(c["host_work"] * 1e6, 2)}

@@ -18,6 +18,11 @@ median). This script measures the same lockstep costs (``calibrate.executor_cost
 * ``ran+gc_off``, ``ran+pools_freed`` (``free_all_blocks`` of the device and pinned pools),
   ``dropped`` (plans and results released, ``gc.collect``).
 
+A ``+gc_off`` state has the collector off for the whole measurement and ``execute(gc_off=True)``;
+every other state keeps it on (``gc_off=False``). The committed data
+(``data/validation/history/diag/launch_state.csv``) was recorded before ``execute`` had a
+``gc_off`` switch, i.e. with the collector on in every timed run except where the state says.
+
 States that can be toggled are measured alternately, so that the host's drift from minute to
 minute does not pass for an effect. Prints one row per measurement (µs per launch) and writes
 ``$OUT/launch_state.csv`` (or ``./launch_state.csv``).
@@ -60,7 +65,7 @@ def probe(state: str, gc_off: bool = False) -> None:
     if gc_off:
         gc.disable()
     try:
-        c = EC.measure(HW, n=N, cp=CP, busy=False)
+        c = EC.measure(HW, n=N, cp=CP, busy=False, gc_off=gc_off)
     finally:
         if was:
             gc.enable()
@@ -85,7 +90,7 @@ from sim.specs import load_hardware
 cp = None
 if {fake!r}:
     import calibrate._fakecupy as cp
-c = EC.measure(load_hardware({hw!r}), n={n}, cp=cp, busy=False)
+c = EC.measure(load_hardware({hw!r}), n={n}, cp=cp, busy=False, gc_off=False)
 print(json.dumps({{k: c[k] for k in (*EC.PROBES, "host_work")}}))
 """
 

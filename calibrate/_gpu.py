@@ -27,7 +27,7 @@ def require_cupy() -> ModuleType:
     except ImportError as exc:
         raise GPUUnavailableError(
             f"CuPy is not installed or cannot be imported ({exc}); install the GPU extra, e.g. "
-            "pip install 'prefetch-sim[gpu]' (cupy-cuda12x or cupy-cuda13x matching your driver)"
+            "pip install -e '.[gpu]' in the checkout (cupy-cuda12x; for a CUDA 13 driver install cupy-cuda13x instead)"
         ) from None
     try:
         n = int(cupy.cuda.runtime.getDeviceCount())

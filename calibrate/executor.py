@@ -925,7 +925,10 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         gc_off: collect garbage before the timed runs and keep Python's cyclic garbage
             collector off during each of them (as :mod:`timeit` does): a collection landing
             in a timed run would be timed as the executor's launch cost, which llama.cpp's C++
-            scheduler does not have. The collector's previous state is restored after each run.
+            scheduler does not have. The collector's previous state is restored after each run,
+            also when it raises; warm-up and probe runs keep the caller's state. One full
+            ``gc.collect()`` runs per call, untimed. The toggle is process-wide: do not run
+            ``execute`` from several threads at once.
         cp: the CuPy module (default: imported lazily; ``calibrate._fakecupy`` on a CPU).
 
     Returns:
@@ -966,9 +969,9 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         gc.collect()
     for _ in range(repeats):
         was_on = gc.isenabled()
-        if gc_off:
-            gc.disable()
         try:
+            if gc_off:
+                gc.disable()
             s, e, aux = _run_once(rt, probes=False)
         finally:
             if was_on:

@@ -136,7 +136,7 @@ def _cpu_host_s(plan: Plan, r) -> tuple[float, np.ndarray]:
 
 
 def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP_CPU_BYTES, cp=None,
-                 repeats: int = 3) -> dict:
+                 repeats: int = 3, gc_off: bool = True) -> dict:
     """The executor's busy-host costs, given the profile ``hw`` and its measured lockstep
     launch costs (see the module docstring).
 
@@ -153,7 +153,8 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
     from .executor import execute  # noqa: PLC0415
 
     def run(plan):
-        return execute(plan, test="probe", variant="busy", warmup=1, repeats=repeats, probes=False, cp=cp)
+        return execute(plan, test="probe", variant="busy", warmup=1, repeats=repeats, probes=False, cp=cp,
+                       gc_off=gc_off)
 
     if len(set(sizes)) < 2:
         raise ValueError(f"measure_busy needs at least two matvec sizes, got {sizes}")
@@ -198,7 +199,7 @@ def finish_loop(hw, costs: dict) -> dict:
 
 
 def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
-            round_gap_s: float = 2.0) -> dict:
+            round_gap_s: float = 2.0, gc_off: bool = True) -> dict:
     """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
     the executor's host work of building expert runs: ``host_work`` (seconds per op) and
     ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`; with
@@ -220,18 +221,19 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
         for i in range(rounds):
             if i:
                 time.sleep(round_gap_s)
-            each.append(_measure_once(hw, n=n, cp=cp, busy=busy))
+            each.append(_measure_once(hw, n=n, cp=cp, busy=busy, gc_off=gc_off))
         med = median_costs(each)
         med.update(host_work_line(med))  # one line through the median points
         med["rounds"] = rounds
+        med["gc"] = each[0].get("gc", "on")
         med["per_round"] = each  # non-numeric: the spread, for the record (summary, raw logs)
         if not busy:
             return med
         return finish_loop(replace(hw, executor_issue_s_by_kind={k: med[k] for k in PROBES if k in med}), med)
-    return _measure_once(hw, n=n, cp=cp, busy=busy)
+    return _measure_once(hw, n=n, cp=cp, busy=busy, gc_off=gc_off)
 
 
-def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
+def _measure_once(hw, *, n: int, cp, busy: bool, gc_off: bool = True) -> dict:
     """One round of :func:`measure`."""
     from sim.costs import plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
@@ -244,17 +246,18 @@ def _measure_once(hw, *, n: int, cp, busy: bool) -> dict:
                                                                                      errors="ignore"))
     for kind in PROBES:
         plan = lockstep_plan(kind, n)
-        r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp)
+        r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp, gc_off=gc_off)
         pred0 = float(analytic.run(plan, plan_durations(plan, base)).makespan_s)
         out[kind] = max((r.makespan_s - pred0) / n, 0.0)
     for n_ids in HOST_WORK_IDS:  # the points, so that medians over rounds refit one line
         r = execute(host_work_plan(n_ids, n), test="probe", variant="host_work", warmup=1, repeats=3, probes=False,
-                    cp=cp)
+                    cp=cp, gc_off=gc_off)
         out[f"host_work_t_{n_ids}"] = r.makespan_s / n
     out.update(host_work_line(out))
+    out["gc"] = "off" if gc_off else "on"  # a string: medians over rounds and passes skip it
     if busy:
         out.update(measure_busy(replace(hw, executor_issue_s_by_kind={k: out[k] for k in PROBES}),
-                                n=max(4, min(n, 24)), cp=cp))
+                                n=max(4, min(n, 24)), cp=cp, gc_off=gc_off))
     return out
 
 
@@ -272,6 +275,8 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     dev = f" ({device})" if device else ""
     cmd = f"python -m calibrate.executor_costs{dev}"
     med_of = f" (median of {int(costs['rounds'])} rounds)" if costs.get("rounds", 1) > 1 else ""
+    if costs.get("gc") in ("on", "off"):
+        med_of += f" (timed runs with Python's garbage collector {costs['gc']})"
     out = []
     for k in PROBES:
         if k in costs:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.provenance import code_version
+
 perf = time.perf_counter
 
 KERNELS_SRC = r"""
@@ -217,6 +219,7 @@ def open_gpu(cp, *, seed: int = 0) -> Gpu:
         "host_cpus": os.cpu_count() or 0,
         "python": platform.python_version(),
         "hostname_kernel": platform.release(),
+        "code_version": code_version(),
     }
     info.update(_nvidia_smi())
     g = Gpu(cp, stream, copy_stream, spin, noop, probe, softmax, None, "", False, info, rng)

@@ -543,6 +543,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         "os_kernel": info.get("hostname_kernel", "?"),
         "date": date,
         "command": cal.command,
+        "code_version": cal.info.get("code_version", "?"),
         "elapsed_s": round(cal.elapsed_s, 1),
         "rounds": nrounds,
         "raw_logs": raw_dir or "",

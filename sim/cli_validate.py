@@ -15,6 +15,7 @@ written atomically; without a GPU or CuPy the command says so and writes nothing
 
 from __future__ import annotations
 
+
 import argparse
 import gzip
 import json
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from .errors import ScenarioError
+from .provenance import code_version
 
 GRIDS = ("default", "smoke")
 
@@ -143,6 +145,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "cupy_version": cp.__version__, "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "prefetch-sim " + " ".join(sys.argv[1:]), "hardware_profile": str(args.hardware),
+        "code_version": code_version(), "executor_gc": "off",  # execute()'s default gc_off=True
         "grid": args.grid,
         "repeats": args.repeats, "passes": args.passes, "n_cases": len(cases),
         "wall_s": round(time.time() - t0, 1), **summ,

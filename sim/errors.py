@@ -35,4 +35,4 @@ class PlacementError(ScenarioError):
 
 
 class GPUUnavailableError(PrefetchSimError):
-    """No CUDA GPU, or CuPy is not installed (``pip install 'prefetch-sim[gpu]'``)."""
+    """No CUDA GPU, or CuPy is not installed (``pip install -e '.[gpu]'`` in the checkout)."""

@@ -181,7 +181,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; "
                 + ("use fewer staging slots or no prefetch, or " if b.staging_bytes else "")
                 + "raise placement.n_cpu_moe, lower placement.ngl, the context (ctx_size, or the "
-                "tests' depth + tokens) or add -ot rules",
+                "tests' depth + tokens), or add placement.override_tensor rules (llama.cpp's -ot)",
                 file=scn.file, field="placement")
     # expert cache pool: what is left, split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:

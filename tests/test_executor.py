@@ -269,8 +269,8 @@ def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     shutil.copy(src, dst)
     shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
     costs = measure(load_hardware(dst), n=4, cp=fakecp, busy=False)
-    assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id", "host_work_t_64", "host_work_t_16384"}
-    assert all(v >= 0 for v in costs.values())
+    assert set(costs) == set(PROBES) | {"host_work", "host_work_per_id", "host_work_t_64", "host_work_t_16384", "gc"}
+    assert costs["gc"] == "off" and all(v >= 0 for k, v in costs.items() if k != "gc")
     costs = {**costs, "host_work": 2e-6, "host_work_per_id": 3e-9}
     update_profile(dst, costs, "fake")
     hw = load_hardware(dst)
@@ -520,3 +520,62 @@ def test_timed_runs_keep_the_garbage_collector_off_and_restore_it(monkeypatch, g
     assert timed == [gc_before and not gc_off] * 3
     assert [on for probes, on in seen if probes] == [gc_before] * 2
     assert after == gc_before
+
+
+def test_timed_runs_restore_the_collector_when_a_run_raises_and_collect_once(monkeypatch):
+    """A timed run that raises leaves the collector as it was; one gc.collect() per call."""
+    import gc
+
+    import calibrate.executor as ex
+
+    n_timed, collects = [], []
+    real = ex._run_once
+
+    def failing(rt, probes=True):
+        if not probes:
+            n_timed.append(1)
+            if len(n_timed) == 2:
+                raise RuntimeError("boom")
+        return real(rt, probes)
+
+    monkeypatch.setattr(ex.gc, "collect", lambda *a: collects.append(1) or 0)
+    monkeypatch.setattr(ex, "_run_once", failing)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        with pytest.raises(RuntimeError, match="boom"):
+            execute(sequential_plan(2, WB, SHAPE), warmup=0, repeats=3, probes=False, cp=fakecp)
+        assert gc.isenabled()
+        assert len(collects) == 1
+        collects.clear()
+        monkeypatch.setattr(ex, "_run_once", real)
+        execute(sequential_plan(2, WB, SHAPE), warmup=0, repeats=2, probes=False, cp=fakecp, gc_off=False)
+        assert collects == []
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("gc_off", [True, False])
+def test_executor_cost_probes_pass_the_collector_setting_and_record_it(monkeypatch, gc_off):
+    """measure(gc_off=...) runs every probe with that setting, records it as ``gc`` (a string,
+    so that medians skip it) and the profile's sources say it."""
+    from pathlib import Path
+
+    import calibrate.executor as ex
+    import calibrate.executor_costs as EC
+    from sim.specs import load_hardware
+
+    seen = []
+    real = ex.execute
+
+    def spy(plan, **kw):
+        seen.append(kw.get("gc_off"))
+        return real(plan, **kw)
+
+    monkeypatch.setattr(ex, "execute", spy)
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    c = EC.measure(hw, n=2, cp=fakecp, busy=False, rounds=2, round_gap_s=0.0, gc_off=gc_off)
+    assert seen and all(s is gc_off for s in seen)
+    assert c["gc"] == ("off" if gc_off else "on")
+    src = dict((k, s) for k, _v, s in EC.profile_entries(c))["executor_issue_gemm_us"]
+    assert f"garbage collector {'off' if gc_off else 'on'}" in src

@@ -144,6 +144,9 @@ def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, hos
         if hw is not None:
             assert predict_s(plan, hw) == pytest.approx(committed.loc[c.name, "predicted_host_s"], rel=1e-9), c.name
     assert summarize(committed)["p90_abs_error"] == pytest.approx(meta["p90_abs_error"])
+    if host:
+        assert summarize(committed, "rel_error_host")["p90_abs_error"] == pytest.approx(
+            meta["host_conditioned"]["p90_abs_error"])
 
 
 def test_run_grid_passes_probes_and_traces(monkeypatch):
@@ -297,3 +300,16 @@ def test_run_grid_reports_lossless_failures_without_losing_the_results(monkeypat
     calls.clear()
     with pytest.raises(LosslessnessError):
         V.run_grid(cases, HW, repeats=1, passes=2, cp=fakecp)
+
+
+def test_code_version_names_the_commit_or_says_there_is_no_git(tmp_path):
+    """sim.provenance.code_version: ``git <12 hex>[+dirty]`` in a git checkout, else the
+    package version marked ``(no git)`` (or ``unknown``); it never raises."""
+    import re
+
+    from sim.provenance import code_version
+
+    if (ROOT / ".git").exists():
+        assert re.fullmatch(r"git [0-9a-f]{12}(\+dirty)?", code_version(ROOT))
+    v = code_version(tmp_path)
+    assert v == "unknown" or re.fullmatch(r"prefetch-sim \S+ \(no git\)", v)
