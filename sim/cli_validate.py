@@ -124,15 +124,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failures: list[str] = []
     cost_log: list[dict] = []
     cost_probe = None
+    gc_off = True  # the executor's garbage collector off in timed runs, cases and probes alike
     if args.host_state == "per-pass":
         from calibrate.executor_costs import measure as measure_costs  # noqa: PLC0415
 
-        cost_probe = lambda: measure_costs(hw, cp=cp)  # noqa: E731
+        cost_probe = lambda: measure_costs(hw, cp=cp, gc_off=gc_off)  # noqa: E731
     used: dict = {}
     df, kinds, trace, traces = run_grid(cases, hw, repeats=args.repeats, passes=args.passes, progress=progress,
                                         cp=cp, keep_trace=timeline, partial=partial, host_probes=probes,
                                         failures=failures, cost_probe=cost_probe, cost_log=cost_log,
-                                        pageable_from_probes=args.host_state == "per-pass", host_state_used=used)
+                                        pageable_from_probes=args.host_state == "per-pass", host_state_used=used,
+                                        gc_off=gc_off)
     from calibrate.drift import probes_frame
 
     probe_df = probes_frame(probes)
@@ -145,7 +147,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "cupy_version": cp.__version__, "python": platform.python_version(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "prefetch-sim " + " ".join(sys.argv[1:]), "hardware_profile": str(args.hardware),
-        "code_version": code_version(), "executor_gc": "off",  # execute()'s default gc_off=True
+        "code_version": code_version(), "executor_gc": "off" if gc_off else "on",
         "grid": args.grid,
         "repeats": args.repeats, "passes": args.passes, "n_cases": len(cases),
         "wall_s": round(time.time() - t0, 1), **summ,

@@ -236,6 +236,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
              host_probes: list | None = None, failures: list | None = None,
              cost_probe: Callable[[], dict] | None = None, cost_log: list | None = None,
              pageable_from_probes: bool = False, host_state_used: dict | None = None,
+             gc_off: bool = True,
              ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
     """Predict and measure every case on the GPU.
 
@@ -267,6 +268,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         host_state_used: when a dict, filled with what ``predicted_host_s`` used:
             ``executor_costs`` (:func:`resolve_executor_costs` of the medians) and
             ``pageable_bytes_per_s`` (or None).
+        gc_off: the executor's ``gc_off`` for every case (:func:`calibrate.executor.execute`:
+            Python's garbage collector off in the timed runs); pass the same to ``cost_probe``.
 
     ``predicted_s`` / ``rel_error`` are the prediction from ``hardware`` (the headline);
     ``predicted_host_s`` / ``rel_error_host`` the same with the host state measured during the
@@ -330,7 +333,8 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         it = progress(order) if progress else order
         for case in it:
             _scn, plan, _d, _sched = built[case.name]
-            r = execute(plan, test=case.test, variant=case.variant, repeats=repeats, warmup=warmup, cp=cp)
+            r = execute(plan, test=case.test, variant=case.variant, repeats=repeats, warmup=warmup, cp=cp,
+                        gc_off=gc_off)
             results[case.name].append(r)
             if partial is not None:  # a log that survives an interrupted run (not the result file)
                 pd.DataFrame([dict(pass_=p + 1, case=case.name, predicted_s=float(_sched.makespan_s),

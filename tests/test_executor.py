@@ -579,3 +579,7 @@ def test_executor_cost_probes_pass_the_collector_setting_and_record_it(monkeypat
     assert c["gc"] == ("off" if gc_off else "on")
     src = dict((k, s) for k, _v, s in EC.profile_entries(c))["executor_issue_gemm_us"]
     assert f"garbage collector {'off' if gc_off else 'on'}" in src
+    busy_kw = []
+    monkeypatch.setattr(EC, "measure_busy", lambda hw, **kw: busy_kw.append(kw) or {})
+    EC.measure(hw, n=2, cp=fakecp, busy=True, gc_off=gc_off)
+    assert len(busy_kw) == 1 and busy_kw[0]["gc_off"] is gc_off

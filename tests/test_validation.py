@@ -303,13 +303,40 @@ def test_run_grid_reports_lossless_failures_without_losing_the_results(monkeypat
 
 
 def test_code_version_names_the_commit_or_says_there_is_no_git(tmp_path):
-    """sim.provenance.code_version: ``git <12 hex>[+dirty]`` in a git checkout, else the
-    package version marked ``(no git)`` (or ``unknown``); it never raises."""
+    """sim.provenance.code_version: ``git <12 hex>[+dirty]`` in a git checkout; ``unknown``
+    for a folder without sources outside any work tree's top."""
     import re
 
     from sim.provenance import code_version
 
     if (ROOT / ".git").exists():
-        assert re.fullmatch(r"git [0-9a-f]{12}(\+dirty)?", code_version(ROOT))
-    v = code_version(tmp_path)
-    assert v == "unknown" or re.fullmatch(r"prefetch-sim \S+ \(no git\)", v)
+        assert re.fullmatch(r"git [0-9a-f]{12}(\+dirty|\+\?)?", code_version(ROOT))
+    assert code_version(tmp_path) == "unknown"  # no sources, and not the top of a work tree
+
+
+def test_code_version_never_raises_and_ignores_an_enclosing_repository(tmp_path, monkeypatch):
+    """Without git (subprocess raising) a tree is named by its source hash; a copy of the tree
+    inside another repository does not report that repository's commit; the hash changes with
+    the sources."""
+    import shutil
+    import subprocess
+
+    import sim.provenance as P
+
+    copy = tmp_path / "outer" / "copy"
+    (copy / "sim").mkdir(parents=True)
+    (copy / "sim" / "a.py").write_text("x = 1\n")
+    h1 = P.source_hash(copy)
+    assert len(h1) == 12
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q", str(tmp_path / "outer")], check=True)
+        assert P.code_version(copy) == f"src {h1} (no git)"
+    (copy / "sim" / "a.py").write_text("x = 2\n")
+    assert P.source_hash(copy) != h1
+
+    def boom(*a, **k):
+        raise OSError("no git here")
+
+    monkeypatch.setattr(P.subprocess, "run", boom)
+    assert P.code_version(copy) == f"src {P.source_hash(copy)} (no git)"
+    assert P.code_version(tmp_path / "empty") == "unknown"
