@@ -7,6 +7,7 @@ One place for validation (docs/DESIGN.md, conventions): every loader reads its t
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -165,6 +166,8 @@ class Fields:
             raise self.error(key, "expected { value = <number>, source = \"<where it comes from>\" }")
         sub = Fields(val, self.file, self.name(key))
         num = sub.float("value", positive=positive)
+        if not math.isfinite(num):
+            raise sub.error("value", f"must be a finite number, got {num}")
         src = sub.str("source")
         if not src.strip():
             raise sub.error("source", "must say where the number comes from")
