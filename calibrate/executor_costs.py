@@ -225,7 +225,7 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
         med = median_costs(each)
         med.update(host_work_line(med))  # one line through the median points
         med["rounds"] = rounds
-        med["gc"] = each[0].get("gc", "on")
+        med["gc"] = "off" if gc_off else "on"
         med["per_round"] = each  # non-numeric: the spread, for the record (summary, raw logs)
         if not busy:
             return med
@@ -274,18 +274,18 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     :func:`measure`), values in the key's unit."""
     dev = f" ({device})" if device else ""
     cmd = f"python -m calibrate.executor_costs{dev}"
-    med_of = f" (median of {int(costs['rounds'])} rounds)" if costs.get("rounds", 1) > 1 else ""
+    how = f" (median of {int(costs['rounds'])} rounds)" if costs.get("rounds", 1) > 1 else ""
     if costs.get("gc") in ("on", "off"):
-        med_of += f" (timed runs with Python's garbage collector {costs['gc']})"
+        how += f" (timed runs with Python's garbage collector {costs['gc']})"
     out = []
     for k in PROBES:
         if k in costs:
             out.append((f"executor_issue_{k}_us", costs[k] * 1e6, f"measured: the executor's host cost per {k} op in "
-                        f"lockstep (launch + op + sync) beyond the simulated op{med_of}, {cmd}"))
+                        f"lockstep (launch + op + sync) beyond the simulated op{how}, {cmd}"))
     if "host_work" in costs:
         out.append(("executor_host_work_us", costs["host_work"] * 1e6, "measured: the executor's host time per op "
                     f"building used-expert runs (numpy), intercept of a line through {HOST_WORK_IDS[0]} and "
-                    f"{HOST_WORK_IDS[1]} router ids{med_of}, {cmd}"))
+                    f"{HOST_WORK_IDS[1]} router ids{how}, {cmd}"))
         out.append(("executor_host_work_ns_per_id", costs["host_work_per_id"] * 1e9,
                     f"measured: slope of the same line, per router id, {cmd}"))
     for k in PROBES:
@@ -293,13 +293,13 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
             out.append((f"executor_busy_issue_{k}_us", costs[f"busy_{k}"] * 1e6, f"measured: extra cost of a {k} "
                         f"launch between runs of CPU matvecs ({BURST_CPU_BYTES >> 20} MiB), bursts of "
                         f"{int(costs.get('busy_per', 3))} launches + sync + 3 matvecs vs the same bursts without "
-                        f"matvecs{med_of}, {cmd}"))
+                        f"matvecs{how}, {cmd}"))
     if "cpu_bytes_per_s" in costs:
         check = "; ".join(f"{nb >> 20} MiB {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
                           for nb, me, pr in costs.get("loop_check", []))
         sizes = [b for b, _t in costs.get("loop_sizes", [])] or list(LOOP_CPU_BYTES)
         src = (f"measured: the executor's numpy matvec in a decode-shaped loop (5 launches, sync, 3 matvecs, "
-               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB{med_of}, {cmd}")
+               f"H2D), line through {', '.join(f'{b / 2**20:g}' for b in sizes)} MiB{how}, {cmd}")
         out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
         out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
                     src + (f"; whole-loop check predicted/measured: {check}" if check else "")))

@@ -15,7 +15,6 @@ written atomically; without a GPU or CuPy the command says so and writes nothing
 
 from __future__ import annotations
 
-
 import argparse
 import gzip
 import json

@@ -7,7 +7,6 @@ the field on any bad value. Units are SI and carried in names (``vram_bytes``,
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -447,9 +446,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         """A sourced number times ``scale``: finite, and > 0 (``positive``) or >= 0 (a cost)."""
         if default is not None and not g.has(key):
             return default
-        v, s = g.sourced(key, positive=positive)
-        if not math.isfinite(v):
-            raise g.error(key, f"must be a finite number, got {v}")
+        v, s = g.sourced(key, positive=positive)  # finite (checked there)
         if v < 0:
             raise g.error(key, f"a cost must be >= 0, got {v}")
         sources[key] = s
