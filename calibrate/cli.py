@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="repeat the key numbers (copy sweeps, a reference GEMM, the executor's cost probes) this many "
                         "times (default 3)")
+    p.add_argument("--executor-rounds", type=int, default=6,
+                   help="rounds of the executor's own cost probes (launch, host work, busy host, matvec), "
+                        "2 s apart, priced by their mean (default 6; about 12 s each)")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (seconds; for checking the setup)")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the input data and routing draws (>= 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -53,6 +56,8 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
 
     if args.rounds < 1:
         raise PrefetchSimError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.executor_rounds < 1:
+        raise PrefetchSimError(f"--executor-rounds must be >= 1, got {args.executor_rounds}")
     out = Path(args.out)
     if out.suffix != ".toml":
         raise PrefetchSimError(f"--out must name a .toml file, got '{args.out}'")
@@ -93,13 +98,16 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         # the executor's launch cost per op kind, priced with the profile just written
         from sim.specs import load_hardware  # noqa: PLC0415
 
-        from .executor_costs import measure, summary, update_profile  # noqa: PLC0415
+        from .executor_costs import measure, rounds_frame, summary, update_profile  # noqa: PLC0415
 
-        costs = measure(load_hardware(out), cp=cp, rounds=args.rounds)
+        costs = measure(load_hardware(out), cp=cp, rounds=args.executor_rounds)
         update_profile(out, costs, cal.info.get("device", ""))
         print("executor costs:\n" + summary(costs), file=sys.stderr)
         if raw is not None:
             (Path(raw) / "executor_costs.txt").write_text(summary(costs) + "\n")
+            per_round = rounds_frame(costs)
+            if per_round is not None:
+                per_round.to_csv(Path(raw) / "executor_costs_rounds.csv", index=False)
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(summary_table(cal, fit_calibration(cal)))

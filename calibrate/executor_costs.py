@@ -177,7 +177,7 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
 
 
 def finish_loop(hw, costs: dict) -> dict:
-    """Add to ``costs`` (the numeric keys of :func:`measure_busy`, possibly medians over
+    """Add to ``costs`` (the numeric keys of :func:`measure_busy`, possibly aggregated over
     rounds) the matvec line through its ``loop_t_<bytes>`` points (``cpu_op``,
     ``cpu_bytes_per_s``; absent when the time does not grow with the bytes: the profile's
     native CPU figures then price the executor's matvecs), ``loop_sizes`` and ``loop_check``
@@ -199,32 +199,42 @@ def finish_loop(hw, costs: dict) -> dict:
 
 
 def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
-            round_gap_s: float = 2.0, gc_off: bool = True) -> dict:
+            round_gap_s: float = 2.0, gc_off: bool = True, statistic: str = "mean") -> dict:
     """Launch cost (seconds) per probe kind on the executor, given the profile ``hw``, and
     the executor's host work of building expert runs: ``host_work`` (seconds per op) and
     ``host_work_per_id`` (seconds per router id), a line through :data:`HOST_WORK_IDS`; with
     ``busy``, also :func:`measure_busy`'s keys, priced with the launch costs measured here.
 
     ``rounds`` > 1 repeats the whole measurement, ``round_gap_s`` apart, and returns the
-    median of every numeric key over the rounds, the matvec line refitted through the median
-    time per size and the loop check redone with the medians (:func:`finish_loop`): one
-    sample of a drifting host is not a measurement (a single 64 MiB loop point once spoiled the
-    line, ``docs/calibration.md``)."""
+    ``statistic`` (:func:`sim.validation.aggregate_costs`: ``"mean"``, the default, or
+    ``"median"``) of every numeric key over the rounds, the host-work and matvec lines refitted
+    through the aggregated points and the loop check redone with them (:func:`finish_loop`):
+    one sample of a drifting host is not a measurement (a single 64 MiB loop point once spoiled
+    the line, ``docs/calibration.md``). The mean is the default because every one of these
+    costs is summed over many ops and the launch costs jump between two levels from one
+    measurement to the next (``docs/validation.md``): a median of a few rounds lands on one
+    level, the mean estimates the expected cost per op.
+
+    Raises:
+        ValueError: ``rounds`` < 1 or an unknown ``statistic``."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if statistic not in ("mean", "median"):
+        raise ValueError(f"statistic must be 'mean' or 'median', got {statistic!r}")
     if rounds > 1:
         import time  # noqa: PLC0415
 
-        from sim.validation import median_costs  # noqa: PLC0415
+        from sim.validation import aggregate_costs  # noqa: PLC0415
 
         each = []
         for i in range(rounds):
             if i:
                 time.sleep(round_gap_s)
             each.append(_measure_once(hw, n=n, cp=cp, busy=busy, gc_off=gc_off))
-        med = median_costs(each)
-        med.update(host_work_line(med))  # one line through the median points
+        med = aggregate_costs(each, statistic)
+        med.update(host_work_line(med))  # one line through the aggregated points
         med["rounds"] = rounds
+        med["statistic"] = statistic  # strings: aggregates over rounds and passes skip them
         med["gc"] = "off" if gc_off else "on"
         med["per_round"] = each  # non-numeric: the spread, for the record (summary, raw logs)
         if not busy:
@@ -249,12 +259,12 @@ def _measure_once(hw, *, n: int, cp, busy: bool, gc_off: bool = True) -> dict:
         r = execute(plan, test="probe", variant=kind, warmup=1, repeats=3, probes=False, cp=cp, gc_off=gc_off)
         pred0 = float(analytic.run(plan, plan_durations(plan, base)).makespan_s)
         out[kind] = max((r.makespan_s - pred0) / n, 0.0)
-    for n_ids in HOST_WORK_IDS:  # the points, so that medians over rounds refit one line
+    for n_ids in HOST_WORK_IDS:  # the points, so that aggregates over rounds refit one line
         r = execute(host_work_plan(n_ids, n), test="probe", variant="host_work", warmup=1, repeats=3, probes=False,
                     cp=cp, gc_off=gc_off)
         out[f"host_work_t_{n_ids}"] = r.makespan_s / n
     out.update(host_work_line(out))
-    out["gc"] = "off" if gc_off else "on"  # a string: medians over rounds and passes skip it
+    out["gc"] = "off" if gc_off else "on"  # a string: aggregates over rounds and passes skip it
     if busy:
         out.update(measure_busy(replace(hw, executor_issue_s_by_kind={k: out[k] for k in PROBES}),
                                 n=max(4, min(n, 24)), cp=cp, gc_off=gc_off))
@@ -274,7 +284,8 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
     :func:`measure`), values in the key's unit."""
     dev = f" ({device})" if device else ""
     cmd = f"python -m calibrate.executor_costs{dev}"
-    how = f" (median of {int(costs['rounds'])} rounds)" if costs.get("rounds", 1) > 1 else ""
+    how = (f" ({costs.get('statistic', 'median')} of {int(costs['rounds'])} rounds)"
+           if costs.get("rounds", 1) > 1 else "")
     if costs.get("gc") in ("on", "off"):
         how += f" (timed runs with Python's garbage collector {costs['gc']})"
     out = []
@@ -327,6 +338,21 @@ def summary(costs: dict) -> str:
     return "\n".join(lines)
 
 
+def rounds_frame(costs: dict):
+    """The numeric keys of every round of a multi-round :func:`measure` as a table (one row per
+    round, ``round`` first, seconds and B/s as measured), or ``None`` for a single round: the
+    spread behind the aggregated profile keys, for the raw logs."""
+    import pandas as pd  # noqa: PLC0415
+
+    each = costs.get("per_round") or []
+    if not each:
+        return None
+    rows = [{"round": i + 1, **{k: v for k, v in r.items()
+                                if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+            for i, r in enumerate(each)]
+    return pd.DataFrame(rows)
+
+
 def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     """Add (or replace) the executor's measured keys (:func:`profile_entries`: launch costs,
     host work, busy-host launch extras, CPU matvec line) in the ``[hardware]`` table of a
@@ -373,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.executor_costs", description=__doc__.split("\n")[0])
     ap.add_argument("--profile", required=True, help="profile TOML to measure with and update")
     ap.add_argument("-n", type=int, default=40, help="ops per lockstep probe plan (>= 4)")
-    ap.add_argument("--rounds", type=int, default=3, help="whole measurements, 2 s apart; medians (default 3)")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="whole measurements, 2 s apart, aggregated with --statistic (default 6)")
+    ap.add_argument("--statistic", choices=("mean", "median"), default="mean",
+                    help="aggregate over the rounds (default mean: the costs are summed over many ops)")
     args = ap.parse_args(argv)
     if args.n < 4:
         ap.error(f"-n must be >= 4, got {args.n}")
@@ -381,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         hw = load_hardware(args.profile)
-        costs = measure(hw, n=args.n, rounds=args.rounds)
+        costs = measure(hw, n=args.n, rounds=args.rounds, statistic=args.statistic)
         update_profile(args.profile, costs, hw.gpu_name)
     except (PrefetchSimError, ValueError) as exc:
         print(f"calibrate.executor_costs: error: {exc}", file=sys.stderr)

@@ -161,16 +161,33 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
     return float(analytic.run(plan, plan_durations(plan, hardware)).makespan_s)
 
 
-def median_costs(measured: Sequence[dict]) -> dict[str, float]:
-    """Median of each key over the per-pass cost dicts; keys missing in a pass, and
-    non-numeric or non-finite values (a CSV's empty cells read back as NaN), are skipped; a
-    key with no finite value is left out."""
+def aggregate_costs(measured: Sequence[dict], statistic: str = "median") -> dict[str, float]:
+    """The ``statistic`` (``"median"`` or ``"mean"``) of each key over the per-round or
+    per-pass cost dicts; keys missing in a dict, and non-numeric or non-finite values (a CSV's
+    empty cells read back as NaN), are skipped; a key with no finite value is left out.
+
+    The mean is the estimate to price a sum of many launches with when a cost jumps between
+    levels from one measurement to the next (on the lent H200 VM the executor's GEMM launch
+    cost sat at ≈ 8 or ≈ 14 µs, ``data/validation/history/diag/``): a run's total is the count
+    times the expected cost, while a median of a few samples lands on one level.
+
+    Raises:
+        ValueError: an unknown ``statistic``."""
+    if statistic not in ("median", "mean"):
+        raise ValueError(f"statistic must be 'median' or 'mean', got {statistic!r}")
+    f = np.median if statistic == "median" else np.mean
     out = {}
     for k in sorted({k for c in measured for k in c}):
-        vals = [float(c[k]) for c in measured if isinstance(c.get(k), numbers.Real) and math.isfinite(c[k])]
+        vals = [float(c[k]) for c in measured
+                if isinstance(c.get(k), numbers.Real) and not isinstance(c.get(k), bool) and math.isfinite(c[k])]
         if vals:
-            out[k] = float(np.median(vals))
+            out[k] = float(f(vals))
     return out
+
+
+def median_costs(measured: Sequence[dict]) -> dict[str, float]:
+    """:func:`aggregate_costs` with the median."""
+    return aggregate_costs(measured, "median")
 
 
 def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = None,

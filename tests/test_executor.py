@@ -442,8 +442,9 @@ def test_measure_rounds_take_medians_and_refit_the_matvec_line(monkeypatch, tmp_
     ])
     monkeypatch.setattr(EC, "_measure_once", lambda hw, **kw: next(rounds))
     hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
-    c = EC.measure(hw, rounds=3, round_gap_s=0.0)
+    c = EC.measure(hw, rounds=3, round_gap_s=0.0, statistic="median")
     assert c["rounds"] == 3 and c["gemm"] == pytest.approx(2e-5) and c["busy_gemm"] == pytest.approx(2e-6)
+    assert c["statistic"] == "median"
     assert c["loop_sizes"] == [(b1, pytest.approx(80e-6)), (b2, pytest.approx(250e-6))]
     line = fit_matvec_line([(b1, 80e-6), (b2, 250e-6)])
     assert c["cpu_op"] == pytest.approx(line["cpu_op"])
@@ -453,6 +454,55 @@ def test_measure_rounds_take_medians_and_refit_the_matvec_line(monkeypatch, tmp_
     assert all(p > 0 for _b, _mk, p in c["loop_check"])
     with pytest.raises(ValueError, match="rounds"):
         EC.measure(hw, rounds=0)
+    with pytest.raises(ValueError, match="statistic"):
+        EC.measure(hw, rounds=2, statistic="mode")
+
+
+def test_measure_rounds_default_to_the_mean_of_a_two_level_cost(monkeypatch, tmp_path):
+    """measure(rounds=N) prices with the mean over the rounds by default: with a launch cost at
+    8 µs in two rounds and 14 µs in one, the median says 8 and the mean 10 (the expected cost of
+    a launch); the host-work and matvec lines go through the mean points; the profile's sources
+    say "mean of 3 rounds"; rounds_frame tabulates every round."""
+    import calibrate.executor_costs as EC
+    from sim.costs import fit_host_work_line, fit_matvec_line
+    from sim.specs import load_hardware
+    from pathlib import Path
+
+    b1, b2 = 4 << 20, 16 << 20
+
+    def one(launch_us, t1, t2, hw_t):
+        return {**{k: launch_us * 1e-6 for k in EC.PROBES}, "busy_gemm": launch_us * 1e-7,
+                "host_work_t_64": hw_t, "host_work_t_16384": 10 * hw_t,
+                f"loop_t_{b1}": t1, f"loop_t_{b2}": t2, f"loop_mk_{b1}": 1e-2, f"loop_mk_{b2}": 2e-2,
+                "loop_n": 2, "gc": "off"}
+
+    each = [one(8, 100e-6, 220e-6, 1e-5), one(14, 130e-6, 400e-6, 4e-5), one(8, 70e-6, 240e-6, 1e-5)]
+    it = iter(each)
+    monkeypatch.setattr(EC, "_measure_once", lambda hw, **kw: next(it))
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    c = EC.measure(hw, rounds=3, round_gap_s=0.0)
+    assert c["statistic"] == "mean" and c["gemm"] == pytest.approx(10e-6) and c["attn"] == pytest.approx(10e-6)
+    assert c["busy_gemm"] == pytest.approx(1e-6)
+    assert c["loop_sizes"] == [(b1, pytest.approx(100e-6)), (b2, pytest.approx(860e-6 / 3))]
+    line = fit_matvec_line([(b1, 100e-6), (b2, 860e-6 / 3)])
+    assert c["cpu_op"] == pytest.approx(line["cpu_op"]) and c["cpu_bytes_per_s"] == pytest.approx(line["cpu_bytes_per_s"])
+    hwl = fit_host_work_line([(64, 2e-5), (16384, 2e-4)])
+    assert c["host_work"] == pytest.approx(hwl["host_work"]) and c["host_work_per_id"] == pytest.approx(hwl["host_work_per_id"])
+    src = dict((k, s) for k, _v, s in EC.profile_entries(c))
+    assert "(mean of 3 rounds)" in src["executor_issue_gemm_us"]
+    tab = EC.rounds_frame(c)
+    assert list(tab["round"]) == [1, 2, 3] and tab["gemm"].tolist() == pytest.approx([8e-6, 14e-6, 8e-6])
+    assert "gc" not in tab.columns and EC.rounds_frame({"gemm": 1e-5}) is None
+
+
+def test_aggregate_costs_mean_median_and_bad_statistic():
+    from sim.validation import aggregate_costs, median_costs
+
+    rows = [{"a": 1.0, "b": "x", "c": float("nan")}, {"a": 2.0, "c": True}, {"a": 6.0, "d": 4}]
+    assert aggregate_costs(rows, "mean") == {"a": 3.0, "d": 4.0}
+    assert aggregate_costs(rows) == median_costs(rows) == {"a": 2.0, "d": 4.0}
+    with pytest.raises(ValueError, match="statistic"):
+        aggregate_costs(rows, "max")
 
 
 def test_fit_matvec_line_and_the_refit_from_loop_points():
