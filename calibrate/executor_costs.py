@@ -173,7 +173,61 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
         out[f"loop_t_{b}"] = float(np.mean(per_pos))  # mean over positions of the median per position
         out[f"loop_mk_{b}"] = float(r.makespan_s)
     out["loop_n"] = n
+    for model, plan in chain_plans(hw).items():
+        out[f"chain_mk_{model}"] = float(run(plan).makespan_s)
     return finish_loop(hw, out)
+
+
+#: layers and decode tokens of the held-out decode-chain probes (:func:`chain_plans`)
+CHAIN_LAYERS, CHAIN_TOKENS = 4, 4
+
+
+def chain_plans(hw) -> dict:
+    """The decode-chain probes: model name -> :func:`sim.validation.decode_probe_plan` of each
+    of :data:`sim.validation.DECODE_PROBE_MODELS` (``CHAIN_LAYERS`` layers, ``tg<CHAIN_TOKENS>``)."""
+    from sim.validation import DECODE_PROBE_MODELS, decode_probe_plan  # noqa: PLC0415
+
+    return {m: decode_probe_plan(m, hw, CHAIN_LAYERS, CHAIN_TOKENS) for m in DECODE_PROBE_MODELS}
+
+
+#: bounds of a fitted busy-host scale: outside them the fit is broken, not a measurement
+BUSY_SCALE_RANGE = (0.25, 4.0)
+
+
+def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
+    """The factor ``s`` on the busy-host costs (:func:`sim.costs.busy_mask`) that best predicts
+    the decode-chain probes, given the profile ``hw`` (priced with everything else measured,
+    ``executor_busy_scale`` 1) and ``measured`` (model -> measured makespan, seconds).
+
+    With every busy-host op on the plan's critical path (batch-1 decode: launches, host sync,
+    CPU matvecs in one chain) a plan's makespan is ``pred + (s - 1) * H``, ``H`` the busy ops'
+    predicted time; ``s`` is the least-squares solution over the probes, clipped to
+    :data:`BUSY_SCALE_RANGE`.
+
+    Returns:
+        (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``); ``s`` = 1
+        and no rows without probes."""
+    from sim.costs import busy_mask, plan_durations  # noqa: PLC0415
+    from sim.engines import analytic  # noqa: PLC0415
+
+    hw1 = replace(hw, executor_mode=True, executor_busy_scale=1.0)
+    plans = chain_plans(hw1)
+    pts = []
+    for model, mk in measured.items():
+        if model not in plans or not (mk > 0):
+            continue
+        d = plan_durations(plans[model], hw1)
+        pts.append((model, float(mk), float(analytic.run(plans[model], d).makespan_s),
+                    float(d[busy_mask(plans[model])].sum())))
+    den = sum(h * h for *_x, h in pts)
+    if not pts or den <= 0:
+        return 1.0, []
+    s = 1.0 + sum((mk - pr) * h for _m, mk, pr, h in pts) / den
+    s = min(max(s, BUSY_SCALE_RANGE[0]), BUSY_SCALE_RANGE[1])
+    hws = replace(hw1, executor_busy_scale=s)
+    rows = [(m, mk, pr, float(analytic.run(plans[m], plan_durations(plans[m], hws)).makespan_s))
+            for m, mk, pr, _h in pts]
+    return s, rows
 
 
 def finish_loop(hw, costs: dict) -> dict:
@@ -181,20 +235,25 @@ def finish_loop(hw, costs: dict) -> dict:
     rounds) the matvec line through its ``loop_t_<bytes>`` points (``cpu_op``,
     ``cpu_bytes_per_s``; absent when the time does not grow with the bytes: the profile's
     native CPU figures then price the executor's matvecs), ``loop_sizes`` and ``loop_check``
-    (each loop probe predicted with every cost in ``costs``, against its ``loop_mk_<bytes>``)."""
+    (each loop probe predicted with every cost in ``costs``, against its ``loop_mk_<bytes>``),
+    and with ``chain_mk_<model>`` makespans :func:`fit_busy_scale`'s ``busy_scale`` and
+    ``chain_check``."""
     from sim.costs import fit_matvec_line, plan_durations, prefixed_points  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
-    out = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s")}
+    out = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s", "busy_scale")}
     pts = prefixed_points(out, "loop_t_")
     out.update(fit_matvec_line(pts))
     out["loop_sizes"] = pts
-    priced = replace(hw, executor_mode=True, executor_cpu_op_s=out.get("cpu_op", 0.0),
+    priced = replace(hw, executor_mode=True, executor_busy_scale=1.0, executor_cpu_op_s=out.get("cpu_op", 0.0),
                      executor_cpu_bytes_per_s=out.get("cpu_bytes_per_s", 0.0),
                      executor_busy_issue_s_by_kind={k: out[f"busy_{k}"] for k in PROBES if f"busy_{k}" in out})
     n = int(out.get("loop_n", 24))
     out["loop_check"] = [(b, mk, float(analytic.run(p, plan_durations(p, priced)).makespan_s))
                          for b, mk in prefixed_points(out, "loop_mk_") for p in (loop_plan(b, n),)]
+    chain = {k[len("chain_mk_"):]: float(v) for k, v in out.items() if k.startswith("chain_mk_")}
+    if chain:
+        out["busy_scale"], out["chain_check"] = fit_busy_scale(priced, chain)
     return out
 
 
@@ -314,6 +373,14 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
         out.append(("executor_cpu_op_us", costs["cpu_op"] * 1e6, src))
         out.append(("executor_cpu_gb_per_s", costs["cpu_bytes_per_s"] / 1e9,
                     src + (f"; whole-loop check predicted/measured: {check}" if check else "")))
+    if "busy_scale" in costs:
+        check = "; ".join(f"{m} {pr1 * 1e3:.3f} -> {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
+                          for m, me, pr1, pr in costs.get("chain_check", []))
+        out.append(("executor_busy_scale", costs["busy_scale"],
+                    f"measured: factor on the executor's busy-host costs (CPU matvecs, launches after the first) "
+                    f"fitted (least squares) to batch-1 decode plans of held-out models ({CHAIN_LAYERS} layers, "
+                    f"tg{CHAIN_TOKENS}, experts on the CPU){how}, {cmd}"
+                    + (f"; predicted at 1 -> fitted / measured: {check}" if check else "")))
     return out
 
 
@@ -331,10 +398,15 @@ def summary(costs: dict) -> str:
             line += f", busy gemm +{r['busy_gemm'] * 1e6:.1f} us, attn +{r.get('busy_attn', float('nan')) * 1e6:.1f} us"
         if "cpu_bytes_per_s" in r:
             line += f", matvec {r.get('cpu_op', 0.0) * 1e6:.1f} us + bytes / {r['cpu_bytes_per_s'] / 1e9:.1f} GB/s"
+        if "busy_scale" in r:
+            line += f", busy scale {r['busy_scale']:.3f}"
         lines.append(line)
     for nb, me, pr in costs.get("loop_check", []):
         lines.append(f"decode-loop probe, {nb >> 20} MiB matvecs: predicted {pr * 1e3:.3f} ms, measured "
                      f"{me * 1e3:.3f} ms ({(pr - me) / me:+.1%})")
+    for m, me, pr1, pr in costs.get("chain_check", []):
+        lines.append(f"decode-chain probe {m}: predicted {pr1 * 1e3:.3f} ms unscaled ({(pr1 - me) / me:+.1%}), "
+                     f"{pr * 1e3:.3f} ms with the busy scale ({(pr - me) / me:+.1%}), measured {me * 1e3:.3f} ms")
     return "\n".join(lines)
 
 
@@ -374,7 +446,7 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     replaced = {k for k, _v, _s in every}
     if any(k.startswith("busy_") for k in costs):  # a busy-host measurement replaces its whole family,
         replaced |= {f"executor_busy_issue_{k}_us" for k in PROBES}  # also keys it could not measure
-        replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s"}
+        replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s", "executor_busy_scale"}
     lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]
     # at the end of the [hardware] table: before the next table ([measured] in a calibrated
     # profile), or at the end of the file

@@ -286,6 +286,20 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
     raise ValueError(f"no cost for op kind {k}")
 
 
+def busy_mask(plan: Plan) -> np.ndarray:
+    """The ops of ``plan`` priced in the executor's busy-host state: every CPU-backend op, and
+    every launch (ISSUE) after the plan's first CPU-backend op (plan order). An ``(n,)`` bool
+    array."""
+    out = np.zeros(len(plan.ops), dtype=bool)
+    busy = False
+    for op in plan.ops:
+        if op.kind is OpKind.CPU_MATVEC:
+            out[op.id] = busy = True
+        elif busy and op.kind is OpKind.ISSUE:
+            out[op.id] = True
+    return out
+
+
 def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     """Durations (seconds) of every op of ``plan``: an ``(n,)`` float64 array.
 
@@ -293,20 +307,21 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     order) are priced with the profile's busy-host extra (``executor_busy_issue_s_by_kind``):
     from then on the executor's launches were measured slower (``calibrate.executor_costs``;
     likely the host's BLAS worker threads, which OpenBLAS keeps spinning for a while after each
-    call, and the CPU caches the matvecs flushed)."""
+    call, and the CPU caches the matvecs flushed). Those launches and the CPU-backend ops
+    (:func:`busy_mask`) are then multiplied by ``executor_busy_scale``."""
     cache: dict = {}
     out = np.empty(len(plan.ops), dtype=np.float64)
-    busy = False
-    track = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
+    mask = busy_mask(plan) if hw.executor_mode else np.zeros(len(plan.ops), dtype=bool)
+    extras = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
     for op in plan.ops:
-        hb = busy and op.kind is OpKind.ISSUE
+        hb = extras and bool(mask[op.id]) and op.kind is OpKind.ISSUE
         key = (op.kind, op.nbytes, op.shape, op.pinned, op.tag, hb)  # tag: launched kind (executor_mode)
         d = cache.get(key)
         if d is None:
             d = cache[key] = op_duration_s(op, hw, host_busy=hb)
         out[op.id] = d
-        if track and op.kind is OpKind.CPU_MATVEC:
-            busy = True
+    if hw.executor_mode and hw.executor_busy_scale != 1.0:
+        out[mask] *= hw.executor_busy_scale
     return out
 
 

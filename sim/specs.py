@@ -358,6 +358,14 @@ class HardwareProfile:
             sizes (``calibrate.executor_costs``). With ``executor_cpu_bytes_per_s`` 0 (absent)
             both fall back to ``cpu_op_s`` / ``cpu_bytes_per_s``; with it set, the intercept is
             used as given (0 included). Used in ``executor_mode`` only.
+        executor_busy_scale: factor on the executor's busy-host costs in a plan (its CPU
+            matvecs, and its launches after the first of them, extras included), fitted by
+            ``calibrate.executor_costs`` on batch-1 decode plans of held-out models
+            (:data:`sim.validation.DECODE_PROBE_MODELS`): the synthetic decode loop those costs
+            are measured with ran ≈ 11% faster, against its prediction, than the validation
+            grid's decode plans in the same process and minutes
+            (``benchmarks/bench_decode_chain.py``). 1 = no correction. Used in ``executor_mode``
+            only.
         executor_mode: price host launches as the thin CuPy executor issues them
             (``executor_op_issue_s``; an attention: the table's ``t_host_s``, its three prepared
             launches) instead of the native launch path; set by ``prefetch-sim validate``.
@@ -404,6 +412,7 @@ class HardwareProfile:
     executor_busy_issue_s_by_kind: Mapping[str, float] = field(default_factory=dict)
     executor_cpu_op_s: float = 0.0
     executor_cpu_bytes_per_s: float = 0.0
+    executor_busy_scale: float = 1.0
     executor_mode: bool = False
     gemm_table: Any = None
     attn_table: Any = None
@@ -483,6 +492,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
                if g.has(f"executor_busy_issue_{k}_us")}
     ex_cpu_op = num("executor_cpu_op_us", 1e-6, default=0.0, positive=False)
     ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0)
+    ex_scale = num("executor_busy_scale", 1.0, default=1.0)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
@@ -511,7 +521,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         executor_op_issue_s=ex_issue, executor_issue_s_by_kind=ex_by_kind,
         executor_host_work_s=ex_hw, executor_host_work_per_id_s=ex_hw_id,
         executor_busy_issue_s_by_kind=ex_busy, executor_cpu_op_s=ex_cpu_op, executor_cpu_bytes_per_s=ex_cpu_bw,
-        gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
+        executor_busy_scale=ex_scale, gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
         file=str(path),
     )

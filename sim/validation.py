@@ -102,6 +102,33 @@ def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATI
                     routing=RoutingSpec(), variants=(parse_variant(case.variant),), seed=0)
 
 
+#: held-out models of the executor's decode-chain probe (``calibrate.executor_costs``): MoE
+#: models with every expert host-resident, neither of them in :func:`default_grid`
+DECODE_PROBE_MODELS = ("gpt-oss-20b", "mixtral-8x7b")
+
+
+def decode_probe_plan(model: str, hardware: HardwareProfile, n_layer: int = 2, n_gen: int = 4) -> Plan:
+    """Baseline batch-1 decode plan (``tg<n_gen>``) of ``scenarios/models/<model>.toml`` cut to
+    ``n_layer`` layers, every expert host-resident in pinned memory (so its experts run as CPU
+    matvecs between the GPU launches): the shape of validation's decode cases, on models that
+    validation does not use. Routing draws from seed 0.
+
+    Raises:
+        ScenarioError: the model file is missing or malformed."""
+    m = load_model(ROOT / "scenarios" / "models" / f"{model}.toml")
+    m = replace(m, n_layer=n_layer)
+    for k in ("tensors", "n_params", "nbytes"):
+        m.__dict__.pop(k, None)
+    scn = Scenario(name=f"decode probe {model}", model=m, hardware=hardware,
+                   placement=Placement(n_cpu_moe=n_layer, pinned=True, ctx_size=4096),
+                   workload=Workload(n_prompt=(0,), n_gen=(n_gen,), n_depth=(0,), n_ubatch=1, n_batch=1,
+                                     repetitions=1),
+                   routing=RoutingSpec(), variants=(parse_variant("baseline"),), seed=0)
+    v = scn.variants[0]
+    rng = np.random.default_rng([scn.seed, 0, 0])
+    return build_plan(scn, v, BenchTest(0, n_gen, 0), rng, make_context(scn, v, rng))
+
+
 def default_grid() -> list[Case]:
     """The committed validation grid (64 cases)."""
     cases: list[Case] = []
@@ -203,7 +230,7 @@ def with_host_state(hardware: HardwareProfile, costs: dict[str, float] | None = 
 
 #: keys of :func:`calibrate.executor_costs.measure` that price the executor (seconds; B/s)
 EXECUTOR_COST_KEYS = (*EXECUTOR_LAUNCH_KINDS, *(f"busy_{k}" for k in EXECUTOR_LAUNCH_KINDS), "host_work",
-                      "host_work_per_id", "cpu_op", "cpu_bytes_per_s")
+                      "host_work_per_id", "cpu_op", "cpu_bytes_per_s", "busy_scale")
 
 
 def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
@@ -228,7 +255,7 @@ def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
 def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> HardwareProfile:
     """``hardware`` with the executor's costs replaced by ``costs`` (seconds, the keys of
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
-    ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``, or the loop points
+    ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``, ``busy_scale``, or the loop points
     ``loop_t_<bytes>`` through which the matvec line is then refitted); keys absent from
     ``costs`` keep the profile's value."""
     costs = resolve_executor_costs(costs)
@@ -241,7 +268,8 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
-                     ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s")):
+                     ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s"),
+                     ("busy_scale", "executor_busy_scale")):
         if key in costs:
             kw[fld] = costs[key]
     return replace(hardware, **kw)

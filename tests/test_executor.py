@@ -317,14 +317,19 @@ def test_busy_probe_plans_have_decode_shape():
     assert all(op.nbytes == 4 << 20 for op in loop.ops if op.kind is OpKind.CPU_MATVEC)
 
 
-def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
-    """measure_busy returns every kind's busy extra, a matvec line and the loop check; the keys
-    land in a profile, load back, and are priced in executor_mode only."""
+def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path, monkeypatch):
+    """measure_busy returns every kind's busy extra, a matvec line, the loop check and the
+    decode-chain scale; the keys land in a profile, load back, and are priced in executor_mode
+    only."""
     import shutil
     from dataclasses import replace
     from pathlib import Path
 
+    import calibrate.executor_costs as EC
     from calibrate.executor_costs import PROBES, measure_busy, summary, update_profile
+
+    monkeypatch.setattr(EC, "CHAIN_LAYERS", 1)  # the stand-in is slow; the chain's shape is what counts
+    monkeypatch.setattr(EC, "CHAIN_TOKENS", 1)
     from sim.costs import plan_durations
     from sim.specs import load_hardware
 
@@ -341,9 +346,12 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     assert tuple(PROBES) == EXECUTOR_LAUNCH_KINDS  # every probed kind is a profile key the loader reads
     assert {f"busy_{k}" for k in PROBES} <= set(costs) and all(costs[f"busy_{k}"] >= 0 for k in PROBES)
     assert len(costs["loop_check"]) == 2 and len(costs["loop_sizes"]) == 2
+    assert EC.BUSY_SCALE_RANGE[0] <= costs["busy_scale"] <= EC.BUSY_SCALE_RANGE[1]
+    assert {f"chain_mk_{m}" for m in ("gpt-oss-20b", "mixtral-8x7b")} <= set(costs)
     text = summary(costs)
-    assert "decode-loop probe, 1 MiB matvecs" in text
-    costs = {**costs, "busy_gemm": 7e-6, "busy_attn": 11e-6, "cpu_op": 20e-6, "cpu_bytes_per_s": 50e9}
+    assert "decode-loop probe, 1 MiB matvecs" in text and "decode-chain probe mixtral-8x7b" in text
+    costs = {**costs, "busy_gemm": 7e-6, "busy_attn": 11e-6, "cpu_op": 20e-6, "cpu_bytes_per_s": 50e9,
+             "busy_scale": 1.0}
     update_profile(dst, costs, 'dev "x"')
     update_profile(dst, costs, 'dev "x"\nline2\\')  # replaces, never duplicates; any device name is escaped
     assert dst.read_text().count("executor_busy_issue_gemm_us") == 1
@@ -375,6 +383,77 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     # the executor's matvec line in executor_mode, the native CPU figures otherwise
     assert d_ex[c] == pytest.approx(20e-6 + 10**8 / 50e9)
     assert d_native[c] == pytest.approx(hw.cpu_op_s + 10**8 / hw.cpu_bytes_per_s)
+
+
+def test_busy_scale_multiplies_cpu_ops_and_the_launches_after_the_first_in_executor_mode_only():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from sim.costs import busy_mask, plan_durations
+    from sim.specs import load_hardware
+
+    hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
+    plan = Plan()
+    g0 = plan.add(OpKind.ISSUE, Stream.HOST, -1, "issue g0", tag="gemm")
+    k0 = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "g0", (g0,), nbytes=1 << 20, shape=(1, 256, 2048))
+    c = plan.add(OpKind.CPU_MATVEC, Stream.CPU, -1, "cpu", (k0,), nbytes=10**8, shape=(1, 12207, 2048, 1))
+    g1 = plan.add(OpKind.ISSUE, Stream.HOST, -1, "issue g1", (c,), tag="gemm")
+    k1 = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "g1", (g1,), nbytes=1 << 20, shape=(1, 256, 2048))
+    assert busy_mask(plan).tolist() == [False, False, True, True, False]
+    ex = replace(hw, executor_mode=True)
+    d1 = plan_durations(plan, ex)
+    d2 = plan_durations(plan, replace(ex, executor_busy_scale=1.5))
+    assert d2[c] == pytest.approx(1.5 * d1[c]) and d2[g1] == pytest.approx(1.5 * d1[g1])
+    assert d2[g0] == d1[g0] and d2[k0] == d1[k0] and d2[k1] == d1[k1]
+    native = replace(hw, executor_busy_scale=1.5)  # not in executor_mode: no effect
+    assert plan_durations(plan, native).tolist() == plan_durations(plan, hw).tolist()
+
+
+def test_fit_busy_scale_recovers_a_known_factor_and_lands_in_the_profile(tmp_path):
+    """fit_busy_scale on decode-chain makespans simulated with a known busy scale returns that
+    scale (batch-1 decode: every busy op on the critical path), clips broken fits, ignores
+    unknown models; finish_loop fits it from chain_mk_<model> keys and the profile carries it."""
+    import shutil
+    from dataclasses import replace
+    from pathlib import Path
+
+    import calibrate.executor_costs as EC
+    from sim.costs import plan_durations
+    from sim.engines import analytic
+    from sim.specs import load_hardware
+    from sim.validation import DECODE_PROBE_MODELS, default_grid, with_executor_costs
+
+    root = Path(__file__).resolve().parent.parent
+    hw = replace(load_hardware(root / "scenarios" / "hardware" / "h200.toml"), executor_mode=True)
+    assert not set(DECODE_PROBE_MODELS) & {"moe", "dense"} and len({c.model for c in default_grid()}) == 2
+
+    def makespans(scale):
+        hs = replace(hw, executor_busy_scale=scale)
+        return {m: float(analytic.run(p, plan_durations(p, hs)).makespan_s) for m, p in EC.chain_plans(hw).items()}
+
+    s, rows = EC.fit_busy_scale(hw, {**makespans(1.3), "no-such-model": 1.0})
+    assert s == pytest.approx(1.3, rel=1e-9) and [r[0] for r in rows] == list(DECODE_PROBE_MODELS)
+    assert all(pr == pytest.approx(me, rel=1e-9) and pr1 < me for _m, me, pr1, pr in rows)
+    assert EC.fit_busy_scale(hw, {m: 100 * v for m, v in makespans(1.0).items()})[0] == EC.BUSY_SCALE_RANGE[1]
+    assert EC.fit_busy_scale(hw, {}) == (1.0, [])
+    # the profile's own scale does not leak into the fit
+    assert EC.fit_busy_scale(replace(hw, executor_busy_scale=2.0), makespans(1.3))[0] == pytest.approx(1.3)
+    # the profile's own matvec line and busy extras as the measured points: finish_loop prices as hw
+    costs = {**{f"loop_t_{b}": hw.executor_cpu_op_s + b / hw.executor_cpu_bytes_per_s for b in (1 << 20, 4 << 20)},
+             **{f"busy_{k}": v for k, v in hw.executor_busy_issue_s_by_kind.items()}, "busy_scale": 9.0,
+             **{f"chain_mk_{m}": v for m, v in makespans(0.8).items()}}
+    out = EC.finish_loop(hw, costs)
+    assert out["busy_scale"] == pytest.approx(0.8, rel=1e-6) and len(out["chain_check"]) == 2
+    assert "decode-chain probe gpt-oss-20b" in EC.summary(out)
+    dst = tmp_path / "h200.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    EC.update_profile(dst, out, "dev")
+    assert load_hardware(dst).executor_busy_scale == pytest.approx(0.8, rel=1e-5)
+    assert "held-out models" in dst.read_text()
+    EC.update_profile(dst, {"busy_gemm": 1e-6}, "dev")  # a busy measurement without a scale removes it
+    assert load_hardware(dst).executor_busy_scale == 1.0
+    assert with_executor_costs(hw, {"busy_scale": 1.2}).executor_busy_scale == 1.2
 
 
 def test_warmup_s_keeps_warming_up_until_the_time_has_passed(monkeypatch):

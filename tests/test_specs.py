@@ -324,6 +324,7 @@ BAD_CASES = [
     ("hardware_no_source.toml", load_hardware, "hardware.hbm_gb_per_s"),
     ("hardware_negative_number.toml", load_hardware, "hardware.vram_gb.value"),
     ("hardware_infinite_number.toml", load_hardware, "hardware.h2d_pinned_gb_per_s.value"),
+    ("hardware_zero_busy_scale.toml", load_hardware, "hardware.executor_busy_scale.value"),
     ("hardware_empty_source.toml", load_hardware, "hardware.vram_gb.source"),
     ("hardware_efficiency_above_one.toml", load_hardware, "hardware.gemm_efficiency"),
     ("scenario_unknown_field.toml", load_scenario, "placement.n_cpu_mo"),
