@@ -19,7 +19,7 @@ Prints one row per execution and the median per plan, and writes ``$OUT/decode_c
 ``./decode_chain.csv``).
 
     PYTHONPATH=. python benchmarks/bench_decode_chain.py [ROUNDS] [PROFILE]     # on a GPU
-    FAKE_GPU=1 PYTHONPATH=. python benchmarks/bench_decode_chain.py 1            # the script on a CPU
+    FAKE_GPU=1 PYTHONPATH=. python benchmarks/bench_decode_chain.py 1            # on a CPU: minutes
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ from sim.plan import OpKind  # noqa: E402
 from sim.specs import load_hardware  # noqa: E402
 from sim.validation import build_case, default_grid, executor_profile  # noqa: E402
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-PROFILE = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "scenarios" / "hardware" / "h200.toml"
+DEFAULT_PROFILE = ROOT / "scenarios" / "hardware" / "h200.toml"
 CASES = ("moe-pinned-tg8-d0-baseline", "moe-pinned-tg8-d0-cache_lru-c256", "dense-pinned-tg8-d0-baseline")
 
 
@@ -55,13 +54,15 @@ def split(plan, dur_s: np.ndarray, makespan_s: float, cpu_s: float | None = None
     return {"cpu_s": cpu, "rest_s": makespan_s - cpu, "n_issue": n_issue, "n_cpu": int(is_cpu.sum())}
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     from calibrate.executor import execute  # noqa: PLC0415 - needs CuPy
 
+    rounds = int(argv[0]) if argv else 6
+    profile = Path(argv[1]) if len(argv) > 1 else DEFAULT_PROFILE
     cp = None
     if os.environ.get("FAKE_GPU"):  # a numpy stand-in: checks the script on a CPU (numbers meaningless)
         from calibrate import _fakecupy as cp  # noqa: PLC0415
-    hw = executor_profile(load_hardware(PROFILE))
+    hw = executor_profile(load_hardware(profile))
     grid = {c.name: c for c in default_grid()}
     plans = {"loop8": EC.loop_plan(8 * 2**20, 24), "loop64": EC.loop_plan(64 * 2**20, 24)}
     for name in CASES:
@@ -70,10 +71,11 @@ def main() -> None:
     for name, plan in plans.items():
         d = plan_durations(plan, hw)
         mk = float(analytic.run(plan, d).makespan_s)
-        pred[name] = {"pred_s": mk, **{f"pred_{k}": v for k, v in split(plan, d, mk).items()}}
+        sp = split(plan, d, mk)
+        pred[name] = {"pred_s": mk, "pred_cpu_s": sp["cpu_s"], "pred_rest_s": sp["rest_s"]}
     t0 = time.perf_counter()
     rows = []
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name, plan in plans.items():
             res = execute(plan, test="diag", variant=name, warmup=1, repeats=3, probes=False, gc_off=True, cp=cp)
             is_cpu = [op.id for op in plan.ops if op.kind is OpKind.CPU_MATVEC]
@@ -97,9 +99,9 @@ def main() -> None:
     df.to_csv(out, index=False)
     cols = ["rel_error", "cpu_rel_error", "rest_meas_us_per_launch", "rest_pred_us_per_launch",
             "rest_extra_us_per_launch"]
-    print(f"\nprofile {PROFILE}; {ROUNDS} rounds; medians per plan -> {out}")
+    print(f"\nprofile {profile}; {rounds} rounds; medians per plan -> {out}")
     print(df.groupby("plan", sort=False)[cols].median().round(3).to_string())
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw-dir", help="folder for the raw logs (default: data/calibration/NAME-YYYYMMDD; "
                                      "'none' to skip)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="repeat the key numbers (copy sweeps, a reference GEMM, the executor's cost probes) this many "
-                        "times (default 3)")
+                   help="repeat the key numbers (copy sweeps, a reference GEMM) this many times (default 3); "
+                        "the executor's cost probes: --executor-rounds")
     p.add_argument("--executor-rounds", type=int, default=6,
                    help="rounds of the executor's own cost probes (launch, host work, busy host, matvec), "
                         "2 s apart, priced by their mean (default 6; about 12 s each)")

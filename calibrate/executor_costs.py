@@ -25,6 +25,13 @@ gives the executor's matvec cost, a line through the sizes of the mean (over the
 positions in a run) of the median host time per position, and, priced with everything measured
 here, a check of the prediction of the whole loop.
 
+Decode chain: priced with all of the above, the validation grid's batch-1 decode plans ran
+≈ 11% slower against their prediction than this synthetic loop did, in the same process and
+minutes (``benchmarks/bench_decode_chain.py``, ``data/validation/history/diag/decode_chain.csv``;
+one shape and one probe attention per layer in the loop, the real layers' shapes in the
+plans). So the busy-host costs get one factor, ``busy_scale`` (:func:`fit_busy_scale`), fitted
+to builder-made decode plans of two models the grid does not use (:func:`chain_plans`).
+
 ``python -m calibrate.executor_costs --profile scenarios/hardware/NAME.toml`` adds the
 ``executor_*`` keys (:func:`profile_entries`) to the profile (rewritten atomically);
 ``prefetch-sim calibrate`` runs it at the end.
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -147,8 +155,10 @@ def measure_busy(hw, *, n: int = 24, per: int = 3, sizes: tuple[int, ...] = LOOP
         dict with ``busy_<kind>`` (seconds of extra launch cost per kind, clamped at 0),
         ``busy_per``: ``per``; per loop size ``loop_t_<bytes>`` (the mean over a layer's matvec
         positions of the median host time per position, seconds) and ``loop_mk_<bytes>`` (the
-        loop's measured makespan), ``loop_n``: ``n``; and :func:`finish_loop`'s ``cpu_op``,
-        ``cpu_bytes_per_s``, ``loop_sizes``, ``loop_check``.
+        loop's measured makespan), ``loop_n``: ``n``; per held-out model ``chain_mk_<model>``
+        (the measured makespan of its :func:`chain_plans` decode plan, seconds); and
+        :func:`finish_loop`'s ``cpu_op``, ``cpu_bytes_per_s``, ``loop_sizes``, ``loop_check``,
+        ``busy_scale``, ``chain_check``.
     """
     from .executor import execute  # noqa: PLC0415
 
@@ -201,8 +211,14 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
 
     With every busy-host op on the plan's critical path (batch-1 decode: launches, host sync,
     CPU matvecs in one chain) a plan's makespan is ``pred + (s - 1) * H``, ``H`` the busy ops'
-    predicted time; ``s`` is the least-squares solution over the probes, clipped to
-    :data:`BUSY_SCALE_RANGE`.
+    predicted time; ``s`` is the least-squares solution over the probes (absolute residuals, so
+    the probe with the most busy time weighs most: mixtral-8x7b's ``H`` is about 3× gpt-oss-20b's),
+    clipped to :data:`BUSY_SCALE_RANGE` (:func:`summary` flags a clipped fit). One linearisation:
+    when some busy ops are off the critical path the makespan grows by a little less than
+    ``(s - 1) * H`` (by 0.96–1.0 of it on the run-19 profile; with ``s`` < 1 GPU work can turn
+    critical), so ``s`` is then slightly off (a fit to makespans simulated at 0.8 on the run-21
+    profile returns 0.8004).
+    Non-finite or non-positive makespans and unknown models are ignored.
 
     Returns:
         (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``); ``s`` = 1
@@ -214,7 +230,7 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     plans = chain_plans(hw1)
     pts = []
     for model, mk in measured.items():
-        if model not in plans or not (mk > 0):
+        if model not in plans or not (math.isfinite(mk) and mk > 0):
             continue
         d = plan_durations(plans[model], hw1)
         pts.append((model, float(mk), float(analytic.run(plans[model], d).makespan_s),
@@ -377,7 +393,8 @@ def profile_entries(costs: dict, device: str = "") -> list[tuple[str, float, str
         check = "; ".join(f"{m} {pr1 * 1e3:.3f} -> {pr * 1e3:.3f}/{me * 1e3:.3f} ms"
                           for m, me, pr1, pr in costs.get("chain_check", []))
         out.append(("executor_busy_scale", costs["busy_scale"],
-                    f"measured: factor on the executor's busy-host costs (CPU matvecs, launches after the first) "
+                    f"measured: factor on the executor's busy-host costs (its CPU matvecs, and its launches after "
+                    f"a plan's first CPU matvec) "
                     f"fitted (least squares) to batch-1 decode plans of held-out models ({CHAIN_LAYERS} layers, "
                     f"tg{CHAIN_TOKENS}, experts on the CPU){how}, {cmd}"
                     + (f"; predicted at 1 -> fitted / measured: {check}" if check else "")))
@@ -407,28 +424,33 @@ def summary(costs: dict) -> str:
     for m, me, pr1, pr in costs.get("chain_check", []):
         lines.append(f"decode-chain probe {m}: predicted {pr1 * 1e3:.3f} ms unscaled ({(pr1 - me) / me:+.1%}), "
                      f"{pr * 1e3:.3f} ms with the busy scale ({(pr - me) / me:+.1%}), measured {me * 1e3:.3f} ms")
+    if costs.get("busy_scale") in BUSY_SCALE_RANGE:
+        lines.append(f"WARNING: the busy scale was clipped to {costs['busy_scale']:g} "
+                     f"(range {BUSY_SCALE_RANGE}): a broken fit, check the decode-chain probes")
     return "\n".join(lines)
 
 
 def rounds_frame(costs: dict):
     """The numeric keys of every round of a multi-round :func:`measure` as a table (one row per
-    round, ``round`` first, seconds and B/s as measured), or ``None`` for a single round: the
-    spread behind the aggregated profile keys, for the raw logs."""
+    round, ``round`` first, the keys' own units: seconds, B/s, counts, the unitless
+    ``busy_scale``), or ``None`` for a single round: the spread behind the aggregated profile
+    keys, for the raw logs."""
     import pandas as pd  # noqa: PLC0415
 
     each = costs.get("per_round") or []
     if not each:
         return None
     rows = [{"round": i + 1, **{k: v for k, v in r.items()
-                                if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+                                if isinstance(v, numbers.Real) and not isinstance(v, bool)}}
             for i, r in enumerate(each)]
     return pd.DataFrame(rows)
 
 
 def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     """Add (or replace) the executor's measured keys (:func:`profile_entries`: launch costs,
-    host work, busy-host launch extras, CPU matvec line) in the ``[hardware]`` table of a
-    profile TOML, atomically.
+    host work, busy-host launch extras, CPU matvec line, busy-host scale) in the ``[hardware]``
+    table of a profile TOML, atomically. A busy-host measurement (any ``busy_<kind>``) replaces
+    that whole family — extras, matvec line and scale — also the keys it did not measure.
 
     Raises:
         ValueError: the file has no ``[hardware]`` table.
@@ -444,7 +466,7 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
     every = profile_entries(costs, device)
     entries = [(k, v, src) for k, v, src in every if math.isfinite(v)]
     replaced = {k for k, _v, _s in every}
-    if any(k.startswith("busy_") for k in costs):  # a busy-host measurement replaces its whole family,
+    if any(f"busy_{k}" in costs for k in PROBES):  # a busy-host measurement replaces its whole family,
         replaced |= {f"executor_busy_issue_{k}_us" for k in PROBES}  # also keys it could not measure
         replaced |= {"executor_cpu_op_us", "executor_cpu_gb_per_s", "executor_busy_scale"}
     lines = [ln for ln in lines if ln.split("=", 1)[0].strip() not in replaced]

@@ -36,7 +36,10 @@ def code_version(root: str | Path | None = None) -> str:
     * ``"git <commit>"`` (12 hex digits), ``+dirty`` when tracked files differ from it, ``+?``
       when that could not be checked — only when ``root`` (default: this checkout) is itself
       the top of a git work tree (git searches parent folders; a copy of the tree inside some
-      other repository must not report that repository's commit);
+      other repository must not report that repository's commit). With ``+dirty`` or ``+?``
+      the :func:`source_hash` follows as ``" (src <hash>)"``: the lent GPU machine's copy of
+      the tree carried the ``.git`` of an older commit, so the commit alone named the wrong code
+      (runs 19–21, ``data/validation/history/README.md``);
     * otherwise ``"src <hash> (no git)"``: :func:`source_hash` of ``root`` (the GPU machine gets
       a copy of the working tree without ``.git``);
     * ``"unknown"`` when neither is available.
@@ -49,7 +52,13 @@ def code_version(root: str | Path | None = None) -> str:
         head = _git(str(base), "rev-parse", "--short=12", "HEAD")
         if head:
             st = _git(str(base), "status", "--porcelain", "--untracked-files=no")
-            return f"git {head}{'+?' if st is None else '+dirty' if st else ''}"
+            if st == "":
+                return f"git {head}"
+            try:
+                h = source_hash(base)
+            except OSError:
+                h = ""
+            return f"git {head}{'+?' if st is None else '+dirty'}" + (f" (src {h})" if h else "")
     try:
         h = source_hash(base)
     except OSError:

@@ -76,16 +76,20 @@ class Case:
 VALIDATION_LAYERS = 4
 
 
+#: the model file (``scenarios/models/<name>.toml``) of each validation model label
+VALIDATION_MODELS = {"moe": "qwen3-30b-a3b", "dense": "gemma3-27b"}
+
+
 def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATION_LAYERS) -> Scenario:
     """The scenario of a case: Qwen3-30B-A3B (``moe``, all experts host-resident) or Gemma-3-27B
     (``dense``, ``ffn_(gate|up|down)`` host-resident), cut to ``n_layer`` layers."""
     if case.model == "moe":
-        m = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+        m = load_model(ROOT / "scenarios" / "models" / f"{VALIDATION_MODELS['moe']}.toml")
         m = replace(m, n_layer=n_layer)
         pl = Placement(n_cpu_moe=n_layer, pinned=case.pinned, ctx_size=max(4096, case.n_depth + 8192),
                        expert_cache_experts=case.cache)
     elif case.model == "dense":
-        m = load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml")
+        m = load_model(ROOT / "scenarios" / "models" / f"{VALIDATION_MODELS['dense']}.toml")
         m = replace(m, n_layer=n_layer)
         pl = Placement(override_tensor=(("ffn_(gate|up|down)$", "CPU"),), pinned=case.pinned,
                        ctx_size=max(4096, case.n_depth + 8192))
@@ -103,11 +107,11 @@ def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATI
 
 
 #: held-out models of the executor's decode-chain probe (``calibrate.executor_costs``): MoE
-#: models with every expert host-resident, neither of them in :func:`default_grid`
+#: models with every expert host-resident, neither of them in :data:`VALIDATION_MODELS`
 DECODE_PROBE_MODELS = ("gpt-oss-20b", "mixtral-8x7b")
 
 
-def decode_probe_plan(model: str, hardware: HardwareProfile, n_layer: int = 2, n_gen: int = 4) -> Plan:
+def decode_probe_plan(model: str, hardware: HardwareProfile, n_layer: int = 4, n_gen: int = 4) -> Plan:
     """Baseline batch-1 decode plan (``tg<n_gen>``) of ``scenarios/models/<model>.toml`` cut to
     ``n_layer`` layers, every expert host-resident in pinned memory (so its experts run as CPU
     matvecs between the GPU launches): the shape of validation's decode cases, on models that
@@ -240,7 +244,10 @@ def resolve_executor_costs(costs: dict[str, float]) -> dict[str, float]:
     (``loop_t_<bytes>``) the matvec line is refitted through them — one coherent line instead of
     an intercept and a slope that may come from different passes — and when they give no rising
     line, ``cpu_bytes_per_s`` is 0 (the profile's native CPU figures price the matvecs, as
-    :func:`calibrate.executor_costs.finish_loop` does)."""
+    :func:`calibrate.executor_costs.finish_loop` does). ``busy_scale`` is taken as given (the
+    median of the per-pass fits), not refitted through the median decode-chain makespans: each
+    pass fitted it with that pass's own line and extras, so after the refit above the pair can
+    differ slightly from one fit (a limit of this diagnostic, as used for runs 20 and 21)."""
     out = {k: float(costs[k]) for k in EXECUTOR_COST_KEYS if k in costs}
     # the host-work line through its (median) points, as for the matvec below
     out.update(fit_host_work_line(prefixed_points(costs, "host_work_t_")))
@@ -267,6 +274,8 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     if any(f"busy_{k}" in costs for k in kinds):
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
+        if "busy_scale" not in costs:  # a scale fitted over other extras is stale (as update_profile does)
+            kw["executor_busy_scale"] = 1.0
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
                      ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s"),
                      ("busy_scale", "executor_busy_scale")):

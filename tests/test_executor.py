@@ -385,7 +385,7 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path, monke
     assert d_native[c] == pytest.approx(hw.cpu_op_s + 10**8 / hw.cpu_bytes_per_s)
 
 
-def test_busy_scale_multiplies_cpu_ops_and_the_launches_after_the_first_in_executor_mode_only():
+def test_busy_scale_multiplies_cpu_ops_and_the_launches_after_the_first_cpu_op_in_executor_mode_only():
     from dataclasses import replace
     from pathlib import Path
 
@@ -400,7 +400,7 @@ def test_busy_scale_multiplies_cpu_ops_and_the_launches_after_the_first_in_execu
     g1 = plan.add(OpKind.ISSUE, Stream.HOST, -1, "issue g1", (c,), tag="gemm")
     k1 = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "g1", (g1,), nbytes=1 << 20, shape=(1, 256, 2048))
     assert busy_mask(plan).tolist() == [False, False, True, True, False]
-    ex = replace(hw, executor_mode=True)
+    ex = replace(hw, executor_mode=True, executor_busy_scale=1.0)
     d1 = plan_durations(plan, ex)
     d2 = plan_durations(plan, replace(ex, executor_busy_scale=1.5))
     assert d2[c] == pytest.approx(1.5 * d1[c]) and d2[g1] == pytest.approx(1.5 * d1[g1])
@@ -421,11 +421,13 @@ def test_fit_busy_scale_recovers_a_known_factor_and_lands_in_the_profile(tmp_pat
     from sim.costs import plan_durations
     from sim.engines import analytic
     from sim.specs import load_hardware
-    from sim.validation import DECODE_PROBE_MODELS, default_grid, with_executor_costs
+    from sim.validation import DECODE_PROBE_MODELS, VALIDATION_MODELS, default_grid, with_executor_costs
 
     root = Path(__file__).resolve().parent.parent
     hw = replace(load_hardware(root / "scenarios" / "hardware" / "h200.toml"), executor_mode=True)
-    assert not set(DECODE_PROBE_MODELS) & {"moe", "dense"} and len({c.model for c in default_grid()}) == 2
+    # held out: no probe model is a model the grid loads
+    assert {c.model for c in default_grid()} == set(VALIDATION_MODELS)
+    assert len(DECODE_PROBE_MODELS) == 2 and not set(DECODE_PROBE_MODELS) & set(VALIDATION_MODELS.values())
 
     def makespans(scale):
         hs = replace(hw, executor_busy_scale=scale)
@@ -436,24 +438,66 @@ def test_fit_busy_scale_recovers_a_known_factor_and_lands_in_the_profile(tmp_pat
     assert all(pr == pytest.approx(me, rel=1e-9) and pr1 < me for _m, me, pr1, pr in rows)
     assert EC.fit_busy_scale(hw, {m: 100 * v for m, v in makespans(1.0).items()})[0] == EC.BUSY_SCALE_RANGE[1]
     assert EC.fit_busy_scale(hw, {}) == (1.0, [])
+    assert EC.fit_busy_scale(hw, {m: float("inf") for m in DECODE_PROBE_MODELS}) == (1.0, [])
+    clipped = EC.finish_loop(hw, {f"chain_mk_{m}": 100 * v for m, v in makespans(1.0).items()})
+    assert clipped["busy_scale"] == EC.BUSY_SCALE_RANGE[1] and "WARNING: the busy scale was clipped" in EC.summary(clipped)
     # the profile's own scale does not leak into the fit
     assert EC.fit_busy_scale(replace(hw, executor_busy_scale=2.0), makespans(1.3))[0] == pytest.approx(1.3)
     # the profile's own matvec line and busy extras as the measured points: finish_loop prices as hw
     costs = {**{f"loop_t_{b}": hw.executor_cpu_op_s + b / hw.executor_cpu_bytes_per_s for b in (1 << 20, 4 << 20)},
              **{f"busy_{k}": v for k, v in hw.executor_busy_issue_s_by_kind.items()}, "busy_scale": 9.0,
-             **{f"chain_mk_{m}": v for m, v in makespans(0.8).items()}}
+             **{f"chain_mk_{m}": v for m, v in makespans(1.25).items()}}
     out = EC.finish_loop(hw, costs)
-    assert out["busy_scale"] == pytest.approx(0.8, rel=1e-6) and len(out["chain_check"]) == 2
+    assert out["busy_scale"] == pytest.approx(1.25, rel=1e-6) and len(out["chain_check"]) == 2
     assert "decode-chain probe gpt-oss-20b" in EC.summary(out)
     dst = tmp_path / "h200.toml"
     shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
     shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
     EC.update_profile(dst, out, "dev")
-    assert load_hardware(dst).executor_busy_scale == pytest.approx(0.8, rel=1e-5)
+    assert load_hardware(dst).executor_busy_scale == pytest.approx(1.25, rel=1e-5)
     assert "held-out models" in dst.read_text()
     EC.update_profile(dst, {"busy_gemm": 1e-6}, "dev")  # a busy measurement without a scale removes it
     assert load_hardware(dst).executor_busy_scale == 1.0
     assert with_executor_costs(hw, {"busy_scale": 1.2}).executor_busy_scale == 1.2
+    # new busy extras without a scale make the profile's scale stale: reset, as update_profile does
+    assert with_executor_costs(replace(hw, executor_busy_scale=1.2), {"busy_gemm": 1e-6}).executor_busy_scale == 1.0
+    # a scale-only update keeps the busy extras and the matvec line
+    EC.update_profile(dst, out, "dev")
+    EC.update_profile(dst, {"busy_scale": 1.1}, "dev")
+    reloaded = load_hardware(dst)
+    assert reloaded.executor_busy_scale == pytest.approx(1.1) and reloaded.executor_busy_issue_s_by_kind
+    assert reloaded.executor_cpu_bytes_per_s > 0
+
+
+def test_measure_rounds_refit_the_busy_scale_from_the_mean_chain_makespans(monkeypatch):
+    """With chain probes in every round, measure(rounds=N) drops the rounds' own scales and
+    refits one from the mean makespans (not the mean of the per-round scales)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import calibrate.executor_costs as EC
+    from sim.costs import plan_durations
+    from sim.engines import analytic
+    from sim.specs import load_hardware
+
+    hw = replace(load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml"),
+                 executor_mode=True)
+    base = {**{k: v for k, v in hw.executor_issue_s_by_kind.items()},
+            **{f"loop_t_{b}": hw.executor_cpu_op_s + b / hw.executor_cpu_bytes_per_s for b in (1 << 20, 4 << 20)},
+            **{f"busy_{k}": v for k, v in hw.executor_busy_issue_s_by_kind.items()}}
+
+    def makespans(scale):
+        hs = replace(hw, executor_busy_scale=scale)
+        return {f"chain_mk_{m}": float(analytic.run(p, plan_durations(p, hs)).makespan_s)
+                for m, p in EC.chain_plans(hw).items()}
+
+    lo, hi = makespans(1.0), makespans(1.6)
+    rounds = iter([{**base, **lo, "busy_scale": 1.0}, {**base, **hi, "busy_scale": 1.6},
+                   {**base, **lo, "busy_scale": 1.0}])
+    monkeypatch.setattr(EC, "_measure_once", lambda hw, **kw: next(rounds))
+    c = EC.measure(hw, rounds=3, round_gap_s=0.0)
+    assert c["busy_scale"] == pytest.approx(1.2, rel=1e-6)  # the mean makespans lie at 1.2 exactly (linear)
+    assert all(k in EC.rounds_frame(c).columns for k in ("busy_scale", "chain_mk_gpt-oss-20b"))
 
 
 def test_warmup_s_keeps_warming_up_until_the_time_has_passed(monkeypatch):

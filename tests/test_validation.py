@@ -118,9 +118,9 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
         meta["host_conditioned"]["p90_abs_error"])
 
 
-@pytest.mark.parametrize("run, host", [(15, False), (16, True), (18, True)])
+@pytest.mark.parametrize("run, host", [(15, False), (16, True), (17, True), (18, True), (19, True), (20, True)])
 def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, host):
-    """Runs 15, 16 and 18 (``data/validation/history``; run 18 only the 16 host-bound cases):
+    """Runs 15–20 (``data/validation/history``; run 18 only the 16 host-bound cases):
     every profile prediction recomputed from
     the run's own committed calibration (``data/calibration/h200-20261130-runN``); run 16's
     host-conditioned column too (run 15's used the per-pass line medians of its time, see the
@@ -310,7 +310,7 @@ def test_code_version_names_the_commit_or_says_there_is_no_git(tmp_path):
     from sim.provenance import code_version
 
     if (ROOT / ".git").exists():
-        assert re.fullmatch(r"git [0-9a-f]{12}(\+dirty|\+\?)?", code_version(ROOT))
+        assert re.fullmatch(r"git [0-9a-f]{12}((\+dirty|\+\?) \(src [0-9a-f]{12}\))?", code_version(ROOT))
     assert code_version(tmp_path) == "unknown"  # no sources, and not the top of a work tree
 
 
