@@ -11,7 +11,8 @@ and splits each measured makespan (the median of ``repeats`` timed runs) into
 * everything else (launches, host syncs, GPU work, the executor's own gaps between ops) per
   launch (ISSUE op), against its prediction,
 
-both priced with the profile given (default: the shipped one). A plan whose "everything else"
+both priced with the profile given (default: the shipped one) with its busy-host scale set to 1
+(the loop's own costs, as in the committed run, whose profile had none). A plan whose "everything else"
 per launch is off by much more than the loop probe's in the same rounds has a structural
 cause; equal offsets point at the host's state.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +64,8 @@ def main(argv: list[str]) -> None:
     cp = None
     if os.environ.get("FAKE_GPU"):  # a numpy stand-in: checks the script on a CPU (numbers meaningless)
         from calibrate import _fakecupy as cp  # noqa: PLC0415
-    hw = executor_profile(load_hardware(profile))
+    # the busy-host scale off: the diagnostic compares the loop's own costs with the plans
+    hw = replace(executor_profile(load_hardware(profile)), executor_busy_scale=1.0)
     grid = {c.name: c for c in default_grid()}
     plans = {"loop8": EC.loop_plan(8 * 2**20, 24), "loop64": EC.loop_plan(64 * 2**20, 24)}
     for name in CASES:

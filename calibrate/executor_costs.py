@@ -221,8 +221,8 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     Non-finite or non-positive makespans and unknown models are ignored.
 
     Returns:
-        (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``); ``s`` = 1
-        and no rows without probes."""
+        (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``);
+        ``(None, [])`` when no probe is usable (no fit: nothing to write)."""
     from sim.costs import busy_mask, plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
@@ -237,7 +237,7 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
                     float(d[busy_mask(plans[model])].sum())))
     den = sum(h * h for *_x, h in pts)
     if not pts or den <= 0:
-        return 1.0, []
+        return None, []
     s = 1.0 + sum((mk - pr) * h for _m, mk, pr, h in pts) / den
     s = min(max(s, BUSY_SCALE_RANGE[0]), BUSY_SCALE_RANGE[1])
     hws = replace(hw1, executor_busy_scale=s)
@@ -269,7 +269,9 @@ def finish_loop(hw, costs: dict) -> dict:
                          for b, mk in prefixed_points(out, "loop_mk_") for p in (loop_plan(b, n),)]
     chain = {k[len("chain_mk_"):]: float(v) for k, v in out.items() if k.startswith("chain_mk_")}
     if chain:
-        out["busy_scale"], out["chain_check"] = fit_busy_scale(priced, chain)
+        scale, out["chain_check"] = fit_busy_scale(priced, chain)
+        if scale is not None:  # no usable probe: no scale (a profile then prices with 1, unrecorded)
+            out["busy_scale"] = scale
     return out
 
 
@@ -427,6 +429,11 @@ def summary(costs: dict) -> str:
     if costs.get("busy_scale") in BUSY_SCALE_RANGE:
         lines.append(f"WARNING: the busy scale was clipped to {costs['busy_scale']:g} "
                      f"(range {BUSY_SCALE_RANGE}): a broken fit, check the decode-chain probes")
+    n_chain = sum(k.startswith("chain_mk_") for k in costs)
+    if n_chain and len(costs.get("chain_check", [])) < n_chain:
+        lines.append(f"WARNING: {n_chain - len(costs.get('chain_check', []))} of {n_chain} decode-chain probes "
+                     f"unusable (non-finite or unknown)" + ("; no busy scale fitted" if "busy_scale" not in costs
+                                                           else ""))
     return "\n".join(lines)
 
 

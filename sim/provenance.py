@@ -33,34 +33,28 @@ def _git(where: str, *args: str) -> str | None:
 def code_version(root: str | Path | None = None) -> str:
     """The code's version for the record. Never raises.
 
-    * ``"git <commit>"`` (12 hex digits), ``+dirty`` when tracked files differ from it, ``+?``
-      when that could not be checked — only when ``root`` (default: this checkout) is itself
-      the top of a git work tree (git searches parent folders; a copy of the tree inside some
-      other repository must not report that repository's commit). With ``+dirty`` or ``+?``
-      the :func:`source_hash` follows as ``" (src <hash>)"``: the lent GPU machine's copy of
-      the tree carried the ``.git`` of an older commit, so the commit alone named the wrong code
-      (runs 19–21, ``data/validation/history/README.md``);
-    * otherwise ``"src <hash> (no git)"``: :func:`source_hash` of ``root`` (the GPU machine gets
-      a copy of the working tree without ``.git``);
+    * ``"git <commit> (src <hash>)"`` (12 hex digits each), ``+dirty`` after the commit when
+      tracked files differ from it, ``+?`` when that could not be checked — only when ``root``
+      (default: this checkout) is itself the top of a git work tree (git searches parent
+      folders; a copy of the tree inside some other repository must not report that
+      repository's commit). The :func:`source_hash` always follows: the lent GPU machine's copy
+      of the tree once carried the ``.git`` of an older commit, so the commit alone named the
+      wrong code (runs 19–21, ``data/validation/history/README.md``);
+    * otherwise ``"src <hash> (no git)"`` (a copy of the tree without ``.git``);
     * ``"unknown"`` when neither is available.
 
-    Untracked files do not mark ``+dirty``; the ``src`` hash covers every ``*.py`` file.
+    Untracked files do not mark ``+dirty``; the hash covers every ``*.py`` file under
+    :data:`SOURCE_DIRS`, tracked or not.
     """
     base = Path(root or _ROOT).resolve()
+    try:
+        h = source_hash(base)
+    except OSError:
+        h = ""
     top = _git(str(base), "rev-parse", "--show-toplevel")
     if top and Path(top).resolve() == base:
         head = _git(str(base), "rev-parse", "--short=12", "HEAD")
         if head:
             st = _git(str(base), "status", "--porcelain", "--untracked-files=no")
-            if st == "":
-                return f"git {head}"
-            try:
-                h = source_hash(base)
-            except OSError:
-                h = ""
-            return f"git {head}{'+?' if st is None else '+dirty'}" + (f" (src {h})" if h else "")
-    try:
-        h = source_hash(base)
-    except OSError:
-        h = ""
+            return f"git {head}{'+?' if st is None else '+dirty' if st else ''}" + (f" (src {h})" if h else "")
     return f"src {h} (no git)" if h else "unknown"

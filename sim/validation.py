@@ -264,7 +264,8 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     :func:`calibrate.executor_costs.measure`: ``<kind>`` launch costs, ``host_work``,
     ``host_work_per_id``, ``busy_<kind>``, ``cpu_op``, ``cpu_bytes_per_s``, ``busy_scale``, or the loop points
     ``loop_t_<bytes>`` through which the matvec line is then refitted); keys absent from
-    ``costs`` keep the profile's value."""
+    ``costs`` keep the profile's value, except ``busy_scale``: with busy extras but no scale the
+    profile's scale (fitted over other extras) is stale and becomes 1."""
     costs = resolve_executor_costs(costs)
     kinds = EXECUTOR_LAUNCH_KINDS
     kw: dict = {}
@@ -274,7 +275,7 @@ def with_executor_costs(hardware: HardwareProfile, costs: dict[str, float]) -> H
     if any(f"busy_{k}" in costs for k in kinds):
         kw["executor_busy_issue_s_by_kind"] = {**hardware.executor_busy_issue_s_by_kind,
                                                **{k: costs[f"busy_{k}"] for k in kinds if f"busy_{k}" in costs}}
-        if "busy_scale" not in costs:  # a scale fitted over other extras is stale (as update_profile does)
+        if "busy_scale" not in costs:  # a scale fitted over other extras is stale (update_profile drops it too)
             kw["executor_busy_scale"] = 1.0
     for key, fld in (("host_work", "executor_host_work_s"), ("host_work_per_id", "executor_host_work_per_id_s"),
                      ("cpu_op", "executor_cpu_op_s"), ("cpu_bytes_per_s", "executor_cpu_bytes_per_s"),

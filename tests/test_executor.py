@@ -437,8 +437,11 @@ def test_fit_busy_scale_recovers_a_known_factor_and_lands_in_the_profile(tmp_pat
     assert s == pytest.approx(1.3, rel=1e-9) and [r[0] for r in rows] == list(DECODE_PROBE_MODELS)
     assert all(pr == pytest.approx(me, rel=1e-9) and pr1 < me for _m, me, pr1, pr in rows)
     assert EC.fit_busy_scale(hw, {m: 100 * v for m, v in makespans(1.0).items()})[0] == EC.BUSY_SCALE_RANGE[1]
-    assert EC.fit_busy_scale(hw, {}) == (1.0, [])
-    assert EC.fit_busy_scale(hw, {m: float("inf") for m in DECODE_PROBE_MODELS}) == (1.0, [])
+    assert EC.fit_busy_scale(hw, {}) == (None, [])
+    assert EC.fit_busy_scale(hw, {m: float("inf") for m in DECODE_PROBE_MODELS}) == (None, [])
+    broken = EC.finish_loop(hw, {f"chain_mk_{m}": float("nan") for m in DECODE_PROBE_MODELS})
+    assert "busy_scale" not in broken and "no busy scale fitted" in EC.summary(broken)
+    assert "executor_busy_scale" not in {k for k, _v, _s in EC.profile_entries(broken)}
     clipped = EC.finish_loop(hw, {f"chain_mk_{m}": 100 * v for m, v in makespans(1.0).items()})
     assert clipped["busy_scale"] == EC.BUSY_SCALE_RANGE[1] and "WARNING: the busy scale was clipped" in EC.summary(clipped)
     # the profile's own scale does not leak into the fit
@@ -492,8 +495,9 @@ def test_measure_rounds_refit_the_busy_scale_from_the_mean_chain_makespans(monke
                 for m, p in EC.chain_plans(hw).items()}
 
     lo, hi = makespans(1.0), makespans(1.6)
-    rounds = iter([{**base, **lo, "busy_scale": 1.0}, {**base, **hi, "busy_scale": 1.6},
-                   {**base, **lo, "busy_scale": 1.0}])
+    # per-round scales that no refit gives: the aggregate must not be their mean (9.0)
+    rounds = iter([{**base, **lo, "busy_scale": 9.0}, {**base, **hi, "busy_scale": 9.0},
+                   {**base, **lo, "busy_scale": 9.0}])
     monkeypatch.setattr(EC, "_measure_once", lambda hw, **kw: next(rounds))
     c = EC.measure(hw, rounds=3, round_gap_s=0.0)
     assert c["busy_scale"] == pytest.approx(1.2, rel=1e-6)  # the mean makespans lie at 1.2 exactly (linear)

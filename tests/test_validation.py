@@ -302,16 +302,34 @@ def test_run_grid_reports_lossless_failures_without_losing_the_results(monkeypat
         V.run_grid(cases, HW, repeats=1, passes=2, cp=fakecp)
 
 
-def test_code_version_names_the_commit_or_says_there_is_no_git(tmp_path):
-    """sim.provenance.code_version: ``git <12 hex>[+dirty]`` in a git checkout; ``unknown``
-    for a folder without sources outside any work tree's top."""
+def test_code_version_names_the_commit_and_the_sources_or_says_there_is_no_git(tmp_path):
+    """sim.provenance.code_version: ``git <12 hex>[+dirty] (src <12 hex>)`` at the top of a git
+    work tree — ``+dirty`` once a tracked file changes, and the source hash with it —;
+    ``unknown`` for a folder without sources outside any work tree's top."""
     import re
+    import shutil
+    import subprocess
 
-    from sim.provenance import code_version
+    from sim.provenance import code_version, source_hash
 
     if (ROOT / ".git").exists():
-        assert re.fullmatch(r"git [0-9a-f]{12}((\+dirty|\+\?) \(src [0-9a-f]{12}\))?", code_version(ROOT))
+        assert re.fullmatch(r"git [0-9a-f]{12}(\+dirty|\+\?)? \(src [0-9a-f]{12}\)", code_version(ROOT))
     assert code_version(tmp_path) == "unknown"  # no sources, and not the top of a work tree
+    if not shutil.which("git"):
+        return
+    repo = tmp_path / "repo"
+    (repo / "sim").mkdir(parents=True)
+    (repo / "sim" / "a.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    clean = code_version(repo)
+    assert clean == f"git {head} (src {source_hash(repo)})"
+    (repo / "sim" / "a.py").write_text("x = 2\n")
+    dirty = code_version(repo)
+    assert dirty == f"git {head}+dirty (src {source_hash(repo)})" and dirty.split("(src ")[1] != clean.split("(src ")[1]
 
 
 def test_code_version_never_raises_and_ignores_an_enclosing_repository(tmp_path, monkeypatch):
