@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv)")
     _add_bench_flags(tr)
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
-    tr.add_argument("--out", default="trace.json", help="output file (.json Chrome trace, .csv table)")
+    tr.add_argument("--out", default="trace.json", help="output file (.json Chrome trace, .csv table; default "
+                                                        "trace.json in the current folder)")
     tr.set_defaults(func=cmd_trace)
     for mod, fn in _PLUGINS:
         try:

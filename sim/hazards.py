@@ -40,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from .errors import PlacementError
+from .errors import PlacementError, ScenarioError
 from .plan import Op, OpKind, Plan, Stream
 
 #: op tags of slot lifetime events (host ops with ``slot`` and ``device`` set)
@@ -327,6 +327,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .crossover import parse_test
     from .metrics import rep_rng
 
+    if args.max_rows < 0:
+        raise ScenarioError(f"must be >= 0, got {args.max_rows}", field="--max-rows")
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
     chosen = []
@@ -370,7 +372,8 @@ def add_check_parser(subparsers) -> argparse.ArgumentParser:
         description="Build the plans of a scenario's variants and tests and report staging-slot hazards: "
                     + ", ".join(k.value for k in HazardKind) + ". Exit status 1 if any hazard is found.")
     _add_bench_flags(p)
-    p.add_argument("--test", action="append", help="test name (repeatable), e.g. pp512 or 'pp512 @ d8192' "
+    p.add_argument("--test", action="append", help="test name (repeatable), e.g. pp512 or 'pp512 @ d8192', also one "
+                                                   "that the scenario's workload does not list "
                                                    "(default: every test of the scenario)")
     p.add_argument("--slot-frees", action="store_true",
                    help="append a free of every staging slot after the last graph and check it too")

@@ -7,6 +7,7 @@ the field on any bad value. Units are SI and carried in names (``vram_bytes``,
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -540,8 +541,21 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...]):
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise g.error(key, f"table {p} lacks columns {', '.join(missing)}")
+    if df.empty:
+        raise g.error(key, f"table {p} has no rows")
+    for c in columns:
+        num = pd.to_numeric(df[c], errors="coerce")
+        bad = num.isna() & df[c].notna()
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise g.error(key, f"table {p}: column {c} has a non-numeric value {df[c].iloc[row]!r} "
+                               f"(data row {row + 1})")
+        df[c] = num
     if (df["t_s"] <= 0).any() or df["t_s"].isna().any():
         raise g.error(key, f"table {p} has non-positive or missing t_s")
+    dims = [c for c in columns if c != "t_s"]
+    if (df[dims] < 0).any().any() or df[dims].isna().any().any():
+        raise g.error(key, f"table {p} has negative or missing values in {', '.join(dims)}")
     return df
 
 
@@ -642,8 +656,9 @@ def placement_from_fields(p: Fields) -> Placement:
 
 def _tensor_split(p: Fields) -> tuple[float, ...]:
     raw = p.raw("tensor_split", [])
-    if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in raw):
-        raise p.error("tensor_split", f"expected a list of non-negative numbers (as -ts 3,2), got {raw!r}")
+    if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
+                                        or x < 0 for x in raw):
+        raise p.error("tensor_split", f"expected a list of finite non-negative numbers (as -ts 3,2), got {raw!r}")
     if raw and sum(raw) <= 0:
         raise p.error("tensor_split", "at least one share must be > 0")
     return tuple(float(x) for x in raw)
@@ -896,6 +911,15 @@ def load_scenario(path: str | Path) -> Scenario:
         raise pl_fields.error("n_cpu_moe", f"exceeds the model's {model.n_layer} layers")
     if placement.n_cpu_moe and model.moe is None:
         raise pl_fields.error("n_cpu_moe", f"model '{model.name}' has no experts")
+    if len(placement.tensor_split) > hardware.n_gpu:
+        raise pl_fields.error("tensor_split", f"{len(placement.tensor_split)} shares for the {hardware.n_gpu} GPU(s) "
+                                              f"of hardware '{hardware.name}'")
+    for i, (_rx, buf) in enumerate(placement.override_tensor):
+        dev = re.fullmatch(r"(?:CUDA|GPU)(\d*)", buf)
+        if dev and int(dev.group(1) or 0) >= hardware.n_gpu:
+            raise ScenarioError(f"buffer {buf}: hardware '{hardware.name}' has {hardware.n_gpu} GPU(s) "
+                                f"(CUDA0..CUDA{hardware.n_gpu - 1})", file=path,
+                                field=f"{pl_fields.name('override_tensor')}[{i}]")
     wl_fields = f.sub("workload")
     workload = workload_from_fields(wl_fields)
     wl_fields.check_unknown()

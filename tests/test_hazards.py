@@ -308,6 +308,12 @@ def test_cli_bad_test_name_is_one_line(capsys):
     assert rc == 2 and "--test" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_negative_max_rows_is_one_line(capsys):
+    rc = cli.main(["check", str(TINY), "--max-rows", "-1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'--max-rows'" in err and len(err.strip().splitlines()) == 1
+
+
 def test_format_hazards_table():
     plan, copies, computes = pipeline_plan(3, 1)
     hz = check_plan(replace_op(plan, computes[1], deps=()))

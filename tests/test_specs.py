@@ -336,6 +336,9 @@ BAD_CASES = [
     ("scenario_bad_host_memory.toml", load_scenario, "placement.host_memory"),
     ("scenario_missing_field.toml", load_scenario, "scenario.hardware"),
     ("scenario_missing_model_file.toml", load_scenario, "scenario.model"),
+    ("scenario_tensor_split_too_long.toml", load_scenario, "placement.tensor_split"),
+    ("scenario_tensor_split_inf.toml", load_scenario, "placement.tensor_split"),
+    ("scenario_override_missing_gpu.toml", load_scenario, "placement.override_tensor[1]"),
 ]
 
 
@@ -362,3 +365,25 @@ def test_bad_toml_syntax_names_file_and_line():
 def test_every_bad_fixture_is_tested():
     tested = {c[0] for c in BAD_CASES} | {"bad_syntax.toml"}
     assert {p.name for p in BAD.glob("*.toml")} == tested
+
+
+@pytest.mark.parametrize("content, words", [
+    ("m,n,k,t_s\n1,2,3,abc\n", "column t_s has a non-numeric value 'abc' (data row 1)"),
+    ("m,n,k,t_s\nx,2,3,1e-5\n", "column m has a non-numeric value 'x'"),
+    ("m,n,k,t_s\n-1,2,3,1e-5\n", "negative or missing values in m, n, k"),
+    ("m,n,k,t_s\n", "has no rows"),
+])
+def test_a_bad_measured_table_names_the_profile_field_and_the_table(tmp_path, content, words):
+    """A profile's gemm table with text, negative dimensions or no rows is a one-line error
+    naming the profile, the field and the table file, not a traceback."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    dst = tmp_path / "h200.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    (tmp_path / "h200" / "gemm.csv").write_text(content)
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(dst)
+    assert info.value.file == str(dst) and info.value.field == "hardware.gemm_table"
+    assert words in str(info.value) and "gemm.csv" in str(info.value)
