@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="llama-bench-style table of every variant (default scenario if none given)")
     _add_bench_flags(run)
     run.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl"), default="md")
-    run.add_argument("--out", help="write to this file instead of stdout")
+    run.add_argument("--out", help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
     run.set_defaults(func=cmd_run)

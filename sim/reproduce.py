@@ -228,7 +228,7 @@ def to_frame(rows: list[Comparison]) -> pd.DataFrame:
 def add_reproduce_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="simulate the published A/B figures (data/reported_measurements.csv)")
     p.add_argument("-r", "--repetitions", type=int, default=2, help="routing draws per test (default 2)")
-    p.add_argument("--out", help="also write the comparison as CSV here")
+    p.add_argument("--out", help="also write the comparison as CSV here (missing folders are created)")
     p.set_defaults(func=cmd_reproduce)
 
 

@@ -911,6 +911,11 @@ def load_scenario(path: str | Path) -> Scenario:
         raise pl_fields.error("n_cpu_moe", f"exceeds the model's {model.n_layer} layers")
     if placement.n_cpu_moe and model.moe is None:
         raise pl_fields.error("n_cpu_moe", f"model '{model.name}' has no experts")
+    if model.moe is not None and placement.expert_cache_experts > model.moe.n_expert * model.n_layer:
+        raise pl_fields.error("expert_cache_experts",
+                              f"{placement.expert_cache_experts} entries exceed the model's {model.moe.n_expert} "
+                              f"experts × {model.n_layer} layers = {model.moe.n_expert * model.n_layer} "
+                              "(the cache counts one expert of one layer per entry)")
     if len(placement.tensor_split) > hardware.n_gpu:
         raise pl_fields.error("tensor_split", f"{len(placement.tensor_split)} shares for the {hardware.n_gpu} GPU(s) "
                                               f"of hardware '{hardware.name}'")

@@ -339,6 +339,7 @@ BAD_CASES = [
     ("scenario_tensor_split_too_long.toml", load_scenario, "placement.tensor_split"),
     ("scenario_tensor_split_inf.toml", load_scenario, "placement.tensor_split"),
     ("scenario_override_missing_gpu.toml", load_scenario, "placement.override_tensor[1]"),
+    ("scenario_cache_too_large.toml", load_scenario, "placement.expert_cache_experts"),
 ]
 
 
