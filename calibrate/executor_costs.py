@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import numbers
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -444,12 +443,12 @@ def rounds_frame(costs: dict):
     keys, for the raw logs."""
     import pandas as pd  # noqa: PLC0415
 
+    from sim.validation import is_cost_number  # noqa: PLC0415
+
     each = costs.get("per_round") or []
     if not each:
         return None
-    rows = [{"round": i + 1, **{k: v for k, v in r.items()
-                                if isinstance(v, numbers.Real) and not isinstance(v, bool)}}
-            for i, r in enumerate(each)]
+    rows = [{"round": i + 1, **{k: v for k, v in r.items() if is_cost_number(v)}} for i, r in enumerate(each)]
     return pd.DataFrame(rows)
 
 

@@ -80,24 +80,30 @@ VALIDATION_LAYERS = 4
 VALIDATION_MODELS = {"moe": "qwen3-30b-a3b", "dense": "gemma3-27b"}
 
 
+def _model_cut(name: str, n_layer: int):
+    """``scenarios/models/<name>.toml`` cut to its first ``n_layer`` layers (the real per-layer
+    shapes and bytes), its cached per-model totals dropped so they are recomputed for the cut.
+
+    Raises:
+        ScenarioError: the model file is missing or malformed."""
+    m = replace(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer=n_layer)
+    for k in ("tensors", "n_params", "nbytes"):
+        m.__dict__.pop(k, None)
+    return m
+
+
 def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATION_LAYERS) -> Scenario:
     """The scenario of a case: Qwen3-30B-A3B (``moe``, all experts host-resident) or Gemma-3-27B
     (``dense``, ``ffn_(gate|up|down)`` host-resident), cut to ``n_layer`` layers."""
     if case.model == "moe":
-        m = load_model(ROOT / "scenarios" / "models" / f"{VALIDATION_MODELS['moe']}.toml")
-        m = replace(m, n_layer=n_layer)
         pl = Placement(n_cpu_moe=n_layer, pinned=case.pinned, ctx_size=max(4096, case.n_depth + 8192),
                        expert_cache_experts=case.cache)
     elif case.model == "dense":
-        m = load_model(ROOT / "scenarios" / "models" / f"{VALIDATION_MODELS['dense']}.toml")
-        m = replace(m, n_layer=n_layer)
         pl = Placement(override_tensor=(("ffn_(gate|up|down)$", "CPU"),), pinned=case.pinned,
                        ctx_size=max(4096, case.n_depth + 8192))
     else:
         raise ValueError(f"unknown validation model '{case.model}' (moe or dense)")
-    m.__dict__.pop("tensors", None)
-    m.__dict__.pop("n_params", None)
-    m.__dict__.pop("nbytes", None)
+    m = _model_cut(VALIDATION_MODELS[case.model], n_layer)
     t = case.bench_test
     ub = max(t.n_prompt, 1)
     return Scenario(name=case.name, model=m, hardware=hardware, placement=pl,
@@ -119,11 +125,7 @@ def decode_probe_plan(model: str, hardware: HardwareProfile, n_layer: int = 4, n
 
     Raises:
         ScenarioError: the model file is missing or malformed."""
-    m = load_model(ROOT / "scenarios" / "models" / f"{model}.toml")
-    m = replace(m, n_layer=n_layer)
-    for k in ("tensors", "n_params", "nbytes"):
-        m.__dict__.pop(k, None)
-    scn = Scenario(name=f"decode probe {model}", model=m, hardware=hardware,
+    scn = Scenario(name=f"decode probe {model}", model=_model_cut(model, n_layer), hardware=hardware,
                    placement=Placement(n_cpu_moe=n_layer, pinned=True, ctx_size=4096),
                    workload=Workload(n_prompt=(0,), n_gen=(n_gen,), n_depth=(0,), n_ubatch=1, n_batch=1,
                                      repetitions=1),
@@ -192,6 +194,12 @@ def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
     return float(analytic.run(plan, plan_durations(plan, hardware)).makespan_s)
 
 
+def is_cost_number(v) -> bool:
+    """Whether a value of a measured cost dict is a number (bools and strings such as ``gc`` or
+    ``statistic`` are not; non-finite values are, callers filter them where they must)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 def aggregate_costs(measured: Sequence[dict], statistic: str = "median") -> dict[str, float]:
     """The ``statistic`` (``"median"`` or ``"mean"``) of each key over the per-round or
     per-pass cost dicts; keys missing in a dict, and non-numeric or non-finite values (a CSV's
@@ -210,7 +218,7 @@ def aggregate_costs(measured: Sequence[dict], statistic: str = "median") -> dict
     out = {}
     for k in sorted({k for c in measured for k in c}):
         vals = [float(c[k]) for c in measured
-                if isinstance(c.get(k), numbers.Real) and not isinstance(c.get(k), bool) and math.isfinite(c[k])]
+                if is_cost_number(c.get(k)) and math.isfinite(c[k])]
         if vals:
             out[k] = float(f(vals))
     return out
@@ -380,7 +388,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
                     cost_log.append({"pass": p + 1, "error": f"{type(exc).__name__}: {exc}"})
             else:
                 c = {k: float(v) for k, v in raw.items()
-                     if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)}
+                     if is_cost_number(v) and math.isfinite(v)}
                 measured_costs.append(c)
                 if cost_log is not None:
                     cost_log.append({"pass": p + 1, **c})
