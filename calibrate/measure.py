@@ -1076,6 +1076,65 @@ def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
             "sgemm_n": gemm_n, "sgemm_tflops": flops / float(np.median(tg)) / 1e12, "threads": os.cpu_count() or 0}
 
 
+class PageableSampler:
+    """Pageable H2D copies sampled at intervals through a whole calibration run.
+
+    On the lent H200 VM a pageable copy runs at the host's single-thread memcpy speed
+    (correlation +0.72 and +0.89 between the two over 64 MiB windows in two runs of
+    ``benchmarks/bench_pageable.py``), which switches between levels about 30% apart
+    (e.g. 6.3 and 8.6 GB/s) for seconds to minutes at a time, whatever CPU the thread is pinned
+    to, whichever part of the buffer is read and with or without transparent huge pages
+    (``data/validation/history/diag/pageable_*``). A window of a few seconds can sit in one
+    level; samples spread over the run's minute or two see several. Each sample is ``reps``
+    back-to-back copies of ``copy_bytes`` (device time; the source moves through the buffer,
+    so it is not in the CPU caches), as a run's copies follow one another, and not after an
+    idle pause: the host series' copies, each after a 0.25 s sleep, ran 10–20% below the sweep's
+    back-to-back copies in the same calibrations (runs 19–21).
+
+    Args:
+        g: the opened GPU; bufs: the copy buffers (pageable source, device destination).
+        copy_bytes: bytes per copy (capped at the buffer).
+        interval_s: least time between samples; :meth:`maybe_sample` does nothing sooner.
+        reps: copies per sample.
+    """
+
+    def __init__(self, g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 64 * 2**20, interval_s: float = 1.0,
+                 reps: int = 2):
+        self.g, self.bufs = g, bufs
+        self.nbytes = int(min(copy_bytes, bufs.nbytes))
+        self.interval_s, self.reps = float(interval_s), int(reps)
+        self.t0 = perf()
+        self.last_at = -math.inf
+        self.t_at_s: list[float] = []
+        self.t_s: list[float] = []
+        self._i = 0
+
+    def sample(self) -> None:
+        """Take one sample now: ``reps`` copies, appended to ``t_s`` (seconds each) with their
+        time since the sampler was made in ``t_at_s``."""
+        src, room = _ptr_host(self.bufs.pageable), max(self.bufs.nbytes - self.nbytes, 0)
+        step = max(self.nbytes // 4096 * 4096, 4096)
+        dst = int(self.bufs.device.data.ptr)
+        for _ in range(self.reps):
+            off = (self._i * step) % (room + 1) if room else 0
+            off -= off % 4096
+            self._i += 1
+            d, _h = copy_series(self.g, dst, src + off, self.nbytes, H2D, 1, spin=False, warmup=0)
+            self.t_s.append(float(d[0]))
+            self.t_at_s.append(perf() - self.t0)
+        self.last_at = perf()
+
+    def maybe_sample(self) -> None:
+        """:meth:`sample` if ``interval_s`` has passed since the last one."""
+        if perf() - self.last_at >= self.interval_s:
+            self.sample()
+
+    def result(self) -> dict:
+        """``{"t_s": [...], "t_at_s": [...], "page_bytes": int, "interval_s", "reps"}``."""
+        return {"t_s": list(self.t_s), "t_at_s": list(self.t_at_s), "page_bytes": self.nbytes,
+                "interval_s": self.interval_s, "reps": self.reps}
+
+
 def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, copy_bytes: int = 64 * 2**20,
                         small_bytes: int = 8 * 2**20, big_bytes: int = 64 * 2**20, k: int = 2048,
                         pool_bytes: int = 2**30, interval_s: float = 0.25) -> dict:

@@ -52,6 +52,10 @@ class Sweep:
         host_series_s: seconds of repeated sampling of the host-dependent paths (pageable
             copies, cold CPU matvecs; :func:`calibrate.measure.measure_host_series`), 0 = none.
         host_series_kw: keyword arguments of that function (sizes).
+        pageable_spread_bytes: bytes per copy of the pageable samples taken through the whole
+            run (:class:`calibrate.measure.PageableSampler`), 0 = none; they set
+            ``h2d_pageable_gb_per_s``.
+        pageable_spread_interval_s: least time between those samples.
     """
 
     copy_sizes: tuple[int, ...]
@@ -75,6 +79,8 @@ class Sweep:
     w_pool_bytes: int
     host_series_s: float = 0.0
     host_series_kw: tuple = ()
+    pageable_spread_bytes: int = 0
+    pageable_spread_interval_s: float = 1.0
 
     @classmethod
     def full(cls, models_dir: str = "scenarios/models") -> Sweep:
@@ -101,6 +107,8 @@ class Sweep:
             overhead_calls=2000,
             w_pool_bytes=512 * 2**20,
             host_series_s=15.0,
+            pageable_spread_bytes=64 * 2**20,
+            pageable_spread_interval_s=1.0,
         )
 
     @classmethod
@@ -131,6 +139,8 @@ class Sweep:
             host_series_s=0.05,
             host_series_kw=(("copy_bytes", 2**20), ("small_bytes", 2**18), ("big_bytes", 2**20), ("k", 256),
                             ("pool_bytes", 8 * 2**20), ("interval_s", 0.0)),
+            pageable_spread_bytes=2**20,
+            pageable_spread_interval_s=0.0,
         )
 
 
@@ -218,11 +228,17 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
     n_attn = len(sweep.attn) * len(sweep.attn_tokens) * len(sweep.attn_kv)
     bar = _progress(rounds + n_gemm + n_moe + n_attn + 9, progress)  # 9 ticks of rest_section
 
+    bufs = M.alloc_copy_buffers(g, sweep.copy_buffer_bytes)
+    sampler = (M.PageableSampler(g, bufs, copy_bytes=sweep.pageable_spread_bytes,
+                                 interval_s=sweep.pageable_spread_interval_s)
+               if sweep.pageable_spread_bytes > 0 else None)
+
     def tick(k=1):
         if bar is not None:
             bar.update(k)
+        if sampler is not None:  # between measurements, never inside one
+            sampler.maybe_sample()
 
-    bufs = M.alloc_copy_buffers(g, sweep.copy_buffer_bytes)
     scalars["spin"] = {"asked_s": 1e-3, "measured_s": M.measure_spin_accuracy(g, 1e-3)}
     tick()
     max_mk = max(max(m * k for *_, n, k, m in points), sweep.ref_gemm[0] * sweep.ref_gemm[2])
@@ -333,6 +349,9 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
         timed(sec.__name__, sec)
     if bar is not None:
         bar.close()
+    if sampler is not None:
+        sampler.sample()  # one at the end, whatever the interval
+        scalars["pageable_spread"] = sampler.result()
     notes.extend(g.log)
     elapsed = time.perf_counter() - t_start
     say(f"calibrate: measured in {elapsed:.1f} s")
@@ -510,6 +529,18 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
                                               f"measured: pageable cudaMemcpyAsync of {hs['page_bytes'] / 2**20:.3g} "
                                               f"MiB (numpy source, not in the CPU caches), CUDA events, median of "
                                               f"{n_s} samples over {secs:.3g} s ({tag})")
+    ps = sc.get("pageable_spread")
+    if ps and len(ps["t_s"]) >= 5:
+        # samples through the whole run: the host's pageable speed switches levels for seconds to
+        # minutes at a time (PageableSampler), so one window of a few seconds is not enough
+        t_page = _median(ps["t_s"])
+        lat = min(max(_median(pag_lat), 0.0), 0.5 * t_page)
+        span = max(ps["t_at_s"]) - min(ps["t_at_s"])
+        hw["h2d_pageable_gb_per_s"] = sourced(
+            ps["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
+            f"measured: pageable cudaMemcpyAsync of {ps['page_bytes'] / 2**20:.3g} MiB (numpy source, not in the "
+            f"CPU caches), CUDA events, median of {len(ps['t_s'])} copies, {ps['reps']} back to back about every "
+            f"{ps['interval_s']:.3g} s through the whole calibration ({span:.0f} s) ({tag})")
     if cpu and not (hs and "cpu_gb_per_s" in hw):
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],
                                      f"measured: numpy float32 matvec over {cpu['matvec_bytes'] / 2**30:.2f} GiB, "
@@ -609,9 +640,16 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         meas["host_series_samples"] = int(hs["n"])
         meas["host_series_pageable_gb_per_s_p10_p90"] = p10_90(hs["page_t_s"], hs["page_bytes"])
         meas["host_series_matvec_big_gb_per_s_p10_p90"] = p10_90(hs["mv_big_t_s"], hs["mv_big_bytes"])
-        meas["h2d_pageable_fit_gb_per_s"] = round(_median(pag_bw) / 1e9, 3)
+        meas["host_series_pageable_gb_per_s"] = round(hs["page_bytes"] / _median(hs["page_t_s"]) / 1e9, 3)
         if hs_notes:
             meas["host_series_notes"] = hs_notes
+    meas["h2d_pageable_fit_gb_per_s"] = round(_median(pag_bw) / 1e9, 3)
+    if ps:
+        bw = ps["page_bytes"] / np.asarray(ps["t_s"], float) / 1e9
+        meas["pageable_spread_samples"] = len(ps["t_s"])
+        meas["pageable_spread_span_s"] = round(max(ps["t_at_s"]) - min(ps["t_at_s"]), 1) if ps["t_at_s"] else 0.0
+        if len(bw):
+            meas["pageable_spread_gb_per_s_p10_p50_p90"] = [round(float(np.quantile(bw, q)), 3) for q in (0.1, 0.5, 0.9)]
     if len(fits.moe) and "measured_over_roofline" in fits.moe:
         for meth, grp in fits.moe.groupby("method"):
             meas[f"moe_{meth}_over_roofline_median"] = round(float(grp.measured_over_roofline.median()), 3)
@@ -734,6 +772,13 @@ def summary_table(cal: Calibration, fits: Fits | None = None) -> str:
     if "hbm" in sc:
         lines.append(f"HBM: memcpy D2D {sc['hbm']['memcpy_d2d_gb_per_s']:.0f} GB/s, copy kernel "
                      f"{sc['hbm']['kernel_copy_gb_per_s']:.0f} GB/s (read+write)")
+    ps = sc.get("pageable_spread")
+    if ps and ps["t_s"]:
+        bw = ps["page_bytes"] / np.asarray(ps["t_s"], float) / 1e9
+        span = max(ps["t_at_s"]) - min(ps["t_at_s"])
+        lines.append(f"H2D pageable through the run: {len(bw)} copies of {ps['page_bytes'] / 2**20:.3g} MiB over "
+                     f"{span:.0f} s, p10 {np.quantile(bw, 0.1):.2f} / p50 {np.median(bw):.2f} / "
+                     f"p90 {np.quantile(bw, 0.9):.2f} GB/s")
     if "cpu" in sc:
         lines.append(f"host: matvec {sc['cpu']['matvec_gb_per_s']:.1f} GB/s, sgemm {sc['cpu']['sgemm_tflops']:.2f} TFLOP/s")
     if "event_semantics" in sc:

@@ -358,6 +358,7 @@ def test_host_series_prices_the_cpu_backend_and_pageable_copies(fake_calibration
     from calibrate.run import build_profile, fit_calibration
 
     cal = copy.deepcopy(fake_calibration)
+    del cal.scalars["pageable_spread"]  # the host series prices pageable copies only without it
     hs = cal.scalars["host_series"]
     sb, bb = hs["mv_small_bytes"], hs["mv_big_bytes"]
     hs["mv_small_t_s"], hs["mv_big_t_s"] = [10e-6 + sb / 50e9] * 5, [10e-6 + bb / 50e9] * 5
@@ -378,6 +379,37 @@ def test_host_series_prices_the_cpu_backend_and_pageable_copies(fake_calibration
     doc, _ = build_profile(cal, fit_calibration(cal), "t")
     assert doc["hardware"]["cpu_op_us"]["value"] == pytest.approx(0.01)
     assert "clamped" in doc["measured"]["host_series_notes"][0]
+
+
+def test_pageable_samples_through_the_run_price_pageable_copies(fake_calibration):
+    """The pageable copies sampled through the whole calibration set h2d_pageable_gb_per_s
+    (their median time minus the fitted latency) over the host series; fewer than five samples
+    leave it to the series; [measured] records count, span and p10/p50/p90."""
+    import copy
+
+    from calibrate.run import build_profile, fit_calibration
+
+    cal = copy.deepcopy(fake_calibration)
+    ps = cal.scalars["pageable_spread"]
+    assert len(ps["t_s"]) >= 5 and len(ps["t_s"]) == len(ps["t_at_s"])
+    assert ps["t_at_s"] == sorted(ps["t_at_s"])
+    nb = ps["page_bytes"]
+    ps["t_s"] = [nb / 6e9, nb / 8e9, nb / 8e9, nb / 8e9, nb / 9e9, nb / 6e9]
+    ps["t_at_s"] = [0.0, 1.0, 2.0, 3.0, 4.0, 50.0]
+    cal.scalars["host_series"]["page_t_s"] = [cal.scalars["host_series"]["page_bytes"] / 3e9] * 5
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    lat_s = doc["hardware"]["h2d_pageable_latency_us"]["value"] * 1e-6
+    t_med = float(np.median(ps["t_s"]))
+    assert doc["hardware"]["h2d_pageable_gb_per_s"]["value"] == pytest.approx(nb / (t_med - lat_s) / 1e9, rel=1e-6)
+    assert "through the whole calibration (50 s)" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]
+    m = doc["measured"]
+    assert m["pageable_spread_samples"] == 6 and m["pageable_spread_span_s"] == 50.0
+    assert m["pageable_spread_gb_per_s_p10_p50_p90"][1] == pytest.approx(nb / t_med / 1e9, rel=1e-3)
+    assert m["host_series_pageable_gb_per_s"] == pytest.approx(3.0, rel=1e-3)
+    ps["t_s"], ps["t_at_s"] = ps["t_s"][:4], ps["t_at_s"][:4]  # too few: the host series decides
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    assert "samples over" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]
+    assert doc["hardware"]["h2d_pageable_gb_per_s"]["value"] < 3.5
 
 
 def test_cli_checks_the_raw_and_tables_folders_before_measuring(tmp_path, capsys, monkeypatch):
