@@ -201,6 +201,8 @@ def chain_plans(hw) -> dict:
 
 #: bounds of a fitted busy-host scale: outside them the fit is broken, not a measurement
 BUSY_SCALE_RANGE = (0.25, 4.0)
+#: Gauss-Newton steps after the first (linearised) busy-scale fit (:func:`fit_busy_scale`).
+BUSY_SCALE_REFINE = 4
 
 
 def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
@@ -215,8 +217,11 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     clipped to :data:`BUSY_SCALE_RANGE` (:func:`summary` flags a clipped fit). One linearisation:
     when some busy ops are off the critical path the makespan grows by a little less than
     ``(s - 1) * H`` (by 0.96–1.0 of it on the run-19 profile; with ``s`` < 1 GPU work can turn
-    critical), so ``s`` is then slightly off (a fit to makespans simulated at 0.8 on the run-21
-    profile returns 0.8004).
+    critical), so that first ``s`` is then slightly off (a fit to makespans simulated at 0.8 on
+    the run-21 profile returned 0.8004, at 1.3 on the run-24 profile 1.29989). Up to
+    :data:`BUSY_SCALE_REFINE` Gauss-Newton steps follow, each with every probe's makespan slope
+    in ``s`` taken from the engine (a finite difference of ``1e-4``); a makespan is piecewise
+    linear in ``s``, so a step from the right segment lands on the least-squares ``s``.
     Non-finite or non-positive makespans and unknown models are ignored.
 
     Returns:
@@ -237,11 +242,27 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     den = sum(h * h for *_x, h in pts)
     if not pts or den <= 0:
         return None, []
-    s = 1.0 + sum((mk - pr) * h for _m, mk, pr, h in pts) / den
-    s = min(max(s, BUSY_SCALE_RANGE[0]), BUSY_SCALE_RANGE[1])
-    hws = replace(hw1, executor_busy_scale=s)
-    rows = [(m, mk, pr, float(analytic.run(plans[m], plan_durations(plans[m], hws)).makespan_s))
-            for m, mk, pr, _h in pts]
+    lo, hi = BUSY_SCALE_RANGE
+
+    def makespans(scale: float) -> list[float]:
+        hws = replace(hw1, executor_busy_scale=scale)
+        return [float(analytic.run(plans[m], plan_durations(plans[m], hws)).makespan_s) for m, *_r in pts]
+
+    s = min(max(1.0 + sum((mk - pr) * h for _m, mk, pr, h in pts) / den, lo), hi)
+    for _ in range(BUSY_SCALE_REFINE):
+        if s in (lo, hi):
+            break
+        at, step = makespans(s), 1e-4
+        slope = [(b - a) / step for a, b in zip(at, makespans(s + step))]
+        den = sum(j * j for j in slope)
+        if den <= 0:
+            break
+        ds = sum(j * (mk - a) for j, (_m, mk, _pr, _h), a in zip(slope, pts, at)) / den
+        s_new = min(max(s + ds, lo), hi)
+        if abs(s_new - s) <= 1e-12 * max(abs(s), 1.0):
+            break
+        s = s_new
+    rows = [(m, mk, pr, fit) for (m, mk, pr, _h), fit in zip(pts, makespans(s))]
     return s, rows
 
 

@@ -1088,8 +1088,9 @@ class PageableSampler:
     level; samples spread over the run's minute or two see several. Each sample is ``reps``
     back-to-back copies of ``copy_bytes`` (device time; the source moves through the buffer,
     so it is not in the CPU caches), as a run's copies follow one another, and not after an
-    idle pause: the host series' copies, each after a 0.25 s sleep, ran 10–20% below the sweep's
-    back-to-back copies in the same calibrations (runs 19–21).
+    idle pause: the host series' copies, each after a 0.25 s sleep and two matvecs, read 3–20%
+    below the back-to-back copies of the same calibration's sweep in 12 of 13 calibrations
+    (runs 13–24, ``data/calibration``).
 
     Args:
         g: the opened GPU; bufs: the copy buffers (pageable source, device destination).

@@ -118,9 +118,11 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
         meta["host_conditioned"]["p90_abs_error"])
 
 
-@pytest.mark.parametrize("run, host", [(15, False), (16, True), (17, True), (18, True), (19, True), (20, True)])
+@pytest.mark.parametrize("run, host", [(15, False), (16, True), (17, True), (18, True), (19, True), (20, True),
+                                       (21, True), (23, True)])
 def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, host):
-    """Runs 15–20 (``data/validation/history``; run 18 only the 16 host-bound cases):
+    """Runs 15–21 and 23 (``data/validation/history``; run 18 only the 16 host-bound cases; run 22
+    left only its console log):
     every profile prediction recomputed from
     the run's own committed calibration (``data/calibration/h200-20261130-runN``); run 16's
     host-conditioned column too (run 15's used the per-pass line medians of its time, see the
@@ -147,6 +149,29 @@ def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, hos
     if host:
         assert summarize(committed, "rel_error_host")["p90_abs_error"] == pytest.approx(
             meta["host_conditioned"]["p90_abs_error"])
+
+
+def test_run_22_console_log_is_reproduced_from_its_own_profile():
+    """Run 22 left only its console log (the device returns at most 8 files; its CSVs were left
+    behind): every predicted time it printed (ms, 3 decimals) is recomputed from its committed
+    profile, and its printed median / p90 follow from the printed times."""
+    import re
+
+    from sim.validation import executor_profile
+
+    text = (ROOT / "data" / "validation" / "history" / "run22_validation_log.txt").read_text()
+    rows = re.findall(r"^\s*(\S+)\s+([+-]\d+\.\d)%\s+(\d+\.\d+)\s+(\d+\.\d+)\s+\d+\.\d%\s+[+-]\d+\.\d%$", text, re.M)
+    cases = {c.name: c for c in default_grid()}
+    assert len(rows) == len(cases) == 64 and {r[0] for r in rows} == set(cases)
+    profile = executor_profile(load_hardware(ROOT / "data" / "calibration" / "h200-20261130-run22" / "h200.toml"))
+    err = []
+    for name, _err, pred_ms, meas_ms in rows:
+        _, plan = build_case(cases[name], profile)
+        assert predict_s(plan, profile) * 1e3 == pytest.approx(float(pred_ms), abs=6e-4), name
+        err.append(float(pred_ms) / float(meas_ms) - 1)
+    head = re.search(r"64 cases: median \|error\| ([\d.]+)%, p90 ([\d.]+)%", text)
+    assert np.median(np.abs(err)) * 100 == pytest.approx(float(head.group(1)), abs=0.06)
+    assert np.quantile(np.abs(err), 0.9) * 100 == pytest.approx(float(head.group(2)), abs=0.06)
 
 
 def test_run_grid_passes_probes_and_traces(monkeypatch):
