@@ -13,6 +13,9 @@ separates them, on one GPU, in about two minutes:
   every window point at (d).
 * ``memcpy``: in the same cycles, a host ``numpy.copyto`` of each window into pinned memory
   (what the driver's staging does), to see whether the copy follows the host's memcpy speed.
+  It runs right before the window's H2D copies and leaves part of the window in the CPU caches
+  (300 MiB of L3 on the lent H200 VM), so the two speeds are comparable in how they move, not
+  in level (the copies ran faster than the memcpy there).
 * ``affinity``: the calling thread pinned to single CPUs in turn (b), the same window each time.
 * ``thp``: two 256 MiB anonymous mappings, ``MADV_HUGEPAGE`` and ``MADV_NOHUGEPAGE`` (c),
   alternated.
@@ -41,12 +44,15 @@ sys.path.insert(0, str(ROOT))
 
 from calibrate import measure as M  # noqa: E402
 from calibrate._gpu import require_cupy  # noqa: E402
+from sim.errors import GPUUnavailableError  # noqa: E402
 
 MiB = 2**20
 WIN = 64 * MiB
 
 
 def _facts() -> str:
+    """THP and NUMA-balancing settings, a few /proc/meminfo lines and ``nvidia-smi topo -m``, as
+    text (a line saying why where one cannot be read)."""
     lines = []
     for p in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/defrag",
               "/proc/sys/kernel/numa_balancing"):
@@ -70,7 +76,7 @@ def _facts() -> str:
     return "\n".join(lines)
 
 
-def _anon_huge_kb(addr: int, size: int) -> int:
+def _anon_huge_kb(addr: int) -> int:
     """AnonHugePages (KiB) of the mapping that holds ``addr``, from /proc/self/smaps."""
     try:
         text = Path("/proc/self/smaps").read_text()
@@ -96,15 +102,27 @@ def _cpu_now() -> int:
         return -1
 
 
-def main() -> None:
-    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-    series_s = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+def main() -> int:
+    """Run the four parts, write the CSV and facts to ``$OUT`` (or ``.``) and print the tables.
+    Returns the exit status (2 with a one-line message for bad arguments)."""
+    try:
+        cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+        series_s = float(sys.argv[2]) if len(sys.argv) > 2 else 10.0
+        if cycles < 1 or not series_s > 0:
+            raise ValueError
+    except ValueError:
+        print("bench_pageable: CYCLES must be an integer >= 1 and SERIES_S a number of seconds > 0", file=sys.stderr)
+        return 2
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     if os.environ.get("FAKE_GPU"):  # a numpy stand-in: checks the script on a CPU (numbers meaningless)
         from calibrate import _fakecupy as cp  # noqa: PLC0415
     else:
-        cp = require_cupy()
+        try:
+            cp = require_cupy()
+        except GPUUnavailableError as exc:
+            print(f"bench_pageable: {exc}", file=sys.stderr)
+            return 2
     g = M.open_gpu(cp)
     (out / "pageable_facts.txt").write_text(_facts() + "\n")
     dev = cp.empty(WIN, dtype=cp.uint8)
@@ -130,7 +148,6 @@ def main() -> None:
                 rows.append({"part": "region", "cycle": c, "region": r, "t_s": time.perf_counter() - t_start,
                              "h2d_gb_per_s": bw, "memcpy_gb_per_s": mc})
     # affinity: single CPUs in turn, same window
-    n_cpu = os.cpu_count() or 1
     orig = os.sched_getaffinity(0)
     cpus = sorted(orig)
     try:
@@ -164,7 +181,7 @@ def main() -> None:
         a = np.frombuffer(m, dtype=np.uint8)
         a.view(np.uint32)[:] = 7
         maps[name] = (m, a)
-    huge_kb = {k: _anon_huge_kb(M._ptr_host(a), a.size) for k, (_m, a) in maps.items()}
+    huge_kb = {k: _anon_huge_kb(M._ptr_host(a)) for k, (_m, a) in maps.items()}
     for c in range(6):
         for name, (_m, a) in maps.items():
             for bw in h2d(M._ptr_host(a) + (c % 4) * WIN, 2):
@@ -180,8 +197,6 @@ def main() -> None:
         i += 1
     df = pd.DataFrame(rows)
     df.to_csv(out / "pageable_diag.csv", index=False)
-    for _m, a in maps.values():
-        del a
 
     pd.set_option("display.width", 200)
     reg = df[df.part == "region"]
@@ -219,7 +234,8 @@ def main() -> None:
     by_cpu = ser.groupby("cpu").h2d_gb_per_s.agg(["size", "median"])
     print("series by the CPU the thread ran on:", "; ".join(f"{int(c)}: {int(r['size'])} x {r['median']:.2f}"
                                                            for c, r in by_cpu.iterrows()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -201,8 +201,14 @@ def chain_plans(hw) -> dict:
 
 #: bounds of a fitted busy-host scale: outside them the fit is broken, not a measurement
 BUSY_SCALE_RANGE = (0.25, 4.0)
-#: Gauss-Newton steps after the first (linearised) busy-scale fit (:func:`fit_busy_scale`).
+#: Gauss-Newton steps after the first (linearised) busy-scale fit (:func:`fit_busy_scale`); a
+#: makespan is piecewise linear in the scale, so one step from the right segment is exact and
+#: the fits of the tests (0.6–2.0 on the run-21 and run-24 profiles) converge in one or two.
 BUSY_SCALE_REFINE = 4
+#: the scale step of the finite-difference makespan slope in those steps (the makespans are
+#: sums of µs-scale op times: 1e-4 of a 40-ms plan's busy time moves it by ≈ 1–4 µs, far above
+#: float rounding, and crosses a kink only when the fit sits within 1e-4 of one).
+BUSY_SCALE_FD_STEP = 1e-4
 
 
 def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
@@ -220,8 +226,10 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     critical), so that first ``s`` is then slightly off (a fit to makespans simulated at 0.8 on
     the run-21 profile returned 0.8004, at 1.3 on the run-24 profile 1.29989). Up to
     :data:`BUSY_SCALE_REFINE` Gauss-Newton steps follow, each with every probe's makespan slope
-    in ``s`` taken from the engine (a finite difference of ``1e-4``); a makespan is piecewise
-    linear in ``s``, so a step from the right segment lands on the least-squares ``s``.
+    in ``s`` taken from the engine (a forward difference of :data:`BUSY_SCALE_FD_STEP`); a
+    makespan is piecewise linear in ``s``, so a step from the right segment lands on the
+    least-squares ``s``. A step that would fit worse (across a kink) is halved up to four
+    times, then the refinement stops at the best ``s`` so far.
     Non-finite or non-positive makespans and unknown models are ignored.
 
     Returns:
@@ -248,21 +256,34 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
         hws = replace(hw1, executor_busy_scale=scale)
         return [float(analytic.run(plans[m], plan_durations(plans[m], hws)).makespan_s) for m, *_r in pts]
 
+    measured_s = [mk for _m, mk, _pr, _h in pts]
+
+    def sse(at: list[float]) -> float:
+        return sum((mk - a) ** 2 for mk, a in zip(measured_s, at))
+
     s = min(max(1.0 + sum((mk - pr) * h for _m, mk, pr, h in pts) / den, lo), hi)
+    at = makespans(s)
     for _ in range(BUSY_SCALE_REFINE):
         if s in (lo, hi):
             break
-        at, step = makespans(s), 1e-4
-        slope = [(b - a) / step for a, b in zip(at, makespans(s + step))]
-        den = sum(j * j for j in slope)
-        if den <= 0:
+        slope = [(b - a) / BUSY_SCALE_FD_STEP for a, b in zip(at, makespans(s + BUSY_SCALE_FD_STEP))]
+        jj = sum(j * j for j in slope)
+        if jj <= 0:
             break
-        ds = sum(j * (mk - a) for j, (_m, mk, _pr, _h), a in zip(slope, pts, at)) / den
-        s_new = min(max(s + ds, lo), hi)
+        ds = sum(j * (mk - a) for j, mk, a in zip(slope, measured_s, at)) / jj
+        for _half in range(4):  # a step across a kink that fits worse is halved, then given up
+            s_new = min(max(s + ds, lo), hi)
+            at_new = makespans(s_new)
+            if sse(at_new) <= sse(at):
+                break
+            ds /= 2
+        else:
+            break
         if abs(s_new - s) <= 1e-12 * max(abs(s), 1.0):
+            s, at = s_new, at_new
             break
-        s = s_new
-    rows = [(m, mk, pr, fit) for (m, mk, pr, _h), fit in zip(pts, makespans(s))]
+        s, at = s_new, at_new
+    rows = [(m, mk, pr, fit) for (m, mk, pr, _h), fit in zip(pts, at)]
     return s, rows
 
 

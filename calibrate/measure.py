@@ -420,6 +420,18 @@ def _ptr_host(a) -> int:
     return int(a.ctypes.data)
 
 
+def host_offset(i: int, nbytes: int, span: int) -> int:
+    """Offset (bytes, 4 KiB aligned) of the ``i``-th copy of ``nbytes`` that walks through a host
+    buffer of ``span`` bytes, so that consecutive copies do not find their host memory in the
+    CPU caches; 0 when the buffer holds only one copy. Always ``0 <= offset <= span - nbytes``."""
+    room = max(span - nbytes, 0)
+    if not room:
+        return 0
+    step = max(nbytes // 4096 * 4096, 4096)
+    off = (i * step) % (room + 1)
+    return off - off % 4096
+
+
 def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *, stream=None,
                 spin: bool = True, warmup: int = 2, host_span: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Time ``reps`` copies of ``nbytes``: device time (events) and host time of each
@@ -438,12 +450,9 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
     g.sync_all()
     memcpy = g.rt.memcpyAsync
     h2d = kind == H2D
-    room = max(host_span - nbytes, 0)
-    step = max(nbytes // 4096 * 4096, 4096)
 
     def place(i: int) -> tuple[int, int]:
-        off = (i * step) % (room + 1) if room else 0
-        off -= off % 4096
+        off = host_offset(i, nbytes, host_span) if host_span > nbytes else 0
         return (dst, src + off) if h2d else (dst + off, src)
 
     for i in range(warmup):
@@ -1077,30 +1086,37 @@ def measure_cpu(nbytes: int = 2**30, reps: int = 5, gemm_n: int = 4096) -> dict:
 
 
 class PageableSampler:
-    """Pageable H2D copies sampled at intervals through a whole calibration run.
+    """Pageable H2D copies sampled at intervals through a calibration run.
 
-    On the lent H200 VM a pageable copy runs at the host's single-thread memcpy speed
-    (correlation +0.72 and +0.89 between the two over 64 MiB windows in two runs of
-    ``benchmarks/bench_pageable.py``), which switches between levels about 30% apart
-    (e.g. 6.3 and 8.6 GB/s) for seconds to minutes at a time, whatever CPU the thread is pinned
-    to, whichever part of the buffer is read and with or without transparent huge pages
-    (``data/validation/history/diag/pageable_*``). A window of a few seconds can sit in one
-    level; samples spread over the run's minute or two see several. Each sample is ``reps``
-    back-to-back copies of ``copy_bytes`` (device time; the source moves through the buffer,
-    so it is not in the CPU caches), as a run's copies follow one another, and not after an
-    idle pause: the host series' copies, each after a 0.25 s sleep and two matvecs, read 3–20%
-    below the back-to-back copies of the same calibration's sweep in 12 of 13 calibrations
-    (runs 13–24, ``data/calibration``).
+    On the lent H200 VM the speed of a pageable copy follows the host's memcpy speed (a
+    ``numpy.copyto`` of the same 64 MiB window just before it correlates with it at +0.89 and
+    +0.72 in two runs of ``benchmarks/bench_pageable.py``), and it moves between levels (e.g.
+    ≈ 6.3 and ≈ 8.6 GB/s) that lasted from under a second to 9 s, whatever CPU the thread was
+    pinned to and whichever part of the buffer was read (``data/validation/history/diag/``).
+    A window of a few seconds can sit in one level; samples spread over the run see several.
+    Each sample is ``reps`` back-to-back copies of ``copy_bytes`` (device time; the source moves
+    through the buffer, :func:`host_offset`, so it is not in the CPU caches), as a run's copies
+    follow one another, and not after an idle pause: the host series' copies, each after a
+    0.25 s sleep and two matvecs, read 3–20% below the same calibration's back-to-back sweep
+    copies of 32 MiB and more in 12 of 13 calibrations (runs 12–24, ``data/calibration``).
 
     Args:
         g: the opened GPU; bufs: the copy buffers (pageable source, device destination).
-        copy_bytes: bytes per copy (capped at the buffer).
-        interval_s: least time between samples; :meth:`maybe_sample` does nothing sooner.
-        reps: copies per sample.
+        copy_bytes: bytes per copy (capped at the buffer), > 0.
+        interval_s: least time between samples, seconds, >= 0; :meth:`maybe_sample` does
+            nothing sooner (0: a sample at every call).
+        reps: copies per sample, >= 1.
+
+    Raises:
+        ValueError: ``copy_bytes`` or the buffer is empty, ``reps`` < 1 or ``interval_s`` < 0.
     """
 
     def __init__(self, g: Gpu, bufs: HostBuffers, *, copy_bytes: int = 64 * 2**20, interval_s: float = 1.0,
                  reps: int = 2):
+        if copy_bytes <= 0 or bufs.nbytes <= 0 or reps < 1 or not interval_s >= 0:
+            raise ValueError(f"PageableSampler needs copy_bytes > 0 (got {copy_bytes}), a non-empty buffer "
+                             f"(got {bufs.nbytes} bytes), reps >= 1 (got {reps}) and interval_s >= 0 "
+                             f"(got {interval_s})")
         self.g, self.bufs = g, bufs
         self.nbytes = int(min(copy_bytes, bufs.nbytes))
         self.interval_s, self.reps = float(interval_s), int(reps)
@@ -1111,14 +1127,11 @@ class PageableSampler:
         self._i = 0
 
     def sample(self) -> None:
-        """Take one sample now: ``reps`` copies, appended to ``t_s`` (seconds each) with their
-        time since the sampler was made in ``t_at_s``."""
-        src, room = _ptr_host(self.bufs.pageable), max(self.bufs.nbytes - self.nbytes, 0)
-        step = max(self.nbytes // 4096 * 4096, 4096)
-        dst = int(self.bufs.device.data.ptr)
+        """Take one sample now: ``reps`` copies, appended to ``t_s`` (device time of each,
+        seconds) with their time since the sampler was made in ``t_at_s`` (seconds)."""
+        src, dst = _ptr_host(self.bufs.pageable), int(self.bufs.device.data.ptr)
         for _ in range(self.reps):
-            off = (self._i * step) % (room + 1) if room else 0
-            off -= off % 4096
+            off = host_offset(self._i, self.nbytes, self.bufs.nbytes)
             self._i += 1
             d, _h = copy_series(self.g, dst, src + off, self.nbytes, H2D, 1, spin=False, warmup=0)
             self.t_s.append(float(d[0]))
@@ -1131,7 +1144,9 @@ class PageableSampler:
             self.sample()
 
     def result(self) -> dict:
-        """``{"t_s": [...], "t_at_s": [...], "page_bytes": int, "interval_s", "reps"}``."""
+        """``{"t_s": [...], "t_at_s": [...], "page_bytes": int, "interval_s": float, "reps": int}``:
+        copy device times and their times since the start (seconds), bytes per copy, the least
+        interval between samples (seconds) and copies per sample."""
         return {"t_s": list(self.t_s), "t_at_s": list(self.t_at_s), "page_bytes": self.nbytes,
                 "interval_s": self.interval_s, "reps": self.reps}
 
@@ -1178,9 +1193,7 @@ def measure_host_series(g: Gpu, bufs: HostBuffers, *, seconds: float = 15.0, cop
     i = 0
     while perf() < t_end or i < 5:
         nb = min(copy_bytes, bufs.nbytes)
-        off = (i * nb) % max(bufs.nbytes - nb + 1, 1)
-        off -= off % 4096
-        d, _h = copy_series(g, dev, src + off, nb, H2D, 1, spin=False, warmup=0)
+        d, _h = copy_series(g, dev, src + host_offset(i, nb, bufs.nbytes), nb, H2D, 1, spin=False, warmup=0)
         page.append(float(d[0]))
         # after the copy and the pause the BLAS worker threads are parked; the CPU backend's
         # ops of one layer run back to back, so wake them first (untimed; a small matvec runs

@@ -50,12 +50,16 @@ class Sweep:
         overhead_calls: calls per host-overhead loop.
         w_pool_bytes: weight pool of the GEMM sweep (several times the L2 cache).
         host_series_s: seconds of repeated sampling of the host-dependent paths (pageable
-            copies, cold CPU matvecs; :func:`calibrate.measure.measure_host_series`), 0 = none.
+            copies, cold CPU matvecs; :func:`calibrate.measure.measure_host_series`), 0 = none;
+            its matvecs price the CPU backend, its copies the pageable path only when fewer than
+            :data:`PAGEABLE_MIN_SAMPLES` copies were sampled through the run.
         host_series_kw: keyword arguments of that function (sizes).
-        pageable_spread_bytes: bytes per copy of the pageable samples taken through the whole
-            run (:class:`calibrate.measure.PageableSampler`), 0 = none; they set
-            ``h2d_pageable_gb_per_s``.
-        pageable_spread_interval_s: least time between those samples.
+        pageable_spread_bytes: bytes per copy of the pageable samples taken between the
+            measurements of the run (:class:`calibrate.measure.PageableSampler`), 0 = none; they
+            set ``h2d_pageable_gb_per_s``. Full sweep: 64 MiB, the size of the host series' and
+            the validation probes' pageable copies.
+        pageable_spread_interval_s: least time between those samples, seconds (full sweep: 1 s,
+            about 40 samples of 2 copies over a ≈ 40-s measurement, ≈ 2% of its time).
     """
 
     copy_sizes: tuple[int, ...]
@@ -233,11 +237,28 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
                                  interval_s=sweep.pageable_spread_interval_s)
                if sweep.pageable_spread_bytes > 0 else None)
 
+    def sample_pageable(final: bool = False) -> None:
+        """One pageable sample between measurements (never inside one) when it is due, or at
+        the end when none was taken for an interval; a failed copy stops the sampling with a
+        note and never loses the run (the profile then prices pageable copies without it)."""
+        nonlocal sampler
+        if sampler is None:
+            return
+        try:
+            if not final:
+                sampler.maybe_sample()
+            elif not sampler.t_s or time.perf_counter() - sampler.last_at >= sampler.interval_s:
+                sampler.sample()
+        except Exception as exc:  # an optional measurement must not lose the run
+            notes.append(f"pageable samples stopped after {len(sampler.t_s)} copies: {type(exc).__name__}: {exc}")
+            say(f"calibrate: pageable sampling FAILED: {type(exc).__name__}: {exc}")
+            scalars["pageable_spread"] = sampler.result()
+            sampler = None
+
     def tick(k=1):
         if bar is not None:
             bar.update(k)
-        if sampler is not None:  # between measurements, never inside one
-            sampler.maybe_sample()
+        sample_pageable()
 
     scalars["spin"] = {"asked_s": 1e-3, "measured_s": M.measure_spin_accuracy(g, 1e-3)}
     tick()
@@ -349,8 +370,8 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
         timed(sec.__name__, sec)
     if bar is not None:
         bar.close()
+    sample_pageable(final=True)
     if sampler is not None:
-        sampler.sample()  # one at the end, whatever the interval
         scalars["pageable_spread"] = sampler.result()
     notes.extend(g.log)
     elapsed = time.perf_counter() - t_start
@@ -418,6 +439,29 @@ def fit_calibration(cal: Calibration) -> Fits:
 
 def _median(xs) -> float:
     return float(np.median(np.asarray(xs, dtype=float)))
+
+
+#: fewest pageable copies sampled through the run that price ``h2d_pageable_gb_per_s``; with
+#: fewer (a sampling that failed early, a very short run) the host series or the sweep fit do.
+#: Two samples of two copies span two seconds at most, too few to see more than one of the
+#: host's levels (PageableSampler).
+PAGEABLE_MIN_SAMPLES = 5
+
+
+def _pageable_bw(page_bytes: int, t_s, lat_s: float) -> float:
+    """Bandwidth (bytes/s) of pageable copies of ``page_bytes`` from their median time ``t_s``
+    (seconds) less the fitted per-copy latency ``lat_s``, which is capped at half that time so a
+    latency never eats the copy."""
+    t_page = _median(t_s)
+    lat = min(max(lat_s, 0.0), 0.5 * t_page)
+    return page_bytes / max(t_page - lat, 1e-9)
+
+
+def _bw_quantiles(page_bytes: int, t_s, qs=(0.1, 0.5, 0.9)) -> list[float]:
+    """Quantiles ``qs`` of the per-copy bandwidth ``page_bytes / t`` (GB/s) of copy times ``t_s``
+    (seconds)."""
+    bw = page_bytes / np.asarray(t_s, float) / 1e9
+    return [float(np.quantile(bw, q)) for q in qs]
 
 
 def _fmt_list(xs, scale=1.0, nd=4) -> list[float]:
@@ -523,24 +567,21 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         else:
             hs_notes.append("host series: the 64 MiB matvec median was not slower than the 8 MiB one (no "
                             "bandwidth from the line); cpu_gb_per_s from the single large matvec")
-        t_page = _median(hs["page_t_s"])
-        lat = min(max(_median(pag_lat), 0.0), 0.5 * t_page)  # a latency never eats the copy
-        hw["h2d_pageable_gb_per_s"] = sourced(hs["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
+        hw["h2d_pageable_gb_per_s"] = sourced(_pageable_bw(hs["page_bytes"], hs["page_t_s"], _median(pag_lat)) / 1e9,
                                               f"measured: pageable cudaMemcpyAsync of {hs['page_bytes'] / 2**20:.3g} "
                                               f"MiB (numpy source, not in the CPU caches), CUDA events, median of "
                                               f"{n_s} samples over {secs:.3g} s ({tag})")
     ps = sc.get("pageable_spread")
-    if ps and len(ps["t_s"]) >= 5:
-        # samples through the whole run: the host's pageable speed switches levels for seconds to
-        # minutes at a time (PageableSampler), so one window of a few seconds is not enough
-        t_page = _median(ps["t_s"])
-        lat = min(max(_median(pag_lat), 0.0), 0.5 * t_page)
+    if ps and len(ps["t_s"]) >= PAGEABLE_MIN_SAMPLES:
+        # samples through the run: the host's pageable speed moves between levels for seconds at
+        # a time (PageableSampler), so one window of a few seconds is not enough
         span = max(ps["t_at_s"]) - min(ps["t_at_s"])
         hw["h2d_pageable_gb_per_s"] = sourced(
-            ps["page_bytes"] / max(t_page - lat, 1e-9) / 1e9,
+            _pageable_bw(ps["page_bytes"], ps["t_s"], _median(pag_lat)) / 1e9,
             f"measured: pageable cudaMemcpyAsync of {ps['page_bytes'] / 2**20:.3g} MiB (numpy source, not in the "
-            f"CPU caches), CUDA events, median of {len(ps['t_s'])} copies, {ps['reps']} back to back about every "
-            f"{ps['interval_s']:.3g} s through the whole calibration ({span:.0f} s) ({tag})")
+            f"CPU caches), CUDA events, median of {len(ps['t_s'])} copies, {ps['reps']} back to back at least "
+            f"{ps['interval_s']:.3g} s apart between the measurements of the calibration ({span:.0f} s; not "
+            f"during the executor-cost rounds) ({tag})")
     if cpu and not (hs and "cpu_gb_per_s" in hw):
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],
                                      f"measured: numpy float32 matvec over {cpu['matvec_bytes'] / 2**30:.2f} GiB, "
@@ -634,8 +675,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         meas["cpu_matvec_1gib_gb_per_s"] = round(cpu["matvec_gb_per_s"], 2)
     if hs:
         def p10_90(ts, nb):
-            bw = nb / np.asarray(ts, float) / 1e9
-            return [round(float(np.quantile(bw, 0.1)), 2), round(float(np.quantile(bw, 0.9)), 2)]
+            return [round(q, 2) for q in _bw_quantiles(nb, ts, (0.1, 0.9))]
 
         meas["host_series_samples"] = int(hs["n"])
         meas["host_series_pageable_gb_per_s_p10_p90"] = p10_90(hs["page_t_s"], hs["page_bytes"])
@@ -645,11 +685,10 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
             meas["host_series_notes"] = hs_notes
     meas["h2d_pageable_fit_gb_per_s"] = round(_median(pag_bw) / 1e9, 3)
     if ps:
-        bw = ps["page_bytes"] / np.asarray(ps["t_s"], float) / 1e9
         meas["pageable_spread_samples"] = len(ps["t_s"])
         meas["pageable_spread_span_s"] = round(max(ps["t_at_s"]) - min(ps["t_at_s"]), 1) if ps["t_at_s"] else 0.0
-        if len(bw):
-            meas["pageable_spread_gb_per_s_p10_p50_p90"] = [round(float(np.quantile(bw, q)), 3) for q in (0.1, 0.5, 0.9)]
+        if ps["t_s"]:
+            meas["pageable_spread_gb_per_s_p10_p50_p90"] = [round(q, 3) for q in _bw_quantiles(ps["page_bytes"], ps["t_s"])]
     if len(fits.moe) and "measured_over_roofline" in fits.moe:
         for meth, grp in fits.moe.groupby("method"):
             meas[f"moe_{meth}_over_roofline_median"] = round(float(grp.measured_over_roofline.median()), 3)
@@ -774,11 +813,10 @@ def summary_table(cal: Calibration, fits: Fits | None = None) -> str:
                      f"{sc['hbm']['kernel_copy_gb_per_s']:.0f} GB/s (read+write)")
     ps = sc.get("pageable_spread")
     if ps and ps["t_s"]:
-        bw = ps["page_bytes"] / np.asarray(ps["t_s"], float) / 1e9
+        q10, q50, q90 = _bw_quantiles(ps["page_bytes"], ps["t_s"])
         span = max(ps["t_at_s"]) - min(ps["t_at_s"])
-        lines.append(f"H2D pageable through the run: {len(bw)} copies of {ps['page_bytes'] / 2**20:.3g} MiB over "
-                     f"{span:.0f} s, p10 {np.quantile(bw, 0.1):.2f} / p50 {np.median(bw):.2f} / "
-                     f"p90 {np.quantile(bw, 0.9):.2f} GB/s")
+        lines.append(f"H2D pageable through the run: {len(ps['t_s'])} copies of {ps['page_bytes'] / 2**20:.3g} MiB "
+                     f"over {span:.0f} s, p10 {q10:.2f} / p50 {q50:.2f} / p90 {q90:.2f} GB/s")
     if "cpu" in sc:
         lines.append(f"host: matvec {sc['cpu']['matvec_gb_per_s']:.1f} GB/s, sgemm {sc['cpu']['sgemm_tflops']:.2f} TFLOP/s")
     if "event_semantics" in sc:

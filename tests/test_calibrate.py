@@ -392,7 +392,6 @@ def test_pageable_samples_through_the_run_price_pageable_copies(fake_calibration
     cal = copy.deepcopy(fake_calibration)
     ps = cal.scalars["pageable_spread"]
     assert len(ps["t_s"]) >= 5 and len(ps["t_s"]) == len(ps["t_at_s"])
-    assert ps["t_at_s"] == sorted(ps["t_at_s"])
     nb = ps["page_bytes"]
     ps["t_s"] = [nb / 6e9, nb / 8e9, nb / 8e9, nb / 8e9, nb / 9e9, nb / 6e9]
     ps["t_at_s"] = [0.0, 1.0, 2.0, 3.0, 4.0, 50.0]
@@ -401,7 +400,7 @@ def test_pageable_samples_through_the_run_price_pageable_copies(fake_calibration
     lat_s = doc["hardware"]["h2d_pageable_latency_us"]["value"] * 1e-6
     t_med = float(np.median(ps["t_s"]))
     assert doc["hardware"]["h2d_pageable_gb_per_s"]["value"] == pytest.approx(nb / (t_med - lat_s) / 1e9, rel=1e-6)
-    assert "through the whole calibration (50 s)" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]
+    assert "between the measurements of the calibration (50 s;" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]
     m = doc["measured"]
     assert m["pageable_spread_samples"] == 6 and m["pageable_spread_span_s"] == 50.0
     assert m["pageable_spread_gb_per_s_p10_p50_p90"][1] == pytest.approx(nb / t_med / 1e9, rel=1e-3)
@@ -410,6 +409,76 @@ def test_pageable_samples_through_the_run_price_pageable_copies(fake_calibration
     doc, _ = build_profile(cal, fit_calibration(cal), "t")
     assert "samples over" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]
     assert doc["hardware"]["h2d_pageable_gb_per_s"]["value"] < 3.5
+
+
+@given(i=st.integers(0, 10**6), nbytes=st.integers(1, 2**24), extra=st.integers(0, 2**24))
+@settings(max_examples=200, deadline=None)
+def test_host_offset_stays_inside_the_buffer_and_page_aligned(i, nbytes, extra):
+    from calibrate.measure import host_offset
+
+    span = nbytes + extra
+    off = host_offset(i, nbytes, span)
+    assert 0 <= off <= span - nbytes and off % 4096 == 0
+    assert host_offset(i, nbytes, nbytes) == 0
+
+
+def test_pageable_sampler_gates_on_its_interval_walks_the_buffer_and_rejects_bad_input(monkeypatch):
+    """maybe_sample samples only when interval_s has passed; each sample is reps copies of
+    copy_bytes (capped at the buffer) from offsets that walk through it; bad arguments raise."""
+    import calibrate.measure as M
+
+    g = M.open_gpu(fakecp)
+    bufs = M.alloc_copy_buffers(g, 3 * 2**20)
+    seen = []
+    real = M.copy_series
+
+    def spy(g_, dst, src, nbytes, kind, reps, **kw):
+        seen.append((src - M._ptr_host(bufs.pageable), nbytes, kind, reps))
+        return real(g_, dst, src, nbytes, kind, reps, **kw)
+
+    monkeypatch.setattr(M, "copy_series", spy)
+    smp = M.PageableSampler(g, bufs, copy_bytes=2**20, interval_s=1000.0, reps=2)
+    smp.maybe_sample()                 # never sampled: samples
+    smp.maybe_sample()                 # within the interval: nothing
+    assert len(seen) == 2
+    smp.last_at -= 1000.0              # the interval has passed
+    smp.maybe_sample()
+    r = smp.result()
+    assert len(seen) == 4 and r["page_bytes"] == 2**20 and r["reps"] == 2
+    assert len(r["t_s"]) == len(r["t_at_s"]) == 4 and r["t_at_s"] == sorted(r["t_at_s"])
+    assert all(k == M.H2D and n == 2**20 and reps == 1 for _o, n, k, reps in seen)
+    offs = [o for o, *_ in seen]
+    assert offs[:3] == [0, 2**20, 2 * 2**20] and all(0 <= o <= 2 * 2**20 and o % 4096 == 0 for o in offs)
+    assert M.PageableSampler(g, bufs, copy_bytes=2**30).nbytes == bufs.nbytes
+    for kw in ({"copy_bytes": 0}, {"copy_bytes": -5}, {"reps": 0}, {"interval_s": -1.0}, {"interval_s": float("nan")}):
+        with pytest.raises(ValueError):
+            M.PageableSampler(g, bufs, **kw)
+
+
+def test_a_failed_pageable_sample_does_not_lose_the_calibration(monkeypatch):
+    """A copy that fails during the pageable sampling stops the sampling with a note; the run
+    finishes and its profile prices pageable copies from what remains (here: too few samples,
+    so the host series)."""
+    import calibrate.measure as M
+    from calibrate.run import build_profile, fit_calibration
+
+    calls = {"n": 0}
+    real = M.PageableSampler.sample
+
+    def flaky(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("copy failed")
+        real(self)
+
+    monkeypatch.setattr(M.PageableSampler, "sample", flaky)
+    cal = run_calibration("fake", sweep=Sweep.quick(), rounds=2, cp=fakecp, progress=False, command="pytest",
+                          log=lambda _l: None)
+    assert any("pageable samples stopped after 2 copies: RuntimeError: copy failed" in n for n in cal.notes)
+    assert len(cal.scalars["pageable_spread"]["t_s"]) == 2
+    doc, _ = build_profile(cal, fit_calibration(cal), "t")
+    assert "samples over" in doc["hardware"]["h2d_pageable_gb_per_s"]["source"]  # the host series
+    assert doc["measured"]["pageable_spread_samples"] == 2
 
 
 def test_cli_checks_the_raw_and_tables_folders_before_measuring(tmp_path, capsys, monkeypatch):
@@ -458,3 +527,22 @@ def test_attention_table_guards_and_sliding_window():
                                                                                                      t_of(512, 4096)]))
     # window 512 over a 2048-token ubatch: 2048 queries x 512 keys
     assert _attn_table_s(hw, 2048, 0, 8, 2, 64, 512) == pytest.approx(t_of(512, 0) * 2048 / 512)
+
+
+def test_bench_pageable_runs_on_the_stand_in_and_rejects_bad_arguments(tmp_path):
+    """benchmarks/bench_pageable.py on the numpy stand-in writes its CSV with every part and
+    prints its tables; bad arguments are one line and status 2 (numbers meaningless here)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "FAKE_GPU": "1", "OUT": str(tmp_path), "PYTHONPATH": str(root)}
+    script = str(root / "benchmarks" / "bench_pageable.py")
+    done = subprocess.run([sys.executable, script, "1", "0.2"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "pageable_diag.csv")
+    assert set(df.part) >= {"region", "affinity", "pinned_fast", "pinned_slow", "thp", "series"}
+    assert (df.h2d_gb_per_s > 0).all() and df[df.part == "region"].region.nunique() == 16
+    assert "H2D GB/s of 64 MiB windows" in done.stdout and "series by the CPU" in done.stdout
+    bad = subprocess.run([sys.executable, script, "0", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "CYCLES" in bad.stderr and "Traceback" not in bad.stderr
