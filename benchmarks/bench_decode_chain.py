@@ -17,7 +17,7 @@ per launch is off by much more than the loop probe's in the same rounds has a st
 cause; equal offsets point at the host's state.
 
 Prints one row per execution and the median per plan, and writes ``$OUT/decode_chain.csv`` (or
-``./decode_chain.csv``).
+``out/decode_chain.csv`` in the checkout, a folder git ignores).
 
     PYTHONPATH=. python benchmarks/bench_decode_chain.py [ROUNDS] [PROFILE]     # on a GPU
     FAKE_GPU=1 PYTHONPATH=. python benchmarks/bench_decode_chain.py 1            # on a CPU: minutes
@@ -98,7 +98,8 @@ def main(argv: list[str]) -> None:
                   flush=True)
     df = pd.DataFrame(rows)
     df["rest_extra_us_per_launch"] = df.rest_meas_us_per_launch - df.rest_pred_us_per_launch
-    out = Path(os.environ.get("OUT", ".")) / "decode_chain.csv"
+    out = Path(os.environ.get("OUT", ROOT / "out")) / "decode_chain.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
     cols = ["rel_error", "cpu_rel_error", "rest_meas_us_per_launch", "rest_pred_us_per_launch",
             "rest_extra_us_per_launch"]
@@ -107,4 +108,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from sim.errors import GPUUnavailableError
+
+    try:
+        main(sys.argv[1:])
+    except GPUUnavailableError as exc:
+        print(f"bench_decode_chain: {exc}", file=sys.stderr)
+        sys.exit(2)

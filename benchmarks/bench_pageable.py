@@ -21,7 +21,8 @@ separates them, on one GPU, in about two minutes:
   alternated.
 * ``series``: one window copied back to back for ``SERIES_S`` seconds: how long a level lasts.
 
-Writes ``pageable_*.csv`` and ``pageable_facts.txt`` to ``$OUT`` (or ``.``) and prints a short
+Writes ``pageable_diag.csv`` and ``pageable_facts.txt`` to ``$OUT`` (or ``out/`` in the checkout, which git
+ignores) and prints a short
 table per part last.
 
     PYTHONPATH=. python benchmarks/bench_pageable.py [CYCLES] [SERIES_S]     # on a GPU
@@ -103,7 +104,7 @@ def _cpu_now() -> int:
 
 
 def main() -> int:
-    """Run the four parts, write the CSV and facts to ``$OUT`` (or ``.``) and print the tables.
+    """Run the four parts, write the CSV and facts to ``$OUT`` (or ``out/`` in the checkout) and print the tables.
     Returns the exit status (2 with a one-line message for bad arguments)."""
     try:
         cycles = int(sys.argv[1]) if len(sys.argv) > 1 else 4
@@ -113,7 +114,7 @@ def main() -> int:
     except ValueError:
         print("bench_pageable: CYCLES must be an integer >= 1 and SERIES_S a number of seconds > 0", file=sys.stderr)
         return 2
-    out = Path(os.environ.get("OUT", "."))
+    out = Path(os.environ.get("OUT", ROOT / "out"))
     out.mkdir(parents=True, exist_ok=True)
     if os.environ.get("FAKE_GPU"):  # a numpy stand-in: checks the script on a CPU (numbers meaningless)
         from calibrate import _fakecupy as cp  # noqa: PLC0415

@@ -81,8 +81,13 @@ def sourced(value: float, source: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 
 
-def _tmp_for(path: Path) -> Path:
+def _tmp_for(path: Path, made: list[Path] | None = None) -> Path:
+    """A new empty temporary file beside ``path``, creating missing folders (appended to
+    ``made``, outermost first, so a failed write can remove them again)."""
+    missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
+    if made is not None:
+        made.extend(reversed(missing))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(tmp)
@@ -93,29 +98,37 @@ def write_files_atomically(files: Mapping[Path, str | bytes | pd.DataFrame]) -> 
 
     All contents are first written to temporary files beside their targets; only when all of
     them succeeded are they moved into place, in the given order (put the file that refers
-    to the others last). On error every temporary file is removed.
+    to the others last). On error every temporary file is removed, and so is every folder
+    this call created that is left empty.
 
     Args:
         files: target path -> text, bytes, or a DataFrame (written as CSV without index).
 
     Returns:
         the paths written.
+
+    Raises:
+        OSError: a file cannot be written (its ``filename`` is the target path).
     """
     tmps: list[tuple[Path, Path]] = []
+    made: list[Path] = []
     try:
         for path, content in files.items():
             # write through a symlink; refuse to replace a device or other special file
             path = Path(os.path.realpath(path))
             if path.exists() and not path.is_file():
                 raise OSError(21, "not a regular file", str(path))
-            tmp = _tmp_for(path)
+            tmp = _tmp_for(path, made)
             tmps.append((tmp, path))
-            if isinstance(content, pd.DataFrame):
-                content.to_csv(tmp, index=False, float_format="%.6g")
-            elif isinstance(content, bytes):
-                tmp.write_bytes(content)
-            else:
-                tmp.write_text(content, encoding="utf-8")
+            try:
+                if isinstance(content, pd.DataFrame):
+                    content.to_csv(tmp, index=False, float_format="%.6g")
+                elif isinstance(content, bytes):
+                    tmp.write_bytes(content)
+                else:
+                    tmp.write_text(content, encoding="utf-8")
+            except OSError as exc:  # name the target (a failed write() names no file)
+                raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         umask = os.umask(0)
         os.umask(umask)
         for tmp, path in tmps:
@@ -126,6 +139,11 @@ def write_files_atomically(files: Mapping[Path, str | bytes | pd.DataFrame]) -> 
             try:
                 tmp.unlink()
             except FileNotFoundError:
+                pass
+        for d in reversed(made):  # the folders this call created, innermost first, if empty
+            try:
+                d.rmdir()
+            except OSError:
                 pass
         raise
     return [p for _, p in tmps]

@@ -580,7 +580,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
             _pageable_bw(ps["page_bytes"], ps["t_s"], _median(pag_lat)) / 1e9,
             f"measured: pageable cudaMemcpyAsync of {ps['page_bytes'] / 2**20:.3g} MiB (numpy source, not in the "
             f"CPU caches), CUDA events, median of {len(ps['t_s'])} copies, {ps['reps']} back to back at least "
-            f"{ps['interval_s']:.3g} s apart between the measurements of the calibration ({span:.0f} s; not "
+            f"{ps['interval_s']:.3g} s apart between the measurements of the calibration ({span:.3g} s; not "
             f"during the executor-cost rounds) ({tag})")
     if cpu and not (hs and "cpu_gb_per_s" in hw):
         hw["cpu_gb_per_s"] = sourced(cpu["matvec_gb_per_s"],

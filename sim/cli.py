@@ -28,8 +28,32 @@ def default_scenario_path() -> Path:
     return here if here.exists() else REPO_ROOT / DEFAULT_SCENARIO
 
 
+def scenario_path(arg: str | None) -> Path:
+    """The scenario a command names: ``arg``, or :func:`default_scenario_path` when none is given.
+
+    Raises:
+        ScenarioError: ``arg`` is an empty string (``prefetch-sim run ''``), field ``scenario``.
+    """
+    if arg is None:
+        return default_scenario_path()
+    if not arg.strip():
+        raise ScenarioError("empty scenario path (leave it out for the default scenario)", field="scenario")
+    return Path(arg)
+
+
+#: output formats of ``run`` (llama-bench's ``-o``)
+FORMATS = ("md", "csv", "json", "jsonl")
+
+
 def _int_list(text: str) -> tuple[int, ...]:
-    """llama-bench list syntax: ``512,1024`` or ``512-2048*2`` (start-end*mult) or ``a-b+s``."""
+    """llama-bench list syntax: ``512,1024`` or ``512-2048*2`` (start-end*mult) or ``a-b+s``
+    (start-end+step), as llama-bench parses ``-p``/``-n``/``-d``.
+
+    Raises:
+        argparse.ArgumentTypeError: not integers, a negative value, a range that yields no
+            value (end below start), or one that would never end (a multiplier below 2 or a
+            start of 0 with ``*``, a step below 1 with ``+``).
+    """
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -38,16 +62,27 @@ def _int_list(text: str) -> tuple[int, ...]:
                 a, rest = part.split("-", 1)
                 if "*" in rest:
                     b, mul = rest.split("*")
-                    v = int(a)
-                    while v <= int(b):
-                        out.append(v)
-                        v *= int(mul)
-                    continue
-                step = 1
-                if "+" in rest:
-                    rest, s = rest.split("+")
-                    step = int(s)
-                out.extend(range(int(a), int(rest) + 1, step))
+                    start, end, m = int(a), int(b), int(mul)
+                    if m < 2 or start < 1:
+                        raise argparse.ArgumentTypeError(
+                            f"range '{part}': a start >= 1 and a multiplier >= 2 are needed with '*' (got start "
+                            f"{start}, multiplier {m}), as in 128-2048*2")
+                    got = []
+                    v = start
+                    while v <= end:
+                        got.append(v)
+                        v *= m
+                else:
+                    step = 1
+                    if "+" in rest:
+                        rest, s = rest.split("+")
+                        step = int(s)
+                    if step < 1:
+                        raise argparse.ArgumentTypeError(f"range '{part}': the step after '+' must be >= 1, got {step}")
+                    got = list(range(int(a), int(rest) + 1, step))
+                if not got:
+                    raise argparse.ArgumentTypeError(f"range '{part}' yields no value (its end lies below its start)")
+                out.extend(got)
             else:
                 out.append(int(part))
         except ValueError:
@@ -62,7 +97,7 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     overrides applied and validated."""
     from .specs import load_scenario, parse_variant
 
-    path = Path(args.scenario) if args.scenario else default_scenario_path()
+    path = scenario_path(args.scenario)
     scn = load_scenario(path)
     wl = scn.workload
     changes = {}
@@ -161,6 +196,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.out:
         check_output_path(args.out)
+        suffix = Path(args.out).suffix.lower().lstrip(".")
+        if args.output is None and suffix in FORMATS:
+            args.output = suffix  # --out table.csv writes csv
+        elif args.output is not None and suffix in FORMATS and suffix != args.output:
+            raise ScenarioError(f"'{args.out}' ends in .{suffix} but -o asks for {args.output}", field="--out")
+    args.output = args.output or "md"
     scn = load_scenario_with_overrides(args)
     if not any(v.name == "baseline" for v in scn.variants):
         # "vs base" is always against the upstream scheduler: add it when not asked for
@@ -201,7 +242,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.test:
         match = [t for t in tests if t.name == args.test]
         if not match:
-            raise ScenarioError(f"no test named '{args.test}' (have: {', '.join(t.name for t in tests)})",
+            raise ScenarioError(f"no test named '{args.test}' (have: {', '.join(t.name for t in tests)}; "
+                                "-p, -n and -d set the workload's tests, e.g. -p 512 -d 8192 for 'pp512 @ d8192')",
                                 field="--test")
         test, ti = match[0], tests.index(match[0])
     else:
@@ -245,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="llama-bench-style table of every variant (default scenario if none given)")
     _add_bench_flags(run)
-    run.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl"), default="md")
+    run.add_argument("-o", "--output", choices=FORMATS, default=None,
+                     help="output format (default md, or the --out file's extension when it is one of these)")
     run.add_argument("--out", help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")

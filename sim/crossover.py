@@ -35,6 +35,7 @@ ask; ``docs/crossover.md`` shows them with the commands that made them.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -139,10 +140,10 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis '{name}': expected numbers like 8,16,32, got '{vals}'", field=flag) from None
     if not values:
         raise ScenarioError(f"axis '{name}' has no values", field=flag)
-    bad = [v for v in values if not (v >= spec.min_value) or (not spec.integer and v <= 0)]
+    bad = [v for v in values if not (v >= spec.min_value) or (not spec.integer and v <= 0) or not math.isfinite(v)]
     if bad:
         lim = f"> {spec.min_value:g}" if not spec.integer else f">= {spec.min_value:g}"
-        raise ScenarioError(f"axis '{name}': values must be {lim}, got {bad[0]:g}", field=flag)
+        raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {bad[0]:g}", field=flag)
     return Axis(spec, tuple(sorted(set(values))))
 
 
@@ -587,7 +588,7 @@ def new_figure(width: float, height: float):
     return fig
 
 
-from .atomic import save_figure, write_atomic as _write_bytes_atomic  # noqa: E402
+from .atomic import write_atomic as _write_bytes_atomic  # noqa: E402
 
 
 def _use_log(ax_spec: AxisSpec, values: Sequence[float]) -> bool:
@@ -884,11 +885,25 @@ class SweepOutput:
 
 
 def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) -> SweepOutput:
-    """Write ``<stem>.csv`` and ``<stem>.png`` (``fig``, or :func:`plot_sweep`) into ``out_dir``."""
+    """Write ``<stem>.csv`` and ``<stem>.png`` (``fig``, or :func:`plot_sweep`) into ``out_dir``,
+    both or neither: both are rendered first, and when the second write fails (a full disk) the
+    first file is removed again (an older file of that name is then gone too).
+
+    Raises:
+        OSError: a file cannot be written (after the clean-up)."""
+    import io
+
     out_dir = Path(out_dir)
-    csv_path = out_dir / f"{stem}.csv"
-    _write_bytes_atomic(csv_path, res.to_dataframe().to_csv(index=False).encode())
-    png_path = save_figure(fig if fig is not None else plot_sweep(res), out_dir / f"{stem}.png")
+    csv_path, png_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.png"
+    csv_bytes = res.to_dataframe().to_csv(index=False).encode()
+    buf = io.BytesIO()
+    (fig if fig is not None else plot_sweep(res)).savefig(buf, format="png")
+    _write_bytes_atomic(csv_path, csv_bytes)
+    try:
+        _write_bytes_atomic(png_path, buf.getvalue())
+    except BaseException:
+        csv_path.unlink(missing_ok=True)
+        raise
     return SweepOutput(res, csv_path, png_path, tuple(res.crossovers()))
 
 
@@ -952,7 +967,7 @@ def _report(out: SweepOutput, file=None) -> None:
 
 def cmd_crossover(args: argparse.Namespace) -> int:
     """``prefetch-sim crossover``: a sweep or a built-in figure. Returns the exit status."""
-    from .cli import default_scenario_path
+    from .cli import scenario_path
 
     if args.repetitions < 1:
         raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
@@ -978,7 +993,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     axes = [parse_axis(args.axis, "--axis")]
     if args.axis2:
         axes.append(parse_axis(args.axis2, "--axis2"))
-    scn = load_scenario(Path(args.scenario) if args.scenario else default_scenario_path())
+    scn = load_scenario(scenario_path(args.scenario))
     variants = ([parse_variant(v, field_name="--variant") for v in args.variant] if args.variant
                 else list(scn.variants))
     if args.test:
@@ -988,6 +1003,10 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         test = tests[0]
         if any(a.name == "prompt" for a in axes):
             test = next((t for t in tests if t.n_prompt), BenchTest(512, 0, 0))
+    if args.baseline != "baseline" and args.baseline not in {v.name for v in variants}:
+        raise ScenarioError(f"'{args.baseline}' is not one of the variants ({', '.join(v.name for v in variants)}); "
+                            "name one of them, or leave --baseline out to compare against the plain baseline",
+                            field="--baseline")
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress)
     _report(write_outputs(res, args.out, _stem(res)))
@@ -1008,7 +1027,9 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--axis2", help="second axis: a heatmap of speedup vs baseline")
     p.add_argument("--variant", action="append", help="variant (repeatable; default: the scenario's variants)")
     p.add_argument("--test", help="base test, e.g. pp512, tg128, 'pp512 @ d8192' (default: the scenario's first)")
-    p.add_argument("--baseline", default="baseline", help="label of the baseline variant (added if absent)")
+    p.add_argument("--baseline", default="baseline",
+                   help="the variant the others are compared against: one of the variants, or 'baseline' (the "
+                        "plain baseline, added if absent; default)")
     p.add_argument("-r", "--repetitions", type=int, default=1, help="repetitions per cell (default 1)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic")

@@ -548,7 +548,8 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
     elif kind == "trace":
         p = f.path("trace_file")
         if not p.is_file():
-            raise f.error("trace_file", f"routing trace not found: {p}")
+            what = "is a folder, not a file" if p.is_dir() else "not found"
+            raise f.error("trace_file", f"routing trace {what}: {p}")
         spec = RoutingSpec(kind="trace", trace_file=p)
         if moe is not None:
             load_trace(p, n_expert=n_expert, top_k=top_k, n_layer=model.n_layer,

@@ -467,6 +467,8 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     n_gpu = g.int("n_gpu", 1, min=1, max=16)
     vram = num("vram_gb", GB)
     reserved = num("vram_reserved_gb", GB, default=0.5 * GB)
+    if reserved >= vram:
+        raise g.error("vram_reserved_gb", f"{reserved / GB:g} GB reserved leaves nothing of vram_gb {vram / GB:g} GB")
     flops = num("gpu_tflops", 1e12)
     eff = num("gemm_efficiency", 1.0, default=0.7)
     hbm = num("hbm_gb_per_s", GB)
@@ -503,7 +505,8 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     if g.has("gemm_table"):
         gemm_table = _read_table(g, "gemm_table", ("m", "n", "k", "t_s"))
     if g.has("attn_table"):
-        attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"))
+        attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"),
+                                 zero_ok=("kv_len",))
     g.check_unknown()
     measured: dict[str, str] = {}
     if f.has("measured"):
@@ -528,7 +531,15 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     )
 
 
-def _read_table(g: Fields, key: str, columns: tuple[str, ...]):
+def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[str, ...] = ()):
+    """A measured table (CSV) named by the profile's field ``key``, with numeric ``columns``:
+    ``t_s`` finite and > 0, the shape columns finite and >= 1 (those in ``zero_ok`` >= 0).
+
+    Raises:
+        ScenarioError: (via ``g.error``, naming the field and file) a missing or unreadable
+            file, a missing column, no rows, or a value breaking those rules.
+    """
+    import numpy as np
     import pandas as pd
 
     p = g.path(key)
@@ -551,11 +562,15 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...]):
             raise g.error(key, f"table {p}: column {c} has a non-numeric value {df[c].iloc[row]!r} "
                                f"(data row {row + 1})")
         df[c] = num
-    if (df["t_s"] <= 0).any() or df["t_s"].isna().any():
-        raise g.error(key, f"table {p} has non-positive or missing t_s")
+    t = df["t_s"].to_numpy(dtype=float)
+    if not (np.isfinite(t) & (t > 0)).all():
+        raise g.error(key, f"table {p} has a non-positive, infinite or missing t_s")
     dims = [c for c in columns if c != "t_s"]
-    if (df[dims] < 0).any().any() or df[dims].isna().any().any():
-        raise g.error(key, f"table {p} has negative or missing values in {', '.join(dims)}")
+    if (df[dims] < 0).any().any() or df[dims].isna().any().any() or not np.isfinite(df[dims].to_numpy(float)).all():
+        raise g.error(key, f"table {p} has negative, infinite or missing values in {', '.join(dims)}")
+    zero = [c for c in dims if c not in zero_ok and (df[c] == 0).any()]
+    if zero:
+        raise g.error(key, f"table {p}: column {zero[0]} must be >= 1 (a shape of zero has no time)")
     return df
 
 
@@ -834,6 +849,8 @@ def variant_from_fields(v: Fields) -> Variant:
         name = v.str("name", var.name)
         v.check_unknown()
         return replace(var, name=name)
+    if not v.has("name"):
+        raise v.error("spec", "a [[variant]] needs spec (e.g. spec = 'slots3') or a name with its fields")
     gate = v.int("gate_min_batch", None, min=1) if v.has("gate_min_batch") else None
     var = Variant(
         name=v.str("name"),

@@ -195,6 +195,28 @@ def test_write_files_atomically_all_or_nothing(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_full_disk_leaves_no_new_folder_and_names_the_file(tmp_path, monkeypatch):
+    """A write that fails (ENOSPC) removes the temporary files and the folders the call made,
+    keeps folders that were there, and the error names the target file."""
+    import errno
+
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name.startswith(".h.toml."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    (tmp_path / "kept").mkdir()
+    files = {tmp_path / "new" / "deep" / "gemm.csv": pd.DataFrame({"m": [1]}), tmp_path / "kept" / "h.toml": "x"}
+    with pytest.raises(OSError) as info:
+        write_files_atomically(files)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "kept" / "h.toml")
+    assert not (tmp_path / "new").exists() and (tmp_path / "kept").is_dir()
+    assert not list((tmp_path / "kept").iterdir())
+
+
 # ------------------------------------------------------------------ end to end (numpy stand-in)
 
 

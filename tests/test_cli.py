@@ -118,3 +118,56 @@ def test_a_variant_named_baseline_must_be_the_baseline(tmp_path):
     assert str(p) in str(exc.value)
     with pytest.raises(ScenarioError, match="cannot be combined"):
         parse_variant("baseline+prefetch_ungated")
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("-d", "0-8192*2", "a start >= 1 and a multiplier >= 2"),
+    ("-p", "32-8192*1", "a start >= 1 and a multiplier >= 2"),
+    ("-p", "64-128*0", "a start >= 1 and a multiplier >= 2"),
+    ("-p", "8192-32*2", "yields no value"),
+    ("-p", "64-128+-1", "the step after '+' must be >= 1"),
+    ("-n", "8-4", "yields no value"),
+])
+def test_a_range_that_never_ends_or_yields_nothing_is_an_error(capsys, flag, value, words):
+    """llama-bench range syntax: a range that would loop forever (multiplier < 2, start 0, step
+    < 1) or that yields no value is a one-line argument error, not a hang or a silent drop."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, "-q", flag, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and value in err and "Traceback" not in err
+
+
+def test_ranges_expand_as_llama_bench_does(capsys):
+    from sim.cli import _int_list
+
+    assert _int_list("128-2048*2") == (128, 256, 512, 1024, 2048)
+    assert _int_list("0-8192+4096") == (0, 4096, 8192)
+    assert _int_list("1,5-7") == (1, 5, 6, 7)
+
+
+def test_crossover_rejects_an_unknown_baseline_and_an_infinite_axis(capsys, tmp_path):
+    out = tmp_path / "cx"
+    rc, _o, err = run(capsys, "crossover", TINY, "--axis", "pcie=8,16", "--baseline", "bogus", "--out", str(out))
+    assert rc == 2 and "--baseline" in err and "'bogus' is not one of the variants" in err
+    rc, _o, err = run(capsys, "crossover", TINY, "--axis", "pcie=8,inf", "--out", str(out))
+    assert rc == 2 and "--axis" in err and "finite" in err
+    assert not out.exists()
+
+
+def test_run_takes_the_format_from_the_out_file_and_refuses_a_mismatch(capsys, tmp_path):
+    js = tmp_path / "r.json"
+    rc, _o, _e = run(capsys, "run", TINY, "-q", "-r", "1", "--out", str(js))
+    assert rc == 0 and isinstance(json.loads(js.read_text()), list)
+    bad = tmp_path / "s.json"
+    rc, _o, err = run(capsys, "run", TINY, "-q", "-r", "1", "-o", "csv", "--out", str(bad))
+    assert rc == 2 and "--out" in err and "ends in .json but -o asks for csv" in err and not bad.exists()
+    txt = tmp_path / "t.txt"
+    rc, _o, _e = run(capsys, "run", TINY, "-q", "-r", "1", "--out", str(txt))
+    assert rc == 0 and txt.read_text().startswith("| model")
+
+
+def test_an_empty_scenario_path_is_an_error_not_the_default(capsys):
+    for cmd in (["run", ""], ["crossover", "", "--axis", "pcie=8"]):
+        rc, _o, err = run(capsys, *cmd)
+        assert rc == 2 and "empty scenario path" in err

@@ -298,3 +298,27 @@ def test_builtin_figures_are_well_formed():
         axes = [parse_axis(t) for t in spec.axes]
         assert all(a.name in AXES for a in axes)
         check_axes(axes, vs, test)
+
+
+def test_outputs_are_written_both_or_neither(tmp_path, monkeypatch):
+    """When the PNG cannot be written (a full disk) the CSV written just before is removed."""
+    import errno
+
+    import sim.crossover as C
+
+    scn = load_scenario(TINY)
+    res = sweep(scn, [parse_axis("pcie=8,16", "--axis")], [parse_variant("prefetch_ungated")], BenchTest(64, 0, 0))
+    real = C._write_bytes_atomic
+
+    def full(path, data):
+        if str(path).endswith(".png"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(C, "_write_bytes_atomic", full)
+    with pytest.raises(OSError):
+        C.write_outputs(res, tmp_path / "cx", "s")
+    assert not list((tmp_path / "cx").glob("s.*"))
+    monkeypatch.setattr(C, "_write_bytes_atomic", real)
+    out = C.write_outputs(res, tmp_path / "cx", "s")
+    assert out.csv_path.exists() and out.png_path.read_bytes()[:8] == PNG_MAGIC

@@ -340,6 +340,8 @@ BAD_CASES = [
     ("scenario_tensor_split_inf.toml", load_scenario, "placement.tensor_split"),
     ("scenario_override_missing_gpu.toml", load_scenario, "placement.override_tensor[1]"),
     ("scenario_cache_too_large.toml", load_scenario, "placement.expert_cache_experts"),
+    ("hardware_reserved_exceeds_vram.toml", load_hardware, "hardware.vram_reserved_gb"),
+    ("scenario_variant_without_spec.toml", load_scenario, "variant[0].spec"),
 ]
 
 
@@ -371,12 +373,17 @@ def test_every_bad_fixture_is_tested():
 @pytest.mark.parametrize("content, words", [
     ("m,n,k,t_s\n1,2,3,abc\n", "column t_s has a non-numeric value 'abc' (data row 1)"),
     ("m,n,k,t_s\nx,2,3,1e-5\n", "column m has a non-numeric value 'x'"),
-    ("m,n,k,t_s\n-1,2,3,1e-5\n", "negative or missing values in m, n, k"),
+    ("m,n,k,t_s\n-1,2,3,1e-5\n", "negative, infinite or missing values in m, n, k"),
+    ("m,n,k,t_s\n1,2,3,inf\n", "non-positive, infinite or missing t_s"),
+    ("m,n,k,t_s\n1,2,3,0\n", "non-positive, infinite or missing t_s"),
+    ("m,n,k,t_s\n0,2,3,1e-5\n", "column m must be >= 1"),
+    ("m,n,k,t_s\n1,inf,3,1e-5\n", "negative, infinite or missing values in m, n, k"),
     ("m,n,k,t_s\n", "has no rows"),
 ])
 def test_a_bad_measured_table_names_the_profile_field_and_the_table(tmp_path, content, words):
-    """A profile's gemm table with text, negative dimensions or no rows is a one-line error
-    naming the profile, the field and the table file, not a traceback."""
+    """A profile's gemm table with text, negative, zero or infinite dimensions, an infinite or
+    zero time, or no rows is a one-line error naming the profile, the field and the table file,
+    not a traceback."""
     import shutil
 
     root = Path(__file__).resolve().parent.parent
@@ -388,3 +395,19 @@ def test_a_bad_measured_table_names_the_profile_field_and_the_table(tmp_path, co
         load_hardware(dst)
     assert info.value.file == str(dst) and info.value.field == "hardware.gemm_table"
     assert words in str(info.value) and "gemm.csv" in str(info.value)
+
+
+def test_an_attention_table_accepts_kv_len_zero_but_no_zero_heads(tmp_path):
+    """kv_len 0 is a measured point (no KV cache yet); a zero head count is not a shape."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    dst = tmp_path / "h200.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    attn = tmp_path / "h200" / "attn.csv"
+    assert (load_hardware(dst).attn_table.kv_len == 0).any()
+    attn.write_text("n_tokens,kv_len,n_head,n_head_kv,head_dim,t_s\n1,0,0,4,128,1e-5\n")
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(dst)
+    assert info.value.field == "hardware.attn_table" and "column n_head must be >= 1" in str(info.value)
