@@ -973,6 +973,8 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+    if args.scenario is not None:
+        scenario_path(args.scenario)  # an empty path is an error here too, also with --figure
     from .atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
