@@ -236,7 +236,7 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
         (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``);
         ``(None, [])`` when no probe is usable (no fit: nothing to write)."""
     from sim.costs import busy_mask, plan_durations  # noqa: PLC0415
-    from sim.engines import analytic  # noqa: PLC0415
+    from sim.validation import predict_s  # noqa: PLC0415
 
     hw1 = replace(hw, executor_mode=True, executor_busy_scale=1.0)
     plans = chain_plans(hw1)
@@ -244,9 +244,8 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     for model, mk in measured.items():
         if model not in plans or not (math.isfinite(mk) and mk > 0):
             continue
-        d = plan_durations(plans[model], hw1)
-        pts.append((model, float(mk), float(analytic.run(plans[model], d).makespan_s),
-                    float(d[busy_mask(plans[model])].sum())))
+        busy_s = float(plan_durations(plans[model], hw1)[busy_mask(plans[model])].sum())
+        pts.append((model, float(mk), predict_s(plans[model], hw1), busy_s))
     den = sum(h * h for *_x, h in pts)
     if not pts or den <= 0:
         return None, []
@@ -254,7 +253,7 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
 
     def makespans(scale: float) -> list[float]:
         hws = replace(hw1, executor_busy_scale=scale)
-        return [float(analytic.run(plans[m], plan_durations(plans[m], hws)).makespan_s) for m, *_r in pts]
+        return [predict_s(plans[m], hws) for m, *_r in pts]
 
     measured_s = [mk for _m, mk, _pr, _h in pts]
 
@@ -279,10 +278,10 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
             ds /= 2
         else:
             break
-        if abs(s_new - s) <= 1e-12 * max(abs(s), 1.0):
-            s, at = s_new, at_new
-            break
+        converged = abs(s_new - s) <= 1e-12 * max(abs(s), 1.0)
         s, at = s_new, at_new
+        if converged:
+            break
     rows = [(m, mk, pr, fit) for (m, mk, pr, _h), fit in zip(pts, at)]
     return s, rows
 

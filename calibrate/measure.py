@@ -452,7 +452,7 @@ def copy_series(g: Gpu, dst: int, src: int, nbytes: int, kind: int, reps: int, *
     h2d = kind == H2D
 
     def place(i: int) -> tuple[int, int]:
-        off = host_offset(i, nbytes, host_span) if host_span > nbytes else 0
+        off = host_offset(i, nbytes, host_span)
         return (dst, src + off) if h2d else (dst + off, src)
 
     for i in range(warmup):

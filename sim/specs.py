@@ -566,7 +566,8 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
     if not (np.isfinite(t) & (t > 0)).all():
         raise g.error(key, f"table {p} has a non-positive, infinite or missing t_s")
     dims = [c for c in columns if c != "t_s"]
-    if (df[dims] < 0).any().any() or df[dims].isna().any().any() or not np.isfinite(df[dims].to_numpy(float)).all():
+    d = df[dims].to_numpy(float)
+    if not np.isfinite(d).all() or (d < 0).any():
         raise g.error(key, f"table {p} has negative, infinite or missing values in {', '.join(dims)}")
     zero = [c for c in dims if c not in zero_ok and (df[c] == 0).any()]
     if zero:

@@ -130,9 +130,7 @@ def decode_probe_plan(model: str, hardware: HardwareProfile, n_layer: int = 4, n
                    workload=Workload(n_prompt=(0,), n_gen=(n_gen,), n_depth=(0,), n_ubatch=1, n_batch=1,
                                      repetitions=1),
                    routing=RoutingSpec(), variants=(parse_variant("baseline"),), seed=0)
-    v = scn.variants[0]
-    rng = np.random.default_rng([scn.seed, 0, 0])
-    return build_plan(scn, v, BenchTest(0, n_gen, 0), rng, make_context(scn, v, rng))
+    return _one_plan(scn, BenchTest(0, n_gen, 0))
 
 
 def default_grid() -> list[Case]:
@@ -177,16 +175,22 @@ def executor_profile(hardware: HardwareProfile) -> HardwareProfile:
     return replace(hardware, executor_mode=True)
 
 
-def build_case(case: Case, hardware: HardwareProfile) -> tuple[Scenario, Plan]:
-    """Build the plan of a case (routing draws from the case's fixed seed)."""
-    scn = case_scenario(case, hardware)
+def _one_plan(scn: Scenario, test: BenchTest) -> Plan:
+    """The plan of ``scn``'s only variant for ``test``, routing drawn from the scenario's seed;
+    an expert cache is warmed first by one build, as llama-bench's warm-up run would."""
     v = scn.variants[0]
     rng = np.random.default_rng([scn.seed, 0, 0])
     ctx = make_context(scn, v, rng)
-    if ctx.cache is not None:  # warm the cache as llama-bench's warm-up run would
-        build_plan(scn, v, case.bench_test, np.random.default_rng([scn.seed, 0, 1]), ctx)
+    if ctx.cache is not None:
+        build_plan(scn, v, test, np.random.default_rng([scn.seed, 0, 1]), ctx)
         ctx.cache.reset_stats()
-    return scn, build_plan(scn, v, case.bench_test, rng, ctx)
+    return build_plan(scn, v, test, rng, ctx)
+
+
+def build_case(case: Case, hardware: HardwareProfile) -> tuple[Scenario, Plan]:
+    """Build the plan of a case (routing draws from the case's fixed seed)."""
+    scn = case_scenario(case, hardware)
+    return scn, _one_plan(scn, case.bench_test)
 
 
 def predict_s(plan: Plan, hardware: HardwareProfile) -> float:
