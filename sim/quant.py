@@ -99,3 +99,168 @@ def preset_group_types(preset: str) -> dict[str, str]:
     types["router"] = "F32"
     types.update(PRESETS[key])
     return types
+
+
+# --------------------------------------------------------------------------------------
+# Per-tensor ggml types as llama.cpp's quantizer chooses them
+# --------------------------------------------------------------------------------------
+
+#: ggml block geometry per type: (elements per block, bytes per block), from ggml's
+#: ``type_traits`` (``ggml/src/ggml.c``) and the block structs of ``ggml/src/ggml-common.h``.
+GGML_BLOCK: Mapping[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
+    "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
+    "IQ3_XXS": (256, 98), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+}
+
+#: ``llama_ftype`` enum values (``include/llama.h``) of the presets, written as
+#: ``general.file_type``. ``"MXFP4"`` is ``LLAMA_FTYPE_MOSTLY_MXFP4_MOE`` (gpt-oss GGUFs).
+LLAMA_FTYPE: Mapping[str, int] = {
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+    "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
+    "Q5_K_M": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32, "MXFP4": 38,
+}
+
+#: the presets :func:`tensor_ggml_type` implements, with their default ggml type
+#: (``llama_ftype_get_default_type`` in ``src/llama-quant.cpp``; MXFP4_MOE has none there:
+#: its rule gives every tensor a type itself).
+RULE_PRESETS: Mapping[str, str] = {
+    "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K",
+    "Q5_K_M": "Q5_K", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "MXFP4": "Q8_0",
+}
+
+# tensor_type_fallback() in src/llama-quant.cpp: a type whose block does not divide ne[0]
+_FALLBACK = {
+    "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ3_XXS": "IQ4_NL", "IQ4_XS": "IQ4_NL",
+    "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+}
+
+_UNQUANTISED_GROUPS = ("norm", "router")
+
+
+def use_more_bits(i_layer: int, n_layer: int) -> bool:
+    """llama.cpp's ``use_more_bits`` (``src/llama-quant.cpp``): the first and last ``n/8``
+    layers and every third layer in between (``(i - n/8) % 3 == 2``), integer division.
+
+    E.g. 24 of 48 layers, 30 of 62, 16 of 32.
+    """
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+
+
+def ggml_nbytes(ggml_type: str, n_elements: int) -> int:
+    """Bytes of ``n_elements`` values of a ggml type (``ggml_row_size``).
+
+    Raises:
+        KeyError: unknown type.
+        ValueError: ``n_elements`` is not a whole number of blocks.
+    """
+    blk, size = GGML_BLOCK[ggml_type.upper()]
+    if n_elements % blk:
+        raise ValueError(f"{n_elements} elements are not a whole number of {ggml_type} blocks of {blk}")
+    return n_elements // blk * size
+
+
+def tensor_ggml_type(preset: str, group: str, layer: int = -1, n_layer: int = 1, *,
+                     n_expert: int = 0, n_gqa: int = 1, tied_embeddings: bool = False,
+                     n_in: int | None = None, role: str | None = None,
+                     explicit: str | float | None = None) -> str:
+    """The ggml type llama.cpp's quantizer gives one weight tensor.
+
+    A re-implementation of ``llama_tensor_get_type`` / ``llama_tensor_get_type_impl`` and
+    ``tensor_type_fallback`` in ``src/llama-quant.cpp`` (llama.cpp, vendored in the
+    llama-cpp-python 0.3.36 sdist) for the presets in :data:`RULE_PRESETS`, without an
+    importance matrix and without ``--pure`` / ``--tensor-type`` overrides:
+
+    * norms (``group="norm"``) and the router (``"router"``, ``ffn_gate_inp``) stay F32;
+    * ``output`` (and ``embd`` with tied embeddings): Q6_K for the K/IQ4 presets, Q8_0 for
+      Q8_0 and MXFP4_MOE, unchanged for F16/BF16;
+    * ``embd``: the preset's default type (Q8_0 for MXFP4_MOE);
+    * ``attn_v``: Q4_K_M/Q5_K_M -> Q6_K on :func:`use_more_bits` layers; IQ4_NL/IQ4_XS ->
+      Q5_K when ``n_gqa >= 4``; Q4_K_S -> Q5_K on layers < 4; an 8-expert model -> Q8_0;
+    * ``attn_k``: an 8-expert model -> Q8_0;
+    * ``attn_output``: an 8-expert model -> Q5_K for Q4_K_S/Q4_K_M/IQ4_NL/IQ4_XS;
+    * ``ffn_down`` / ``exps_down`` (and the down part of ``shexp``): Q4_K_M/Q5_K_M -> Q6_K on
+      :func:`use_more_bits` layers; Q4_K_S/IQ4_NL/IQ4_XS -> Q5_K on layers < n/8;
+    * MXFP4_MOE: expert tensors (3-D) MXFP4, every other matrix Q8_0;
+    * a type whose block size does not divide ``n_in`` (ggml ``ne[0]``) falls back
+      (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, ...; F16 if that does not fit either).
+
+    The layer counters of llama.cpp (``i_attention_wv``, ``i_ffn_down``) equal the block index
+    for models with one such tensor per block, which is what ``layer`` is. Not modelled: the
+    Falcon-specific branches and the ``LLM_TYPE_70B`` attn_v bump (Q4_K -> Q5_K on 70B llamas).
+
+    Args:
+        preset: a key of :data:`RULE_PRESETS` (``"Q4_K_M"``).
+        group: a tensor group of :data:`TENSOR_GROUPS`.
+        layer: block index (-1 for ``token_embd``/``output``).
+        n_layer: blocks of the *full* model (the rule depends on it).
+        n_expert: routed experts (``hparams.n_expert``; 8 triggers the Mixtral bumps).
+        n_gqa: ``n_head / n_head_kv``.
+        tied_embeddings: the file has no ``output.weight`` (token_embd is also the output).
+        n_in: ``ne[0]`` of the tensor, for the block-size fallback (None = no check).
+        role: for ``group="shexp"``, ``"gate"``, ``"up"`` or ``"down"``.
+        explicit: the model TOML's value for the group: a type name wins outright; a number
+            (the mean bits of a mixed group) or None leaves the choice to the rule.
+
+    Returns:
+        the ggml type name (``"Q6_K"``).
+
+    Raises:
+        KeyError: unknown preset, group or explicit type name.
+    """
+    if isinstance(explicit, str):
+        name = explicit.upper()
+        if name not in GGML_TYPE_BPW:
+            raise KeyError(f"unknown ggml type '{explicit}'")
+        return name
+    key = preset.upper()
+    if key not in RULE_PRESETS:
+        raise KeyError(f"no llama.cpp type rule for preset '{preset}' (known: {', '.join(RULE_PRESETS)})")
+    if group not in TENSOR_GROUPS:
+        raise KeyError(f"unknown tensor group '{group}'")
+    if group in _UNQUANTISED_GROUPS:
+        return "F32"
+    default = RULE_PRESETS[key]
+    if default in ("F16", "BF16", "F32"):
+        return default                       # ggml_is_quantized(default_type) is false
+    cat = group
+    if group == "shexp":
+        cat = {"gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}.get(role or "", "ffn_up")
+    elif group.startswith("exps_"):
+        cat = "ffn_" + group[5:]
+    t = default
+    k_m = key in ("Q4_K_M", "Q5_K_M")
+    if cat == "output" or (tied_embeddings and cat == "embd"):
+        t = "Q8_0" if key in ("MXFP4", "Q8_0") else "Q6_K"
+        if n_in is not None and key != "MXFP4" and n_in % GGML_BLOCK[default][0]:
+            t = "Q8_0"
+    elif key == "MXFP4":
+        t = "MXFP4" if group.startswith("exps_") else "Q8_0"
+    elif cat == "embd":
+        t = default
+    elif cat == "attn_v":
+        if key in ("IQ4_NL", "IQ4_XS") and n_gqa >= 4:
+            t = "Q5_K"
+        elif k_m and use_more_bits(layer, n_layer):
+            t = "Q6_K"
+        elif key == "Q4_K_S" and layer < 4:
+            t = "Q5_K"
+        if n_expert == 8:
+            t = "Q8_0"
+    elif cat == "attn_k":
+        if n_expert == 8:
+            t = "Q8_0"
+    elif cat == "ffn_down":
+        if k_m and use_more_bits(layer, n_layer):
+            t = "Q6_K"
+        elif key in ("IQ4_NL", "IQ4_XS", "Q4_K_S") and layer < n_layer // 8:
+            t = "Q5_K"
+    elif cat == "attn_output":
+        if n_expert == 8 and key in ("Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS"):
+            t = "Q5_K"
+    if n_in is not None and n_in % GGML_BLOCK[t][0]:
+        fb = _FALLBACK.get(t, t)
+        t = fb if n_in % GGML_BLOCK[fb][0] == 0 else "F16"
+    return t

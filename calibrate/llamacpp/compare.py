@@ -1,0 +1,710 @@
+"""Predicted vs measured llama-bench t/s, untuned: the simulator against real llama.cpp runs.
+
+A run folder (``data/llamacpp/h200-YYYYMMDD/``) holds:
+
+* ``llama-bench.jsonl``: llama-bench's rows exactly as it printed them (``-o jsonl``; one row
+  per test and parameter combination, its ``-r`` repetitions in ``samples_ns``/``samples_ts``);
+* ``invocations.jsonl``: one object per llama-bench invocation, at least ``gguf`` (the GGUF's
+  file name) and ``model_toml`` (the simulator's model file; relative to the run folder, the
+  current folder or the repository root), optionally ``n_layer`` (a GGUF trimmed to fewer
+  layers than the TOML), ``id``, ``args``, ``rc``, ``log``, ``rows``;
+* ``meta.json``: provenance (kept in ``attrs["meta"]`` of the result).
+
+:func:`compare` maps each measured row to its model (the basename of ``model_filename`` is an
+invocation's ``gguf``), cuts the model to the GGUF's layers, builds the row's scenario (hardware
+profile as given; placement, workload and test from the row through :mod:`sim.llamabench`;
+uniform routing; the baseline scheduler only), predicts it with
+:func:`sim.metrics.run_scenario` and returns one row per measured row with the relative error
+``predicted / measured - 1``. Nothing is fitted to the measurements.
+
+CLI::
+
+    python -m calibrate.llamacpp.compare RUN_DIR [--hardware H] [--out CSV] [--figure PNG]
+        [--summary MD] [--jobs N] [--repetitions 3] [--engine analytic|des] [-q]
+
+Cost: the analytic engine spends most of a row building its plans (one graph per ubatch of a
+prompt and per generated token, times the layers, times the routing draws). Measured on the
+development VM (2 vCPUs that together run about one core's worth of Python), one row of a full
+48-layer Qwen3-30B-A3B takes 0.4 s for pp512, 0.7 s for pp2048 and 10–14 s for tg128 (3
+draws); a 62-layer Gemma-3-27B tg128 3.6 s (a dense model is simulated once: it draws no
+routing; 11 s with 3 identical draws). Rows run in parallel processes (``jobs``), longest first, and each distinct
+scenario once (decode rows that differ only in ``-ub``/``-b`` share one): 116 rows of those two
+models (44 of them tg128) took 3 min 44 s there, jobs=2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import PrefetchSimError, ScenarioError
+from sim.llamabench import (RowTerms, model_with_kv, read_llama_bench, row_placement, row_terms, row_workload)
+from sim.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
+    parse_variant
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: files of a run folder
+BENCH_FILE, INVOCATIONS_FILE, META_FILE = "llama-bench.jsonl", "invocations.jsonl", "meta.json"
+#: the default hardware profile (relative to the repository root when not found from the
+#: current folder)
+DEFAULT_HARDWARE = "scenarios/hardware/h200.toml"
+
+#: regimes of a measured row (:func:`regime`)
+REGIMES = (
+    "resident",               # no host-resident weight (token_embd's get_rows aside)
+    "copy_bound_prefill",     # pp test, MoE model, host-resident experts
+    "host_expert_decode",     # tg test, MoE model, host-resident experts
+    "dense_partial_offload",  # dense model with host weights (ngl < n_layer or -ot ...=CPU)
+    "mixed_pp_tg",            # pp+tg (-pg) test, MoE model, host-resident experts
+    "other",                  # MoE model with host weights but no host expert
+    "unknown",                # the row could not be simulated (see note)
+)
+
+#: columns of :func:`compare`'s result, in order
+COLUMNS = (
+    "line", "invocation", "model", "model_toml", "n_layer", "regime", "kind", "test", "n_prompt", "n_gen",
+    "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot", "load_mode", "pinned", "flash_attn",
+    "type_k", "type_v", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
+    "predicted_stddev_ts", "rel_error", "note",
+)
+
+
+# --------------------------------------------------------------------------------------
+# the run folder
+# --------------------------------------------------------------------------------------
+
+
+def resolve(path: str | Path, *bases: Path) -> Path:
+    """``path`` if absolute, else the first of ``base / path`` (in order), the current folder and
+    the repository root that exists (``path`` itself when none does)."""
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    cands = [b / p for b in bases] + [p, ROOT / p]
+    return next((c for c in cands if c.exists()), p)
+
+
+def read_invocations(path: str | Path) -> list[dict]:
+    """Read ``invocations.jsonl``: one JSON object per line (blank lines skipped), each with a
+    string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 1``. Other keys
+    are kept. Each object gets ``_line`` (its 1-based line).
+
+    Raises:
+        ScenarioError: (``file`` the path, ``field`` ``<key>, line N``) a missing or unreadable
+            file, a malformed line, a missing or mistyped key, no invocation.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError("file not found (one JSON object per llama-bench invocation)", file=p) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"cannot read: {exc}", file=p) from None
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"malformed JSON ({exc.msg}, column {exc.colno})", file=p, field=f"line {i}") from None
+        if not isinstance(rec, dict):
+            raise ScenarioError("expected a JSON object", file=p, field=f"line {i}")
+        for key in ("gguf", "model_toml"):
+            if not isinstance(rec.get(key), str) or not rec[key]:
+                raise ScenarioError(f"expected a non-empty string, got {rec.get(key)!r}", file=p,
+                                    field=f"{key}, line {i}")
+        n = rec.get("n_layer")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ScenarioError(f"expected an integer >= 1, got {n!r}", file=p, field=f"n_layer, line {i}")
+        out.append({**rec, "_line": i})
+    if not out:
+        raise ScenarioError("no invocations", file=p)
+    return out
+
+
+def cut_model(model: ModelSpec, n_layer: int | None) -> ModelSpec:
+    """``model`` cut to its first ``n_layer`` layers (a GGUF trimmed in layers): the real per-layer
+    shapes and bytes, totals recomputed (as ``sim.validation._model_cut``). Unchanged for None or
+    the model's own count.
+
+    Raises:
+        ValueError: ``n_layer`` above the model's layers.
+    """
+    if n_layer is None or n_layer == model.n_layer:
+        return model
+    if n_layer > model.n_layer:
+        raise ValueError(f"n_layer {n_layer} exceeds the model's {model.n_layer} layers")
+    moe = model.moe
+    if moe is not None and moe.n_layer_dense_lead > n_layer:
+        moe = replace(moe, n_layer_dense_lead=n_layer)
+    m = replace(model, n_layer=n_layer, moe=moe)
+    for k in ("tensors", "n_params", "nbytes"):
+        m.__dict__.pop(k, None)
+    return m
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The simulator model of a GGUF: the TOML and the layers kept."""
+
+    model_toml: Path
+    n_layer: int | None
+
+
+def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dict[str, ModelRef]:
+    """GGUF basename -> :class:`ModelRef`, from the invocations.
+
+    Raises:
+        ScenarioError: a model TOML that does not exist, or one GGUF named with two different
+            model files or layer counts.
+    """
+    out: dict[str, ModelRef] = {}
+    layers: dict[Path, int] = {}
+    for inv in invocations:
+        line = inv["_line"]
+        toml = resolve(inv["model_toml"], run_dir)
+        if not toml.is_file():
+            raise ScenarioError(f"model file not found: {inv['model_toml']} (tried the run folder, the current "
+                                "folder and the repository root)", file=inv_file, field=f"model_toml, line {line}")
+        toml = toml.resolve()
+        if toml not in layers:
+            layers[toml] = load_model(toml).n_layer
+        n = inv.get("n_layer")
+        ref = ModelRef(toml, None if n == layers[toml] else n)
+        key = Path(inv["gguf"]).name
+        if key in out and out[key] != ref:
+            raise ScenarioError(f"GGUF '{key}' is named with two models: {out[key].model_toml} "
+                                f"({out[key].n_layer} layers) and {ref.model_toml} ({ref.n_layer} layers)",
+                                file=inv_file, field=f"gguf, line {line}")
+        out[key] = ref
+    return out
+
+
+def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | None]:
+    """The invocation of each bench row: by order when every invocation reports its ``rows``
+    and they add up to the file's rows with matching GGUFs; else the one invocation of the
+    row's GGUF (None when there are several or none)."""
+    names = [Path(str(f)).name for f in bench["model_filename"]]
+    counts = [inv.get("rows") for inv in invocations]
+    if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and sum(counts) == len(names):
+        seq = [inv for inv, c in zip(invocations, counts) for _ in range(c)]
+        if all(Path(inv["gguf"]).name == n for inv, n in zip(seq, names)):
+            return seq
+    by_gguf: dict[str, list[dict]] = {}
+    for inv in invocations:
+        by_gguf.setdefault(Path(inv["gguf"]).name, []).append(inv)
+    return [by_gguf[n][0] if len(by_gguf.get(n, [])) == 1 else None for n in names]
+
+
+# --------------------------------------------------------------------------------------
+# one row
+# --------------------------------------------------------------------------------------
+
+
+def bench_kind(n_prompt: int, n_gen: int) -> str:
+    """``pp``, ``tg`` or ``pp+tg`` (``-pg``)."""
+    return "pp" if not n_gen else "tg" if not n_prompt else "pp+tg"
+
+
+def regime(model: ModelSpec, placement: Placement, kind: str) -> str:
+    """The regime of a row (:data:`REGIMES`): ``resident`` when no weight is host-resident
+    (``token_embd``, whose rows llama.cpp always gathers on the host, aside); on a MoE model
+    with host-resident experts ``copy_bound_prefill`` (pp), ``host_expert_decode`` (tg) or
+    ``mixed_pp_tg``; on a dense model with host weights ``dense_partial_offload``; else
+    ``other``."""
+    host = [t for t in model.tensors if t.group != "embd" and placement.host_resident(model, t)]
+    if not host:
+        return "resident"
+    if model.moe is None:
+        return "dense_partial_offload"
+    if any(t.is_expert for t in host):
+        return {"pp": "copy_bound_prefill", "tg": "host_expert_decode"}.get(kind, "mixed_pp_tg")
+    return "other"
+
+
+@dataclass(frozen=True)
+class RowCase:
+    """One measured row made a simulator case.
+
+    Attributes:
+        scenario: the scenario (None when the row cannot be simulated; see ``notes``).
+        tests: the tests to simulate (two for ``pp+tg``: the prompt, then the generation).
+        terms: the row in the simulator's terms (None when it could not be read).
+        model: the model as simulated (cut to the GGUF's layers, the row's KV type).
+        regime: :data:`REGIMES`.
+        notes: what the simulator does not represent of the row.
+        repetitions: routing draws to simulate: the requested ones on a MoE model, 1 on a dense
+            one (no routing: its repetitions would be identical plans).
+    """
+
+    scenario: Scenario | None
+    tests: tuple[BenchTest, ...]
+    terms: RowTerms | None
+    model: ModelSpec
+    regime: str
+    notes: tuple[str, ...]
+    repetitions: int = 1
+
+
+def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile, *, repetitions: int = 3,
+             name: str = "llama-bench row", file: str | None = None) -> RowCase:
+    """The scenario of one llama-bench row on ``model`` (already cut to the GGUF's layers).
+
+    Placement, workload and test from :mod:`sim.llamabench` (``row_terms``, ``row_placement``,
+    ``row_workload``); KV element size from ``type_k``/``type_v``; uniform routing; the baseline
+    variant only; seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
+    (whose plans draw nothing). A row that cannot be simulated (an unknown ``-ot`` buffer, a pattern
+    Python cannot compile, an unknown load mode) gets ``scenario`` None and says why in
+    ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are noted too.
+    """
+    from sim.routing import RoutingSpec
+
+    try:
+        terms = row_terms(row)
+    except ValueError as exc:
+        return RowCase(None, (), None, model, "unknown", (f"not simulated: {exc}",))
+    notes = list(terms.notes)
+    kind = bench_kind(terms.n_prompt, terms.n_gen)
+    m = model_with_kv(model, terms)
+    try:
+        pl, pnotes = row_placement(terms, m, hardware.n_gpu)
+    except ValueError as exc:
+        return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]))
+    notes += pnotes
+    backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")
+    if "CUDA" not in backends:
+        notes.append(f"backend {backends}: simulated as the profile's GPU")
+    if kind == "pp+tg":
+        a, b = terms.tests
+        notes.append(f"pp+tg: simulated as {a.name} then {b.name} in one context")
+    if terms.flash_attn == "off":
+        notes.append("flash_attn off: the simulator has one attention cost (the profile's) for every -fa")
+    elif hardware.attn_table is not None and terms.n_depth > 0:
+        notes.append("attention at depth priced by the profile's unfused attention table, not FlashAttention")
+    reps = repetitions if m.moe is not None else 1
+    scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=row_workload(terms, reps),
+                   routing=RoutingSpec(), variants=(parse_variant("baseline"),), seed=0, file=file)
+    return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps)
+
+
+def predict(scn: Scenario, tests: Sequence[BenchTest], engine: str = "analytic",
+            repetitions: int = 3) -> tuple[float, float]:
+    """Predicted llama-bench t/s of a row: ``(mean, sample stddev)`` over ``repetitions`` routing
+    draws, from :func:`sim.metrics.run_scenario` (baseline variant, one process). For two tests
+    (``pp+tg``) each repetition's t/s is their tokens over the sum of their times, as llama-bench
+    times a ``-pg`` test.
+
+    Raises:
+        PlacementError: the placement does not fit in the profile's VRAM.
+    """
+    from sim.metrics import run_scenario
+
+    res = run_scenario(scn, tests=list(tests), engine=engine, repetitions=repetitions, jobs=1)
+    if len(res) == 1:
+        return res[0].tps_mean, res[0].tps_std
+    total = np.sum([r.makespan_s for r in res], axis=0)
+    tps = sum(t.n_tokens for t in tests) / total
+    return float(np.mean(tps)), float(np.std(tps, ddof=1)) if len(tps) > 1 else 0.0
+
+
+def _predict_task(scn: Scenario, tests: tuple[BenchTest, ...], engine: str, repetitions: int):
+    try:
+        return (*predict(scn, tests, engine, repetitions), None)
+    except ScenarioError as exc:  # PlacementError: does not fit
+        return math.nan, math.nan, f"not simulated: {exc.reason}"
+
+
+def _cost(case: RowCase) -> float:
+    """Relative plan-building cost of a case: graphs x layers x repetitions."""
+    scn = case.scenario
+    ub = scn.workload.n_ubatch
+    graphs = sum(math.ceil(t.n_prompt / ub) if t.n_prompt else t.n_gen for t in case.tests)
+    return graphs * scn.model.n_layer * case.repetitions
+
+
+# --------------------------------------------------------------------------------------
+# compare
+# --------------------------------------------------------------------------------------
+
+
+def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: int = 3
+                ) -> tuple[pd.DataFrame, list[dict], list[RowCase | None], list[str]]:
+    """Read a run folder and build every row's case.
+
+    Returns:
+        ``(bench, invocation per row (or None), case per row (None: no model), extra notes per row)``.
+
+    Raises:
+        ScenarioError: a missing or malformed ``llama-bench.jsonl`` or ``invocations.jsonl``, a
+            model TOML that is missing or malformed, an ``n_layer`` above its TOML's.
+    """
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ScenarioError("run folder not found", file=run)
+    bench_file, inv_file = run / BENCH_FILE, run / INVOCATIONS_FILE
+    bench = read_llama_bench(bench_file)
+    invs = read_invocations(inv_file)
+    refs = model_map(invs, run, inv_file)
+    owners = _attribute(bench, invs)
+    models: dict[tuple, ModelSpec] = {}
+    cases: list[RowCase | None] = []
+    extra: list[str] = []
+    for (line, row), inv in zip(bench.iterrows(), owners):
+        gguf = Path(str(row["model_filename"])).name
+        ref = refs.get(gguf)
+        if str(row.get("devices", "auto")) == "none":
+            cases.append(None)
+            extra.append("not simulated: -dev none (no GPU) is not modelled")
+            continue
+        if ref is None:
+            cases.append(None)
+            extra.append(f"not simulated: no invocation names GGUF '{gguf}'")
+            continue
+        key = (ref.model_toml, ref.n_layer)
+        if key not in models:
+            base = load_model(ref.model_toml)
+            try:
+                models[key] = cut_model(base, ref.n_layer)
+            except ValueError as exc:
+                raise ScenarioError(f"GGUF '{gguf}': {exc} ({ref.model_toml})", file=inv_file,
+                                    field="n_layer") from None
+        label = f"{inv['id'] if inv and 'id' in inv else gguf} line {line}: {row['test']}"
+        cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
+        rc = inv.get("rc") if inv else None
+        extra.append(f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "")
+    return bench, owners, cases, extra
+
+
+def _case_key(case: RowCase) -> tuple:
+    """Rows with equal keys get the same prediction. A decode-only row's plans do not depend on
+    ``-ub``/``-b`` (one-token graphs; the ubatch enters only the VRAM check, done per row by
+    :func:`_fit_note`), so those are left out of its key."""
+    s = case.scenario
+    m = s.model
+    wl = s.workload
+    if all(not t.n_prompt for t in case.tests):
+        wl = replace(wl, n_ubatch=1, n_batch=1)
+    return (m.file, m.n_layer, m.kv_bytes_per_elem, s.placement, wl, case.tests, case.repetitions)
+
+
+def _fit_note(scn: Scenario) -> str | None:
+    """None when the row's placement fits the profile's VRAM (:func:`sim.vram.account`, as
+    ``run_scenario`` checks it), else the note saying why not."""
+    from sim.vram import account
+
+    try:
+        account(scn, scn.variants[0])
+    except ScenarioError as exc:  # PlacementError
+        return f"not simulated: {exc.reason}"
+    return None
+
+
+def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAULT_HARDWARE,
+            engine: str = "analytic", *, repetitions: int = 3, jobs: int | None = None,
+            progress: Callable[[Iterable], Iterable] | None = None) -> pd.DataFrame:
+    """Predicted vs measured t/s of every row of a run folder (see the module docstring).
+
+    Args:
+        run_dir: the run folder (``llama-bench.jsonl``, ``invocations.jsonl``, ``meta.json``).
+        hardware: a hardware profile TOML (relative to the current folder or the repository
+            root) or a loaded profile.
+        engine: ``analytic`` or ``des`` (the same schedule; des is slower).
+        repetitions: routing draws per row of a MoE model (the predicted t/s is their mean; a
+            dense model's rows are simulated once: they draw nothing).
+        jobs: parallel processes (default: all cores); 1 runs in this process. The result does
+            not depend on it.
+        progress: wraps the iterable of pending predictions (e.g. ``tqdm``).
+
+    Returns:
+        One row per measured row, in file order, with :data:`COLUMNS`: ``line`` (in
+        ``llama-bench.jsonl``), ``invocation`` (its id when known), ``model`` (llama-bench's
+        ``model_type``), ``model_toml``, ``n_layer`` (of the GGUF), ``regime``
+        (:data:`REGIMES`), ``kind`` (pp, tg, pp+tg), ``test`` (llama-bench's name), the row's
+        settings as llama-bench printed them (``ngl`` is ``n_gpu_layers``, ``ot``
+        ``tensor_buft_overrides``), ``pinned`` (as simulated), ``measured_ts`` (``avg_ts``),
+        ``measured_stddev_ts``, ``n_samples``, ``predicted_ts`` and ``predicted_stddev_ts``
+        (t/s; NaN when not simulated), ``rel_error`` (``predicted_ts / measured_ts - 1``) and
+        ``note`` (``; ``-joined; what the simulator did not represent). ``attrs``: ``meta``
+        (``meta.json``, or {}), ``hardware`` (profile name), ``engine``, ``run_dir``.
+
+    Raises:
+        ScenarioError: a missing or malformed run file or model/hardware file (one line,
+            naming the file and field).
+        ValueError: an unknown engine.
+    """
+    if engine not in ("analytic", "des"):
+        raise ValueError(f"engine must be 'analytic' or 'des', got {engine!r}")
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(resolve(hardware))
+    bench, owners, cases, extra = build_cases(run_dir, hw, repetitions=repetitions)
+    # placements that do not fit are not simulated; the others once per key, longest first
+    # (the pool balances better)
+    fit = [_fit_note(c.scenario) if c is not None and c.scenario is not None else None for c in cases]
+    todo: dict[tuple, RowCase] = {}
+    for c, f in zip(cases, fit):
+        if c is not None and c.scenario is not None and f is None:
+            todo.setdefault(_case_key(c), c)
+    order = sorted(todo, key=lambda k: -_cost(todo[k]))
+    results: dict[tuple, tuple] = {}
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(order)))
+    if jobs == 1:
+        it = progress(order) if progress else order
+        for k in it:
+            c = todo[k]
+            results[k] = _predict_task(c.scenario, c.tests, engine, c.repetitions)
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            futs = {ex.submit(_predict_task, todo[k].scenario, todo[k].tests, engine, todo[k].repetitions): k
+                    for k in order}
+            done = _Sized(as_completed(futs), len(futs))
+            for f in (progress(done) if progress else done):
+                results[futs[f]] = f.result()
+
+    rows = []
+    for (line, row), inv, case, ex_note, fit_note in zip(bench.iterrows(), owners, cases, extra, fit):
+        terms = case.terms if case is not None else None
+        pred = (math.nan, math.nan, fit_note)
+        if case is not None and case.scenario is not None and fit_note is None:
+            pred = results[_case_key(case)]
+        notes = ([ex_note] if ex_note else []) + (list(case.notes) if case else []) + ([pred[2]] if pred[2] else [])
+        measured = float(row["avg_ts"])
+        samples = row.get("samples_ns")
+        if not isinstance(samples, list):
+            samples = row.get("samples_ts")
+        std = row.get("stddev_ts")
+        m = case.model if case is not None else None
+        rows.append(dict(
+            line=line, invocation=(inv or {}).get("id"), model=row["model_type"],
+            model_toml=_rel(m.file) if m is not None else None, n_layer=m.n_layer if m is not None else None,
+            regime=case.regime if case is not None else "unknown",
+            kind=bench_kind(int(row["n_prompt"]), int(row["n_gen"])), test=row["test"],
+            n_prompt=int(row["n_prompt"]), n_gen=int(row["n_gen"]), n_depth=int(row["n_depth"]),
+            n_ubatch=int(row["n_ubatch"]), n_batch=int(row["n_batch"]), ngl=int(row["n_gpu_layers"]),
+            n_cpu_moe=_int_or(row.get("n_cpu_moe"), 0), ot=_str_or(row.get("tensor_buft_overrides"), "none"),
+            load_mode=terms.load_mode if terms else _str_or(row.get("load_mode"), "auto"),
+            pinned=terms.pinned if terms else None, flash_attn=terms.flash_attn if terms else None,
+            type_k=_str_or(row.get("type_k"), "f16"), type_v=_str_or(row.get("type_v"), "f16"),
+            measured_ts=measured, measured_stddev_ts=float(std) if _finite(std) else math.nan,
+            n_samples=len(samples) if isinstance(samples, list) else None,
+            predicted_ts=pred[0], predicted_stddev_ts=pred[1],
+            rel_error=pred[0] / measured - 1.0 if _finite(pred[0]) else math.nan,
+            note="; ".join(notes),
+        ))
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
+    for col in ("n_layer", "n_samples"):
+        df[col] = df[col].astype("Int64")
+    meta_path = Path(run_dir) / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
+    df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
+                    repetitions=repetitions)
+    return df
+
+
+class _Sized:
+    """An iterator with a length (for a progress bar)."""
+
+    def __init__(self, it: Iterable, n: int):
+        self._it, self._n = it, n
+
+    def __iter__(self):
+        return iter(self._it)
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_or(v: Any, default: int) -> int:
+    return int(v) if _finite(v) else default
+
+
+def _str_or(v: Any, default: str) -> str:
+    return default if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def _rel(path: str | None) -> str | None:
+    if path is None:
+        return None
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+# --------------------------------------------------------------------------------------
+# summary and figure
+# --------------------------------------------------------------------------------------
+
+SUMMARY_COLUMNS = ("group", "n_rows", "n_predicted", "median_abs_rel_error", "p90_abs_rel_error", "median_rel_error")
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Error summary of :func:`compare`'s result: overall (``all``), by test kind (``pp``,
+    ``tg``, ``pp+tg``) and by regime (in :data:`REGIMES` order; groups without rows omitted).
+
+    Returns:
+        :data:`SUMMARY_COLUMNS`: rows, rows with a prediction, median and 90th percentile
+        (linear interpolation) of ``|rel_error|``, and the median signed ``rel_error`` (bias),
+        over the predicted rows (NaN when none).
+    """
+    groups = [("all", df)]
+    groups += [(k, df[df.kind == k]) for k in ("pp", "tg", "pp+tg") if (df.kind == k).any()]
+    groups += [(f"regime: {r}", df[df.regime == r]) for r in REGIMES if (df.regime == r).any()]
+    out = []
+    for name, g in groups:
+        e = g.rel_error.dropna()
+        out.append(dict(group=name, n_rows=len(g), n_predicted=len(e),
+                        median_abs_rel_error=float(e.abs().median()) if len(e) else math.nan,
+                        p90_abs_rel_error=float(e.abs().quantile(0.9)) if len(e) else math.nan,
+                        median_rel_error=float(e.median()) if len(e) else math.nan))
+    return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
+
+
+def summary_markdown(summary: pd.DataFrame, title: str | None = None) -> str:
+    """The summary as a markdown table (errors in percent), with an optional title line."""
+    def pct(x: float, signed: bool = False) -> str:
+        return "" if not math.isfinite(x) else f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+    lines = [title, ""] if title else []
+    lines += ["| group | rows | predicted | median abs(err) | p90 abs(err) | median err |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in summary.itertuples(index=False):
+        lines.append(f"| {r.group} | {r.n_rows} | {r.n_predicted} | {pct(r.median_abs_rel_error)} | "
+                     f"{pct(r.p90_abs_rel_error)} | {pct(r.median_rel_error, signed=True)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
+    """Predicted vs measured t/s, log-log, coloured by regime (marker by test kind), with the
+    y = x line and a ±10 % band; rows without a prediction are left out. Written atomically.
+
+    Raises:
+        ValueError: no row has a prediction.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from sim.atomic import save_figure
+
+    d = df[np.isfinite(df.predicted_ts.astype(float))]
+    if d.empty:
+        raise ValueError("no row has a prediction to plot")
+    fig = Figure(figsize=(7, 6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    lo = min(d.measured_ts.min(), d.predicted_ts.min()) * 0.7
+    hi = max(d.measured_ts.max(), d.predicted_ts.max()) * 1.4
+    xs = np.array([lo, hi])
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="0.9", label="±10%", zorder=0)
+    ax.plot(xs, xs, "k-", lw=0.8, label="y = x", zorder=1)
+    markers = {"pp": "o", "tg": "^", "pp+tg": "s"}
+    for i, r in enumerate(REGIMES):
+        for kind, mk in markers.items():
+            g = d[(d.regime == r) & (d.kind == kind)]
+            if len(g):
+                ax.scatter(g.measured_ts, g.predicted_ts, s=26, marker=mk, color=f"C{i}", alpha=0.85, zorder=2,
+                           label=f"{r} ({kind})")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured llama-bench t/s")
+    ax.set_ylabel(f"predicted t/s ({df.attrs.get('engine', 'analytic')}, untuned)")
+    s = summarize(d).iloc[0]
+    ax.set_title(f"{int(s.n_predicted)} rows: median |err| {s.median_abs_rel_error:.1%}, "
+                 f"p90 {s.p90_abs_rel_error:.1%}")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.compare",
+                                 description="Predicted (simulator, untuned) vs measured (llama-bench) t/s of a run "
+                                             "folder; prints an error summary as markdown.")
+    ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
+    ap.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
+    ap.add_argument("--engine", choices=("analytic", "des"), default="analytic")
+    ap.add_argument("--repetitions", type=int, default=3, help="routing draws per row (default 3)")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
+    ap.add_argument("--out", metavar="CSV", help="write one row per measured row")
+    ap.add_argument("--figure", metavar="PNG", help="write the predicted-vs-measured scatter")
+    ap.add_argument("--summary", metavar="MD", help="write the summary table (markdown)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 with a one-line message on a bad input)."""
+    from sim.atomic import check_output_path, write_atomic
+
+    args = build_parser().parse_args(argv)
+    prog = "compare"
+    try:
+        if args.repetitions < 1:
+            raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
+        if args.jobs is not None and args.jobs < 1:
+            raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+        for flag in ("out", "figure", "summary"):
+            if getattr(args, flag):
+                check_output_path(getattr(args, flag), f"--{flag}")
+        progress = None
+        if not args.quiet:
+            from tqdm import tqdm
+
+            progress = lambda it: tqdm(it, desc="simulating", unit="scenario", file=sys.stderr)  # noqa: E731
+        df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
+                     progress=progress)
+        summ = summarize(df)
+        title = (f"Predicted vs measured, untuned: {args.run_dir} on profile '{df.attrs['hardware']}' "
+                 f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
+        md = summary_markdown(summ, title)
+        if args.out:
+            write_atomic(args.out, df.to_csv(index=False))
+        if args.summary:
+            write_atomic(args.summary, md)
+        if args.figure:
+            try:
+                plot_compare(df, args.figure)
+            except ValueError as exc:
+                print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
+        sys.stdout.write(md)
+        n_bad = int(df.predicted_ts.isna().sum())
+        if n_bad:
+            print(f"{prog}: {n_bad} of {len(df)} rows not simulated (see the note column)", file=sys.stderr)
+        return 0
+    except PrefetchSimError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""A measured llama-bench grid: the spec (TOML), a time estimate, and the runner.
+
+A grid spec (``calibrate/llamacpp/grids/h200.toml``) names models (a shipped model TOML, the
+GGUF the writer makes of it, an optional layer cut) and runs, each one llama-bench invocation
+with llama-bench's own flags; llama-bench takes the cartesian product of its comma lists, so
+one run gives several rows. Runs are ordered so that a model loads once per parameter set
+(``-m -ngl -ncmoe -ot -lm`` force a reload; ``-ub -p -n -d -fa`` do not).
+
+The runner writes, into a run folder:
+
+* ``llama-bench.jsonl`` — llama-bench's ``-o jsonl`` rows exactly as it printed them;
+* ``invocations.jsonl`` — one record per invocation (id, model TOML, GGUF, layers, the whole
+  command line, environment, exit code, wall time, rows, peak VRAM, log file);
+* ``logs/<id>.log`` — llama-bench's stderr (``-v``: buffer sizes per device);
+* routing runs (``kind = "routing"``) go to ``routing.jsonl`` instead, with their
+  ``prefetch-sim copy-log`` lines in the log (:mod:`calibrate.llamacpp.patches`).
+
+A run already recorded with exit code 0 is skipped, so a grid can be resumed. An invocation
+that fails or times out is recorded with its exit code and log and the grid goes on; its rows
+(if any) are not added to the ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import ScenarioError
+from sim.tomlio import Fields, load_toml
+
+#: flags the runner sets itself (a spec must not)
+RUNNER_FLAGS = ("-m", "--model", "-o", "--output", "-r", "--repetitions", "-oe", "--output-err")
+#: flags that force a model reload in llama-bench (``../shared/LLAMACPP.md``)
+MODEL_FLAGS = ("-m", "-ngl", "--n-gpu-layers", "-ncmoe", "--n-cpu-moe", "-sm", "-mg", "-ts", "-lm",
+               "--load-mode", "-dev", "--no-host", "-ot", "--override-tensor", "-mmp")
+
+
+@dataclass(frozen=True)
+class GridModel:
+    """A model of the grid.
+
+    Attributes:
+        key: short name used by runs and for the GGUF file (``<key>.gguf``).
+        toml: the shipped model TOML the GGUF is written from (relative to the repo root).
+        n_layer: blocks written (0 = all; fewer when the full model does not fit the disk).
+        seed: seed of the writer's random weights.
+    """
+
+    key: str
+    toml: str
+    n_layer: int = 0
+    seed: int = 0
+
+    @property
+    def gguf_name(self) -> str:
+        return f"{self.key}.gguf"
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One llama-bench invocation.
+
+    Attributes:
+        id: unique name (also the log file's).
+        model: a :attr:`GridModel.key`.
+        args: llama-bench flags other than ``-m -o -r`` (shlex-split).
+        kind: ``"bench"`` (ground truth) or ``"routing"`` (copy-log check, its own file).
+        repetitions: ``-r`` (0 = the grid's).
+        env: extra environment variables.
+    """
+
+    id: str
+    model: str
+    args: tuple[str, ...]
+    kind: str = "bench"
+    repetitions: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A whole grid (see the module docstring).
+
+    Attributes:
+        name: label.
+        repetitions: llama-bench ``-r`` (>= 5 for ground truth).
+        timeout_s: wall limit of one invocation.
+        models, runs: the grid.
+        file: the TOML it came from.
+    """
+
+    name: str
+    repetitions: int
+    timeout_s: float
+    models: tuple[GridModel, ...]
+    runs: tuple[GridRun, ...]
+    file: str = ""
+
+    def model(self, key: str) -> GridModel:
+        return next(m for m in self.models if m.key == key)
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    """Read a grid spec TOML.
+
+    Raises:
+        ScenarioError: naming the file and field of a missing/invalid value, a duplicate id, a
+            run of an unknown model, or a run that sets a flag the runner sets (``-m -o -r``).
+    """
+    data = load_toml(path)
+    f = Fields(data, path)
+    g = f.sub("grid", required=True)
+    name = g.str("name")
+    reps = g.int("repetitions", 5, min=1)
+    timeout = g.float("timeout_s", 600.0, positive=True)
+    g.check_unknown()
+    models: list[GridModel] = []
+    for i, tbl in enumerate(f.raw("model", []) or []):
+        mf = Fields(tbl, path, f"model[{i}]")
+        models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
+                                seed=mf.int("seed", 0, min=0)))
+        mf.check_unknown()
+    if not models:
+        raise ScenarioError("a grid needs at least one [[model]]", file=path, field="model")
+    keys = [m.key for m in models]
+    if len(set(keys)) != len(keys):
+        raise ScenarioError(f"duplicate model keys: {keys}", file=path, field="model")
+    runs: list[GridRun] = []
+    for i, tbl in enumerate(f.raw("run", []) or []):
+        rf = Fields(tbl, path, f"run[{i}]")
+        rid = rf.str("id")
+        model = rf.str("model", choices=tuple(keys))
+        try:
+            args = tuple(shlex.split(rf.str("args")))
+        except ValueError as exc:
+            raise rf.error("args", f"cannot split: {exc}") from None
+        bad = [a for a in args if a in RUNNER_FLAGS]
+        if bad:
+            raise rf.error("args", f"{', '.join(bad)} is set by the runner, not the spec")
+        env_raw = rf.raw("env", {}) or {}
+        if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
+            raise rf.error("env", "expected a table of strings")
+        runs.append(GridRun(id=rid, model=model, args=args, kind=rf.str("kind", "bench", choices=("bench", "routing")),
+                            repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items()))))
+        rf.check_unknown()
+    ids = [r.id for r in runs]
+    dup = sorted({x for x in ids if ids.count(x) > 1})
+    if dup:
+        raise ScenarioError(f"duplicate run ids: {dup}", file=path, field="run")
+    f.check_unknown()
+    return GridSpec(name=name, repetitions=reps, timeout_s=timeout, models=tuple(models), runs=tuple(runs),
+                    file=str(path))
+
+
+# --------------------------------------------------------------------------------------
+# llama-bench argument expansion (for estimates and checks; llama-bench itself does the runs)
+# --------------------------------------------------------------------------------------
+
+
+def _values(text: str) -> list[str]:
+    """A llama-bench comma list with ``a-b*m`` / ``a-b+s`` ranges expanded (ints), else the items."""
+    from sim.cli import _int_list
+
+    try:
+        return [str(v) for v in _int_list(text)]
+    except Exception:
+        return text.split(",")
+
+
+def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
+    """The parameter combinations a llama-bench invocation runs, as ``{flag: value}`` dicts
+    plus a ``test`` entry (``pp512``, ``tg128``; depth as ``@ d8192``), in no particular order.
+    Flags without a value (``-v``) are ignored. Only the flags that set rows are expanded:
+    ``-p -n -d -ub -b -fa -ncmoe -ngl -lm -ot``.
+
+    Raises:
+        ValueError: a flag that needs a value is last.
+    """
+    import itertools
+
+    vals: dict[str, list[str]] = {}
+    i = 0
+    alias = {"--n-prompt": "-p", "--n-gen": "-n", "--n-depth": "-d", "--ubatch-size": "-ub", "--batch-size": "-b",
+             "--flash-attn": "-fa", "--n-cpu-moe": "-ncmoe", "--n-gpu-layers": "-ngl", "--load-mode": "-lm",
+             "--override-tensor": "-ot"}
+    while i < len(args):
+        a = alias.get(args[i], args[i])
+        if a in ("-p", "-n", "-d", "-ub", "-b", "-fa", "-ncmoe", "-ngl", "-lm", "-ot", "-t"):
+            if i + 1 >= len(args):
+                raise ValueError(f"{a} needs a value")
+            v = args[i + 1]
+            vals.setdefault(a, []).extend(v.split(",") if a == "-ot" else _values(v))
+            i += 2
+        else:
+            i += 1
+    p = vals.pop("-p", ["512"])
+    n = vals.pop("-n", ["128"])
+    d = vals.pop("-d", ["0"])
+    keys = sorted(vals)
+    out = []
+    for combo in itertools.product(*(vals[k] for k in keys)):
+        base = dict(zip(keys, combo))
+        for depth in d:
+            for pp in p:
+                if int(pp) > 0:
+                    out.append({**base, "-d": depth, "test": f"pp{pp}" + (f" @ d{depth}" if int(depth) else "")})
+            for tg in n:
+                if int(tg) > 0:
+                    out.append({**base, "-d": depth, "test": f"tg{tg}" + (f" @ d{depth}" if int(depth) else "")})
+    return out
+
+
+def count_rows(spec: GridSpec, kind: str = "bench") -> int:
+    """Rows the grid's runs of ``kind`` will print."""
+    return sum(len(expand(r.args)) for r in spec.runs if r.kind == kind)
+
+
+# --------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------
+
+
+class VramSampler:
+    """Peak GPU memory used while a program runs: one ``nvidia-smi --query-gpu=memory.used
+    -lms INTERVAL`` process for the whole run (one process, not one per sample, so that the
+    sampling barely touches the CPU that host-side decode runs on); ``peak_mib`` is None
+    without nvidia-smi or when it printed nothing."""
+
+    def __init__(self, interval_s: float = 0.5):
+        self.interval_ms = max(int(interval_s * 1000), 100)
+        self.peak_mib: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+        self._exe = shutil.which("nvidia-smi")
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for ln in self._proc.stdout:
+            try:
+                v = max(int(x) for x in ln.replace(",", " ").split())
+            except ValueError:
+                continue
+            self.peak_mib = v if self.peak_mib is None else max(self.peak_mib, v)
+
+    def __enter__(self) -> VramSampler:
+        if self._exe:
+            try:
+                self._proc = subprocess.Popen([self._exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                               f"-lms={self.interval_ms}"], stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self._proc = None
+            else:
+                self._thread = threading.Thread(target=self._read, daemon=True)
+                self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def done_ids(out_dir: str | Path) -> set[str]:
+    """Ids of runs recorded in ``invocations.jsonl`` with exit code 0."""
+    p = Path(out_dir) / "invocations.jsonl"
+    if not p.is_file():
+        return set()
+    ids = set()
+    for ln in p.read_text().splitlines():
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if rec.get("rc") == 0:
+            ids.add(rec["id"])
+    return ids
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    with open(path, "a") as fh:
+        for ln in lines:
+            fh.write(ln.rstrip("\n") + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def run_one(run: GridRun, spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir: str | Path,
+            *, repetitions: int | None = None, say=print, timeout_s: float | None = None) -> dict:
+    """Run one invocation and record it (see the module docstring); returns its record.
+    ``timeout_s`` (default: the spec's) bounds its wall time; past it the process is killed
+    and the run recorded with exit code 124."""
+    out = Path(out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    m = spec.model(run.model)
+    gguf = Path(models_dir) / m.gguf_name
+    reps = run.repetitions or repetitions or spec.repetitions
+    cmd = [str(bench), "-m", str(gguf), *run.args, "-r", str(reps), "-o", "jsonl", "-v"]
+    log = out / "logs" / f"{run.id}.log"
+    env = {**os.environ, **dict(run.env)}
+    rec = {"id": run.id, "kind": run.kind, "model": m.key, "model_toml": m.toml, "gguf": m.gguf_name,
+           "n_layer": m.n_layer, "args": list(run.args), "repetitions": reps, "cmd": cmd,
+           "env": dict(run.env), "log": f"logs/{run.id}.log",
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if not gguf.is_file():
+        rec.update(rc=-1, error=f"GGUF not found: {gguf}", wall_s=0.0, rows=0)
+        _append(out / "invocations.jsonl", [json.dumps(rec)])
+        say(f"[grid] {run.id}: GGUF not found: {gguf}")
+        return rec
+    t0 = time.monotonic()
+    rows: list[str] = []
+    with open(log, "w") as err, VramSampler() as vram:
+        err.write("$ " + shlex.join(cmd) + "\n")
+        err.flush()
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, env=env, text=True,
+                                  timeout=timeout_s or spec.timeout_s)
+            rc, stdout = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            rc = 124
+            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+    bad = 0
+    for ln in stdout.splitlines():
+        ln = ln.strip()
+        if not ln.startswith("{"):
+            continue
+        try:
+            json.loads(ln)
+        except ValueError:
+            bad += 1
+            continue
+        rows.append(ln)
+    rec.update(rc=rc, wall_s=round(time.monotonic() - t0, 2), rows=len(rows), malformed_lines=bad,
+               peak_vram_mib=vram.peak_mib, expected_rows=len(expand(run.args)))
+    if rc == 0 and rows:
+        _append(out / ("routing.jsonl" if run.kind == "routing" else "llama-bench.jsonl"), rows)
+    elif rc == 0:
+        rec["rc"] = rc = -2
+        rec["error"] = "llama-bench printed no row"
+    if rc != 0:
+        rec.setdefault("error", "timed out" if rc == 124 else f"llama-bench exited {rc}")
+        say(f"[grid] {run.id}: {rec['error']}; log: {log}")
+    else:
+        say(f"[grid] {run.id}: {len(rows)} rows in {rec['wall_s']:.1f} s (peak VRAM {vram.peak_mib} MiB)")
+    _append(out / "invocations.jsonl", [json.dumps(rec)])
+    return rec
+
+
+def run_grid(spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir: str | Path, *,
+             only: set[str] | None = None, deadline_at: float | None = None, say=print,
+             repetitions: int | None = None) -> list[dict]:
+    """Run every run of ``spec`` not yet done (routing runs first, then in spec order), until
+    ``deadline_at`` (``time.monotonic()``) if given (a run started before it is cut at it, with
+    at least 30 s); returns the new records."""
+    done = done_ids(out_dir)
+    order = [r for r in spec.runs if r.kind == "routing"] + [r for r in spec.runs if r.kind != "routing"]
+    recs = []
+    for run in order:
+        if run.id in done or (only and run.id not in only):
+            continue
+        if deadline_at is not None and time.monotonic() > deadline_at:
+            say(f"[grid] deadline reached before {run.id}; {len(recs)} runs done this time")
+            break
+        limit = None if deadline_at is None else min(spec.timeout_s, max(30.0, deadline_at - time.monotonic()))
+        recs.append(run_one(run, spec, bench, models_dir, out_dir, say=say, repetitions=repetitions, timeout_s=limit))
+    return recs

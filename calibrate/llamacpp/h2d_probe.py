@@ -1,0 +1,70 @@
+"""Pinned and pageable H2D bandwidth of this machine, measured with CuPy in the same lease as
+the llama-bench grid (for the routing check's time-implied bytes,
+:mod:`calibrate.llamacpp.routing_check`).
+
+``python -m calibrate.llamacpp.h2d_probe OUT.json``: copies of 64 MiB, 256 MiB and 1 GiB from
+a 1 GiB host buffer (each copy at a new place, so none is served from the CPU caches;
+:func:`calibrate.measure.measure_copies`), timed with CUDA events. ``pinned_bytes_per_s`` and
+``pageable_bytes_per_s`` are the 1 GiB copies' bytes over their median time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def probe(out: str | Path) -> dict:
+    """Measure and write ``out`` (JSON); returns the record.
+
+    Raises:
+        GPUUnavailableError: no CuPy or no GPU.
+    """
+    from calibrate._gpu import require_cupy
+    from calibrate.measure import alloc_copy_buffers, measure_copies, open_gpu
+
+    cp = require_cupy()
+    g = open_gpu(cp)
+    bufs = alloc_copy_buffers(g, 2**30)
+    sizes = [64 * 2**20, 256 * 2**20, 2**30]
+    rows = measure_copies(g, bufs, sizes, 0, budget_s=0.5)
+    rec: dict = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": g.info.get("device"),
+                 "cuda_runtime_version": g.info.get("cuda_runtime_version"), "cupy_version": g.info.get("cupy_version"),
+                 "method": __doc__.split("\n\n")[1].replace("\n", " "), "medians": []}
+    for direction in ("h2d", "d2h"):
+        for memory in ("pinned", "pageable"):
+            for nb in sizes:
+                t = [r["t_s"] for r in rows if r["direction"] == direction and r["memory"] == memory and r["nbytes"] == nb]
+                if t:
+                    rec["medians"].append({"direction": direction, "memory": memory, "nbytes": nb, "n": len(t),
+                                           "median_s": float(np.median(t)), "gb_per_s": nb / float(np.median(t)) / 1e9})
+    for memory in ("pinned", "pageable"):
+        m = [r for r in rec["medians"] if r["direction"] == "h2d" and r["memory"] == memory and r["nbytes"] == 2**30]
+        rec[f"{memory}_bytes_per_s"] = m[0]["gb_per_s"] * 1e9 if m else None
+    Path(out).write_text(json.dumps(rec, indent=1))
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.errors import PrefetchSimError
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m calibrate.llamacpp.h2d_probe OUT.json", file=sys.stderr)
+        return 2
+    try:
+        rec = probe(argv[0])
+    except PrefetchSimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for m in rec["medians"]:
+        print(f"{m['direction']} {m['memory']:8s} {m['nbytes'] / 2**20:6.0f} MiB: {m['gb_per_s']:.2f} GB/s (n={m['n']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

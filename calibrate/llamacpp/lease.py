@@ -1,0 +1,291 @@
+"""One GPU lease, end to end: unpack the llama.cpp source, write the grid's synthetic GGUFs
+while llama.cpp builds, run the routing check and the grid, record provenance.
+
+Made for the lent H200 (``../shared/LLAMACPP.md``): a machine stays warm only 30 s after a call
+and one call runs at most 10 minutes, so the whole lease runs as one background process
+(``start``, detached with ``setsid``) that outlives the calls, and each call ``collect``-s:
+it waits for progress, then packs the run folder (data and logs, no models) into ``$OUT``.
+Everything is written under a work folder outside the repository:
+
+* ``status.json`` — the current step and its start time, ``done`` at the end;
+* ``progress.log`` — one line per step and per grid invocation;
+* ``run/`` — the data: ``meta.json`` (provenance), ``build.json``, ``gguf.jsonl`` (one record
+  per written model), ``llama-bench.jsonl``, ``routing.jsonl``, ``invocations.jsonl``,
+  ``logs/``, ``perf/`` (``test-backend-ops perf`` output);
+* ``models/`` — the GGUFs (not packed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .build import BuildError, build, unpack
+from .grid import load_grid, run_grid
+
+#: disk kept free beside the GGUFs (the llama.cpp build takes ~1.5 GB)
+DISK_RESERVE_BYTES = 4 * 2**30
+#: test-backend-ops perf runs made after the grid while time is left (op, seconds limit)
+PERF_OPS = (("MUL_MAT", 150), ("MUL_MAT_ID", 150), ("FLASH_ATTN_EXT", 120))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Lease:
+    """The state of one lease's work folder (see the module docstring)."""
+
+    def __init__(self, work: str | Path):
+        self.work = Path(work).resolve()
+        self.run_dir = self.work / "run"
+        self.models = self.work / "models"
+        self.t0 = time.monotonic()
+
+    def say(self, msg: str) -> None:
+        line = f"{_now()} +{time.monotonic() - self.t0:7.1f}s {msg}"
+        print(line, flush=True)
+        with open(self.work / "progress.log", "a") as fh:
+            fh.write(line + "\n")
+
+    def status(self, step: str, **extra) -> None:
+        tmp = self.work / "status.json.tmp"
+        tmp.write_text(json.dumps({"step": step, "at": _now(), "elapsed_s": round(time.monotonic() - self.t0, 1),
+                                   **extra}))
+        tmp.replace(self.work / "status.json")
+
+
+def _cmd(cmd: list[str], timeout: float = 20) -> str:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return (r.stdout + r.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable ({exc.__class__.__name__})"
+
+
+def machine_info() -> dict:
+    """GPU, driver, CUDA, CPU and OS of this machine, for ``meta.json``; never raises."""
+    info = {
+        "gpu": _cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,pcie.link.gen.max,"
+                     "pcie.link.width.max,clocks.max.sm", "--format=csv,noheader"]),
+        "nvidia_smi": _cmd(["nvidia-smi"]).splitlines()[:4],
+        "nvcc": _cmd(["nvcc", "--version"]).splitlines()[-2:],
+        "cmake": _cmd(["cmake", "--version"]).splitlines()[:1],
+        "cxx": _cmd(["c++", "--version"]).splitlines()[:1],
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+               if ln.startswith("model name")]
+        info["cpu"] = cpu[0] if cpu else ""
+        mem = [ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")]
+        info["mem_total"] = mem[0].split(":", 1)[1].strip() if mem else ""
+    except OSError:
+        pass
+    return info
+
+
+def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.Popen, Path, float]]:
+    """Start one GGUF writer process per grid model (``python -m calibrate.llamacpp.gguf_writer``);
+    returns ``(key, process, log, start)``, process None for a GGUF kept from an earlier lease in
+    the same work folder (same model TOML, writer source, seed and layers: ``models/<key>.json``).
+    A model whose estimated size does not fit the free disk is skipped and recorded."""
+    from sim.specs import load_model
+
+    lease.models.mkdir(parents=True, exist_ok=True)
+    procs = []
+    free = shutil.disk_usage(lease.models).free - DISK_RESERVE_BYTES
+    for m in spec.models:
+        out = lease.models / m.gguf_name
+        spec_m = load_model(repo / m.toml)
+        need = spec_m.nbytes * (m.n_layer or spec_m.n_layer) / spec_m.n_layer
+        stamp = {"model_toml": m.toml, "toml_sha256": hashlib.sha256((repo / m.toml).read_bytes()).hexdigest()[:16],
+                 "writer_sha256": hashlib.sha256((repo / "calibrate/llamacpp/gguf_writer.py").read_bytes()).hexdigest()[:16],
+                 "seed": m.seed, "n_layer": m.n_layer}
+        stamp_file = lease.models / f"{m.key}.json"
+        if out.is_file() and stamp_file.is_file():
+            try:
+                old = json.loads(stamp_file.read_text())
+            except ValueError:
+                old = {}
+            if {k: old.get(k) for k in stamp} == stamp and old.get("bytes") == out.stat().st_size:
+                lease.say(f"gguf {m.key}: reusing {out} (same model file, writer and seed)")
+                procs.append((m.key, None, None, time.monotonic()))
+                continue
+        if need > free:
+            lease.say(f"gguf {m.key}: SKIPPED: needs {need / 2**30:.1f} GiB, {max(free, 0) / 2**30:.1f} GiB of disk left")
+            with open(lease.run_dir / "gguf.jsonl", "a") as fh:
+                fh.write(json.dumps({"key": m.key, "model_toml": m.toml, "rc": None, "skipped": "disk",
+                                     "need_bytes": need, "free_bytes": free}) + "\n")
+            continue
+        free -= need
+        log = lease.run_dir / "logs" / f"gguf-{m.key}.log"
+        cmd = [sys.executable, "-m", "calibrate.llamacpp.gguf_writer", "--model", str(repo / m.toml),
+               "--out", str(out), "--seed", str(m.seed)]
+        if m.n_layer:
+            cmd += ["--n-layer", str(m.n_layer)]
+        fh = open(log, "w")
+        fh.write("$ " + " ".join(cmd) + "\n")
+        fh.flush()
+        stamp_file.unlink(missing_ok=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=repo)
+        proc.stamp = (stamp_file, stamp)  # written when the writer succeeds
+        procs.append((m.key, proc, log, time.monotonic()))
+        lease.say(f"gguf {m.key}: writing {out}")
+    return procs
+
+
+def wait_writers(lease: Lease, spec, procs) -> list[str]:
+    """Wait for the writers; record each in ``run/gguf.jsonl``; returns the keys that failed."""
+    failed = []
+    for key, p, log, t0 in procs:
+        if p is None:  # reused
+            continue
+        rc = p.wait()
+        m = spec.model(key)
+        path = lease.models / m.gguf_name
+        if rc == 0 and path.is_file():
+            stamp_file, stamp = p.stamp
+            stamp_file.write_text(json.dumps({**stamp, "bytes": path.stat().st_size}))
+        rec = {"key": key, "model_toml": m.toml, "gguf": m.gguf_name, "n_layer": m.n_layer, "seed": m.seed,
+               "rc": rc, "wall_s": round(time.monotonic() - t0, 1), "log": str(log.relative_to(lease.run_dir)),
+               "bytes": path.stat().st_size if path.is_file() else None}
+        with open(lease.run_dir / "gguf.jsonl", "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        if rc != 0 or not path.is_file():
+            failed.append(key)
+            lease.say(f"gguf {key}: FAILED (exit {rc}); log: {log}")
+        else:
+            lease.say(f"gguf {key}: {rec['bytes'] / 2**30:.2f} GiB in {rec['wall_s']} s")
+    return failed
+
+
+def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
+    """Pinned/pageable H2D bandwidth with CuPy (:mod:`calibrate.llamacpp.h2d_probe`) into
+    ``run/h2d.json``; a failure is logged, not fatal."""
+    cmd = [sys.executable, "-m", "calibrate.llamacpp.h2d_probe", str(lease.run_dir / "h2d.json")]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        lease.say("h2d probe: " + (r.stdout.strip().replace("\n", "; ") if r.returncode == 0 else
+                                    f"FAILED (exit {r.returncode}): {r.stderr.strip()[-300:]}"))
+    except subprocess.TimeoutExpired:
+        lease.say("h2d probe: timed out")
+
+
+def run_perf(lease: Lease, program: Path, deadline_at: float) -> None:
+    """``test-backend-ops perf -o OP -b CUDA0`` for :data:`PERF_OPS` while time is left."""
+    perf = lease.run_dir / "perf"
+    perf.mkdir(exist_ok=True)
+    for op, limit in PERF_OPS:
+        left = deadline_at - time.monotonic()
+        if left < 30:
+            lease.say(f"perf {op}: skipped (deadline)")
+            continue
+        cmd = [str(program), "perf", "-o", op, "-b", "CUDA0"]
+        t0 = time.monotonic()
+        with open(perf / f"{op}.txt", "w") as fh:
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=min(limit, left - 10)).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        lease.say(f"perf {op}: exit {rc} in {time.monotonic() - t0:.0f} s")
+
+
+def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, *, deadline_s: float,
+              repo: str | Path, jobs: int | None = None, command: str = "") -> int:
+    """The whole lease (module docstring). Returns 0 when the grid ran (failed invocations are
+    recorded, not fatal), 2 when the build or every GGUF failed."""
+    repo = Path(repo).resolve()
+    lease = Lease(work)
+    lease.work.mkdir(parents=True, exist_ok=True)
+    (lease.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    deadline_at = lease.t0 + deadline_s
+    spec = load_grid(grid_path)
+    from sim.provenance import code_version
+
+    meta = {"started_at": _now(), "command": command or " ".join(sys.argv), "grid": str(grid_path),
+            "grid_name": spec.name, "repetitions": spec.repetitions, "deadline_s": deadline_s,
+            "code_version": code_version(repo), "machine": machine_info()}
+    (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.copy2(grid_path, lease.run_dir / "grid.toml")
+    lease.status("writing+building")
+    procs = start_writers(lease, spec, repo)
+    try:
+        tree = unpack(src_archive, lease.work / "src")
+        info_file = tree / "prefetch-sim-source.json"
+        src_info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+        lease.say(f"build: source {src_info.get('source', '?')}")
+        res = build(tree, lease.work / "build", cuda=True, jobs=jobs, source=src_info.get("source", ""),
+                    patches=tuple(src_info.get("patches", ())))
+    except BuildError as exc:
+        lease.say(f"build FAILED: {exc}")
+        lease.status("failed (waiting for the GGUF writers, kept for a retry)", error=str(exc))
+        wait_writers(lease, spec, procs)
+        lease.status("failed", error=str(exc))
+        log = Path(str(exc).rsplit("log: ", 1)[-1]) if "log: " in str(exc) else None
+        if log and log.is_file():
+            shutil.copy2(log, lease.run_dir / "logs" / "build.log")
+        return 2
+    shutil.copy2(Path(res.build_dir) / "build.log", lease.run_dir / "logs" / "build.log")
+    from dataclasses import asdict
+
+    (lease.run_dir / "build.json").write_text(json.dumps({**asdict(res), **{"source_info": src_info}}, indent=1))
+    lease.say(f"build: done in {res.build_s} s (hash {res.source_hash}, cached {res.cached})")
+    lease.status("h2d probe")
+    h2d_probe(lease)
+    lease.status("waiting for GGUFs")
+    failed = wait_writers(lease, spec, procs)
+    if len(failed) == len(spec.models):
+        lease.status("failed", error="every GGUF writer failed")
+        return 2
+    lease.status("grid")
+    run_grid(spec, res.program("llama-bench"), lease.models, lease.run_dir, deadline_at=deadline_at - 60,
+             say=lease.say)
+    lease.status("perf")
+    if "test-backend-ops" in res.targets:
+        run_perf(lease, res.program("test-backend-ops"), deadline_at)
+    meta["ended_at"] = _now()
+    (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    lease.status("done")
+    lease.say("lease done")
+    return 0
+
+
+def collect(work: str | Path, out: str | Path, *, wait_s: float) -> int:
+    """Wait until the lease in ``work`` is done (or failed) or ``wait_s`` passed, then pack its
+    ``run/`` folder and progress log into ``out/run.tgz`` and print the progress tail.
+    Returns 0 when done, 3 when still running, 2 when failed or absent."""
+    work, out = Path(work), Path(out)
+    t_end = time.monotonic() + wait_s
+    step = "absent"
+    while True:
+        try:
+            step = json.loads((work / "status.json").read_text()).get("step", "?")
+        except (OSError, ValueError):
+            step = "absent" if not work.is_dir() else "starting"
+        if step in ("done", "failed") or time.monotonic() >= t_end:
+            break
+        time.sleep(2)
+    out.mkdir(parents=True, exist_ok=True)
+    if (work / "run").is_dir():
+        with tarfile.open(out / "run.tgz", "w:gz") as tf:
+            tf.add(work / "run", arcname="run")
+            if (work / "progress.log").is_file():
+                tf.add(work / "progress.log", arcname="run/progress.log")
+    if (work / "progress.log").is_file():
+        shutil.copy2(work / "progress.log", out / "progress.log")
+        print("\n".join((work / "progress.log").read_text().splitlines()[-40:]))
+    print(f"[collect] step: {step}")
+    return 0 if step == "done" else 2 if step in ("failed", "absent") else 3

@@ -1,0 +1,142 @@
+"""The project's own patches to a llama.cpp tree, applied by anchors (no llama.cpp code is
+committed here: each patch names a short anchor line of the upstream file and the lines of our
+own it inserts before or after it).
+
+``copy-log`` (in ``ggml/src/ggml-backend.cpp``, ``ggml_backend_sched_compute_splits``): when the
+environment variable ``PREFETCH_SIM_COPY_LOG`` is set, each graph compute prints one line to
+stderr with what the scheduler copied into the GPU's split inputs::
+
+    prefetch-sim copy-log: n_tokens=512 moe_splits=144 used_experts=18372 expert_slots=18432 \
+expert_bytes_copied=... expert_bytes_total=... other_bytes=...
+
+``used_experts`` / ``expert_slots`` is the share of (layer, expert-tensor, expert) triples the
+selective expert copy moved; ``expert_bytes_copied`` the bytes it moved (runs of consecutive
+experts plus ggml's 512-byte padding tail), ``expert_bytes_total`` the bytes of the whole
+expert tensors it read from; ``other_bytes`` every other split input copied (host-resident
+dense weights and activations crossing backends). Unset, the patch costs one cached ``getenv``
+per graph and changes nothing else. This is how the harness proves a synthetic GGUF's routing:
+the copy-bound regime must move the bytes the routing model predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .build import BuildError
+
+
+@dataclass(frozen=True)
+class Insertion:
+    """Insert ``lines`` before or after the single line of ``file`` that contains ``anchor``.
+
+    Attributes:
+        file: path relative to the llama.cpp tree.
+        anchor: text that must occur in exactly one line of the file (leading spaces ignored).
+        lines: the inserted code (our own).
+        after: insert after the anchor line (else before).
+    """
+
+    file: str
+    anchor: str
+    lines: str
+    after: bool = True
+
+
+MARK = "// prefetch-sim copy-log"
+
+COPY_LOG = (
+    Insertion("ggml/src/ggml-backend.cpp", "std::vector<ggml_bitset_t> used_ids;", f"""\
+    {MARK}: counters of what this graph compute copies (printed when PREFETCH_SIM_COPY_LOG is set)
+    static const bool psim_log = getenv("PREFETCH_SIM_COPY_LOG") != nullptr;
+    size_t psim_expert_copied = 0, psim_expert_total = 0, psim_other = 0;
+    long long psim_used = 0, psim_slots = 0, psim_tokens = -1;
+    int psim_moe_splits = 0;
+"""),
+    Insertion("ggml/src/ggml-backend.cpp", "const size_t padding_end = last_id < n_expert - 1 ? padding : 0;", f"""\
+                        {MARK}
+                        if (psim_log) {{ psim_expert_copied += expert_size_copy + padding_end; }}
+"""),
+    Insertion("ggml/src/ggml-backend.cpp", "while (!ggml_bitset_get(used_ids.data(), id)) {", f"""\
+                    {MARK}
+                    if (psim_log) {{
+                        psim_expert_total += ggml_nbytes(input);
+                        psim_slots += n_expert;
+                        for (int64_t e = 0; e < n_expert; e++) {{
+                            psim_used += ggml_bitset_get(used_ids.data(), e) ? 1 : 0;
+                        }}
+                        psim_tokens = ids_tensor->ne[1];
+                        psim_moe_splits++;
+                    }}
+""", after=False),
+    Insertion("ggml/src/ggml-backend.cpp", "// try async copy, but if not possible, we can still use a sync copy", f"""\
+                    {MARK}
+                    if (psim_log) {{ psim_other += ggml_nbytes(input); }}
+""", after=False),
+    Insertion("ggml/src/ggml-backend.cpp", "prev_backend_id = split_backend_id;", f"""\
+        {MARK}: last split of the graph done
+        if (psim_log && split_id == sched->n_splits - 1) {{
+            fprintf(stderr, "prefetch-sim copy-log: n_tokens=%lld moe_splits=%d used_experts=%lld expert_slots=%lld "
+                    "expert_bytes_copied=%zu expert_bytes_total=%zu other_bytes=%zu\\n", psim_tokens, psim_moe_splits,
+                    psim_used, psim_slots, psim_expert_copied, psim_expert_total, psim_other);
+        }}
+"""),
+)
+
+#: every patch, by name
+PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG}
+
+
+def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> bool:
+    """Apply one patch to ``tree`` in place; False when it is already applied.
+
+    Raises:
+        BuildError: a file is missing or an anchor occurs in no line or in several.
+    """
+    tree = Path(tree)
+    texts: dict[str, list[str]] = {}
+    for ins in insertions:
+        if ins.file not in texts:
+            p = tree / ins.file
+            if not p.is_file():
+                raise BuildError(f"patch {name}: {p} not found")
+            texts[ins.file] = p.read_text().splitlines(keepends=True)
+    if any(MARK in "".join(lines) for lines in texts.values()):
+        return False
+    for ins in insertions:
+        lines = texts[ins.file]
+        hits = [i for i, ln in enumerate(lines) if ins.anchor in ln]
+        if len(hits) != 1:
+            raise BuildError(f"patch {name}: anchor {ins.anchor!r} found {len(hits)} times in {ins.file} "
+                             "(this llama.cpp version differs from the one the patch was written for)")
+        at = hits[0] + (1 if ins.after else 0)
+        lines[at:at] = ins.lines.splitlines(keepends=True)
+    for f, lines in texts.items():
+        (tree / f).write_text("".join(lines))
+    return True
+
+
+def apply_all(tree: str | Path) -> tuple[str, ...]:
+    """Apply every patch in :data:`PATCHES`; returns their names."""
+    for name, ins in PATCHES.items():
+        apply(tree, ins, name)
+    return tuple(PATCHES)
+
+
+def parse_copy_log(text: str) -> list[dict[str, int]]:
+    """The ``prefetch-sim copy-log:`` lines of a stderr log as dicts of ints (one per graph).
+
+    Lines of other programs are ignored; a malformed copy-log line raises ValueError naming it.
+    """
+    out = []
+    for ln in text.splitlines():
+        if "prefetch-sim copy-log:" not in ln:
+            continue
+        rec = {}
+        for tok in ln.split("prefetch-sim copy-log:", 1)[1].split():
+            k, sep, v = tok.partition("=")
+            if not sep:
+                raise ValueError(f"malformed copy-log line: {ln!r}")
+            rec[k] = int(v)
+        out.append(rec)
+    return out

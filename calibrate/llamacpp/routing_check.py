@@ -1,0 +1,162 @@
+"""The routing check of a measured grid: does the copy-bound regime move the bytes the routing
+model predicts?
+
+Two measurements, both reported (``python -m calibrate.llamacpp.routing_check RUN_DIR``):
+
+1. **Counted** — the ``prefetch-sim copy-log`` lines the patched scheduler printed during the
+   grid's ``kind = "routing"`` runs (:mod:`calibrate.llamacpp.patches`): per graph, the share of
+   (layer, expert tensor, expert) triples the selective copy moved and its bytes, against the
+   uniform-routing expectation ``f(B) = 1 - (1 - k/E)^B`` for a ubatch of ``B`` tokens
+   (:func:`sim.routing.expected_distinct_uniform`).
+2. **Timed** — the bytes llama-bench's time implies: per ubatch of a pp test with every expert on
+   the host, ``(t_host - t_resident) * h2d_pinned`` where ``t`` is the ubatch time
+   (``n_ubatch / t/s``) at the same ``n_ubatch`` and prompt, and ``h2d_pinned`` the pinned H2D
+   bandwidth (measured in the same lease when ``h2d.json`` is there, else the hardware
+   profile's). Baseline ggml never overlaps an expert copy with compute, so the difference is
+   copy time plus the per-layer id readback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import PrefetchSimError
+from sim.routing import expected_distinct_uniform
+
+from .patches import parse_copy_log
+
+
+def _invocations(run_dir: Path) -> list[dict]:
+    p = run_dir / "invocations.jsonl"
+    if not p.is_file():
+        raise PrefetchSimError(f"{p}: not found (not a grid run folder)")
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def counted(run_dir: str | Path, repo: str | Path = ".") -> pd.DataFrame:
+    """Per (routing run, ubatch size): graphs, measured used share and bytes per graph, and the
+    uniform-routing prediction. Columns: ``run, model, n_expert, top_k, n_tokens, graphs,
+    used_share, used_share_sd, uniform_share, expert_gib_copied, expert_gib_total,
+    predicted_gib`` (``predicted_gib = uniform_share * expert_gib_total``: the share of whole
+    expert tensors; ggml's 512-byte padding tails are not counted there)."""
+    from sim.specs import load_model
+
+    run_dir = Path(run_dir)
+    rows = []
+    for rec in _invocations(run_dir):
+        if rec.get("kind") != "routing" or rec.get("rc") != 0:
+            continue
+        model = load_model(Path(repo) / rec["model_toml"])
+        moe = model.moe
+        if moe is None:
+            continue
+        logs = parse_copy_log((run_dir / rec["log"]).read_text(errors="replace"))
+        df = pd.DataFrame([r for r in logs if r.get("moe_splits", 0) > 0])
+        if df.empty:
+            continue
+        for n_tok, g in df.groupby("n_tokens"):
+            share = g["used_experts"] / g["expert_slots"]
+            rows.append({
+                "run": rec["id"], "model": rec["model"], "n_expert": moe.n_expert, "top_k": moe.n_expert_used,
+                "n_tokens": int(n_tok), "graphs": len(g), "used_share": float(share.mean()),
+                "used_share_sd": float(share.std(ddof=1)) if len(g) > 1 else 0.0,
+                "uniform_share": expected_distinct_uniform(moe.n_expert, moe.n_expert_used, int(n_tok)) / moe.n_expert,
+                "expert_gib_copied": float(g["expert_bytes_copied"].mean() / 2**30),
+                "expert_gib_total": float(g["expert_bytes_total"].mean() / 2**30),
+            })
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out["predicted_gib"] = out["uniform_share"] * out["expert_gib_total"]
+        out["share_error"] = out["used_share"] / out["uniform_share"] - 1
+    return out
+
+
+def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path = ".") -> pd.DataFrame:
+    """Per pp row with every expert on the host (``n_cpu_moe`` = layers, pinned): the bytes its
+    time implies per ubatch against the uniform prediction (see the module docstring).
+    Columns: ``model, test, n_ubatch, t_host_ms, t_resident_ms, implied_gib, predicted_gib,
+    bytes_error``."""
+    from sim.llamabench import read_llama_bench
+    from sim.specs import load_model
+
+    run_dir = Path(run_dir)
+    df = read_llama_bench(run_dir / "llama-bench.jsonl")
+    inv = {Path(r["gguf"]).name: r for r in _invocations(run_dir) if r.get("rc") == 0}
+    out = []
+    df = df[(df["n_gen"] == 0) & (df["n_depth"] == 0)]
+    for fname, g in df.groupby(df["model_filename"].map(lambda s: Path(s).name)):
+        rec = inv.get(fname)
+        if rec is None:
+            continue
+        model = load_model(Path(repo) / rec["model_toml"])
+        if model.moe is None:
+            continue
+        n_layer = rec.get("n_layer") or model.n_layer
+        exp_bytes = sum(t.nbytes for t in model.tensors if t.is_expert and t.layer < n_layer)
+        host = g[(g["n_cpu_moe"] >= n_layer) & (g["load_mode"].astype(str) == "none")]
+        res = g[(g["n_cpu_moe"] == 0) & (g["load_mode"].astype(str) == "none")]
+        for _, h in host.iterrows():
+            m = res[(res["n_ubatch"] == h["n_ubatch"]) & (res["n_prompt"] == h["n_prompt"])
+                    & (res["flash_attn"].astype(str) == str(h["flash_attn"]))]
+            if m.empty:
+                continue
+            ub = min(int(h["n_ubatch"]), int(h["n_prompt"]))
+            t_h = ub / float(h["avg_ts"])
+            t_r = ub / float(m["avg_ts"].iloc[0])
+            share = expected_distinct_uniform(model.moe.n_expert, model.moe.n_expert_used, ub) / model.moe.n_expert
+            implied = (t_h - t_r) * h2d_bytes_per_s
+            out.append({"model": rec["model"], "test": h["test"], "n_ubatch": int(h["n_ubatch"]),
+                        "t_host_ms": t_h * 1e3, "t_resident_ms": t_r * 1e3, "implied_gib": implied / 2**30,
+                        "predicted_gib": share * exp_bytes / 2**30,
+                        "bytes_error": implied / (share * exp_bytes) - 1})
+    return pd.DataFrame(out)
+
+
+def h2d_bandwidth(run_dir: str | Path, hardware: str | Path) -> tuple[float, str]:
+    """Pinned H2D bytes/s: the lease's own probe (``h2d.json``) when present, else the
+    hardware profile's ``h2d_pinned_gb_per_s``; returns ``(bytes_per_s, where from)``."""
+    p = Path(run_dir) / "h2d.json"
+    if p.is_file():
+        d = json.loads(p.read_text())
+        if d.get("pinned_bytes_per_s"):
+            return float(d["pinned_bytes_per_s"]), f"{p} (measured in the lease)"
+    from sim.specs import load_hardware
+
+    hw = load_hardware(hardware)
+    return hw.h2d_pinned.bytes_per_s, f"{hardware} h2d_pinned_gb_per_s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.routing_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--hardware", default="scenarios/hardware/h200.toml")
+    ap.add_argument("--out", help="write both tables as CSV (<out>_counted.csv, <out>_timed.csv)")
+    args = ap.parse_args(argv)
+    try:
+        c = counted(args.run_dir)
+        bw, where = h2d_bandwidth(args.run_dir, args.hardware)
+        t = timed(args.run_dir, bw)
+    except PrefetchSimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pd.set_option("display.width", 200)
+    print("Counted by the scheduler (copy-log), per graph:")
+    print(c.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not c.empty else "  (no routing runs)")
+    print(f"\nImplied by llama-bench's time (pinned H2D {bw / 1e9:.2f} GB/s from {where}):")
+    print(t.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not t.empty else "  (no matching rows)")
+    if args.out:
+        from sim.atomic import write_atomic
+
+        write_atomic(f"{args.out}_counted.csv", c.to_csv(index=False))
+        write_atomic(f"{args.out}_timed.csv", t.to_csv(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

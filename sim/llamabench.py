@@ -1,0 +1,654 @@
+"""llama-bench's result fields in one place, a reader for its ``-o json`` / ``-o jsonl`` output,
+and the translation of one result row into the simulator's placement and workload terms.
+
+Source: llama.cpp ``tools/llama-bench/llama-bench.cpp``:
+
+* ``test::get_fields()`` (the field names, in order) and ``test::get_field_type()`` (each
+  field's type: ``STRING``, ``BOOL``, ``INT`` or ``FLOAT``; unlisted fields are ``STRING``);
+* ``test::get_values()`` (how each value is printed: ``flash_attn`` as the integer of
+  ``llama_flash_attn_type``, ``-1`` auto, ``0`` off, ``1`` on; ``load_mode`` as
+  ``llama_load_mode_name``; ``tensor_buft_overrides`` as ``pattern=BUFFER`` rules joined by
+  ``;``, or ``none``);
+* ``json_printer`` / ``jsonl_printer`` (STRING values quoted, BOOL ``true``/``false``, INT and
+  FLOAT bare, then the JSON-only ``samples_ns`` and ``samples_ts`` arrays); ``csv_printer`` and
+  ``sql_printer`` print :data:`CSV_FIELDS` (no samples);
+* ``markdown_printer`` (the ``test`` name: ``pp512``, ``tg128``, ``pp512+tg128`` for ``-pg``,
+  with `` @ d8192`` for ``-d``).
+
+:data:`FIELDS` is the single list of those fields for the project (the reader here and our
+llama-bench writer). Nothing of llama.cpp's code is copied; the lists are restated from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ScenarioError
+
+STRING, BOOL, INT, FLOAT = "STRING", "BOOL", "INT", "FLOAT"
+
+
+@dataclass(frozen=True)
+class BenchField:
+    """One field of a llama-bench result row.
+
+    Attributes:
+        name: the field name as llama-bench prints it (``n_gpu_layers``).
+        type: ``STRING``, ``BOOL``, ``INT`` or ``FLOAT`` (``test::get_field_type``); for the
+            JSON-only arrays, the type of their elements.
+        array: a JSON array (``samples_ns``: INT nanoseconds, ``samples_ts``: FLOAT t/s).
+        json_only: printed only by the json/jsonl printers (not csv, sql or markdown).
+    """
+
+    name: str
+    type: str
+    array: bool = False
+    json_only: bool = False
+
+
+def _f(name: str, typ: str = STRING) -> BenchField:
+    return BenchField(name, typ)
+
+
+#: llama-bench's result fields in ``test::get_fields()`` order with ``get_field_type()``,
+#: then the JSON-only ``samples_ns`` / ``samples_ts`` (json and jsonl printers).
+FIELDS: tuple[BenchField, ...] = (
+    _f("build_commit"), _f("build_number", INT), _f("cpu_info"), _f("gpu_info"), _f("backends"),
+    _f("model_filename"), _f("model_type"), _f("model_size", INT), _f("model_n_params", INT),
+    _f("n_batch", INT), _f("n_ubatch", INT), _f("n_threads", INT), _f("cpu_mask"),
+    _f("cpu_strict", BOOL), _f("poll", INT), _f("type_k"), _f("type_v"), _f("n_gpu_layers", INT),
+    _f("n_cpu_moe", INT), _f("split_mode"), _f("main_gpu", INT), _f("no_kv_offload", BOOL),
+    _f("flash_attn", INT), _f("devices"), _f("tensor_split"), _f("tensor_buft_overrides"),
+    _f("load_mode"), _f("lazy_mode"), _f("embeddings", BOOL), _f("no_op_offload", INT),
+    _f("no_host", BOOL), _f("repack", BOOL), _f("fit_target", INT), _f("fit_min_ctx", INT),
+    _f("n_prompt", INT), _f("n_gen", INT), _f("n_depth", INT), _f("test_time"),
+    _f("avg_ns", INT), _f("stddev_ns", INT), _f("avg_ts", FLOAT), _f("stddev_ts", FLOAT),
+    BenchField("samples_ns", INT, array=True, json_only=True),
+    BenchField("samples_ts", FLOAT, array=True, json_only=True),
+)
+
+#: field name -> :class:`BenchField`
+FIELD_BY_NAME: Mapping[str, BenchField] = {f.name: f for f in FIELDS}
+#: the fields of ``csv_printer`` / ``sql_printer`` (``test::get_fields()``), in order
+CSV_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.json_only)
+#: every field of a json/jsonl row, in order
+JSON_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS)
+
+#: fields a row must have to be simulated (older llama-bench versions lack some of the others,
+#: e.g. ``n_cpu_moe``, ``load_mode``; those get llama-bench's defaults)
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "model_filename", "model_type", "n_batch", "n_ubatch", "n_gpu_layers", "n_prompt", "n_gen",
+    "n_depth", "avg_ts",
+)
+
+#: ``llama_flash_attn_type`` as llama-bench prints it (``(int) flash_attn``)
+FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
+#: ``llama_load_mode_name`` values whose weights are mmap'd (``llama_model_loader``: use_mmap
+#: for mmap, mmap+mlock and auto; auto falls back to no mmap only on devices without mmap
+#: support, e.g. iGPUs). mmap'd host weights are pageable; the others are read into the GPU
+#: backend's host buffer type (``CUDA_Host``: pinned) unless ``no_host``.
+MMAP_LOAD_MODES = ("auto", "mmap", "mmap+mlock")
+#: load modes that read the weights into an allocated host buffer
+BUFFER_LOAD_MODES = ("none", "mlock", "dio")
+
+
+def bench_test_name(n_prompt: int, n_gen: int, n_depth: int = 0) -> str:
+    """llama-bench's markdown ``test`` label: ``pp512``, ``tg128``, ``pp512+tg128`` (``-pg``),
+    with `` @ d<N>`` appended for a KV depth ``N > 0`` (``markdown_printer::print_test``)."""
+    if n_prompt > 0 and n_gen == 0:
+        base = f"pp{n_prompt}"
+    elif n_gen > 0 and n_prompt == 0:
+        base = f"tg{n_gen}"
+    else:
+        base = f"pp{n_prompt}+tg{n_gen}"
+    return f"{base} @ d{n_depth}" if n_depth > 0 else base
+
+
+# --------------------------------------------------------------------------------------
+# reader
+# --------------------------------------------------------------------------------------
+
+_NONFINITE = re.compile(r"-?(?:inf(?:inity)?|nan)(?:\([^)]*\))?", re.IGNORECASE)
+
+
+def _decode_error(text: str, exc: json.JSONDecodeError) -> tuple[str, str | None]:
+    """A message for a JSON syntax error, and the field it sits in when known (a bare ``inf`` or
+    ``nan``: what ``std::to_string`` prints for a non-finite double)."""
+    m = _NONFINITE.match(text, exc.pos)
+    if m:
+        key = re.search(r'"([^"\\]+)"\s*:\s*\[?[^\]"]*$', text[max(0, exc.pos - 2000):exc.pos])
+        return f"non-finite number {m.group(0)!r}", key.group(1) if key else None
+    return f"malformed JSON ({exc.msg}, column {exc.colno})", None
+
+
+def _check_value(name: str, v: Any, err) -> Any:
+    """Type-check one known field (llama-bench ``get_field_type``); returns the value to keep."""
+    spec = FIELD_BY_NAME[name]
+    typ = spec.type
+
+    def one(x: Any, label: str) -> Any:
+        if typ == STRING:
+            if not isinstance(x, str):
+                raise err(label, f"expected a string (llama-bench STRING field), got {x!r}")
+        elif typ == BOOL:
+            if not isinstance(x, bool):
+                raise err(label, f"expected true or false (llama-bench BOOL field), got {x!r}")
+        elif typ == INT:
+            if name == "flash_attn" and isinstance(x, bool):
+                return int(x)  # llama-bench before llama_flash_attn_type printed a BOOL
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise err(label, f"expected an integer (llama-bench INT field), got {x!r}")
+        else:  # FLOAT
+            if isinstance(x, bool) or not isinstance(x, (int, float)):
+                raise err(label, f"expected a number (llama-bench FLOAT field), got {x!r}")
+            if not math.isfinite(x):
+                raise err(label, f"non-finite value {x!r}")
+        return x
+
+    if spec.array:
+        if not isinstance(v, list):
+            raise err(name, f"expected an array, got {v!r}")
+        return [one(x, name) for x in v]
+    return one(v, name)
+
+
+def _check_row(rec: dict, err) -> dict:
+    for name in REQUIRED_FIELDS:
+        if name not in rec:
+            raise err(name, "missing required field (llama-bench writes it in every row)")
+    out = {}
+    for k, v in rec.items():
+        out[k] = _check_value(k, v, err) if k in FIELD_BY_NAME else v
+    for k in ("n_prompt", "n_gen", "n_depth"):
+        if out[k] < 0:
+            raise err(k, f"must be >= 0, got {out[k]}")
+    if out["n_prompt"] + out["n_gen"] <= 0:
+        raise err("n_prompt", "a test needs n_prompt > 0 or n_gen > 0 (llama-bench skips 0/0)")
+    for k in ("n_batch", "n_ubatch"):
+        if out[k] < 1:
+            raise err(k, f"must be >= 1, got {out[k]}")
+    if not out["avg_ts"] > 0:
+        raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
+    if "stddev_ts" in out and out["stddev_ts"] < 0:
+        raise err("stddev_ts", f"must be >= 0, got {out['stddev_ts']!r}")
+    for k in ("samples_ns", "samples_ts"):
+        if k in out and any(x <= 0 for x in out[k]):
+            raise err(k, "every sample must be > 0")
+    return out
+
+
+def read_llama_bench(path: str | Path):
+    """Read llama-bench results written with ``-o json`` (one array) or ``-o jsonl`` (one object
+    per line), e.g. a user's own runs.
+
+    Every known field (:data:`FIELDS`) is type-checked as llama-bench prints it; unknown extra
+    fields (other llama-bench versions, a wrapper's own keys) are kept unchecked. Required:
+    :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``n_prompt + n_gen > 0``.
+
+    Args:
+        path: the file. Its format is told by its first character (``[``: json, ``{``: jsonl).
+
+    Returns:
+        A ``pandas.DataFrame``, one row per llama-bench row, in file order, with every field as a
+        column (known fields in :data:`FIELDS` order, then the others in first-seen order;
+        ``samples_ns``/``samples_ts`` as lists; a field some rows lack is NaN there) plus
+        ``test`` (:func:`bench_test_name`). The index is the 1-based position in the file: the line
+        for jsonl (index name ``line``), the array element for json (``row``).
+        ``attrs["file"]`` is the path and ``attrs["format"]`` ``json`` or ``jsonl``.
+
+    Raises:
+        ScenarioError: (one line, ``file`` = the path, ``field`` = ``<field>, line N`` for jsonl or
+            ``<field>, row N`` for json) an unreadable or empty file, a malformed line, a row
+            that is not an object, a missing required field, a wrongly typed or non-finite
+            value.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError("file not found", file=p) from None
+    except IsADirectoryError:
+        raise ScenarioError("is a folder, expected a llama-bench -o json or -o jsonl file", file=p) from None
+    except UnicodeDecodeError:
+        raise ScenarioError("not UTF-8 text (expected llama-bench -o json or -o jsonl output)", file=p) from None
+    except OSError as exc:
+        raise ScenarioError(f"cannot read: {exc.strerror}", file=p) from None
+    body = text.lstrip()
+    if not body:
+        raise ScenarioError("empty file: no llama-bench rows", file=p)
+
+    if body.startswith(",".join(CSV_FIELDS[:3])) or body.startswith("| model"):
+        kind = "csv" if body[0] != "|" else "markdown"
+        raise ScenarioError(f"this is llama-bench -o {kind} output: the reader takes -o json or -o jsonl "
+                            "(they carry the samples)", file=p)
+    records: list[tuple[int, dict]] = []
+    if body[0] == "[":
+        fmt, unit = "json", "row"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            msg, key = _decode_error(text, exc)
+            raise ScenarioError(f"{msg} at line {exc.lineno}",
+                                file=p, field=f"{key}, line {exc.lineno}" if key else f"line {exc.lineno}") from None
+        if not isinstance(data, list):
+            raise ScenarioError("expected a JSON array of llama-bench rows", file=p)
+        for i, rec in enumerate(data, 1):
+            if not isinstance(rec, dict):
+                raise ScenarioError(f"expected an object, got {type(rec).__name__}", file=p, field=f"row {i}")
+            records.append((i, rec))
+    else:
+        fmt, unit = "jsonl", "line"
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                msg, key = _decode_error(line, exc)
+                raise ScenarioError(msg, file=p, field=f"{key}, line {i}" if key else f"line {i}") from None
+            if not isinstance(rec, dict):
+                raise ScenarioError(f"expected a JSON object, got {type(rec).__name__}", file=p, field=f"line {i}")
+            records.append((i, rec))
+    if not records:
+        raise ScenarioError("no llama-bench rows", file=p)
+
+    rows = []
+    for i, rec in records:
+        def err(fld: str, msg: str, _i=i) -> ScenarioError:
+            return ScenarioError(msg, file=p, field=f"{fld}, {unit} {_i}")
+        rows.append(_check_row(rec, err))
+    known = [f.name for f in FIELDS if any(f.name in r for r in rows)]
+    extra: list[str] = []
+    for r in rows:
+        extra += [k for k in r if k not in FIELD_BY_NAME and k not in extra and k != "test"]
+    df = pd.DataFrame([{k: r.get(k) for k in known + extra} for r in rows], columns=known + extra,
+                      index=pd.Index([i for i, _ in records], name=unit))
+    for k in known:  # a number some rows lack: NaN there, like pandas' own readers
+        f = FIELD_BY_NAME[k]
+        if not f.array and f.type in (INT, FLOAT) and df[k].isna().any():
+            df[k] = pd.to_numeric(df[k])
+    df["test"] = [bench_test_name(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows]
+    df.attrs.update(file=str(p), format=fmt)
+    return df
+
+
+# --------------------------------------------------------------------------------------
+# a row in the simulator's terms
+# --------------------------------------------------------------------------------------
+
+
+def parse_overrides(text: Any) -> tuple[tuple[str, str], ...]:
+    """llama-bench's printed ``tensor_buft_overrides`` as ``(regex, buffer)`` pairs, in order.
+
+    llama-bench prints each rule as ``pattern=BUFFER`` (``BUFFER`` a device's buffer type name:
+    ``CPU``, ``CUDA0`` ...) joined by ``;``, and ``none`` when there is none (also for an empty
+    rule). llama-bench's ``-ot`` parser cuts a rule at its first ``=`` and rules at ``;`` (groups
+    at ``,``), so a printed pattern never holds ``=`` or ``;`` and the split is exact.
+
+    Args:
+        text: the field's value; ``None``, NaN, ``""`` and ``"none"`` mean no rule.
+
+    Raises:
+        ValueError: a rule without ``=`` or with an empty pattern or buffer.
+    """
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return ()
+    s = str(text).strip()
+    out = []
+    for rule in s.split(";"):
+        rule = rule.strip()
+        if not rule or rule == "none":
+            continue
+        if "=" not in rule:
+            raise ValueError(f"override rule {rule!r} has no '=BUFFER'")
+        regex, buf = rule.split("=", 1)
+        if not regex or not buf:
+            raise ValueError(f"override rule {rule!r}: empty pattern or buffer")
+        out.append((regex, buf))
+    return tuple(out)
+
+
+def n_cpu_moe_rules(n_cpu_moe: int) -> tuple[tuple[str, str], ...]:
+    """The ``-ot`` rules llama-bench appends, after the row's own, for ``--n-cpu-moe N``
+    (``cmd_params_instance::to_llama_mparams``, with ``common.h``'s ``llm_ffn_block_regex`` and
+    ``LLM_FFN_EXPS_REGEX``): the expert tensors of blocks ``0..N-1`` to ``CPU``. llama-bench does
+    not print them in ``tensor_buft_overrides``; the simulator's ``Placement.n_cpu_moe`` does the
+    same thing."""
+    return tuple((rf"blk\.{i}\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU") for i in range(max(0, n_cpu_moe)))
+
+
+_WEIGHT_SUFFIX = re.compile(r"\\?\.weight")
+
+#: ECMAScript (``std::regex``) POSIX classes inside brackets and their Python ``re`` spelling
+_POSIX_CLASSES = {"digit": "0-9", "alpha": "A-Za-z", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
+                  "space": r"\s", "xdigit": "0-9A-Fa-f", "w": r"\w", "d": "0-9", "s": r"\s",
+                  "punct": r"!-/:-@\[-`{-~"}
+
+
+def python_regex(regex: str) -> str:
+    """A llama.cpp ``-ot`` pattern (ECMAScript ``std::regex``, as ``llama_model_loader`` compiles
+    it) in Python ``re`` syntax: POSIX bracket classes (``[[:digit:]]``) spelled out; everything
+    else is the same in both for the patterns ``-ot`` sees.
+
+    Raises:
+        ValueError: a POSIX class Python has no spelling for here.
+    """
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in _POSIX_CLASSES:
+            raise ValueError(f"POSIX class [:{m.group(1)}:] in '{regex}' not supported")
+        return _POSIX_CLASSES[m.group(1)]
+
+    return re.sub(r"\[:(\w+):\]", sub, regex)
+
+
+def sim_regex(regex: str) -> str:
+    """A llama.cpp ``-ot`` pattern rewritten for the simulator's tensor names.
+
+    llama.cpp matches patterns (``std::regex_search``) against names such as
+    ``blk.7.ffn_up_exps.weight``; the simulator's names have no ``.weight``
+    (:class:`sim.specs.Tensor`). Every ``\\.weight`` / ``.weight`` in the pattern becomes
+    optional, so ``ffn_up_exps\\.weight$`` still matches ``blk.7.ffn_up_exps``. Patterns
+    without ``.weight`` are unchanged. :func:`sim_overrides` checks the result per model.
+    """
+    return _WEIGHT_SUFFIX.sub(lambda m: r"(?:\.weight)?" if m.group(0).startswith("\\") else "(?:.weight)?", regex)
+
+
+def sim_overrides(rules: Sequence[tuple[str, str]], model) -> tuple[tuple[str, str], ...]:
+    """``-ot`` rules as the simulator's ``Placement.override_tensor`` for ``model``, matching
+    exactly the tensors llama.cpp's rules match.
+
+    Each rule becomes :func:`sim_regex` of its pattern when that matches, on the model's tensors
+    (simulator names), the same tensors the original matches on llama.cpp's names
+    (``<name>.weight``); otherwise (e.g. a pattern anchored with ``$`` right after the tensor
+    name, which matches nothing in llama.cpp) an exact alternation of the names it matches
+    there (``(?!)`` for none). Rule order is kept, so first-match-wins is preserved. Buffers
+    are upper-cased (``CPU``, ``CUDA0``).
+
+    Raises:
+        re.error: a pattern Python's ``re`` cannot compile (llama.cpp uses ECMAScript
+            ``std::regex``; :func:`python_regex` translates its POSIX classes).
+        ValueError: an unsupported POSIX class.
+    """
+    names = [t.name for t in model.tensors]
+    out = []
+    for regex, buf in rules:
+        regex = python_regex(regex)
+        orig = re.compile(regex)
+        want = [n for n in names if orig.search(n + ".weight")]
+        new = sim_regex(regex)
+        cre = re.compile(new)
+        if [n for n in names if cre.search(n)] != want:
+            new = "^(?:" + "|".join(re.escape(n) for n in want) + ")$" if want else "(?!)"
+        out.append((new, buf.upper()))
+    return tuple(out)
+
+
+def host_memory_pinned(load_mode: Any = "auto", no_host: Any = False, use_mmap: Any = None) -> bool:
+    """Whether a row's host-resident weights sit in pinned memory.
+
+    ``load_mode`` ``auto`` (llama-bench's default; mmap on CUDA devices), ``mmap`` and
+    ``mmap+mlock`` mmap the file: host weights stay in the mapping (pageable; llama.cpp swaps the
+    host buffer type for the CPU one under mmap). ``none``, ``mlock`` and ``dio`` read them into
+    the GPU backend's host buffer type (``CUDA_Host``, pinned), also for ``-ot ...=CPU`` rules,
+    unless ``no_host``. Rows of llama-bench versions without ``load_mode`` carry ``use_mmap``
+    (``true``: pageable).
+
+    Raises:
+        ValueError: an unknown load mode.
+    """
+    if no_host is True or no_host == 1:
+        return False
+    if load_mode is None or (isinstance(load_mode, float) and math.isnan(load_mode)):
+        if use_mmap is not None and not (isinstance(use_mmap, float) and math.isnan(use_mmap)):
+            return not bool(use_mmap)
+        load_mode = "auto"
+    lm = str(load_mode).strip().lower()
+    if lm in MMAP_LOAD_MODES:
+        return False
+    if lm in BUFFER_LOAD_MODES:
+        return True
+    raise ValueError(f"unknown load_mode {load_mode!r} (llama_load_mode_name: auto, none, mmap, mlock, "
+                     "mmap+mlock, dio)")
+
+
+def sim_ngl(n_gpu_layers: int) -> int:
+    """``n_gpu_layers`` as the simulator's ``Placement.ngl``: a negative value (llama-bench's
+    default ``-1``) means every layer and the output (``llama_model::n_gpu_layers``: n_layer + 1),
+    i.e. 999."""
+    return 999 if n_gpu_layers < 0 else int(n_gpu_layers)
+
+
+def flash_attn_label(value: Any) -> str:
+    """``flash_attn`` as printed (``-1``/``0``/``1``, or an older version's bool) -> ``auto``,
+    ``off`` or ``on`` (``llama_flash_attn_type``). Missing -> ``auto`` (the default)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    try:
+        return FLASH_ATTN[int(value)]
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"unknown flash_attn {value!r} (-1 auto, 0 off, 1 on)") from None
+
+
+def kv_bytes_per_elem(type_k: Any = "f16", type_v: Any = "f16") -> float:
+    """Mean bytes per K/V cache element of ``type_k``/``type_v`` (ggml type names as printed,
+    ``f16``, ``q8_0``...), from :data:`sim.quant.GGML_TYPE_BPW`: the simulator's
+    ``ModelSpec.kv_bytes_per_elem``.
+
+    Raises:
+        KeyError: a type the simulator does not know.
+    """
+    from .quant import bpw_of
+
+    def one(t: Any) -> float:
+        if t is None or (isinstance(t, float) and math.isnan(t)):
+            t = "f16"
+        return bpw_of(str(t)) / 8
+
+    return (one(type_k) + one(type_v)) / 2
+
+
+def _get(row: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    v = row.get(key, default) if hasattr(row, "get") else default
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return default
+    return v
+
+
+@dataclass(frozen=True)
+class RowTerms:
+    """One llama-bench row in the simulator's terms.
+
+    Attributes:
+        ngl: ``Placement.ngl`` (:func:`sim_ngl`).
+        n_cpu_moe: ``--n-cpu-moe``.
+        overrides: the row's ``-ot`` rules as printed (llama.cpp patterns; :func:`parse_overrides`).
+        pinned: host weights pinned (:func:`host_memory_pinned`).
+        load_mode: as printed (``auto`` when the row lacks it).
+        flash_attn: ``auto``, ``off`` or ``on``.
+        n_ubatch: ``-ub``, clamped to ``n_batch`` as llama.cpp does.
+        n_batch: ``-b``.
+        n_prompt, n_gen, n_depth: the test (``-p``/``-n``/``-pg``, ``-d``).
+        type_k, type_v: KV cache types as printed.
+        kv_bytes_per_elem: their mean bytes per element (None: a type the simulator lacks).
+        no_op_offload: ``-nopo``: ops with host weights never move to the GPU.
+        tensor_split: ``-ts`` shares (empty: llama.cpp's default split).
+        test: llama-bench's test name.
+        notes: what of the row the simulator does not represent.
+    """
+
+    ngl: int
+    n_cpu_moe: int
+    overrides: tuple[tuple[str, str], ...]
+    pinned: bool
+    load_mode: str
+    flash_attn: str
+    n_ubatch: int
+    n_batch: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    type_k: str
+    type_v: str
+    kv_bytes_per_elem: float | None
+    no_op_offload: bool
+    tensor_split: tuple[float, ...]
+    test: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def tests(self):
+        """The simulator tests of the row (:class:`sim.specs.BenchTest`): one for ``pp``/``tg``;
+        for ``-pg`` (``pp512+tg128``) the prompt at the row's depth, then the generation at depth
+        + prompt, as llama-bench runs them in one context."""
+        from .specs import BenchTest
+
+        pp = BenchTest(self.n_prompt, 0, self.n_depth)
+        if not self.n_gen:
+            return (pp,)
+        if not self.n_prompt:
+            return (BenchTest(0, self.n_gen, self.n_depth),)
+        return (pp, BenchTest(0, self.n_gen, self.n_depth + self.n_prompt))
+
+    @property
+    def ctx_size(self) -> int:
+        """llama-bench's context: ``n_prompt + n_gen + n_depth``."""
+        return max(1, self.n_prompt + self.n_gen + self.n_depth)
+
+
+def row_terms(row: Mapping[str, Any]) -> RowTerms:
+    """Translate one llama-bench row (a mapping or a DataFrame row of :func:`read_llama_bench`)
+    into :class:`RowTerms`. Fields an older llama-bench lacks take llama-bench's defaults
+    (``n_cpu_moe`` 0, no overrides, ``load_mode`` auto, ``flash_attn`` auto, f16 KV).
+
+    Raises:
+        ValueError: an override rule, load mode or flash_attn value that cannot be read.
+    """
+    notes: list[str] = []
+    n_batch = int(_get(row, "n_batch", 2048))
+    n_ubatch = min(int(_get(row, "n_ubatch", 512)), n_batch)
+    type_k, type_v = str(_get(row, "type_k", "f16")), str(_get(row, "type_v", "f16"))
+    try:
+        kvb = kv_bytes_per_elem(type_k, type_v)
+    except KeyError:
+        kvb = None
+        notes.append(f"KV type {type_k}/{type_v} unknown to the simulator: F16 KV assumed")
+    if kvb is not None and (type_k.lower(), type_v.lower()) != ("f16", "f16"):
+        notes.append(f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16")
+    ts_text = str(_get(row, "tensor_split", "") or "")
+    try:
+        shares = tuple(float(x) for x in ts_text.split("/") if x.strip()) if ts_text else ()
+    except ValueError:
+        shares = ()
+        notes.append(f"tensor_split {ts_text!r} not understood: default split assumed")
+    if shares and not any(shares):
+        shares = ()
+    if _get(row, "no_kv_offload", False):
+        notes.append("no_kv_offload: KV cache on the host is not modelled (simulated on the GPU)")
+    sm = str(_get(row, "split_mode", "layer"))
+    if sm not in ("layer", "none"):
+        notes.append(f"split_mode {sm}: not modelled (layer split simulated)")
+    if str(_get(row, "lazy_mode", "auto")) == "on":
+        notes.append("lazy_mode on: on-demand tensor reads are not modelled")
+    if _get(row, "embeddings", False):
+        notes.append("embeddings: not modelled (logits graph simulated)")
+    n_prompt, n_gen, n_depth = int(row["n_prompt"]), int(row["n_gen"]), int(row["n_depth"])
+    return RowTerms(
+        ngl=sim_ngl(int(_get(row, "n_gpu_layers", -1))),
+        n_cpu_moe=int(_get(row, "n_cpu_moe", 0)),
+        overrides=parse_overrides(_get(row, "tensor_buft_overrides", "none")),
+        pinned=host_memory_pinned(_get(row, "load_mode"), _get(row, "no_host", False), _get(row, "use_mmap")),
+        load_mode=str(_get(row, "load_mode", "auto" if _get(row, "use_mmap") is None else
+                           ("mmap" if _get(row, "use_mmap") else "none"))),
+        flash_attn=flash_attn_label(_get(row, "flash_attn")),
+        n_ubatch=n_ubatch, n_batch=n_batch, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
+        type_k=type_k, type_v=type_v, kv_bytes_per_elem=kvb,
+        no_op_offload=bool(_get(row, "no_op_offload", 0)),
+        tensor_split=shares, test=bench_test_name(n_prompt, n_gen, n_depth), notes=tuple(notes),
+    )
+
+
+#: ``Placement.op_offload_min_batch`` that never offloads (``-nopo 1``)
+NO_OP_OFFLOAD_MIN_BATCH = 2**31 - 1
+
+#: buffer names the simulator places tensors in (``CPU``, ``CUDA<n>``; ``GPU<n>`` as the specs)
+_SIM_BUFFER = re.compile(r"CPU|CUDA\d+|GPU\d*")
+
+
+def row_placement(terms: RowTerms, model, n_gpu: int = 1):
+    """The simulator ``Placement`` of a row on ``model`` (a ``ModelSpec`` already cut to the
+    GGUF's layers) and a machine of ``n_gpu`` GPUs, and notes on what it could not carry.
+
+    ``ngl``, ``n_cpu_moe`` (clamped to the model's layers; 0 on a dense model), the ``-ot``
+    rules (:func:`sim_overrides`: llama.cpp names with ``.weight``), pinned or pageable host
+    memory, ``-nopo``, ``-ts`` and the context of the test (``n_prompt + n_gen + n_depth``).
+
+    Returns:
+        ``(Placement, notes)``.
+
+    Raises:
+        ValueError: an ``-ot`` rule with a buffer the simulator does not know (not ``CPU`` or
+            ``CUDA<n>`` of an existing GPU), or a pattern Python's ``re`` cannot compile; the
+            message names the rule.
+    """
+    from .specs import Placement
+
+    notes: list[str] = []
+    for regex, buf in terms.overrides:
+        b = buf.upper()
+        dev = re.fullmatch(r"(?:CUDA|GPU)(\d*)", b)
+        if not _SIM_BUFFER.fullmatch(b) or (dev and int(dev.group(1) or 0) >= n_gpu):
+            known = "CPU or CUDA0" if n_gpu == 1 else f"CPU, CUDA0..CUDA{n_gpu - 1}"
+            raise ValueError(f"-ot rule '{regex}={buf}': buffer '{buf}' is not one the simulator places tensors in "
+                             f"on this hardware ({known})")
+        try:
+            re.compile(python_regex(regex))
+        except (re.error, ValueError) as exc:
+            raise ValueError(f"-ot rule '{regex}={buf}': pattern not understood by Python re ({exc})") from None
+    ncm = min(terms.n_cpu_moe, model.n_layer) if model.moe is not None else 0
+    shares = terms.tensor_split
+    if len(shares) > n_gpu:
+        if any(shares[n_gpu:]):
+            notes.append(f"tensor_split {'/'.join(f'{x:g}' for x in shares)} for more GPUs than the "
+                         f"hardware's {n_gpu}: default split simulated")
+            shares = ()
+        else:
+            shares = shares[:n_gpu]
+    pl = Placement(
+        ngl=terms.ngl, n_cpu_moe=ncm, override_tensor=sim_overrides(terms.overrides, model),
+        pinned=terms.pinned, ctx_size=terms.ctx_size,
+        op_offload_min_batch=NO_OP_OFFLOAD_MIN_BATCH if terms.no_op_offload else 32,
+        tensor_split=shares if len(shares) > 1 else (),
+    )
+    return pl, tuple(notes)
+
+
+def row_workload(terms: RowTerms, repetitions: int = 3):
+    """The simulator ``Workload`` of a row: its ``n_ubatch``/``n_batch`` and its test(s) (see
+    :attr:`RowTerms.tests`), ``repetitions`` routing draws."""
+    from .specs import Workload
+
+    ts = terms.tests
+    return Workload(
+        n_prompt=tuple(t.n_prompt for t in ts if t.n_prompt) or (0,),
+        n_gen=tuple(t.n_gen for t in ts if t.n_gen) or (0,),
+        n_depth=tuple(sorted({t.n_depth for t in ts})),
+        n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=repetitions,
+    )
+
+
+def model_with_kv(model, terms: RowTerms):
+    """``model`` with the row's KV cache element size (``type_k``/``type_v``), unchanged when it
+    is the model's already or the types are unknown."""
+    if terms.kv_bytes_per_elem is None or terms.kv_bytes_per_elem == model.kv_bytes_per_elem:
+        return model
+    return replace(model, kv_bytes_per_elem=terms.kv_bytes_per_elem)

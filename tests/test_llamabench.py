@@ -1,0 +1,348 @@
+"""sim.llamabench: llama-bench's fields, the json/jsonl reader and a row in the simulator's terms."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.errors import ScenarioError
+from sim.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIELDS, REQUIRED_FIELDS, STRING,
+                            bench_test_name, flash_attn_label, host_memory_pinned, kv_bytes_per_elem,
+                            n_cpu_moe_rules, parse_overrides, python_regex, read_llama_bench, row_placement,
+                            row_terms, row_workload, sim_ngl, sim_overrides, sim_regex)
+from sim.specs import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"
+BENCH = RUN / "llama-bench.jsonl"
+LINES = BENCH.read_text().splitlines()
+
+
+def _cut(name: str, n_layer: int):
+    from calibrate.llamacpp.compare import cut_model
+
+    return cut_model(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer)
+
+
+def json_printer(lines: list[str]) -> str:
+    """The jsonl rows in llama-bench's ``-o json`` layout (``json_printer``)."""
+    out = "[\n"
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        out += (",\n" if i else "") + "  {\n"
+        items = list(rec.items())
+        for j, (k, v) in enumerate(items):
+            if isinstance(v, list):
+                val = "[ " + ", ".join(json.dumps(x) for x in v) + " ]"
+            else:
+                val = json.dumps(v, ensure_ascii=False)
+            out += f'    "{k}": {val}' + (",\n" if j < len(items) - 1 else "\n")
+        out += "  }"
+    return out + "\n]\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "bench.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# -- the field list ------------------------------------------------------------------------
+
+
+def test_fields_restate_get_fields_and_types():
+    names = [f.name for f in FIELDS]
+    assert len(names) == len(set(names)) == 44
+    assert names[:6] == ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename"]
+    assert names[-6:] == ["avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts"]
+    assert CSV_FIELDS == tuple(names[:-2]) and JSON_FIELDS == tuple(names)
+    types = {f.name: f.type for f in FIELDS}
+    ints = {"build_number", "n_batch", "n_ubatch", "n_threads", "poll", "model_size", "model_n_params",
+            "n_gpu_layers", "main_gpu", "n_prompt", "n_gen", "n_depth", "avg_ns", "stddev_ns", "no_op_offload",
+            "n_cpu_moe", "fit_target", "fit_min_ctx", "flash_attn"}
+    bools = {"no_kv_offload", "cpu_strict", "embeddings", "no_host", "repack"}
+    assert {n for n, t in types.items() if t == INT} == ints | {"samples_ns"}
+    assert {n for n, t in types.items() if t == BOOL} == bools
+    assert {n for n, t in types.items() if t == FLOAT} == {"avg_ts", "stddev_ts", "samples_ts"}
+    assert types["load_mode"] == types["tensor_buft_overrides"] == types["tensor_split"] == STRING
+    assert set(REQUIRED_FIELDS) <= set(names)
+
+
+def test_fields_match_llama_bench_source():
+    """With LLAMA_CPP_DIR pointing at a llama.cpp tree: FIELDS is test::get_fields() in order."""
+    src = os.environ.get("LLAMA_CPP_DIR")
+    path = Path(src or "/nonexistent") / "tools" / "llama-bench" / "llama-bench.cpp"
+    if not path.is_file():
+        pytest.skip("set LLAMA_CPP_DIR to a llama.cpp tree to check FIELDS against llama-bench.cpp")
+    text = path.read_text()
+    body = re.search(r"get_fields\(\)\s*\{.*?fields\s*=\s*\{(.*?)\};", text, re.S).group(1)
+    assert [f.name for f in FIELDS if not f.json_only] == re.findall(r'"(\w+)"', body)
+    types = re.search(r"get_field_type\(const std::string & field\)\s*\{(.*?)\n    \}", text, re.S).group(1)
+    for block in re.finditer(r"if \((.*?)\)\s*\{\s*return (\w+);", types, re.S):
+        for name in re.findall(r'field == "(\w+)"', block.group(1)):
+            if name in {f.name for f in FIELDS}:
+                assert {f.name: f.type for f in FIELDS}[name] == block.group(2), name
+
+
+def test_test_names():
+    assert bench_test_name(512, 0) == "pp512"
+    assert bench_test_name(0, 128) == "tg128"
+    assert bench_test_name(512, 0, 8192) == "pp512 @ d8192"
+    assert bench_test_name(512, 128) == "pp512+tg128"
+    assert bench_test_name(64, 8, 128) == "pp64+tg8 @ d128"
+
+
+# -- the reader ----------------------------------------------------------------------------
+
+
+def test_read_jsonl_keeps_every_field_and_adds_test():
+    df = read_llama_bench(BENCH)
+    assert len(df) == len(LINES) == 10
+    assert list(df.columns) == list(JSON_FIELDS) + ["test"]
+    assert df.index.name == "line" and list(df.index) == list(range(1, 11))
+    assert df.attrs["format"] == "jsonl" and df.attrs["file"] == str(BENCH)
+    assert list(df.test) == ["pp512", "tg32", "pp512", "pp512 @ d4096", "pp512", "tg16", "tg16", "pp512",
+                             "pp64 @ d128", "pp64+tg8 @ d128"]
+    r = df.loc[1]
+    assert r.n_cpu_moe == 48 and r.load_mode == "none" and r.flash_attn == -1 and r.n_gpu_layers == -1
+    assert r.samples_ns == [61234567, 60123456, 62345678, 61111111, 60987654] and len(r.samples_ts) == 5
+    assert df.loc[9, "tensor_buft_overrides"] == r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+    assert df.n_prompt.dtype.kind == "i" and df.avg_ts.dtype.kind == "f" and df.no_host.dtype == bool
+
+
+def test_read_json_array_equals_jsonl(tmp_path):
+    p = write(tmp_path, json_printer(LINES), "bench.json")
+    a, b = read_llama_bench(p), read_llama_bench(BENCH)
+    assert a.attrs["format"] == "json" and a.index.name == "row"
+    pd.testing.assert_frame_equal(a.rename_axis("line"), b, check_like=False)
+
+
+def test_unknown_fields_are_kept(tmp_path):
+    lines = list(LINES[:2])
+    lines[1] = lines[1][:-1] + ', "my_tag": "rerun", "n_fancy": 3}'
+    df = read_llama_bench(write(tmp_path, "\n".join(lines) + "\n\n"))
+    assert list(df.columns[-3:]) == ["my_tag", "n_fancy", "test"]
+    assert df.my_tag.isna().iloc[0] and df.my_tag.iloc[1] == "rerun"
+
+
+def test_older_rows_without_optional_fields(tmp_path):
+    rec = {k: v for k, v in json.loads(LINES[0]).items()
+           if k not in ("n_cpu_moe", "load_mode", "lazy_mode", "no_host", "repack", "fit_target", "fit_min_ctx")}
+    rec["flash_attn"] = True  # llama-bench printed a BOOL before llama_flash_attn_type
+    rec["use_mmap"] = False
+    df = read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
+    assert df.flash_attn.iloc[0] == 1 and "load_mode" not in df.columns
+    t = row_terms(df.iloc[0])
+    assert t.n_cpu_moe == 0 and t.pinned and t.load_mode == "none" and t.flash_attn == "on"
+    del rec["samples_ns"]  # rows of two versions in one file: what one lacks is NaN/None there
+    df = read_llama_bench(write(tmp_path, LINES[1] + "\n" + json.dumps(rec) + "\n"))
+    assert df.n_cpu_moe.isna().tolist() == [False, True] and df.samples_ns.iloc[1] is None
+    assert row_terms(df.loc[2]).n_cpu_moe == 0 and row_terms(df.loc[1]).n_cpu_moe == 48
+
+
+def _bad(lines: list[str], i: int, old: str, new: str) -> list[str]:
+    assert old in lines[i], old
+    lines = list(lines)
+    lines[i] = lines[i].replace(old, new, 1)
+    return lines
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (lambda L: _bad(L, 2, '"n_prompt": 512', '"n_prompt": "512"'), "n_prompt, line 3", "integer"),
+    (lambda L: _bad(L, 1, '"avg_ts": ', '"avg_tps": '), "avg_ts, line 2", "missing"),
+    (lambda L: _bad(L, 0, '"model_type": "qwen3moe ?B Q4_K - Medium", ', ""), "model_type, line 1", "missing"),
+    (lambda L: _bad(L, 3, '"n_ubatch": 512', '"n_ubatch": 0'), "n_ubatch, line 4", ">= 1"),
+    (lambda L: _bad(L, 0, '"avg_ts": 8372.540517', '"avg_ts": inf'), "avg_ts, line 1", "non-finite"),
+    (lambda L: _bad(L, 0, '"avg_ts": 8372.540517', '"avg_ts": -nan'), "avg_ts, line 1", "non-finite"),
+    (lambda L: _bad(L, 0, '"avg_ts": 8372.540517', '"avg_ts": NaN'), "avg_ts, line 1", "non-finite"),
+    (lambda L: _bad(L, 4, '"avg_ts": ', '"avg_ts": -'), "avg_ts, line 5", "> 0"),
+    (lambda L: _bad(L, 1, '"cpu_strict": false', '"cpu_strict": 0'), "cpu_strict, line 2", "true or false"),
+    (lambda L: _bad(L, 1, '"load_mode": "none"', '"load_mode": 0'), "load_mode, line 2", "string"),
+    (lambda L: _bad(L, 0, '"samples_ts": [ 8361.29', '"samples_ts": [ "8361.29"'), "samples_ts, line 1", "number"),
+    (lambda L: _bad(L, 0, '"n_prompt": 512', '"n_prompt": 0'), "n_prompt, line 1", "n_gen > 0"),
+    (lambda L: L[:5] + [L[5][:300]] + L[6:], "line 6", "malformed"),
+    (lambda L: L[:2] + ["[1, 2]"], "line 3", "object"),
+])
+def test_bad_jsonl_is_one_line_error(tmp_path, edit, field, words):
+    p = write(tmp_path, "\n".join(edit(LINES)) + "\n")
+    with pytest.raises(ScenarioError) as ei:
+        read_llama_bench(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg and f"'{field}'" in msg and words in msg, msg
+    assert ei.value.file == str(p) and ei.value.field == field
+
+
+@pytest.mark.parametrize("text, words", [("", "empty"), ("  \n\n", "empty"), ("[\n]\n", "no llama-bench rows"),
+                                         ('{"a": 1}', "missing required"), ("[\n  3\n]", "object"),
+                                         ("[\n  {\n", "malformed"),
+                                         (",".join(CSV_FIELDS) + "\n", "-o csv"),
+                                         ("| model | size |\n", "-o markdown")])
+def test_bad_files(tmp_path, text, words):
+    p = write(tmp_path, text)
+    with pytest.raises(ScenarioError, match=words) as ei:
+        read_llama_bench(p)
+    assert "\n" not in str(ei.value) and str(p) in str(ei.value)
+
+
+def test_truncated_json_names_the_line(tmp_path):
+    text = json_printer(LINES[:2])
+    p = write(tmp_path, text.replace('"avg_ts": 316.344558', '"avg_ts": inf'), "bench.json")
+    with pytest.raises(ScenarioError, match="non-finite") as ei:
+        read_llama_bench(p)
+    line = next(i for i, s in enumerate(p.read_text().splitlines(), 1) if '"avg_ts": inf' in s)
+    assert ei.value.field == f"avg_ts, line {line}"
+    p = write(tmp_path, text[:-4], "cut.json")  # an interrupted run: no closing bracket
+    with pytest.raises(ScenarioError, match="malformed JSON"):
+        read_llama_bench(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScenarioError, match="not found"):
+        read_llama_bench(tmp_path / "nope.jsonl")
+    with pytest.raises(ScenarioError, match="folder"):
+        read_llama_bench(tmp_path)
+
+
+# -- a row in the simulator's terms ----------------------------------------------------------
+
+
+def test_parse_overrides():
+    assert parse_overrides("none") == parse_overrides("") == parse_overrides(None) == parse_overrides(math.nan) == ()
+    assert parse_overrides(r"blk\.[0-9]+\.ffn_.*=CPU") == ((r"blk\.[0-9]+\.ffn_.*", "CPU"),)
+    assert parse_overrides("ffn_up=CPU;attn_.*=CUDA0") == (("ffn_up", "CPU"), ("attn_.*", "CUDA0"))
+    assert parse_overrides("none;ffn_down=CPU") == (("ffn_down", "CPU"),)
+    with pytest.raises(ValueError, match="no '=BUFFER'"):
+        parse_overrides("ffn_up")
+    with pytest.raises(ValueError, match="empty"):
+        parse_overrides("=CPU")
+
+
+def test_sim_regex_and_overrides_follow_llama_cpp_names():
+    m = _cut("qwen3-30b-a3b", 2)
+    assert sim_regex(r"ffn_up_exps\.weight$") == r"ffn_up_exps(?:\.weight)?$"
+    assert sim_regex("exps.weight") == "exps(?:.weight)?"
+    assert sim_regex(r"blk\.[0-9]+\.ffn_.*") == r"blk\.[0-9]+\.ffn_.*"
+    rules = sim_overrides([(r"blk\.1\.ffn_up_exps\.weight$", "cpu"), (r"ffn_down_exps$", "CPU"),
+                           (r"exps.weight", "CUDA0")], m)
+    names = [t.name for t in m.tensors]
+    hits = [[n for n in names if re.search(rx, n)] for rx, _ in rules]
+    assert hits[0] == ["blk.1.ffn_up_exps"] and rules[0][1] == "CPU"
+    assert hits[1] == []  # in llama.cpp names end in .weight: '...exps$' matches nothing
+    assert rules[1][0] == "(?!)"
+    assert hits[2] == [n for n in names if n.endswith("_exps")]
+
+
+def test_n_cpu_moe_rules_are_llama_bench_patterns():
+    rules = n_cpu_moe_rules(2)
+    assert rules == ((r"blk\.0\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"),
+                     (r"blk\.1\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"))
+    m = _cut("qwen3-30b-a3b", 3)
+    pl, _ = row_placement(row_terms(json.loads(LINES[0]) | {"n_cpu_moe": 2}), m)
+    ot, _ = row_placement(row_terms(json.loads(LINES[0]) | {"n_cpu_moe": 0, "tensor_buft_overrides":
+                                                             ";".join(f"{r}={b}" for r, b in rules)}), m)
+    assert ([t.name for t in m.tensors if pl.host_resident(m, t)]
+            == [t.name for t in m.tensors if ot.host_resident(m, t)])
+
+
+@pytest.mark.parametrize("mode, pinned", [("none", True), ("mlock", True), ("dio", True), ("auto", False),
+                                          ("mmap", False), ("mmap+mlock", False)])
+def test_load_mode_to_host_memory(mode, pinned):
+    assert host_memory_pinned(mode) is pinned
+    assert host_memory_pinned(mode, no_host=True) is False
+
+
+def test_small_translations():
+    assert host_memory_pinned(None, use_mmap=False) and not host_memory_pinned(None, use_mmap=True)
+    assert not host_memory_pinned(None)
+    with pytest.raises(ValueError, match="load_mode"):
+        host_memory_pinned("fast")
+    assert sim_ngl(-1) == 999 and sim_ngl(99) == 99 and sim_ngl(0) == 0
+    assert [flash_attn_label(v) for v in (-1, 0, 1, True, False, None)] == ["auto", "off", "on", "on", "off", "auto"]
+    with pytest.raises(ValueError):
+        flash_attn_label(2)
+    assert kv_bytes_per_elem() == 2.0 and kv_bytes_per_elem("q8_0", "q8_0") == 34 / 32
+    assert kv_bytes_per_elem("q8_0", "f16") == (34 / 32 + 2) / 2
+
+
+def test_row_terms_and_workload():
+    df = read_llama_bench(BENCH)
+    t = row_terms(df.loc[10])
+    assert (t.n_prompt, t.n_gen, t.n_depth, t.n_ubatch, t.n_batch) == (64, 8, 128, 64, 64)
+    assert [x.name for x in t.tests] == ["pp64 @ d128", "tg8 @ d192"] and t.ctx_size == 200
+    assert t.overrides == ((r"blk\.[0-9]+\.ffn_.*_exps\.weight", "CPU"),) and t.pinned and t.test == "pp64+tg8 @ d128"
+    wl = row_workload(t, repetitions=3)
+    assert (wl.n_ubatch, wl.n_batch, wl.repetitions) == (64, 64, 3)
+    t = row_terms(json.loads(LINES[0]) | {"n_ubatch": 4096, "type_k": "q8_0", "type_v": "q8_0", "no_op_offload": 1})
+    assert t.n_ubatch == 2048  # clamped to n_batch, as llama.cpp does
+    assert t.kv_bytes_per_elem == 34 / 32 and any("q8_0" in n for n in t.notes) and t.no_op_offload
+    assert row_terms(df.loc[7]).flash_attn == "off" and row_terms(df.loc[7]).ngl == 1
+
+
+def test_placement_ncmoe_puts_every_expert_on_the_host():
+    m = _cut("qwen3-30b-a3b", 2)
+    pl, notes = row_placement(row_terms(json.loads(LINES[0])), m)  # -ncmoe 48 on a 2-layer GGUF, -lm none
+    host = {t.name for t in m.tensors if pl.host_resident(m, t)}
+    assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd"}
+    assert pl.n_cpu_moe == 2 and pl.ngl == 999 and pl.pinned and pl.ctx_size == 512 and notes == ()
+
+
+def test_placement_gemma_ffn_override_and_ngl():
+    m = _cut("gemma3-27b", 2)
+    pl, _ = row_placement(row_terms(json.loads(LINES[4])), m)  # -ot ffn_(gate|up|down)=CPU -lm mmap
+    host = {t.name for t in m.tensors if pl.host_resident(m, t)}
+    assert host == {f"blk.{i}.ffn_{p}" for i in range(2) for p in ("gate", "up", "down")} | {"token_embd"}
+    assert not pl.pinned
+    pl, _ = row_placement(row_terms(json.loads(LINES[6])), m)  # -ngl 1: block 0 and the output stay on the host
+    assert not pl.layer_on_gpu(m, 0) and pl.layer_on_gpu(m, 1)
+    assert {t.name for t in m.tensors if pl.host_resident(m, t)} == (
+        {t.name for t in m.tensors if t.layer == 0} | {"token_embd", "output"})
+
+
+def test_placement_refuses_unknown_buffers():
+    m = _cut("gemma3-27b", 2)
+    with pytest.raises(ValueError, match="CUDA1"):
+        row_placement(row_terms(json.loads(LINES[7])), m)  # -ot ffn_down=CUDA1 on one GPU
+    pl, notes = row_placement(row_terms(json.loads(LINES[7])), m, n_gpu=2)
+    assert pl.override_tensor == (("ffn_down", "CUDA1"),) and pl.tensor_split == (1.0, 1.0)
+    with pytest.raises(ValueError, match="BLAS"):
+        row_placement(row_terms(json.loads(LINES[7]) | {"tensor_buft_overrides": "ffn_down=BLAS"}), m)
+    with pytest.raises(ValueError, match="Python re"):
+        row_placement(row_terms(json.loads(LINES[7]) | {"tensor_buft_overrides": "ffn_(up=CPU"}), m)
+
+
+def test_posix_classes_of_std_regex():
+    m = _cut("qwen3-30b-a3b", 12)
+    assert python_regex(r"blk\.[[:digit:]]+\.ffn") == r"blk\.[0-9]+\.ffn"
+    pl, _ = row_placement(row_terms(json.loads(LINES[0]) | {
+        "n_cpu_moe": 0, "tensor_buft_overrides": r"blk\.1[[:digit:]]\.ffn_(up|down)_exps=CPU"}), m)
+    assert {t.name for t in m.tensors if pl.host_resident(m, t)} == {"token_embd", "blk.10.ffn_up_exps",
+                                                                     "blk.10.ffn_down_exps", "blk.11.ffn_up_exps",
+                                                                     "blk.11.ffn_down_exps"}
+
+
+def test_real_llama_bench_output():
+    """Files printed by llama-bench itself (a CPU build of llama.cpp's tools/llama-bench, on a
+    synthetic 8-block Qwen3-MoE GGUF from ``calibrate.llamacpp.gguf_writer --tiny``):
+    ``-p 64 -n 8 -pg 32,4 -d 0,64 -ub 32 -r 2 -ncmoe 4 -ot 'blk\\.[0-9]+\\.attn_q\\.weight=CPU'
+    -lm none -fa 0,1 -o jsonl`` and ``-p 64 -n 0 -r 2 -o json``."""
+    data = ROOT / "tests" / "data" / "llamacpp"
+    a = read_llama_bench(data / "llama-bench-cpu.jsonl")
+    assert list(a.columns) == list(JSON_FIELDS) + ["test"] and len(a) == 12
+    assert list(a.test[:6]) == ["pp64", "tg8", "pp32+tg4", "pp64 @ d64", "tg8 @ d64", "pp32+tg4 @ d64"]
+    assert list(a.flash_attn) == [0] * 6 + [1] * 6 and (a.n_cpu_moe == 4).all()
+    assert (a.samples_ns.map(len) == 2).all()
+    t = row_terms(a.iloc[0])
+    assert t.overrides == ((r"blk\.[0-9]+\.attn_q\.weight", "CPU"),) and t.pinned and t.flash_attn == "off"
+    m = _cut("qwen3-30b-a3b", 8)
+    pl, _ = row_placement(t, m)
+    host = {t.name for t in m.tensors if pl.host_resident(m, t)}
+    assert host == ({f"blk.{i}.attn_q" for i in range(8)} | {"token_embd"}
+                    | {t.name for t in m.tensors if t.is_expert and t.layer < 4})
+    b = read_llama_bench(data / "llama-bench-cpu.json")
+    assert b.attrs["format"] == "json" and list(b.test) == ["pp64"] and b.samples_ts.iloc[0][0] > 0

@@ -1,0 +1,266 @@
+"""calibrate.llamacpp.compare: measured llama-bench rows against the simulator, untuned.
+
+The run folder tests/data/llamacpp/h200-test holds hand-written llama-bench rows (its jsonl
+layout; invented t/s) for Qwen3-30B-A3B and Gemma-3-27B GGUFs trimmed to 2 layers and the tiny
+MoE. Every prediction is checked against run_scenario on a scenario built by hand, so nothing
+depends on host speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.llamacpp import compare as cmp
+from sim.errors import ScenarioError
+from sim.metrics import run_scenario
+from sim.routing import RoutingSpec
+from sim.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
+from sim.validation import _model_cut
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"
+HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
+
+
+@pytest.fixture(scope="module")
+def result() -> pd.DataFrame:
+    return cmp.compare(RUN, HW, jobs=1)
+
+
+def by_hand(model, placement: Placement, tests, n_ubatch: int, n_batch: int = 2048, repetitions: int = 3) -> list:
+    t0 = tests[0]
+    scn = Scenario(name="by hand", model=model, hardware=HW, placement=placement,
+                   workload=Workload(n_prompt=(t0.n_prompt,), n_gen=(t0.n_gen,), n_depth=(t0.n_depth,),
+                                     n_ubatch=n_ubatch, n_batch=n_batch, repetitions=repetitions),
+                   routing=RoutingSpec(kind="uniform"), variants=(parse_variant("baseline"),), seed=0)
+    return run_scenario(scn, tests=list(tests), repetitions=repetitions, jobs=1)
+
+
+def subset(tmp_path: Path, lines: list[int], invocations: list[dict] | None = None) -> Path:
+    """A run folder with some rows of the test folder (1-based lines)."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
+    (run / "llama-bench.jsonl").write_text("".join(rows[i - 1] + "\n" for i in lines))
+    if invocations is None:
+        shutil.copy(RUN / "invocations.jsonl", run / "invocations.jsonl")
+    else:
+        (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invocations))
+    return run
+
+
+def test_one_row_per_measured_row(result):
+    assert list(result.columns) == list(cmp.COLUMNS) and len(result) == 10
+    assert list(result.line) == list(range(1, 11))
+    assert list(result.invocation) == ["qwen3-ncmoe48"] * 2 + ["qwen3-resident"] * 2 + ["gemma3-ffn-cpu"] * 2 + [
+        "gemma3-ngl1-fa0", "gemma3-cuda1", "tiny-ot-exps", "tiny-ot-exps"]
+    assert list(result.regime) == ["copy_bound_prefill", "host_expert_decode", "resident", "resident",
+                                   "dense_partial_offload", "dense_partial_offload", "dense_partial_offload",
+                                   "unknown", "copy_bound_prefill", "mixed_pp_tg"]
+    assert list(result.kind) == ["pp", "tg", "pp", "pp", "pp", "tg", "tg", "pp", "pp", "pp+tg"]
+    assert list(result.n_layer) == [2] * 10
+    assert result.model_toml.iloc[0] == "scenarios/models/qwen3-30b-a3b.toml"
+    bench = pd.read_json(RUN / "llama-bench.jsonl", lines=True)
+    assert np.allclose(result.measured_ts, bench.avg_ts) and np.allclose(result.measured_stddev_ts, bench.stddev_ts)
+    assert (result.n_samples == 5).all()
+    assert list(result.pinned) == [True, True, False, False, False, False, False, False, True, True]
+    assert list(result.ot[4:6]) == ["ffn_(gate|up|down)=CPU"] * 2 and result.ot.iloc[0] == "none"
+    ok = result.predicted_ts.notna()
+    assert list(ok) == [True] * 7 + [False] + [True] * 2
+    assert np.allclose(result.rel_error[ok], result.predicted_ts[ok] / result.measured_ts[ok] - 1)
+    assert (result.predicted_ts[ok] > 0).all()
+
+
+def test_notes_say_what_is_not_represented(result):
+    note = dict(zip(result.line, result.note))
+    assert "not simulated" in note[8] and "CUDA1" in note[8]
+    assert "flash_attn off" in note[7]
+    assert "pp64 @ d128 then tg8 @ d192" in note[10]
+    assert "FlashAttention" in note[4]  # depth 4096 with the profile's unfused attention table
+    assert note[1] == note[3] == note[5] == ""
+
+
+def test_prediction_equals_run_scenario_by_hand(result):
+    q = _model_cut("qwen3-30b-a3b", 2)
+    # line 1: -ncmoe 48 -lm none pp512 on the 2-layer GGUF: every expert host-resident, pinned
+    r = by_hand(q, Placement(n_cpu_moe=2, pinned=True, ctx_size=512), [BenchTest(512, 0, 0)], 512)[0]
+    assert result.predicted_ts.iloc[0] == r.tps_mean and result.predicted_stddev_ts.iloc[0] == r.tps_std
+    # line 2: the same placement, tg32
+    r = by_hand(q, Placement(n_cpu_moe=2, pinned=True, ctx_size=32), [BenchTest(0, 32, 0)], 512)[0]
+    assert result.predicted_ts.iloc[1] == r.tps_mean
+    # line 4: resident, pageable (-lm auto), pp512 @ d4096
+    r = by_hand(q, Placement(pinned=False, ctx_size=4608), [BenchTest(512, 0, 4096)], 512)[0]
+    assert result.predicted_ts.iloc[3] == r.tps_mean
+    g = _model_cut("gemma3-27b", 2)
+    # line 6: -ot ffn_(gate|up|down)=CPU -lm mmap tg16; a dense model draws no routing: one repetition
+    pl = Placement(override_tensor=(("ffn_(gate|up|down)", "CPU"),), pinned=False, ctx_size=16)
+    r = by_hand(g, pl, [BenchTest(0, 16, 0)], 512, repetitions=1)[0]
+    assert result.predicted_ts.iloc[5] == r.tps_mean and result.predicted_stddev_ts.iloc[5] == 0
+    r3 = by_hand(g, pl, [BenchTest(0, 16, 0)], 512, repetitions=3)[0]
+    assert np.ptp(r3.tps) == 0 and r3.tps_mean == pytest.approx(r.tps_mean, rel=1e-14)
+    # line 7: -ngl 1 tg16
+    r = by_hand(g, Placement(ngl=1, pinned=False, ctx_size=16), [BenchTest(0, 16, 0)], 512, repetitions=1)[0]
+    assert result.predicted_ts.iloc[6] == r.tps_mean
+    # line 10: tiny MoE, -ot experts (llama.cpp names with .weight) -pg 64,8 -d 128 -ub 64 -b 64
+    tiny = load_model(ROOT / "scenarios" / "tiny" / "tiny-moe.toml")
+    pl = Placement(override_tensor=((r"blk\.[0-9]+\.ffn_.*_exps(?:\.weight)?", "CPU"),), pinned=True, ctx_size=200)
+    pp, tg = by_hand(tiny, pl, [BenchTest(64, 0, 128), BenchTest(0, 8, 192)], 64, 64)
+    tps = 72 / (pp.makespan_s + tg.makespan_s)
+    assert result.predicted_ts.iloc[9] == pytest.approx(float(np.mean(tps)), rel=1e-12)
+
+
+def test_row_case_places_what_the_row_says():
+    df = cmp.read_llama_bench(RUN / "llama-bench.jsonl")
+    q = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), 2)
+    case = cmp.row_case(df.loc[2], q, HW)
+    scn = case.scenario
+    assert {t.name for t in q.tensors if scn.placement.host_resident(q, t)} == (
+        {t.name for t in q.tensors if t.is_expert} | {"token_embd"})
+    assert case.tests == (BenchTest(0, 32, 0),) and case.regime == "host_expert_decode"
+    assert [v.name for v in scn.variants] == ["baseline"] and scn.routing.kind == "uniform"
+    assert (scn.workload.n_ubatch, scn.workload.n_batch) == (512, 2048)
+    g = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml"), 2)
+    case = cmp.row_case(df.loc[5], g, HW)
+    host = {t.name for t in g.tensors if case.scenario.placement.host_resident(g, t)}
+    assert host == {f"blk.{i}.ffn_{p}" for i in range(2) for p in ("gate", "up", "down")} | {"token_embd"}
+    assert not case.scenario.placement.pinned and case.regime == "dense_partial_offload"
+    # quantised KV: the model's KV element size follows type_k/type_v
+    case = cmp.row_case(df.loc[3].to_dict() | {"type_k": "q8_0", "type_v": "q8_0"}, q, HW)
+    assert case.scenario.model.kv_bytes_per_elem == 34 / 32 and "q8_0" in "; ".join(case.notes)
+
+
+def test_regimes():
+    q = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), 2)
+    g = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml"), 2)
+    assert cmp.regime(q, Placement(), "pp") == "resident"
+    assert cmp.regime(q, Placement(ngl=3), "tg") == "resident"
+    assert cmp.regime(q, Placement(ngl=2), "tg") == "other"  # -ngl n_layer: the output head stays on the host
+    assert cmp.regime(q, Placement(n_cpu_moe=1), "pp") == "copy_bound_prefill"
+    assert cmp.regime(q, Placement(n_cpu_moe=1), "tg") == "host_expert_decode"
+    assert cmp.regime(q, Placement(n_cpu_moe=1), "pp+tg") == "mixed_pp_tg"
+    assert cmp.regime(q, Placement(ngl=1), "pp") == "copy_bound_prefill"  # a host block holds experts
+    assert cmp.regime(q, Placement(override_tensor=(("attn_q", "CPU"),)), "tg") == "other"
+    assert cmp.regime(g, Placement(), "tg") == "resident"
+    assert cmp.regime(g, Placement(ngl=1), "tg") == "dense_partial_offload"
+    assert cmp.regime(g, Placement(override_tensor=(("ffn_up", "CPU"),)), "pp") == "dense_partial_offload"
+
+
+def test_decode_rows_share_a_prediction_across_ubatch(tmp_path):
+    """-ub/-b do not enter a decode plan (only its VRAM check): rows that differ only in them
+    are simulated once, and each still equals run_scenario."""
+    rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
+    run = subset(tmp_path, [2])
+    extra = rows[1].replace('"n_ubatch": 512', '"n_ubatch": 64').replace('"n_batch": 2048', '"n_batch": 64')
+    with open(run / "llama-bench.jsonl", "a") as fh:
+        fh.write(extra + "\n")
+    df = cmp.compare(run, HW, jobs=1)
+    q = _model_cut("qwen3-30b-a3b", 2)
+    r = by_hand(q, Placement(n_cpu_moe=2, pinned=True, ctx_size=32), [BenchTest(0, 32, 0)], 64, 64)[0]
+    assert list(df.n_ubatch) == [512, 64] and (df.predicted_ts == r.tps_mean).all()
+
+
+def test_parallel_equals_serial(tmp_path, result):
+    run = subset(tmp_path, [6, 9, 10])
+    df = cmp.compare(run, HW, jobs=2)
+    assert list(df.predicted_ts) == list(result.predicted_ts.iloc[[5, 8, 9]])
+
+
+def test_rows_that_do_not_fit_or_map_are_noted(tmp_path):
+    rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
+    run = subset(tmp_path, [9])
+    big = rows[2].replace('"n_gen": 0, "n_depth": 0', '"n_gen": 0, "n_depth": 100000000')  # 400 GB of KV
+    other = rows[0].replace("qwen3-30b-a3b-2l.gguf", "unknown.gguf")
+    with open(run / "llama-bench.jsonl", "a") as fh:
+        fh.write(big + "\n" + other + "\n")
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.predicted_ts.isna().tolist() == [False, True, True]
+    assert "does not fit" in df.note[1] and "unknown.gguf" in df.note[2] and df.regime[2] == "unknown"
+    assert df.model_toml.isna()[2] and pd.isna(df.n_layer[2])
+
+
+def test_invocation_errors(tmp_path):
+    inv = [{"id": "t", "model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf", "n_layer": 3}]
+    with pytest.raises(ScenarioError, match="exceeds the model's 2 layers"):
+        cmp.compare(subset(tmp_path / "a", [9], inv), HW)
+    inv = [{"id": "t", "model_toml": "scenarios/tiny/nope.toml", "gguf": "tiny-moe.gguf"}]
+    with pytest.raises(ScenarioError) as ei:
+        cmp.compare(subset(tmp_path / "b", [9], inv), HW)
+    assert "model_toml, line 1" in str(ei.value) and "invocations.jsonl" in str(ei.value)
+    inv = [{"id": "t", "model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "x.gguf"},
+           {"id": "u", "model_toml": "scenarios/models/qwen3-30b-a3b.toml", "gguf": "/other/x.gguf"}]
+    with pytest.raises(ScenarioError, match="two models"):
+        cmp.compare(subset(tmp_path / "c", [9], inv), HW)
+    run = subset(tmp_path / "d", [9])
+    (run / "invocations.jsonl").write_text('{"id": "t", "gguf": 3}\n')
+    with pytest.raises(ScenarioError, match="gguf, line 1"):
+        cmp.compare(run, HW)
+    (run / "invocations.jsonl").unlink()
+    with pytest.raises(ScenarioError, match="invocations.jsonl"):
+        cmp.compare(run, HW)
+    with pytest.raises(ScenarioError, match="run folder not found"):
+        cmp.compare(tmp_path / "none", HW)
+
+
+def test_invocations_are_attributed_by_gguf_without_counts(tmp_path):
+    inv = [{"id": "t", "model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf", "rc": 1}]
+    df = cmp.compare(subset(tmp_path, [9], inv), HW, jobs=1)
+    assert df.invocation[0] == "t" and "exit status 1" in df.note[0]
+
+
+def test_cut_model():
+    q = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+    c = cmp.cut_model(q, 2)
+    assert c.n_layer == 2 and max(t.layer for t in c.tensors) == 1
+    assert c.nbytes == _model_cut("qwen3-30b-a3b", 2).nbytes and c.nbytes < q.nbytes
+    assert cmp.cut_model(q, None) is q and cmp.cut_model(q, 48) is q
+    with pytest.raises(ValueError):
+        cmp.cut_model(q, 49)
+
+
+def test_summary():
+    df = pd.DataFrame(dict(kind=["pp", "pp", "tg", "tg"], regime=["resident", "copy_bound_prefill",
+                                                                    "host_expert_decode", "unknown"],
+                           rel_error=[0.1, -0.3, 0.2, math.nan]))
+    s = cmp.summarize(df).set_index("group")
+    assert list(s.index) == ["all", "pp", "tg", "regime: resident", "regime: copy_bound_prefill",
+                             "regime: host_expert_decode", "regime: unknown"]
+    assert s.loc["all", "n_rows"] == 4 and s.loc["all", "n_predicted"] == 3
+    assert s.loc["all", "median_abs_rel_error"] == pytest.approx(0.2)
+    assert s.loc["all", "p90_abs_rel_error"] == pytest.approx(0.28)
+    assert s.loc["pp", "median_rel_error"] == pytest.approx(-0.1)
+    assert math.isnan(s.loc["regime: unknown", "median_abs_rel_error"])
+    md = cmp.summary_markdown(s.reset_index(), "title")
+    assert md.startswith("title\n\n| group |") and "| all | 4 | 3 | 20.0% | 28.0% | +10.0% |" in md
+    assert "| regime: unknown | 1 | 0 |  |  |  |" in md
+
+
+def test_cli_writes_csv_summary_and_figure(tmp_path, capsys):
+    run = subset(tmp_path, [9, 10, 8])
+    out, md, fig = tmp_path / "o" / "cmp.csv", tmp_path / "o" / "summary.md", tmp_path / "o" / "cmp.png"
+    rc = cmp.main([str(run), "--out", str(out), "--summary", str(md), "--figure", str(fig), "-q", "--jobs", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "| all | 3 | 2 |" in cap.out and "1 of 3 rows not simulated" in cap.err
+    df = pd.read_csv(out)
+    assert list(df.columns) == list(cmp.COLUMNS) and len(df) == 3
+    assert md.read_text() == cap.out and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert cmp.main([str(tmp_path / "missing"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run folder not found" in err
+    run = subset(tmp_path, [9])
+    bench = run / "llama-bench.jsonl"
+    bench.write_text(bench.read_text().replace('"n_gen": 0', '"n_gen": "0"'))
+    assert cmp.main([str(run), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "n_gen, line 1" in err
+    assert cmp.main([str(run), "-q", "--repetitions", "0"]) == 2
+    assert "--repetitions" in capsys.readouterr().err

@@ -1,0 +1,363 @@
+"""The llama.cpp harness's CPU-side parts: source subset and patches, build errors, the grid
+spec and runner (with a stand-in llama-bench), the lease's collect, the routing check."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from calibrate.llamacpp import build as B
+from calibrate.llamacpp import grid as G
+from calibrate.llamacpp import patches as P
+from calibrate.llamacpp.lease import collect
+from sim.errors import ScenarioError
+
+REPO = Path(__file__).resolve().parent.parent
+
+# a stand-in for the part of ggml-backend.cpp the copy-log patch anchors on (our own text)
+FAKE_BACKEND = """\
+static int compute_splits() {
+    std::vector<int32_t> ids;
+    std::vector<ggml_bitset_t> used_ids;
+    for (int split_id = 0; split_id < n; split_id++) {
+        if (weights) {
+                    auto copy_experts = [&](int32_t first_id, int32_t last_id) {
+                        const size_t padding_end = last_id < n_expert - 1 ? padding : 0;
+                    };
+                    int id = 0;
+                    while (!ggml_bitset_get(used_ids.data(), id)) {
+                        id++;
+                    }
+        } else {
+                    // try async copy, but if not possible, we can still use a sync copy without x
+        }
+        prev_backend_id = split_backend_id;
+    }
+    return 0;
+}
+"""
+
+
+def fake_tree(root: Path, backend: str = FAKE_BACKEND) -> Path:
+    for rel in B.REQUIRED:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("// stand-in\n")
+    (root / "ggml/src/ggml-backend.cpp").write_text(backend)
+    (root / "tests").mkdir(exist_ok=True)
+    (root / "tests/test-backend-ops.cpp").write_text("int main() {}\n")
+    (root / "tools/other").mkdir(parents=True)
+    (root / "tools/other/x.cpp").write_text("unused\n")
+    return root
+
+
+# ---- source subset, hash, archive ----------------------------------------------------------------
+
+def test_check_tree_names_what_is_missing(tmp_path):
+    with pytest.raises(B.BuildError, match="not a folder"):
+        B.check_tree(tmp_path / "nope")
+    (tmp_path / "CMakeLists.txt").write_text("")
+    with pytest.raises(B.BuildError, match="missing ggml/src/ggml-backend.cpp"):
+        B.check_tree(tmp_path)
+
+
+def test_subset_keeps_only_what_the_build_needs_and_hash_tracks_content(tmp_path):
+    src = fake_tree(tmp_path / "llama.cpp")
+    sub = B.make_subset(src, tmp_path / "sub")
+    assert (sub / "tools/llama-bench/llama-bench.cpp").is_file()
+    assert not (sub / "tools/other").exists()
+    assert (sub / "tools/CMakeLists.txt").read_text() == B.TOOLS_CMAKE
+    assert "test-backend-ops" in (sub / "tests/CMakeLists.txt").read_text()
+    h1 = B.tree_hash(sub)
+    assert h1 == B.tree_hash(sub) and len(h1) == 16
+    (sub / "build-x").mkdir()
+    (sub / "build-x/junk.o").write_text("ignored")
+    assert B.tree_hash(sub) == h1
+    (sub / "src_extra.txt").write_text("changed")
+    assert B.tree_hash(sub) != h1
+    arc = B.pack(sub, tmp_path / "a" / "src.tgz")
+    back = B.unpack(arc, tmp_path / "back")
+    assert B.tree_hash(back) == B.tree_hash(sub)
+    assert not any(p.name.startswith("build") for p in back.iterdir())
+
+
+def test_unpack_of_a_broken_archive_is_one_line(tmp_path):
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(B.BuildError, match="cannot unpack"):
+        B.unpack(bad, tmp_path / "x")
+
+
+def test_build_without_cmake_or_nvcc_fails_in_one_line(tmp_path, monkeypatch):
+    tree = fake_tree(tmp_path / "t")
+    monkeypatch.setattr(B.shutil, "which", lambda tool: None)
+    with pytest.raises(B.BuildError, match="cmake not found"):
+        B.build(tree, tmp_path / "b")
+    monkeypatch.setattr(B.shutil, "which", lambda tool: "/usr/bin/cmake" if tool == "cmake" else None)
+    monkeypatch.setattr(B.Path, "is_file", lambda self: False if str(self).endswith("nvcc") else os.path.isfile(self))
+    with pytest.raises(B.BuildError, match="nvcc not found"):
+        B.build(tree, tmp_path / "b", cuda=True)
+
+
+def test_failed_configure_names_its_log_and_cached_build_is_reused(tmp_path, monkeypatch):
+    tree = fake_tree(tmp_path / "t")
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    fake = bin_dir / "cmake"
+    # a stand-in cmake: fails configure when FAIL is set, else "builds" the requested targets
+    fake.write_text(f"""#!{sys.executable}
+import os, sys, pathlib
+a = sys.argv[1:]
+if '-S' in a:
+    sys.exit(3 if os.environ.get('FAIL') else 0)
+b = pathlib.Path(a[a.index('--build') + 1]) / 'bin'
+b.mkdir(parents=True, exist_ok=True)
+for t in a[a.index('--target') + 1:]:
+    (b / t).write_text('x')
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAIL", "1")
+    with pytest.raises(B.BuildError, match=r"configure failed \(exit 3\); log: .*build.log"):
+        B.build(tree, tmp_path / "b", cuda=False)
+    monkeypatch.delenv("FAIL")
+    r1 = B.build(tree, tmp_path / "b", cuda=False, source="test")
+    assert not r1.cached and r1.program("llama-bench").is_file() and "-DGGML_CUDA=OFF" in r1.cmake_args
+    r2 = B.build(tree, tmp_path / "b", cuda=False)
+    assert r2.cached and r2.source_hash == r1.source_hash and r2.build_dir == r1.build_dir
+
+
+# ---- patches ----------------------------------------------------------------------------------
+
+def test_copy_log_patch_applies_once_in_the_right_places(tmp_path):
+    tree = fake_tree(tmp_path / "t")
+    assert P.apply(tree, P.COPY_LOG, "copy-log")
+    text = (tree / "ggml/src/ggml-backend.cpp").read_text()
+    lines = text.splitlines()
+    decl = next(i for i, ln in enumerate(lines) if "static const bool psim_log" in ln)
+    assert "used_ids;" in lines[decl - 2]
+    count = next(i for i, ln in enumerate(lines) if "psim_expert_copied +=" in ln)
+    assert "padding_end =" in lines[count - 2]
+    loop = next(i for i, ln in enumerate(lines) if "while (!ggml_bitset_get" in ln)
+    assert "psim_moe_splits++" in "\n".join(lines[loop - 10:loop])
+    assert text.index("psim_other +=") < text.index("// try async copy")
+    assert text.index("prefetch-sim copy-log: n_tokens") > text.index("prev_backend_id = split_backend_id;")
+    assert not P.apply(tree, P.COPY_LOG, "copy-log")  # idempotent
+    assert (tree / "ggml/src/ggml-backend.cpp").read_text() == text
+
+
+def test_patch_with_a_missing_or_repeated_anchor_is_an_error(tmp_path):
+    tree = fake_tree(tmp_path / "t", FAKE_BACKEND.replace("prev_backend_id = split_backend_id;", ""))
+    with pytest.raises(B.BuildError, match="found 0 times"):
+        P.apply(tree, P.COPY_LOG, "copy-log")
+    tree2 = fake_tree(tmp_path / "t2", FAKE_BACKEND + "    std::vector<ggml_bitset_t> used_ids;\n")
+    with pytest.raises(B.BuildError, match="found 2 times"):
+        P.apply(tree2, P.COPY_LOG, "copy-log")
+
+
+def test_parse_copy_log():
+    text = ("llama_context: blah\nprefetch-sim copy-log: n_tokens=32 moe_splits=144 used_experts=100 "
+            "expert_slots=200 expert_bytes_copied=5 expert_bytes_total=10 other_bytes=0\n")
+    assert P.parse_copy_log(text) == [{"n_tokens": 32, "moe_splits": 144, "used_experts": 100, "expert_slots": 200,
+                                       "expert_bytes_copied": 5, "expert_bytes_total": 10, "other_bytes": 0}]
+    with pytest.raises(ValueError, match="malformed"):
+        P.parse_copy_log("prefetch-sim copy-log: n_tokens")
+
+
+# ---- grid spec ---------------------------------------------------------------------------------
+
+def test_shipped_grid_has_the_issue_coverage():
+    spec = G.load_grid(REPO / "calibrate/llamacpp/grids/h200.toml")
+    assert spec.repetitions >= 5
+    assert G.count_rows(spec) >= 100
+    for m in spec.models:
+        assert (REPO / m.toml).is_file()
+    combos = [(r, c) for r in spec.runs if r.kind == "bench" for c in G.expand(r.args)]
+    # the default scenario's exact configuration is measured (NOTES: ncmoe 24, -lm none, ub 512)
+    default = {c["test"] for r, c in combos if r.model == "qwen3-30b-a3b" and c.get("-ncmoe") == "24"
+               and c.get("-lm") == "none" and c.get("-ub") == "512" and c.get("-b") == "2048"}
+    assert {"pp64", "pp512", "pp2048", "tg128"} <= default
+    ncmoe = {c.get("-ncmoe") for r, c in combos if r.model == "qwen3-30b-a3b"}
+    assert {"0", "48"} <= ncmoe and len(ncmoe) >= 4
+    assert {c.get("-lm") for r, c in combos} == {"none", "mmap"}
+    assert {c.get("-fa") for r, c in combos} == {"on", "off"}
+    assert any(int(c["-d"]) >= 8192 for r, c in combos if r.model != "gemma3-27b")
+    assert any("-ot" in c for r, c in combos if r.model == "gemma3-27b")
+    ubs = {int(c["-ub"]) for r, c in combos}
+    assert min(ubs) <= 128 and max(ubs) >= 4096
+
+
+def test_expand_is_llama_benchs_cartesian_product():
+    rows = G.expand(("-ub", "128,512", "-p", "64,512", "-n", "128", "-d", "0,8192", "-fa", "on,off"))
+    assert len(rows) == 2 * 2 * 2 * (2 + 1)
+    assert {r["test"] for r in rows} == {"pp64", "pp512", "tg128", "pp64 @ d8192", "pp512 @ d8192", "tg128 @ d8192"}
+    assert len(G.expand(("-p", "0", "-n", "16"))) == 1
+    assert len(G.expand(("-ub", "128-512*2", "-n", "0"))) == 3
+    assert G.expand(("-ot", "a=CPU,b=CPU", "-n", "0"))[0]["-ot"] in ("a=CPU", "b=CPU")
+
+
+def _write_grid(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "g.toml"
+    p.write_text('[grid]\nname = "t"\n\n[[model]]\nkey = "m"\ntoml = "scenarios/models/qwen3-30b-a3b.toml"\n\n' + body)
+    return p
+
+
+@pytest.mark.parametrize("body, field", [
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\n[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 2"\n', "run"),
+    ('[[run]]\nid = "a"\nmodel = "x"\nargs = "-p 1"\n', "run[0].model"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-m other.gguf -p 1"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p \'1"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\nkind = "timing"\n', "run[0].kind"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\ncolour = 1\n', "run[0].colour"),
+])
+def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
+    p = _write_grid(tmp_path, body)
+    with pytest.raises(ScenarioError) as ei:
+        G.load_grid(p)
+    assert ei.value.field == field and str(p) in str(ei.value)
+
+
+# ---- grid runner with a stand-in llama-bench -----------------------------------------------------
+
+ROW = {"build_commit": "unknown", "model_filename": "", "model_type": "qwen3moe 30B.A3B Q4_K - Medium",
+       "n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 1000.0}
+
+
+def fake_bench(tmp_path: Path) -> Path:
+    p = tmp_path / "llama-bench"
+    p.write_text(f"""#!{sys.executable}
+import json, os, sys, time
+a = sys.argv[1:]
+print("ggml_cuda_init: stand-in", file=sys.stderr)
+mode = os.environ.get("FAKE_MODE", "ok")
+if mode == "fail":
+    print("error: failed to load model", file=sys.stderr); sys.exit(1)
+if mode == "hang":
+    time.sleep(30)
+if mode == "copylog":
+    print("prefetch-sim copy-log: n_tokens=32 moe_splits=3 used_experts=2 expert_slots=4 expert_bytes_copied=1 expert_bytes_total=2 other_bytes=0", file=sys.stderr)
+row = dict({json.dumps(ROW)}, model_filename=a[a.index("-m") + 1], args=a)
+print(json.dumps(row)); print("{{not json"); print(json.dumps(row))
+""")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return p
+
+
+def test_runner_records_rows_failures_timeouts_and_resumes(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf").write_bytes(b"GGUF")
+    spec = G.load_grid(_write_grid(tmp_path, """
+[[run]]
+id = "ok"
+model = "m"
+args = "-ngl 99 -p 512 -n 0"
+[[run]]
+id = "fails"
+model = "m"
+args = "-p 512"
+env = { FAKE_MODE = "fail" }
+[[run]]
+id = "hangs"
+model = "m"
+args = "-p 512"
+env = { FAKE_MODE = "hang" }
+[[run]]
+id = "route"
+model = "m"
+kind = "routing"
+repetitions = 1
+args = "-p 512"
+env = { FAKE_MODE = "copylog" }
+"""))
+    spec = G.GridSpec(**{**spec.__dict__, "timeout_s": 2.0})
+    out = tmp_path / "run"
+    said: list[str] = []
+    recs = G.run_grid(spec, fake_bench(tmp_path), models, out, say=said.append)
+    by = {r["id"]: r for r in recs}
+    assert [r["id"] for r in recs] == ["route", "ok", "fails", "hangs"]  # routing first
+    assert by["ok"]["rc"] == 0 and by["ok"]["rows"] == 2 and by["ok"]["malformed_lines"] == 1
+    assert by["ok"]["cmd"][-5:] == ["-r", "5", "-o", "jsonl", "-v"]
+    assert by["route"]["cmd"][by["route"]["cmd"].index("-r") + 1] == "1"
+    assert by["fails"]["rc"] == 1 and "exited 1" in by["fails"]["error"]
+    assert by["hangs"]["rc"] == 124 and by["hangs"]["error"] == "timed out"
+    lines = (out / "llama-bench.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(ln)["model_filename"].endswith("m.gguf") for ln in lines)
+    assert len((out / "routing.jsonl").read_text().splitlines()) == 2
+    assert "failed to load model" in (out / "logs/fails.log").read_text()
+    assert any("fails: llama-bench exited 1; log:" in s for s in said)
+    assert G.done_ids(out) == {"ok", "route"}
+    again = G.run_grid(spec, fake_bench(tmp_path), models, out, say=said.append, only={"ok", "route"})
+    assert again == []  # resumed: nothing left to do among those
+
+
+def test_runner_records_a_missing_gguf(tmp_path):
+    spec = G.load_grid(_write_grid(tmp_path, '[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\n'))
+    rec = G.run_one(spec.runs[0], spec, fake_bench(tmp_path), tmp_path / "nomodels", tmp_path / "run", say=lambda s: None)
+    assert rec["rc"] == -1 and "GGUF not found" in rec["error"]
+    assert not (tmp_path / "run" / "llama-bench.jsonl").exists()
+
+
+def test_collect_packs_the_run_folder(tmp_path):
+    work = tmp_path / "w"
+    (work / "run" / "logs").mkdir(parents=True)
+    (work / "run" / "llama-bench.jsonl").write_text("{}\n")
+    (work / "progress.log").write_text("step 1\n")
+    (work / "status.json").write_text(json.dumps({"step": "grid"}))
+    assert collect(work, tmp_path / "out", wait_s=0) == 3
+    (work / "status.json").write_text(json.dumps({"step": "done"}))
+    assert collect(work, tmp_path / "out", wait_s=5) == 0
+    with tarfile.open(tmp_path / "out" / "run.tgz") as tf:
+        names = tf.getnames()
+    assert "run/llama-bench.jsonl" in names and "run/progress.log" in names
+    assert collect(tmp_path / "absent", tmp_path / "out2", wait_s=0) == 2
+
+
+# ---- routing check ------------------------------------------------------------------------------
+
+def test_counted_routing_check_against_uniform(tmp_path):
+    from calibrate.llamacpp.routing_check import counted
+    from sim.routing import expected_distinct_uniform
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    # qwen3: 128 experts, top-8; 48 layers x 3 expert tensors = 144 splits per graph
+    slots = 144 * 128
+    lines = [f"prefetch-sim copy-log: n_tokens=32 moe_splits=144 used_experts={u} expert_slots={slots} "
+             f"expert_bytes_copied={u * 1000} expert_bytes_total={slots * 1000} other_bytes=0" for u in (12000, 12200)]
+    lines.append("prefetch-sim copy-log: n_tokens=1 moe_splits=0 used_experts=0 expert_slots=0 expert_bytes_copied=0 "
+                 "expert_bytes_total=0 other_bytes=0")
+    (run / "logs" / "r.log").write_text("\n".join(lines) + "\n")
+    (run / "invocations.jsonl").write_text(json.dumps({
+        "id": "r", "kind": "routing", "rc": 0, "model": "qwen3-30b-a3b", "gguf": "q.gguf", "n_layer": 48,
+        "model_toml": "scenarios/models/qwen3-30b-a3b.toml", "log": "logs/r.log"}) + "\n")
+    df = counted(run, repo=REPO)
+    assert len(df) == 1
+    r = df.iloc[0]
+    assert r["graphs"] == 2 and r["n_tokens"] == 32
+    assert r["used_share"] == pytest.approx(12100 / slots)
+    assert r["uniform_share"] == pytest.approx(expected_distinct_uniform(128, 8, 32) / 128)
+    assert r["predicted_gib"] == pytest.approx(r["uniform_share"] * slots * 1000 / 2**30)
+
+
+def test_vram_sampler_keeps_the_peak_of_one_nvidia_smi_process(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor v in 100 900 300; do echo $v; done\nsleep 30\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    import time as _time
+
+    with G.VramSampler() as v:
+        t_end = _time.monotonic() + 10
+        while v.peak_mib != 900 and _time.monotonic() < t_end:
+            _time.sleep(0.05)
+    assert v.peak_mib == 900
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with G.VramSampler() as v:
+        pass
+    assert v.peak_mib is None
