@@ -448,6 +448,16 @@ def _median(xs) -> float:
 PAGEABLE_MIN_SAMPLES = 5
 
 
+#: smallest copy latency a profile records (``*_latency_us`` floor: 0.01 us)
+LATENCY_FLOOR_S = 0.01e-6
+
+
+def _latency_floor(lat_s: float) -> float:
+    """A fitted copy latency as the profile records it (at least :data:`LATENCY_FLOOR_S`), so that
+    a bandwidth priced with it agrees with the recorded latency."""
+    return max(lat_s, LATENCY_FLOOR_S)
+
+
 def _pageable_bw(page_bytes: int, t_s, lat_s: float) -> float:
     """Bandwidth (bytes/s) of pageable copies of ``page_bytes`` from their median time ``t_s``
     (seconds) less the fitted per-copy latency ``lat_s``, which is capped at half that time so a
@@ -511,11 +521,11 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         "hbm_efficiency": sourced(1.0, "by definition: hbm_gb_per_s is already the achieved (fitted) rate"),
         "kernel_us": sourced(rf.kernel_s * 1e6, f"measured: fixed time per kernel of the roofline fit ({tag})"),
         "h2d_pinned_gb_per_s": sourced(_median(pin_bw) / 1e9, copy_src + ", pinned source (cupyx.empty_pinned)"),
-        "h2d_pinned_latency_us": sourced(max(_median(pin_lat) * 1e6, 0.01), copy_src + ", pinned, small sizes"),
+        "h2d_pinned_latency_us": sourced(_latency_floor(_median(pin_lat)) * 1e6, copy_src + ", pinned, small sizes"),
         "h2d_pageable_gb_per_s": sourced(_median(pag_bw) / 1e9, copy_src + ", pageable numpy source"),
-        "h2d_pageable_latency_us": sourced(max(_median(pag_lat) * 1e6, 0.01), copy_src + ", pageable, small sizes"),
+        "h2d_pageable_latency_us": sourced(_latency_floor(_median(pag_lat)) * 1e6, copy_src + ", pageable, small sizes"),
         "d2h_gb_per_s": sourced(_median(d2h_bw) / 1e9, copy_src + ", D2H into pinned memory"),
-        "d2h_latency_us": sourced(max(_median(d2h_lat) * 1e6, 0.01), copy_src + ", D2H pinned, small sizes"),
+        "d2h_latency_us": sourced(_latency_floor(_median(d2h_lat)) * 1e6, copy_src + ", D2H pinned, small sizes"),
     }
     if ov:
         sync_s = max(ov["sync_wake_s"], ov["stream_sync_idle_s"])
@@ -567,7 +577,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         else:
             hs_notes.append("host series: the 64 MiB matvec median was not slower than the 8 MiB one (no "
                             "bandwidth from the line); cpu_gb_per_s from the single large matvec")
-        hw["h2d_pageable_gb_per_s"] = sourced(_pageable_bw(hs["page_bytes"], hs["page_t_s"], _median(pag_lat)) / 1e9,
+        hw["h2d_pageable_gb_per_s"] = sourced(_pageable_bw(hs["page_bytes"], hs["page_t_s"], _latency_floor(_median(pag_lat))) / 1e9,
                                               f"measured: pageable cudaMemcpyAsync of {hs['page_bytes'] / 2**20:.3g} "
                                               f"MiB (numpy source, not in the CPU caches), CUDA events, median of "
                                               f"{n_s} samples over {secs:.3g} s ({tag})")
@@ -577,7 +587,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
         # a time (PageableSampler), so one window of a few seconds is not enough
         span = max(ps["t_at_s"]) - min(ps["t_at_s"])
         hw["h2d_pageable_gb_per_s"] = sourced(
-            _pageable_bw(ps["page_bytes"], ps["t_s"], _median(pag_lat)) / 1e9,
+            _pageable_bw(ps["page_bytes"], ps["t_s"], _latency_floor(_median(pag_lat))) / 1e9,
             f"measured: pageable cudaMemcpyAsync of {ps['page_bytes'] / 2**20:.3g} MiB (numpy source, not in the "
             f"CPU caches), CUDA events, median of {len(ps['t_s'])} copies, {ps['reps']} back to back at least "
             f"{ps['interval_s']:.3g} s apart between the measurements of the calibration ({span:.3g} s; not "

@@ -361,3 +361,32 @@ def test_vram_sampler_keeps_the_peak_of_one_nvidia_smi_process(tmp_path, monkeyp
     with G.VramSampler() as v:
         pass
     assert v.peak_mib is None
+
+
+def test_logs_are_read_from_the_folder_or_the_packed_archive(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "a.log").write_text("hello copy-log\n")
+    assert G.read_log(run, "logs/a.log") == "hello copy-log\n"
+    arc = G.pack_logs(run)
+    assert arc.is_file() and not (run / "logs").exists()
+    assert G.read_log(run, "logs/a.log") == "hello copy-log\n"
+    with pytest.raises(FileNotFoundError):
+        G.read_log(run, "logs/missing.log")
+
+
+def test_committed_run_reads_and_its_routing_check_holds():
+    """The committed H200 run: every invocation succeeded with the rows it should print, and the
+    scheduler's own count of copied experts matches uniform routing (the synthetic GGUFs route
+    near-uniformly, which is what the simulator assumes for them)."""
+    from calibrate.llamacpp.routing_check import counted
+    from sim.llamabench import read_llama_bench
+
+    run = REPO / "data/llamacpp/h200-20261201"
+    inv = [json.loads(ln) for ln in (run / "invocations.jsonl").read_text().splitlines()]
+    assert all(r["rc"] == 0 and r["rows"] == r["expected_rows"] for r in inv)
+    df = read_llama_bench(run / "llama-bench.jsonl")
+    assert len(df) >= 100 and (df["samples_ts"].map(len) >= 5).all()
+    c = counted(run, repo=REPO)
+    assert len(c) == 6
+    assert (c["share_error"].abs() < 0.01).all()

@@ -13,6 +13,9 @@ Subcommands:
   detached background process (see :mod:`calibrate.llamacpp.lease`);
 * ``lease ...`` — the same in the foreground;
 * ``collect --work DIR --out DIR [--wait S]`` — wait for a lease and pack its data;
+* ``report RUN_DIR [--hardware H] [--label L]`` — what is committed with a run: its logs packed
+  into ``logs.tar.gz``, the routing check (``routing_check.txt`` and CSVs) and the comparison
+  with the simulator (``compare_<label>.csv/.md/.png``; label: the profile's file stem);
 * ``plan [--grid TOML]`` — the grid's runs and row counts.
 
 Errors print one line and exit 2.
@@ -121,6 +124,31 @@ def _plan(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from . import compare, routing_check
+    from .grid import pack_logs
+
+    run = Path(args.run_dir)
+    if not (run / "llama-bench.jsonl").is_file():
+        raise PrefetchSimError(f"{run}: no llama-bench.jsonl (not a grid run folder)")
+    if (run / "logs").is_dir():
+        print(f"packed {pack_logs(run)}")
+    label = args.label or Path(args.hardware).stem
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = routing_check.main([str(run), "--hardware", args.hardware, "--out", str(run / "routing_check")])
+    if rc:
+        return rc
+    (run / "routing_check.txt").write_text(buf.getvalue())
+    print(buf.getvalue())
+    out = run / f"compare_{label}"
+    return compare.main([str(run), "--hardware", args.hardware, "--out", f"{out}.csv", "--summary", f"{out}.md",
+                         "--figure", f"{out}.png", "-q"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -167,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--wait", type=float, default=540.0)
     p.set_defaults(fn=_collect)
+
+    p = sub.add_parser("report", help="pack a run's logs, routing check, comparison with the simulator")
+    p.add_argument("run_dir")
+    p.add_argument("--hardware", default="scenarios/hardware/h200.toml", help="profile to predict with")
+    p.add_argument("--label", help="suffix of the comparison files (default: the profile's file stem)")
+    p.set_defaults(fn=_report)
 
     p = sub.add_parser("plan", help="list a grid's runs")
     p.add_argument("--grid", default=str(DEFAULT_GRID))

@@ -97,7 +97,8 @@ def resolve(path: str | Path, *bases: Path) -> Path:
 
 def read_invocations(path: str | Path) -> list[dict]:
     """Read ``invocations.jsonl``: one JSON object per line (blank lines skipped), each with a
-    string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 1``. Other keys
+    string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 0`` (0, as the
+    grid runner writes it, and absent both mean every layer of the model). Other keys
     are kept. Each object gets ``_line`` (its 1-based line).
 
     Raises:
@@ -126,9 +127,10 @@ def read_invocations(path: str | Path) -> list[dict]:
                 raise ScenarioError(f"expected a non-empty string, got {rec.get(key)!r}", file=p,
                                     field=f"{key}, line {i}")
         n = rec.get("n_layer")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ScenarioError(f"expected an integer >= 1, got {n!r}", file=p, field=f"n_layer, line {i}")
-        out.append({**rec, "_line": i})
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ScenarioError(f"expected an integer >= 0 (0: every layer), got {n!r}", file=p,
+                                field=f"n_layer, line {i}")
+        out.append({**rec, "n_layer": n or None, "_line": i})
     if not out:
         raise ScenarioError("no invocations", file=p)
     return out

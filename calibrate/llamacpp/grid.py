@@ -273,6 +273,46 @@ class VramSampler:
             self._thread.join(timeout=5)
 
 
+def read_log(run_dir: str | Path, rel: str) -> str:
+    """The text of a run folder's log ``rel`` (``logs/<id>.log``): the file, or its member of
+    ``logs.tar.gz`` (how a committed run keeps its logs).
+
+    Raises:
+        FileNotFoundError: in neither place.
+    """
+    import tarfile
+
+    run_dir = Path(run_dir)
+    p = run_dir / rel
+    if p.is_file():
+        return p.read_text(errors="replace")
+    arc = run_dir / "logs.tar.gz"
+    if arc.is_file():
+        with tarfile.open(arc) as tf:
+            try:
+                fh = tf.extractfile(rel)
+            except KeyError:
+                fh = None
+            if fh is not None:
+                return fh.read().decode(errors="replace")
+    raise FileNotFoundError(f"{p} (nor in {arc})")
+
+
+def pack_logs(run_dir: str | Path) -> Path:
+    """Move a run folder's ``logs/`` into ``logs.tar.gz`` (how runs are committed: llama-bench's
+    ``-v`` logs compress ~30x); returns the archive."""
+    import tarfile
+
+    run_dir = Path(run_dir)
+    arc = run_dir / "logs.tar.gz"
+    tmp = arc.with_name(arc.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tf:
+        tf.add(run_dir / "logs", arcname="logs")
+    tmp.replace(arc)
+    shutil.rmtree(run_dir / "logs")
+    return arc
+
+
 def done_ids(out_dir: str | Path) -> set[str]:
     """Ids of runs recorded in ``invocations.jsonl`` with exit code 0."""
     p = Path(out_dir) / "invocations.jsonl"

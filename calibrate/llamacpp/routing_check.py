@@ -29,6 +29,7 @@ import pandas as pd
 from sim.errors import PrefetchSimError
 from sim.routing import expected_distinct_uniform
 
+from .grid import read_log
 from .patches import parse_copy_log
 
 
@@ -56,7 +57,10 @@ def counted(run_dir: str | Path, repo: str | Path = ".") -> pd.DataFrame:
         moe = model.moe
         if moe is None:
             continue
-        logs = parse_copy_log((run_dir / rec["log"]).read_text(errors="replace"))
+        try:
+            logs = parse_copy_log(read_log(run_dir, rec["log"]))
+        except FileNotFoundError as exc:
+            raise PrefetchSimError(f"routing run {rec['id']}: log not found: {exc}") from None
         df = pd.DataFrame([r for r in logs if r.get("moe_splits", 0) > 0])
         if df.empty:
             continue
