@@ -390,3 +390,25 @@ def test_committed_run_reads_and_its_routing_check_holds():
     c = counted(run, repo=REPO)
     assert len(c) == 6
     assert (c["share_error"].abs() < 0.01).all()
+
+
+def test_h2d_probe_without_a_gpu_is_one_line(tmp_path, monkeypatch):
+    from calibrate._gpu import gpu_available
+    from calibrate.llamacpp import h2d_probe
+
+    if gpu_available():
+        pytest.skip("a GPU is present (the gpu-marked test covers it)")
+    assert h2d_probe.main([str(tmp_path / "h2d.json")]) == 2
+    assert not (tmp_path / "h2d.json").exists()
+
+
+@pytest.mark.gpu
+def test_h2d_probe_on_a_gpu(tmp_path):
+    from calibrate._gpu import gpu_available
+    from calibrate.llamacpp import h2d_probe
+
+    if not gpu_available():
+        pytest.skip("needs an NVIDIA GPU and CuPy")
+    rec = h2d_probe.probe(tmp_path / "h2d.json")
+    assert rec["pinned_bytes_per_s"] > 1e9 and rec["pageable_bytes_per_s"] > 1e8
+    assert json.loads((tmp_path / "h2d.json").read_text())["medians"]
