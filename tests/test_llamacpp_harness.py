@@ -412,3 +412,85 @@ def test_h2d_probe_on_a_gpu(tmp_path):
     rec = h2d_probe.probe(tmp_path / "h2d.json")
     assert rec["pinned_bytes_per_s"] > 1e9 and rec["pageable_bytes_per_s"] > 1e8
     assert json.loads((tmp_path / "h2d.json").read_text())["medians"]
+
+
+# ---- test-backend-ops perf at the models' shapes --------------------------------------------------
+
+FAKE_TBO = """\
+static std::vector<std::unique_ptr<test_case>> make_test_cases_perf() {
+    std::vector<std::unique_ptr<test_case>> test_cases;
+    return test_cases;
+}
+int main() {
+        if (ggml_backend_set_n_threads_fn) {
+            ggml_backend_set_n_threads_fn(backend.get(), std::max<int>(1, N_THREADS/2));
+        }
+}
+"""
+
+
+def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
+    (tmp_path / "tests").mkdir()
+    f = tmp_path / "tests/test-backend-ops.cpp"
+    f.write_text(FAKE_TBO)
+    assert P.apply(tmp_path, P.PERF_CASES, "perf-cases")
+    text = f.read_text()
+    assert text.index('getenv("PREFETCH_SIM_PERF_CASES")') < text.index("std::vector<std::unique_ptr<test_case>> test_cases;")
+    assert text.index('getenv("PREFETCH_SIM_THREADS")') > text.index("N_THREADS/2")
+    assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
+    assert set(P.PATCHES) == {"copy-log", "perf-cases"}
+
+
+def test_model_cases_cover_every_weight_shape_with_its_type():
+    from calibrate.llamacpp.perf_cases import TOKENS, model_cases
+
+    cases = model_cases(REPO / "scenarios/models/qwen3-30b-a3b.toml")
+    mm = {c.args[:2] + c.args[3:] for c in cases if c.op == "MUL_MAT"}
+    # attention q (Q4_K, 4096 x 2048), attn_v on both Q4_K and Q6_K layers, output Q6_K
+    assert ("Q4_K", 4096, 2048) in mm and ("Q6_K", 512, 2048) in mm and ("Q4_K", 512, 2048) in mm
+    assert ("Q6_K", 151936, 2048) in mm
+    ids = {c.args for c in cases if c.op == "MUL_MAT_ID"}
+    assert ("Q4_K", 128, 8, 768, 512, 2048) in ids and ("Q6_K", 128, 8, 2048, 512, 768) in ids
+    assert {c.args[4] for c in cases if c.op == "MUL_MAT_ID"} == set(TOKENS)
+    fa = [c for c in cases if c.op == "FLASH_ATTN_EXT"]
+    assert fa and all(c.args[:3] == (128, 32, 4) for c in fa)
+    dense = model_cases(REPO / "scenarios/models/gemma3-27b.toml")
+    assert not any(c.op == "MUL_MAT_ID" for c in dense)
+    assert any(c.op == "MUL_MAT" and c.args[1] == 262144 for c in dense)  # the tied output projection
+
+
+def test_write_cases_selects_ops_and_tokens(tmp_path):
+    from calibrate.llamacpp.perf_cases import write_cases
+
+    cases = write_cases(tmp_path / "c.txt", [REPO / "scenarios/models/gpt-oss-20b.toml"], tokens=(1, 8),
+                        ops=("MUL_MAT_ID",))
+    lines = (tmp_path / "c.txt").read_text().splitlines()
+    assert lines[0].startswith("#") and len(lines) == len(cases) + 1
+    assert all(ln.startswith("MUL_MAT_ID MXFP4 32 4 ") for ln in lines[1:])
+    assert {ln.split()[5] for ln in lines[1:]} == {"1", "8"}
+
+
+def test_parse_perf_reads_timings_and_backends():
+    from calibrate.llamacpp.perf_cases import parse_perf
+
+    log = ("Backend 1/2: CUDA0\n  Device description: NVIDIA H200\n"
+           "  MUL_MAT(type_a=q4_K,type_b=f32,m=768,n=8,k=2048,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1,"
+           "src_overlap=0,m_v=0,pad=0):   318 runs -  31.70 us/run -  25.17 MFLOP/run - \x1b[1;34m  7.94 GFLOPS\x1b[0m\n"
+           "ggml_backend_cuda_graph_compute: CUDA graph warmup complete\n"
+           "Backend 2/2: CPU\n"
+           "  MUL_MAT_ID(type_a=q4_K,type_b=f32,n_mats=128,n_used=8,b=0,m=768,n=32,k=2048,amax=1.000000,m_v=0):"
+           "   40 runs - 29897.08 us/run - 805.31 MFLOP/run - 26.94 GFLOPS\n")
+    df = parse_perf(log)
+    assert list(df["backend"]) == ["CUDA0", "CPU"] and list(df["op"]) == ["MUL_MAT", "MUL_MAT_ID"]
+    assert df["us_per_run"].tolist() == [31.70, 29897.08]
+    assert df.loc[0, "type_a"] == "q4_K" and df.loc[0, "m"] == 768 and df.loc[1, "n_mats"] == 128
+    assert df.loc[0, "bs"] == "[1,1]"
+
+
+def test_committed_perf_logs_parse():
+    from calibrate.llamacpp.perf_cases import parse_perf
+
+    for name, op in (("MUL_MAT", "MUL_MAT"), ("MUL_MAT_ID", "MUL_MAT_ID")):
+        df = parse_perf((REPO / f"data/llamacpp/h200-20261201/perf/{name}.txt").read_text())
+        assert len(df) >= 10 and set(df["op"]) == {op} and set(df["backend"]) == {"CUDA0"}
+        assert (df["us_per_run"] > 0).all()

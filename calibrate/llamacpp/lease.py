@@ -33,8 +33,11 @@ from .grid import load_grid, run_grid
 
 #: disk kept free beside the GGUFs (the llama.cpp build takes ~1.5 GB)
 DISK_RESERVE_BYTES = 4 * 2**30
-#: test-backend-ops perf runs made after the grid while time is left (op, seconds limit)
-PERF_OPS = (("MUL_MAT", 150), ("MUL_MAT_ID", 150), ("FLASH_ATTN_EXT", 120))
+#: test-backend-ops perf runs made after the grid while time is left: (name, backend, case
+#: selection, seconds limit). With the ``perf-cases`` patch the cases are the models' own shapes
+#: (:mod:`calibrate.llamacpp.perf_cases`); the CPU backend runs with llama-bench's thread count
+#: (all hardware threads) on the token counts it gets (< 32: the op-offload rule).
+PERF_RUNS = (("cuda", "CUDA0", {}, 420), ("cpu", "CPU", {"tokens": (1, 2, 4, 8, 16), "ops": ("MUL_MAT", "MUL_MAT_ID")}, 240))
 
 
 def _now() -> str:
@@ -182,25 +185,32 @@ def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
         lease.say("h2d probe: timed out")
 
 
-def run_perf(lease: Lease, program: Path, deadline_at: float) -> None:
-    """``test-backend-ops perf -o OP -b CUDA0`` for :data:`PERF_OPS` while time is left."""
+def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path) -> None:
+    """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`) while time is left:
+    ``run/perf/<name>-cases.txt`` (the case file) and ``run/perf/<name>.txt`` (the output)."""
+    from .perf_cases import DEFAULT_MODELS, write_cases
+
     perf = lease.run_dir / "perf"
     perf.mkdir(exist_ok=True)
-    for op, limit in PERF_OPS:
+    for name, backend, sel, limit in PERF_RUNS:
         left = deadline_at - time.monotonic()
         if left < 30:
-            lease.say(f"perf {op}: skipped (deadline)")
+            lease.say(f"perf {name}: skipped (deadline)")
             continue
-        cmd = [str(program), "perf", "-o", op, "-b", "CUDA0"]
+        cases = perf / f"{name}-cases.txt"
+        n = len(write_cases(cases, [repo / m for m in DEFAULT_MODELS], **sel))
+        env = {**os.environ, "PREFETCH_SIM_PERF_CASES": str(cases), "PREFETCH_SIM_THREADS": str(os.cpu_count() or 1)}
+        cmd = [str(program), "perf", "-b", backend]
         t0 = time.monotonic()
-        with open(perf / f"{op}.txt", "w") as fh:
-            fh.write("$ " + " ".join(cmd) + "\n")
+        with open(perf / f"{name}.txt", "w") as fh:
+            fh.write("$ PREFETCH_SIM_PERF_CASES=" + str(cases) + " " + " ".join(cmd) + "\n")
             fh.flush()
             try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=min(limit, left - 10)).returncode
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                    timeout=min(limit, left - 10)).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
-        lease.say(f"perf {op}: exit {rc} in {time.monotonic() - t0:.0f} s")
+        lease.say(f"perf {name}: {n} cases, exit {rc} in {time.monotonic() - t0:.0f} s")
 
 
 def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, *, deadline_s: float,
@@ -255,7 +265,7 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
              say=lease.say)
     lease.status("perf")
     if "test-backend-ops" in res.targets:
-        run_perf(lease, res.program("test-backend-ops"), deadline_at)
+        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo)
     meta["ended_at"] = _now()
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     lease.status("done")

@@ -83,8 +83,73 @@ COPY_LOG = (
 """),
 )
 
+PERF_MARK = "// prefetch-sim perf-cases"
+
+#: ``perf-cases`` (in ``tests/test-backend-ops.cpp``): with ``PREFETCH_SIM_PERF_CASES=FILE`` the
+#: perf mode times the cases listed in FILE (the models' own shapes, written by
+#: :mod:`calibrate.llamacpp.perf_cases`) instead of its fixed list; one case per line::
+#:
+#:     MUL_MAT <type_a> <m> <n> <k>                      # weight (k, m) x activations (k, n)
+#:     MUL_MAT_ID <type_a> <n_expert> <n_used> <m> <n> <k>
+#:     FLASH_ATTN_EXT <head_dim> <n_head> <n_head_kv> <kv> <n_tokens>
+#:
+#: and ``PREFETCH_SIM_THREADS=N`` sets the CPU backend's threads (test-backend-ops uses half the
+#: hardware threads; llama-bench all of them by default).
+PERF_CASES = (
+    Insertion("tests/test-backend-ops.cpp", "static std::vector<std::unique_ptr<test_case>> make_test_cases_perf() {", f"""\
+    {PERF_MARK}: the cases of PREFETCH_SIM_PERF_CASES instead of the fixed list
+    if (const char * psim_file = getenv("PREFETCH_SIM_PERF_CASES")) {{
+        std::vector<std::unique_ptr<test_case>> psim_cases;
+        auto psim_lower = [](std::string v) {{
+            for (auto & c : v) {{ c = (char) tolower((unsigned char) c); }}
+            return v;
+        }};
+        auto psim_type = [&](const std::string & name) {{
+            for (int t = 0; t < GGML_TYPE_COUNT; t++) {{
+                const char * tn = ggml_type_name((ggml_type) t);
+                if (tn && psim_lower(name) == psim_lower(tn)) {{ return (ggml_type) t; }}
+            }}
+            fprintf(stderr, "prefetch-sim perf-cases: unknown ggml type '%s'\\n", name.c_str());
+            exit(2);
+        }};
+        std::ifstream psim_in(psim_file);
+        if (!psim_in) {{ fprintf(stderr, "prefetch-sim perf-cases: cannot read %s\\n", psim_file); exit(2); }}
+        std::string psim_line;
+        while (std::getline(psim_in, psim_line)) {{
+            std::istringstream ls(psim_line);
+            std::string op, ta;
+            if (!(ls >> op) || op[0] == '#') {{ continue; }}
+            if (op == "MUL_MAT") {{
+                int64_t m, n, k;
+                if (!(ls >> ta >> m >> n >> k)) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
+                psim_cases.emplace_back(new test_mul_mat(psim_type(ta), GGML_TYPE_F32, m, n, k, {{1, 1}}, {{1, 1}}));
+            }} else if (op == "MUL_MAT_ID") {{
+                int64_t ne, nu, m, n, k;
+                if (!(ls >> ta >> ne >> nu >> m >> n >> k)) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
+                psim_cases.emplace_back(new test_mul_mat_id(psim_type(ta), GGML_TYPE_F32, (int) ne, (int) nu, false, m, n, k));
+            }} else if (op == "FLASH_ATTN_EXT") {{
+                int64_t hd, nh, nkv, kv, nb;
+                if (!(ls >> hd >> nh >> nkv >> kv >> nb) || nkv < 1 || nh % nkv) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
+                psim_cases.emplace_back(new test_flash_attn_ext(hd, hd, nkv, {{nh / nkv, 1}}, kv, nb, true, false, 0.0f, 0.0f,
+                                                                 GGML_PREC_F32, GGML_TYPE_F16, GGML_TYPE_F16));
+            }} else {{
+                fprintf(stderr, "prefetch-sim perf-cases: unknown op '%s'\\n", op.c_str());
+                exit(2);
+            }}
+        }}
+        return psim_cases;
+    }}
+"""),
+    Insertion("tests/test-backend-ops.cpp", "ggml_backend_set_n_threads_fn(backend.get(), std::max<int>(1, N_THREADS/2));", f"""\
+            {PERF_MARK}: the CPU backend's threads
+            if (const char * psim_threads = getenv("PREFETCH_SIM_THREADS")) {{
+                ggml_backend_set_n_threads_fn(backend.get(), std::max(1, atoi(psim_threads)));
+            }}
+"""),
+)
+
 #: every patch, by name
-PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG}
+PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES}
 
 
 def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> bool:
@@ -101,7 +166,8 @@ def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> boo
             if not p.is_file():
                 raise BuildError(f"patch {name}: {p} not found")
             texts[ins.file] = p.read_text().splitlines(keepends=True)
-    if any(MARK in "".join(lines) for lines in texts.values()):
+    marks = {ins.lines.strip().split(":")[0].split("\n")[0] for ins in insertions}
+    if any(m in "".join(lines) for lines in texts.values() for m in marks):
         return False
     for ins in insertions:
         lines = texts[ins.file]
