@@ -494,3 +494,22 @@ def test_committed_perf_logs_parse():
         df = parse_perf((REPO / f"data/llamacpp/h200-20261201/perf/{name}.txt").read_text())
         assert len(df) >= 10 and set(df["op"]) == {op} and set(df["backend"]) == {"CUDA0"}
         assert (df["us_per_run"] > 0).all()
+
+
+def test_heldout_split_is_fixed_and_covers_every_regime_on_unseen_configurations():
+    from calibrate.llamacpp.split import is_fit_row, label
+    from sim.llamabench import read_llama_bench
+
+    df = read_llama_bench(REPO / "data/llamacpp/h200-20261201/llama-bench.jsonl")
+    lab = label(df)
+    fit, held = df[lab == "fit"], df[lab == "heldout"]
+    assert len(fit) == 40 and len(held) == 86
+    assert not held.empty and not fit["model_filename"].str.contains("gpt-oss").any()
+    assert set(fit["n_ubatch"]) <= {128, 512, 4096} and 2048 in set(held["n_ubatch"])
+    # the default scenario's configuration is never fitted on
+    assert not fit["n_cpu_moe"].isin([12, 24, 36]).any()
+    row = {"model_filename": "/x/qwen3-30b-a3b.gguf", "load_mode": "none", "n_ubatch": 512, "n_gpu_layers": 99,
+           "n_cpu_moe": 48, "tensor_buft_overrides": "none"}
+    assert is_fit_row(row)
+    assert not is_fit_row({**row, "n_cpu_moe": 24}) and not is_fit_row({**row, "load_mode": "mmap"})
+    assert not is_fit_row({**row, "model_filename": "gpt-oss-20b.gguf", "n_cpu_moe": 24})

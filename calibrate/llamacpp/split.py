@@ -1,0 +1,49 @@
+"""The held-out split of the llama.cpp ground truth, fixed before any fit (``../shared/NOTES.md``).
+
+A calibration to llama.cpp may only fit on the **fit** rows; accuracy is reported on the
+**held-out** rows, which differ from every fit row in model, placement or ubatch, not only in
+repetition:
+
+* fit: Qwen3-30B-A3B (MoE) fully resident (``n_cpu_moe = 0``) and with every expert on the host
+  (``n_cpu_moe = n_layer``), and Gemma-3-27B (dense) fully resident and with its FFNs on the host
+  (``-ot ffn_(gate|up|down)=CPU``): the regimes' end points, at ubatches 128, 512 and 4096;
+* held out: everything else — the other MoE (gpt-oss-20b) whole; the partial placements of the
+  fit models (Qwen3 ``-ncmoe`` 12/24/36, among them the shipped default scenario's
+  configuration; Gemma ``-ngl`` 48/31); ubatch 2048 everywhere; pageable (``-lm mmap``) rows.
+
+The rule is a function of a row's fields only, so it applies to future runs of the same grid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+#: models (GGUF file stem) whose end-point placements may be fitted on
+FIT_MODELS = {"qwen3-30b-a3b": 48, "gemma3-27b": 62}
+#: ubatches that may be fitted on
+FIT_UBATCHES = (128, 512, 4096)
+#: the only tensor override a fit row may carry
+FIT_OVERRIDE = "ffn_(gate|up|down)=CPU"
+
+
+def is_fit_row(row) -> bool:
+    """True when a llama-bench row (a mapping or a pandas row with llama-bench's field names)
+    belongs to the fit set (module docstring); False for held-out rows."""
+    stem = Path(str(row["model_filename"])).stem
+    if stem not in FIT_MODELS or str(row["load_mode"]) != "none" or int(row["n_ubatch"]) not in FIT_UBATCHES:
+        return False
+    n_layer = FIT_MODELS[stem]
+    ot = str(row.get("tensor_buft_overrides", "none") or "none")
+    full_gpu = int(row["n_gpu_layers"]) < 0 or int(row["n_gpu_layers"]) > n_layer
+    if not full_gpu:
+        return False
+    if stem == "gemma3-27b":
+        return ot in ("none", FIT_OVERRIDE) and int(row["n_cpu_moe"]) == 0
+    return ot == "none" and int(row["n_cpu_moe"]) in (0, n_layer)
+
+
+def label(df: pd.DataFrame) -> pd.Series:
+    """``"fit"`` or ``"heldout"`` for every row of a :func:`sim.llamabench.read_llama_bench` frame."""
+    return df.apply(lambda r: "fit" if is_fit_row(r) else "heldout", axis=1)
