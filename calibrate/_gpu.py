@@ -27,7 +27,8 @@ def require_cupy() -> ModuleType:
     except ImportError as exc:
         raise GPUUnavailableError(
             f"CuPy is not installed or cannot be imported ({exc}); install the GPU extra, e.g. "
-            "pip install -e '.[gpu]' in the checkout (cupy-cuda12x; for a CUDA 13 driver install cupy-cuda13x instead)"
+            "pip install -e '.[gpu]' in the checkout (cupy-cuda13x, for a CUDA 13 driver; '.[gpu-cuda12]' installs "
+            "cupy-cuda12x for a CUDA 12 driver)"
         ) from None
     try:
         n = int(cupy.cuda.runtime.getDeviceCount())

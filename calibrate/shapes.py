@@ -61,8 +61,8 @@ class ModelShapes:
 
 def from_spec(spec, name: str | None = None) -> ModelShapes:
     """The shapes of a :class:`sim.specs.ModelSpec` (a shipped model TOML): every distinct
-    ``(n_out, n_in)`` of its weight tensors except ``token_embd`` (a row lookup, not a
-    matmul) — attention projections, dense and expert FFNs, shared experts, the router and
+    ``(n_out, n_in)`` of its weight matrices except ``token_embd`` (a row lookup, not a
+    matmul; norms and biases are no matmul either) — attention projections, dense and expert FFNs, shared experts, the router and
     the output head."""
     moe = spec.moe
     # the plan builder fuses q, k and v into one GEMM when they live together
@@ -72,7 +72,7 @@ def from_spec(spec, name: str | None = None) -> ModelShapes:
         extra.append(("ffn_gate_up_shexp", 2 * moe.n_ff_shexp, spec.d_model))
     seen = {(n, k) for _r, n, k in extra}
     for t in spec.tensors:
-        if t.group == "embd" or (t.n_out, t.n_in) in seen:
+        if t.group == "embd" or not t.is_matrix or (t.n_out, t.n_in) in seen:
             continue
         seen.add((t.n_out, t.n_in))
         extra.append((t.group, t.n_out, t.n_in))
@@ -84,16 +84,17 @@ def from_spec(spec, name: str | None = None) -> ModelShapes:
 
 
 def shipped_models(models_dir: str = "scenarios/models") -> tuple[ModelShapes, ...]:
-    """:func:`from_spec` of every ``*.toml`` in ``models_dir`` (none if it does not exist).
+    """:func:`from_spec` of every ``*.toml`` in ``models_dir`` (none if it does not exist): a
+    relative ``models_dir`` missing from the working folder is the shipped copy
+    (:func:`sim.resources.cwd_or_shipped`), so a calibration from any folder covers the shipped models.
 
     Raises:
         ScenarioError: a malformed model file.
     """
-    from pathlib import Path  # noqa: PLC0415
-
+    from sim.resources import cwd_or_shipped  # noqa: PLC0415
     from sim.specs import load_model  # noqa: PLC0415
 
-    d = Path(models_dir)
+    d = cwd_or_shipped(models_dir)
     if not d.is_dir():
         return ()
     return tuple(from_spec(load_model(p), name=p.stem) for p in sorted(d.glob("*.toml")))

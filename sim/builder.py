@@ -61,7 +61,8 @@ class Item:
 
     Attributes:
         kind: GEMM, MOE or ATTN.
-        name: label (GGUF tensor name for weight ops).
+        name: label: the GGUF tensor name for an op on one weight (``blk.3.ffn_up_exps.weight``),
+            ``blk.N.attn_qkv`` / ``blk.N.ffn_gate_up_shexp`` for fused ones, ``blk.N.attn``.
         layer: block index.
         shape: cost-model shape (see :class:`sim.plan.OpKind`).
         weight_bytes: bytes of the weight read by the op (MOE: used experts only).
@@ -107,14 +108,15 @@ class BuildContext:
     rng: np.random.Generator
     vram: list[VramBreakdown]
     n_cpu_moe: int
-    host_names: frozenset
+    host_ids: frozenset   # id() of the model's host-resident tensors (a tied head shares its name)
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
 
     @cached_property
     def tensor_by_name(self) -> dict[str, Tensor]:
-        """GGUF name -> tensor of the model (built once per context)."""
-        return {t.name: t for t in self.scn.model.tensors}
+        """GGUF name -> tensor of the model's blocks and ``token_embd`` (built once per
+        context; the output head is ``model.output_tensor``)."""
+        return {t.name: t for t in self.scn.model.tensors if not t.duplicate}
 
 
 def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> BuildContext:
@@ -135,7 +137,7 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.expert_cache)
-    host = frozenset(t.name for t in model.tensors if placement.host_resident(model, t))
+    host = frozenset(id(t) for t in model.tensors if placement.host_resident(model, t))
     return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
                         layer_devices(model, placement, scn.hardware.n_gpu))
 
@@ -154,7 +156,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
     items: list[Item] = []
 
     def weight_item(kind, name, layer, shape, tensors, weight_bytes=None, expert=False):
-        host = any(t.name in ctx.host_names for t in tensors)
+        host = any(id(t) in ctx.host_ids for t in tensors)
         dev = ctx.layer_dev[layer] if layer >= 0 else scn.hardware.n_gpu - 1
         wb = sum(t.nbytes for t in tensors) if weight_bytes is None else weight_bytes
         # ggml-cuda's offload rule looks at the op's own batch (ne[1] of MUL_MAT, tokens of
@@ -166,7 +168,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
     d = model.d_model
     for i in range(model.n_layer):
         b = f"blk.{i}."
-        q, k, v, o = (tens[b + n] for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
+        q, k, v, o = (tens[b + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
         # q/k/v projections: one GEMM per tensor group residency (fused when all resident)
         weight_item(OpKind.GEMM, b + "attn_qkv", i, (n_tokens, q.n_out + k.n_out + v.n_out, d), (q, k, v))
         # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU
@@ -177,33 +179,34 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         on_gpu = ctx.layer_dev[i] >= 0
         items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not on_gpu,
                           ctx.layer_dev[i] if on_gpu else -1))
-        weight_item(OpKind.GEMM, b + "attn_output", i, (n_tokens, o.n_out, o.n_in), (o,))
+        weight_item(OpKind.GEMM, o.name, i, (n_tokens, o.n_out, o.n_in), (o,))
         if model.is_moe_layer(i):
             m = model.moe
             assert m is not None and ctx.router is not None
-            weight_item(OpKind.GEMM, b + "ffn_gate_inp", i, (n_tokens, m.n_expert, d), (tens[b + "ffn_gate_inp"],))
+            r = tens[b + "ffn_gate_inp.weight"]
+            weight_item(OpKind.GEMM, r.name, i, (n_tokens, m.n_expert, d), (r,))
             mask = ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
             n_used = int(mask.sum())
             ctx.stats.setdefault("used_masks", {})[i] = mask
             names = ["ffn_gate_up_exps"] if m.fused_gate_up else ["ffn_gate_exps", "ffn_up_exps"]
             names.append("ffn_down_exps")
             for nm in names:
-                t = tens[b + nm]
-                weight_item(OpKind.MOE, b + nm, i, (n_tokens, t.n_out, t.n_in, n_used, m.n_expert_used),
+                t = tens[b + nm + ".weight"]
+                weight_item(OpKind.MOE, t.name, i, (n_tokens, t.n_out, t.n_in, n_used, m.n_expert_used),
                             (t,), weight_bytes=n_used * t.bytes_per_mat, expert=True)
             if m.n_expert_shared:
-                g_, u_, dn = (tens[b + n] for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+                g_, u_, dn = (tens[b + n + ".weight"] for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
                 weight_item(OpKind.GEMM, b + "ffn_gate_up_shexp", i, (n_tokens, g_.n_out + u_.n_out, d), (g_, u_))
-                weight_item(OpKind.GEMM, b + "ffn_down_shexp", i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+                weight_item(OpKind.GEMM, dn.name, i, (n_tokens, dn.n_out, dn.n_in), (dn,))
         else:
-            g_, u_, dn = (tens[b + n] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+            g_, u_, dn = (tens[b + n + ".weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
             # gate and up are separate ops in ggml: each host-resident one heads its own split
-            weight_item(OpKind.GEMM, b + "ffn_gate", i, (n_tokens, g_.n_out, d), (g_,))
-            weight_item(OpKind.GEMM, b + "ffn_up", i, (n_tokens, u_.n_out, d), (u_,))
-            weight_item(OpKind.GEMM, b + "ffn_down", i, (n_tokens, dn.n_out, dn.n_in), (dn,))
-    out = tens["output"]
+            weight_item(OpKind.GEMM, g_.name, i, (n_tokens, g_.n_out, d), (g_,))
+            weight_item(OpKind.GEMM, u_.name, i, (n_tokens, u_.n_out, d), (u_,))
+            weight_item(OpKind.GEMM, dn.name, i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+    out = model.output_tensor
     # llama-bench's pp graphs compute logits of the last token only; tg of its one token
-    weight_item(OpKind.GEMM, "output", -1, (1, out.n_out, out.n_in), (out,))
+    weight_item(OpKind.GEMM, out.name, -1, (1, out.n_out, out.n_in), (out,))
     return items
 
 

@@ -1,7 +1,7 @@
 """``prefetch-sim`` command line.
 
-Subcommands: ``run`` (llama-bench-style table of every variant), ``trace`` (Chrome trace of one
-test), ``calibrate`` (measure a GPU), ``validate`` (predicted vs measured on a GPU),
+Subcommands: ``run`` (llama-bench's flags and output for every variant: :mod:`sim.benchflags`,
+:mod:`sim.report`), ``trace`` (Chrome trace of one test), ``calibrate`` (measure a GPU), ``validate`` (predicted vs measured on a GPU),
 ``crossover`` (sweeps and crossover plots), ``check`` (hazard checker). Errors in user input
 print one line naming the file and field, and exit with status 2.
 """
@@ -22,103 +22,57 @@ DEFAULT_SCENARIO = "scenarios/default.toml"
 
 
 def default_scenario_path() -> Path:
-    """``scenarios/default.toml`` of the working directory if present, else the one shipped
-    beside the package (editable install / source checkout)."""
+    """``scenarios/default.toml`` of the working directory if present, else the shipped one
+    (the checkout's in a source checkout or editable install, the wheel's package data
+    otherwise; :mod:`sim.resources`)."""
+    from .resources import shipped
+
     here = Path.cwd() / DEFAULT_SCENARIO
-    return here if here.exists() else REPO_ROOT / DEFAULT_SCENARIO
+    return here if here.exists() else shipped(DEFAULT_SCENARIO)
 
 
 def scenario_path(arg: str | None) -> Path:
     """The scenario a command names: ``arg``, or :func:`default_scenario_path` when none is given.
+    ``arg`` is a path (relative to the working directory if it exists there, else to the
+    shipped files: ``scenarios/laguna-2x3090.toml`` works from any folder) or a built-in name
+    (``laguna-2x3090``); :func:`sim.resources.resolve_scenario` has the rules.
 
     Raises:
-        ScenarioError: ``arg`` is an empty string (``prefetch-sim run ''``), field ``scenario``.
+        ScenarioError: ``arg`` is an empty string (``prefetch-sim run ''``), or an unknown bare
+            name (listing the built-in names), field ``scenario``.
     """
     if arg is None:
         return default_scenario_path()
     if not arg.strip():
         raise ScenarioError("empty scenario path (leave it out for the default scenario)", field="scenario")
-    return Path(arg)
+    from .resources import resolve_scenario
+
+    return resolve_scenario(arg)
 
 
 #: output formats of ``run`` (llama-bench's ``-o``)
-FORMATS = ("md", "csv", "json", "jsonl")
+FORMATS = ("md", "csv", "json", "jsonl", "sql")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
     """llama-bench list syntax: ``512,1024`` or ``512-2048*2`` (start-end*mult) or ``a-b+s``
-    (start-end+step), as llama-bench parses ``-p``/``-n``/``-d``.
+    (start-end+step), as llama-bench parses ``-p``/``-n``/``-d`` (:func:`sim.benchflags.int_list`).
 
     Raises:
         argparse.ArgumentTypeError: not integers, a negative value, a range that yields no
             value (end below start), or one that would never end (a multiplier below 2 or a
             start of 0 with ``*``, a step below 1 with ``+``).
     """
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part[1:]:
-                a, rest = part.split("-", 1)
-                if "*" in rest:
-                    b, mul = rest.split("*")
-                    start, end, m = int(a), int(b), int(mul)
-                    if m < 2 or start < 1:
-                        raise argparse.ArgumentTypeError(
-                            f"range '{part}': a start >= 1 and a multiplier >= 2 are needed with '*' (got start "
-                            f"{start}, multiplier {m}), as in 128-2048*2")
-                    got = []
-                    v = start
-                    while v <= end:
-                        got.append(v)
-                        v *= m
-                else:
-                    step = 1
-                    if "+" in rest:
-                        rest, s = rest.split("+")
-                        step = int(s)
-                    if step < 1:
-                        raise argparse.ArgumentTypeError(f"range '{part}': the step after '+' must be >= 1, got {step}")
-                    got = list(range(int(a), int(rest) + 1, step))
-                if not got:
-                    raise argparse.ArgumentTypeError(f"range '{part}' yields no value (its end lies below its start)")
-                out.extend(got)
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected integers like 512,1024 or 128-2048*2, got '{text}'") from None
-    if any(v < 0 for v in out):
-        raise argparse.ArgumentTypeError(f"values must be >= 0, got '{text}'")
-    return tuple(out)
+    from .benchflags import int_list
+
+    return int_list(text)
 
 
-def load_scenario_with_overrides(args: argparse.Namespace):
-    """The scenario named on the command line (or the default), with llama-bench flag
-    overrides applied and validated."""
+def _base_scenario(args: argparse.Namespace):
+    """The scenario named on the command line (or the default) with ``--variant`` applied."""
     from .specs import load_scenario, parse_variant
 
-    path = scenario_path(args.scenario)
-    scn = load_scenario(path)
-    wl = scn.workload
-    changes = {}
-    for flag, key in (("n_prompt", "n_prompt"), ("n_gen", "n_gen"), ("n_depth", "n_depth")):
-        v = getattr(args, flag, None)
-        if v is not None:
-            changes[key] = v
-    for flag, name in (("n_ubatch", "-ub/--ubatch-size"), ("n_batch", "-b/--batch-size"),
-                       ("repetitions", "-r/--repetitions")):
-        v = getattr(args, flag, None)
-        if v is not None:
-            if v < 1:
-                raise ScenarioError(f"must be >= 1, got {v}", field=name)
-            changes[flag] = v
-    if changes:
-        wl = replace(wl, **changes)
-        if wl.n_ubatch > wl.n_batch:
-            wl = replace(wl, n_ubatch=wl.n_batch)
-        if not wl.tests():
-            raise ScenarioError("no test to run: every -p and -n value is 0", field="-p/-n")
-        scn = scn.with_(workload=wl)
+    scn = load_scenario(scenario_path(args.scenario))
     if getattr(args, "variant", None):
         vs = tuple(parse_variant(v, field_name="--variant") for v in args.variant)
         names = [v.name for v in vs]
@@ -126,49 +80,170 @@ def load_scenario_with_overrides(args: argparse.Namespace):
         if dup:
             raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
         scn = scn.with_(variants=vs)
+    return scn
+
+
+def _say_notes(notes) -> None:
+    for line in notes.lines:
+        print(f"prefetch-sim: note: {line}", file=sys.stderr)
+
+
+def load_scenario_with_overrides(args: argparse.Namespace):
+    """The scenario named on the command line (or the default), with llama-bench's flags applied
+    and validated, for a command that simulates one setting (``trace``, ``check``): each flag
+    takes one value, but ``-p``/``-n``/``-d``, which set the tests. Notes on flags the
+    simulator does not model go to stderr.
+
+    Raises:
+        ScenarioError: a flag given several values (naming it), ``-pg``, or any bad value.
+    """
+    from .benchflags import Notes, load_models, params_from_args, setting_scenario
     from .metrics import fit_context_to_tests
 
-    return fit_context_to_tests(scn)
+    scn = _base_scenario(args)
+    params = params_from_args(args, scn)
+    if params.n_pg:
+        raise ScenarioError("this command takes its tests from -p, -n and -d (a pp+tg pair is a pp and a tg test)",
+                            field="-pg")
+    multi = params.multi()
+    if multi:
+        raise ScenarioError(f"this command simulates one setting: give one value of {', '.join(multi)} "
+                            "(prefetch-sim run takes several)", field=multi[0])
+    setting = params.settings()[0]
+    notes = Notes()
+    models = load_models(params, scn)
+    sscn = setting_scenario(setting, params, scn, models[setting.model], notes)
+    _say_notes(notes)
+    wl = replace(sscn.workload, n_prompt=params.n_prompt, n_gen=params.n_gen, n_depth=params.n_depth)
+    return fit_context_to_tests(sscn.with_(workload=wl))
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", nargs="?", help=f"scenario TOML (default: {DEFAULT_SCENARIO})")
-    p.add_argument("-p", "--n-prompt", dest="n_prompt", type=_int_list, help="prompt lengths, e.g. 512,2048")
-    p.add_argument("-n", "--n-gen", dest="n_gen", type=_int_list, help="generation lengths, e.g. 128")
-    p.add_argument("-d", "--n-depth", dest="n_depth", type=_int_list,
-                   help="KV depths, e.g. 0,8192 (as llama-bench, the KV cache is sized to depth + tokens "
-                        "when the scenario's ctx_size is smaller)")
-    p.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
-    p.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
-    p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
-    p.add_argument("--variant", action="append",
-                   help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
-                        "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, or a+b "
-                        "(e.g. slots3+cache_lru)")
-    p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
-                   help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
-                        "(same results, slower)")
+    from .benchflags import add_bench_flags
+
+    add_bench_flags(p)
 
 
-def rows_from_results(scn, results, ratios) -> list:
-    """:class:`sim.report.BenchRow` s of a scenario's results (``ratios`` from
-    :func:`sim.metrics.speedups`; the baseline row gets ``None``)."""
-    from .report import BenchRow
+def variant_ids(variants) -> dict[str, tuple[str, int]]:
+    """``build_commit`` and ``build_number`` of each variant: where llama-bench writes the build,
+    our rows name the variant, so that llama.cpp's ``scripts/compare-llama-bench.py`` compares
+    variants as it compares builds (``-b sim0-baseli -c sim1-prefet``).
 
-    m, wl = scn.model, scn.workload
-    base = "baseline"
+    That script cuts every ``build_commit`` of its data to the shortest one's length, so the ids
+    all have one length (``sim<i>-`` and the names cut to the shortest name's length) and differ
+    in their first characters: distinct however far they are cut, also beside real llama.cpp
+    commit hashes (7 or more characters). ``build_number`` is the variant's position.
+    """
+    names = [v.name for v in variants]
+    k = min((len(n) for n in names), default=0)
+    width = len(str(max(len(names) - 1, 0)))
+    return {n: (f"sim{i:0{width}d}-{n[:k]}", i) for i, n in enumerate(names)}
+
+
+def bench_time() -> str:
+    """``test_time`` (RFC 3339, UTC) of a run: now, or ``SOURCE_DATE_EPOCH`` when set."""
+    import os
+    import time
+
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    try:
+        t = float(epoch) if epoch else time.time()
+    except ValueError:
+        t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def display_path(path: str | None) -> str:
+    """A file as the ``build:`` line names it: relative to the shipped files (``scenarios/...``)
+    or to the working folder when inside them, else as given."""
+    if not path:
+        return ""
+    p = Path(path).resolve()
+    bases = []
+    try:
+        from .resources import shipped_root
+
+        bases.append(shipped_root().resolve())
+    except Exception:  # noqa: BLE001 - no resources module, or a zip install: use the checkout
+        pass
+    bases += [REPO_ROOT, Path.cwd().resolve()]
+    for b in bases:
+        try:
+            return str(p.relative_to(b))
+        except ValueError:
+            continue
+    return str(path)
+
+
+def _combine(parts, n_prompt: int) -> dict:
+    """Our fields of one llama-bench test from the results of its simulator tests (two for
+    pp+tg: copies and exposed time add up, VRAM is the larger, overlap is weighted by bytes)."""
+    h2d = float(sum(p.h2d_bytes for p in parts))
+    ovl = [(p.overlap_fraction, p.h2d_bytes) for p in parts if p.overlap_fraction == p.overlap_fraction]
+    if ovl and sum(w for _, w in ovl) > 0:
+        overlap = sum(o * w for o, w in ovl) / sum(w for _, w in ovl)
+    else:
+        overlap = ovl[0][0] if ovl else None
+    hits = [p.cache_hit_rate for p in parts if p.cache_hit_rate is not None]
+    return dict(
+        ttft_ms=parts[0].ttft_s * 1e3 if n_prompt and parts[0].ttft_s is not None else None,
+        h2d_bytes=int(round(h2d)), peak_vram_bytes=int(max(p.peak_vram_bytes for p in parts)),
+        staging_bytes=int(max(p.staging_bytes for p in parts)), overlap_fraction=overlap,
+        exposed_transfer_s=float(sum(p.exposed_transfer_s for p in parts)),
+        cache_hit_rate=sum(hits) / len(hits) if hits else None)
+
+
+def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str) -> list:
+    """The :class:`sim.report.BenchRow` s of one setting: per variant (in order), per llama-bench
+    test (in order), from the simulator's results of its tests; ``speedup_vs_baseline`` against
+    the ``baseline`` variant's row of the same test."""
+    from dataclasses import replace as dc_replace
+
+    import numpy as np
+
+    from .benchflags import bench_values
+    from .report import bench_row
+
+    by = {(r.variant, r.test): r for r in results}
     rows = []
-    for r in results:
-        rows.append(BenchRow(
-            model=m.name, size_bytes=m.nbytes, n_params=m.n_params, backend="CUDA",
-            ngl=scn.placement.ngl, n_ubatch=wl.n_ubatch, n_batch=wl.n_batch, n_cpu_moe=r.n_cpu_moe,
-            variant=r.variant, test=r.test, tps_mean=r.tps_mean, tps_std=r.tps_std,
-            speedup_vs_baseline=None if r.variant == base else ratios.get((r.variant, r.test)),
-            ttft_s=r.ttft_s, h2d_bytes=int(r.h2d_bytes), staging_bytes=int(r.staging_bytes),
-            exposed_transfer_s=r.exposed_transfer_s,
-            overlap_fraction=None if r.overlap_fraction != r.overlap_fraction else r.overlap_fraction,
-            cache_hit_rate=r.cache_hit_rate, peak_vram_bytes=int(r.peak_vram_bytes), engine=r.engine))
-    return rows
+    for v in variants:
+        bid, bnum = ids[v.name]
+        for inst in instances:
+            parts = [by[(v.name, t.name)] for t in inst.tests]
+            total = np.sum([np.asarray(p.makespan_s, dtype=float) for p in parts], axis=0)
+            samples = [max(1, int(round(float(x) * 1e9))) for x in np.atleast_1d(total)]
+            vals = bench_values(inst, model, hw, test_time=when)
+            vals.update(build_commit=bid, build_number=bnum)
+            extra = dict(variant=v.name, engine=engine, hardware=hw.name, hardware_file=display_path(hw.file),
+                         **_combine(parts, inst.n_prompt))
+            rows.append(bench_row(vals, samples, extra))
+    n = len(instances)
+    base = {i: rows[j * n + i] for j, v in enumerate(variants) if v.name == "baseline" for i in range(n)}
+    out = []
+    for j, v in enumerate(variants):
+        for i in range(n):
+            r = rows[j * n + i]
+            b = base.get(i)
+            s = None if v.name == "baseline" or b is None or not b.avg_ts else r.avg_ts / b.avg_ts
+            out.append(dc_replace(r, extra={**r.extra, "speedup_vs_baseline": s}))
+    return out
+
+
+def rows_from_results(scn, results, ratios=None) -> list:
+    """:class:`sim.report.BenchRow` s of a scenario's results (of
+    :func:`sim.metrics.run_scenario` on its own workload), as ``prefetch-sim run`` prints them.
+    ``ratios`` is not needed (speedups are computed against the ``baseline`` variant) and kept
+    for callers that pass :func:`sim.metrics.speedups`."""
+    from .benchflags import params_from_args
+
+    params = params_from_args(argparse.Namespace(), scn)
+    setting = params.settings()[0]
+    insts = [i for i in params.instances(setting) if all(t.name in {r.test for r in results} for t in i.tests)]
+    names = {r.variant for r in results}
+    variants = [v for v in scn.variants if v.name in names]
+    engine = results[0].engine if results else "analytic"
+    return setting_rows(insts, scn.model, scn.hardware, variants, results, variant_ids(variants), engine=engine,
+                        when=bench_time())
 
 
 def vram_table(results) -> str:
@@ -189,8 +264,80 @@ def vram_table(results) -> str:
     return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n"
 
 
+def _setting_label(params, setting) -> str:
+    from .benchflags import FLAG_OF, overrides_text, tensor_split_text
+
+    parts = []
+    for k in ("model",) + tuple(k for k in params.values if k != "model"):
+        if len(params.values[k]) > 1:
+            v = getattr(setting, k)
+            text = (overrides_text(v) if k == "overrides" else tensor_split_text(v) if k == "tensor_split" else v)
+            parts.append(f"{FLAG_OF[k]} {text}")
+    return " ".join(parts) or "the setting"
+
+
+def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None):
+    """Simulate every setting of ``params`` over ``scn`` under the scenario's variants.
+
+    A variant whose placement does not fit a setting is left out of it (noted); a setting where
+    none fits is left out (noted).
+
+    Returns:
+        ``(rows, results)``: the :class:`sim.report.BenchRow` s in llama-bench's order (setting,
+        then variant, then test) and every :class:`sim.metrics.TestResult`.
+
+    Raises:
+        PlacementError: no setting fits at all (the first one's reason).
+        ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file).
+    """
+    from .benchflags import Notes, load_models, setting_scenario, sim_tests
+    from .builder import make_context
+    from .errors import PlacementError
+    from .metrics import fit_context_to_tests, rep_rng, run_scenario
+
+    notes = notes if notes is not None else Notes()
+    models = load_models(params, scn)
+    ids = variant_ids(scn.variants)
+    when = bench_time()
+    rows, all_results, first_err = [], [], None
+    settings = params.settings()
+    for si, setting in enumerate(settings):
+        model = models[setting.model]
+        sscn = setting_scenario(setting, params, scn, model, notes)
+        insts = params.instances(setting)
+        tests = sim_tests(insts)
+        sscn = fit_context_to_tests(sscn, tests)
+        label = _setting_label(params, setting)
+        prog = None
+        if progress is not None:
+            prog = (lambda it, _d=f"simulating {si + 1}/{len(settings)}": progress(it, _d))
+        variants = list(sscn.variants)
+        try:
+            results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
+        except PlacementError as exc:
+            ok = []
+            for v in variants:
+                try:
+                    make_context(sscn, v, rep_rng(sscn.seed, -1, -1))
+                    ok.append(v)
+                except PlacementError as e:
+                    first_err = first_err or e
+                    notes.add(f"{label}: variant {v.name} left out: {e.reason}")
+            if not ok:
+                first_err = first_err or exc
+                continue
+            variants = ok
+            results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
+        all_results += results
+        rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when)
+    if not rows:
+        assert first_err is not None
+        raise first_err
+    return rows, all_results
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from .metrics import run_scenario, speedups
+    from .benchflags import Notes, default_threads, params_from_args
     from .report import format_rows
     from .specs import parse_variant
 
@@ -202,22 +349,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif args.output is not None and suffix in FORMATS and suffix != args.output:
             raise ScenarioError(f"'{args.out}' ends in .{suffix} but -o asks for {args.output}", field="--out")
     args.output = args.output or "md"
-    scn = load_scenario_with_overrides(args)
+    scn = _base_scenario(args)
     if not any(v.name == "baseline" for v in scn.variants):
         # "vs base" is always against the upstream scheduler: add it when not asked for
         scn = scn.with_(variants=(parse_variant("baseline"),) + scn.variants)
+    params = params_from_args(args, scn)
     progress = None
     if not args.quiet and sys.stderr.isatty():
         from tqdm import tqdm
 
-        progress = lambda it: tqdm(it, desc="simulating", unit="cell", file=sys.stderr)  # noqa: E731
-    results = run_scenario(scn, engine=args.engine, progress=progress)
-    rows = rows_from_results(scn, results, speedups(results, "baseline"))
-    text = format_rows(rows, args.output)
+        progress = lambda it, desc: tqdm(it, desc=desc, unit="variant", file=sys.stderr)  # noqa: E731
+    notes = Notes()
+    try:
+        rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes)
+    finally:
+        _say_notes(notes)
+    text = format_rows(rows, args.output, n_threads_default=default_threads())
     if args.vram:
         if args.output == "md":
             text = text.rstrip("\n") + "\n\n" + vram_table(results)
-        else:  # keep csv/json parseable
+        else:  # keep csv/json/sql parseable
             sys.stderr.write(vram_table(results))
     if args.out:
         write_atomic(args.out, text)
@@ -277,18 +428,56 @@ _PLUGINS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse as llama-bench reads its flags: multi-letter single-dash flags (``-ngl``,
+    ``-ub``, ``-ot``, ``-pg``) are whole flags, never an abbreviation or a short flag with its
+    value glued on (``allow_abbrev=False``; a token such as ``-dev`` that is not a flag of the
+    command but starts with one, ``-d``, is an error, not ``-d ev``); an error is one line and
+    exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        acts = self._option_string_actions
+        for tok in args:
+            if tok == "--":
+                break
+            if len(tok) > 2 and tok[0] == "-" and tok[1] != "-" and tok[1].isalpha() and tok[2].isalpha():
+                name, short = tok.split("=", 1)[0], tok[:2]
+                act = acts.get(short)
+                if name in acts or act is None or act.nargs == 0 or act.type in (None, str):
+                    continue
+                try:  # '-dev' is not '-d ev': letters glued to a flag that takes numbers
+                    act.type(tok[2:])
+                except (argparse.ArgumentTypeError, TypeError, ValueError):
+                    self.error(f"unrecognized flag '{name}' (not a flag of '{self.prog}', nor {short} with a "
+                               f"value)")
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="prefetch-sim",
         description="What-if simulator for weight and MoE expert prefetching in llama.cpp/ggml.")
     from . import __version__
 
     ap.add_argument("--version", action="version", version=f"prefetch-sim {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="llama-bench-style table of every variant (default scenario if none given)")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run = sub.add_parser(
+        "run", help="llama-bench's table of every variant (default scenario if none given)",
+        description="Simulate llama-bench: its flags (comma lists, ranges, a repeated flag adds values; the run "
+                    "is their product, one row per combination, test and variant) over a scenario, printed as "
+                    "llama-bench prints (-o md|csv|json|jsonl|sql, its field names).")
     _add_bench_flags(run)
     run.add_argument("-o", "--output", choices=FORMATS, default=None,
-                     help="output format (default md, or the --out file's extension when it is one of these)")
+                     help="output format, as llama-bench's -o (default md, or the --out file's extension when it is "
+                          "one of these)")
     run.add_argument("--out", help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")

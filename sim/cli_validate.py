@@ -83,10 +83,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     check_output_path(args.out, "--out", directory=True)
     if args.hardware is None:  # the shipped measured profile, from any working folder
-        from .cli import REPO_ROOT
+        from .resources import cwd_or_shipped
 
-        here = Path("scenarios/hardware/h200.toml")
-        args.hardware = str(here if here.exists() else REPO_ROOT / here)
+        args.hardware = str(cwd_or_shipped("scenarios/hardware/h200.toml"))
     if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name) or args.name in (".", ".."):
         raise ScenarioError(f"'{args.name}' is not a file name prefix (letters, digits, '.', '_', '-')",
                             field="--name")

@@ -48,10 +48,10 @@ import numpy as np
 import pandas as pd
 
 from .errors import PlacementError, ScenarioError
+from .resources import shipped
 from .specs import BenchTest, LinkSpec, Scenario, Variant, load_scenario, parse_variant
 from .units import GB, GiB
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # ----------------------------------------------------------------------------------------
 # axes
@@ -918,7 +918,7 @@ def run_figure(spec: FigureSpec, out_dir: str | Path, *, scenario: str | Path | 
     Raises:
         ScenarioError: the scenario cannot be loaded, or the figure's axes do not apply to it.
     """
-    path = Path(scenario) if scenario else REPO_ROOT / spec.scenario
+    path = Path(scenario) if scenario else shipped(spec.scenario)
     scn = load_scenario(path)
     labels = dict(spec.labels)
     variants = [parse_variant(v, field_name="--figure") for v in spec.variants]
@@ -973,8 +973,8 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
-    if args.scenario is not None:
-        scenario_path(args.scenario)  # an empty path is an error here too, also with --figure
+    # an empty path is an error here too, also with --figure; a built-in name is its file
+    scenario = None if args.scenario is None else scenario_path(args.scenario)
     from .atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
@@ -985,7 +985,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
                                 field="--figure")
         keys = list(FIGURES) if args.figure.strip().lower() == "all" else [figure_spec(args.figure).key]
         for k in keys:
-            out = run_figure(FIGURES[k], args.out, scenario=args.scenario, repetitions=args.repetitions,
+            out = run_figure(FIGURES[k], args.out, scenario=scenario, repetitions=args.repetitions,
                              jobs=args.jobs, engine=args.engine, progress=progress)
             _report(out)
         return 0
@@ -995,7 +995,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     axes = [parse_axis(args.axis, "--axis")]
     if args.axis2:
         axes.append(parse_axis(args.axis2, "--axis2"))
-    scn = load_scenario(scenario_path(args.scenario))
+    scn = load_scenario(scenario_path(args.scenario))  # (None: the default scenario)
     variants = ([parse_variant(v, field_name="--variant") for v in args.variant] if args.variant
                 else list(scn.variants))
     if args.test:

@@ -35,4 +35,5 @@ class PlacementError(ScenarioError):
 
 
 class GPUUnavailableError(PrefetchSimError):
-    """No CUDA GPU, or CuPy is not installed (``pip install -e '.[gpu]'`` in the checkout)."""
+    """No CUDA GPU, or CuPy is not installed (``pip install -e '.[gpu]'`` in the checkout, CUDA 13;
+    ``'.[gpu-cuda12]'`` for CUDA 12)."""

@@ -325,8 +325,6 @@ def n_cpu_moe_rules(n_cpu_moe: int) -> tuple[tuple[str, str], ...]:
     return tuple((rf"blk\.{i}\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU") for i in range(max(0, n_cpu_moe)))
 
 
-_WEIGHT_SUFFIX = re.compile(r"\\?\.weight")
-
 #: ECMAScript (``std::regex``) POSIX classes inside brackets and their Python ``re`` spelling
 _POSIX_CLASSES = {"digit": "0-9", "alpha": "A-Za-z", "alnum": "0-9A-Za-z", "upper": "A-Z", "lower": "a-z",
                   "space": r"\s", "xdigit": "0-9A-Fa-f", "w": r"\w", "d": "0-9", "s": r"\s",
@@ -350,44 +348,35 @@ def python_regex(regex: str) -> str:
 
 
 def sim_regex(regex: str) -> str:
-    """A llama.cpp ``-ot`` pattern rewritten for the simulator's tensor names.
+    """A llama.cpp ``-ot`` pattern as the simulator's ``Placement.override_tensor`` uses it.
 
-    llama.cpp matches patterns (``std::regex_search``) against names such as
-    ``blk.7.ffn_up_exps.weight``; the simulator's names have no ``.weight``
-    (:class:`sim.specs.Tensor`). Every ``\\.weight`` / ``.weight`` in the pattern becomes
-    optional, so ``ffn_up_exps\\.weight$`` still matches ``blk.7.ffn_up_exps``. Patterns
-    without ``.weight`` are unchanged. :func:`sim_overrides` checks the result per model.
+    The simulator names tensors as GGUF does (``blk.7.ffn_up_exps.weight``,
+    :class:`sim.specs.Tensor`), so a pattern matches (``re.search``, as llama.cpp's
+    ``std::regex_search``) the same tensors in both: only the ECMAScript POSIX classes are
+    spelled out (:func:`python_regex`). ``ffn_up_exps$`` matches nothing, in llama.cpp too.
+
+    Raises:
+        ValueError: an unsupported POSIX class.
     """
-    return _WEIGHT_SUFFIX.sub(lambda m: r"(?:\.weight)?" if m.group(0).startswith("\\") else "(?:.weight)?", regex)
+    return python_regex(regex)
 
 
-def sim_overrides(rules: Sequence[tuple[str, str]], model) -> tuple[tuple[str, str], ...]:
-    """``-ot`` rules as the simulator's ``Placement.override_tensor`` for ``model``, matching
-    exactly the tensors llama.cpp's rules match.
-
-    Each rule becomes :func:`sim_regex` of its pattern when that matches, on the model's tensors
-    (simulator names), the same tensors the original matches on llama.cpp's names
-    (``<name>.weight``); otherwise (e.g. a pattern anchored with ``$`` right after the tensor
-    name, which matches nothing in llama.cpp) an exact alternation of the names it matches
-    there (``(?!)`` for none). Rule order is kept, so first-match-wins is preserved. Buffers
-    are upper-cased (``CPU``, ``CUDA0``).
+def sim_overrides(rules: Sequence[tuple[str, str]], model=None) -> tuple[tuple[str, str], ...]:
+    """``-ot`` rules as the simulator's ``Placement.override_tensor``: each pattern through
+    :func:`sim_regex`, buffers upper-cased (``CPU``, ``CUDA0``), order kept (first match wins).
+    They match exactly the tensors llama.cpp's rules match (the names agree); ``model`` is
+    accepted for callers that pass it and not needed.
 
     Raises:
         re.error: a pattern Python's ``re`` cannot compile (llama.cpp uses ECMAScript
             ``std::regex``; :func:`python_regex` translates its POSIX classes).
         ValueError: an unsupported POSIX class.
     """
-    names = [t.name for t in model.tensors]
     out = []
     for regex, buf in rules:
-        regex = python_regex(regex)
-        orig = re.compile(regex)
-        want = [n for n in names if orig.search(n + ".weight")]
-        new = sim_regex(regex)
-        cre = re.compile(new)
-        if [n for n in names if cre.search(n)] != want:
-            new = "^(?:" + "|".join(re.escape(n) for n in want) + ")$" if want else "(?!)"
-        out.append((new, buf.upper()))
+        rx = sim_regex(regex)
+        re.compile(rx)
+        out.append((rx, buf.upper()))
     return tuple(out)
 
 
@@ -589,7 +578,7 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
     GGUF's layers) and a machine of ``n_gpu`` GPUs, and notes on what it could not carry.
 
     ``ngl``, ``n_cpu_moe`` (clamped to the model's layers; 0 on a dense model), the ``-ot``
-    rules (:func:`sim_overrides`: llama.cpp names with ``.weight``), pinned or pageable host
+    rules (:func:`sim_overrides`; the simulator's tensor names are llama.cpp's), pinned or pageable host
     memory, ``-nopo``, ``-ts`` and the context of the test (``n_prompt + n_gen + n_depth``).
 
     Returns:

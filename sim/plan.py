@@ -69,7 +69,7 @@ class Op:
         kind: what it does.
         stream: where it runs.
         device: GPU index for GPU streams and copies, -1 for host/CPU.
-        name: label, usually the GGUF tensor or split (``blk.3.ffn_up_exps``).
+        name: label, usually the GGUF tensor or split (``blk.3.ffn_up_exps.weight``, ``blk.3.ffn_up_exps.weight[0:4]``).
         deps: ids of ops that must end before this one starts (all < ``id``).
         nbytes: bytes moved (H2D/D2H), or weight bytes read (compute ops).
         shape: kind-specific shape (see :class:`OpKind`).

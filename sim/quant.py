@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 #: bits per weight of each ggml tensor type (bytes per block * 8 / block size).
-GGML_TYPE_BPW: Mapping[str, float] = {
+GGML_TYPE_BPW: dict[str, float] = {
     "F32": 32.0,
     "F16": 16.0,
     "BF16": 16.0,
@@ -34,16 +34,23 @@ GGML_TYPE_BPW: Mapping[str, float] = {
 }
 
 #: tensor groups a model's weights are divided into (used for quant types and placement).
+#: ``norm`` holds the norm vectors (``*_norm.weight``), ``bias`` the biases (``*.bias``) and
+#: attention sinks; both stay F32 in llama.cpp and read no op of the plan.
 TENSOR_GROUPS = (
     "embd", "output", "norm", "attn_q", "attn_k", "attn_v", "attn_output",
     "ffn_gate", "ffn_up", "ffn_down", "router",
-    "exps_gate", "exps_up", "exps_down", "shexp",
+    "exps_gate", "exps_up", "exps_down", "shexp", "bias",
 )
 
-#: llama.cpp file-type presets, simplified to one ggml type per tensor group. The mixes
-#: follow ``llama_tensor_get_type`` in ``src/llama-quant.cpp``: *_M presets keep attn_v and
-#: ffn_down one step up (llama.cpp does that on a subset of layers; the simplification
-#: over-counts those bytes by at most ~3% of the model).
+#: groups of tensors that are no matrix of a plan op (they count in the model's bytes,
+#: parameters and VRAM only). ``other``: a GGUF tensor :mod:`sim.gguf` gives no role.
+AUX_GROUPS = ("norm", "bias", "other")
+
+#: llama.cpp file-type presets, simplified to one ggml type per tensor group (a model TOML's
+#: ``group_types``). The mixes follow ``llama_tensor_get_type`` in ``src/llama-quant.cpp``: *_M
+#: presets keep attn_v and ffn_down one step up (llama.cpp does that on a subset of layers).
+#: The bytes of a model's tensors do not come from here but from the per-tensor rule,
+#: :func:`tensor_ggml_type` (see :attr:`sim.specs.ModelSpec.tensors`).
 PRESETS: Mapping[str, Mapping[str, str]] = {
     "F16": {},
     "BF16": {},
@@ -97,6 +104,7 @@ def preset_group_types(preset: str) -> dict[str, str]:
     types = {g: base for g in TENSOR_GROUPS}
     types["norm"] = "F32"
     types["router"] = "F32"
+    types["bias"] = "F32"
     types.update(PRESETS[key])
     return types
 
@@ -106,14 +114,23 @@ def preset_group_types(preset: str) -> dict[str, str]:
 # --------------------------------------------------------------------------------------
 
 #: ggml block geometry per type: (elements per block, bytes per block), from ggml's
-#: ``type_traits`` (``ggml/src/ggml.c``) and the block structs of ``ggml/src/ggml-common.h``.
+#: ``type_traits`` (``ggml/src/ggml.c``) and the block structs of ``ggml/src/ggml-common.h``;
+#: every type gguf-py 0.19 knows (``gguf.GGML_QUANT_SIZES``, checked in the tests).
 GGML_BLOCK: Mapping[str, tuple[int, int]] = {
-    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
-    "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8),
+    "I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8),
+    "Q8_0": (32, 34), "Q8_1": (32, 40), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
+    "Q5_1": (32, 24), "Q1_0": (128, 18),
     "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
     "Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
-    "IQ3_XXS": (256, 98), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "MXFP4": (32, 17),
+    "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ1_S": (256, 50),
+    "IQ1_M": (256, 56), "IQ4_NL": (32, 18), "IQ4_XS": (256, 136), "TQ1_0": (256, 54),
+    "TQ2_0": (256, 66), "MXFP4": (32, 17), "NVFP4": (64, 36),
 }
+
+for _t, (_blk, _size) in GGML_BLOCK.items():   # every type has its bits per weight
+    GGML_TYPE_BPW.setdefault(_t, _size * 8 / _blk)  # type: ignore[attr-defined]
+del _t, _blk, _size
 
 #: ``llama_ftype`` enum values (``include/llama.h``) of the presets, written as
 #: ``general.file_type``. ``"MXFP4"`` is ``LLAMA_FTYPE_MOSTLY_MXFP4_MOE`` (gpt-oss GGUFs).
@@ -137,7 +154,7 @@ _FALLBACK = {
     "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
 }
 
-_UNQUANTISED_GROUPS = ("norm", "router")
+_UNQUANTISED_GROUPS = ("norm", "router", "bias")
 
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
@@ -173,7 +190,8 @@ def tensor_ggml_type(preset: str, group: str, layer: int = -1, n_layer: int = 1,
     llama-cpp-python 0.3.36 sdist) for the presets in :data:`RULE_PRESETS`, without an
     importance matrix and without ``--pure`` / ``--tensor-type`` overrides:
 
-    * norms (``group="norm"``) and the router (``"router"``, ``ffn_gate_inp``) stay F32;
+    * norms (``group="norm"``), biases and attention sinks (``"bias"``) and the router
+      (``"router"``, ``ffn_gate_inp``) stay F32;
     * ``output`` (and ``embd`` with tied embeddings): Q6_K for the K/IQ4 presets, Q8_0 for
       Q8_0 and MXFP4_MOE, unchanged for F16/BF16;
     * ``embd``: the preset's default type (Q8_0 for MXFP4_MOE);

@@ -1,14 +1,37 @@
-"""llama-bench-style reports: one typed row per (variant, test), printed as md, csv, json or jsonl.
+"""llama-bench's output, written by the simulator: one row per (variant, test), printed as md, csv,
+json, jsonl or sql with llama-bench's field names, types and layout.
 
-The markdown layout follows ``llama-bench`` (``tools/llama-bench/llama-bench.cpp``,
-``markdown_printer``): ``| model | size | params | backend | ngl | ... | test | t/s |`` with
-``avg ± stdev`` in the ``t/s`` column, left-aligned text columns, right-aligned numbers (a
-``:`` at the right end of the separator). Two columns are ours: ``variant`` (the scheduler
-policy) and ``vs base`` (the change of mean t/s against the baseline variant, ``+14.7%``).
+Every row carries every field of :data:`sim.llamabench.FIELDS` (``test::get_fields()`` of
+``tools/llama-bench/llama-bench.cpp``) with llama-bench's meaning, then the simulator's own
+fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, ``ttft_ms``,
+``h2d_bytes`` ...). The printers follow llama-bench's (restated, not copied):
 
-csv, json and jsonl carry every field of :class:`BenchRow` as a number in SI units with the unit
-in the column name (``tps_mean``, ``ttft_s``, ``h2d_bytes``, ``size_bytes``), so they can be read
-back without parsing labels. Missing optional values are empty in csv and ``null`` in json.
+* ``json``: one array, one object per row, fields in order, STRING values quoted (``"``, ``\\``
+  and control characters escaped), BOOL ``true``/``false``, INT bare, FLOAT as C's ``%f`` (six
+  decimals), then ``samples_ns`` (integers) and ``samples_ts`` (six significant digits, as a
+  C++ stream prints a double); our fields follow (``null`` for a missing value);
+* ``jsonl``: the same object on one line per row;
+* ``csv``: a header of the field names, then every value in double quotes (BOOL ``0``/``1``);
+  no samples (as llama-bench);
+* ``sql``: ``CREATE TABLE IF NOT EXISTS llama_bench (...)`` with llama-bench's columns and SQL
+  types (TEXT, INTEGER, REAL), then one ``INSERT INTO llama_bench (...) VALUES ('...', ...);``
+  per row, exactly as llama-bench writes them, so the output loads into a database that also
+  holds real llama-bench rows (``prefetch-sim run -o sql | sqlite3 bench.sqlite``). Our fields
+  go to a second table, ``prefetch_sim``, one row per ``llama_bench`` row, linked by
+  ``llama_bench_rowid`` (``SELECT * FROM llama_bench b JOIN prefetch_sim s ON
+  s.llama_bench_rowid = b.rowid``). A ``'`` inside a value is doubled (llama-bench writes it
+  as is, which breaks the statement);
+* ``md``: llama-bench's table, ``| model | size | params | backend | ngl | ... | test | t/s |``:
+  the columns llama-bench shows for the parameters that differ from its defaults or take
+  several values, its column widths (widened where a value is longer, so the table stays
+  aligned) and alignment, ``size`` in MiB below 1 GiB and GiB above, ``params`` in M below
+  10^9 and B above, ``t/s`` as ``avg ± stddev``; then our ``variant`` column before ``test``
+  and ``vs base`` (change of mean t/s against the baseline variant) after ``t/s``; and
+  llama-bench's ``build:`` line saying what it is: ``build: simulated (prefetch-sim 0.1.0,
+  analytic engine, profile 'H200 (measured)' scenarios/hardware/h200.toml)``.
+
+Where llama-bench would print ``nan`` (an ``stddev`` of identical samples computed in floating
+point can come out a hair below zero), the row has 0.
 """
 
 from __future__ import annotations
@@ -17,76 +40,323 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-#: output formats understood by :func:`format_rows` (use as argparse ``choices``).
-FORMATS = ("md", "csv", "json", "jsonl")
+from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, STRING, bench_test_name
+
+#: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
+FORMATS = ("md", "csv", "json", "jsonl", "sql")
+
+#: the simulator's own fields, after llama-bench's, with their types (STRING, INT, FLOAT):
+#: variant (scheduler policy), engine (analytic, des), hardware (profile name), hardware_file,
+#: test (llama-bench's test label), speedup_vs_baseline (mean t/s over the baseline variant's,
+#: same setting and test), ttft_ms (time to first token of a prompt, ms), h2d_bytes (bytes
+#: copied host→device per run), peak_vram_bytes (largest GPU's peak), staging_bytes (VRAM
+#: reserved for prefetch staging), overlap_fraction (share of copy time hidden behind compute),
+#: exposed_transfer_s (copy time not hidden, s per run), cache_hit_rate (GPU expert cache)
+PROJECT_FIELDS: tuple[tuple[str, str], ...] = (
+    ("variant", STRING), ("engine", STRING), ("hardware", STRING), ("hardware_file", STRING), ("test", STRING),
+    ("speedup_vs_baseline", FLOAT), ("ttft_ms", FLOAT), ("h2d_bytes", INT), ("peak_vram_bytes", INT),
+    ("staging_bytes", INT), ("overlap_fraction", FLOAT), ("exposed_transfer_s", FLOAT), ("cache_hit_rate", FLOAT),
+)
+PROJECT_FIELD_NAMES: tuple[str, ...] = tuple(n for n, _ in PROJECT_FIELDS)
+_PROJECT_TYPE = dict(PROJECT_FIELDS)
+
+#: columns of csv output: llama-bench's (``test::get_fields()``), then ours
+COLUMNS: tuple[str, ...] = CSV_FIELDS + PROJECT_FIELD_NAMES
+#: keys of a json/jsonl object: llama-bench's (with the samples), then ours
+JSON_COLUMNS: tuple[str, ...] = tuple(f.name for f in FIELDS) + PROJECT_FIELD_NAMES
+
+#: llama-bench fields computed from the samples (:func:`bench_row`)
+COMPUTED_FIELDS = ("avg_ns", "stddev_ns", "avg_ts", "stddev_ts")
+
+#: llama-bench's ``cmd_params_defaults`` as printed, for the fields ``markdown_printer`` shows
+#: only when a run's values differ from them (``n_threads``: the default depends on the machine;
+#: it is given to :func:`format_rows`)
+MD_DEFAULTS: Mapping[str, Any] = {
+    "n_cpu_moe": 0, "cpu_mask": "0x0", "cpu_strict": False, "poll": 50, "n_batch": 2048, "n_ubatch": 512,
+    "type_k": "f16", "type_v": "f16", "main_gpu": 0, "split_mode": "layer", "no_kv_offload": False,
+    "flash_attn": -1, "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none",
+    "load_mode": "auto", "lazy_mode": "auto", "embeddings": False, "no_op_offload": 0, "no_host": False,
+    "repack": True, "fit_target": 0, "fit_min_ctx": 0,
+}
+#: the optional markdown columns, in llama-bench's order (after ``ngl``)
+MD_OPTIONAL = ("n_cpu_moe", "n_threads", "cpu_mask", "cpu_strict", "poll", "n_batch", "n_ubatch", "type_k", "type_v",
+               "main_gpu", "split_mode", "no_kv_offload", "flash_attn", "devices", "tensor_split",
+               "tensor_buft_overrides", "load_mode", "lazy_mode", "embeddings", "no_op_offload", "no_host", "repack",
+               "fit_target", "fit_min_ctx")
+#: ``markdown_printer::get_field_display_name``
+_MD_NAME = {"n_gpu_layers": "ngl", "split_mode": "sm", "n_threads": "threads", "no_kv_offload": "nkvo",
+            "flash_attn": "fa", "load_mode": "lm", "embeddings": "embd", "no_op_offload": "nopo", "no_host": "noh",
+            "repack": "rpk", "devices": "dev", "tensor_split": "ts", "tensor_buft_overrides": "ot",
+            "fit_target": "fitt", "fit_min_ctx": "fitc", "vs_base": "vs base"}
+#: ``markdown_printer::get_field_width`` where it is not the default (negative: left-aligned)
+_MD_WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
+             "n_ubatch": 8, "type_k": 6, "type_v": 6, "split_mode": 6, "load_mode": 10, "flash_attn": 3,
+             "devices": -12, "test": 15, "no_op_offload": 4, "no_host": 4, "repack": 3,
+             "variant": -10, "vs_base": 10}
 
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One llama-bench result row: a test (``pp512``, ``tg128``, ``pp512 @ d8192``) of a variant.
+    """One result row: a test of a variant under one setting of llama-bench's parameters.
 
     Attributes:
-        model: llama-bench's model label (``qwen3moe 30B.A3B Q4_K - Medium``).
-        size_bytes: weight bytes of the model (shown as ``17.28 GiB``).
-        n_params: parameter count (shown as ``30.53 B``).
-        backend: ``CUDA`` (or ``SIM`` ...), as llama-bench's ``backend`` column.
-        ngl: ``-ngl``.
-        n_ubatch: ``-ub``.
-        n_batch: ``-b``.
-        n_cpu_moe: ``--n-cpu-moe``.
-        variant: scheduler policy label (``baseline``, ``prefetch_ungated``, ``slots3`` ...).
-        test: llama-bench test name.
-        tps_mean: mean tokens per second over repetitions.
-        tps_std: sample standard deviation of tokens per second over repetitions.
-        speedup_vs_baseline: ``tps_mean / tps_mean(baseline)`` for the same test and setup;
-            ``None`` for the baseline itself or when there is no baseline.
-        ttft_s: time to first token (prompt tests), seconds.
-        h2d_bytes: host→device bytes per test run.
-        staging_bytes: VRAM reserved for prefetch staging, bytes.
-        exposed_transfer_s: copy time not hidden behind compute, seconds per test run.
-        overlap_fraction: share of copy time overlapped with compute, in [0, 1].
-        cache_hit_rate: GPU expert-cache hit rate, in [0, 1].
-        peak_vram_bytes: peak VRAM use per GPU, bytes.
-        engine: which engine produced the row (``analytic``, ``des``, ``executor``).
+        values: every field of :data:`sim.llamabench.CSV_FIELDS`, typed as llama-bench's
+            ``get_field_type`` says (str, bool, int, float); see :func:`bench_row`.
+        samples_ns: the simulated time of each repetition, integer nanoseconds.
+        samples_ts: tokens per second of each repetition (``1e9 * tokens / ns``).
+        extra: the simulator's own fields (:data:`PROJECT_FIELDS`; None = no value).
     """
 
-    model: str
-    size_bytes: int
-    n_params: int
-    backend: str
-    ngl: int
-    n_ubatch: int
-    n_batch: int
-    n_cpu_moe: int
-    variant: str
-    test: str
-    tps_mean: float
-    tps_std: float
-    speedup_vs_baseline: float | None = None
-    ttft_s: float | None = None
-    h2d_bytes: int | None = None
-    staging_bytes: int | None = None
-    exposed_transfer_s: float | None = None
-    overlap_fraction: float | None = None
-    cache_hit_rate: float | None = None
-    peak_vram_bytes: int | None = None
-    engine: str | None = None
+    values: Mapping[str, Any]
+    samples_ns: tuple[int, ...] = ()
+    samples_ts: tuple[float, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.values:
+            return self.values[key]
+        if key == "samples_ns":
+            return list(self.samples_ns)
+        if key == "samples_ts":
+            return list(self.samples_ts)
+        return self.extra.get(key)
+
+    @property
+    def test(self) -> str:
+        """llama-bench's test label (``pp512``, ``tg128``, ``pp512+tg128 @ d4096``)."""
+        v = self.values
+        return bench_test_name(v["n_prompt"], v["n_gen"], v["n_depth"])
+
+    @property
+    def variant(self) -> str | None:
+        return self.extra.get("variant")
+
+    @property
+    def avg_ts(self) -> float:
+        return self.values["avg_ts"]
+
+    @property
+    def stddev_ts(self) -> float:
+        return self.values["stddev_ts"]
 
 
-#: column names of csv/json/jsonl output, in order (the :class:`BenchRow` field names).
-COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchRow))
+def _check_type(name: str, typ: str, v: Any) -> None:
+    ok = {STRING: lambda x: isinstance(x, str), BOOL: lambda x: isinstance(x, bool),
+          INT: lambda x: isinstance(x, int) and not isinstance(x, bool),
+          FLOAT: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)}[typ]
+    if not ok(v):
+        raise TypeError(f"field {name}: expected a llama-bench {typ} value, got {v!r}")
+
+
+def sample_stats(samples_ns: Sequence[int], n_tokens: int) -> tuple[int, int, float, float, tuple[float, ...]]:
+    """llama-bench's ``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts`` and ``samples_ts`` of
+    integer-nanosecond samples, computed as its ``avg``/``stdev`` templates do: integer mean and
+    one-pass integer variance for the nanoseconds, ``1e9 * tokens / ns`` and one-pass double
+    variance for the t/s (a variance a rounding error below zero gives 0, not llama-bench's NaN).
+    """
+    ns = [int(x) for x in samples_ns]
+    n = len(ns)
+    ts = tuple(1e9 * n_tokens / x for x in ns)
+    if not n:
+        return 0, 0, 0.0, 0.0, ts
+    avg_ns = sum(ns) // n
+    std_ns = 0
+    if n > 1:
+        var = sum(x * x for x in ns) // (n - 1) - avg_ns * avg_ns * n // (n - 1)
+        std_ns = int(math.sqrt(max(var, 0)))
+    avg_ts = sum(ts) / n
+    std_ts = 0.0
+    if n > 1:
+        var_ts = sum(x * x for x in ts) / (n - 1) - avg_ts * avg_ts * n / (n - 1)
+        std_ts = math.sqrt(var_ts) if var_ts > 0 else 0.0
+    return avg_ns, std_ns, avg_ts, std_ts, ts
+
+
+def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mapping[str, Any] | None = None) -> BenchRow:
+    """A row from llama-bench's fields (all of :data:`sim.llamabench.CSV_FIELDS` but
+    :data:`COMPUTED_FIELDS`), the samples (integer ns per repetition) and our fields.
+
+    ``avg_ns``, ``stddev_ns``, ``avg_ts`` and ``stddev_ts`` are computed from the samples
+    (:func:`sample_stats`, tokens ``n_prompt + n_gen``).
+
+    Raises:
+        KeyError: a llama-bench field is missing, or an unknown field is given.
+        TypeError: a value of the wrong type for its field.
+        ValueError: no sample, or a sample <= 0.
+    """
+    missing = [f for f in CSV_FIELDS if f not in values and f not in COMPUTED_FIELDS]
+    if missing:
+        raise KeyError(f"llama-bench fields missing: {', '.join(missing)}")
+    unknown = [k for k in values if k not in FIELD_BY_NAME]
+    if unknown:
+        raise KeyError(f"not llama-bench fields: {', '.join(unknown)}")
+    if not samples_ns or any(int(x) <= 0 for x in samples_ns):
+        raise ValueError(f"samples must be > 0 ns, got {list(samples_ns)}")
+    ex = dict(extra or {})
+    bad = [k for k in ex if k not in _PROJECT_TYPE]
+    if bad:
+        raise KeyError(f"not project fields: {', '.join(bad)} (see sim.report.PROJECT_FIELDS)")
+    vals = {f: values[f] for f in CSV_FIELDS if f not in COMPUTED_FIELDS}
+    avg_ns, std_ns, avg_ts, std_ts, ts = sample_stats(samples_ns, vals["n_prompt"] + vals["n_gen"])
+    vals.update(avg_ns=avg_ns, stddev_ns=std_ns, avg_ts=avg_ts, stddev_ts=std_ts)
+    for k in CSV_FIELDS:
+        _check_type(k, FIELD_BY_NAME[k].type, vals[k])
+    ex.setdefault("test", bench_test_name(vals["n_prompt"], vals["n_gen"], vals["n_depth"]))
+    for k, v in ex.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            ex[k] = None  # JSON has no NaN/inf
+        elif v is not None:
+            _check_type(k, _PROJECT_TYPE[k], v)
+    return BenchRow(vals, tuple(int(x) for x in samples_ns), ts, ex)
+
+
+# --------------------------------------------------------------------------------------
+# values as llama-bench prints them
+# --------------------------------------------------------------------------------------
+
+
+def _text(typ: str, v: Any) -> str:
+    """A value as ``test::get_values()`` prints it: BOOL as ``std::to_string(bool)`` (``0``/``1``),
+    FLOAT as ``std::to_string(double)`` (``%f``), the others as they are."""
+    if typ == BOOL:
+        return "1" if v else "0"
+    if typ == FLOAT:
+        return f"{v:f}"
+    return str(v)
+
+
+def _values_text(row: BenchRow) -> list[str]:
+    return [_text(FIELD_BY_NAME[f].type, row.values[f]) for f in CSV_FIELDS]
+
+
+def _escape_json(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _json_value(typ: str, text: str) -> str:
+    """``format_json_value``: STRING quoted, BOOL true/false, numbers bare."""
+    if typ == STRING:
+        return '"' + _escape_json(text) + '"'
+    if typ == BOOL:
+        return "false" if text == "0" else "true"
+    return text
+
+
+def _g6(x: float) -> str:
+    """A double as a C++ ``std::ostream`` prints it by default (six significant digits)."""
+    s = f"{x:.6g}"
+    return s
+
+
+def _project_json(row: BenchRow) -> list[tuple[str, str]]:
+    out = []
+    for name, _typ in PROJECT_FIELDS:
+        out.append((name, json.dumps(row.extra.get(name), ensure_ascii=False)))
+    return out
+
+
+def _json_pairs(row: BenchRow) -> list[tuple[str, str]]:
+    pairs = [(f, _json_value(FIELD_BY_NAME[f].type, t)) for f, t in zip(CSV_FIELDS, _values_text(row))]
+    pairs.append(("samples_ns", "[ " + ", ".join(str(x) for x in row.samples_ns) + " ]"))
+    pairs.append(("samples_ts", "[ " + ", ".join(_g6(x) for x in row.samples_ts) + " ]"))
+    return pairs + _project_json(row)
+
+
+def _format_json(rows: Sequence[BenchRow]) -> str:
+    objs = []
+    for r in rows:
+        body = ",\n".join(f'    "{k}": {v}' for k, v in _json_pairs(r))
+        objs.append("  {\n" + body + "\n  }")
+    return "[\n" + ",\n".join(objs) + ("\n" if objs else "") + "]\n"
+
+
+def _format_jsonl(rows: Sequence[BenchRow]) -> str:
+    out = []
+    for r in rows:
+        pairs = _json_pairs(r)
+        n = len(CSV_FIELDS)
+        head = "".join(f'"{k}": {v}, ' for k, v in pairs[:n])  # jsonl_printer: every field then ", "
+        samples = f'"{pairs[n][0]}": {pairs[n][1]},"{pairs[n + 1][0]}": {pairs[n + 1][1]}'
+        ours = "".join(f', "{k}": {v}' for k, v in pairs[n + 2:])
+        out.append("{" + head + samples + ours + "}\n")
+    return "".join(out)
+
+
+def _project_text(row: BenchRow) -> list[str]:
+    out = []
+    for name, typ in PROJECT_FIELDS:
+        v = row.extra.get(name)
+        out.append("" if v is None else repr(float(v)) if typ == FLOAT else str(v))
+    return out
+
+
+def _format_csv(rows: Sequence[BenchRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    buf.write(",".join(COLUMNS) + "\n")  # llama-bench's header is not quoted
+    for r in rows:
+        w.writerow(_values_text(r) + _project_text(r))
+    return buf.getvalue()
+
+
+_SQL_TYPE = {STRING: "TEXT", BOOL: "INTEGER", INT: "INTEGER", FLOAT: "REAL"}
+#: the table of our fields in sql output, one row per llama_bench row
+SQL_PROJECT_TABLE = "prefetch_sim"
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _format_sql(rows: Sequence[BenchRow]) -> str:
+    lines = ["CREATE TABLE IF NOT EXISTS llama_bench ("]
+    for i, f in enumerate(CSV_FIELDS):
+        lines.append(f"  {f} {_SQL_TYPE[FIELD_BY_NAME[f].type]}{',' if i < len(CSV_FIELDS) - 1 else ''}")
+    lines += [");", "", f"CREATE TABLE IF NOT EXISTS {SQL_PROJECT_TABLE} (", "  llama_bench_rowid INTEGER,"]
+    for i, (name, typ) in enumerate(PROJECT_FIELDS):
+        lines.append(f"  {name} {_SQL_TYPE[typ]}{',' if i < len(PROJECT_FIELDS) - 1 else ''}")
+    lines += [");", ""]
+    cols = ", ".join(CSV_FIELDS)
+    pcols = ", ".join(("llama_bench_rowid",) + PROJECT_FIELD_NAMES)
+    for r in rows:
+        vals = ", ".join(_sql_str(t) for t in _values_text(r))
+        lines.append(f"INSERT INTO llama_bench ({cols}) VALUES ({vals});")
+        pvals = ", ".join(["last_insert_rowid()"] + ["NULL" if r.extra.get(n) is None else _sql_str(t)
+                                                     for n, t in zip(PROJECT_FIELD_NAMES, _project_text(r))])
+        lines.append(f"INSERT INTO {SQL_PROJECT_TABLE} ({pcols}) VALUES ({pvals});")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+# markdown
+# --------------------------------------------------------------------------------------
 
 
 def size_label(size_bytes: float) -> str:
-    """llama-bench's ``size`` column: bytes as ``17.28 GiB`` (GiB = 2**30)."""
+    """llama-bench's ``size`` column: ``30.32 MiB`` below 1 GiB, ``17.28 GiB`` above."""
+    if size_bytes < 2**30:
+        return f"{size_bytes / 2**20:.2f} MiB"
     return f"{size_bytes / 2**30:.2f} GiB"
 
 
 def params_label(n_params: float) -> str:
-    """llama-bench's ``params`` column: a count as ``30.53 B`` (10**9)."""
+    """llama-bench's ``params`` column: ``52.11 M`` below 10^9, ``30.53 B`` above."""
+    if n_params < 1e9:
+        return f"{n_params / 1e6:.2f} M"
     return f"{n_params / 1e9:.2f} B"
 
 
@@ -111,79 +381,114 @@ def speedup_label(speedup: float | None) -> str:
     return f"{pct:+.1f}%"
 
 
-# (header, min width, right-aligned) of the markdown columns, after llama-bench's
-# get_field_width: model 30 left, size/params 10, ngl 3, test 15, t/s 20, others >= 10.
-_MD_COLUMNS: tuple[tuple[str, int, bool], ...] = (
-    ("model", 30, False),
-    ("size", 10, True),
-    ("params", 10, True),
-    ("backend", 10, False),
-    ("ngl", 3, True),
-    ("n_ubatch", 10, True),
-    ("n_cpu_moe", 10, True),
-    ("variant", 10, False),
-    ("test", 15, True),
-    ("t/s", 20, True),
-    ("vs base", 10, True),
-)
+def md_columns(rows: Sequence[BenchRow], n_threads_default: int | None = None) -> list[str]:
+    """The fields of the markdown table (``markdown_printer::print_header``): model, size,
+    params, backend, ``n_gpu_layers`` (GPU backends), each optional field whose values differ
+    from llama-bench's default (:data:`MD_DEFAULTS`) or take several values, then our
+    ``variant``, ``test``, ``t/s`` and our ``vs_base``. ``n_threads`` is shown when its values
+    are not all ``n_threads_default`` (or on a CPU backend)."""
+    if n_threads_default is None:
+        from .benchflags import default_threads
+
+        n_threads_default = default_threads()
+    cols = ["model", "size", "params", "backend"]
+    backends = {str(r.values["backends"]) for r in rows}
+    cpu = any(("CPU" in b or "BLAS" in b) for b in backends)
+    if not cpu:
+        cols.append("n_gpu_layers")
+    for f in MD_OPTIONAL:
+        vals = {r.values[f] for r in rows}
+        if f == "n_threads":
+            show = cpu or len(vals) > 1 or (bool(vals) and vals != {n_threads_default})
+        else:
+            show = len(vals) > 1 or (bool(vals) and vals != {MD_DEFAULTS[f]})
+        if show:
+            cols.append(f)
+    return cols + ["variant", "test", "t/s", "vs_base"]
 
 
-def _md_cells(row: BenchRow) -> tuple[str, ...]:
-    return (
-        row.model,
-        size_label(row.size_bytes),
-        params_label(row.n_params),
-        row.backend,
-        str(row.ngl),
-        str(row.n_ubatch),
-        str(row.n_cpu_moe),
-        row.variant,
-        row.test,
-        tps_label(row.tps_mean, row.tps_std),
-        speedup_label(row.speedup_vs_baseline),
-    )
+def _md_cell(row: BenchRow, col: str) -> str:
+    v = row.values
+    if col == "model":
+        return str(v["model_type"])
+    if col == "size":
+        return size_label(v["model_size"])
+    if col == "params":
+        return params_label(v["model_n_params"])
+    if col == "backend":
+        return str(v["backends"])
+    if col == "test":
+        return row.test
+    if col == "t/s":
+        return tps_label(v["avg_ts"], v["stddev_ts"])
+    if col == "variant":
+        return str(row.extra.get("variant") or "")
+    if col == "vs_base":
+        return speedup_label(row.extra.get("speedup_vs_baseline"))
+    return _text(FIELD_BY_NAME[col].type, v[col])
 
 
-def _format_md(rows: Sequence[BenchRow]) -> str:
-    cells = [_md_cells(r) for r in rows]
-    widths = [max([w, len(h)] + [len(c[i]) for c in cells]) for i, (h, w, _) in enumerate(_MD_COLUMNS)]
+def _md_width(col: str) -> int:
+    if col in _MD_WIDTH:
+        return _MD_WIDTH[col]
+    w = max(len(col), 10)
+    typ = FIELD_BY_NAME[col].type if col in FIELD_BY_NAME else STRING  # get_field_type: STRING unless listed
+    return -w if typ == STRING else w
+
+
+def build_line(rows: Sequence[BenchRow]) -> str:
+    """llama-bench's ``build:`` footer, saying the rows are simulated and by what:
+    ``build: simulated (prefetch-sim 0.1.0, analytic engine, profile 'H200 (measured)'
+    scenarios/hardware/h200.toml)``."""
+    from . import __version__
+
+    def distinct(key: str) -> list[str]:
+        out: list[str] = []
+        for r in rows:
+            x = r.extra.get(key)
+            if x and x not in out:
+                out.append(str(x))
+        return out
+
+    parts = [f"prefetch-sim {__version__}"]
+    engines = distinct("engine")
+    if engines:
+        parts.append(f"{'/'.join(engines)} engine")
+    profiles = []
+    for r in rows:
+        name, path = r.extra.get("hardware"), r.extra.get("hardware_file")
+        if name:
+            p = f"profile '{name}'" + (f" {path}" if path else "")
+            if p not in profiles:
+                profiles.append(p)
+    parts += profiles
+    return f"build: simulated ({', '.join(parts)})"
+
+
+def _format_md(rows: Sequence[BenchRow], n_threads_default: int | None) -> str:
+    cols = md_columns(rows, n_threads_default)
+    heads = [_MD_NAME.get(c, c) for c in cols]
+    cells = [[_md_cell(r, c) for c in cols] for r in rows]
+    widths = [max([abs(_md_width(c)), len(h)] + [len(row[i]) for row in cells]) for i, (c, h) in
+              enumerate(zip(cols, heads))]
+    right = [_md_width(c) > 0 for c in cols]
 
     def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if right else v.ljust(w)
-                 for v, w, (_, _, right) in zip(values, widths, _MD_COLUMNS)]
-        return "| " + " | ".join(parts) + " |"
+        return "| " + " | ".join(v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right)) + " |"
 
-    sep = "| " + " | ".join(("-" * (w - 1) + ":") if right else "-" * w
-                            for w, (_, _, right) in zip(widths, _MD_COLUMNS)) + " |"
-    out = [line([h for h, _, _ in _MD_COLUMNS]), sep] + [line(c) for c in cells]
-    return "\n".join(out) + "\n"
+    sep = "| " + " | ".join(("-" * (w - 1) + ":") if r else "-" * w for w, r in zip(widths, right)) + " |"
+    out = [line(heads), sep] + [line(c) for c in cells]
+    return "\n".join(out) + "\n\n" + build_line(rows) + "\n"
 
 
-def _record(row: BenchRow) -> dict:
-    rec = asdict(row)
-    for k, v in rec.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            rec[k] = None  # JSON has no NaN/inf
-    return rec
-
-
-def _format_csv(rows: Sequence[BenchRow]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
-    return buf.getvalue()
-
-
-def format_rows(rows: Iterable[BenchRow], fmt: str = "md") -> str:
-    """Render rows as llama-bench does.
+def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default: int | None = None) -> str:
+    """Render rows as llama-bench does (see the module docstring).
 
     Args:
         rows: the rows, printed in the given order.
-        fmt: ``"md"`` (markdown table, the llama-bench default), ``"csv"`` (header + one line per
-            row, all :data:`COLUMNS`), ``"json"`` (a list of objects) or ``"jsonl"`` (one object
-            per line).
+        fmt: one of :data:`FORMATS`.
+        n_threads_default: the ``-t`` default of the run (llama-bench shows ``threads`` in md
+            only when the values differ from it; None: :func:`sim.benchflags.default_threads`).
 
     Returns:
         The text, ending with a newline.
@@ -193,32 +498,13 @@ def format_rows(rows: Iterable[BenchRow], fmt: str = "md") -> str:
     """
     rows = list(rows)
     if fmt == "md":
-        return _format_md(rows)
+        return _format_md(rows, n_threads_default)
     if fmt == "csv":
         return _format_csv(rows)
     if fmt == "json":
-        return json.dumps([_record(r) for r in rows], indent=2, ensure_ascii=False) + "\n"
+        return _format_json(rows)
     if fmt == "jsonl":
-        return "".join(json.dumps(_record(r), ensure_ascii=False) + "\n" for r in rows)
+        return _format_jsonl(rows)
+    if fmt == "sql":
+        return _format_sql(rows)
     raise ValueError(f"unknown output format '{fmt}' (use one of: {', '.join(FORMATS)})")
-
-
-def _setup_key(r: BenchRow) -> tuple:
-    return (r.model, r.backend, r.ngl, r.n_ubatch, r.n_batch, r.n_cpu_moe, r.test, r.engine)
-
-
-def with_speedups(rows: Iterable[BenchRow], baseline: str = "baseline") -> list[BenchRow]:
-    """Fill ``speedup_vs_baseline`` as the ratio of mean t/s to the ``baseline`` variant's row
-    of the same setup (model, backend, ngl, n_ubatch, n_batch, n_cpu_moe, test, engine).
-
-    The baseline rows themselves, and rows whose setup has no baseline row (or a baseline with
-    zero t/s), get ``None``. Order is kept.
-    """
-    rows = list(rows)
-    base = {_setup_key(r): r.tps_mean for r in rows if r.variant == baseline}
-    out = []
-    for r in rows:
-        b = base.get(_setup_key(r))
-        s = None if (r.variant == baseline or not b) else r.tps_mean / b
-        out.append(replace(r, speedup_vs_baseline=s))
-    return out

@@ -20,10 +20,12 @@ import pandas as pd
 
 from .builder import build_plan, make_context
 from .metrics import rep_rng, run_variant_test, time_plan
+from .resources import shipped_root
 from .specs import BenchTest, Scenario, load_scenario, parse_variant
 from .units import MiB
 
-ROOT = Path(__file__).resolve().parent.parent
+#: the shipped files (scenarios/, data/): the checkout, or a wheel's package data (sim.resources)
+ROOT = shipped_root()
 REPORTED_CSV = ROOT / "data" / "reported_measurements.csv"
 
 

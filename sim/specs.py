@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ScenarioError
-from .quant import TENSOR_GROUPS, bpw_of, preset_group_types
+from .quant import (AUX_GROUPS, GGML_BLOCK, GGML_TYPE_BPW, RULE_PRESETS, TENSOR_GROUPS, bpw_of,
+                    preset_group_types, tensor_ggml_type)
 from .tomlio import Fields, load_toml
 from .units import GB
 
@@ -26,16 +27,25 @@ from .units import GB
 
 @dataclass(frozen=True)
 class Tensor:
-    """One weight tensor, named as in GGUF (``blk.7.ffn_up_exps``).
+    """One tensor of the model, named as in GGUF (``blk.7.ffn_up_exps.weight``).
 
     Attributes:
-        name: GGUF tensor name.
+        name: GGUF tensor name. A tied output head (no ``output.weight`` in the file) is
+            ``token_embd.weight`` again, with ``group="output"`` and ``duplicate=True``.
         layer: block index, or -1 for ``token_embd``/``output``/``output_norm``.
-        group: tensor group (see :data:`sim.quant.TENSOR_GROUPS`).
+        group: tensor group (see :data:`sim.quant.TENSOR_GROUPS`; ``"other"`` for a GGUF
+            tensor whose role the simulator does not model). Groups in
+            :data:`sim.quant.AUX_GROUPS` (norms, biases) are read by no op of the plan.
         n_in: input features (ggml ``ne[0]``).
-        n_out: output features (ggml ``ne[1]``).
-        n_mat: number of matrices (``ne[2]``: experts for ``*_exps``, else 1).
-        bpw: bits per weight.
+        n_out: output features (ggml ``ne[1]``; 1 for a vector).
+        n_mat: number of matrices (``ne[2]`` (x ``ne[3]``): experts for ``*_exps``, else 1).
+        bpw: bits per weight (of ``ggml_type`` when it is set).
+        ggml_type: ggml type name (``"Q4_K"``); ``""`` for a tensor known only by its mean bits
+            per weight (a model TOML's number that no llama.cpp rule reproduces), whose bytes
+            are then rounded from ``bpw``.
+        duplicate: the tensor is a second use of another one's data (llama.cpp's
+            ``TENSOR_DUPLICATED``: a tied output head). It takes VRAM where it is placed but
+            does not count in the model's size and parameters.
     """
 
     name: str
@@ -45,24 +55,50 @@ class Tensor:
     n_out: int
     n_mat: int
     bpw: float
+    ggml_type: str = ""
+    duplicate: bool = False
 
     @property
     def n_params(self) -> int:
         return self.n_in * self.n_out * self.n_mat
 
     @property
-    def nbytes(self) -> int:
-        """Bytes of the whole tensor (all experts)."""
-        return int(round(self.n_params * self.bpw / 8))
+    def ne(self) -> tuple[int, ...]:
+        """ggml dimensions, innermost first: ``(n_in, n_out, n_mat)`` without trailing ones
+        (expert tensors keep three)."""
+        ne = (self.n_in, self.n_out, self.n_mat)
+        keep = 3 if self.is_expert else 1 + (self.n_out != 1 or self.n_mat != 1) + (self.n_mat != 1)
+        return ne[:keep]
 
-    @property
+    @cached_property
     def bytes_per_mat(self) -> int:
-        """Bytes of one matrix (one expert for ``*_exps``)."""
+        """Bytes of one matrix (one expert for ``*_exps``): ggml's row size
+        (``ne[0] / block`` blocks of the type's block bytes, :data:`sim.quant.GGML_BLOCK`) times
+        ``n_out`` rows; rounded from ``bpw`` without a type (or a type whose block does not
+        divide ``n_in``)."""
+        if self.ggml_type:
+            blk, size = GGML_BLOCK.get(self.ggml_type, (0, 0))
+            if blk and self.n_in % blk == 0:
+                return self.n_in // blk * size * self.n_out
         return int(round(self.n_in * self.n_out * self.bpw / 8))
+
+    @cached_property
+    def nbytes(self) -> int:
+        """Bytes of the whole tensor (all experts): exact ``ggml_nbytes`` with a type."""
+        if self.ggml_type:
+            blk, _size = GGML_BLOCK.get(self.ggml_type, (0, 0))
+            if blk and self.n_in % blk == 0:
+                return self.bytes_per_mat * self.n_mat
+        return int(round(self.n_params * self.bpw / 8))
 
     @property
     def is_expert(self) -> bool:
         return self.group.startswith("exps_")
+
+    @property
+    def is_matrix(self) -> bool:
+        """A weight some op of the plan reads (not a norm, bias or unmodelled tensor)."""
+        return self.group not in AUX_GROUPS
 
 
 @dataclass(frozen=True)
@@ -107,13 +143,32 @@ class ModelSpec:
         swa_interval: every ``swa_interval``-th layer is full, the others sliding (0 = none).
         linear_state_dim: per-head recurrent state size of linear-attention layers.
         moe: the MoE part, or None for a dense model.
-        group_types: ggml type (or bits) per tensor group.
+        group_types: ggml type (or mean bits per weight) per tensor group: the TOML's preset
+            and ``[quant]`` entries (a GGUF: each group's type, or its mean bits when its
+            tensors differ). Per-tensor types are in :attr:`tensors`.
         kv_bytes_per_elem: bytes per K/V element in the KV cache (2 = F16, the default).
         source: where the architecture numbers come from.
-        file: the TOML file it was read from.
+        file: the TOML or GGUF file it was read from.
         arch: llama.cpp architecture name (``general.architecture``: ``"qwen3moe"``,
-            ``"llama"``, ``"gemma3"``, ``"gpt-oss"``); ``""`` = not given. Only the synthetic
-            GGUF writer (:mod:`calibrate.llamacpp.gguf_writer`) reads it.
+            ``"llama"``, ``"gemma3"``, ``"gpt-oss"``); ``""`` = not given. It decides which
+            norms, biases and sinks a TOML model's :attr:`tensors` hold (those llama.cpp's
+            loader for the arch creates; ``""``: none) and the synthetic GGUF writer
+            (:mod:`calibrate.llamacpp.gguf_writer`) reads it.
+        quant_preset: the TOML's ``[quant] preset`` (``"Q4_K_M"``); with one of
+            :data:`sim.quant.RULE_PRESETS` every tensor gets the type llama.cpp's quantizer
+            gives it (:func:`sim.quant.tensor_ggml_type`); ``""``: each tensor takes its group's
+            ``group_types`` entry.
+        quant_explicit: the TOML's other ``[quant]`` entries: a type name fixes its group's
+            type; a number (a mixed group's mean bits) leaves the choice to the rule when the
+            rule gives that mean over the model, else the group keeps the number (tensors
+            without a ggml type, bytes rounded).
+        quant_n_layer: block count the type rule sees (``use_more_bits``); 0 = ``n_layer``. A
+            model cut to its first blocks keeps the full model's (their bytes stay those of the
+            full file's first blocks).
+        tied_embeddings: no separate output matrix (``output.weight``): the output head is
+            ``token_embd.weight`` duplicated on the output layer's device (gemma3).
+        tensor_table: the tensors as a GGUF lists them (:mod:`sim.gguf`); empty for a TOML
+            model, whose tensors are derived from the geometry, ``arch`` and the quant fields.
     """
 
     name: str
@@ -135,6 +190,11 @@ class ModelSpec:
     source: str = ""
     file: str | None = None
     arch: str = ""
+    quant_preset: str = ""
+    quant_explicit: Mapping[str, str | float] = field(default_factory=dict)
+    quant_n_layer: int = 0
+    tied_embeddings: bool = False
+    tensor_table: tuple[Tensor, ...] = ()
 
     # -- structure --------------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -158,49 +218,31 @@ class ModelSpec:
 
     @cached_property
     def tensors(self) -> tuple[Tensor, ...]:
-        """All weight tensors in GGUF order (norms omitted: they are < 0.01% of bytes)."""
-        d, hd = self.d_model, self.head_dim
-        out: list[Tensor] = [Tensor("token_embd", -1, "embd", d, self.n_vocab, 1, self.bpw("embd"))]
-        for i in range(self.n_layer):
-            b = f"blk.{i}."
-            out += [
-                Tensor(b + "attn_q", i, "attn_q", d, self.n_head * hd, 1, self.bpw("attn_q")),
-                Tensor(b + "attn_k", i, "attn_k", d, self.n_head_kv * hd, 1, self.bpw("attn_k")),
-                Tensor(b + "attn_v", i, "attn_v", d, self.n_head_kv * hd, 1, self.bpw("attn_v")),
-                Tensor(b + "attn_output", i, "attn_output", self.n_head * hd, d, 1, self.bpw("attn_output")),
-            ]
-            if self.is_moe_layer(i):
-                m = self.moe
-                assert m is not None
-                out.append(Tensor(b + "ffn_gate_inp", i, "router", d, m.n_expert, 1, self.bpw("router")))
-                if m.fused_gate_up:
-                    out.append(Tensor(b + "ffn_gate_up_exps", i, "exps_gate", d, 2 * m.n_ff_exp, m.n_expert, self.bpw("exps_gate")))
-                else:
-                    out.append(Tensor(b + "ffn_gate_exps", i, "exps_gate", d, m.n_ff_exp, m.n_expert, self.bpw("exps_gate")))
-                    out.append(Tensor(b + "ffn_up_exps", i, "exps_up", d, m.n_ff_exp, m.n_expert, self.bpw("exps_up")))
-                out.append(Tensor(b + "ffn_down_exps", i, "exps_down", m.n_ff_exp, d, m.n_expert, self.bpw("exps_down")))
-                if m.n_expert_shared:
-                    out += [
-                        Tensor(b + "ffn_gate_shexp", i, "shexp", d, m.n_ff_shexp, 1, self.bpw("shexp")),
-                        Tensor(b + "ffn_up_shexp", i, "shexp", d, m.n_ff_shexp, 1, self.bpw("shexp")),
-                        Tensor(b + "ffn_down_shexp", i, "shexp", m.n_ff_shexp, d, 1, self.bpw("shexp")),
-                    ]
-            else:
-                out += [
-                    Tensor(b + "ffn_gate", i, "ffn_gate", d, self.n_ff, 1, self.bpw("ffn_gate")),
-                    Tensor(b + "ffn_up", i, "ffn_up", d, self.n_ff, 1, self.bpw("ffn_up")),
-                    Tensor(b + "ffn_down", i, "ffn_down", self.n_ff, d, 1, self.bpw("ffn_down")),
-                ]
-        out.append(Tensor("output", -1, "output", d, self.n_vocab, 1, self.bpw("output")))
-        return tuple(out)
+        """Every tensor in GGUF order, with its ggml type and exact bytes.
+
+        A GGUF model's are the file's (:attr:`tensor_table`, blocks ``< n_layer``). A TOML
+        model's follow llama.cpp's loader for ``arch`` (``load_arch_tensors`` in
+        ``src/models/<arch>.cpp``: ``qwen3moe``, ``llama``, ``gemma3``, ``gpt-oss``), the same
+        list and order the synthetic GGUF writer writes; with ``arch = ""`` only the matrices
+        (no norms)."""
+        if self.tensor_table:
+            return tuple(t for t in self.tensor_table if t.layer < self.n_layer)
+        return _derive_tensors(self)
+
+    @cached_property
+    def output_tensor(self) -> Tensor:
+        """The output head (``output.weight``, or the duplicated ``token_embd.weight``)."""
+        return next(t for t in self.tensors if t.group == "output")
 
     @cached_property
     def n_params(self) -> int:
-        return sum(t.n_params for t in self.tensors)
+        """Elements of every tensor, each counted once (llama-bench's ``model_n_params``)."""
+        return sum(t.n_params for t in self.tensors if not t.duplicate)
 
     @cached_property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        """Bytes of every tensor, each counted once (llama-bench's ``model_size``)."""
+        return sum(t.nbytes for t in self.tensors if not t.duplicate)
 
     def kv_bytes_per_token(self, layer: int) -> float:
         """K and V bytes one token adds to one layer's cache (0 for linear-attention layers)."""
@@ -209,20 +251,160 @@ class ModelSpec:
         return 2 * self.n_head_kv * self.head_dim * self.kv_bytes_per_elem
 
     def size_label(self) -> str:
-        """llama-bench's ``size`` column: ``12.34 GiB``."""
+        """llama-bench's ``size`` column: ``12.34 GiB`` (``MiB`` below 1 GiB, as llama-bench)."""
+        if self.nbytes < 2**30:
+            return f"{self.nbytes / 2**20:.2f} MiB"
         return f"{self.nbytes / 2**30:.2f} GiB"
 
     def params_label(self) -> str:
-        """llama-bench's ``params`` column: ``20.91 B``."""
+        """llama-bench's ``params`` column: ``20.91 B`` (``M`` below 10^9, as llama-bench)."""
+        if self.n_params < 1e9:
+            return f"{self.n_params / 1e6:.2f} M"
         return f"{self.n_params / 1e9:.2f} B"
 
 
+def _layout(spec: ModelSpec, n_layer: int, ty) -> list[Tensor]:
+    """The tensors of ``spec``'s first ``n_layer`` blocks in GGUF order (llama.cpp's
+    ``load_arch_tensors`` of ``spec.arch``); ``ty(group, layer, n_in, role)`` gives
+    ``(ggml type, bits)``."""
+    arch = spec.arch
+    known = arch in ("qwen3moe", "llama", "gemma3", "gpt-oss")
+    d, hd, m = spec.d_model, spec.head_dim, spec.moe
+    nq, nkv = spec.n_head * hd, spec.n_head_kv * hd
+    out: list[Tensor] = []
+
+    def w(name: str, layer: int, group: str, n_in: int, n_out: int = 1, n_mat: int = 1,
+          role: str | None = None) -> None:
+        t, bits = ty(group, layer, n_in, role)
+        out.append(Tensor(name, layer, group, n_in, n_out, n_mat, bits, ggml_type=t))
+
+    def f32(name: str, layer: int, group: str, n_in: int, n_out: int = 1) -> None:
+        out.append(Tensor(name, layer, group, n_in, n_out, 1, 32.0, ggml_type="F32"))
+
+    w("token_embd.weight", -1, "embd", d, spec.n_vocab)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        if known:
+            f32(b + "attn_norm.weight", i, "norm", d)
+        if arch == "gpt-oss":
+            f32(b + "post_attention_norm.weight", i, "norm", d)
+        w(b + "attn_q.weight", i, "attn_q", d, nq)
+        w(b + "attn_k.weight", i, "attn_k", d, nkv)
+        w(b + "attn_v.weight", i, "attn_v", d, nkv)
+        w(b + "attn_output.weight", i, "attn_output", nq, d)
+        if arch == "gpt-oss":
+            for name, n in (("attn_q.bias", nq), ("attn_k.bias", nkv), ("attn_v.bias", nkv),
+                            ("attn_output.bias", d), ("attn_sinks.weight", spec.n_head)):
+                f32(b + name, i, "bias", n)
+        if arch in ("qwen3moe", "gemma3"):
+            f32(b + "attn_q_norm.weight", i, "norm", hd)
+            f32(b + "attn_k_norm.weight", i, "norm", hd)
+        if arch == "gemma3":
+            f32(b + "post_attention_norm.weight", i, "norm", d)
+        if known and arch != "gpt-oss":
+            f32(b + "ffn_norm.weight", i, "norm", d)
+        if spec.is_moe_layer(i):
+            assert m is not None
+            ff, e = m.n_ff_exp, m.n_expert
+            w(b + "ffn_gate_inp.weight", i, "router", d, e)
+            if arch == "gpt-oss":
+                f32(b + "ffn_gate_inp.bias", i, "bias", e)
+            if m.fused_gate_up:
+                w(b + "ffn_gate_up_exps.weight", i, "exps_gate", d, 2 * ff, e)
+            else:
+                w(b + "ffn_gate_exps.weight", i, "exps_gate", d, ff, e)
+                w(b + "ffn_up_exps.weight", i, "exps_up", d, ff, e)
+            w(b + "ffn_down_exps.weight", i, "exps_down", ff, d, e)
+            if arch == "gpt-oss":
+                f32(b + "ffn_gate_exps.bias", i, "bias", ff, e)
+                f32(b + "ffn_up_exps.bias", i, "bias", ff, e)
+                f32(b + "ffn_down_exps.bias", i, "bias", d, e)
+            if m.n_expert_shared:
+                w(b + "ffn_gate_shexp.weight", i, "shexp", d, m.n_ff_shexp, role="gate")
+                w(b + "ffn_up_shexp.weight", i, "shexp", d, m.n_ff_shexp, role="up")
+                w(b + "ffn_down_shexp.weight", i, "shexp", m.n_ff_shexp, d, role="down")
+        else:
+            w(b + "ffn_gate.weight", i, "ffn_gate", d, spec.n_ff)
+            w(b + "ffn_up.weight", i, "ffn_up", d, spec.n_ff)
+            w(b + "ffn_down.weight", i, "ffn_down", spec.n_ff, d)
+        if arch == "gemma3":
+            f32(b + "post_ffw_norm.weight", i, "norm", d)
+    if known:
+        f32("output_norm.weight", -1, "norm", d)
+    if spec.tied_embeddings:
+        e0 = out[0]
+        out.append(replace(e0, group="output", duplicate=True))
+    else:
+        w("output.weight", -1, "output", d, spec.n_vocab)
+    return out
+
+
+def _derive_tensors(spec: ModelSpec) -> tuple[Tensor, ...]:
+    """The tensors of a TOML model: :func:`_layout` with per-tensor types from
+    :func:`sim.quant.tensor_ggml_type` (preset rule, explicit entries) or from ``group_types``."""
+    preset = spec.quant_preset.upper()
+    rule = preset in RULE_PRESETS
+    n_rule = max(spec.quant_n_layer, spec.n_layer)
+    n_expert = spec.moe.n_expert if spec.moe else 0
+    n_gqa = spec.n_head // spec.n_head_kv
+    floats = {g: float(v) for g, v in spec.quant_explicit.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    def typer(keep_float: set[str]):
+        def ty(group: str, layer: int, n_in: int, role: str | None) -> tuple[str, float]:
+            if rule:
+                if group in keep_float:
+                    return "", floats[group]
+                t = tensor_ggml_type(preset, group, layer, n_rule, n_expert=n_expert, n_gqa=n_gqa,
+                                     tied_embeddings=spec.tied_embeddings, n_in=n_in, role=role,
+                                     explicit=spec.quant_explicit.get(group))
+                return t, GGML_TYPE_BPW[t]
+            v = spec.group_types.get(group, "F32" if group in AUX_GROUPS else "F16")
+            if isinstance(v, str):
+                t = v.upper()
+                return t, bpw_of(t)
+            return "", float(v)
+        return ty
+
+    keep: set[str] = set()
+    if rule and floats:
+        # a number the rule reproduces over the whole model (its n_rule blocks) gives way to it
+        bits: dict[str, float] = {}
+        elems: dict[str, int] = {}
+        for t in _layout(spec, n_rule, typer(set())):
+            if t.group in floats and not t.duplicate:
+                bits[t.group] = bits.get(t.group, 0.0) + t.nbytes * 8
+                elems[t.group] = elems.get(t.group, 0) + t.n_params
+        for g, want in floats.items():
+            if g in elems and abs(bits[g] / elems[g] - want) > 1e-9 * max(1.0, want):
+                keep.add(g)
+    elif not rule:
+        keep = set(floats)
+    return tuple(_layout(spec, spec.n_layer, typer(keep)))
+
+
 def load_model(path: str | Path) -> ModelSpec:
-    """Read a model TOML (``scenarios/models/*.toml``).
+    """Read a model: a TOML (``scenarios/models/*.toml``) or a GGUF (by the ``.gguf`` suffix
+    or the GGUF magic; :func:`sim.gguf.load_gguf_model` reads its header only).
 
     Raises:
         ScenarioError: naming the file and field of any missing or invalid value.
     """
+    p = Path(path)
+    if p.suffix.lower() == ".gguf" or (p.suffix.lower() != ".toml" and p.is_file() and _is_gguf(p)):
+        from .gguf import load_gguf_model
+
+        return load_gguf_model(p)
+    return _load_model_toml(path)
+
+
+def _is_gguf(p: Path) -> bool:
+    from .gguf import is_gguf
+
+    return is_gguf(p)
+
+
+def _load_model_toml(path: str | Path) -> ModelSpec:
     data = load_toml(path)
     f = Fields(data, path)
     m = f.sub("model", required=True)
@@ -244,6 +426,8 @@ def load_model(path: str | Path) -> ModelSpec:
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, positive=True)
     source = m.str("source", "")
     arch = m.str("arch", "")
+    # gemma3 ties its output head to token_embd (the GGUF has no output.weight)
+    tied = m.bool("tied_embeddings", arch == "gemma3")
     m.check_unknown()
 
     moe = None
@@ -274,6 +458,7 @@ def load_model(path: str | Path) -> ModelSpec:
         types: dict[str, str | float] = dict(preset_group_types(preset))
     except KeyError as exc:
         raise q.error("preset", str(exc.args[0])) from None
+    explicit: dict[str, str | float] = {}
     for g in TENSOR_GROUPS:
         if q.has(g):
             v = q.raw(g)
@@ -281,17 +466,25 @@ def load_model(path: str | Path) -> ModelSpec:
                 bpw_of(v)
             except (KeyError, ValueError) as exc:
                 raise q.error(g, str(exc.args[0])) from None
-            types[g] = v
+            types[g] = v.upper() if isinstance(v, str) else v
+            explicit[g] = types[g]
     q.check_unknown()
     f.check_unknown()
-    return ModelSpec(
+    spec = ModelSpec(
         name=name, n_layer=n_layer, d_model=d_model, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_vocab=n_vocab, n_ff=n_ff, attn_kind=attn_kind,
         full_attn_interval=full_attn_interval, sliding_window=sliding_window,
         swa_interval=swa_interval, linear_state_dim=linear_state_dim, moe=moe,
         group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
-        arch=arch,
+        arch=arch, quant_preset=preset.upper(), quant_explicit=explicit, tied_embeddings=tied,
     )
+    for t in spec.tensors:
+        blk = GGML_BLOCK.get(t.ggml_type, (1, 0))[0]
+        if t.ggml_type and t.n_in % blk:
+            fld = "preset" if t.group not in explicit else t.group
+            raise q.error(fld, f"type {t.ggml_type} (blocks of {blk}) cannot hold {t.name}, whose rows have "
+                               f"{t.n_in} elements")
+    return spec
 
 
 # --------------------------------------------------------------------------------------
@@ -328,8 +521,11 @@ class HardwareProfile:
     """A GPU + host system, from datasheets or measured by ``prefetch-sim calibrate``.
 
     Attributes:
-        name: display name (llama-bench's ``backend`` column shows ``CUDA``).
-        gpu_name: the device name.
+        name: display name (of the profile).
+        gpu_name: the device name (llama-bench's ``gpu_info``, one per GPU).
+        backend: llama-bench's ``backends`` / ``backend`` column for this GPU (``CUDA``, ``ROCm``,
+            ``Vulkan``...); TOML key ``backend``, default :func:`default_backend` of the GPU's
+            name.
         n_gpu: GPUs (layers are split across them, llama.cpp ``-sm layer``).
         vram_bytes: memory per GPU.
         vram_reserved_bytes: memory per GPU taken by the CUDA context and driver.
@@ -427,6 +623,7 @@ class HardwareProfile:
     sources: Mapping[str, str] = field(default_factory=dict)
     measured: Mapping[str, str] = field(default_factory=dict)
     file: str | None = None
+    backend: str = ""
 
     def h2d(self, pinned: bool) -> LinkSpec:
         return self.h2d_pinned if pinned else self.h2d_pageable
@@ -442,6 +639,17 @@ _HW_NUMBERS = {
     "gpu_flops_per_s": "gpu_tflops",
     "hbm_bytes_per_s": "hbm_gb_per_s",
 }
+
+
+def default_backend(gpu_name: str, name: str = "") -> str:
+    """llama-bench's backend name for a GPU: ``CUDA`` for an NVIDIA one, ``ROCm`` for an AMD one
+    (by the words in ``gpu_name`` or the profile ``name``), else ``name`` (or ``gpu_name``)."""
+    text = f"{gpu_name} {name}".lower()
+    if any(w in text for w in ("nvidia", "geforce", "tesla", "quadro")):
+        return "CUDA"
+    if any(w in text for w in ("amd", "radeon", "instinct")):
+        return "ROCm"
+    return name or gpu_name
 
 
 def load_hardware(path: str | Path) -> HardwareProfile:
@@ -470,6 +678,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
 
     name = g.str("name")
     gpu_name = g.str("gpu_name", name)
+    backend = g.str("backend", default_backend(gpu_name, name))
     n_gpu = g.int("n_gpu", 1, min=1, max=16)
     vram = num("vram_gb", GB)
     reserved = num("vram_reserved_gb", GB, default=0.5 * GB)
@@ -533,7 +742,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         executor_busy_issue_s_by_kind=ex_busy, executor_cpu_op_s=ex_cpu_op, executor_cpu_bytes_per_s=ex_cpu_bw,
         executor_busy_scale=ex_scale, gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
-        file=str(path),
+        file=str(path), backend=backend,
     )
 
 
@@ -586,6 +795,11 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
 # --------------------------------------------------------------------------------------
 
 
+#: the tensors ``--n-cpu-moe`` keeps on the host in a block (``LLM_FFN_EXPS_REGEX`` of
+#: llama.cpp's ``common/common.h``, after ``blk\.N\.``)
+_CPU_MOE_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where weights live, as llama.cpp's flags set it.
@@ -620,7 +834,14 @@ class Placement:
     tensor_split: tuple[float, ...] = ()
 
     def host_resident(self, model: ModelSpec, t: Tensor) -> bool:
-        """True if tensor ``t`` is kept in host memory under this placement."""
+        """True if tensor ``t`` is kept in host memory under this placement.
+
+        As llama.cpp: the ``-ot`` rules first (``re.search`` on the GGUF name, e.g.
+        ``blk.3.ffn_up_exps.weight``; first match wins); ``token_embd`` on the host; the output
+        layer (``output``, ``output_norm``, a tied head) offloaded only with ``ngl > n_layer``;
+        the blocks before the last ``ngl`` on the host; ``--n-cpu-moe N``: in blocks ``< N``
+        every tensor llama.cpp's rule ``blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` matches
+        (the expert matrices and, e.g. in gpt-oss, their biases)."""
         for regex, buf in self.override_tensor:
             if re.search(regex, t.name):
                 return buf.upper() == "CPU"
@@ -630,7 +851,7 @@ class Placement:
             return self.ngl <= model.n_layer  # output offloaded only with ngl > n_layer
         if t.layer < model.n_layer - min(self.ngl, model.n_layer):
             return True
-        if t.is_expert and t.layer < self.n_cpu_moe:
+        if t.layer < self.n_cpu_moe and (t.is_expert or _CPU_MOE_RE.search(t.name)):
             return True
         return False
 
@@ -910,17 +1131,19 @@ def load_scenario(path: str | Path) -> Scenario:
         ScenarioError: naming the file and field of any missing or invalid value, in the
             scenario or in the files it names.
     """
+    from .resources import resolve_field
     from .routing import routing_from_fields
 
     data = load_toml(path)
     f = Fields(data, path)
     s = f.sub("scenario", required=True)
     name = s.str("name")
-    model_path = s.path("model")
-    hw_path = s.path("hardware")
+    # a bare name (no .toml/.gguf) with no such file beside the scenario: a shipped file (sim.resources)
+    model_path = resolve_field("model", s.str("model"), s.path("model"), file=path, field=s.name("model"))
+    hw_path = resolve_field("hardware", s.str("hardware"), s.path("hardware"), file=path, field=s.name("hardware"))
     for key, p in (("model", model_path), ("hardware", hw_path)):
         if p.is_dir():
-            raise s.error(key, f"is a folder, expected a TOML file: {p}")
+            raise s.error(key, f"is a folder, expected a {'TOML or GGUF' if key == 'model' else 'TOML'} file: {p}")
         if not p.is_file():
             raise s.error(key, f"file not found: {p}")
     seed = s.int("seed", 0, min=0)

@@ -5,7 +5,7 @@ Schema (:data:`TRACE_COLUMNS`, dtypes in :data:`TRACE_DTYPES`):
 
 ========  =====================================================================
 op_id     op id in the plan (int)
-name      op name, usually the GGUF tensor or split (``blk.3.ffn_up_exps``)
+name      op name, usually the GGUF tensor or split (``blk.3.ffn_up_exps.weight``)
 kind      :class:`sim.plan.OpKind` value (``"h2d"``, ``"moe"``, ...)
 stream    :class:`sim.plan.Stream` value (``"host"``, ``"compute"``, ``"copy"``, ``"cpu"``)
 device    GPU index, -1 for host/CPU (int)

@@ -31,9 +31,11 @@ from .engines import analytic
 from .plan import Plan
 from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
                     parse_variant)
+from .resources import shipped_root
 from .routing import RoutingSpec
 
-ROOT = Path(__file__).resolve().parent.parent
+#: the shipped files (scenarios/): the checkout, or a wheel's package data (sim.resources)
+ROOT = shipped_root()
 
 #: columns of the validation CSV (one row per case), SI units in the names
 CASE_COLUMNS = (
@@ -82,14 +84,14 @@ VALIDATION_MODELS = {"moe": "qwen3-30b-a3b", "dense": "gemma3-27b"}
 
 def _model_cut(name: str, n_layer: int):
     """``scenarios/models/<name>.toml`` cut to its first ``n_layer`` layers (the real per-layer
-    shapes and bytes), its cached per-model totals dropped so they are recomputed for the cut.
+    shapes), with each tensor group's bytes as the model TOML's ``group_types`` give them (one
+    type, or the group's mean bits over the model: ``quant_preset = ""``), not llama.cpp's
+    per-layer types: the committed validation runs (``data/validation``) measured plans with
+    those bytes, so their predictions stay reproducible.
 
     Raises:
         ScenarioError: the model file is missing or malformed."""
-    m = replace(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer=n_layer)
-    for k in ("tensors", "n_params", "nbytes"):
-        m.__dict__.pop(k, None)
-    return m
+    return replace(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer=n_layer, quant_preset="")
 
 
 def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATION_LAYERS) -> Scenario:
@@ -99,7 +101,7 @@ def case_scenario(case: Case, hardware: HardwareProfile, n_layer: int = VALIDATI
         pl = Placement(n_cpu_moe=n_layer, pinned=case.pinned, ctx_size=max(4096, case.n_depth + 8192),
                        expert_cache_experts=case.cache)
     elif case.model == "dense":
-        pl = Placement(override_tensor=(("ffn_(gate|up|down)$", "CPU"),), pinned=case.pinned,
+        pl = Placement(override_tensor=((r"ffn_(gate|up|down)\.weight$", "CPU"),), pinned=case.pinned,
                        ctx_size=max(4096, case.n_depth + 8192))
     else:
         raise ValueError(f"unknown validation model '{case.model}' (moe or dense)")

@@ -90,19 +90,21 @@ def expert_bytes(model: ModelSpec, layer: int) -> int:
 
 def weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
     """The weights each weight op of a graph reads, grouped as :func:`sim.builder.graph_items`
-    emits them (fused q/k/v, shared-expert gate+up, one group per other tensor): a host split
-    copies a whole group, so staging and split-input buffers are sized by groups."""
+    emits them (fused q/k/v, shared-expert gate+up, one group per other matrix): a host split
+    copies a whole group, so staging and split-input buffers are sized by groups. Norms, biases
+    and other tensors no op reads (:attr:`sim.specs.Tensor.is_matrix`) are in no group."""
     out: list[tuple[Tensor, ...]] = []
     by_layer: dict[int, list[Tensor]] = {}
     for t in model.tensors:
-        by_layer.setdefault(t.layer, []).append(t)
+        if t.is_matrix:
+            by_layer.setdefault(t.layer, []).append(t)
     for layer, ts in by_layer.items():
-        fused = {"attn_q": "qkv", "attn_k": "qkv", "attn_v": "qkv"}
-        groups: dict[str, list[Tensor]] = {}
+        fused = {"attn_q": ("qkv", False), "attn_k": ("qkv", False), "attn_v": ("qkv", False)}
+        groups: dict[tuple[str, bool], list[Tensor]] = {}
         for t in ts:
-            key = fused.get(t.group, t.name)
-            if t.name.endswith(("ffn_gate_shexp", "ffn_up_shexp")):
-                key = "shexp_gate_up"
+            key = fused.get(t.group, (t.name, t.duplicate))
+            if t.name.endswith(("ffn_gate_shexp.weight", "ffn_up_shexp.weight")):
+                key = ("shexp_gate_up", False)
             groups.setdefault(key, []).append(t)
         out.extend(tuple(g) for g in groups.values())
     return out
@@ -129,7 +131,8 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     model, hw = scn.model, scn.hardware
     pl = placement or scn.placement
     devs = layer_devices(model, pl, hw.n_gpu)
-    host = [t for t in model.tensors if pl.host_resident(model, t)]
+    # host residency per tensor, by position (a tied output head shares token_embd's name)
+    on_host = [pl.host_resident(model, t) for t in model.tensors]
     # host weight groups whose ops may be offloaded (token_embd is read by get_rows on the CPU;
     # a host-resident output head has a batch of one row and runs on the CPU)
     host_groups = [g for g in weight_groups(model)
@@ -137,14 +140,13 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
 
     def gpu_of(group: tuple[Tensor, ...]) -> int:
         return max(devs[group[0].layer], 0)  # the layer's GPU (GPU 0 if the layer is not offloaded)
-    host_set = {t.name for t in host}
     out = []
     n_ub = scn.workload.n_ubatch
     for g in range(hw.n_gpu):
         w = 0.0
         kv = 0.0
-        for t in model.tensors:
-            if t.name in host_set:
+        for t, h in zip(model.tensors, on_host):
+            if h:
                 continue
             if t.layer >= 0 and devs[t.layer] == g:
                 w += t.nbytes

@@ -32,7 +32,7 @@ def make_scenario(*, n_layer: int = 2, moe: bool = True, n_expert: int = 8, top_
     hw = replace(TINY_HW, n_gpu=n_gpu, event_semantics=event_semantics,
                  h2d_pinned=LinkSpec(h2d_gb_per_s * 1e9, TINY_HW.h2d_pinned.latency_s),
                  h2d_pageable=LinkSpec(h2d_gb_per_s * 0.5e9, TINY_HW.h2d_pageable.latency_s, True))
-    rules = (("ffn_(gate|up|down)$", "CPU"),) if ffn_on_cpu else ()
+    rules = ((r"ffn_(gate|up|down)\.weight$", "CPU"),) if ffn_on_cpu else ()
     placement = Placement(n_cpu_moe=n_layer if (moe and n_cpu_moe is None) else (n_cpu_moe or 0),
                           override_tensor=rules, pinned=pinned, ctx_size=4096,
                           expert_cache_experts=cache)

@@ -96,7 +96,7 @@ def test_each_offloaded_host_weight_heads_its_own_split():
     ctx = make_context(scn, parse_variant("baseline"), np.random.default_rng(0))
     splits = cut_splits(graph_items(ctx, 64, 0, 0))
     heads = [s.host_input.name for s in splits if s.host_input is not None]
-    assert heads == [f"blk.{i}.{t}" for i in range(2) for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+    assert heads == [f"blk.{i}.{t}.weight" for i in range(2) for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
     # every expert split holds exactly one host weight op; resident ops ride along
     for s in splits:
         assert sum(it.host for it in s.items) == (1 if s.host_input else 0)
@@ -150,7 +150,7 @@ def test_selective_copy_moves_used_experts_once_per_tensor_and_reads_ids_once_pe
     tens = {t.name: t for t in scn.model.tensors}
     for layer in range(2):
         for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
-            full = f"blk.{layer}.{name}"
+            full = f"blk.{layer}.{name}.weight"
             moved = sum(o.nbytes for o in plan.ops if o.kind is OpKind.H2D and o.name.startswith(full + "["))
             compute = next(o for o in plan.ops if o.kind is OpKind.MOE and o.name == full)
             n_used = compute.shape[3]

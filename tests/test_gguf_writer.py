@@ -2,8 +2,8 @@
 (:func:`sim.quant.tensor_ggml_type`).
 
 * the type rule reproduces the mixed-group bits the model TOMLs give (5.53125 for qwen3moe
-  attn_v, ...), and the GGUF's tensor bytes equal ``ModelSpec.nbytes`` plus the tensors
-  ModelSpec omits (norms; gpt-oss biases and sinks) minus gemma3's tied output;
+  attn_v, ...), and the GGUF's tensors are ``ModelSpec.tensors`` (names, shapes, types, bytes;
+  gemma3's tied output a duplicate counted once);
 * the zero-mean block encoders, checked with this file's own dequantisers (written from
   ``ggml-quants.c``'s layouts) and against gguf-py's;
 * tiny GGUFs of every arch read back with ``gguf.GGUFReader``: names, shapes, types, sizes,
@@ -135,25 +135,24 @@ REFERENCE_GIB = {"qwen3-30b-a3b": "17.28", "gpt-oss-20b": "11.27", "gemma3-27b":
 
 
 @pytest.mark.parametrize("name", list(ARCH_MODELS.values()))
-def test_gguf_bytes_equal_modelspec_plus_the_tensors_it_omits(name):
+def test_gguf_tensors_are_the_modelspec_tensors(name):
+    """ModelSpec lists every tensor the writer writes (norms, gpt-oss biases and sinks included),
+    in file order, with the same shape, type and bytes; gemma3's tied head is ModelSpec's one
+    extra (a duplicate of token_embd.weight, counted once)."""
     spec = _spec(name)
     plan = gw.plan_tensors(spec)
     total = sum(t.nbytes for t in plan)
-    extra = sum(t.nbytes for t in plan if not t.group)          # norms, biases, sinks (F32)
-    tied = 0 if any(t.name == "output.weight" for t in plan) else \
-        next(t.nbytes for t in spec.tensors if t.name == "output")
-    # ModelSpec rounds each mixed-group tensor to whole bytes: at most 1 byte per tensor
-    assert abs(total - (spec.nbytes - tied + extra)) <= len(spec.tensors)
-    assert extra < 0.0025 * total                     # 0.8 MiB qwen3 .. 26.6 MiB gpt-oss
+    assert total == spec.nbytes and sum(t.n_elements for t in plan) == spec.n_params
     assert f"{total / 2**30:.2f}" == REFERENCE_GIB[name]
-    # every ModelSpec tensor is in the plan with its shape
-    by_name = {t.name: t for t in plan}
-    for t in spec.tensors:
-        if t.name == "output" and tied:
-            continue
-        p = by_name[t.name + ".weight"]
-        assert p.ne == ((t.n_in, t.n_out, t.n_mat) if t.n_mat > 1 or t.is_expert else (t.n_in, t.n_out))
-        assert p.group == t.group
+    aux = sum(t.nbytes for t in plan if not t.group)             # norms, biases, sinks (F32)
+    assert 0 < aux < 0.0025 * total                               # 0.8 MiB qwen3 .. 26.6 MiB gpt-oss
+    mine = [t for t in spec.tensors if not t.duplicate]
+    assert [t.name for t in mine] == [t.name for t in plan]
+    for t, p in zip(mine, plan):
+        assert (t.ne, t.ggml_type, t.nbytes, t.layer) == (p.ne, p.ggml_type, p.nbytes, p.layer), t.name
+        assert p.group == (t.group if t.is_matrix else ""), t.name
+    dup = [t for t in spec.tensors if t.duplicate]
+    assert [(t.name, t.group) for t in dup] == ([("token_embd.weight", "output")] if name == "gemma3-27b" else [])
 
 
 def test_a_float_that_disagrees_with_the_rule_is_refused():
@@ -308,9 +307,7 @@ def test_tiny_gguf_reads_back(arch, tiny_files):
         assert kv[f"{arch}.attention.sliding_window"] == spec.sliding_window
         assert kv[f"{arch}.attention.sliding_window_pattern"] == spec.swa_interval
     # the tiny spec keeps ModelSpec exact too
-    extra = sum(t.nbytes for t in plan if not t.group)
-    tied = 0 if arch != "gemma3" else next(t.nbytes for t in spec.tensors if t.name == "output")
-    assert sum(t.nbytes for t in plan) == spec.nbytes - tied + extra
+    assert sum(t.nbytes for t in plan) == spec.nbytes
     # the project's own header reader agrees with gguf-py
     idx = gw.read_gguf_index(path)
     for rt in r.tensors:

@@ -224,18 +224,19 @@ def test_parse_overrides():
 
 
 def test_sim_regex_and_overrides_follow_llama_cpp_names():
+    """The simulator's tensor names are llama.cpp's: patterns are used as they are (POSIX
+    classes spelled out), buffers upper-cased, order kept."""
     m = _cut("qwen3-30b-a3b", 2)
-    assert sim_regex(r"ffn_up_exps\.weight$") == r"ffn_up_exps(?:\.weight)?$"
-    assert sim_regex("exps.weight") == "exps(?:.weight)?"
-    assert sim_regex(r"blk\.[0-9]+\.ffn_.*") == r"blk\.[0-9]+\.ffn_.*"
+    assert sim_regex(r"ffn_up_exps\.weight$") == r"ffn_up_exps\.weight$"
+    assert sim_regex(r"blk\.[[:digit:]]+\.ffn_.*") == r"blk\.[0-9]+\.ffn_.*"
     rules = sim_overrides([(r"blk\.1\.ffn_up_exps\.weight$", "cpu"), (r"ffn_down_exps$", "CPU"),
                            (r"exps.weight", "CUDA0")], m)
+    assert rules == ((r"blk\.1\.ffn_up_exps\.weight$", "CPU"), (r"ffn_down_exps$", "CPU"), (r"exps.weight", "CUDA0"))
     names = [t.name for t in m.tensors]
     hits = [[n for n in names if re.search(rx, n)] for rx, _ in rules]
-    assert hits[0] == ["blk.1.ffn_up_exps"] and rules[0][1] == "CPU"
-    assert hits[1] == []  # in llama.cpp names end in .weight: '...exps$' matches nothing
-    assert rules[1][0] == "(?!)"
-    assert hits[2] == [n for n in names if n.endswith("_exps")]
+    assert hits[0] == ["blk.1.ffn_up_exps.weight"]
+    assert hits[1] == []  # names end in .weight: '...exps$' matches nothing, in llama.cpp too
+    assert hits[2] == [n for n in names if n.endswith("_exps.weight")]
 
 
 def test_n_cpu_moe_rules_are_llama_bench_patterns():
@@ -288,7 +289,7 @@ def test_placement_ncmoe_puts_every_expert_on_the_host():
     m = _cut("qwen3-30b-a3b", 2)
     pl, notes = row_placement(row_terms(json.loads(LINES[0])), m)  # -ncmoe 48 on a 2-layer GGUF, -lm none
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
-    assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd"}
+    assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd.weight"}
     assert pl.n_cpu_moe == 2 and pl.ngl == 999 and pl.pinned and pl.ctx_size == 512 and notes == ()
 
 
@@ -296,12 +297,16 @@ def test_placement_gemma_ffn_override_and_ngl():
     m = _cut("gemma3-27b", 2)
     pl, _ = row_placement(row_terms(json.loads(LINES[4])), m)  # -ot ffn_(gate|up|down)=CPU -lm mmap
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
-    assert host == {f"blk.{i}.ffn_{p}" for i in range(2) for p in ("gate", "up", "down")} | {"token_embd"}
+    assert host == {f"blk.{i}.ffn_{p}.weight" for i in range(2) for p in ("gate", "up", "down")} | {
+        "token_embd.weight"}
     assert not pl.pinned
     pl, _ = row_placement(row_terms(json.loads(LINES[6])), m)  # -ngl 1: block 0 and the output stay on the host
     assert not pl.layer_on_gpu(m, 0) and pl.layer_on_gpu(m, 1)
-    assert {t.name for t in m.tensors if pl.host_resident(m, t)} == (
-        {t.name for t in m.tensors if t.layer == 0} | {"token_embd", "output"})
+    host = [t for t in m.tensors if pl.host_resident(m, t)]
+    # gemma3's output head is token_embd.weight duplicated (tied): on the host with the output layer
+    assert {t.name for t in host} == {t.name for t in m.tensors if t.layer == 0} | {"token_embd.weight",
+                                                                                  "output_norm.weight"}
+    assert m.output_tensor in host and m.output_tensor.duplicate
 
 
 def test_placement_refuses_unknown_buffers():
@@ -321,9 +326,9 @@ def test_posix_classes_of_std_regex():
     assert python_regex(r"blk\.[[:digit:]]+\.ffn") == r"blk\.[0-9]+\.ffn"
     pl, _ = row_placement(row_terms(json.loads(LINES[0]) | {
         "n_cpu_moe": 0, "tensor_buft_overrides": r"blk\.1[[:digit:]]\.ffn_(up|down)_exps=CPU"}), m)
-    assert {t.name for t in m.tensors if pl.host_resident(m, t)} == {"token_embd", "blk.10.ffn_up_exps",
-                                                                     "blk.10.ffn_down_exps", "blk.11.ffn_up_exps",
-                                                                     "blk.11.ffn_down_exps"}
+    assert {t.name for t in m.tensors if pl.host_resident(m, t)} == {
+        "token_embd.weight", "blk.10.ffn_up_exps.weight", "blk.10.ffn_down_exps.weight", "blk.11.ffn_up_exps.weight",
+        "blk.11.ffn_down_exps.weight"}
 
 
 def test_real_llama_bench_output():
@@ -342,7 +347,7 @@ def test_real_llama_bench_output():
     m = _cut("qwen3-30b-a3b", 8)
     pl, _ = row_placement(t, m)
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
-    assert host == ({f"blk.{i}.attn_q" for i in range(8)} | {"token_embd"}
+    assert host == ({f"blk.{i}.attn_q.weight" for i in range(8)} | {"token_embd.weight"}
                     | {t.name for t in m.tensors if t.is_expert and t.layer < 4})
     b = read_llama_bench(data / "llama-bench-cpu.json")
     assert b.attrs["format"] == "json" and list(b.test) == ["pp64"] and b.samples_ts.iloc[0][0] > 0

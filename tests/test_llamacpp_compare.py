@@ -22,10 +22,14 @@ from sim.errors import ScenarioError
 from sim.metrics import run_scenario
 from sim.routing import RoutingSpec
 from sim.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
-from sim.validation import _model_cut
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"
+
+
+def _model_cut(name: str, n_layer: int):
+    """A shipped model cut as the comparison cuts it (the full file's first blocks)."""
+    return cmp.cut_model(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer)
 HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
 
 
@@ -108,9 +112,9 @@ def test_prediction_equals_run_scenario_by_hand(result):
     # line 7: -ngl 1 tg16
     r = by_hand(g, Placement(ngl=1, pinned=False, ctx_size=16), [BenchTest(0, 16, 0)], 512, repetitions=1)[0]
     assert result.predicted_ts.iloc[6] == r.tps_mean
-    # line 10: tiny MoE, -ot experts (llama.cpp names with .weight) -pg 64,8 -d 128 -ub 64 -b 64
+    # line 10: tiny MoE, -ot experts -pg 64,8 -d 128 -ub 64 -b 64 (the rule as llama.cpp has it)
     tiny = load_model(ROOT / "scenarios" / "tiny" / "tiny-moe.toml")
-    pl = Placement(override_tensor=((r"blk\.[0-9]+\.ffn_.*_exps(?:\.weight)?", "CPU"),), pinned=True, ctx_size=200)
+    pl = Placement(override_tensor=((r"blk\.[0-9]+\.ffn_.*_exps\.weight", "CPU"),), pinned=True, ctx_size=200)
     pp, tg = by_hand(tiny, pl, [BenchTest(64, 0, 128), BenchTest(0, 8, 192)], 64, 64)
     tps = 72 / (pp.makespan_s + tg.makespan_s)
     assert result.predicted_ts.iloc[9] == pytest.approx(float(np.mean(tps)), rel=1e-12)
@@ -122,14 +126,15 @@ def test_row_case_places_what_the_row_says():
     case = cmp.row_case(df.loc[2], q, HW)
     scn = case.scenario
     assert {t.name for t in q.tensors if scn.placement.host_resident(q, t)} == (
-        {t.name for t in q.tensors if t.is_expert} | {"token_embd"})
+        {t.name for t in q.tensors if t.is_expert} | {"token_embd.weight"})
     assert case.tests == (BenchTest(0, 32, 0),) and case.regime == "host_expert_decode"
     assert [v.name for v in scn.variants] == ["baseline"] and scn.routing.kind == "uniform"
     assert (scn.workload.n_ubatch, scn.workload.n_batch) == (512, 2048)
     g = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml"), 2)
     case = cmp.row_case(df.loc[5], g, HW)
     host = {t.name for t in g.tensors if case.scenario.placement.host_resident(g, t)}
-    assert host == {f"blk.{i}.ffn_{p}" for i in range(2) for p in ("gate", "up", "down")} | {"token_embd"}
+    assert host == {f"blk.{i}.ffn_{p}.weight" for i in range(2) for p in ("gate", "up", "down")} | {
+        "token_embd.weight"}
     assert not case.scenario.placement.pinned and case.regime == "dense_partial_offload"
     # quantised KV: the model's KV element size follows type_k/type_v
     case = cmp.row_case(df.loc[3].to_dict() | {"type_k": "q8_0", "type_v": "q8_0"}, q, HW)
@@ -218,7 +223,10 @@ def test_cut_model():
     q = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
     c = cmp.cut_model(q, 2)
     assert c.n_layer == 2 and max(t.layer for t in c.tensors) == 1
-    assert c.nbytes == _model_cut("qwen3-30b-a3b", 2).nbytes and c.nbytes < q.nbytes
+    # the full file's first blocks, their per-layer types (use_more_bits of 48) and bytes included
+    assert c.tensors[:-2] == tuple(t for t in q.tensors if 0 <= t.layer < 2 or t.group == "embd")
+    assert c.tensors[-2:] == q.tensors[-2:]  # output_norm, output
+    assert c.nbytes == sum(t.nbytes for t in c.tensors) < q.nbytes
     assert cmp.cut_model(q, None) is q and cmp.cut_model(q, 48) is q
     with pytest.raises(ValueError):
         cmp.cut_model(q, 49)

@@ -347,7 +347,7 @@ def test_counted_routing_check_against_uniform(tmp_path):
 
 def test_vram_sampler_keeps_the_peak_of_one_nvidia_smi_process(tmp_path, monkeypatch):
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nfor v in 100 900 300; do echo $v; done\nsleep 30\n")
+    smi.write_text("#!/bin/sh\nfor v in 100 900 300; do echo $v; done\nexec sleep 30\n")
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     import time as _time

@@ -120,14 +120,18 @@ def test_params_and_size_match_llama_bench(name, params_b, size_gib):
 
 
 def test_gemma_counts_its_tied_output_once_in_llama_bench():
-    """Gemma ties output to token_embd: llama.cpp duplicates the tensor on the GPU but
-    llama-bench counts it once (27.01 B, 15.40 GiB)."""
+    """Gemma ties output to token_embd: llama.cpp duplicates the tensor (``TENSOR_DUPLICATED``,
+    same name) on the GPU but llama-bench counts it once (27.01 B, 15.40 GiB)."""
     m = _model("gemma3-27b")
-    out = next(t for t in m.tensors if t.group == "output")
+    assert m.tied_embeddings
+    out = m.output_tensor
     emb = next(t for t in m.tensors if t.group == "embd")
-    assert (out.n_params, out.bpw) == (emb.n_params, emb.bpw)
-    assert (m.n_params - out.n_params) / 1e9 == pytest.approx(27.01, rel=0.005)
-    assert (m.nbytes - out.nbytes) / GiB == pytest.approx(15.40, rel=0.01)
+    assert out.duplicate and out.name == emb.name == "token_embd.weight"
+    assert (out.n_params, out.bpw, out.ggml_type) == (emb.n_params, emb.bpw, emb.ggml_type) == (
+        emb.n_params, 6.5625, "Q6_K")
+    assert not any(t.name == "output.weight" for t in m.tensors)
+    assert (m.n_params, m.nbytes) == (27009002240, 16539843584)   # the H200 llama-bench rows
+    assert m.size_label() == "15.40 GiB" and m.params_label() == "27.01 B"
 
 
 def test_laguna_dims_reproduce_reported_totals():
@@ -199,23 +203,33 @@ def test_qwen3_expert_bytes_per_layer():
     m = _model("qwen3-30b-a3b")
     per_mat = 128 * 2048 * 768  # experts x d_model x n_ff_exp
     layer = [t for t in m.tensors if t.layer == 7 and t.is_expert]
-    assert sorted(t.name for t in layer) == ["blk.7.ffn_down_exps", "blk.7.ffn_gate_exps", "blk.7.ffn_up_exps"]
+    assert sorted(t.name for t in layer) == ["blk.7.ffn_down_exps.weight", "blk.7.ffn_gate_exps.weight",
+                                             "blk.7.ffn_up_exps.weight"]
     assert all(t.n_params == per_mat for t in layer)
-    want = per_mat * (m.bpw("exps_gate") + m.bpw("exps_up") + m.bpw("exps_down")) / 8
-    assert sum(t.nbytes for t in layer) == pytest.approx(want, abs=3)
-    # all three at Q4_K: 128 * 3 * 2048 * 768 * 4.5 / 8 bytes
-    q4 = replace(m, group_types={**m.group_types, "exps_gate": "Q4_K", "exps_up": "Q4_K", "exps_down": "Q4_K"})
-    assert sum(t.nbytes for t in q4.tensors if t.layer == 7 and t.is_expert) == 128 * 3 * 2048 * 768 * 4.5 / 8
+    # layer 7 is no use_more_bits layer of 48: all three Q4_K (ggml row size: 144 B per 256)
+    assert [t.ggml_type for t in layer] == ["Q4_K"] * 3
+    assert sum(t.nbytes for t in layer) == 128 * 3 * 2048 * 768 * 144 // 256
+    # layer 8 is one: ffn_down_exps Q6_K (210 B per 256)
+    down8 = next(t for t in m.tensors if t.name == "blk.8.ffn_down_exps.weight")
+    assert down8.ggml_type == "Q6_K" and down8.nbytes == 128 * 768 * 2048 * 210 // 256
+    # over the model the group's mean is the TOML's number
+    exps = [t for t in m.tensors if t.group == "exps_down"]
+    assert sum(t.nbytes * 8 for t in exps) / sum(t.n_params for t in exps) == m.bpw("exps_down") == 5.53125
+    # an explicit type fixes the group's type
+    q4 = replace(m, quant_explicit={**m.quant_explicit, "exps_down": "Q4_K"})
+    assert sum(t.nbytes for t in q4.tensors if t.layer == 8 and t.is_expert) == 128 * 3 * 2048 * 768 * 4.5 / 8
     # one expert of one tensor
-    assert layer[0].bytes_per_mat == round(2048 * 768 * layer[0].bpw / 8)
+    assert layer[0].bytes_per_mat == 2048 * 768 * 144 // 256
 
 
 def test_gpt_oss_experts_are_mxfp4_and_the_rest_q8_0():
     m = _model("gpt-oss-20b")
     exps = [t for t in m.tensors if t.is_expert]
     assert len(exps) == 72 and all(t.bpw == 4.25 for t in exps)  # 72 MXFP4 tensors in the GGUF
-    q8 = [t for t in m.tensors if t.bpw == 8.5]
+    q8 = [t for t in m.tensors if t.ggml_type == "Q8_0"]
     assert len(q8) == 98  # 24 x 4 attention tensors + token_embd + output
+    f32 = [t for t in m.tensors if t.ggml_type == "F32"]
+    assert len(f32) == 289  # norms, routers, biases, sinks (the GGUF loader log)
     assert sum(t.nbytes for t in exps) == 24 * 3 * 32 * 2880 * 2880 * 17 // 32
 
 
@@ -250,7 +264,9 @@ def test_gpt_oss_selective_scenario_puts_exactly_the_experts_on_the_host():
     scn = _scenario("gpt-oss-20b-selective")
     m, pl = scn.model, scn.placement
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
-    assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd"}
+    # -ot exps=CPU also takes the experts' biases (blk.N.ffn_up_exps.bias), as in llama.cpp
+    assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd.weight"} | {
+        f"blk.{i}.ffn_{p}_exps.bias" for i in range(24) for p in ("gate", "up", "down")}
     assert scn.workload.n_ubatch == 128 and [t.name for t in scn.workload.tests()] == ["pp2048"]
     assert [v.selective_copy for v in scn.variants] == [True, False]
 

@@ -138,8 +138,9 @@ def read_invocations(path: str | Path) -> list[dict]:
 
 def cut_model(model: ModelSpec, n_layer: int | None) -> ModelSpec:
     """``model`` cut to its first ``n_layer`` layers (a GGUF trimmed in layers): the real per-layer
-    shapes and bytes, totals recomputed (as ``sim.validation._model_cut``). Unchanged for None or
-    the model's own count.
+    shapes, types and bytes (llama.cpp's type rule keeps seeing the full model's layer count,
+    ``quant_n_layer``, as the writer does for a trimmed file), totals recomputed. Unchanged for
+    None or the model's own count.
 
     Raises:
         ValueError: ``n_layer`` above the model's layers.
@@ -151,10 +152,7 @@ def cut_model(model: ModelSpec, n_layer: int | None) -> ModelSpec:
     moe = model.moe
     if moe is not None and moe.n_layer_dense_lead > n_layer:
         moe = replace(moe, n_layer_dense_lead=n_layer)
-    m = replace(model, n_layer=n_layer, moe=moe)
-    for k in ("tensors", "n_params", "nbytes"):
-        m.__dict__.pop(k, None)
-    return m
+    return replace(model, n_layer=n_layer, moe=moe, quant_n_layer=max(model.quant_n_layer, model.n_layer))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ import argparse
 import math
 import os
 import resource
-import struct
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -46,6 +45,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from sim.errors import PrefetchSimError, ScenarioError
+from sim.gguf import GGML_TYPE_ID, GGUFIndex, read_gguf_index
 from sim.quant import GGML_BLOCK, LLAMA_FTYPE, RULE_PRESETS, bpw_of, ggml_nbytes, tensor_ggml_type
 from sim.specs import ModelSpec, load_model
 from sim.tomlio import load_toml
@@ -90,14 +90,7 @@ _ARCH_KV: Mapping[str, Mapping[str, Any]] = {
 #: the norm that feeds each arch's router (its weight multiplies the RMS-normed input)
 _ROUTER_NORM = {"qwen3moe": "ffn_norm", "llama": "ffn_norm", "gpt-oss": "post_attention_norm"}
 
-# GGUF value types (gguf-py constants.GGUFValueType, the GGUF spec)
-_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-                11: "<q", 12: "<d"}
-_GGML_TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-                 "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15,
-                 "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18, "IQ4_NL": 20, "IQ4_XS": 23,
-                 "BF16": 30, "MXFP4": 39}   # enum ggml_type, ggml/include/ggml.h
-_GGML_TYPE_NAME = {v: k for k, v in _GGML_TYPE_ID.items()}
+_GGML_TYPE_ID = GGML_TYPE_ID   # enum ggml_type (ggml/include/ggml.h), from sim.gguf
 
 
 # --------------------------------------------------------------------------------------
@@ -311,8 +304,9 @@ def tiny_variant(spec: ModelSpec, *, n_layer: int = 8, d_model: int = 256, n_voc
     Heads of 32 (``d_model / 32`` query heads, the original GQA ratio up to 8), at most
     ``n_layer`` blocks, ``n_vocab`` >= 512 tokens, experts ``max(8, min(E, 32))`` (unless given)
     with top-k at most a quarter of them (the original k if E is kept), sliding windows
-    <= 128. Mixed-type groups get the tiny model's own mean bits, so ``ModelSpec.nbytes``
-    stays exact. The ``file`` stays the original TOML (its preset and explicit types apply).
+    <= 128. Mixed-type groups get the tiny model's own mean bits (``group_types`` and
+    ``quant_explicit``), so the rule keeps giving their per-tensor types and ``ModelSpec.nbytes``
+    is the file's. The ``file`` stays the original TOML (its preset and explicit types apply).
 
     Raises:
         ScenarioError: unsupported arch; ValueError: dimensions that are no multiple of 256.
@@ -337,7 +331,8 @@ def tiny_variant(spec: ModelSpec, *, n_layer: int = 8, d_model: int = 256, n_voc
                    sliding_window=min(spec.sliding_window, 128))
     bits = plan_group_bits(plan_tensors(tiny, check=False))
     types = {g: (bits[g] if isinstance(v, float) and g in bits else v) for g, v in spec.group_types.items()}
-    return replace(tiny, group_types=types)
+    explicit = {g: (bits[g] if isinstance(v, float) and g in bits else v) for g, v in spec.quant_explicit.items()}
+    return replace(tiny, group_types=types, quant_explicit=explicit)
 
 
 # --------------------------------------------------------------------------------------
@@ -764,83 +759,8 @@ def write_gguf(spec: ModelSpec, out: str | Path, *, n_layer: int | None = None, 
 
 
 # --------------------------------------------------------------------------------------
-# Reading back and the routing proof
+# Reading back (the header reader is sim.gguf.read_gguf_index) and the routing proof
 # --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GGUFIndex:
-    """Header of a GGUF: scalar metadata and tensor locations (array values are skipped).
-
-    Attributes:
-        kv: scalar and string metadata; arrays map to their length.
-        tensors: name -> (ne, ggml type name, absolute data offset, nbytes).
-    """
-
-    path: Path
-    kv: dict[str, Any]
-    tensors: dict[str, tuple[tuple[int, ...], str, int, int]]
-
-    def array(self, name: str) -> np.ndarray:
-        """A tensor's raw data, memory-mapped: ``(rows, bytes per row)`` uint8 (F32 as float32
-        ``(rows, ne0)``)."""
-        ne, t, off, nb = self.tensors[name]
-        rows = nb // ggml_nbytes(t, ne[0])
-        mm = np.memmap(self.path, np.uint8, "r", offset=off, shape=(nb,))
-        a = mm.reshape(rows, nb // rows)
-        return a.view(np.float32) if t == "F32" else a
-
-
-def read_gguf_index(path: str | Path) -> GGUFIndex:
-    """Parse a GGUF header (the format of ``ggml/src/gguf.cpp`` / gguf-py), skipping array
-    values, so that a 262k-token vocabulary costs a fraction of a second.
-
-    Raises:
-        ValueError: not a GGUF v2/v3 file.
-    """
-    path = Path(path)
-    with open(path, "rb") as f:
-        buf = f.read(24)
-        magic, ver, n_t, n_kv = struct.unpack("<4sIQQ", buf)
-        if magic != b"GGUF" or ver not in (2, 3):
-            raise ValueError(f"{path}: not a GGUF v2/v3 file")
-
-        def rd(fmt: str) -> Any:
-            s = struct.calcsize(fmt)
-            return struct.unpack(fmt, f.read(s))[0]
-
-        def rstr() -> str:
-            return f.read(rd("<Q")).decode("utf-8", "replace")
-
-        def val(vt: int) -> Any:
-            if vt == 8:
-                return rstr()
-            if vt == 9:
-                et, n = rd("<I"), rd("<Q")
-                if et == 8:
-                    for _ in range(n):
-                        f.seek(rd("<Q"), 1)
-                elif et == 9:
-                    raise ValueError(f"{path}: nested arrays are not supported")
-                else:
-                    f.seek(n * struct.calcsize(_GGUF_SCALAR[et]), 1)
-                return n
-            return rd(_GGUF_SCALAR[vt])
-
-        kv: dict[str, Any] = {}
-        for _ in range(n_kv):
-            k = rstr()
-            kv[k] = val(rd("<I"))
-        infos = []
-        for _ in range(n_t):
-            name = rstr()
-            nd = rd("<I")
-            ne = tuple(rd("<Q") for _ in range(nd))
-            infos.append((name, ne, _GGML_TYPE_NAME.get(rd("<I"), "?"), rd("<Q")))
-        align = int(kv.get("general.alignment", 32))
-        base = f.tell() + (-f.tell() % align)
-    tensors = {n: (ne, t, base + off, ggml_nbytes(t, math.prod(ne))) for n, ne, t, off in infos}
-    return GGUFIndex(path, kv, tensors)
 
 
 def predicted_router_ids(gguf_path: str | Path, tokens: Sequence[int] | np.ndarray,

@@ -1,0 +1,816 @@
+"""llama-bench's command line for ``prefetch-sim run`` (and ``trace``/``check``): its flags, its
+list and range syntax, its cartesian product of parameters, and each combination as a
+simulator scenario.
+
+Source: llama.cpp ``tools/llama-bench/llama-bench.cpp`` (``parse_cmd_params``,
+``cmd_params_instance``, ``get_cmd_params_instances``, ``test::get_values``), restated here,
+not copied. As there:
+
+* every parameter takes a comma list, integers also ranges (``first-last``,
+  ``first-last+step``, ``first-last*mult``), and a repeated flag adds values
+  (``-p 32 -p 64`` runs both);
+* the run is the product of the values, in llama-bench's loop order (model, ``-fitt``,
+  ``-fitc``, ``-ngl``, ``-ncmoe``, ``-sm``, ``-lm``, ``-mg``, ``-ts``, ``-ot``, ``--no-host``,
+  ``-embd``, ``-nopo``, ``-b``, ``-ub``, ``-ctk``, ``-ctv``, ``-nkvo``, ``-fa``, ``-t``, ``-d``),
+  and for each combination the tests ``-p`` (pp), ``-n`` (tg) and ``-pg`` (pp+tg): one result
+  row per combination and test (and variant);
+* ``-ot`` takes rules ``pattern=BUFFER`` separated by ``;`` within one set and sets separated by
+  ``,``: each set is its own test (``-ot 'exps=CPU;attn=CPU,ffn=CPU'`` is two). llama-cli's
+  ``-ot`` separates rules by ``,``; ``--override-tensor-cli`` takes that syntax (all its rules,
+  however many times it is given, form one set). Buffers: ``CPU``, ``CUDA<i>`` / ``ROCm<i>``
+  for the profile's GPUs, ``CUDA_Host`` / ``ROCm_Host`` (host memory);
+* ``--n-cpu-moe N`` adds, after the ``-ot`` rules, the rules keeping the experts of blocks
+  0..N-1 on the host (:func:`sim.llamabench.n_cpu_moe_rules`; the simulator's
+  ``Placement.n_cpu_moe``).
+
+What is not given on the command line comes from the scenario (its placement, workload,
+model, hardware and variants; ``-m`` replaces the model only). Each combination becomes a
+llama-bench row (:func:`bench_values`) and, through the row helpers of :mod:`sim.llamabench`
+(``row_terms``, ``row_placement``, ``model_with_kv``: the same mapping the comparison against
+real llama-bench runs uses), the simulator's placement and workload (:func:`setting_scenario`).
+Flags the simulator does not model (``-t``, ``-fa``, ``-nkvo``, ``-embd``, ``-sm row``...) and
+flags a model has no use for (``-ncmoe`` on a dense model) are noted on stderr, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import itertools
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ScenarioError
+
+# --------------------------------------------------------------------------------------
+# value syntax
+# --------------------------------------------------------------------------------------
+
+_RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$")
+
+
+def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
+    """llama-bench list syntax (``parse_int_range``): ``512,1024``, ``512-2048*2`` (first-last*mult)
+    or ``a-b+s`` (first-last+step); ``allow_negative``: the first number of an item may be
+    negative (``-ngl -1``).
+
+    Raises:
+        argparse.ArgumentTypeError: not integers, a negative value, a range that yields no
+            value (end below start), or one that would never end (a multiplier below 2 or a
+            start below 1 with ``*``, a step below 1 with ``+``).
+    """
+    out: list[int] = []
+    for part in text.split(","):
+        m = _RANGE.match(part)
+        if not m:
+            raise argparse.ArgumentTypeError(f"expected integers like 512,1024 or 128-2048*2, got '{text}'")
+        first = int(m.group(1))
+        if first < 0 and not allow_negative:
+            raise argparse.ArgumentTypeError(f"values must be >= 0, got '{text}'")
+        if m.group(2) is None:
+            out.append(first)
+            continue
+        last = int(m.group(2))
+        op, step = m.group(3) or "+", int(m.group(4)) if m.group(4) is not None else 1
+        p = part.strip()
+        if op == "*":
+            if step < 2 or first < 1:
+                raise argparse.ArgumentTypeError(
+                    f"range '{p}': a start >= 1 and a multiplier >= 2 are needed with '*' (got start {first}, "
+                    f"multiplier {step}), as in 128-2048*2")
+            got, v = [], first
+            while v <= last:
+                got.append(v)
+                v *= step
+        else:
+            if step < 1:
+                raise argparse.ArgumentTypeError(f"range '{p}': the step after '+' must be >= 1, got {step}")
+            got = list(range(first, last + 1, step))
+        if not got:
+            raise argparse.ArgumentTypeError(f"range '{p}' yields no value (its end lies below its start)")
+        out.extend(got)
+    return tuple(out)
+
+
+def _signed_int_list(text: str) -> tuple[int, ...]:
+    return int_list(text, allow_negative=True)
+
+
+def _choice_list(choices: Sequence[str], what: str):
+    def parse(text: str) -> tuple[str, ...]:
+        out = []
+        for v in text.split(","):
+            if v not in choices:
+                raise argparse.ArgumentTypeError(f"unknown {what} '{v}' (use {', '.join(choices)})")
+            out.append(v)
+        return tuple(out)
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+#: ``common_arg_utils::is_truthy`` / ``is_falsey`` / ``is_autoy``
+_TRUTHY, _FALSEY, _AUTOY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
+
+
+def _flash_attn_list(text: str) -> tuple[int, ...]:
+    """``-fa on|off|auto`` (or 1/0/-1, true/false, enabled/disabled) as llama-bench prints it:
+    ``llama_flash_attn_type`` 1, 0, -1."""
+    out = []
+    for v in text.split(","):
+        if v in _TRUTHY:
+            out.append(1)
+        elif v in _FALSEY:
+            out.append(0)
+        elif v in _AUTOY:
+            out.append(-1)
+        else:
+            raise argparse.ArgumentTypeError(f"expected on, off or auto (or 1, 0, -1), got '{v}'")
+    return tuple(out)
+
+
+def _bool_list(text: str) -> tuple[bool, ...]:
+    out = []
+    for v in text.split(","):
+        if v in _TRUTHY:
+            out.append(True)
+        elif v in _FALSEY:
+            out.append(False)
+        else:
+            raise argparse.ArgumentTypeError(f"expected 0 or 1, got '{v}'")
+    return tuple(out)
+
+
+def _pg_pair(text: str) -> tuple[tuple[int, int], ...]:
+    """``-pg pp,tg``: exactly two integers >= 0 (llama-bench takes one pair per flag)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected two integers pp,tg such as 512,128, got '{text}'")
+    return ((int(parts[0]), int(parts[1])),)
+
+
+def _tensor_split_list(text: str) -> tuple[tuple[float, ...], ...]:
+    """``-ts 3/1`` (or ``3;1``): one split per comma-separated item, shares split at ``/`` or ``;``."""
+    out = []
+    for item in text.split(","):
+        shares = []
+        for s in re.split(r"[;/]+", item):
+            try:
+                x = float(s)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected shares like 3/1, got '{item}'") from None
+            if not math.isfinite(x) or x < 0:
+                raise argparse.ArgumentTypeError(f"shares must be finite and >= 0, got '{item}'")
+            shares.append(x)
+        out.append(tuple(shares))
+    return tuple(out)
+
+
+Rule = tuple[str, str]
+
+
+def _rule(text: str, flag: str) -> Rule:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"rule '{text}' has no '=BUFFER' (expected pattern=BUFFER, e.g. "
+                                         "'exps=CPU')")
+    pattern, buf = text.split("=", 1)
+    if not pattern or not buf:
+        raise argparse.ArgumentTypeError(f"rule '{text}': empty pattern or buffer (expected pattern=BUFFER)")
+    return pattern, buf
+
+
+def _ot_sets(text: str) -> tuple[tuple[Rule, ...], ...]:
+    """llama-bench's ``-ot``: sets separated by ``,``, rules within a set by ``;``; an empty set
+    (``a=CPU,,b=CPU``) is a test without overrides."""
+    out = []
+    for group in text.split(","):
+        out.append(tuple(_rule(r, "-ot") for r in group.split(";") if r))
+    return tuple(out)
+
+
+def _ot_cli(text: str) -> tuple[Rule, ...]:
+    """llama-cli's ``-ot``: rules separated by ``,``."""
+    return tuple(_rule(r, "--override-tensor-cli") for r in text.split(",") if r)
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    out = tuple(x for x in text.split(","))
+    if any(not x.strip() for x in out):
+        raise argparse.ArgumentTypeError(f"empty name in '{text}'")
+    return out
+
+
+def _nonneg_list(text: str) -> tuple[int, ...]:
+    out = []
+    for v in text.split(","):
+        if not v.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected integers >= 0, got '{text}'")
+        out.append(int(v))
+    return tuple(out)
+
+
+#: ``ggml_type_from_name`` of llama-bench: the KV cache types ``-ctk``/``-ctv`` accept
+KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+#: ``llama_load_mode_name`` values
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
+
+#: (dest, option strings, type, metavar, help) of the list-valued llama-bench flags
+_LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
+    ("model", ("-m", "--model"), _str_list, "FILE",
+     "model file(s): a model TOML or a GGUF (replaces the scenario's model; the rest of the scenario stays)"),
+    ("n_prompt", ("-p", "--n-prompt"), int_list, "N", "prompt lengths, e.g. 512,2048 (pp tests)"),
+    ("n_gen", ("-n", "--n-gen"), int_list, "N", "generation lengths, e.g. 128 (tg tests)"),
+    ("n_pg", ("-pg",), _pg_pair, "PP,TG", "a prompt then a generation in one test (pp512+tg128); repeatable"),
+    ("n_depth", ("-d", "--n-depth"), int_list, "N",
+     "KV depths, e.g. 0,8192 (as llama-bench, the KV cache is sized to depth + tokens when the scenario's "
+     "ctx_size is smaller)"),
+    ("n_batch", ("-b", "--batch-size"), int_list, "N", "logical batch size"),
+    ("n_ubatch", ("-ub", "--ubatch-size"), int_list, "N", "physical batch size"),
+    ("type_k", ("-ctk", "--cache-type-k"), _choice_list(KV_TYPES, "KV cache type"), "TYPE",
+     f"K cache type ({', '.join(KV_TYPES)}): its bytes per element size the KV cache"),
+    ("type_v", ("-ctv", "--cache-type-v"), _choice_list(KV_TYPES, "KV cache type"), "TYPE", "V cache type"),
+    ("n_threads", ("-t", "--threads"), int_list, "N", "CPU threads (reported; not modelled: the profile's host "
+                                                       "figures price CPU ops)"),
+    ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (-1 or >= layers + 1: all)"),
+    ("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), int_list, "N", "keep the experts of the first N blocks on the host"),
+    ("split_mode", ("-sm", "--split-mode"), _choice_list(SPLIT_MODES, "split mode"), "MODE",
+     "none (one GPU, -mg), layer (blocks split over GPUs); row/tensor are simulated as layer"),
+    ("main_gpu", ("-mg", "--main-gpu"), int_list, "I", "the GPU of -sm none"),
+    ("no_kv_offload", ("-nkvo", "--no-kv-offload"), _bool_list, "0|1", "KV cache on the host (not modelled)"),
+    ("flash_attn", ("-fa", "--flash-attn"), _flash_attn_list, "on|off|auto",
+     "FlashAttention (reported; the simulator has one attention cost, the profile's)"),
+    ("load_mode", ("-lm", "--load-mode"), _choice_list(LOAD_MODES, "load mode"), "MODE",
+     "auto/mmap/mmap+mlock: host weights stay in the mmap'd file (pageable); none/mlock/dio: read into "
+     "pinned host buffers"),
+    ("mmap", ("-mmp", "--mmap"), _bool_list, "0|1",
+     "older llama-bench: 1 = -lm mmap (pageable), 0 = -lm none (pinned)"),
+    ("embeddings", ("-embd", "--embeddings"), _bool_list, "0|1", "embeddings (not modelled)"),
+    ("tensor_split", ("-ts", "--tensor-split"), _tensor_split_list, "TS0/TS1/...",
+     "share of the layers per GPU, e.g. 3/1"),
+    ("overrides", ("-ot", "--override-tensor"), _ot_sets, "PATTERN=BUFFER;...",
+     "tensor buffer overrides: rules 'pattern=BUFFER' separated by ';', sets by ',' (each set a test); "
+     "BUFFER: CPU, CUDA0.. (ROCm0..), CUDA_Host"),
+    ("overrides_cli", ("--override-tensor-cli",), _ot_cli, "PATTERN=BUFFER,...",
+     "llama-cli's -ot syntax (rules separated by ','); every rule given this way forms one set"),
+    ("no_op_offload", ("-nopo", "--no-op-offload"), _bool_list, "0|1",
+     "never move an op with host weights to the GPU"),
+    ("no_host", ("--no-host",), _bool_list, "0|1",
+     "host weights in plain (pageable) memory, not the GPU's host buffer"),
+    ("fit_target", ("-fitt", "--fit-target"), _nonneg_list, "MiB",
+     "fit the model to VRAM with this margin per GPU (MiB): the fewest host expert layers that fit"),
+    ("fit_min_ctx", ("-fitc", "--fit-ctx"), _nonneg_list, "N", "minimum context for --fit-target (reported)"),
+)
+
+
+def add_bench_flags(p: argparse.ArgumentParser) -> None:
+    """llama-bench's flags (lists and ranges; a repeated flag adds values), the scenario, and
+    ``--variant``/``--engine``."""
+    p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
+    for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
+        p.add_argument(*opts, dest=dest, type=typ, action="append", metavar=metavar, help=help_)
+    p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
+    p.add_argument("--variant", action="append",
+                   help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
+                        "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, or a+b "
+                        "(e.g. slots3+cache_lru)")
+    p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
+                   help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
+                        "(same results, slower)")
+
+
+def _flat(args: argparse.Namespace, dest: str) -> list | None:
+    v = getattr(args, dest, None)
+    if v is None:
+        return None
+    return [x for item in v for x in item]
+
+
+# --------------------------------------------------------------------------------------
+# parameters, settings, instances
+# --------------------------------------------------------------------------------------
+
+
+def default_threads() -> int:
+    """``-t``'s default: the CPUs of this machine (llama-bench: its math cores)."""
+    return os.cpu_count() or 1
+
+
+#: kinds of tests (llama-bench's order within one setting: prompts, generations, pairs)
+PP, TG, PG = "pp", "tg", "pg"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One combination of llama-bench's parameters (all but the test), as printed."""
+
+    model: str | None          # -m as given; None: the scenario's model
+    fit_target: int
+    fit_min_ctx: int
+    n_gpu_layers: int
+    n_cpu_moe: int
+    split_mode: str
+    load_mode: str
+    main_gpu: int
+    tensor_split: tuple[float, ...]
+    overrides: tuple[Rule, ...]
+    no_host: bool
+    embeddings: bool
+    no_op_offload: bool
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    no_kv_offload: bool
+    flash_attn: int
+    n_threads: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One llama-bench test: a setting and ``n_prompt``/``n_gen``/``n_depth``."""
+
+    setting: Setting
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+
+    @property
+    def kind(self) -> str:
+        return PP if not self.n_gen else TG if not self.n_prompt else PG
+
+    @property
+    def tests(self):
+        """The simulator tests of this test (:class:`sim.specs.BenchTest`): one, or for pp+tg the
+        prompt at the depth then the generation at depth + prompt (one context, as llama-bench)."""
+        from .specs import BenchTest
+
+        if self.kind == PP:
+            return (BenchTest(self.n_prompt, 0, self.n_depth),)
+        if self.kind == TG:
+            return (BenchTest(0, self.n_gen, self.n_depth),)
+        return (BenchTest(self.n_prompt, 0, self.n_depth), BenchTest(0, self.n_gen, self.n_depth + self.n_prompt))
+
+
+#: Setting field -> the flag that sets it (for messages)
+FLAG_OF = {"model": "-m", "fit_target": "-fitt", "fit_min_ctx": "-fitc", "n_gpu_layers": "-ngl",
+           "n_cpu_moe": "-ncmoe", "split_mode": "-sm", "load_mode": "-lm", "main_gpu": "-mg",
+           "tensor_split": "-ts", "overrides": "-ot", "no_host": "--no-host", "embeddings": "-embd",
+           "no_op_offload": "-nopo", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
+           "no_kv_offload": "-nkvo", "flash_attn": "-fa", "n_threads": "-t", "n_depth": "-d",
+           "n_prompt": "-p", "n_gen": "-n", "n_pg": "-pg"}
+#: Setting fields in llama-bench's loop order (outermost first)
+LOOP_ORDER = ("model", "fit_target", "fit_min_ctx", "n_gpu_layers", "n_cpu_moe", "split_mode", "load_mode",
+              "main_gpu", "tensor_split", "overrides", "no_host", "embeddings", "no_op_offload", "n_batch",
+              "n_ubatch", "type_k", "type_v", "no_kv_offload", "flash_attn", "n_threads")
+
+
+def kv_type_of(bytes_per_elem: float) -> str:
+    """The KV cache type name of a model's ``kv_bytes_per_elem`` (``f16`` when none matches)."""
+    from .quant import bpw_of
+
+    for t in KV_TYPES:
+        if abs(bpw_of(t) / 8 - bytes_per_elem) < 1e-9:
+            return t
+    return "f16"
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    """llama-bench's ``cmd_params``: the values of every parameter (the command line's, else the
+    scenario's), the repetitions, and which flags were given.
+
+    Attributes:
+        values: Setting field -> tuple of values, for every field of :class:`Setting`.
+        n_prompt, n_gen, n_depth: the tests' values; n_pg the ``-pg`` pairs.
+        repetitions: ``-r``.
+        given: the :class:`Setting` fields (and ``n_prompt``, ``n_gen``, ``n_depth``, ``n_pg``)
+            set on the command line.
+    """
+
+    values: dict[str, tuple]
+    n_prompt: tuple[int, ...]
+    n_gen: tuple[int, ...]
+    n_depth: tuple[int, ...]
+    n_pg: tuple[tuple[int, int], ...]
+    repetitions: int
+    given: frozenset[str]
+
+    def settings(self) -> list[Setting]:
+        """Every combination, in llama-bench's loop order."""
+        lists = [self.values[k] for k in LOOP_ORDER]
+        return [Setting(**dict(zip(LOOP_ORDER, combo))) for combo in itertools.product(*lists)]
+
+    def instances(self, setting: Setting) -> list[Instance]:
+        """The tests of one setting, as llama-bench orders them: per depth, the prompts, then the
+        generations, then the ``-pg`` pairs (0 values and 0,0 pairs skipped)."""
+        out = []
+        for d in self.n_depth:
+            out += [Instance(setting, p, 0, d) for p in self.n_prompt if p > 0]
+            out += [Instance(setting, 0, n, d) for n in self.n_gen if n > 0]
+            out += [Instance(setting, p, n, d) for p, n in self.n_pg if p or n]
+        return out
+
+    def multi(self) -> list[str]:
+        """The flags given several values (a product of more than one setting)."""
+        return [FLAG_OF[k] for k in LOOP_ORDER if len(self.values[k]) > 1]
+
+
+def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
+    """The parameters of a command line over a scenario's defaults.
+
+    Raises:
+        ScenarioError: a value out of range (``-b 0``, ``-ub 0``, ``-r 0``), naming the flag,
+            or no test left to run.
+    """
+    pl, wl, m = scn.placement, scn.workload, scn.model
+    given: set[str] = set()
+
+    def pick(dest: str, default: Sequence) -> tuple:
+        v = _flat(args, dest)
+        if v is None:
+            return tuple(default)
+        given.add(dest)
+        return tuple(v)
+
+    vals: dict[str, tuple] = {}
+    vals["model"] = pick("model", [None])
+    vals["fit_target"] = pick("fit_target", [0])
+    vals["fit_min_ctx"] = pick("fit_min_ctx", [0])
+    vals["n_gpu_layers"] = pick("n_gpu_layers", [pl.ngl])
+    vals["n_cpu_moe"] = pick("n_cpu_moe", [pl.n_cpu_moe])
+    vals["split_mode"] = pick("split_mode", ["layer"])
+    lm = _flat(args, "load_mode")
+    mmp = _flat(args, "mmap")
+    if lm is None and mmp is None:
+        vals["load_mode"] = ("none" if pl.pinned else "auto",)
+    else:
+        given.add("load_mode")
+        vals["load_mode"] = tuple(lm or []) + tuple("mmap" if x else "none" for x in (mmp or []))
+    vals["main_gpu"] = pick("main_gpu", [0])
+    vals["tensor_split"] = pick("tensor_split", [tuple(pl.tensor_split)])
+    ot = _flat(args, "overrides")
+    otc = _flat(args, "overrides_cli")
+    if ot is None and otc is None:
+        vals["overrides"] = (tuple(pl.override_tensor),)
+    else:
+        given.add("overrides")
+        sets = tuple(ot or []) + ((tuple(otc),) if otc else ())
+        # buffers as llama-bench prints them (CUDA0, CPU), checked against the profile's GPUs
+        vals["overrides"] = tuple(tuple((p, canonical_buffer(b, scn.hardware)) for p, b in st) for st in sets)
+    vals["no_host"] = pick("no_host", [False])
+    vals["embeddings"] = pick("embeddings", [False])
+    vals["no_op_offload"] = pick("no_op_offload", [False])
+    vals["n_batch"] = pick("n_batch", [wl.n_batch])
+    vals["n_ubatch"] = pick("n_ubatch", [wl.n_ubatch])
+    kv = kv_type_of(m.kv_bytes_per_elem)
+    vals["type_k"] = pick("type_k", [kv])
+    vals["type_v"] = pick("type_v", [kv])
+    vals["no_kv_offload"] = pick("no_kv_offload", [False])
+    vals["flash_attn"] = pick("flash_attn", [-1])
+    vals["n_threads"] = pick("n_threads", [default_threads()])
+    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
+                       ("n_threads", "-t/--threads")):
+        bad = [v for v in vals[dest] if v < 1]
+        if bad:
+            raise ScenarioError(f"must be >= 1, got {bad[0]}", field=flag)
+    reps = getattr(args, "repetitions", None)
+    if reps is not None and reps < 1:
+        raise ScenarioError(f"must be >= 1, got {reps}", field="-r/--repetitions")
+    n_prompt = tuple(_flat(args, "n_prompt") or wl.n_prompt)
+    n_gen = tuple(_flat(args, "n_gen") or wl.n_gen)
+    n_depth = tuple(_flat(args, "n_depth") or wl.n_depth)
+    n_pg = tuple(_flat(args, "n_pg") or ())
+    for k in ("n_prompt", "n_gen", "n_depth", "n_pg"):
+        if _flat(args, k) is not None:
+            given.add(k)
+    if not any(p > 0 for p in n_prompt) and not any(n > 0 for n in n_gen) and not any(a or b for a, b in n_pg):
+        raise ScenarioError("no test to run: every -p and -n value is 0", field="-p/-n")
+    return BenchParams(vals, n_prompt, n_gen, n_depth, n_pg, reps or wl.repetitions, frozenset(given))
+
+
+# --------------------------------------------------------------------------------------
+# buffers and -ot rules
+# --------------------------------------------------------------------------------------
+
+
+def hardware_backend(hw) -> str:
+    """llama-bench's ``backends`` of a profile: its ``backend`` field, else
+    :func:`sim.specs.default_backend` of its GPU (``CUDA`` for NVIDIA, ``ROCm`` for AMD, the
+    profile's name otherwise)."""
+    from .specs import default_backend
+
+    return getattr(hw, "backend", "") or default_backend(hw.gpu_name, hw.name)
+
+
+def buffer_names(hw) -> list[str]:
+    """The buffer names ``-ot`` takes on a profile, in its backend's spelling (llama-bench lists
+    the devices' buffer types: ``CPU``, ``CUDA0``...; ``CUDA_Host`` is the GPU backend's pinned
+    host buffer)."""
+    fam = "ROCm" if hardware_backend(hw) == "ROCm" else "CUDA"
+    return ["CPU"] + [f"{fam}{i}" for i in range(hw.n_gpu)] + [f"{fam}_Host"]
+
+
+def canonical_buffer(buf: str, hw) -> str:
+    """``buf`` as printed (``cuda0`` -> ``CUDA0``), CUDA and ROCm spellings both taken.
+
+    Raises:
+        ScenarioError: a buffer that is none of :func:`buffer_names` (nor the other spelling).
+    """
+    b = buf.strip()
+    m = re.fullmatch(r"(?i)(cuda|rocm|gpu)(\d+)", b)
+    if b.upper() == "CPU":
+        return "CPU"
+    if re.fullmatch(r"(?i)(cuda|rocm)_host", b):
+        return ("ROCm" if b.lower().startswith("rocm") else "CUDA") + "_Host"
+    if m and int(m.group(2)) < hw.n_gpu:
+        fam = {"cuda": "CUDA", "rocm": "ROCm", "gpu": "CUDA"}[m.group(1).lower()]
+        return f"{fam}{int(m.group(2))}"
+    raise ScenarioError(f"unrecognized buffer type '{buf}' (available on profile '{hw.name}': "
+                        f"{', '.join(buffer_names(hw))})", field="-ot/--override-tensor")
+
+
+def sim_buffer(canon: str) -> str:
+    """A printed buffer name as the simulator's placement has it: host buffers ``CPU``, a GPU's
+    ``CUDA<i>``."""
+    if canon == "CPU" or canon.endswith("_Host"):
+        return "CPU"
+    return "CUDA" + re.sub(r"\D", "", canon)
+
+
+def gguf_names(model) -> list[str]:
+    """The model's tensor names as a GGUF has them (``blk.3.ffn_up_exps.weight``); a model whose
+    names lack the suffix (an older :class:`sim.specs.Tensor` naming) gets ``.weight`` added."""
+    names = [t.name for t in model.tensors]
+    if any(n.endswith((".weight", ".bias")) for n in names):
+        return names
+    return [n + ".weight" for n in names]
+
+
+def _norm_names(model) -> list[str]:
+    """Names of the norm tensors a GGUF has and the simulator leaves out (< 0.01% of bytes)."""
+    out = ["output_norm.weight"]
+    for i in range(model.n_layer):
+        out += [f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight", f"blk.{i}.post_attention_norm.weight",
+                f"blk.{i}.post_ffw_norm.weight", f"blk.{i}.attn_q_norm.weight", f"blk.{i}.attn_k_norm.weight"]
+    return out
+
+
+def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
+    """An ``-ot`` rule must compile (as llama.cpp's ECMAScript regex, in Python's ``re``) and match
+    a tensor of the model (llama.cpp's ``regex_search`` on GGUF names); one that matches only norm
+    tensors (which the simulator leaves out) is noted instead.
+
+    Raises:
+        ScenarioError: the pattern does not compile, or matches no tensor (naming the rule and
+            the nearest tensor names).
+    """
+    from .llamabench import python_regex
+
+    try:
+        cre = re.compile(python_regex(pattern))
+    except (re.error, ValueError) as exc:
+        raise ScenarioError(f"rule '{pattern}={buf}': pattern not understood ({exc})", field="-ot") from None
+    names = gguf_names(model)
+    if any(cre.search(n) for n in names):
+        return
+    if any(cre.search(n) for n in _norm_names(model)):
+        notes.add(f"-ot rule '{pattern}={buf}' matches only norm tensors, which the simulator leaves out")
+        return
+    plain = re.sub(r"\\(.)", r"\1", pattern)
+    near = difflib.get_close_matches(plain, names, n=3, cutoff=0.0)
+    raise ScenarioError(f"rule '{pattern}={buf}' matches no tensor of model '{model.name}' (nearest: "
+                        f"{', '.join(near)})", field="-ot")
+
+
+# --------------------------------------------------------------------------------------
+# a setting as a llama-bench row and as a scenario
+# --------------------------------------------------------------------------------------
+
+
+def tensor_split_text(shares: Sequence[float], precise: bool = False) -> str:
+    """``tensor_split`` as llama-bench prints it: ``%.2f`` shares up to the last non-zero one,
+    joined by ``/`` (``0.00`` for the default); ``precise``: full precision (for the simulator)."""
+    s = list(shares) or [0.0]
+    last = max([i for i, x in enumerate(s) if x > 0], default=0)
+    fmt = repr if precise else (lambda x: f"{x:.2f}")
+    return "/".join(fmt(float(x)) for x in s[:last + 1])
+
+
+def overrides_text(rules: Sequence[Rule]) -> str:
+    """``tensor_buft_overrides`` as llama-bench prints it: ``pattern=BUFFER`` joined by ``;``, or
+    ``none``."""
+    return ";".join(f"{p}={b}" for p, b in rules) if rules else "none"
+
+
+def model_filename(setting: Setting, model) -> str:
+    return setting.model if setting.model is not None else str(model.file or model.name)
+
+
+def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequence[Rule] | None = None) -> dict:
+    """Every llama-bench field of one test but the build and the timings (``avg_ns``... come from
+    the samples: :func:`sim.report.bench_row`), as llama-bench prints them: ``model_type`` is the
+    model's label, ``backends`` the profile's backend, ``gpu_info`` its GPU per device,
+    ``cpu_info`` says the host is simulated; defaults where the simulator has no such setting
+    (``cpu_mask 0x0``, ``poll 50``, ``devices auto``, ``lazy_mode auto``, ``repack`` true)."""
+    s = inst.setting
+    rules = s.overrides if overrides is None else overrides
+    return {
+        "cpu_info": f"simulated host of profile '{hw.name}'",
+        "gpu_info": ", ".join([hw.gpu_name] * hw.n_gpu),
+        "backends": hardware_backend(hw),
+        "model_filename": model_filename(s, model),
+        "model_type": model.name,
+        "model_size": int(model.nbytes),
+        "model_n_params": int(model.n_params),
+        "n_batch": s.n_batch, "n_ubatch": s.n_ubatch, "n_threads": s.n_threads,
+        "cpu_mask": "0x0", "cpu_strict": False, "poll": 50,
+        "type_k": s.type_k, "type_v": s.type_v,
+        "n_gpu_layers": s.n_gpu_layers, "n_cpu_moe": s.n_cpu_moe, "split_mode": s.split_mode,
+        "main_gpu": s.main_gpu, "no_kv_offload": s.no_kv_offload, "flash_attn": s.flash_attn,
+        "devices": "auto", "tensor_split": tensor_split_text(s.tensor_split),
+        "tensor_buft_overrides": overrides_text(rules), "load_mode": s.load_mode, "lazy_mode": "auto",
+        "embeddings": s.embeddings, "no_op_offload": int(s.no_op_offload), "no_host": s.no_host, "repack": True,
+        "fit_target": s.fit_target, "fit_min_ctx": s.fit_min_ctx,
+        "n_prompt": inst.n_prompt, "n_gen": inst.n_gen, "n_depth": inst.n_depth, "test_time": test_time,
+    }
+
+
+def model_path(text: str) -> Path:
+    """The file ``-m`` names: a path (relative to the working folder, else to the shipped files),
+    or a built-in model name (``qwen3-30b-a3b``)."""
+    p = Path(text)
+    if p.exists() or p.is_absolute():
+        return p
+    try:
+        from . import resources
+    except ImportError:  # pragma: no cover - older layout
+        return p
+    if resources.is_bare_name(text):
+        found = resources.builtin("model", text.strip(), cwd_first=True)
+        if found is not None:
+            return found
+    return resources.cwd_or_shipped(p)
+
+
+@dataclass
+class Notes:
+    """One-line remarks for stderr, each said once, in order."""
+
+    lines: list[str] = field(default_factory=list)
+
+    def add(self, text: str) -> None:
+        if text not in self.lines:
+            self.lines.append(text)
+
+    def extend(self, texts: Iterable[str]) -> None:
+        for t in texts:
+            self.add(t)
+
+
+def _routing_for(scn, model, notes: Notes):
+    """The scenario's routing on another model: kept when it fits the model, else uniform (noted)."""
+    from .routing import RoutingSpec, load_trace
+
+    r = scn.routing
+    if model is scn.model or model.moe is None or getattr(r, "kind", "uniform") == "uniform":
+        return r
+    moe = model.moe
+    try:
+        if r.kind == "trace":
+            load_trace(r.trace_file, n_expert=moe.n_expert, top_k=moe.n_expert_used, n_layer=model.n_layer,
+                       first_moe_layer=moe.n_layer_dense_lead)
+        elif r.kind == "skewed" and r.cold_share > 1 - moe.n_expert_used / moe.n_expert + 1e-12:
+            raise ValueError("cold_share too large for this model")
+        return r
+    except (ScenarioError, ValueError) as exc:
+        notes.add(f"-m: the scenario's {r.kind} routing does not fit model '{model.name}' ({exc}): uniform routing")
+        return RoutingSpec()
+
+
+def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: Notes):
+    """The simulator scenario of one setting, over the base scenario ``scn`` with ``model``.
+
+    The setting's llama-bench row goes through :func:`sim.llamabench.row_terms`,
+    :func:`~sim.llamabench.model_with_kv` (when ``-ctk``/``-ctv`` are given) and
+    :func:`~sim.llamabench.row_placement`; the scenario's own placement settings that a
+    llama-bench row does not carry stay (``expert_cache_experts``, ``op_offload_min_batch``
+    unless ``-nopo 1``, ``fit_experts``, its ``ctx_size`` as the least context). ``-fitt M``:
+    the fewest host expert layers that fit with M MiB left free per GPU (llama-bench's fit
+    replaces ``-ngl``, ``-ncmoe``, ``-ts`` and ``-ot``). ``-sm none``: every layer on ``-mg``.
+
+    Raises:
+        ScenarioError: an ``-ot`` rule with an unknown buffer, a pattern that does not compile
+            or matches no tensor; ``-mg`` beyond the profile's GPUs.
+    """
+    from .llamabench import model_with_kv, row_placement, row_terms
+    from .specs import Workload
+
+    hw = scn.hardware
+    given = params.given
+    if setting.main_gpu >= hw.n_gpu:
+        raise ScenarioError(f"main GPU {setting.main_gpu} does not exist: profile '{hw.name}' has {hw.n_gpu} GPU(s)",
+                            field="-mg/--main-gpu")
+    canon = tuple((p, canonical_buffer(b, hw)) for p, b in setting.overrides)
+    if "overrides" in given:
+        for p, b in canon:
+            check_rule(p, b, model, notes)
+            if b.endswith("_Host") and setting.load_mode in ("auto", "mmap", "mmap+mlock"):
+                notes.add(f"-ot ...={b}: simulated as host memory, pageable with -lm {setting.load_mode} like the "
+                          "other host weights (the simulator has one host memory kind per run)")
+    moe = model.moe is not None
+    ncmoe = setting.n_cpu_moe
+    if not moe and ncmoe:
+        if "n_cpu_moe" in given:
+            notes.add(f"-ncmoe/--n-cpu-moe {ncmoe}: model '{model.name}' has no experts; it has no effect")
+        else:
+            notes.add(f"the scenario's n_cpu_moe {ncmoe} does not apply to model '{model.name}' (no experts)")
+        ncmoe = 0
+    first = params.instances(setting)[0]
+    row = {
+        "n_gpu_layers": setting.n_gpu_layers, "n_cpu_moe": ncmoe,
+        "tensor_buft_overrides": overrides_text([(p, sim_buffer(b)) for p, b in canon]),
+        "load_mode": setting.load_mode, "no_host": setting.no_host, "no_op_offload": int(setting.no_op_offload),
+        "tensor_split": tensor_split_text(setting.tensor_split, precise=True), "split_mode": setting.split_mode,
+        "no_kv_offload": setting.no_kv_offload, "embeddings": setting.embeddings,
+        "n_batch": setting.n_batch, "n_ubatch": setting.n_ubatch,
+        "type_k": setting.type_k, "type_v": setting.type_v,
+        "n_prompt": first.n_prompt, "n_gen": first.n_gen, "n_depth": first.n_depth,
+    }
+    terms = row_terms(row)
+    notes.extend(terms.notes)
+    m = model_with_kv(model, terms) if ({"type_k", "type_v"} & given) else model
+    if setting.fit_target or setting.fit_min_ctx:
+        terms = replace(terms, ngl=999, n_cpu_moe=0, overrides=(), tensor_split=())
+    try:
+        pl, pnotes = row_placement(terms, m, hw.n_gpu)
+    except ValueError as exc:
+        raise ScenarioError(str(exc), field="-ot") from None
+    notes.extend(pnotes)
+    base = scn.placement
+    pl = replace(pl, expert_cache_experts=base.expert_cache_experts, ctx_size=base.ctx_size,
+                 fit_experts=base.fit_experts,
+                 op_offload_min_batch=pl.op_offload_min_batch if setting.no_op_offload else base.op_offload_min_batch)
+    if "overrides" not in given:
+        # the scenario's own rules are already in the simulator's terms: keep them as written
+        pl = replace(pl, override_tensor=tuple(base.override_tensor))
+    if setting.split_mode == "none" and hw.n_gpu > 1:
+        pl = replace(pl, tensor_split=tuple(1.0 if i == setting.main_gpu else 0.0 for i in range(hw.n_gpu)))
+    if setting.fit_target or setting.fit_min_ctx:
+        if moe:
+            pl = replace(pl, fit_experts=True)
+        else:
+            notes.add(f"-fitt: fitting a dense model ('{m.name}') by layers is not modelled; -ngl as given")
+        if setting.fit_target:
+            hw = hw.with_(vram_reserved_bytes=hw.vram_reserved_bytes + setting.fit_target * 2**20)
+        if setting.fit_min_ctx:
+            notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
+    if setting.flash_attn != -1 or "flash_attn" in given:
+        notes.add("-fa: the simulator has one attention cost (the profile's) for every -fa")
+    if "n_threads" in given:
+        notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures)")
+    insts = params.instances(setting)
+    wl = Workload(
+        n_prompt=tuple(dict.fromkeys(i.n_prompt for i in insts if i.n_prompt)) or (0,),
+        n_gen=tuple(dict.fromkeys(i.n_gen for i in insts if i.n_gen)) or (0,),
+        n_depth=tuple(dict.fromkeys(i.n_depth for i in insts)) or (0,),
+        n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions)
+    return scn.with_(model=m, hardware=hw, placement=pl, workload=wl, routing=_routing_for(scn, m, notes))
+
+
+def sim_tests(instances: Sequence[Instance]) -> list:
+    """The distinct simulator tests of some instances, in order of first use."""
+    out: list = []
+    for inst in instances:
+        for t in inst.tests:
+            if t not in out:
+                out.append(t)
+    return out
+
+
+def load_models(params: BenchParams, scn) -> dict[str | None, Any]:
+    """Each ``-m`` model (loaded once), or the scenario's for None.
+
+    Raises:
+        ScenarioError: a model file that is missing or not a model (naming it).
+    """
+    from .specs import load_model
+
+    out: dict[str | None, Any] = {}
+    for name in params.values["model"]:
+        if name in out:
+            continue
+        if name is None:
+            out[name] = scn.model
+            continue
+        p = model_path(name)
+        if p.is_dir():
+            raise ScenarioError("is a folder, expected a model TOML or GGUF file", file=p, field="-m/--model")
+        if not p.exists():
+            raise ScenarioError("model file not found", file=p, field="-m/--model")
+        out[name] = load_model(p)
+    return out

@@ -1,0 +1,505 @@
+"""``prefetch-sim run`` speaks llama-bench: its flags (lists, ranges, repeated flags, the
+cartesian product in its order, ``-ot`` sets, ``-m``), its output (field names, JSON types,
+csv/sql/md layouts) and what llama.cpp's ``scripts/compare-llama-bench.py`` makes of it.
+
+Fast: the tiny scenarios (``scenarios/tiny``), one repetition unless the spread matters, mostly
+the baseline variant alone (no worker processes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import build_parser, load_scenario_with_overrides, main, variant_ids
+from sim.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms
+from sim.report import COLUMNS, JSON_COLUMNS
+from sim.specs import load_model, parse_variant
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "scenarios" / "tiny" / "tiny.toml")
+TINY_MOE = str(ROOT / "scenarios" / "tiny" / "tiny-moe.toml")
+QUICK = ("-r", "1", "-q", "--variant", "baseline")
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return rc, out, err
+
+
+def jsonl(capsys, *argv) -> list[dict]:
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", *argv)
+    assert rc == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def args_of(*argv):
+    return build_parser().parse_args(["trace", TINY, *argv])
+
+
+def scn_of(*argv):
+    """The scenario ``trace``/``check`` simulate for these flags."""
+    return load_scenario_with_overrides(args_of(*argv))
+
+
+def _dense_model(tmp_path: Path) -> Path:
+    p = tmp_path / "dense.toml"
+    p.write_text('[model]\nname = "tiny-dense 2L F16"\nsource = "test"\nn_layer = 2\nd_model = 64\nn_head = 4\n'
+                 'n_head_kv = 2\nhead_dim = 16\nn_vocab = 256\nn_ff = 128\n\n[quant]\npreset = "F16"\n')
+    return p
+
+
+def _scenario_on(tmp_path: Path, **hw_changes) -> str:
+    """The tiny scenario on a copy of the tiny GPU with some profile fields changed."""
+    hw = (ROOT / "scenarios" / "tiny" / "tiny-gpu.toml").read_text()
+    for key, value in hw_changes.items():
+        if re.search(rf"^{key} = .*$", hw, re.M):
+            hw = re.sub(rf"^{key} = .*$", f'{key} = "{value}"', hw, flags=re.M)
+        else:
+            hw = hw.replace("n_gpu = 1", f'n_gpu = 1\n{key} = "{value}"')
+    (tmp_path / "gpu.toml").write_text(hw)
+    s = (ROOT / "scenarios" / "tiny" / "tiny.toml").read_text()
+    s = s.replace('model = "tiny-moe.toml"', f'model = "{TINY_MOE}"').replace('hardware = "tiny-gpu.toml"',
+                                                                             'hardware = "gpu.toml"')
+    (tmp_path / "s.toml").write_text(s)
+    return str(tmp_path / "s.toml")
+
+
+# --------------------------------------------------------------------------------------
+# argparse took llama-bench's multi-letter flags apart
+# --------------------------------------------------------------------------------------
+
+
+def test_ngl_99_is_n_gpu_layers_not_n_gen_gl():
+    a = args_of("-ngl", "99")
+    assert a.n_gpu_layers == [(99,)] and a.n_gen is None
+    assert scn_of("-ngl", "99").placement.ngl == 99
+    assert args_of("-ngl", "-1").n_gpu_layers == [(-1,)]  # llama-bench's default: every layer
+    assert scn_of("-ngl", "-1").placement.ngl == 999
+
+
+def test_ot_is_override_tensor_not_output_t():
+    a = build_parser().parse_args(["run", TINY, "-ot", "exps=CPU"])
+    assert a.overrides == [((("exps", "CPU"),),)] and a.output is None
+
+
+def test_pg_is_a_pair_not_prompt_g(capsys):
+    a = args_of("-pg", "16,4")
+    assert a.n_pg == [((16, 4),)] and a.n_prompt is None
+    rows = jsonl(capsys, "-p", "0", "-n", "0", "-pg", "16,4")
+    assert [(r["n_prompt"], r["n_gen"], r["test"]) for r in rows] == [(16, 4, "pp16+tg4")]
+
+
+def test_ub_takes_a_list(capsys):
+    assert args_of("-ub", "256,512").n_ubatch == [(256, 512)]
+    rows = jsonl(capsys, "-ub", "32,64", "-p", "64", "-n", "0")
+    assert [r["n_ubatch"] for r in rows] == [32, 64] and rows[0]["avg_ts"] < rows[1]["avg_ts"]
+
+
+def test_no_abbreviations_and_no_glued_letters(capsys):
+    for argv, words in ((["--n-pr", "64"], "unrecognized arguments: --n-pr"),
+                        (["-dev", "CUDA0"], "unrecognized flag '-dev'"),
+                        (["-ngl99x"], "unrecognized flag '-ngl99x'")):
+        with pytest.raises(SystemExit) as info:
+            main(["run", TINY, *QUICK, *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert args_of("-p512").n_prompt == [(512,)]  # a number glued to a short flag is still a value
+
+
+# --------------------------------------------------------------------------------------
+# lists, ranges, the product and its order
+# --------------------------------------------------------------------------------------
+
+
+def test_the_run_is_the_product_in_llama_bench_s_order(capsys):
+    rows = jsonl(capsys, "-ngl", "1,99", "-ub", "32-64*2", "-p", "64", "-p", "16", "-n", "2", "-d", "0,8",
+                 "-pg", "8,2")
+    per = [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows[:8]]
+    # per setting: per depth, the prompts (as given, -p repeated adds), the generations, the pairs
+    assert per == [(64, 0, 0), (16, 0, 0), (0, 2, 0), (8, 2, 0), (64, 0, 8), (16, 0, 8), (0, 2, 8), (8, 2, 8)]
+    settings = [(r["n_gpu_layers"], r["n_ubatch"]) for r in rows[::8]]
+    assert settings == [(1, 32), (1, 64), (99, 32), (99, 64)] and len(rows) == 32
+
+
+def test_ranges_and_bad_values_are_one_line_errors(capsys):
+    from sim.benchflags import int_list
+
+    assert int_list("1-3") == (1, 2, 3) and int_list("128-1024*2") == (128, 256, 512, 1024)
+    assert int_list("-1,8", allow_negative=True) == (-1, 8)
+    for argv in (["-ub", "0"], ["-b", "0"], ["-pg", "512"], ["-fa", "maybe"], ["-ctk", "q3_k"], ["-sm", "diag"],
+                 ["-lm", "fast"], ["-ncmoe", "-1"], ["-ts", "a/b"], ["-ot", "exps"], ["-ot", "=CPU"],
+                 ["-nopo", "2"], ["-m", "nope.toml"], ["-mg", "1"], ["-ot", "exps=CUDA7"], ["-t", "0"],
+                 ["-ot", "blk\\.(=CPU"]):
+        try:
+            rc, out, err = run(capsys, "run", TINY, *QUICK, *argv)
+        except SystemExit as exc:
+            rc, err = exc.code, capsys.readouterr().err
+            out = ""
+        assert rc == 2 and not out, argv
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+# --------------------------------------------------------------------------------------
+# each flag reaches the simulation
+# --------------------------------------------------------------------------------------
+
+
+def test_load_mode_and_mmap_set_pinned_or_pageable(capsys):
+    assert scn_of("-lm", "none").placement.pinned and scn_of("-lm", "mlock").placement.pinned
+    assert not scn_of("-lm", "mmap").placement.pinned and not scn_of("-lm", "auto").placement.pinned
+    assert not scn_of("-mmp", "1").placement.pinned and scn_of("-mmp", "0").placement.pinned
+    assert not scn_of("-lm", "none", "--no-host", "1").placement.pinned
+    rows = jsonl(capsys, "-lm", "mmap,none", "-mmp", "1", "-p", "64", "-n", "0")
+    assert [r["load_mode"] for r in rows] == ["mmap", "none", "mmap"]
+    assert rows[0]["avg_ts"] == rows[2]["avg_ts"] != rows[1]["avg_ts"]
+
+
+def test_override_tensor_sets_buffers_and_rules(capsys):
+    pl = scn_of("-ot", r"blk\.0\.ffn_(up|down|gate)_exps=CUDA0").placement  # n_cpu_moe 2 in the scenario
+    m = load_model(TINY_MOE)
+    host = {t.name for t in m.tensors if pl.host_resident(m, t)}
+    assert not any(n.startswith("blk.0.ffn_") and "_exps" in n for n in host)
+    assert any(n.startswith("blk.1.ffn_") and "_exps" in n for n in host)  # --n-cpu-moe's rules come after
+    pl = scn_of("-ot", "attn_q=CUDA_Host").placement
+    assert all(pl.host_resident(m, t) for t in m.tensors if "attn_q" in t.name)
+    # ';' between the rules of a set, ',' between sets (each a test), an empty set: no override
+    rows = jsonl(capsys, "-ot", r"attn_q=CPU;attn_k=cpu,,blk\.1\.ffn_up_exps=CUDA0", "-p", "64", "-n", "0")
+    assert [r["tensor_buft_overrides"] for r in rows] == ["attn_q=CPU;attn_k=CPU", "none",
+                                                          r"blk\.1\.ffn_up_exps=CUDA0"]
+    # llama-cli's ',' between rules: one set
+    rows = jsonl(capsys, "--override-tensor-cli", "attn_q=CPU,attn_k=CPU", "-p", "64", "-n", "0")
+    assert [r["tensor_buft_overrides"] for r in rows] == ["attn_q=CPU;attn_k=CPU"]
+    assert row_terms(rows[0]).overrides == (("attn_q", "CPU"), ("attn_k", "CPU"))
+
+
+def test_a_rule_that_matches_nothing_names_the_nearest_tensors(capsys):
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-ot", r"blk\.0\.ffn_up_exp\.weight=CPU")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert r"rule 'blk\.0\.ffn_up_exp\.weight=CPU' matches no tensor" in err
+    assert "blk.0.ffn_up_exps" in err.split("nearest:")[1]
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-ot", "exps=CUDA3")
+    assert rc == 2 and "unrecognized buffer type 'CUDA3'" in err and "CPU, CUDA0, CUDA_Host" in err
+
+
+def test_kv_types_threads_flash_attn_fit_and_split(capsys):
+    f16 = scn_of()
+    q8 = scn_of("-ctk", "q8_0", "-ctv", "q8_0")
+    assert q8.model.kv_bytes_per_elem == pytest.approx(8.5 / 8) and f16.model.kv_bytes_per_elem == 2.0
+    rows = jsonl(capsys, "-ctk", "f16,q8_0", "-fa", "on,off,auto,1,0", "-t", "3", "-p", "64", "-n", "0")
+    assert [r["type_k"] for r in rows[::5]] == ["f16", "q8_0"] and rows[0]["type_v"] == "f16"
+    assert [r["flash_attn"] for r in rows[:5]] == [1, 0, -1, 1, 0]
+    assert rows[5]["peak_vram_bytes"] < rows[0]["peak_vram_bytes"]  # q8_0 K cache
+    assert {r["n_threads"] for r in rows} == {3}
+    err = capsys.readouterr().err
+    rows = jsonl(capsys, "-fitt", "0,100", "-ts", "3/1", "-sm", "row", "-p", "64", "-n", "0")
+    assert [r["fit_target"] for r in rows] == [0, 100] and rows[0]["tensor_split"] == "3.00/1.00"
+    assert rows[0]["split_mode"] == "row"
+    assert scn_of("-fitt", "100").placement.fit_experts
+    assert scn_of("-fitt", "100").hardware.vram_reserved_bytes == scn_of().hardware.vram_reserved_bytes + 100 * 2**20
+    del err
+
+
+def test_split_mode_none_puts_every_layer_on_the_main_gpu(capsys, tmp_path):
+    scn = _scenario_on(tmp_path)
+    gpu = tmp_path / "gpu.toml"
+    gpu.write_text(gpu.read_text().replace("n_gpu = 1", "n_gpu = 2"))
+
+    def placement(*argv):
+        return load_scenario_with_overrides(build_parser().parse_args(["trace", scn, *argv])).placement
+
+    assert placement("-sm", "none", "-mg", "1").tensor_split == (0.0, 1.0)
+    assert placement("-ts", "3/1").tensor_split == (3.0, 1.0)
+    assert placement("-ot", "attn_q=CUDA1").override_tensor == (("attn_q", "CUDA1"),)
+    rc, _, err = run(capsys, "run", scn, *QUICK, "-mg", "2")
+    assert rc == 2 and "-mg" in err and "2 GPU(s)" in err
+
+
+def test_flags_the_model_does_not_use_say_so_in_one_line(capsys, tmp_path):
+    dense = _dense_model(tmp_path)
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-m", str(dense), "-ncmoe", "4", "-p", "64", "-n", "0",
+                       "-o", "jsonl")
+    assert rc == 0
+    notes = [line for line in err.splitlines() if "n-cpu-moe" in line]
+    assert len(notes) == 1 and "has no experts" in notes[0]
+    row = json.loads(out)
+    assert row["model_type"] == "tiny-dense 2L F16" and row["n_cpu_moe"] == 4
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-t", "2", "-fa", "0", "-nkvo", "1", "-p", "64", "-n", "0")
+    assert rc == 0 and "-t: " in err and "-fa: " in err and "no_kv_offload" in err
+
+
+def test_m_replaces_the_model_and_keeps_the_rest(capsys, tmp_path):
+    dense = _dense_model(tmp_path)
+    rows = jsonl(capsys, "-m", f"{TINY_MOE},{dense}", "-p", "64", "-n", "0")
+    assert [r["model_type"] for r in rows] == ["tiny-moe 2L F16", "tiny-dense 2L F16"]
+    assert [r["model_filename"] for r in rows] == [TINY_MOE, str(dense)]
+    assert {r["hardware"] for r in rows} == {"tiny-gpu"}  # the scenario's hardware stays
+    assert scn_of("-m", str(dense)).model.name == "tiny-dense 2L F16"
+    assert [v.name for v in scn_of("-m", str(dense)).variants] == ["baseline", "prefetch_ungated", "slots2"]
+
+
+def test_m_takes_a_gguf(capsys, tmp_path):
+    gw = pytest.importorskip("calibrate.llamacpp.gguf_writer")
+    pytest.importorskip("gguf")
+    spec = gw.tiny_variant(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), n_layer=2)
+    path = gw.write_gguf(spec, tmp_path / "tiny.gguf", tiny=True).path
+    try:
+        model = load_model(path)
+    except Exception as exc:  # noqa: BLE001 - load_model without GGUF support
+        pytest.skip(f"load_model does not read GGUF yet: {exc}")
+    rows = jsonl(capsys, "-m", str(path), "-ngl", "99", "-ncmoe", "1", "-p", "64", "-n", "0")
+    assert rows[0]["model_filename"] == str(path) and rows[0]["model_type"] == model.name
+    assert rows[0]["model_size"] == model.nbytes and rows[0]["n_cpu_moe"] == 1
+    rows = jsonl(capsys, "-m", str(path), "-ot", r"blk\.1\.ffn_down_exps\.weight=CPU", "-p", "64", "-n", "0")
+    assert rows[0]["tensor_buft_overrides"] == r"blk\.1\.ffn_down_exps\.weight=CPU"
+
+
+def test_trace_and_check_take_one_setting(capsys, tmp_path):
+    rc, out, _ = run(capsys, "check", TINY, "-ngl", "99", "-ub", "32", "--variant", "slots2")
+    assert rc == 0 and "slots2 / pp64" in out
+    rc, _, err = run(capsys, "check", TINY, "-ub", "32,64")
+    assert rc == 2 and "-ub" in err and "one value" in err
+    rc, out, _ = run(capsys, "trace", TINY, "-ot", "attn_q=CPU", "--variant", "baseline", "--out",
+                     str(tmp_path / "t.json"))
+    assert rc == 0 and "baseline / pp64" in out
+
+
+# --------------------------------------------------------------------------------------
+# output: llama-bench's fields, types and layouts
+# --------------------------------------------------------------------------------------
+
+
+def test_json_and_jsonl_carry_llama_bench_s_fields_with_its_types(capsys, tmp_path):
+    rc, out, _ = run(capsys, "run", TINY, "-r", "2", "-q", "--variant", "baseline", "-o", "json")
+    assert rc == 0
+    data = json.loads(out)
+    assert [list(d) for d in data] == [list(JSON_COLUMNS)] * len(data)
+    py = {"STRING": str, "BOOL": bool, "INT": int, "FLOAT": float}
+    for d in data:
+        for f in FIELDS:
+            vals = d[f.name] if f.array else [d[f.name]]
+            # samples_ts as a C++ stream prints a double: six digits, 152093 without a point
+            want = (int, float) if f.array and f.type == "FLOAT" else (py[f.type],)
+            assert all(type(x) in want for x in vals), (f.name, d[f.name])
+        assert len(d["samples_ns"]) == 2 and d["avg_ns"] == sum(d["samples_ns"]) // 2
+    assert re.search(r'\n    "avg_ts": \d+\.\d{6},\n', out)
+    assert data[0]["build_commit"] == "sim0-baseline" and data[0]["variant"] == "baseline"
+    # our reader takes it as a llama-bench file
+    p = tmp_path / "r.json"
+    p.write_text(out)
+    df = read_llama_bench(p)
+    assert list(df.test) == ["pp64", "tg4"] and list(df.variant) == ["baseline", "baseline"]
+    js = tmp_path / "r.jsonl"
+    assert main(["run", TINY, "-r", "2", "-q", "--variant", "baseline", "--out", str(js)]) == 0
+    assert read_llama_bench(js).avg_ts.tolist() == df.avg_ts.tolist()
+
+
+def test_csv_and_sql_layouts(capsys):
+    rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "csv")
+    assert rc == 0 and out.splitlines()[0] == ",".join(COLUMNS)
+    assert all(line.startswith('"sim0-baseline","0",') for line in out.splitlines()[1:])
+    df = pd.read_csv(io.StringIO(out))
+    assert list(df.test) == ["pp64", "tg4"]
+    rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "sql")
+    assert rc == 0 and out.startswith("CREATE TABLE IF NOT EXISTS llama_bench (\n")
+    con = sqlite3.connect(":memory:")
+    con.executescript(out)
+    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == list(CSV_FIELDS)
+    assert con.execute("SELECT COUNT(*) FROM llama_bench b JOIN prefetch_sim s ON s.llama_bench_rowid = b.rowid "
+                       "WHERE s.variant = 'baseline'").fetchone() == (2,)
+
+
+def test_markdown_is_llama_bench_s_table_with_a_simulated_build_line(capsys):
+    rc, out, _ = run(capsys, "run", TINY, *QUICK, "-ub", "32")
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[0].startswith("| model                          |       size |     params | backend    | ngl |")
+    assert lines[0].endswith("| variant    |            test |                  t/s |    vs base |")
+    assert "n_ubatch" in lines[0] and "n_batch" in lines[0] and "threads" not in lines[0]
+    assert "|   0.30 MiB |     0.16 M | tiny-gpu   | 999 |" in lines[2]
+    assert lines[-1] == ("build: simulated (prefetch-sim 0.1.0, analytic engine, profile 'tiny-gpu' "
+                         "scenarios/tiny/tiny-gpu.toml)")
+
+
+@pytest.mark.parametrize("changes, backend, buffer", [
+    ({"gpu_name": "NVIDIA GeForce RTX 3090"}, "CUDA", "CUDA0"),
+    ({"gpu_name": "AMD Instinct MI300X"}, "ROCm", "ROCm0"),
+    ({"gpu_name": "AMD Instinct MI300X", "backend": "Vulkan"}, "Vulkan", "CUDA0"),
+    ({}, "tiny-gpu", "CUDA0"),
+])
+def test_backend_comes_from_the_profile(capsys, tmp_path, changes, backend, buffer):
+    scn = _scenario_on(tmp_path, **changes)
+    rc, out, err = run(capsys, "run", scn, *QUICK, "-o", "jsonl", "-p", "64", "-n", "0", "-ot", f"attn_q={buffer}")
+    assert rc == 0, err
+    row = json.loads(out)
+    assert row["backends"] == backend and row["tensor_buft_overrides"] == f"attn_q={buffer}"
+    rc, out, _ = run(capsys, "run", scn, *QUICK, "-p", "64", "-n", "0")
+    assert f"| {backend:<10} |" in out.splitlines()[2]
+
+
+# --------------------------------------------------------------------------------------
+# what compare-llama-bench.py makes of it
+# --------------------------------------------------------------------------------------
+
+#: the llama-bench table of llama.cpp's scripts/compare-llama-bench.py (the version of the
+#: pinned llama.cpp): its columns and SQL types, the key properties it joins two builds on, and
+#: the keys a json/jsonl row must have
+COMPARE_DB = (
+    ("build_commit", "TEXT"), ("build_number", "INTEGER"), ("cpu_info", "TEXT"), ("gpu_info", "TEXT"),
+    ("backends", "TEXT"), ("model_filename", "TEXT"), ("model_type", "TEXT"), ("model_size", "INTEGER"),
+    ("model_n_params", "INTEGER"), ("n_batch", "INTEGER"), ("n_ubatch", "INTEGER"), ("n_threads", "INTEGER"),
+    ("cpu_mask", "TEXT"), ("cpu_strict", "INTEGER"), ("poll", "INTEGER"), ("type_k", "TEXT"), ("type_v", "TEXT"),
+    ("n_gpu_layers", "INTEGER"), ("split_mode", "TEXT"), ("main_gpu", "INTEGER"), ("no_kv_offload", "INTEGER"),
+    ("flash_attn", "INTEGER"), ("tensor_split", "TEXT"), ("tensor_buft_overrides", "TEXT"), ("load_mode", "TEXT"),
+    ("embeddings", "INTEGER"), ("no_op_offload", "INTEGER"), ("n_prompt", "INTEGER"), ("n_gen", "INTEGER"),
+    ("n_depth", "INTEGER"), ("test_time", "TEXT"), ("avg_ns", "INTEGER"), ("stddev_ns", "INTEGER"),
+    ("avg_ts", "REAL"), ("stddev_ts", "REAL"), ("n_cpu_moe", "INTEGER"), ("fit_target", "INTEGER"),
+    ("fit_min_ctx", "INTEGER"),
+)
+COMPARE_KEYS = (
+    "cpu_info", "gpu_info", "backends", "n_gpu_layers", "n_cpu_moe", "tensor_buft_overrides", "model_filename",
+    "model_type", "n_batch", "n_ubatch", "embeddings", "cpu_mask", "cpu_strict", "poll", "n_threads", "type_k",
+    "type_v", "load_mode", "no_kv_offload", "split_mode", "main_gpu", "tensor_split", "flash_attn", "n_prompt",
+    "n_gen", "n_depth", "fit_target", "fit_min_ctx",
+)
+
+
+class CompareLoad:
+    """What llama.cpp's ``scripts/compare-llama-bench.py`` does when it loads llama-bench data,
+    restated (its classes ``LlamaBenchDataSQLite3File``, ``LlamaBenchDataJSONL`` and
+    ``LlamaBenchDataJSON``; ``LlamaBenchDataSQLite3._builds_init`` and ``get_rows``):
+
+    * sql: ``llama-bench -o sql | sqlite3 db``, then it reads the table ``llama_bench``;
+    * json / jsonl: it creates ``llama_bench`` with its own column list (:data:`COMPARE_DB`),
+      drops every key of a row that is not a column, refuses a row that lacks a key property
+      (:data:`COMPARE_KEYS`) or ``build_commit``, ``test_time``, ``avg_ts``, and inserts the rest
+      by name;
+    * then, when the ``build_commit`` lengths differ, it cuts every one to the shortest length,
+      lists ``SELECT DISTINCT build_commit``, and compares a baseline and a compared build by
+      joining their rows on every key property (averaging ``avg_ts`` per test).
+    """
+
+    def __init__(self):
+        self.con = sqlite3.connect(":memory:")
+
+    @classmethod
+    def from_sql(cls, text: str) -> "CompareLoad":
+        c = cls()
+        c.con.executescript(text)
+        tables = [r[0] for r in c.con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        assert "llama_bench" in tables
+        return c
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> "CompareLoad":
+        c = cls()
+        c.con.execute(f"CREATE TABLE llama_bench({', '.join(f'{n} {t}' for n, t in COMPARE_DB)})")
+        cols = {n for n, _ in COMPARE_DB}
+        need = set(COMPARE_KEYS) | {"build_commit", "test_time", "avg_ts"}
+        for i, row in enumerate(rows):
+            kept = {k: v for k, v in row.items() if k in cols}
+            missing = need - set(kept)
+            assert not missing, f"row {i + 1} lacks {sorted(missing)}"
+            c.con.execute(f"INSERT INTO llama_bench({', '.join(kept)}) VALUES({', '.join('?' * len(kept))})",
+                          tuple(kept.values()))
+        return c
+
+    def builds(self) -> list[str]:
+        lo, hi = self.con.execute("SELECT MIN(LENGTH(build_commit)), MAX(LENGTH(build_commit)) FROM llama_bench"
+                                  ).fetchone()
+        if lo != hi:
+            self.con.execute(f"UPDATE llama_bench SET build_commit = SUBSTRING(build_commit, 1, {lo})")
+        return [r[0] for r in self.con.execute("SELECT DISTINCT build_commit FROM llama_bench")]
+
+    def compare(self, baseline: str, other: str) -> list[tuple]:
+        on = " AND ".join([f"tb.{k} = tc.{k}" for k in COMPARE_KEYS]
+                          + [f"tb.build_commit = '{baseline}'", f"tc.build_commit = '{other}'"])
+        return self.con.execute(
+            f"SELECT tb.model_type, tb.n_prompt, tb.n_gen, tb.n_depth, AVG(tb.avg_ts), AVG(tc.avg_ts) "
+            f"FROM llama_bench tb JOIN llama_bench tc ON {on} GROUP BY tb.model_type, tb.n_gen, tb.n_prompt, "
+            f"tb.n_depth ORDER BY tb.model_type, tb.n_gen, tb.n_prompt, tb.n_depth").fetchall()
+
+
+VARIANTS = ("--variant", "prefetch_ungated", "--variant", "prefetch_gated_32", "--variant", "slots2")
+
+
+@pytest.fixture(scope="module")
+def bench_outputs(tmp_path_factory):
+    """One 4-variant run (two variants share the prefix 'prefetch_') in json, jsonl and sql."""
+    d = tmp_path_factory.mktemp("cmp")
+    out = {}
+    for fmt in ("json", "jsonl", "sql"):
+        p = d / f"r.{fmt}"
+        assert main(["run", TINY, "-r", "2", "-q", *VARIANTS, "-ub", "32,64", "--out", str(p)]) == 0
+        out[fmt] = p.read_text()
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "sql"])
+def test_compare_llama_bench_loads_our_output_and_compares_variants_as_builds(bench_outputs, fmt):
+    text = bench_outputs[fmt]
+    rows = json.loads(text) if fmt == "json" else [json.loads(x) for x in bench_outputs["jsonl"].splitlines()]
+    load = CompareLoad.from_sql(text) if fmt == "sql" else CompareLoad.from_rows(rows)
+    builds = load.builds()
+    ids = {r["variant"]: r["build_commit"] for r in rows}
+    assert sorted(builds) == sorted(ids.values()) and len(builds) == 4  # no two collide
+    base = ids["baseline"]
+    for variant in ("prefetch_ungated", "prefetch_gated_32", "slots2"):
+        got = load.compare(base, ids[variant])
+        assert len(got) == 2  # pp64 and tg4, each over both -ub (averaged, as the script does)
+        for model, p, n, d, tb, tc in got:
+            mine = [r for r in rows if (r["n_prompt"], r["n_gen"], r["n_depth"]) == (p, n, d)]
+            assert tb == pytest.approx(sum(r["avg_ts"] for r in mine if r["variant"] == "baseline") / 2, rel=1e-6)
+            assert tc == pytest.approx(sum(r["avg_ts"] for r in mine if r["variant"] == variant) / 2, rel=1e-6)
+
+
+def test_variant_ids_stay_distinct_beside_real_builds(bench_outputs):
+    rows = [json.loads(x) for x in bench_outputs["jsonl"].splitlines()]
+    real = [{**r, "build_commit": "4b3f1a9c", "build_number": 7000} for r in rows if r["variant"] == "baseline"]
+    load = CompareLoad.from_rows(rows + real)
+    builds = load.builds()  # cut to 8 characters
+    assert len(builds) == 5 and "4b3f1a9c" in builds
+    assert len(load.compare("4b3f1a9c", builds[0] if builds[0] != "4b3f1a9c" else builds[1])) == 2
+
+
+def test_variant_ids_are_equal_length_and_distinct_when_cut():
+    names = ["baseline", "prefetch_ungated", "prefetch_gated_512", "prefetch_gated_32", "slots3", "slots3+cache_lru",
+             "cache_lru", "cache_lfu", "slots2", "slots4", "prefetch_ungated+cache_lru",
+             "baseline_without_selective_copy"]
+    ids = variant_ids([parse_variant(n) for n in names])
+    assert len({len(b) for b, _ in ids.values()}) == 1
+    assert sorted(n for _, n in ids.values()) == list(range(len(names)))
+    for cut in range(6, 20):
+        assert len({b[:cut] for b, _ in ids.values()}) == len(names)
+    assert variant_ids([parse_variant("baseline")]) == {"baseline": ("sim0-baseline", 0)}
+
+
+def test_the_real_compare_llama_bench_script_when_given(bench_outputs, tmp_path):
+    """Opt-in: ``COMPARE_LLAMA_BENCH=/path/to/llama.cpp/scripts/compare-llama-bench.py`` (and
+    ``COMPARE_LLAMA_BENCH_PYTHON``, a Python with GitPython and tabulate, default this one) runs the
+    script itself on our jsonl output and compares two variants."""
+    import os
+    import subprocess
+    import sys
+
+    script = os.environ.get("COMPARE_LLAMA_BENCH")
+    if not script:
+        pytest.skip("COMPARE_LLAMA_BENCH (llama.cpp's scripts/compare-llama-bench.py) not set")
+    py = os.environ.get("COMPARE_LLAMA_BENCH_PYTHON", sys.executable)
+    if subprocess.run([py, "-c", "import git, tabulate"], capture_output=True).returncode:
+        pytest.skip(f"{py} lacks GitPython or tabulate")
+    p = tmp_path / "r.jsonl"
+    p.write_text(bench_outputs["jsonl"])
+    ids = {json.loads(x)["variant"]: json.loads(x)["build_commit"] for x in bench_outputs["jsonl"].splitlines()}
+    r = subprocess.run([py, script, "-t", "llama-bench", "-i", str(p), "-b", ids["baseline"], "-c",
+                        ids["prefetch_ungated"]], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"t/s {ids['baseline']}" in r.stdout and f"t/s {ids['prefetch_ungated']}" in r.stdout
+    assert "pp64" in r.stdout and "tg4" in r.stdout
