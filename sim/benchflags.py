@@ -267,12 +267,39 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
 )
 
 
+#: llama-bench flags that set up the benchmark harness, not what is run: accepted (a copied
+#: llama-bench command line works) and noted as not modelled. (flags, takes a value)
+HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
+    (("-v", "--verbose"), False), (("--progress",), False), (("--no-warmup",), False),
+    (("--delay",), True), (("--prio",), True), (("--poll",), True), (("-C", "--cpu-mask"), True),
+    (("--cpu-strict",), True), (("-dev", "--device"), True), (("-lzm", "--lazy-mode"), True),
+    (("--repack",), True), (("--numa",), True), (("-oe", "--output-err"), True),
+)
+
+
+def harness_notes(args: argparse.Namespace) -> list[str]:
+    """One note per harness-only flag given (:data:`HARNESS_FLAGS`)."""
+    out = []
+    for opts, _ in HARNESS_FLAGS:
+        v = getattr(args, "harness_" + opts[-1].lstrip("-").replace("-", "_"), None)
+        if v not in (None, False):
+            out.append(f"{opts[0]}: accepted, not modelled (a llama-bench harness setting)")
+    return out
+
+
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
     """llama-bench's flags (lists and ranges; a repeated flag adds values), the scenario, and
     ``--variant``/``--engine``."""
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
         p.add_argument(*opts, dest=dest, type=typ, action="append", metavar=metavar, help=help_)
+    for opts, takes_value in HARNESS_FLAGS:
+        dest = "harness_" + opts[-1].lstrip("-").replace("-", "_")
+        if takes_value:
+            p.add_argument(*opts, dest=dest, metavar="X", help="llama-bench harness setting: accepted, not modelled")
+        else:
+            p.add_argument(*opts, dest=dest, action="store_true",
+                           help="llama-bench harness setting: accepted, not modelled")
     p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
     p.add_argument("--variant", action="append",
                    help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
@@ -752,6 +779,18 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         raise ScenarioError(str(exc), field="-ot") from None
     notes.extend(pnotes)
     base = scn.placement
+    if "model" in given:
+        kept = [f"{flag} {val}" for dest, flag, val in (
+            ("n_gpu_layers", "-ngl", base.ngl), ("n_cpu_moe", "-ncmoe", base.n_cpu_moe),
+            ("load_mode", "-lm", "none" if base.pinned else "mmap"),
+            ("overrides", "-ot", ";".join(f"{rx}={buf}" for rx, buf in base.override_tensor) or "none"))
+            if dest not in given and not (dest == "n_cpu_moe" and (moe is None or base.n_cpu_moe == 0))
+            and not (dest == "overrides" and not base.override_tensor)]
+        if kept:
+            notes.add(f"-m: the placement comes from the scenario ({', '.join(kept)}); llama-bench's own defaults "
+                      "are -ngl -1 -ncmoe 0 -lm auto: give the flags to override")
+    if moe and setting.n_cpu_moe > m.n_layer:
+        notes.add(f"-ncmoe {setting.n_cpu_moe}: '{m.name}' has {m.n_layer} blocks; every expert is on the host")
     pl = replace(pl, expert_cache_experts=base.expert_cache_experts, ctx_size=base.ctx_size,
                  fit_experts=base.fit_experts,
                  op_offload_min_batch=pl.op_offload_min_batch if setting.no_op_offload else base.op_offload_min_batch)

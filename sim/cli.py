@@ -337,7 +337,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .benchflags import Notes, default_threads, params_from_args
+    from .benchflags import Notes, default_threads, harness_notes, params_from_args
     from .report import format_rows
     from .specs import parse_variant
 
@@ -360,6 +360,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         progress = lambda it, desc: tqdm(it, desc=desc, unit="variant", file=sys.stderr)  # noqa: E731
     notes = Notes()
+    notes.extend(harness_notes(args))
     try:
         rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes)
     finally:

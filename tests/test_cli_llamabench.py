@@ -105,7 +105,7 @@ def test_ub_takes_a_list(capsys):
 
 def test_no_abbreviations_and_no_glued_letters(capsys):
     for argv, words in ((["--n-pr", "64"], "unrecognized arguments: --n-pr"),
-                        (["-dev", "CUDA0"], "unrecognized flag '-dev'"),
+                        (["-nope", "1"], "unrecognized flag '-nope'"),
                         (["-ngl99x"], "unrecognized flag '-ngl99x'")):
         with pytest.raises(SystemExit) as info:
             main(["run", TINY, *QUICK, *argv])
@@ -503,3 +503,32 @@ def test_the_real_compare_llama_bench_script_when_given(bench_outputs, tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"t/s {ids['baseline']}" in r.stdout and f"t/s {ids['prefetch_ungated']}" in r.stdout
     assert "pp64" in r.stdout and "tg4" in r.stdout
+
+
+def test_harness_flags_of_a_copied_llama_bench_command_are_accepted_with_a_note(capsys):
+    """A llama-bench command line as the grid records it (``-r 5 -o jsonl -v``) runs; each flag
+    that only sets up llama-bench's harness says in one line that it is not modelled."""
+    assert main(["run", TINY, *QUICK, "-v", "--no-warmup", "--delay", "1", "-dev", "CUDA0", "--poll", "50",
+                 "-o", "jsonl"]) == 0
+    cap = capsys.readouterr()
+    for flag in ("-v", "--no-warmup", "--delay", "-dev", "--poll"):
+        assert f"note: {flag}: accepted, not modelled" in cap.err
+    assert cap.out.count("\n") >= 1 and cap.out.lstrip().startswith("{")
+
+
+def test_m_says_where_the_placement_comes_from(capsys):
+    import tempfile
+
+    from calibrate.llamacpp.gguf_writer import tiny_variant, write_gguf
+    from sim.specs import load_model
+
+    with tempfile.TemporaryDirectory() as d:
+        g = Path(d) / "q.gguf"
+        write_gguf(tiny_variant(load_model(ROOT / "scenarios/models/qwen3-30b-a3b.toml")), g, tiny=True)
+        assert main(["run", "-m", str(g), "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q"]) == 0
+        err = capsys.readouterr().err
+        assert "-m: the placement comes from the scenario (-ngl 999, -ncmoe 24, -lm none)" in err
+        assert "-ncmoe 24: 'qwen3moe ?B Q4_K - Medium' has 8 blocks; every expert is on the host" in err
+        assert main(["run", "-m", str(g), "-ngl", "99", "-ncmoe", "0", "-lm", "none", "-p", "64", "-n", "0",
+                     "-r", "1", "--variant", "baseline", "-q"]) == 0
+        assert "placement comes from the scenario" not in capsys.readouterr().err

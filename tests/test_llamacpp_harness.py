@@ -513,3 +513,50 @@ def test_heldout_split_is_fixed_and_covers_every_regime_on_unseen_configurations
     assert is_fit_row(row)
     assert not is_fit_row({**row, "n_cpu_moe": 24}) and not is_fit_row({**row, "load_mode": "mmap"})
     assert not is_fit_row({**row, "model_filename": "gpt-oss-20b.gguf", "n_cpu_moe": 24})
+
+
+def test_committed_rows_are_attributed_to_their_invocations():
+    """Routing runs write routing.jsonl, so they must not count towards llama-bench.jsonl's rows."""
+    from calibrate.llamacpp import compare as cmp
+    from sim.llamabench import read_llama_bench
+
+    run = REPO / "data/llamacpp/h200-20261201"
+    inv = cmp.read_invocations(run / "invocations.jsonl")
+    owners = cmp._attribute(read_llama_bench(run / "llama-bench.jsonl"), inv)
+    assert len(owners) == 126 and all(o is not None and o["kind"] == "bench" for o in owners)
+    assert owners[0]["id"] == "qwen3-ncmoe24-default" and owners[-1]["id"] == "gemma3-ngl31-mmap"
+
+
+def test_a_gguf_that_is_not_the_named_model_is_noted():
+    from calibrate.llamacpp import compare as cmp
+    from sim.llamabench import read_llama_bench
+    from sim.specs import load_hardware, load_model
+
+    run = REPO / "data/llamacpp/h200-20261201"
+    row = read_llama_bench(run / "llama-bench.jsonl").iloc[0].to_dict()
+    model = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
+    hw = load_hardware(REPO / "scenarios/hardware/h200.toml")
+    assert not any("model_size" in n for n in cmp.row_case(row, model, hw).notes)
+    tiny = cmp.row_case({**row, "model_size": 31790336}, model, hw)
+    assert any("model_size 0.03 GiB differs from the model file's 17.28 GiB" in n for n in tiny.notes)
+
+
+def test_harness_commands_check_their_inputs_first(tmp_path, capsys):
+    from calibrate.llamacpp.__main__ import main
+    from calibrate.llamacpp.perf_cases import main as perf_main
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "llama-bench.jsonl").write_text("{}\n")
+    (run / "logs" / "a.log").write_text("x")
+    assert main(["report", str(run), "--hardware", str(tmp_path / "nope.toml")]) == 2
+    assert (run / "logs" / "a.log").is_file() and not (run / "logs.tar.gz").exists()  # nothing packed
+    assert main(["grid", "--bench", sys.executable, "--models", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    (tmp_path / "m").mkdir()
+    assert main(["grid", "--bench", sys.executable, "--models", str(tmp_path / "m"), "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
+    err = capsys.readouterr().err
+    assert "is not a folder" in err and "lacks gemma3-27b.gguf" in err
+    assert perf_main(["write", str(tmp_path)]) == 2
+    assert perf_main(["parse", str(REPO / "README.md")]) == 2
+    assert "is a folder" in capsys.readouterr().err

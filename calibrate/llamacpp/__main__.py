@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,13 @@ def _grid(args) -> int:
             raise PrefetchSimError(f"--only: no run named {', '.join(sorted(unknown))} in {args.grid}")
     if not Path(args.bench).is_file():
         raise PrefetchSimError(f"--bench: {args.bench} not found")
+    if not Path(args.models).is_dir():
+        raise PrefetchSimError(f"--models: {args.models} is not a folder")
+    missing = sorted({spec.model(r.model).gguf_name for r in spec.runs if (not only or r.id in only)
+                      and not (Path(args.models) / spec.model(r.model).gguf_name).is_file()})
+    if missing:
+        raise PrefetchSimError(f"--models: {args.models} lacks {', '.join(missing)} (write them with "
+                               "python -m calibrate.llamacpp.gguf_writer)")
     recs = run_grid(spec, args.bench, args.models, args.out, only=only, repetitions=args.repetitions)
     bad = [r for r in recs if r["rc"] != 0]
     print(f"{len(recs)} invocations, {sum(r['rows'] for r in recs if r['rc'] == 0)} rows, {len(bad)} failed")
@@ -128,9 +136,16 @@ def _report(args) -> int:
     from . import compare, routing_check
     from .grid import pack_logs
 
+    from sim.resources import builtin, is_bare_name
+    from sim.specs import load_hardware
+
     run = Path(args.run_dir)
     if not (run / "llama-bench.jsonl").is_file():
         raise PrefetchSimError(f"{run}: no llama-bench.jsonl (not a grid run folder)")
+    if not Path(args.hardware).is_file() and is_bare_name(args.hardware):
+        found = builtin("hardware", args.hardware.strip(), cwd_first=True)
+        args.hardware = str(found) if found else args.hardware
+    load_hardware(args.hardware)  # a bad profile fails here, before anything is written
     if (run / "logs").is_dir():
         print(f"packed {pack_logs(run)}")
     label = args.label or Path(args.hardware).stem
@@ -212,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrefetchSimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into head: not an error
+        sys.stderr = open(os.devnull, "w")
+        return 0
 
 
 if __name__ == "__main__":

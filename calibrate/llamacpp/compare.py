@@ -193,10 +193,13 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
 
 
 def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | None]:
-    """The invocation of each bench row: by order when every invocation reports its ``rows``
-    and they add up to the file's rows with matching GGUFs; else the one invocation of the
-    row's GGUF (None when there are several or none)."""
+    """The invocation of each bench row: by order when every invocation other than the routing
+    runs (``kind = "routing"``) reports its ``rows`` and they add up to the
+    file's rows with matching GGUFs; else the one invocation of the row's GGUF (None when there
+    are several or none)."""
     names = [Path(str(f)).name for f in bench["model_filename"]]
+    # routing runs write routing.jsonl, not llama-bench.jsonl (calibrate.llamacpp.grid)
+    invocations = [inv for inv in invocations if inv.get("kind", "bench") != "routing"]
     counts = [inv.get("rows") for inv in invocations]
     if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and sum(counts) == len(names):
         seq = [inv for inv, c in zip(invocations, counts) for _ in range(c)]
@@ -258,6 +261,11 @@ class RowCase:
     repetitions: int = 1
 
 
+#: relative difference between a row's ``model_size`` and the model spec's bytes above which the
+#: row is flagged (the spec counts exactly the GGUF's tensor bytes: sim.gguf / gguf_writer tests)
+MODEL_SIZE_TOLERANCE = 0.01
+
+
 def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile, *, repetitions: int = 3,
              name: str = "llama-bench row", file: str | None = None) -> RowCase:
     """The scenario of one llama-bench row on ``model`` (already cut to the GGUF's layers).
@@ -283,6 +291,10 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     except ValueError as exc:
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]))
     notes += pnotes
+    size = row.get("model_size") if hasattr(row, "get") else None
+    if isinstance(size, (int, float)) and size > 0 and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
+        notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
+                     "the GGUF is not the model the invocation names (trimmed or --tiny?)")
     backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")
     if "CUDA" not in backends:
         notes.append(f"backend {backends}: simulated as the profile's GPU")

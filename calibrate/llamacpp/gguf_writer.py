@@ -824,7 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.gguf_writer",
                                  description="Write a synthetic GGUF (real names, shapes, types; random "
                                              "zero-mean weights, diverse routing) for a model TOML.")
-    ap.add_argument("--model", required=True, help="model TOML (scenarios/models/*.toml) with [model] arch")
+    ap.add_argument("--model", required=True, help="model TOML with [model] arch: a path, or a built-in name "
+                    "(qwen3-30b-a3b, gpt-oss-20b, gemma3-27b, mixtral-8x7b)")
     ap.add_argument("--out", required=True, help="output .gguf (written to OUT.tmp, then renamed)")
     ap.add_argument("--n-layer", type=int, default=None, help="write only the first N blocks")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -835,7 +836,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.seed < 0:
             raise ScenarioError(f"--seed must be >= 0, got {args.seed}")
-        spec = load_model(args.model)
+        from sim.benchflags import model_path
+
+        spec = load_model(model_path(args.model))
         if args.tiny:
             spec = tiny_variant(spec)
         say = None if args.quiet else (lambda s: print(f"{prog}: {s}", flush=True))

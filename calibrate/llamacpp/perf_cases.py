@@ -56,11 +56,12 @@ def model_cases(model_toml: str | Path, tokens: Sequence[int] = TOKENS,
     """The distinct cases of one model: weight matmuls ``(type, m, k)`` (ggml's ``ne[1], ne[0]``)
     for every token count, expert tensors as MUL_MAT_ID with the model's ``n_expert``/top-k, and
     FlashAttention at its head geometry (``(n_tokens, kv)`` pairs of ``attn``)."""
+    from sim.benchflags import model_path
     from sim.specs import load_model
 
     from .gguf_writer import plan_tensors
 
-    spec = load_model(model_toml)
+    spec = load_model(model_path(str(model_toml)))
     mats: set[tuple[str, int, int]] = set()
     exps: set[tuple[str, int, int]] = set()
     for t in plan_tensors(spec):
@@ -95,8 +96,10 @@ def write_cases(path: str | Path, models: Iterable[str | Path] = DEFAULT_MODELS,
         for c in model_cases(m, **kw):
             if c.op in ops:
                 seen.setdefault(c.line(), c)
-    Path(path).write_text("# test-backend-ops perf cases (calibrate/llamacpp/perf_cases.py)\n"
-                          + "".join(c.line() + "\n" for c in seen.values()))
+    from sim.atomic import write_atomic
+
+    write_atomic(path, "# test-backend-ops perf cases (calibrate/llamacpp/perf_cases.py)\n"
+                 + "".join(c.line() + "\n" for c in seen.values()))
     return list(seen.values())
 
 
@@ -149,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("log")
     p.add_argument("--out", help="CSV to write")
     args = ap.parse_args(argv)
+    from sim.atomic import check_output_path
+
     try:
         if args.cmd == "write":
+            check_output_path(args.out, "out")
             cases = write_cases(args.out, args.models)
             n = {op: sum(c.op == op for c in cases) for op in ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT")}
             print(f"{args.out}: {len(cases)} cases ({', '.join(f'{v} {k}' for k, v in n.items())})")
@@ -160,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 raise PrefetchSimError(f"{args.log}: cannot read ({exc.strerror or exc})") from None
             df = parse_perf(text)
+            if df.empty:
+                raise PrefetchSimError(f"{args.log}: no timed case (not a test-backend-ops perf log?)")
             if args.out:
+                check_output_path(args.out, "--out")
                 from sim.atomic import write_atomic
 
                 write_atomic(args.out, df.to_csv(index=False))
@@ -168,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     except PrefetchSimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: cannot write '{exc.filename or args.out}': {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - output piped into head
+        return 0
     return 0
 
 
