@@ -100,7 +100,7 @@ def machine_info() -> dict:
 
 def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.Popen, Path, float]]:
     """Start one GGUF writer process per grid model (``python -m calibrate.llamacpp.gguf_writer``);
-    returns ``(key, process, log, start)``, process None for a GGUF kept from an earlier lease in
+    returns ``(key, process, log, start, stamp)``, process None for a GGUF kept from an earlier lease in
     the same work folder (same model TOML, writer source, seed and layers: ``models/<key>.json``).
     A model whose estimated size does not fit the free disk is skipped and recorded."""
     from sim.specs import load_model
@@ -123,7 +123,7 @@ def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.
                 old = {}
             if {k: old.get(k) for k in stamp} == stamp and old.get("bytes") == out.stat().st_size:
                 lease.say(f"gguf {m.key}: reusing {out} (same model file, writer and seed)")
-                procs.append((m.key, None, None, time.monotonic()))
+                procs.append((m.key, None, None, time.monotonic(), None))
                 continue
         if need > free:
             lease.say(f"gguf {m.key}: SKIPPED: needs {need / 2**30:.1f} GiB, {max(free, 0) / 2**30:.1f} GiB of disk left")
@@ -142,8 +142,7 @@ def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.
         fh.flush()
         stamp_file.unlink(missing_ok=True)
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=repo)
-        proc.stamp = (stamp_file, stamp)  # written when the writer succeeds
-        procs.append((m.key, proc, log, time.monotonic()))
+        procs.append((m.key, proc, log, time.monotonic(), stamp))  # stamp: written when the writer succeeds
         lease.say(f"gguf {m.key}: writing {out}")
     return procs
 
@@ -151,15 +150,14 @@ def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.
 def wait_writers(lease: Lease, spec, procs) -> list[str]:
     """Wait for the writers; record each in ``run/gguf.jsonl``; returns the keys that failed."""
     failed = []
-    for key, p, log, t0 in procs:
+    for key, p, log, t0, stamp in procs:
         if p is None:  # reused
             continue
         rc = p.wait()
         m = spec.model(key)
         path = lease.models / m.gguf_name
         if rc == 0 and path.is_file():
-            stamp_file, stamp = p.stamp
-            stamp_file.write_text(json.dumps({**stamp, "bytes": path.stat().st_size}))
+            (lease.models / f"{key}.json").write_text(json.dumps({**stamp, "bytes": path.stat().st_size}))
         rec = {"key": key, "model_toml": m.toml, "gguf": m.gguf_name, "n_layer": m.n_layer, "seed": m.seed,
                "rc": rc, "wall_s": round(time.monotonic() - t0, 1), "log": str(log.relative_to(lease.run_dir)),
                "bytes": path.stat().st_size if path.is_file() else None}
