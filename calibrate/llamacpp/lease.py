@@ -34,10 +34,13 @@ from .grid import load_grid, run_grid
 #: disk kept free beside the GGUFs (the llama.cpp build takes ~1.5 GB)
 DISK_RESERVE_BYTES = 4 * 2**30
 #: test-backend-ops perf runs made after the grid while time is left: (name, backend, case
-#: selection, seconds limit). With the ``perf-cases`` patch the cases are the models' own shapes
-#: (:mod:`calibrate.llamacpp.perf_cases`); the CPU backend runs with llama-bench's thread count
-#: (all hardware threads) on the token counts it gets (< 32: the op-offload rule).
-PERF_RUNS = (("cuda", "CUDA0", {}, 420), ("cpu", "CPU", {"tokens": (1, 2, 4, 8, 16), "ops": ("MUL_MAT", "MUL_MAT_ID")}, 240))
+#: list, seconds limit). With the ``perf-cases`` patch the cases are the models' own shapes
+#: (:func:`calibrate.llamacpp.perf_cases.gpu_cases` / ``cpu_cases``); the CPU backend runs with
+#: llama-bench's thread count (all hardware threads).
+PERF_RUNS = (("cuda", "CUDA0", "gpu_cases", 420), ("cpu", "CPU", "cpu_cases", 240))
+#: minimum timed span per case (µs; test-backend-ops' own is 1 s): enough repetitions for a
+#: stable mean of the short kernels, a quarter of the device time
+PERF_MIN_US = 250_000
 
 
 def _now() -> str:
@@ -186,22 +189,24 @@ def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
 def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path) -> None:
     """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`) while time is left:
     ``run/perf/<name>-cases.txt`` (the case file) and ``run/perf/<name>.txt`` (the output)."""
-    from .perf_cases import DEFAULT_MODELS, write_cases
+    from . import perf_cases
 
     perf = lease.run_dir / "perf"
     perf.mkdir(exist_ok=True)
-    for name, backend, sel, limit in PERF_RUNS:
+    for name, backend, make, limit in PERF_RUNS:
         left = deadline_at - time.monotonic()
         if left < 30:
             lease.say(f"perf {name}: skipped (deadline)")
             continue
         cases = perf / f"{name}-cases.txt"
-        n = len(write_cases(cases, [repo / m for m in DEFAULT_MODELS], **sel))
-        env = {**os.environ, "PREFETCH_SIM_PERF_CASES": str(cases), "PREFETCH_SIM_THREADS": str(os.cpu_count() or 1)}
+        n = len(perf_cases.write_case_list(cases, getattr(perf_cases, make)([repo / m for m in perf_cases.LEASE_MODELS])))
+        env = {**os.environ, "PREFETCH_SIM_PERF_CASES": str(cases), "PREFETCH_SIM_THREADS": str(os.cpu_count() or 1),
+               "PREFETCH_SIM_PERF_MIN_US": str(PERF_MIN_US)}
         cmd = [str(program), "perf", "-b", backend]
         t0 = time.monotonic()
         with open(perf / f"{name}.txt", "w") as fh:
-            fh.write("$ PREFETCH_SIM_PERF_CASES=" + str(cases) + " " + " ".join(cmd) + "\n")
+            fh.write(f"$ PREFETCH_SIM_PERF_CASES={cases} PREFETCH_SIM_THREADS={env['PREFETCH_SIM_THREADS']} "
+                     f"PREFETCH_SIM_PERF_MIN_US={PERF_MIN_US} " + " ".join(cmd) + "\n")
             fh.flush()
             try:
                 rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,

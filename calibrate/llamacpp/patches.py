@@ -93,6 +93,10 @@ PERF_MARK = "// prefetch-sim perf-cases"
 #:     MUL_MAT_ID <type_a> <n_expert> <n_used> <m> <n> <k>
 #:     FLASH_ATTN_EXT <head_dim> <n_head> <n_head_kv> <kv> <n_tokens>
 #:
+#:     MUL_MAT_B <type_a> <type_b> <m> <n> <k> <bs2> <nr2>  # a (k, m, bs2) x b (k, n, bs2*nr2)
+#:     SOFT_MAX <kv> <n_tokens> <n_head>                  # masked softmax of (kv, n_tokens, n_head)
+#:
+#: ``PREFETCH_SIM_PERF_MIN_US=T`` times each case for at least T µs (default: the program's 1 s),
 #: and ``PREFETCH_SIM_THREADS=N`` sets the CPU backend's threads (test-backend-ops uses half the
 #: hardware threads; llama-bench all of them by default).
 PERF_CASES = (
@@ -132,6 +136,19 @@ PERF_CASES = (
                 if (!(ls >> hd >> nh >> nkv >> kv >> nb) || nkv < 1 || nh % nkv) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
                 psim_cases.emplace_back(new test_flash_attn_ext(hd, hd, nkv, {{nh / nkv, 1}}, kv, nb, true, false, 0.0f, 0.0f,
                                                                  GGML_PREC_F32, GGML_TYPE_F16, GGML_TYPE_F16));
+            }} else if (op == "MUL_MAT_B") {{
+                // batched/broadcast matmul: a (k, m, bs2), b (k, n, bs2*nr2): the unfused attention's
+                // KQ and KQV (bs2 = KV heads, nr2 = query heads per KV head), or bs2 distinct weight
+                // matrices read cold (their total bytes beyond the GPU's L2 / the CPU's L3)
+                std::string tb;
+                int64_t m, n, k, bs2, nr2;
+                if (!(ls >> ta >> tb >> m >> n >> k >> bs2 >> nr2) || bs2 < 1 || nr2 < 1) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
+                psim_cases.emplace_back(new test_mul_mat(psim_type(ta), psim_type(tb), m, n, k, {{bs2, 1}}, {{nr2, 1}}));
+            }} else if (op == "SOFT_MAX") {{
+                // the unfused attention's masked softmax: scores (kv, n_tokens, n_head), one mask
+                int64_t kv, nb, nh;
+                if (!(ls >> kv >> nb >> nh) || nh < 1) {{ fprintf(stderr, "prefetch-sim perf-cases: bad line: %s\\n", psim_line.c_str()); exit(2); }}
+                psim_cases.emplace_back(new test_soft_max(GGML_TYPE_F32, {{kv, nb, 1, 1}}, true, false, GGML_TYPE_F32, {{nh, 1}}, 0.1f));
             }} else {{
                 fprintf(stderr, "prefetch-sim perf-cases: unknown op '%s'\\n", op.c_str());
                 exit(2);
@@ -139,6 +156,13 @@ PERF_CASES = (
         }}
         return psim_cases;
     }}
+"""),
+    Insertion("tests/test-backend-ops.cpp", "int total_runs = 0;", f"""\
+        {PERF_MARK}: a shorter minimum time per case
+        static const int64_t psim_min_us = getenv("PREFETCH_SIM_PERF_MIN_US") ? atoll(getenv("PREFETCH_SIM_PERF_MIN_US")) : 1000*1000;
+"""),
+    Insertion("tests/test-backend-ops.cpp", "reinit_perf_iter(ctx.get());", f"""\
+            if (total_time_us >= psim_min_us) {{ break; }}  {PERF_MARK}
 """),
     Insertion("tests/test-backend-ops.cpp", "ggml_backend_set_n_threads_fn(backend.get(), std::max<int>(1, N_THREADS/2));", f"""\
             {PERF_MARK}: the CPU backend's threads

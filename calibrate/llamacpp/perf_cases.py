@@ -15,6 +15,16 @@ Case lines (one per case; see the patch)::
     MUL_MAT <type> <m> <n> <k>                          # weight (k x m), n tokens
     MUL_MAT_ID <type> <n_expert> <n_used> <m> <n> <k>   # experts (k x m x n_expert), n tokens
     FLASH_ATTN_EXT <head_dim> <n_head> <n_head_kv> <kv> <n_tokens>
+    MUL_MAT_B <type_a> <type_b> <m> <n> <k> <bs2> <nr2>  # a (k x m x bs2), b (k x n x bs2*nr2)
+    SOFT_MAX <kv> <n_tokens> <n_head>
+
+Two lists are made for a lease (:func:`gpu_cases`, :func:`cpu_cases`): every weight matmul and
+expert matmul of the models at the token counts a llama-bench run meets, the attention of each
+head geometry (FlashAttention and the unfused KQ / softmax / KQV of ``-fa 0``), and one *cold*
+case per weight type: ``MUL_MAT_B`` over enough distinct matrices that their bytes exceed the
+GPU's L2 (or the CPU's last-level cache). ``test-backend-ops perf`` repeats one op on one weight,
+which then sits in the cache; in a model every layer reads other weights, so a matvec is priced
+at no less than its bytes over the cold rate (:mod:`sim.ggmlcost`).
 """
 
 from __future__ import annotations
@@ -84,6 +94,121 @@ def model_cases(model_toml: str | Path, tokens: Sequence[int] = TOKENS,
             out += [Case("MUL_MAT_ID", (ty, spec.moe.n_expert, spec.moe.n_expert_used, m, n, k)) for n in tokens]
     out += [Case("FLASH_ATTN_EXT", (spec.head_dim, spec.n_head, spec.n_head_kv, kv, nb)) for nb, kv in attn]
     return out
+
+
+#: models of the llama.cpp ground truth (the lease's case lists)
+LEASE_MODELS = DEFAULT_MODELS[:3]
+#: token counts of the GPU weight matmuls: decode, small batches, and every ubatch size used
+GPU_TOKENS = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: (n_tokens, kv) of the GPU attention cases (kv: keys attended, the new tokens included)
+GPU_ATTN = ((1, 256), (1, 4096), (1, 8448), (1, 16384), (1, 32768), (64, 256), (128, 512), (128, 2048),
+            (512, 512), (512, 2048), (512, 8704), (2048, 2048), (2048, 4096), (2048, 10240),
+            (4096, 4096), (4096, 8192))
+#: the subset timed for the unfused attention (``-fa 0``)
+GPU_ATTN_UNFUSED = ((1, 256), (1, 8448), (64, 256), (128, 512), (128, 2048), (512, 512), (512, 2048),
+                    (512, 8704), (2048, 2048), (2048, 4096), (4096, 4096), (4096, 8192))
+#: (n_tokens, kv) of the CPU FlashAttention cases: layers left on the CPU by ``-ngl``
+CPU_ATTN = ((1, 256), (1, 1280), (1, 8448), (512, 512), (512, 1536), (512, 2048), (2048, 2048))
+#: bytes the distinct matrices of a cold case add up to (H200 L2: 50 MB; the CPU: above its L3)
+COLD_BYTES = {"gpu": 512 * 2**20, "cpu": 2 * 2**30}
+
+
+def _weights(spec) -> tuple[set, set, set]:
+    """``(mats, exps, outs)`` of a model: distinct ``(type, m, k)`` of its weight matmuls, expert
+    tensors and output head."""
+    from .gguf_writer import plan_tensors
+
+    mats, exps, outs = set(), set(), set()
+    tensors = plan_tensors(spec)
+    for t in tensors:
+        if not t.name.endswith(".weight") or len(t.ne) < 2 or t.ggml_type == "F32" or t.name.startswith("token_embd"):
+            continue
+        key = (t.ggml_type, t.ne[1], t.ne[0])
+        (exps if "_exps" in t.name and len(t.ne) == 3 else outs if t.name == "output.weight" else mats).add(key)
+    if not any(t.name == "output.weight" for t in tensors):  # tied head
+        emb = next(t for t in tensors if t.name == "token_embd.weight")
+        outs.add((emb.ggml_type, emb.ne[1], emb.ne[0]))
+    return mats, exps, outs
+
+
+def _cold(kind: str, shapes) -> list[Case]:
+    """One cold ``MUL_MAT_B`` case per type: its largest matrix, repeated to :data:`COLD_BYTES`."""
+    from sim.quant import ggml_nbytes
+
+    best: dict[str, tuple[int, int, int]] = {}
+    for ty, m, k in shapes:  # the largest matrix up to 64 MiB (quantising random data takes time)
+        b = ggml_nbytes(ty, k * m)
+        key = (b <= 2**26, b if b <= 2**26 else -b)
+        if ty not in best or key > (best[ty][0] <= 2**26, best[ty][0] if best[ty][0] <= 2**26 else -best[ty][0]):
+            best[ty] = (b, m, k)
+    out = []
+    for ty, (b, m, k) in sorted(best.items()):
+        copies = max(2, min(4096, -(-COLD_BYTES[kind] // b)))
+        out.append(Case("MUL_MAT_B", (ty, "F32", m, 1, k, copies, 1)))
+    return out
+
+
+def gpu_cases(models: Iterable[str | Path] = LEASE_MODELS) -> list[Case]:
+    """The GPU list: weight matmuls at :data:`GPU_TOKENS` (the output head at 1 token: llama-bench
+    computes the logits of the last token), expert matmuls at the same counts, FlashAttention at
+    :data:`GPU_ATTN` and the unfused attention at :data:`GPU_ATTN_UNFUSED` for each head
+    geometry, and the cold cases."""
+    from sim.benchflags import model_path
+    from sim.specs import load_model
+
+    out: list[Case] = []
+    allm: set = set()
+    for mt in models:
+        spec = load_model(model_path(str(mt)))
+        mats, exps, outs = _weights(spec)
+        allm |= mats | outs | exps
+        for ty, m, k in sorted(mats):
+            out += [Case("MUL_MAT", (ty, m, n, k)) for n in GPU_TOKENS]
+        out += [Case("MUL_MAT", (ty, m, 1, k)) for ty, m, k in sorted(outs)]
+        if spec.moe is not None:
+            for ty, m, k in sorted(exps):
+                out += [Case("MUL_MAT_ID", (ty, spec.moe.n_expert, spec.moe.n_expert_used, m, n, k)) for n in GPU_TOKENS]
+        hd, nh, nkv = spec.head_dim, spec.n_head, spec.n_head_kv
+        out += [Case("FLASH_ATTN_EXT", (hd, nh, nkv, kv, nb)) for nb, kv in GPU_ATTN]
+        for nb, kv in GPU_ATTN_UNFUSED:
+            out += [Case("MUL_MAT_B", ("F16", "F32", kv, nb, hd, nkv, nh // nkv)),
+                    Case("SOFT_MAX", (kv, nb, nh)),
+                    Case("MUL_MAT_B", ("F16", "F32", hd, nb, kv, nkv, nh // nkv))]
+    return out + _cold("gpu", allm)
+
+
+def cpu_cases(models: Iterable[str | Path] = LEASE_MODELS) -> list[Case]:
+    """The CPU list (ops of fewer than 32 tokens stay on the CPU backend, the op-offload rule):
+    every weight, expert and output matmul at 1 token, FlashAttention of dense models at
+    :data:`CPU_ATTN` (layers ``-ngl`` leaves on the CPU attend there, at prefill too), and the
+    cold cases."""
+    from sim.benchflags import model_path
+    from sim.specs import load_model
+
+    out: list[Case] = []
+    allm: set = set()
+    for mt in models:
+        spec = load_model(model_path(str(mt)))
+        mats, exps, outs = _weights(spec)
+        allm |= mats | outs | exps
+        out += [Case("MUL_MAT", (ty, m, 1, k)) for ty, m, k in sorted(mats | outs)]
+        if spec.moe is not None:
+            out += [Case("MUL_MAT_ID", (ty, spec.moe.n_expert, spec.moe.n_expert_used, m, 1, k)) for ty, m, k in sorted(exps)]
+        else:
+            out += [Case("FLASH_ATTN_EXT", (spec.head_dim, spec.n_head, spec.n_head_kv, kv, nb)) for nb, kv in CPU_ATTN]
+    return out + _cold("cpu", allm)
+
+
+def write_case_list(path: str | Path, cases: Iterable[Case]) -> list[Case]:
+    """Write ``cases`` (duplicates dropped, order kept) to ``path`` atomically; returns them."""
+    from sim.atomic import write_atomic
+
+    seen: dict[str, Case] = {}
+    for c in cases:
+        seen.setdefault(c.line(), c)
+    write_atomic(path, "# test-backend-ops perf cases (calibrate/llamacpp/perf_cases.py)\n"
+                 + "".join(c.line() + "\n" for c in seen.values()))
+    return list(seen.values())
 
 
 def write_cases(path: str | Path, models: Iterable[str | Path] = DEFAULT_MODELS, *,
