@@ -312,7 +312,7 @@ def translate(plan: Plan, *, byte_scale: float = 1.0) -> Program:
             moe[(nn, kk)] = (max(u0, n_used), max(r0, r))
             out_elems = max(out_elems, n_used * r * nn)
         elif k is OpKind.ATTN and _is_gpu_queue(op):
-            n_tok, kv, nh, nkv, hd, window, linear, state = (int(x) for x in op.shape)
+            n_tok, kv, nh, nkv, hd, window, linear, state = (int(x) for x in op.shape[:8])
             keys = attn_keys(n_tok, kv, window)
             akey = (nh, nkv, hd, bool(linear), state if linear else 0)
             t0, k0 = attn.get(akey, (0, 0))
@@ -611,7 +611,7 @@ class _Runtime:
         """Softmax attention as one prepared :func:`calibrate.measure.attention_call` (two
         cuBLAS GEMMs and the softmax kernel, per chunk of query rows) on the stream's score
         buffer; linear attention through :meth:`compute`."""
-        n_tok, kv, nh, nkv, hd, window, linear, _state = (int(x) for x in op.shape)
+        n_tok, kv, nh, nkv, hd, window, linear, _state = (int(x) for x in op.shape[:8])
         if linear:
             return lambda: self.compute(op)
         if n_tok <= 0:
@@ -656,7 +656,7 @@ class _Runtime:
             x = self.x[k][: u * r * k].reshape(u, r, k)
             self.M.bgemm(self.g, x, w, out[: u * r * n].reshape(u, r, n))
         else:
-            n_tok, kv, nh, nkv, hd, window, linear, state = (int(x) for x in op.shape)
+            n_tok, kv, nh, nkv, hd, window, linear, state = (int(x) for x in op.shape[:8])
             if n_tok <= 0:
                 return
             res = self.attn_kv[(nh, nkv, hd, bool(linear), state if linear else 0)]
@@ -866,7 +866,7 @@ def _outputs(rt: _Runtime, probe_vals: np.ndarray, cpu_out: dict) -> dict:
             words = (int(y[:1].view(np.uint32)[0]), int(y[-1:].view(np.uint32)[0]))
         else:
             continue
-        key = (op.graph, op.name, op.kind.value, tuple(int(x) for x in op.shape))
+        key = (op.graph, op.name, op.kind.value, tuple(int(x) if isinstance(x, (int, np.integer)) else x for x in op.shape))
         occ = seen[key]
         seen[key] += 1
         out[(*key, occ)] = words

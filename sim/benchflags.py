@@ -809,7 +809,12 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
     if setting.flash_attn != -1 or "flash_attn" in given:
-        notes.add("-fa: the simulator has one attention cost (the profile's) for every -fa")
+        pl = replace(pl, flash_attn=setting.flash_attn != 0)
+        if hw.ggml is None:
+            notes.add(f"-fa: profile '{hw.name}' has one attention cost for every -fa (a profile with llama.cpp "
+                      "kernel tables, such as h200-llamacpp, prices both)")
+    else:
+        pl = replace(pl, flash_attn=base.flash_attn)
     if "n_threads" in given:
         notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures)")
     insts = params.instances(setting)

@@ -41,6 +41,7 @@ import numpy as np
 from .cache import ExpertCache
 from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
+from .ggmlcost import graph_kernels, layer_elementwise, mask_entries
 from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
 from .specs import BenchTest, Scenario, Tensor, Variant
@@ -162,6 +163,11 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         # ggml-cuda's offload rule looks at the op's own batch (ne[1] of MUL_MAT, tokens of
         # MUL_MAT_ID): the output head computes one row per graph
         cpu = host and not (offload if kind is OpKind.MOE else shape[0] >= pl.op_offload_min_batch)
+        if kind is OpKind.GEMM:
+            # the ggml ops the fused op stands for: (ggml type, n_out, n_in, bytes) per weight
+            shape = (*shape, tuple((t.ggml_type, t.n_out, t.n_in, t.bytes_per_mat) for t in tensors))
+        else:
+            shape = (*shape, tensors[0].ggml_type)
         items.append(Item(kind, name, layer, shape, wb, tuple(tensors), host, cpu,
                           -1 if cpu else max(dev, 0), expert))
 
@@ -174,8 +180,9 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU
         win = model.attn_window(i)
         linear = not model.is_full_attn_layer(i)
+        ew_kernels, ew_elems = layer_elementwise(model, i)
         shape = (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
-                 model.linear_state_dim)
+                 model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems)
         on_gpu = ctx.layer_dev[i] >= 0
         items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not on_gpu,
                           ctx.layer_dev[i] if on_gpu else -1))
@@ -372,9 +379,21 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
     # a staging buffer is allocated for the largest tensor it may hold (worst-case graph)
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
                   for name, members in pools.items()}
+    ggml = hw.ggml
+    if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0):
+        # llama.cpp's host work per graph: build, allocate, set the inputs, and without a CUDA
+        # graph (ubatches of more than one token) launch every kernel (sim.ggmlcost)
+        em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
+                shape=(graph_kernels(items), n_tokens))
+    if ggml is not None and ggml.mask_s > 0:
+        em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
+                shape=(mask_entries(model, n_tokens, kv_len),))
     for si, s in enumerate(splits):
         em.split = si
         em.layer = s.items[0].layer
+        if ggml is not None and ggml.split_s > 0:
+            # the scheduler's host work per split (inputs, events, backend switch)
+            em.host(OpKind.HOST_WORK, f"split {si} host overhead", tag="split_overhead")
         # prefetch lookahead: issue the staged copies whose issue point has come
         while issued_upto + 1 < len(staged_order) and issue_at[staged_order[issued_upto + 1]] <= si:
             issue_staged_copy(issued_upto + 1)
@@ -483,13 +502,13 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.layer = it.layer
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
-            n_tok, kv, nh, nkv, hd, win, linear, state = it.shape
+            n_tok, kv, nh, nkv, hd, win, linear, state = it.shape[:8]
             pairs = n_tok * nh * hd * state if linear else attn_pairs(n_tok, kv, win) * nh * hd
             kv_read = 0 if linear else attn_keys(n_tok, kv, win) * nkv * hd * 4
-            shape = (1, int(2 * pairs), 1, 1)
+            shape = (1, int(2 * pairs), 1, 1, "attn", it.shape)
             nbytes = int(kv_read)
         elif it.kind is OpKind.MOE:
-            m_, n_, k_, n_used, topk = it.shape
+            m_, n_, k_, n_used, topk = it.shape[:5]
             if ctx.cache is not None:
                 mask = ctx.stats["used_masks"][it.layer]
                 if it.layer not in read_layers:
@@ -504,11 +523,11 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
                     fill_reqs.append((it.layer, t, misses))
                 n_used = misses
                 nbytes = misses * t.bytes_per_mat
-            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0)
+            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0, "moe", it.shape)
         else:
-            m_, n_, k_ = it.shape
-            shape = (m_, n_, k_, 1)
-        if nbytes == 0 and shape[-1] == 0:
+            m_, n_, k_ = it.shape[:3]
+            shape = (m_, n_, k_, 1, "mm", it.shape)
+        if nbytes == 0 and shape[3] == 0:
             continue
         # the CPU backend runs on the host thread: it starts after the host's last op (the
         # wait for the activations) and the host continues only when it is done

@@ -47,6 +47,8 @@ from .specs import HardwareProfile
 HOST_WORK_PER_ITEM_S = 5e-9
 
 ACT_BYTES = 4  # activations are f32 in ggml graphs
+#: ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH`` default (sim.specs.Placement.op_offload_min_batch)
+OP_OFFLOAD_MIN_BATCH = 32
 
 
 def roofline_s(hw: HardwareProfile, flops: float, nbytes: float) -> float:
@@ -233,6 +235,10 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
         ValueError: an op kind the cost model does not know.
     """
     k = op.kind
+    if hw.ggml is not None and not hw.executor_mode:
+        t = ggml_duration_s(op, hw)
+        if t is not None:
+            return t
     if k is OpKind.H2D:
         return hw.h2d(op.pinned).time_s(op.nbytes)
     if k is OpKind.D2H:
@@ -248,7 +254,7 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
         rows = m * topk
         return roofline_s(hw, 2.0 * rows * n * kk, wb + ACT_BYTES * rows * (n + kk))
     if k is OpKind.ATTN:
-        n_tok, kv, nh, nkv, hd, window, linear, state = op.shape
+        n_tok, kv, nh, nkv, hd, window, linear, state = op.shape[:8]
         if not linear and hw.attn_table is not None:
             t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window)
             if t is not None:
@@ -270,7 +276,7 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
             issue = hw.executor_op_issue_s or hw.op_issue_s
         busy = hw.executor_busy_issue_s_by_kind.get(op.tag, 0.0) if host_busy else 0.0
         if op.tag == "attn" and op.shape and hw.attn_table is not None and "t_host_s" in hw.attn_table.columns:
-            n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape
+            n_tok, kv, nh, nkv, hd, window, linear, _state = op.shape[:8]
             if not linear:
                 t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window, column="t_host_s")
                 if t is not None:
@@ -284,6 +290,66 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
             return hw.executor_host_work_s + hw.executor_host_work_per_id_s * n_ids
         return HOST_WORK_PER_ITEM_S * n_ids
     raise ValueError(f"no cost for op kind {k}")
+
+
+def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
+    """Duration of ``op`` from the profile's llama.cpp kernel tables (:mod:`sim.ggmlcost`), or
+    None for an op they do not price (copies, syncs, launches: the generic formulas; a weight
+    whose ggml type has no measured kernel: the roofline)."""
+    g = hw.ggml
+    k = op.kind
+    sh = op.shape
+    if k is OpKind.GEMM and len(sh) > 3:
+        m = sh[0]
+        total = 0.0
+        for ty, n_out, n_in, nb in sh[3]:
+            t = g.matmul_s("gpu", ty, n_out, n_in, m, nb) if ty else None
+            total += t if t is not None else gemm_s(hw, m, n_out, n_in, nb)
+        return total
+    if k is OpKind.MOE and len(sh) > 5 and sh[5]:
+        m, n, kk, _n_used, topk = sh[:5]
+        return g.moe_s("gpu", sh[5], n, kk, m, topk, op.nbytes)
+    if k is OpKind.ATTN and len(sh) > 10 and not sh[6]:
+        n_tok, kv, nh, nkv, hd, window = sh[:6]
+        fa, ew_k, ew_e = sh[8:11]
+        keys = min(kv + n_tok, window + n_tok) if window else kv + n_tok
+        t = g.attn_s("gpu", n_tok, keys, nh, nkv, hd, bool(fa))
+        if t is None:
+            t = attn_s(hw, n_tok, kv, nh, nkv, hd, window)
+        return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok)
+    if k is OpKind.CPU_MATVEC and len(sh) > 5 and g.cpu is not None:
+        m, n, kk, mult, tag, inner = sh[:6]
+        flops = hw.cpu_flops_per_s
+        if tag == "mm":
+            total = 0.0
+            for ty, n_out, n_in, nb in inner[3]:
+                total += (g.matmul_s("cpu", ty, n_out, n_in, m, nb, flops) if ty
+                          else cpu_s(hw, nb, 2.0 * m * n_out * n_in))
+            return total
+        if tag == "moe" and inner[5]:
+            return g.moe_s("cpu", inner[5], n, kk, m, mult, op.nbytes, flops)
+        if tag == "attn" and len(inner) > 10 and not inner[6]:
+            n_tok, kv, nh, nkv, hd, window = inner[:6]
+            fa, ew_k, ew_e = inner[8:11]
+            keys = min(kv + n_tok, window + n_tok) if window else kv + n_tok
+            t = g.attn_s("cpu", n_tok, keys, nh, nkv, hd, bool(fa))
+            if t is None:
+                t = cpu_s(hw, op.nbytes, float(n))
+            else:  # ggml-cpu skips masked cells: the causal share of the rectangle
+                t *= min(1.0, attn_pairs(n_tok, kv, window) / (n_tok * keys))
+            # at and above the op-offload batch the scheduler runs the layer's weightless ops
+            # next to its offloaded matmuls on the GPU; only the KV-bound ones stay on the CPU
+            ew_on = "gpu" if n_tok >= OP_OFFLOAD_MIN_BATCH else "cpu"
+            return t + g.elementwise_s(ew_on, ew_k, 4.0 * ew_e * n_tok)
+        return None
+    if k is OpKind.HOST_WORK and op.tag == "graph_overhead":
+        kernels, n_tok = sh[:2] if len(sh) >= 2 else (0, 1)
+        return g.graph_s + (g.launch_s * kernels if n_tok > 1 else 0.0)
+    if k is OpKind.HOST_WORK and op.tag == "split_overhead":
+        return g.split_s
+    if k is OpKind.HOST_WORK and op.tag == "kq_mask":
+        return g.mask_s * (sh[0] if sh else 0)
+    return None
 
 
 def busy_mask(plan: Plan) -> np.ndarray:

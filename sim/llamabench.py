@@ -617,6 +617,7 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
         pinned=terms.pinned, ctx_size=terms.ctx_size,
         op_offload_min_batch=NO_OP_OFFLOAD_MIN_BATCH if terms.no_op_offload else 32,
         tensor_split=shares if len(shares) > 1 else (),
+        flash_attn=terms.flash_attn != "off",
     )
     return pl, tuple(notes)
 

@@ -586,6 +586,9 @@ class HardwareProfile:
         sources: field -> where the number came from.
         measured: metadata of a calibrated profile (device, driver, versions, date, command).
         file: the TOML file.
+        ggml: llama.cpp's own kernel tables and scheduler overheads (a
+            :class:`sim.ggmlcost.GgmlKernels`, TOML table ``[ggml]``), or None. With them the
+            compute ops are priced as llama.cpp runs them (:mod:`sim.ggmlcost`).
     """
 
     name: str
@@ -624,6 +627,7 @@ class HardwareProfile:
     measured: Mapping[str, str] = field(default_factory=dict)
     file: str | None = None
     backend: str = ""
+    ggml: Any = None
 
     def h2d(self, pinned: bool) -> LinkSpec:
         return self.h2d_pinned if pinned else self.h2d_pageable
@@ -696,7 +700,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     d2h_bw = num("d2h_gb_per_s", GB, default=pin_bw)
     d2h_lat = num("d2h_latency_us", 1e-6, default=15e-6)
     host_sync = num("host_sync_us", 1e-6, default=10e-6)
-    issue = num("op_issue_us", 1e-6, default=4e-6)
+    issue = num("op_issue_us", 1e-6, default=4e-6, positive=False)
     event = num("event_us", 1e-6, default=2e-6)
     cpu_bw = num("cpu_gb_per_s", GB)
     cpu_flops = num("cpu_tflops", 1e12, default=1e12)
@@ -723,6 +727,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"),
                                  zero_ok=("kv_len",))
     g.check_unknown()
+    ggml = _load_ggml(f.sub("ggml"), sources) if f.has("ggml") else None
     measured: dict[str, str] = {}
     if f.has("measured"):
         ms = f.sub("measured")
@@ -742,8 +747,60 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         executor_busy_issue_s_by_kind=ex_busy, executor_cpu_op_s=ex_cpu_op, executor_cpu_bytes_per_s=ex_cpu_bw,
         executor_busy_scale=ex_scale, gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
-        file=str(path), backend=backend,
+        file=str(path), backend=backend, ggml=ggml,
     )
+
+
+def _load_ggml(g: Fields, sources: dict[str, str]):
+    """The ``[ggml]`` table of a hardware profile: kernel tables (CSV paths relative to the
+    profile) and sourced numbers (:class:`sim.ggmlcost.GgmlKernels`).
+
+    Raises:
+        ScenarioError: naming the field and file of a missing, unreadable or invalid value.
+    """
+    from .ggmlcost import GgmlKernels, read_table
+
+    def table(key: str, required: bool):
+        if not g.has(key):
+            if required:
+                raise g.error(key, "missing (a kernel table CSV written by python -m calibrate.llamacpp.perf_cases table)")
+            return None
+        p = g.path(key)
+        try:
+            return read_table(p)
+        except FileNotFoundError:
+            raise g.error(key, f"table file not found: {p}") from None
+        except (ValueError, OSError) as exc:
+            raise g.error(key, f"cannot read kernel table {p}: {exc}") from None
+
+    def num(key: str, scale: float, positive: bool = True) -> float:
+        v, src = g.sourced(key, positive=positive)
+        if v < 0:
+            raise g.error(key, f"a cost must be >= 0, got {v}")
+        sources[f"ggml.{key}"] = src
+        return v * scale
+
+    gpu = table("gpu_kernels", True)
+    cpu = table("cpu_kernels", False)
+    out = GgmlKernels(
+        gpu=gpu, cpu=cpu, l2_bytes=num("l2_mb", 2**20), floor_s=num("kernel_floor_us", 1e-6, positive=False),
+        ew_bytes_per_s=num("ew_gb_per_s", GB), cpu_op_s=num("cpu_op_us", 1e-6, positive=False),
+        cpu_ew_bytes_per_s=num("cpu_ew_gb_per_s", GB), graph_s=num("graph_us", 1e-6, positive=False),
+        split_s=num("split_us", 1e-6, positive=False),
+        mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
+        launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
+        sources={k[5:]: v for k, v in sources.items() if k.startswith("ggml.")})
+    g.check_unknown()
+    try:
+        out.cold_rate("gpu", "Q4_K")
+    except ValueError as exc:
+        raise g.error("gpu_kernels", str(exc)) from None
+    if cpu is not None:
+        try:
+            out.cold_rate("cpu", "Q4_K")
+        except ValueError as exc:
+            raise g.error("cpu_kernels", str(exc)) from None
+    return out
 
 
 def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[str, ...] = ()):
@@ -821,6 +878,9 @@ class Placement:
             fits in VRAM (as llama.cpp's ``--fit``), after the variant's staging reservation.
         tensor_split: ``-ts``: share of the offloaded layers per GPU (normalised); empty =
             equal shares (llama.cpp's default for identical GPUs).
+        flash_attn: ``-fa``: FlashAttention (llama.cpp's ``auto`` picks it on CUDA) or the
+            unfused KQ / softmax / KQV; priced differently only by a profile with llama.cpp
+            kernel tables (:mod:`sim.ggmlcost`).
     """
 
     ngl: int = 999
@@ -832,6 +892,7 @@ class Placement:
     ctx_size: int = 4096
     fit_experts: bool = False
     tensor_split: tuple[float, ...] = ()
+    flash_attn: bool = True
 
     def host_resident(self, model: ModelSpec, t: Tensor) -> bool:
         """True if tensor ``t`` is kept in host memory under this placement.
@@ -894,6 +955,7 @@ def placement_from_fields(p: Fields) -> Placement:
         ctx_size=p.int("ctx_size", 4096, min=1),
         fit_experts=p.bool("fit_experts", False),
         tensor_split=_tensor_split(p),
+        flash_attn=p.bool("flash_attn", True),
     )
 
 

@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH_FILE, INVOCATIONS_FILE, META_FILE = "llama-bench.jsonl", "invocations.jsonl", "meta.json"
 #: the default hardware profile (relative to the repository root when not found from the
 #: current folder)
-DEFAULT_HARDWARE = "scenarios/hardware/h200.toml"
+DEFAULT_HARDWARE = "scenarios/hardware/h200-llamacpp.toml"
 
 #: regimes of a measured row (:func:`regime`)
 REGIMES = (
@@ -301,7 +301,9 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     if kind == "pp+tg":
         a, b = terms.tests
         notes.append(f"pp+tg: simulated as {a.name} then {b.name} in one context")
-    if terms.flash_attn == "off":
+    if hardware.ggml is not None:
+        pass  # llama.cpp's kernel tables price -fa on and off, at every depth
+    elif terms.flash_attn == "off":
         notes.append("flash_attn off: the simulator has one attention cost (the profile's) for every -fa")
     elif hardware.attn_table is not None and terms.n_depth > 0:
         notes.append("attention at depth priced by the profile's unfused attention table, not FlashAttention")
@@ -516,6 +518,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             note="; ".join(notes),
         ))
     df = pd.DataFrame(rows, columns=list(COLUMNS))
+    # the held-out split (calibrate.llamacpp.split): a calibration may fit only "fit" rows
+    df["split"] = ["fit" if _fit_label(r) else "heldout" for _, r in bench.iterrows()]
     for col in ("n_layer", "n_samples"):
         df[col] = df[col].astype("Int64")
     meta_path = Path(run_dir) / META_FILE
@@ -570,9 +574,21 @@ def _rel(path: str | None) -> str | None:
 SUMMARY_COLUMNS = ("group", "n_rows", "n_predicted", "median_abs_rel_error", "p90_abs_rel_error", "median_rel_error")
 
 
+def _fit_label(row) -> bool:
+    """:func:`calibrate.llamacpp.split.is_fit_row`, False for a row it cannot read."""
+    from .split import is_fit_row
+
+    try:
+        return bool(is_fit_row(row))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """Error summary of :func:`compare`'s result: overall (``all``), by test kind (``pp``,
-    ``tg``, ``pp+tg``) and by regime (in :data:`REGIMES` order; groups without rows omitted).
+    ``tg``, ``pp+tg``) and by regime (in :data:`REGIMES` order; groups without rows omitted);
+    with a ``split`` column, then the same for the ``held-out`` rows (the accuracy that
+    counts: :mod:`calibrate.llamacpp.split`) and the ``fit`` rows in all.
 
     Returns:
         :data:`SUMMARY_COLUMNS`: rows, rows with a prediction, median and 90th percentile
@@ -582,6 +598,14 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     groups = [("all", df)]
     groups += [(k, df[df.kind == k]) for k in ("pp", "tg", "pp+tg") if (df.kind == k).any()]
     groups += [(f"regime: {r}", df[df.regime == r]) for r in REGIMES if (df.regime == r).any()]
+    if "split" in df.columns and (df.split == "heldout").any():
+        h = df[df.split == "heldout"]
+        groups += [("held-out", h)]
+        groups += [(f"held-out {k}", h[h.kind == k]) for k in ("pp", "tg", "pp+tg") if (h.kind == k).any()]
+        groups += [(f"held-out regime: {r}", h[h.regime == r]) for r in REGIMES if (h.regime == r).any()]
+        groups += [(f"held-out {r} {k}", h[(h.regime == r) & (h.kind == k)]) for r in REGIMES
+                   for k in ("pp", "tg") if ((h.regime == r) & (h.kind == k)).any()]
+        groups += [("fit", df[df.split == "fit"])]
     out = []
     for name, g in groups:
         e = g.rel_error.dropna()

@@ -8,7 +8,9 @@ KV depths, and parses the program's output into a table.
 
 ``python -m calibrate.llamacpp.perf_cases write OUT.txt [--models M.toml ...]`` writes the case
 file; ``python -m calibrate.llamacpp.perf_cases parse LOG [--out CSV]`` reads a
-``test-backend-ops perf`` log (the patched list or the fixed one).
+``test-backend-ops perf`` log (the patched list or the fixed one);
+``python -m calibrate.llamacpp.perf_cases table LOG [LOG ...] --out CSV`` writes the kernel table
+a ``[ggml]`` hardware profile reads (:func:`sim.ggmlcost.table_from_perf`).
 
 Case lines (one per case; see the patch)::
 
@@ -276,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("parse", help="parse a test-backend-ops perf log")
     p.add_argument("log")
     p.add_argument("--out", help="CSV to write")
+    t = sub.add_parser("table", help="the kernel table of a [ggml] hardware profile from perf logs")
+    t.add_argument("logs", nargs="+")
+    t.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from sim.atomic import check_output_path
 
@@ -285,6 +290,26 @@ def main(argv: list[str] | None = None) -> int:
             cases = write_cases(args.out, args.models)
             n = {op: sum(c.op == op for c in cases) for op in ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT")}
             print(f"{args.out}: {len(cases)} cases ({', '.join(f'{v} {k}' for k, v in n.items())})")
+        elif args.cmd == "table":
+            from sim.atomic import write_atomic
+            from sim.ggmlcost import table_from_perf
+
+            check_output_path(args.out, "--out")
+            frames = []
+            for log in args.logs:
+                try:
+                    text = Path(log).read_text(errors="replace")
+                except OSError as exc:
+                    raise PrefetchSimError(f"{log}: cannot read ({exc.strerror or exc})") from None
+                df = parse_perf(text)
+                if df.empty:
+                    raise PrefetchSimError(f"{log}: no timed case (not a test-backend-ops perf log?)")
+                if df["backend"].isna().any():
+                    raise PrefetchSimError(f"{log}: timings before any 'Backend i/n: NAME' line")
+                frames.append(table_from_perf(df))
+            tab = pd.concat(frames, ignore_index=True)
+            write_atomic(args.out, tab.to_csv(index=False))
+            print(f"{args.out}: {len(tab)} kernels ({', '.join(f'{k} {v}' for k, v in tab['op'].value_counts().items())})")
         else:
             try:
                 text = Path(args.log).read_text(errors="replace")

@@ -1,0 +1,224 @@
+"""Fill the ``[ggml]`` numbers of a llama.cpp-calibrated hardware profile.
+
+``python -m calibrate.llamacpp.fit --profile scenarios/hardware/h200-llamacpp.toml
+--run data/llamacpp/h200-20261201 --kernels data/llamacpp/h200-20261201-kernels [--write]``
+
+Two kinds of number, kept apart (``../shared/NOTES.md``, held-out split):
+
+* **measured** from llama.cpp's own kernels, no llama-bench row involved:
+
+  - ``ew_gb_per_s``: the elementwise kernels of an ``ncu`` profile of llama-bench's pp2048
+    (ubatch 2048) on Qwen3-30B-A3B (``ncu/qwen3-pp2048-ub2048-fa1.csv``: :data:`EW_KERNELS`),
+    their f32 bytes (:func:`sim.ggmlcost.layer_elementwise`) over their summed time;
+  - ``cpu_op_us``: the intercept of a least-squares line ``t = a + bytes / rate`` through the
+    CPU table's single-matrix matvecs up to 16 MiB;
+  - ``cpu_ew_gb_per_s``: the median of the CPU's cold matvec rates (streaming through DRAM);
+
+* **fitted** on the fit rows of the ground truth only (:mod:`calibrate.llamacpp.split`):
+  ``kernel_floor_us`` (one small kernel in a graph), ``graph_us`` (host time per graph),
+  ``mask_ns`` (host time per KQ-mask entry), ``split_us`` (host time per split) and
+  ``launch_us`` (host time per kernel of a graph run without a CUDA graph), by
+  Gauss-Newton on the relative error of the predicted test time (finite-difference Jacobian,
+  non-negative, a few iterations), each row's prediction from the simulator itself (analytic
+  engine, one routing draw).
+
+Without ``--write`` it prints the values; with it, it rewrites those lines of the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import PrefetchSimError
+
+#: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
+EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
+              "moe_weighted_reduction_f32", "topk_moe_cuda", "k_set_rows")
+#: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
+FITTED = (("kernel_floor_us", "floor_s", 1e-6, 2e-6, 0.5e-6), ("graph_us", "graph_s", 1e-6, 100e-6, 50e-6),
+          ("mask_ns", "mask_s", 1e-9, 2e-9, 1e-9), ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
+          ("launch_us", "launch_s", 1e-6, 2e-6, 1e-6))
+
+
+def read_ncu(path: str | Path) -> pd.DataFrame:
+    """A compact ncu kernel list (``id, kernel, grid, block, duration_ns, name``)."""
+    return pd.read_csv(path)
+
+
+def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-30b-a3b.toml",
+            profile: str = "qwen3-pp2048-ub2048-fa1", n_tokens: int = 2048) -> tuple[float, str]:
+    """Measured elementwise rate (bytes/s) and its source text (module docstring)."""
+    from sim.ggmlcost import layer_elementwise
+    from sim.specs import load_model
+
+    model = load_model(model_toml)
+    df = read_ncu(Path(kernels_dir) / "ncu" / f"{profile}.csv")
+    ew = df[df["kernel"].isin(EW_KERNELS)]
+    t = ew["duration_ns"].sum() * 1e-9
+    elems = sum(layer_elementwise(model, i)[1] for i in range(model.n_layer))
+    nbytes = 4.0 * elems * n_tokens
+    rate = nbytes / t
+    return rate, (f"measured: {len(ew)} elementwise kernels ({', '.join(EW_KERNELS)}) of an ncu profile of "
+                  f"llama-bench pp{n_tokens} -ub {n_tokens} on {model.name} ({profile}.csv), "
+                  f"{nbytes / 1e9:.2f} GB of f32 in {t * 1e3:.2f} ms (sim.ggmlcost.layer_elementwise)")
+
+
+def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
+    """``cpu_op_us`` and ``cpu_ew_gb_per_s`` from the CPU table (module docstring)."""
+    from sim.quant import ggml_nbytes
+
+    tab = hw.ggml.cpu
+    t = tab[(tab["op"] == "MUL_MAT") & (tab["bs"].fillna(1) == 1) & (tab["n"] == 1)]
+    b = np.array([ggml_nbytes(str(r["type"]), int(r["m"]) * int(r["k"])) for _, r in t.iterrows()], float)
+    y = t["t_us"].to_numpy(float) * 1e-6
+    keep = b <= 16 * 2**20
+    slope, icpt = np.polyfit(b[keep], y[keep], 1)
+    cold = [v for (bk, _ty), v in hw.ggml._cold.items() if bk == "cpu"]
+    return {"cpu_op_us": (max(icpt, 0.0) * 1e6, f"measured: intercept of a line through the CPU table's "
+                          f"{int(keep.sum())} single matvecs up to 16 MiB (rate {1 / slope / 1e9:.0f} GB/s)"),
+            "cpu_ew_gb_per_s": (float(np.median(cold)) / 1e9, "measured: median of the CPU backend's cold "
+                                f"matvec rates ({len(cold)} types, MUL_MAT_B over 2 GiB): a DRAM stream, as "
+                                "the elementwise ops of a CPU layer are")}
+
+
+def fit_rows(run_dir: str | Path, hw, repetitions: int = 1):
+    """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``."""
+    from .compare import build_cases
+    from .split import label
+
+    bench, _inv, cases, _notes = build_cases(run_dir, hw, repetitions=repetitions)
+    lab = label(bench)
+    keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
+            and cases[i].scenario is not None]
+    t_meas = []
+    for i in keep:
+        r = bench.iloc[i]
+        n = int(r["n_prompt"]) + int(r["n_gen"])
+        t_meas.append(n / float(r["avg_ts"]))
+    return [cases[i] for i in keep], np.array(t_meas), bench.iloc[keep]
+
+
+def _one(args):
+    from .compare import predict
+
+    scn, tests, hw = args
+    ts, _sd = predict(scn.with_(hardware=hw), tests, repetitions=1)
+    return sum(t.n_tokens for t in tests) / ts
+
+
+def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndarray:
+    """Predicted test times (s) of ``cases`` on ``hw`` with its ``[ggml]`` fields set to ``values``."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    hw2 = hw.with_(ggml=replace(hw.ggml, **values))
+    work = [(c.scenario, tuple(c.tests), hw2) for c in cases]
+    if jobs <= 1:
+        return np.array([_one(w) for w in work])
+    with ProcessPoolExecutor(jobs) as ex:
+        return np.array(list(ex.map(_one, work)))
+
+
+def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print):
+    """Non-negative Gauss-Newton on ``pred / meas - 1`` over :data:`FITTED`; returns
+    ``(values, relative errors)``."""
+    p = {f: start for _k, f, _s, start, _d in FITTED}
+    err = None
+    for it in range(iterations):
+        t0 = predict_times(cases, hw, p, jobs)
+        err = t0 / t_meas - 1
+        say(f"  iteration {it}: median |err| {np.median(np.abs(err)) * 100:.2f}%, "
+            + ", ".join(f"{k}={p[f] / s:.4g}" for k, f, s, _st, _d in FITTED))
+        J = []
+        for _k, f, _s, _st, d in FITTED:
+            q = dict(p)
+            q[f] = p[f] + d
+            J.append((predict_times(cases, hw, q, jobs) - t0) / d / t_meas)
+        J = np.array(J).T
+        free = list(range(len(FITTED)))
+        x0 = np.array([p[f] for _k, f, _s, _st, _d in FITTED])
+        while True:  # active set: drop parameters that would go negative
+            A = J[:, free]
+            step, *_ = np.linalg.lstsq(A, -err - J @ np.zeros(len(FITTED)), rcond=None)
+            x = x0.copy()
+            x[free] = x0[free] + step
+            neg = [j for j in free if x[j] < 0]
+            if not neg:
+                break
+            for j in neg:
+                x0[j] = 0.0
+                free.remove(j)
+            err = predict_times(cases, hw, {f: x0[i] for i, (_k, f, _s, _st, _d) in enumerate(FITTED)}, jobs) / t_meas - 1
+        p = {f: float(max(x[i], 0.0)) for i, (_k, f, _s, _st, _d) in enumerate(FITTED)}
+    t = predict_times(cases, hw, p, jobs)
+    return p, t / t_meas - 1
+
+
+def write_values(profile: str | Path, values: dict[str, tuple[float, str]]) -> None:
+    """Rewrite the ``key = { value = ..., source = "..." }`` lines of ``[ggml]`` in ``profile``."""
+    from sim.atomic import write_atomic
+
+    text = Path(profile).read_text()
+    at = text.find("\n[ggml]\n")
+    if at < 0:
+        raise PrefetchSimError(f"{profile}: no [ggml] table")
+    end = text.find("\n[", at + 1)
+    end = len(text) if end < 0 else end
+    head, sect, tail = text[:at], text[at:end], text[end:]
+    for key, (v, src) in values.items():
+        line = f'{key} = {{ value = {v:.6g}, source = "{src}" }}'
+        new, n = re.subn(rf"(?m)^{re.escape(key)} = .*$", line.replace("\\", "\\\\"), sect)
+        if n != 1:
+            raise PrefetchSimError(f"{profile}: expected one line '{key} = ...' in [ggml], found {n}")
+        sect = new
+    write_atomic(profile, head + sect + tail)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.fit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml")
+    ap.add_argument("--run", default="data/llamacpp/h200-20261201", help="ground-truth run folder (fit rows only)")
+    ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
+    args = ap.parse_args(argv)
+    from sim.specs import load_hardware
+
+    try:
+        hw = load_hardware(args.profile)
+        if hw.ggml is None:
+            raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
+        rate, rate_src = ew_rate(args.kernels)
+        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw)}
+        hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
+                                   cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9))
+        for k, (v, s) in measured.items():
+            print(f"{k} = {v:.6g}   ({s})")
+        cases, t_meas, rows = fit_rows(args.run, hw)
+        print(f"fitting {', '.join(k for k, *_ in FITTED)} on {len(cases)} fit rows of {args.run}")
+        p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs)
+        med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
+        fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
+                      f"{args.run} (calibrate/llamacpp/split.py), median |err| {med:.2f}%, p90 {p90:.2f}% "
+                      "(python -m calibrate.llamacpp.fit)") for k, f, s, _st, _d in FITTED}
+        for k, (v, _s) in fitted.items():
+            print(f"{k} = {v:.6g}")
+        print(f"fit rows: median |err| {med:.2f}%, p90 {p90:.2f}% (time per test)")
+        if args.write:
+            write_values(args.profile, {**measured, **fitted})
+            print(f"wrote {args.profile}")
+    except PrefetchSimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

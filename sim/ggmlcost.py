@@ -1,0 +1,461 @@
+"""llama.cpp's own kernel times: the cost model of a profile calibrated on ggml.
+
+A hardware profile with a ``[ggml]`` table (``scenarios/hardware/h200-llamacpp.toml``) prices
+the plan's compute ops from ``test-backend-ops perf`` tables measured with llama.cpp itself
+(the models' own shapes and ggml types, :mod:`calibrate.llamacpp.perf_cases`) instead of a
+cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
+
+* **Weight matmul** (``MUL_MAT``) of ``n`` tokens on a weight of type ``T`` and shape
+  ``(m, k)``:
+
+  - ``n > MMVQ_MAX_BATCH`` (8; ggml-cuda's ``MMVQ_MAX_BATCH_SIZE``: above it MMQ runs): the
+    measured time of that (type, m, k) at ``n``, interpolated log-log between the measured token
+    counts (linear in ``n`` beyond the largest). A shape the table lacks is scaled from the
+    nearest measured shape of the same type by ``m·k``.
+  - ``n <= 8`` (a matvec): ``2 · floor`` (its q8_1 activation quantisation and the MMVQ kernel,
+    two kernels) ``+ max(0, bytes / cold_rate(T) - floor)``. ``test-backend-ops`` repeats one op
+    on one weight, which then stays in the 50 MB L2 and is launch-bound; in a decode graph
+    every layer reads other weights from HBM and the kernels run back to back in a CUDA graph.
+    ``cold_rate(T)`` is measured on ``MUL_MAT_B`` cases over enough distinct matrices to exceed
+    the L2; ``floor`` is the per-kernel time in a decode graph, fitted on the fit rows
+    (``calibrate.llamacpp.fit``). A weight larger than twice the L2 is cold in the table too:
+    its measured time is used when it is larger.
+* **Expert matmul** (``MUL_MAT_ID``), ``n`` tokens, top-k: the measured curve of (type, m, k) as
+  above (the test draws router ids uniformly, as the routing check found llama.cpp's copies to
+  be); ``n <= 8``: ``2 · floor + max(0, used-expert bytes / cold_rate - floor)``. Another
+  model's shape is scaled by ``m·k·top-k``.
+* **Attention**: FlashAttention (``-fa 1``) from the ``FLASH_ATTN_EXT`` table of the head
+  geometry, or the unfused ``KQ``, ``SOFT_MAX`` and ``KQV`` of ``-fa 0`` (plus two permute
+  copies of the output priced as elementwise passes), at ``kv`` = keys attended (cached plus
+  new, a sliding window capped at window + ubatch) padded to 256 (llama.cpp's KV padding);
+  linear in ``kv`` at a measured token count, log-log between token counts
+  (:func:`interp_nb_kv`). Another geometry is scaled by ``n_head · head_dim``.
+* **Elementwise kernels of a layer** (norms, RoPE, KV store, residual adds, the GLU, the
+  router's top-k and the weighted sum of the experts): ``kernels · max(floor, bytes / (kernels ·
+  ew_rate))`` with the kernel count and f32 bytes from the architecture (:func:`layer_elementwise`);
+  ``ew_rate`` is measured: the elementwise kernels' time in an ``ncu`` profile of a real
+  llama-bench prefill over their bytes. They are priced with the layer's attention op.
+* **CPU backend** (ops on host weights below the op-offload batch, layers ``-ngl`` leaves on the
+  CPU): ``cpu_op + max(bytes / cpu_cold_rate(T), 2·n·m·k / cpu_flops)``, the cold rate measured
+  on ``MUL_MAT_B`` over matrices totalling 2 GiB with llama-bench's thread count; CPU attention
+  from the CPU ``FLASH_ATTN_EXT`` table (dense models' geometry), else the FLOP roofline.
+* **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
+  the table's full-rectangle time times the share of causal (query, key) pairs.
+* **Scheduler overheads**: ``graph`` seconds of host time per graph (ubatch), ``mask`` seconds
+  per KQ-mask entry the host fills for it (:func:`mask_entries`) and ``split`` seconds per
+  split, fitted on llama-bench's fit rows (``calibrate.llamacpp.fit``).
+
+Units: seconds and bytes unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+#: ggml-cuda's ``MMVQ_MAX_BATCH_SIZE``: MUL_MAT / MUL_MAT_ID with at most this many tokens run
+#: the matvec kernel (``mmvq.cu``), larger batches MMQ
+MMVQ_MAX_BATCH = 8
+#: llama.cpp pads the KV cells a graph attends to a multiple of 256 (``llama_kv_cache::get_padding``
+#: with flash attention; the grid's every row uses it)
+KV_PAD = 256
+#: columns of a kernel table (one row per timed case; blank where a case has no such field)
+TABLE_COLUMNS = ("backend", "op", "type", "m", "n", "k", "bs", "nr", "hd", "nh", "nkv", "kv", "nb", "t_us")
+
+
+@dataclass(frozen=True)
+class GgmlKernels:
+    """Measured llama.cpp kernel tables and the fitted scheduler overheads of a profile.
+
+    Attributes:
+        gpu: GPU kernel table (:data:`TABLE_COLUMNS`).
+        cpu: CPU-backend kernel table (same columns), or None.
+        l2_bytes: the GPU's L2 cache (bytes; H200: 50 MiB, NVIDIA's datasheet).
+        floor_s: time of one small kernel in a graph (s), fitted.
+        ew_bytes_per_s: elementwise kernels' rate (bytes/s), measured (ncu).
+        cpu_op_s: fixed time of one CPU-backend op (s), measured (CPU table intercept).
+        cpu_ew_bytes_per_s: CPU elementwise rate (bytes/s).
+        graph_s: host time per graph (s), fitted.
+        launch_s: host time per kernel launched outside a CUDA graph (s; llama.cpp captures
+            CUDA graphs for single-token ubatches only), fitted; times :func:`graph_kernels`.
+        mask_s: host time per KQ-mask entry (s), fitted (:func:`mask_entries`).
+        split_s: host time per split (s), fitted.
+        sources: field -> where the number came from.
+    """
+
+    gpu: pd.DataFrame
+    cpu: pd.DataFrame | None
+    l2_bytes: float
+    floor_s: float
+    ew_bytes_per_s: float
+    cpu_op_s: float
+    cpu_ew_bytes_per_s: float
+    graph_s: float
+    split_s: float
+    mask_s: float = 0.0
+    launch_s: float = 0.0
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- derived tables
+    @cached_property
+    def _curves(self) -> dict:
+        """(backend, op, type, m, k) -> (log n, log t) of the weight and expert matmuls."""
+        out = {}
+        for name, tab in (("gpu", self.gpu), ("cpu", self.cpu)):
+            if tab is None:
+                continue
+            t = tab[tab["op"].isin(["MUL_MAT", "MUL_MAT_ID"]) & (tab["bs"].fillna(1) == 1)]
+            for (op, ty, m, k), g in t.groupby(["op", "type", "m", "k"]):
+                g = g.groupby("n")["t_us"].median().sort_index()
+                out[(name, op, ty.upper(), int(m), int(k))] = (np.log(g.index.to_numpy(float)),
+                                                               np.log(g.to_numpy(float) * 1e-6))
+        return out
+
+    @cached_property
+    def _cold(self) -> dict:
+        """(backend, type) -> bytes/s of a matvec over weights that are not in the cache."""
+        from .quant import ggml_nbytes
+
+        out = {}
+        for name, tab in (("gpu", self.gpu), ("cpu", self.cpu)):
+            if tab is None:
+                continue
+            t = tab[(tab["op"] == "MUL_MAT") & (tab["bs"].fillna(1) > 1) & (tab["n"] == 1)]
+            for _, r in t.iterrows():
+                b = ggml_nbytes(str(r["type"]).upper(), int(r["m"]) * int(r["k"])) * int(r["bs"])
+                out[(name, str(r["type"]).upper())] = b / (r["t_us"] * 1e-6)
+        return out
+
+    def cold_rate(self, backend: str, ggml_type: str) -> float:
+        """Cold matvec rate (bytes/s) of a type; a type not measured gets the median of those
+        measured on that backend.
+
+        Raises:
+            ValueError: no cold case was measured on ``backend``.
+        """
+        got = self._cold.get((backend, ggml_type.upper()))
+        if got is not None:
+            return got
+        same = [v for (b, _t), v in self._cold.items() if b == backend]
+        if not same:
+            raise ValueError(f"the {backend} kernel table has no cold MUL_MAT_B case")
+        return float(np.median(same))
+
+    @cached_property
+    def _attn(self) -> dict:
+        """(backend, op, hd, nh, nkv) -> {nb: (kv array, t array)} of the attention tables."""
+        out: dict = {}
+        for name, tab in (("gpu", self.gpu), ("cpu", self.cpu)):
+            if tab is None:
+                continue
+            fa = tab[tab["op"] == "FLASH_ATTN_EXT"]
+            for key, g in fa.groupby(["hd", "nh", "nkv"]):
+                out[(name, "FA", *map(int, key))] = _rows(g["nb"], g["kv"], g["t_us"])
+            sm = tab[tab["op"] == "SOFT_MAX"]
+            for nh, g in sm.groupby("nh"):
+                out[(name, "SOFT_MAX", int(nh))] = _rows(g["nb"], g["kv"], g["t_us"])
+            mb = tab[(tab["op"] == "MUL_MAT_B") & (tab["type"].str.upper() == "F16")]
+            if not mb.empty:
+                # KQ: a (hd x kv) per KV head, m = kv, k = hd; KQV: m = hd, k = kv. A row is KQ when
+                # its k is a head size and its m varies with kv (m == kv of its pair): both
+                # roles are told apart by which of m/k repeats across the rows of a geometry
+                for (bs, nr), g in mb.groupby(["bs", "nr"]):
+                    hd_kq = g["k"].mode().iloc[0]
+                    kq = g[g["k"] == hd_kq]
+                    kqv = g[g["m"] == hd_kq]
+                    nkv, nh = int(bs), int(bs * nr)
+                    out[(name, "KQ", int(hd_kq), nh, nkv)] = _rows(kq["n"], kq["m"], kq["t_us"])
+                    out[(name, "KQV", int(hd_kq), nh, nkv)] = _rows(kqv["n"], kqv["k"], kqv["t_us"])
+        return out
+
+    # ---------------------------------------------------------------- prices
+    def matmul_s(self, backend: str, ggml_type: str, m: int, k: int, n: int, nbytes: float,
+                 cpu_flops_per_s: float = 1e12) -> float | None:
+        """Seconds of a weight matmul (module docstring); None when the type has no measured
+        curve on the GPU at all (the caller falls back to its roofline)."""
+        ty = ggml_type.upper()
+        if backend == "cpu":
+            return self.cpu_op_s + max(nbytes / self.cold_rate("cpu", ty), 2.0 * n * m * k / cpu_flops_per_s)
+        curve = self._curve("gpu", "MUL_MAT", ty, m, k)
+        if n <= MMVQ_MAX_BATCH:
+            if not self._has_type("gpu", ty):
+                return None
+            t = 2 * self.floor_s + max(0.0, nbytes / self.cold_rate("gpu", ty) - self.floor_s)
+            if curve is not None and nbytes > 2 * self.l2_bytes:
+                t = max(t, _at(curve, n))  # too large for the L2: the table is cold too
+            return t
+        return None if curve is None else _at(curve, n)
+
+    def moe_s(self, backend: str, ggml_type: str, m: int, k: int, n: int, topk: int, used_bytes: float,
+              cpu_flops_per_s: float = 1e12) -> float | None:
+        """Seconds of one expert matmul (MUL_MAT_ID) over ``n`` tokens (module docstring)."""
+        ty = ggml_type.upper()
+        if backend == "cpu":
+            return self.cpu_op_s + max(used_bytes / self.cold_rate("cpu", ty),
+                                       2.0 * n * topk * m * k / cpu_flops_per_s)
+        if n <= MMVQ_MAX_BATCH:
+            if not self._has_type("gpu", ty):
+                return None
+            return 2 * self.floor_s + max(0.0, used_bytes / self.cold_rate("gpu", ty) - self.floor_s)
+        curve = self._curve("gpu", "MUL_MAT_ID", ty, m, k, topk=topk)
+        return None if curve is None else _at(curve, n)
+
+    def attn_s(self, backend: str, n_tokens: int, keys: int, n_head: int, n_head_kv: int, head_dim: int,
+               flash: bool) -> float | None:
+        """Seconds of one layer's attention core: ``n_tokens`` queries on ``keys`` keys (padded
+        here to :data:`KV_PAD`); None when no table holds an attention of that backend."""
+        kv = max(KV_PAD, -(-keys // KV_PAD) * KV_PAD)
+        if flash or backend == "cpu":
+            return self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
+        kq = self._attn_op(backend, "KQ", n_tokens, kv, n_head, n_head_kv, head_dim)
+        kqv = self._attn_op(backend, "KQV", n_tokens, kv, n_head, n_head_kv, head_dim)
+        sm = self._softmax(backend, n_tokens, kv, n_head)
+        if kq is None or kqv is None or sm is None:
+            return None
+        # the output's permute + cont and the score's copy: two elementwise passes
+        perm = 2 * max(self.floor_s, 2 * 4 * n_tokens * n_head * head_dim / self.ew_bytes_per_s)
+        return kq + sm + kqv + perm
+
+    def elementwise_s(self, backend: str, kernels: int, nbytes: float) -> float:
+        """``kernels`` elementwise kernels moving ``nbytes`` in all (module docstring)."""
+        if kernels <= 0:
+            return 0.0
+        if backend == "cpu":
+            return kernels * self.cpu_op_s + nbytes / self.cpu_ew_bytes_per_s
+        return kernels * max(self.floor_s, nbytes / kernels / self.ew_bytes_per_s)
+
+    # ---------------------------------------------------------------- helpers
+    def _has_type(self, backend: str, ty: str) -> bool:
+        return (backend, ty) in self._cold
+
+    def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0):
+        got = self._curves.get((backend, op, ty, int(m), int(k)))
+        if got is not None:
+            return got
+        cands = [(kk, v) for kk, v in self._curves.items() if kk[:3] == (backend, op, ty)]
+        if not cands:
+            return None
+        (_, _, _, m0, k0), (ln, lt) = min(cands, key=lambda c: abs(math.log(c[0][3] * c[0][4] / (m * k))))
+        scale = (m * k) / (m0 * k0)
+        if op == "MUL_MAT_ID" and topk:
+            scale *= topk / self._topk_of(ty, m0, k0, topk)
+        return ln, lt + math.log(scale)
+
+    def _topk_of(self, ty: str, m: int, k: int, default: int) -> int:
+        t = self.gpu
+        r = t[(t["op"] == "MUL_MAT_ID") & (t["type"].str.upper() == ty) & (t["m"] == m) & (t["k"] == k)]
+        return int(r["nr"].iloc[0]) if not r.empty and r["nr"].notna().any() else default
+
+    def _attn_op(self, backend, op, n_tokens, kv, n_head, n_head_kv, head_dim):
+        got = self._attn.get((backend, op, head_dim, n_head, n_head_kv))
+        scale = 1.0
+        if got is None:
+            cands = [(kk, v) for kk, v in self._attn.items() if kk[:2] == (backend, op)]
+            if not cands:
+                return None
+            kk, got = min(cands, key=lambda c: (abs(math.log(c[0][3] * c[0][2] / (n_head * head_dim))),
+                                                abs(c[0][4] - n_head_kv)))
+            scale = n_head * head_dim / (kk[3] * kk[2])
+        return interp_nb_kv(got, n_tokens, kv) * scale
+
+    def _softmax(self, backend, n_tokens, kv, n_head):
+        got = self._attn.get((backend, "SOFT_MAX", n_head))
+        scale = 1.0
+        if got is None:
+            cands = [(kk, v) for kk, v in self._attn.items() if kk[:2] == (backend, "SOFT_MAX")]
+            if not cands:
+                return None
+            kk, got = min(cands, key=lambda c: abs(math.log(c[0][2] / n_head)))
+            scale = n_head / kk[2]
+        return interp_nb_kv(got, n_tokens, kv) * scale
+
+
+def _rows(nb, kv, t_us) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    df = pd.DataFrame({"nb": nb.to_numpy(float), "kv": kv.to_numpy(float), "t": t_us.to_numpy(float) * 1e-6})
+    df = df.groupby(["nb", "kv"], as_index=False)["t"].median()
+    return {int(n): (g["kv"].to_numpy(float), g["t"].to_numpy(float)) for n, g in df.sort_values("kv").groupby("nb")}
+
+
+def _at(curve, n: int) -> float:
+    """Log-log interpolation of a (log n, log t) curve; below its first point the first time,
+    beyond its last linear in ``n``."""
+    ln, lt = curve
+    x = math.log(max(n, 1))
+    if x <= ln[0]:
+        return float(math.exp(lt[0]))
+    if x >= ln[-1]:
+        return float(math.exp(lt[-1] + x - ln[-1]))
+    return float(math.exp(np.interp(x, ln, lt)))
+
+
+def interp_nb_kv(rows: Mapping[int, tuple[np.ndarray, np.ndarray]], nb: int, kv: float) -> float:
+    """Attention time at ``nb`` queries and ``kv`` keys from measured rows ``{nb: (kv, t)}``.
+
+    At a measured ``nb``: linear in ``kv`` between the points (the work is one score row of
+    ``kv`` keys per query), extrapolated beyond the last two with their slope (>= 0), and
+    proportional below a row's only point. Between measured ``nb``: log-log (a power law
+    between neighbouring grid points); below the smallest ``nb`` its row; above the largest,
+    linear in ``nb`` (each query is independent work).
+    """
+    def along(n: int) -> float:
+        kvs, ts = rows[n]
+        if len(kvs) == 1:
+            return float(ts[0] * max(kv, 1.0) / kvs[0]) if kv > kvs[0] else float(ts[0])
+        if kv > kvs[-1]:
+            slope = max((ts[-1] - ts[-2]) / (kvs[-1] - kvs[-2]), 0.0)
+            return float(ts[-1] + slope * (kv - kvs[-1]))
+        if kv < kvs[0]:
+            return float(ts[0])
+        return float(np.interp(kv, kvs, ts))
+
+    ns = sorted(rows)
+    if nb <= ns[0]:
+        return along(ns[0])
+    if nb >= ns[-1]:
+        return along(ns[-1]) * nb / ns[-1]
+    i = int(np.searchsorted(ns, nb))
+    if ns[i] == nb:
+        return along(nb)
+    n0, n1 = ns[i - 1], ns[i]
+    t0, t1 = along(n0), along(n1)
+    f = (math.log(nb) - math.log(n0)) / (math.log(n1) - math.log(n0))
+    return float(math.exp((1 - f) * math.log(t0) + f * math.log(t1)))
+
+
+def layer_elementwise(model, layer: int) -> tuple[int, float]:
+    """``(kernels, f32 elements read + written per token)`` of one layer's elementwise kernels
+    as llama.cpp's CUDA backend runs them (counted in an ``ncu`` profile of Qwen3-30B-A3B, one
+    kernel per fused group): attention norm (1), RoPE on Q and K (2, with the Q/K norms fused),
+    KV store (1), two residual adds (2), FFN norm (1), the GLU (1); MoE layers add the router's
+    softmax/top-k (1) and the weighted sum of the experts (1); Gemma 3 its two post-norms (2).
+
+    Elements per token: norms ``2·d``, RoPE ``2·(q + kv)``, KV store ``1.5·2·kv`` (f32 in, f16
+    out), adds ``3·d`` each, the GLU ``3·ff`` (gate and up in, one out; MoE: ``top-k·ff_exp``
+    plus the shared expert's), router ``3·n_expert``, weighted sum ``(top-k + 1)·d``.
+    """
+    d = model.d_model
+    q = model.n_head * model.head_dim
+    kvd = model.n_head_kv * model.head_dim
+    kernels = 8
+    elems = 2 * d + 2 * (q + kvd) + 3 * kvd + 6 * d + 2 * d
+    if model.moe is not None and model.is_moe_layer(layer):
+        m = model.moe
+        ff = m.n_expert_used * m.n_ff_exp + (m.n_ff_shexp if m.n_expert_shared else 0)
+        elems += 3 * ff + 3 * m.n_expert + (m.n_expert_used + 1) * d
+        kernels += 2
+    else:
+        elems += 3 * model.n_ff
+    if getattr(model, "arch", "") == "gemma3":
+        elems += 4 * d
+        kernels += 2
+    if getattr(model, "arch", "") == "gpt-oss":
+        # biases: Q, K, V, output (2 elements each: in and out) and the experts' gate, up and
+        # down (ADD_ID on the top-k rows)
+        elems += 2 * (q + 2 * kvd + d)
+        if model.moe is not None:
+            elems += 2 * model.moe.n_expert_used * (2 * model.moe.n_ff_exp + d)
+        kernels += 7
+    return kernels, float(elems)
+
+
+def graph_kernels(items) -> int:
+    """CUDA kernels of one graph's GPU ops, as ggml-cuda launches them (counted in the ncu
+    profiles of ``data/llamacpp/h200-20261201-kernels``): a weight matmul 3 (q8_1 quantisation,
+    MMQ, stream-k fix-up; 2 as a matvec), an expert matmul 4 (ids helper, quantisation, MMQ,
+    fix-up; 2 as a matvec), attention 2 (FlashAttention and its fix-up; 6 unfused) plus the
+    layer's elementwise kernels (:func:`layer_elementwise`, carried in the attention op's shape).
+    ``items``: the graph's :class:`sim.builder.Item` list; CPU-backend items launch nothing."""
+    from .plan import OpKind
+
+    n = 0
+    for it in items:
+        if it.cpu:
+            continue
+        mv = it.shape[0] <= MMVQ_MAX_BATCH
+        if it.kind is OpKind.GEMM:
+            n += (2 if mv else 3) * max(1, len(it.shape[3]) if len(it.shape) > 3 else 1)
+        elif it.kind is OpKind.MOE:
+            n += 2 if mv else 4
+        elif it.kind is OpKind.ATTN:
+            fa = it.shape[8] if len(it.shape) > 8 else 1
+            n += (2 if fa else 6) + (it.shape[9] if len(it.shape) > 9 else 0)
+    return n
+
+
+def mask_entries(model, n_tokens: int, kv_len: int) -> int:
+    """KQ-mask entries llama.cpp fills on the host for one graph (``set_input_kq_mask``: one
+    per query and KV cell, the cells padded to :data:`KV_PAD`): the full-attention mask, plus
+    the sliding-window one when some layers use a window (its cells: window + ubatch)."""
+    def pad(x: int) -> int:
+        return max(KV_PAD, -(-x // KV_PAD) * KV_PAD)
+
+    n = n_tokens * pad(kv_len + n_tokens)
+    if model.sliding_window and model.swa_interval:
+        n += n_tokens * pad(min(kv_len + n_tokens, model.sliding_window + n_tokens))
+    return int(n)
+
+
+def read_table(path) -> pd.DataFrame:
+    """A kernel table CSV (:data:`TABLE_COLUMNS`).
+
+    Raises:
+        ValueError: a missing column, no rows, or a non-positive/non-finite ``t_us``.
+    """
+    df = pd.read_csv(path)
+    missing = [c for c in TABLE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"kernel table lacks columns {', '.join(missing)}")
+    if df.empty:
+        raise ValueError("kernel table has no rows")
+    t = pd.to_numeric(df["t_us"], errors="coerce")
+    if not (np.isfinite(t) & (t > 0)).all():
+        raise ValueError("kernel table has a non-positive, missing or infinite t_us")
+    df["t_us"] = t
+    for c in ("m", "n", "k", "bs", "nr", "hd", "nh", "nkv", "kv", "nb"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+        bad = df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0))
+        if bad.any():
+            raise ValueError(f"kernel table column {c} has a negative or infinite value")
+    df["type"] = df["type"].fillna("").astype(str)
+    return df
+
+
+def table_from_perf(perf: pd.DataFrame) -> pd.DataFrame:
+    """Normalise a parsed ``test-backend-ops perf`` frame (:func:`calibrate.llamacpp.perf_cases.parse_perf`)
+    into :data:`TABLE_COLUMNS`: ``MUL_MAT`` with batch ``bs > 1`` and F16/F32 weights becomes
+    ``MUL_MAT_B``; FlashAttention's ``nh`` (the program's KV heads) becomes ``nkv`` and ``nh``
+    the query heads (``nkv · nr23[0]``); MUL_MAT_ID's ``nr`` holds its ``n_used``."""
+    def first(v, default=1):
+        if isinstance(v, str) and v.startswith("["):
+            return int(v.strip("[]").split(",")[0])
+        return default if v is None or (isinstance(v, float) and math.isnan(v)) else int(v)
+
+    rows = []
+    for _, r in perf.iterrows():
+        op = r["op"]
+        rec: dict[str, Any] = {c: None for c in TABLE_COLUMNS}
+        rec["backend"] = "cpu" if str(r["backend"]).upper().startswith("CPU") else "gpu"
+        rec["t_us"] = float(r["us_per_run"])
+        if op == "MUL_MAT":
+            bs, nr = first(r.get("bs")), first(r.get("nr"))
+            ta = str(r["type_a"]).upper()
+            rec.update(op="MUL_MAT_B" if (bs > 1 or nr > 1) and ta in ("F16", "F32", "BF16") else "MUL_MAT",
+                       type=ta, m=r["m"], n=r["n"], k=r["k"], bs=bs, nr=nr)
+        elif op == "MUL_MAT_ID":
+            rec.update(op=op, type=str(r["type_a"]).upper(), m=r["m"], n=r["n"], k=r["k"], bs=1,
+                       nr=r.get("n_used"), nkv=r.get("n_mats"))
+        elif op == "FLASH_ATTN_EXT":
+            nkv = int(r["nh"])
+            rec.update(op=op, hd=r["hsk"], nkv=nkv, nh=nkv * first(r.get("nr23")), kv=r["kv"], nb=r["nb"])
+        elif op == "SOFT_MAX":
+            ne = [int(x) for x in str(r["ne"]).strip("[]").split(",")]
+            rec.update(op=op, kv=ne[0], nb=ne[1], nh=ne[2] * first(r.get("nr23")))
+        else:
+            continue
+        rows.append(rec)
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
