@@ -41,7 +41,7 @@ import numpy as np
 from .cache import ExpertCache
 from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
-from .ggmlcost import graph_kernels, layer_elementwise, mask_entries
+from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_entries
 from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
 from .specs import BenchTest, Scenario, Tensor, Variant
@@ -181,11 +181,27 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         win = model.attn_window(i)
         linear = not model.is_full_attn_layer(i)
         ew_kernels, ew_elems = layer_elementwise(model, i)
-        shape = (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
-                 model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems)
         on_gpu = ctx.layer_dev[i] >= 0
-        items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not on_gpu,
-                          ctx.layer_dev[i] if on_gpu else -1))
+        # a layer -ngl left on the CPU, at a batch the op-offload rule offloads: ggml's scheduler
+        # runs its attention on the GPU next to the offloaded matmuls, copying the layer's KV
+        # cache view in and the new K/V back to the CPU cache (SET_ROWS stays on the CPU), one
+        # split per weight input (GGML_SCHED_DEBUG of Gemma-3 -ngl 31 pp512,
+        # data/llamacpp/h200-20261201-kernels/diag)
+        moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and not linear
+        kv_in = kv_out = extra_splits = 0
+        if moved:
+            from .ggmlcost import KV_PAD
+
+            keys = attn_keys(n_tokens, kv_len, win)
+            keys = max(KV_PAD, -(-keys // KV_PAD) * KV_PAD)
+            kvd = model.n_head_kv * model.head_dim
+            kv_in = int(2 * keys * kvd * model.kv_bytes_per_elem)
+            kv_out = int(2 * n_tokens * kvd * 4)
+            extra_splits = layer_norm_weights(model, i) + 4  # q/k/v apart, the CPU KV store, attention
+        shape = (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
+                 model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems, kv_in, kv_out, extra_splits)
+        items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not (on_gpu or moved),
+                          ctx.layer_dev[i] if on_gpu else 0 if moved else -1))
         weight_item(OpKind.GEMM, o.name, i, (n_tokens, o.n_out, o.n_in), (o,))
         if model.is_moe_layer(i):
             m = model.moe
@@ -535,11 +551,11 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         last_cpu = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, it.name, deps, nbytes=int(nbytes), shape=shape)
         em.host_pending = [last_cpu]
     for it, hits in cache_gpu_items:
-        m_, n_, k_, _, topk = it.shape
+        m_, n_, k_, _, topk = it.shape[:5]
         # conservatively wait for the layer's last fill (it may hold an expert hit now)
         fill = em.fill_of.get(it.layer)
         em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
-                  nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits)),
+                  nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits), *it.shape[5:6]),
                   tag="cache_hit")
     # background insertion of this token's misses on the copy stream, after the hits were
     # launched (the hits read experts filled by earlier tokens); later hits wait for these

@@ -258,8 +258,8 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
         if not linear and hw.attn_table is not None:
             t = _attn_table_s(hw, n_tok, kv, nh, nkv, hd, window)
             if t is not None:
-                return t
-        return attn_s(hw, n_tok, kv, nh, nkv, hd, window, bool(linear), state)
+                return t + kv_copies_s(op.shape, hw)
+        return attn_s(hw, n_tok, kv, nh, nkv, hd, window, bool(linear), state) + kv_copies_s(op.shape, hw)
     if k is OpKind.CPU_MATVEC:
         m, n, kk, mult = op.shape[:4]
         if hw.executor_mode and hw.executor_cpu_bytes_per_s > 0:
@@ -292,6 +292,15 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
     raise ValueError(f"no cost for op kind {k}")
 
 
+def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
+    """Copies of an attention op moved to the GPU from a layer on the CPU (the KV cache view
+    in, pinned H2D; the new K/V out, D2H): elements 11 and 12 of its shape, bytes; 0 for a
+    layer on the GPU."""
+    if len(shape) < 13 or not (shape[11] or shape[12]):
+        return 0.0
+    return hw.h2d(True).time_s(shape[11]) + hw.d2h.time_s(shape[12])
+
+
 def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
     """Duration of ``op`` from the profile's llama.cpp kernel tables (:mod:`sim.ggmlcost`), or
     None for an op they do not price (copies, syncs, launches: the generic formulas; a weight
@@ -316,7 +325,8 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         t = g.attn_s("gpu", n_tok, keys, nh, nkv, hd, bool(fa))
         if t is None:
             t = attn_s(hw, n_tok, kv, nh, nkv, hd, window)
-        return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok)
+        return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok) + kv_copies_s(sh, hw) + \
+            (sh[13] * g.split_s if len(sh) > 13 else 0.0)
     if k is OpKind.CPU_MATVEC and len(sh) > 5 and g.cpu is not None:
         m, n, kk, mult, tag, inner = sh[:6]
         flops = hw.cpu_flops_per_s

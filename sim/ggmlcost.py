@@ -363,13 +363,22 @@ def layer_elementwise(model, layer: int) -> tuple[int, float]:
     return kernels, float(elems)
 
 
+def layer_norm_weights(model, layer: int) -> int:
+    """Norm weights of one layer (each a split input when the layer's weights are on the host):
+    attention and FFN norms, Q/K norms (Qwen3, Gemma 3), Gemma 3's two post-norms."""
+    arch = getattr(model, "arch", "")
+    return 2 + (2 if arch in ("qwen3moe", "gemma3") else 0) + (2 if arch == "gemma3" else 0)
+
+
 def graph_kernels(items) -> int:
-    """CUDA kernels of one graph's GPU ops, as ggml-cuda launches them (counted in the ncu
-    profiles of ``data/llamacpp/h200-20261201-kernels``): a weight matmul 3 (q8_1 quantisation,
-    MMQ, stream-k fix-up; 2 as a matvec), an expert matmul 4 (ids helper, quantisation, MMQ,
-    fix-up; 2 as a matvec), attention 2 (FlashAttention and its fix-up; 6 unfused) plus the
-    layer's elementwise kernels (:func:`layer_elementwise`, carried in the attention op's shape).
-    ``items``: the graph's :class:`sim.builder.Item` list; CPU-backend items launch nothing."""
+    """CUDA kernels of one graph's GPU ops, as ggml-cuda launches them at prefill (counted in the
+    ncu profile of Qwen3-30B-A3B pp512, ``data/llamacpp/h200-20261201-kernels/ncu``: 33 per
+    layer): a weight matmul 2 (q8_1 quantisation and MMQ; a matvec: quantisation and MMVQ), an
+    expert matmul 4 (ids helper, quantisation, MMQ, stream-k fix-up; 2 as a matvec),
+    FlashAttention 1 (unfused: 9 — KQ, softmax, KQV and their copies and conversions, counted in
+    the ``-fa 0`` profile), plus the layer's elementwise kernels (:func:`layer_elementwise`,
+    carried in the attention op's shape). ``items``: the graph's :class:`sim.builder.Item` list;
+    CPU-backend items launch nothing."""
     from .plan import OpKind
 
     n = 0
@@ -378,12 +387,12 @@ def graph_kernels(items) -> int:
             continue
         mv = it.shape[0] <= MMVQ_MAX_BATCH
         if it.kind is OpKind.GEMM:
-            n += (2 if mv else 3) * max(1, len(it.shape[3]) if len(it.shape) > 3 else 1)
+            n += 2 * max(1, len(it.shape[3]) if len(it.shape) > 3 else 1)
         elif it.kind is OpKind.MOE:
             n += 2 if mv else 4
         elif it.kind is OpKind.ATTN:
             fa = it.shape[8] if len(it.shape) > 8 else 1
-            n += (2 if fa else 6) + (it.shape[9] if len(it.shape) > 9 else 0)
+            n += (1 if fa else 9) + (it.shape[9] if len(it.shape) > 9 else 0)
     return n
 
 

@@ -727,7 +727,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"),
                                  zero_ok=("kv_len",))
     g.check_unknown()
-    ggml = _load_ggml(f.sub("ggml"), sources) if f.has("ggml") else None
+    ggml = _load_ggml(f.sub("ggml"), {}) if f.has("ggml") else None
     measured: dict[str, str] = {}
     if f.has("measured"):
         ms = f.sub("measured")
@@ -789,7 +789,7 @@ def _load_ggml(g: Fields, sources: dict[str, str]):
         split_s=num("split_us", 1e-6, positive=False),
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
-        sources={k[5:]: v for k, v in sources.items() if k.startswith("ggml.")})
+        sources={k[5:]: v for k, v in sources.items() if k.startswith("ggml.")})  # its own, not [hardware]'s
     g.check_unknown()
     try:
         out.cold_rate("gpu", "Q4_K")

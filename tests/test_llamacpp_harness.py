@@ -421,6 +421,14 @@ static std::vector<std::unique_ptr<test_case>> make_test_cases_perf() {
     std::vector<std::unique_ptr<test_case>> test_cases;
     return test_cases;
 }
+bool eval_perf() {
+        int64_t total_time_us = 0;
+        int total_runs = 0;
+        do {
+            total_time_us += 1;
+            reinit_perf_iter(ctx.get());
+        } while (total_time_us < 1000*1000);
+}
 int main() {
         if (ggml_backend_set_n_threads_fn) {
             ggml_backend_set_n_threads_fn(backend.get(), std::max<int>(1, N_THREADS/2));
@@ -437,6 +445,11 @@ def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
     text = f.read_text()
     assert text.index('getenv("PREFETCH_SIM_PERF_CASES")') < text.index("std::vector<std::unique_ptr<test_case>> test_cases;")
     assert text.index('getenv("PREFETCH_SIM_THREADS")') > text.index("N_THREADS/2")
+    # the shorter minimum time: read once before the loop, tested after each timed run
+    assert text.index('getenv("PREFETCH_SIM_PERF_MIN_US")') < text.index("do {")
+    assert text.index("total_time_us >= psim_min_us") > text.index("reinit_perf_iter")
+    for op in ("MUL_MAT_B", "SOFT_MAX", "FLASH_ATTN_EXT", "MUL_MAT_ID"):
+        assert f'op == "{op}"' in text
     assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
     assert set(P.PATCHES) == {"copy-log", "perf-cases"}
 

@@ -240,7 +240,8 @@ def test_gpt_oss_experts_are_mxfp4_and_the_rest_q8_0():
 
 def test_default_scenario():
     scn = _scenario("default")
-    assert Path(scn.hardware.file).name == "h200.toml" and scn.hardware.measured  # the measured profile
+    # the H200 priced with llama.cpp's own kernels (sim.ggmlcost)
+    assert Path(scn.hardware.file).name == "h200-llamacpp.toml" and scn.hardware.ggml is not None
     assert scn.model.name.startswith("qwen3moe 30B.A3B")
     assert scn.placement.n_cpu_moe == 24 and scn.placement.pinned
     assert [v.name for v in scn.variants] == ["baseline", "prefetch_ungated", "prefetch_gated_512", "slots3"]

@@ -76,7 +76,7 @@ COLUMNS = (
     "line", "invocation", "model", "model_toml", "n_layer", "regime", "kind", "test", "n_prompt", "n_gen",
     "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot", "load_mode", "pinned", "flash_attn",
     "type_k", "type_v", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
-    "predicted_stddev_ts", "rel_error", "note",
+    "predicted_stddev_ts", "rel_error", "note", "split",
 )
 
 
@@ -516,10 +516,10 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             predicted_ts=pred[0], predicted_stddev_ts=pred[1],
             rel_error=pred[0] / measured - 1.0 if _finite(pred[0]) else math.nan,
             note="; ".join(notes),
+            # the held-out split (calibrate.llamacpp.split): a calibration may fit only "fit" rows
+            split="fit" if _fit_label(row) else "heldout",
         ))
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    # the held-out split (calibrate.llamacpp.split): a calibration may fit only "fit" rows
-    df["split"] = ["fit" if _fit_label(r) else "heldout" for _, r in bench.iterrows()]
     for col in ("n_layer", "n_samples"):
         df[col] = df[col].astype("Int64")
     meta_path = Path(run_dir) / META_FILE
@@ -716,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress)
         summ = summarize(df)
-        title = (f"Predicted vs measured, untuned: {args.run_dir} on profile '{df.attrs['hardware']}' "
+        title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
         md = summary_markdown(summ, title)
         if args.out:

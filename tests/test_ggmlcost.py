@@ -1,0 +1,212 @@
+"""The llama.cpp kernel-table cost model (sim.ggmlcost) and its profile."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.errors import ScenarioError
+from sim.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_entries,
+                          read_table, table_from_perf)
+from sim.specs import load_hardware, load_model
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = REPO / "scenarios/hardware/h200-llamacpp.toml"
+NCU = REPO / "data/llamacpp/h200-20261201-kernels/ncu"
+
+
+def _kernels(**kw) -> GgmlKernels:
+    rows = [
+        # a Q4_K weight (m=1024, k=1024) at 16..256 tokens, and a cold case over 64 copies
+        *[dict(backend="gpu", op="MUL_MAT", type="Q4_K", m=1024, n=n, k=1024, bs=1, nr=1, t_us=t)
+          for n, t in ((16, 10.0), (64, 20.0), (256, 80.0))],
+        dict(backend="gpu", op="MUL_MAT", type="Q4_K", m=1024, n=1, k=1024, bs=64, nr=1, t_us=64.0),
+    ]
+    tab = pd.DataFrame(rows).reindex(columns=["backend", "op", "type", "m", "n", "k", "bs", "nr", "hd", "nh", "nkv",
+                                              "kv", "nb", "t_us"])
+    args = dict(gpu=tab, cpu=None, l2_bytes=50 * 2**20, floor_s=2e-6, ew_bytes_per_s=1e12, cpu_op_s=5e-6,
+                cpu_ew_bytes_per_s=50e9, graph_s=0.0, split_s=0.0)
+    args.update(kw)
+    return GgmlKernels(**args)
+
+
+def test_interp_nb_kv_is_linear_in_kv_and_a_power_law_between_token_counts():
+    rows = {1: (np.array([256.0, 1256.0]), np.array([1e-5, 2e-5])), 100: (np.array([256.0, 1256.0]), np.array([1e-3, 3e-3]))}
+    assert interp_nb_kv(rows, 1, 756) == pytest.approx(1.5e-5)           # halfway along kv
+    assert interp_nb_kv(rows, 1, 2256) == pytest.approx(3e-5)            # the last slope, beyond
+    assert interp_nb_kv(rows, 10, 256) == pytest.approx(1e-4)            # geometric mean of 1e-5 and 1e-3
+    assert interp_nb_kv(rows, 200, 256) == pytest.approx(2e-3)           # linear in queries above the table
+    one = {64: (np.array([256.0]), np.array([4e-6]))}
+    assert interp_nb_kv(one, 64, 512) == pytest.approx(8e-6) and interp_nb_kv(one, 64, 128) == pytest.approx(4e-6)
+
+
+def test_matvec_is_two_floors_plus_the_cold_bytes_and_mmq_the_measured_curve():
+    k = _kernels()
+    from sim.quant import ggml_nbytes
+
+    b = ggml_nbytes("Q4_K", 1024 * 1024)
+    cold = b * 64 / 64e-6
+    assert k.cold_rate("gpu", "Q4_K") == pytest.approx(cold)
+    assert k.cold_rate("gpu", "Q6_K") == pytest.approx(cold)  # an unmeasured type: the median of the others
+    # n <= 8 (MMVQ): quantisation + matvec kernels, the matvec no faster than its bytes cold
+    assert b / cold < 2e-6  # 1 us: below the floor, so two floors
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 1, b) == pytest.approx(4e-6)
+    big = 10 * b  # 10 us cold: the matvec kernel takes its bytes, the quantisation a floor
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 4, big) == pytest.approx(2e-6 + big / cold)
+    # n > 8 (MMQ): the table at its points, log-log between, linear beyond
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 64, b) == pytest.approx(20e-6)
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 32, b) == pytest.approx(math.sqrt(10e-6 * 20e-6))
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 512, b) == pytest.approx(160e-6)
+    # another shape of the type: scaled by m*k from the nearest measured one
+    assert k.matmul_s("gpu", "Q4_K", 2048, 1024, 64, 2 * b) == pytest.approx(40e-6)
+    assert k.matmul_s("gpu", "IQ2_XS", 1024, 1024, 64, b) is None  # no curve: the caller's roofline
+
+
+def test_the_shipped_tables_price_the_measured_cases_exactly():
+    hw = load_hardware(PROFILE)
+    tab = hw.ggml.gpu
+    r = tab[(tab.op == "MUL_MAT") & (tab.type == "Q4_K") & (tab.m == 4096) & (tab.k == 2048) & (tab.n == 512)
+            & (tab.bs == 1)].iloc[0]
+    assert hw.ggml.matmul_s("gpu", "Q4_K", 4096, 2048, 512, 0) == pytest.approx(r.t_us * 1e-6)
+    fa = tab[(tab.op == "FLASH_ATTN_EXT") & (tab.hd == 128) & (tab.nh == 32) & (tab.nkv == 4) & (tab.nb == 512)
+             & (tab.kv == 2048)].iloc[0]
+    assert hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, True) == pytest.approx(fa.t_us * 1e-6)
+    # the unfused attention is its three measured ops plus two elementwise passes: slower here
+    assert hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, False) > hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, True)
+    # keys are padded to llama.cpp's 256 cells
+    assert hw.ggml.attn_s("gpu", 1, 1, 32, 4, 128, True) == hw.ggml.attn_s("gpu", 1, KV_PAD, 32, 4, 128, True)
+
+
+def test_elementwise_and_kernel_counts_match_the_ncu_profiles_of_llama_bench():
+    """The per-layer kernel list is checked against what ggml-cuda launched in the committed ncu
+    profiles of Qwen3-30B-A3B pp512 (ubatch 512, fully resident)."""
+    from calibrate.llamacpp.fit import EW_KERNELS
+    from sim.builder import graph_items, make_context
+    from sim.routing import RoutingSpec
+    from sim.specs import Placement, Scenario, Workload, parse_variant
+
+    model = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
+    prof = pd.read_csv(NCU / "qwen3-pp512-ub512-fa1.csv")
+    assert prof.kernel.isin(EW_KERNELS).sum() == layer_elementwise(model, 0)[0] * model.n_layer
+    hw = load_hardware(PROFILE)
+    for fa, name in ((True, "qwen3-pp512-ub512-fa1"), (False, "qwen3-pp512-ub512-fa0")):
+        scn = Scenario(name="t", model=model, hardware=hw, placement=Placement(ngl=99, flash_attn=fa),
+                       workload=Workload(n_prompt=(512,), n_gen=(0,), n_depth=(0,), n_ubatch=512, n_batch=512,
+                                         repetitions=1),
+                       routing=RoutingSpec(), variants=(parse_variant("baseline"),))
+        ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
+        n = graph_kernels(graph_items(ctx, 512, 0, 0))
+        measured = len(pd.read_csv(NCU / f"{name}.csv"))
+        assert abs(n / measured - 1) < 0.01, (fa, n, measured)
+
+
+def test_mask_entries_count_both_masks_of_a_sliding_window_model():
+    gemma = load_model(REPO / "scenarios/models/gemma3-27b.toml")
+    qwen = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
+    assert mask_entries(qwen, 512, 0) == 512 * 512
+    assert mask_entries(qwen, 100, 300) == 100 * 512  # 400 cells padded to 512
+    w = gemma.sliding_window
+    assert mask_entries(gemma, 512, 8192) == 512 * (8192 + 512) + 512 * -(-(w + 512) // KV_PAD) * KV_PAD
+
+
+def test_table_from_perf_normalises_test_backend_ops_output():
+    from calibrate.llamacpp.perf_cases import parse_perf
+
+    text = """Backend 1/2: CUDA0
+  MUL_MAT(type_a=q4_K,type_b=f32,m=512,n=1,k=2048,bs=[1,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1):  1000 runs -     8.06 us/run -   2.10 MFLOP/run
+  MUL_MAT(type_a=q4_K,type_b=f32,m=5376,n=1,k=21504,bs=[9,1],nr=[1,1],per=[0,1,2,3],k_v=0,o=1):  90 runs -   224.26 us/run -   2.10 MFLOP/run
+  MUL_MAT(type_a=f16,type_b=f32,m=512,n=128,k=128,bs=[4,1],nr=[8,1],per=[0,1,2,3],k_v=0,o=1):  15 runs -  68.3 us/run - 536.87 MFLOP/run
+  MUL_MAT_ID(type_a=q4_K,type_b=f32,n_mats=128,n_used=8,b=0,m=768,n=1,k=2048,amax=1.000000,m_v=0):  27818 runs -  9.03 us/run -  25.17 MFLOP/run
+  FLASH_ATTN_EXT(hsk=128,hsv=128,nh=16,nr23=[2,1],kv=512,nb=1,mask=1,sinks=0):  954 runs -   452.03 us/run -   8.39 MFLOP/run
+  SOFT_MAX(type=f32,ne=[512,128,1,1],mask=1,sinks=0,m_prec=f32,nr23=[32,1],scale=0.100000):  505 runs -  3248.87 us/run -  16640 kB/run
+"""
+    t = table_from_perf(parse_perf(text))
+    assert list(t.op) == ["MUL_MAT", "MUL_MAT", "MUL_MAT_B", "MUL_MAT_ID", "FLASH_ATTN_EXT", "SOFT_MAX"]
+    assert (t.backend == "gpu").all() and t.iloc[1].bs == 9  # a cold case keeps its op and copies
+    fa = t.iloc[4]
+    assert (fa.hd, fa.nkv, fa.nh, fa.kv, fa.nb) == (128, 16, 32, 512, 1)  # nh: query heads
+    sm = t.iloc[5]
+    assert (sm.kv, sm.nb, sm.nh) == (512, 128, 32)
+    assert t.iloc[3].nr == 8  # n_used
+
+
+def test_flash_attention_flag_is_priced_only_by_a_kernel_table_profile():
+    from sim.metrics import run_scenario
+    from sim.specs import BenchTest, Workload, load_scenario
+
+    base = load_scenario(REPO / "scenarios/default.toml")
+    wl = Workload(n_prompt=(512,), n_gen=(0,), n_depth=(8192,), n_ubatch=512, n_batch=512, repetitions=1)
+    for hw_file, differs in ((PROFILE, True), (REPO / "scenarios/hardware/h200.toml", False)):
+        tps = []
+        for fa in (True, False):
+            s = base.with_(hardware=load_hardware(hw_file), workload=wl,
+                           placement=replace(base.placement, n_cpu_moe=0, flash_attn=fa),
+                           variants=base.variants[:1])
+            tps.append(run_scenario(s, engine="analytic", repetitions=1, jobs=1)[0].tps_mean)
+        assert (tps[0] != tps[1]) is differs, (hw_file, tps)
+        if differs:
+            assert tps[0] > tps[1]  # at depth 8192 the unfused attention is slower (measured)
+
+
+def test_a_cpu_layer_attends_on_the_gpu_at_prefill_and_on_the_cpu_at_decode():
+    from sim.builder import graph_items, make_context
+    from sim.routing import RoutingSpec
+    from sim.specs import Placement, Scenario, Workload, parse_variant
+
+    model = load_model(REPO / "scenarios/models/gemma3-27b.toml")
+    scn = Scenario(name="t", model=model, hardware=load_hardware(PROFILE), placement=Placement(ngl=31),
+                   workload=Workload(n_prompt=(512,), n_gen=(0,), n_depth=(0,), n_ubatch=512, n_batch=512,
+                                     repetitions=1),
+                   routing=RoutingSpec(), variants=(parse_variant("baseline"),))
+    ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
+    pre = [it for it in graph_items(ctx, 512, 0, 0) if it.name.endswith(".attn")]
+    dec = [it for it in graph_items(ctx, 1, 512, 512) if it.name.endswith(".attn")]
+    cpu_layers = model.n_layer - 31
+    assert sum(not it.cpu and it.shape[11] > 0 for it in pre) == cpu_layers  # moved, with its KV copied in
+    assert all(it.shape[11] == 0 for it in pre[cpu_layers:])                # GPU layers copy nothing
+    assert sum(it.cpu for it in dec) == cpu_layers and sum(it.cpu for it in pre) == 0
+
+
+def test_fit_writes_only_the_ggml_table(tmp_path):
+    from calibrate.llamacpp.fit import write_values
+
+    p = tmp_path / "p.toml"
+    shutil.copy(PROFILE, p)
+    before = p.read_text()
+    write_values(p, {"cpu_op_us": (7.0, "test")})
+    after = p.read_text()
+    hw_part = lambda t: t[:t.index("\n[ggml]\n")]  # noqa: E731
+    assert hw_part(after) == hw_part(before)  # [hardware] has a cpu_op_us of its own
+    assert 'cpu_op_us = { value = 7, source = "test" }' in after
+
+
+def test_a_broken_kernel_table_is_a_one_line_error_naming_the_field(tmp_path):
+    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
+    p = tmp_path / "p.toml"
+    p.write_text(PROFILE.read_text().replace('gpu_kernels = "h200-llamacpp/kernels-cuda.csv"',
+                                             'gpu_kernels = "h200-llamacpp/missing.csv"'))
+    with pytest.raises(ScenarioError, match=r"ggml\.gpu_kernels.*not found"):
+        load_hardware(p)
+    bad = tmp_path / "h200-llamacpp/kernels-cuda.csv"
+    df = read_table(bad)
+    df.loc[0, "t_us"] = -1
+    df.to_csv(bad, index=False)
+    p.write_text(PROFILE.read_text())
+    with pytest.raises(ScenarioError, match=r"ggml\.gpu_kernels.*t_us"):
+        load_hardware(p)
+
+
+def test_compare_labels_every_row_with_the_held_out_split():
+    from calibrate.llamacpp.split import is_fit_row
+    from sim.llamabench import read_llama_bench
+
+    rows = read_llama_bench(REPO / "data/llamacpp/h200-20261201/llama-bench.jsonl")
+    cmp = pd.read_csv(REPO / "data/llamacpp/h200-20261201/compare_llamacpp.csv")
+    want = ["fit" if is_fit_row(r) else "heldout" for _, r in rows.iterrows()]
+    assert list(cmp.split) == want and want.count("fit") == 40
