@@ -18,8 +18,9 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
     every layer reads other weights from HBM and the kernels run back to back in a CUDA graph.
     ``cold_rate(T)`` is measured on ``MUL_MAT_B`` cases over enough distinct matrices to exceed
     the L2; ``floor`` is the per-kernel time in a decode graph, fitted on the fit rows
-    (``calibrate.llamacpp.fit``). A weight larger than twice the L2 is cold in the table too:
-    its measured time is used when it is larger.
+    (``calibrate.llamacpp.fit``). A weight larger than the L2 is read cold by the table's
+    repetitions too: its measured time is used when it is larger (the matvec's rate depends on
+    the shape as well as the type).
 * **Expert matmul** (``MUL_MAT_ID``), ``n`` tokens, top-k: the measured curve of (type, m, k) as
   above (the test draws router ids uniformly, as the routing check found llama.cpp's copies to
   be); ``n <= 8``: ``2 · floor + max(0, used-expert bytes / cold_rate - floor)``. Another
@@ -186,8 +187,8 @@ class GgmlKernels:
             if not self._has_type("gpu", ty):
                 return None
             t = 2 * self.floor_s + max(0.0, nbytes / self.cold_rate("gpu", ty) - self.floor_s)
-            if curve is not None and nbytes > 2 * self.l2_bytes:
-                t = max(t, _at(curve, n))  # too large for the L2: the table is cold too
+            if curve is not None and nbytes > self.l2_bytes:
+                t = max(t, _at(curve, n))  # larger than the L2: the table's repetitions read it cold too
             return t
         return None if curve is None else _at(curve, n)
 
