@@ -243,7 +243,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
     ("main_gpu", ("-mg", "--main-gpu"), int_list, "I", "the GPU of -sm none"),
     ("no_kv_offload", ("-nkvo", "--no-kv-offload"), _bool_list, "0|1", "KV cache on the host (not modelled)"),
     ("flash_attn", ("-fa", "--flash-attn"), _flash_attn_list, "on|off|auto",
-     "FlashAttention (reported; the simulator has one attention cost, the profile's)"),
+     "FlashAttention or the unfused attention: priced apart by a profile with llama.cpp kernel tables (h200-llamacpp), one attention cost otherwise"),
     ("load_mode", ("-lm", "--load-mode"), _choice_list(LOAD_MODES, "load mode"), "MODE",
      "auto/mmap/mmap+mlock: host weights stay in the mmap'd file (pageable); none/mlock/dio: read into "
      "pinned host buffers"),
@@ -808,6 +808,10 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             hw = hw.with_(vram_reserved_bytes=hw.vram_reserved_bytes + setting.fit_target * 2**20)
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
+    if setting.flash_attn == 0 and str(setting.type_v).lower() not in ("f16", "bf16", "f32"):
+        # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
+        raise ScenarioError(f"-ctv {setting.type_v} with -fa off: llama.cpp refuses this context (V cache "
+                            "quantization requires flash_attn)", field="-ctv")
     if setting.flash_attn != -1 or "flash_attn" in given:
         pl = replace(pl, flash_attn=setting.flash_attn != 0)
         if hw.ggml is None:

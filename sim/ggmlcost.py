@@ -16,8 +16,8 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
     two kernels) ``+ max(0, bytes / cold_rate(T) - floor)``. ``test-backend-ops`` repeats one op
     on one weight, which then stays in the 50 MB L2 and is launch-bound; in a decode graph
     every layer reads other weights from HBM and the kernels run back to back in a CUDA graph.
-    ``cold_rate(T)`` is measured on ``MUL_MAT_B`` cases over enough distinct matrices to exceed
-    the L2; ``floor`` is the per-kernel time in a decode graph, fitted on the fit rows
+    ``cold_rate(T)`` is measured on cold cases (a ``MUL_MAT`` at one token over ``bs`` distinct
+    matrices, enough to exceed the L2); ``floor`` is the per-kernel time in a decode graph, fitted on the fit rows
     (``calibrate.llamacpp.fit``). A weight larger than the L2 is read cold by the table's
     repetitions too: its measured time is used when it is larger (the matvec's rate depends on
     the shape as well as the type).
@@ -38,7 +38,7 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   llama-bench prefill over their bytes. They are priced with the layer's attention op.
 * **CPU backend** (ops on host weights below the op-offload batch, layers ``-ngl`` leaves on the
   CPU): ``cpu_op + max(bytes / cpu_cold_rate(T), 2·n·m·k / cpu_flops)``, the cold rate measured
-  on ``MUL_MAT_B`` over matrices totalling 2 GiB with llama-bench's thread count; CPU attention
+  on cold cases over matrices totalling 2 GiB with llama-bench's thread count; CPU attention
   from the CPU ``FLASH_ATTN_EXT`` table (dense models' geometry), else the FLOP roofline.
 * **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
   the table's full-rectangle time times the share of causal (query, key) pairs.
@@ -65,6 +65,10 @@ MMVQ_MAX_BATCH = 8
 #: llama.cpp pads the KV cells a graph attends to a multiple of 256 (``llama_kv_cache::get_padding``
 #: with flash attention; the grid's every row uses it)
 KV_PAD = 256
+#: ops of a kernel table and the columns each needs (>= 1)
+TABLE_OPS = {"MUL_MAT": ("m", "n", "k", "bs", "nr"), "MUL_MAT_ID": ("m", "n", "k"),
+             "MUL_MAT_B": ("m", "n", "k", "bs", "nr"), "FLASH_ATTN_EXT": ("hd", "nh", "nkv", "kv", "nb"),
+             "SOFT_MAX": ("kv", "nb", "nh")}
 #: columns of a kernel table (one row per timed case; blank where a case has no such field)
 TABLE_COLUMNS = ("backend", "op", "type", "m", "n", "k", "bs", "nr", "hd", "nh", "nkv", "kv", "nb", "t_us")
 
@@ -144,7 +148,7 @@ class GgmlKernels:
             return got
         same = [v for (b, _t), v in self._cold.items() if b == backend]
         if not same:
-            raise ValueError(f"the {backend} kernel table has no cold MUL_MAT_B case")
+            raise ValueError(f"the {backend} kernel table has no cold case (MUL_MAT at 1 token, bs > 1)")
         return float(np.median(same))
 
     @cached_property
@@ -431,8 +435,51 @@ def read_table(path) -> pd.DataFrame:
         bad = df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0))
         if bad.any():
             raise ValueError(f"kernel table column {c} has a negative or infinite value")
-    df["type"] = df["type"].fillna("").astype(str)
+    df["type"] = df["type"].fillna("").astype(str).str.upper()
+    bad_b = ~df["backend"].isin(["gpu", "cpu"])
+    if bad_b.any():
+        raise ValueError(f"kernel table: backend {df['backend'][bad_b].iloc[0]!r} in data row "
+                         f"{int(bad_b.to_numpy().nonzero()[0][0]) + 1} (gpu or cpu)")
+    bad_op = ~df["op"].isin(list(TABLE_OPS))
+    if bad_op.any():
+        raise ValueError(f"kernel table: op {df['op'][bad_op].iloc[0]!r} is not one of {', '.join(TABLE_OPS)}")
+    from .quant import GGML_BLOCK
+
+    typed = df["op"].isin(["MUL_MAT", "MUL_MAT_ID", "MUL_MAT_B"])
+    unknown = typed & ~df["type"].isin(list(GGML_BLOCK) + ["F16", "F32", "BF16"])
+    if unknown.any():
+        raise ValueError(f"kernel table: unknown ggml type {df['type'][unknown].iloc[0]!r} "
+                         f"(data row {int(unknown.to_numpy().nonzero()[0][0]) + 1})")
+    for op, cols in TABLE_OPS.items():
+        rows = df[df["op"] == op]
+        for c in cols:
+            v = rows[c]
+            if (v.isna() | (v < 1)).any():
+                raise ValueError(f"kernel table: {op} rows need {c} >= 1 (data row "
+                                 f"{int(rows.index[(v.isna() | (v < 1)).to_numpy()][0]) + 1})")
     return df
+
+
+def check_coverage(tab: pd.DataFrame, backend: str) -> None:
+    """A kernel table a profile can price with: every row of ``backend``, and (GPU) weight and
+    expert matmul curves, FlashAttention and at least one cold matvec case (``MUL_MAT`` with
+    ``bs > 1``); (CPU) a cold case.
+
+    Raises:
+        ValueError: naming what is missing.
+    """
+    other = tab[tab["backend"] != backend]
+    if not other.empty:
+        raise ValueError(f"{len(other)} rows of backend {other['backend'].iloc[0]!r} in the {backend} table "
+                         f"(one table per backend: perf_cases table writes each log's own)")
+    ops = set(tab["op"])
+    need = ["MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"] if backend == "gpu" else ["MUL_MAT"]
+    missing = [o for o in need if o not in ops]
+    if missing:
+        raise ValueError(f"the {backend} kernel table has no {', '.join(missing)} rows")
+    if not ((tab["op"] == "MUL_MAT") & (tab["bs"].fillna(1) > 1) & (tab["n"] == 1)).any():
+        raise ValueError(f"the {backend} kernel table has no cold case (MUL_MAT at 1 token over bs > 1 "
+                         "distinct matrices)")
 
 
 def table_from_perf(perf: pd.DataFrame) -> pd.DataFrame:

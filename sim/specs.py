@@ -780,8 +780,15 @@ def _load_ggml(g: Fields, sources: dict[str, str]):
         sources[f"ggml.{key}"] = src
         return v * scale
 
+    from .ggmlcost import check_coverage
+
     gpu = table("gpu_kernels", True)
-    cpu = table("cpu_kernels", False)
+    cpu = table("cpu_kernels", True)
+    for key, tab, backend in (("gpu_kernels", gpu, "gpu"), ("cpu_kernels", cpu, "cpu")):
+        try:
+            check_coverage(tab, backend)
+        except ValueError as exc:
+            raise g.error(key, f"{g.path(key)}: {exc}") from None
     out = GgmlKernels(
         gpu=gpu, cpu=cpu, l2_bytes=num("l2_mb", 2**20), floor_s=num("kernel_floor_us", 1e-6, positive=False),
         ew_bytes_per_s=num("ew_gb_per_s", GB), cpu_op_s=num("cpu_op_us", 1e-6, positive=False),

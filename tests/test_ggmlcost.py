@@ -210,3 +210,31 @@ def test_compare_labels_every_row_with_the_held_out_split():
     cmp = pd.read_csv(REPO / "data/llamacpp/h200-20261201/compare_llamacpp.csv")
     want = ["fit" if is_fit_row(r) else "heldout" for _, r in rows.iterrows()]
     assert list(cmp.split) == want and want.count("fit") == 40
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.assign(backend="cpu"), "backend 'cpu' in the gpu table"),
+    (lambda d: d.assign(type=d.type.where(d.op != "MUL_MAT_ID", "Q9_Z")), "unknown ggml type 'Q9_Z'"),
+    (lambda d: d.assign(m=d.m.where(d.op != "MUL_MAT", 0)), "MUL_MAT rows need m >= 1"),
+    (lambda d: d[d.op != "MUL_MAT_ID"], "no MUL_MAT_ID rows"),
+    (lambda d: d[~((d.op == "MUL_MAT") & (d.bs > 1))], "no cold case"),
+])
+def test_a_kernel_table_that_cannot_price_a_model_is_refused(tmp_path, edit, match):
+    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
+    (tmp_path / "p.toml").write_text(PROFILE.read_text())
+    f = tmp_path / "h200-llamacpp/kernels-cuda.csv"
+    edit(pd.read_csv(f)).to_csv(f, index=False)
+    with pytest.raises(ScenarioError, match=match) as err:
+        load_hardware(tmp_path / "p.toml")
+    assert "ggml.gpu_kernels" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fit_refuses_fewer_rows_than_it_needs(capsys):
+    from calibrate.llamacpp.fit import main
+
+    # the kernel lease's drift check has 4 rows that are fit rows: too few for 5 numbers
+    assert main(["--run", str(REPO / "data/llamacpp/h200-20261201-kernels"),
+                 "--kernels", str(REPO / "data/llamacpp/h200-20261201-kernels"), "--profile", str(PROFILE)]) == 2
+    assert "fit rows for 5 parameters" in capsys.readouterr().err
+    assert main(["--kernels", "/nonexistent", "--profile", str(PROFILE)]) == 2
+    assert "--kernels /nonexistent: no ncu/" in capsys.readouterr().err

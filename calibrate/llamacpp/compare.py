@@ -1,4 +1,4 @@
-"""Predicted vs measured llama-bench t/s, untuned: the simulator against real llama.cpp runs.
+"""Predicted vs measured llama-bench t/s: the simulator against real llama.cpp runs.
 
 A run folder (``data/llamacpp/h200-YYYYMMDD/``) holds:
 
@@ -665,7 +665,7 @@ def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured llama-bench t/s")
-    ax.set_ylabel(f"predicted t/s ({df.attrs.get('engine', 'analytic')}, untuned)")
+    ax.set_ylabel(f"predicted t/s ({df.attrs.get('engine', 'analytic')})")
     s = summarize(d).iloc[0]
     ax.set_title(f"{int(s.n_predicted)} rows: median |err| {s.median_abs_rel_error:.1%}, "
                  f"p90 {s.p90_abs_rel_error:.1%}")
@@ -680,7 +680,7 @@ def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.compare",
-                                 description="Predicted (simulator, untuned) vs measured (llama-bench) t/s of a run "
+                                 description="Predicted (simulator) vs measured (llama-bench) t/s of a run "
                                              "folder; prints an error summary as markdown.")
     ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
     ap.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")

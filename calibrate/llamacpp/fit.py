@@ -3,7 +3,7 @@
 ``python -m calibrate.llamacpp.fit --profile scenarios/hardware/h200-llamacpp.toml
 --run data/llamacpp/h200-20261201 --kernels data/llamacpp/h200-20261201-kernels [--write]``
 
-Two kinds of number, kept apart (``../shared/NOTES.md``, held-out split):
+Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.split`):
 
 * **measured** from llama.cpp's own kernels, no llama-bench row involved:
 
@@ -41,6 +41,8 @@ from sim.errors import PrefetchSimError
 #: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
 EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
               "moe_weighted_reduction_f32", "topk_moe_cuda", "k_set_rows")
+#: fit rows needed per fitted number (fewer: the fit is refused)
+MIN_ROWS_PER_PARAMETER = 3
 #: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
 FITTED = (("kernel_floor_us", "floor_s", 1e-6, 2e-6, 0.5e-6), ("graph_us", "graph_s", 1e-6, 100e-6, 50e-6),
           ("mask_ns", "mask_s", 1e-9, 2e-9, 1e-9), ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
@@ -59,7 +61,11 @@ def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-3
     from sim.specs import load_model
 
     model = load_model(model_toml)
-    df = read_ncu(Path(kernels_dir) / "ncu" / f"{profile}.csv")
+    path = Path(kernels_dir) / "ncu" / f"{profile}.csv"
+    if not path.is_file():
+        raise PrefetchSimError(f"--kernels {kernels_dir}: no {path.relative_to(kernels_dir)} (a kernel lease "
+                               "folder with its ncu profiles, e.g. data/llamacpp/h200-20261201-kernels)")
+    df = read_ncu(path)
     ew = df[df["kernel"].isin(EW_KERNELS)]
     t = ew["duration_ns"].sum() * 1e-9
     elems = sum(layer_elementwise(model, i)[1] for i in range(model.n_layer))
@@ -84,7 +90,7 @@ def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
     return {"cpu_op_us": (max(icpt, 0.0) * 1e6, f"measured: intercept of a line through the CPU table's "
                           f"{int(keep.sum())} single matvecs up to 16 MiB (rate {1 / slope / 1e9:.0f} GB/s)"),
             "cpu_ew_gb_per_s": (float(np.median(cold)) / 1e9, "measured: median of the CPU backend's cold "
-                                f"matvec rates ({len(cold)} types, MUL_MAT_B over 2 GiB): a DRAM stream, as "
+                                f"matvec rates ({len(cold)} types, cold cases over 2 GiB): a DRAM stream, as "
                                 "the elementwise ops of a CPU layer are")}
 
 
@@ -181,12 +187,15 @@ def write_values(profile: str | Path, values: dict[str, tuple[float, str]]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.fit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml")
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.fit",
+                                 description="Fill the [ggml] numbers of a llama.cpp-calibrated hardware profile: "
+                                             "measured ones from the kernel lease, fitted ones on the fit rows only.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml", help="the profile to fill")
     ap.add_argument("--run", default="data/llamacpp/h200-20261201", help="ground-truth run folder (fit rows only)")
     ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
-    ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
+    ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
     args = ap.parse_args(argv)
     from sim.specs import load_hardware
@@ -202,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         for k, (v, s) in measured.items():
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas, rows = fit_rows(args.run, hw)
+        if len(cases) < MIN_ROWS_PER_PARAMETER * len(FITTED):
+            raise PrefetchSimError(f"--run {args.run}: {len(cases)} fit rows for {len(FITTED)} parameters (at least "
+                                   f"{MIN_ROWS_PER_PARAMETER * len(FITTED)}: calibrate/llamacpp/split.py names the "
+                                   "fit rows of a ground-truth grid)")
         print(f"fitting {', '.join(k for k, *_ in FITTED)} on {len(cases)} fit rows of {args.run}")
         p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs)
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100

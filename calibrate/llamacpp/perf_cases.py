@@ -308,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise PrefetchSimError(f"{log}: timings before any 'Backend i/n: NAME' line")
                 frames.append(table_from_perf(df))
             tab = pd.concat(frames, ignore_index=True)
+            if tab.empty:
+                raise PrefetchSimError(f"{', '.join(args.logs)}: no case of an op a kernel table holds "
+                                       "(MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT, SOFT_MAX)")
+            key = [c for c in tab.columns if c != "t_us"]
+            dup = tab.duplicated(subset=key)
+            if dup.any():
+                raise PrefetchSimError(f"{int(dup.sum())} cases appear twice (the same log given twice?); "
+                                       "give each log once")
             write_atomic(args.out, tab.to_csv(index=False))
             print(f"{args.out}: {len(tab)} kernels ({', '.join(f'{k} {v}' for k, v in tab['op'].value_counts().items())})")
         else:

@@ -1,4 +1,4 @@
-"""The held-out split of the llama.cpp ground truth, fixed before any fit (``../shared/NOTES.md``).
+"""The held-out split of the llama.cpp ground truth, fixed before any fit.
 
 A calibration to llama.cpp may only fit on the **fit** rows; accuracy is reported on the
 **held-out** rows, which differ from every fit row in model, placement or ubatch, not only in
