@@ -551,6 +551,7 @@ def test_attention_table_guards_and_sliding_window():
     assert _attn_table_s(hw, 2048, 0, 8, 2, 64, 512) == pytest.approx(t_of(512, 0) * 2048 / 512)
 
 
+@pytest.mark.slow
 def test_bench_pageable_runs_on_the_stand_in_and_rejects_bad_arguments(tmp_path):
     """benchmarks/bench_pageable.py on the numpy stand-in writes its CSV with every part and
     prints its tables; bad arguments are one line and status 2 (numbers meaningless here)."""

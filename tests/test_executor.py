@@ -317,6 +317,7 @@ def test_busy_probe_plans_have_decode_shape():
     assert all(op.nbytes == 4 << 20 for op in loop.ops if op.kind is OpKind.CPU_MATVEC)
 
 
+@pytest.mark.slow
 def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path, monkeypatch):
     """measure_busy returns every kind's busy extra, a matvec line, the loop check and the
     decode-chain scale; the keys land in a profile, load back, and are priced in executor_mode
@@ -743,6 +744,7 @@ def test_timed_runs_restore_the_collector_when_a_run_raises_and_collect_once(mon
         (gc.enable if was else gc.disable)()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gc_off", [True, False])
 def test_executor_cost_probes_pass_the_collector_setting_and_record_it(monkeypatch, gc_off):
     """measure(gc_off=...) runs every probe with that setting, records it as ``gc`` (a string,

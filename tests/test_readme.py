@@ -1,9 +1,12 @@
 """The README shows the output of its main command: the table under "Run" is what
-`prefetch-sim run` prints on the shipped default scenario and measured H200 profile now (it
+`prefetch-sim run` prints on the shipped default scenario and its H200 profile now (it
 changes whenever the profile or the model does; regenerate it with `prefetch-sim run`)."""
+
 from __future__ import annotations
 
 import re
+
+import pytest
 from pathlib import Path
 
 from sim.cli import main
@@ -11,6 +14,7 @@ from sim.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_readme_table_is_what_prefetch_sim_run_prints(tmp_path, monkeypatch):
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"\nprefetch-sim run\n```\n.*?\n```\n(\| model .*?)```", readme, re.S)

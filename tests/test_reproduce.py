@@ -17,23 +17,27 @@ def _row(table, metric, variant, case="laguna_2x3090"):
     return table.loc[(case, metric, variant)]
 
 
+@pytest.mark.slow
 def test_every_reported_row_is_accounted_for(table):
     assert len(table) == len(load_reported())
     assert set(table.status) <= {"ok", "off", "sign", "wrong sign", "not modelled"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["expert_fraction_copied_34_tokens", "expert_fraction_copied_ubatch_2048"])
 def test_fitted_routing_reproduces_the_expert_fractions(table, metric):
     r = _row(table, metric, "baseline")
     assert abs(r.simulated - r.reported) <= 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["baseline", "prefetch_ungated", "baseline_without_selective_copy"])
 def test_short_prompt_bytes_within_10_percent(table, variant):
     r = _row(table, "h2d_bytes_short_prompt_graph", variant)
     assert abs(r.rel_error) <= 0.10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric,variant", [
     ("ttft_short_prompt", "prefetch_ungated"), ("ttft_short_prompt", "baseline_without_selective_copy"),
     ("ttft_short_prompt", "prefetch_gated_512"),
@@ -43,11 +47,13 @@ def test_sign_of_prefetch_effect_matches(table, metric, variant):
     assert bool(_row(table, metric, variant).sign_ok)
 
 
+@pytest.mark.slow
 def test_gate_crossover_lies_in_the_reported_bracket(table):
     r = _row(table, "gate_crossover_moe_batch_low", "")
     assert 250 <= r.simulated <= 1040
 
 
+@pytest.mark.slow
 def test_short_prompt_ttft_cost_of_whole_copies_matches(table):
     """The TTFT added by copying whole expert tensors (control minus baseline) is a bandwidth
     effect; the reports give +640 ms."""

@@ -215,6 +215,7 @@ def test_run_grid_passes_probes_and_traces(monkeypatch):
         V.run_grid(cases, HW, passes=0, cp=fakecp)
 
 
+@pytest.mark.slow
 def test_run_grid_prices_the_host_conditioned_prediction_with_the_per_pass_medians(monkeypatch):
     """With a cost probe and per-pass host probes: each pass's costs are logged (a failing probe
     as an error, the run going on), ``predicted_host_s`` uses the medians of the costs and of the
