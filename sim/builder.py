@@ -41,7 +41,7 @@ import numpy as np
 from .cache import ExpertCache
 from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
-from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_entries
+from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_entries, pad_cells
 from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
 from .specs import BenchTest, Scenario, Tensor, Variant
@@ -190,10 +190,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and not linear
         kv_in = kv_out = extra_splits = 0
         if moved:
-            from .ggmlcost import KV_PAD
-
-            keys = attn_keys(n_tokens, kv_len, win)
-            keys = max(KV_PAD, -(-keys // KV_PAD) * KV_PAD)
+            keys = pad_cells(attn_keys(n_tokens, kv_len, win))
             kvd = model.n_head_kv * model.head_dim
             kv_in = int(2 * keys * kvd * model.kv_bytes_per_elem)
             kv_out = int(2 * n_tokens * kvd * 4)

@@ -39,6 +39,7 @@ import math
 
 import numpy as np
 
+from .ggmlcost import attended_keys
 from .plan import Op, OpKind, Plan
 from .specs import HardwareProfile
 
@@ -321,7 +322,7 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
     if k is OpKind.ATTN and len(sh) > 10 and not sh[6]:
         n_tok, kv, nh, nkv, hd, window = sh[:6]
         fa, ew_k, ew_e = sh[8:11]
-        keys = min(kv + n_tok, window + n_tok) if window else kv + n_tok
+        keys = attended_keys(n_tok, kv, window)
         t = g.attn_s("gpu", n_tok, keys, nh, nkv, hd, bool(fa))
         if t is None:
             t = attn_s(hw, n_tok, kv, nh, nkv, hd, window)
@@ -341,7 +342,7 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         if tag == "attn" and len(inner) > 10 and not inner[6]:
             n_tok, kv, nh, nkv, hd, window = inner[:6]
             fa, ew_k, ew_e = inner[8:11]
-            keys = min(kv + n_tok, window + n_tok) if window else kv + n_tok
+            keys = attended_keys(n_tok, kv, window)
             t = g.attn_s("cpu", n_tok, keys, nh, nkv, hd, bool(fa))
             if t is None:
                 t = cpu_s(hw, op.nbytes, float(n))

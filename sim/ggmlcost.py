@@ -214,7 +214,7 @@ class GgmlKernels:
                flash: bool) -> float | None:
         """Seconds of one layer's attention core: ``n_tokens`` queries on ``keys`` keys (padded
         here to :data:`KV_PAD`); None when no table holds an attention of that backend."""
-        kv = max(KV_PAD, -(-keys // KV_PAD) * KV_PAD)
+        kv = pad_cells(keys)
         if flash or backend == "cpu":
             return self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
         kq = self._attn_op(backend, "KQ", n_tokens, kv, n_head, n_head_kv, head_dim)
@@ -401,16 +401,24 @@ def graph_kernels(items) -> int:
     return n
 
 
+def pad_cells(cells: int) -> int:
+    """KV cells a graph attends to, padded as llama.cpp pads them (:data:`KV_PAD`, at least one pad)."""
+    return max(KV_PAD, -(-int(cells) // KV_PAD) * KV_PAD)
+
+
+def attended_keys(n_tokens: int, kv_len: int, window: int = 0) -> int:
+    """Keys a ubatch of ``n_tokens`` on ``kv_len`` cached ones attends (unpadded): all of them, or
+    with a sliding window the window plus the ubatch (llama.cpp's SWA cache holds both)."""
+    return min(kv_len + n_tokens, window + n_tokens) if window else kv_len + n_tokens
+
+
 def mask_entries(model, n_tokens: int, kv_len: int) -> int:
     """KQ-mask entries llama.cpp fills on the host for one graph (``set_input_kq_mask``: one
     per query and KV cell, the cells padded to :data:`KV_PAD`): the full-attention mask, plus
     the sliding-window one when some layers use a window (its cells: window + ubatch)."""
-    def pad(x: int) -> int:
-        return max(KV_PAD, -(-x // KV_PAD) * KV_PAD)
-
-    n = n_tokens * pad(kv_len + n_tokens)
+    n = n_tokens * pad_cells(attended_keys(n_tokens, kv_len))
     if model.sliding_window and model.swa_interval:
-        n += n_tokens * pad(min(kv_len + n_tokens, model.sliding_window + n_tokens))
+        n += n_tokens * pad_cells(attended_keys(n_tokens, kv_len, model.sliding_window))
     return int(n)
 
 

@@ -727,7 +727,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         attn_table = _read_table(g, "attn_table", ("n_tokens", "kv_len", "n_head", "n_head_kv", "head_dim", "t_s"),
                                  zero_ok=("kv_len",))
     g.check_unknown()
-    ggml = _load_ggml(f.sub("ggml"), {}) if f.has("ggml") else None
+    ggml = _load_ggml(f.sub("ggml")) if f.has("ggml") else None
     measured: dict[str, str] = {}
     if f.has("measured"):
         ms = f.sub("measured")
@@ -751,7 +751,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     )
 
 
-def _load_ggml(g: Fields, sources: dict[str, str]):
+def _load_ggml(g: Fields):
     """The ``[ggml]`` table of a hardware profile: kernel tables (CSV paths relative to the
     profile) and sourced numbers (:class:`sim.ggmlcost.GgmlKernels`).
 
@@ -773,11 +773,13 @@ def _load_ggml(g: Fields, sources: dict[str, str]):
         except (ValueError, OSError) as exc:
             raise g.error(key, f"cannot read kernel table {p}: {exc}") from None
 
+    sources: dict[str, str] = {}
+
     def num(key: str, scale: float, positive: bool = True) -> float:
         v, src = g.sourced(key, positive=positive)
         if v < 0:
             raise g.error(key, f"a cost must be >= 0, got {v}")
-        sources[f"ggml.{key}"] = src
+        sources[key] = src
         return v * scale
 
     from .ggmlcost import check_coverage
@@ -796,7 +798,7 @@ def _load_ggml(g: Fields, sources: dict[str, str]):
         split_s=num("split_us", 1e-6, positive=False),
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
-        sources={k[5:]: v for k, v in sources.items() if k.startswith("ggml.")})  # its own, not [hardware]'s
+        sources=sources)
     g.check_unknown()
     try:
         out.cold_rate("gpu", "Q4_K")

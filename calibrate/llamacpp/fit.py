@@ -151,7 +151,7 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
         x0 = np.array([p[f] for _k, f, _s, _st, _d in FITTED])
         while True:  # active set: drop parameters that would go negative
             A = J[:, free]
-            step, *_ = np.linalg.lstsq(A, -err - J @ np.zeros(len(FITTED)), rcond=None)
+            step, *_ = np.linalg.lstsq(A, -err, rcond=None)
             x = x0.copy()
             x[free] = x0[free] + step
             neg = [j for j in free if x[j] < 0]
