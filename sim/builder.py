@@ -41,7 +41,7 @@ import numpy as np
 from .cache import ExpertCache
 from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
-from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_entries, pad_cells
+from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
 from .plan import OpKind, Plan, Stream
 from .routing import Router, make_router
 from .specs import BenchTest, Scenario, Tensor, Variant
@@ -399,8 +399,12 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
                 shape=(graph_kernels(items), n_tokens))
     if ggml is not None and ggml.mask_s > 0:
+        # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
+        # the GPU when some attention runs there
+        on_gpu = any(it.kind is OpKind.ATTN for it in items)
         em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
-                shape=(mask_entries(model, n_tokens, kv_len),))
+                shape=(mask_entries(model, n_tokens, kv_len),
+                       mask_bytes(model, n_tokens, kv_len, scn.placement.flash_attn) if on_gpu else 0))
     for si, s in enumerate(splits):
         em.split = si
         em.layer = s.items[0].layer

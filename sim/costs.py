@@ -359,7 +359,9 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
     if k is OpKind.HOST_WORK and op.tag == "split_overhead":
         return g.split_s
     if k is OpKind.HOST_WORK and op.tag == "kq_mask":
-        return g.mask_s * (sh[0] if sh else 0)
+        entries = sh[0] if sh else 0
+        copy = hw.h2d(True).time_s(sh[1]) if len(sh) > 1 and sh[1] else 0.0
+        return g.mask_s * entries + copy
     return None
 
 

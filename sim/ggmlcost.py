@@ -412,14 +412,44 @@ def attended_keys(n_tokens: int, kv_len: int, window: int = 0) -> int:
     return min(kv_len + n_tokens, window + n_tokens) if window else kv_len + n_tokens
 
 
+#: cells before the ubatch's first position that ``set_input_kq_mask`` keeps revisiting beyond
+#: the window (``p0 + n_swa + 32 >= pos_min``: llama-kv-cache.cpp, ggml-org/llama.cpp#18842)
+MASK_REVISIT_MARGIN = 32
+
+
+def _mask_loop(n_tokens: int, kv_len: int, window: int) -> tuple[int, int]:
+    """``(entries, cells)`` of one KQ mask: the cells it spans (``n_kv``, padded) and the entries
+    ``set_input_kq_mask`` visits. The first query row walks every cell; each later row of the
+    same sequence copies that row and revisits only the cells whose position is within the
+    window plus :data:`MASK_REVISIT_MARGIN` of the ubatch's first position (the ubatch's own
+    cells and up to ``window + 32`` cached ones)."""
+    cells = pad_cells(attended_keys(n_tokens, kv_len, window))
+    filled = attended_keys(n_tokens, kv_len, window)
+    recent = min(filled, n_tokens + min(kv_len, window + MASK_REVISIT_MARGIN))
+    return cells + (n_tokens - 1) * recent, cells
+
+
 def mask_entries(model, n_tokens: int, kv_len: int) -> int:
-    """KQ-mask entries llama.cpp fills on the host for one graph (``set_input_kq_mask``: one
-    per query and KV cell, the cells padded to :data:`KV_PAD`): the full-attention mask, plus
-    the sliding-window one when some layers use a window (its cells: window + ubatch)."""
-    n = n_tokens * pad_cells(attended_keys(n_tokens, kv_len))
+    """KQ-mask entries llama.cpp's host visits for one graph (``set_input_kq_mask`` in
+    llama-kv-cache.cpp, :func:`_mask_loop`): the full-attention mask, plus the sliding-window
+    cache's when some layers use a window. A prompt ubatch from position 0 visits about
+    ``n_tokens**2`` entries; one at depth ``kv_len`` about ``n_kv + n_tokens * (n_tokens + 32)``;
+    a decode token ``n_kv``."""
+    n = _mask_loop(n_tokens, kv_len, 0)[0]
     if model.sliding_window and model.swa_interval:
-        n += n_tokens * pad_cells(attended_keys(n_tokens, kv_len, model.sliding_window))
+        n += _mask_loop(n_tokens, kv_len, model.sliding_window)[0]
     return int(n)
+
+
+def mask_bytes(model, n_tokens: int, kv_len: int, flash_attn: bool) -> int:
+    """Bytes of the KQ masks of one graph (``n_kv x n_tokens``, f16 with FlashAttention, else
+    f32: ``build_attn_inp_kq_mask`` in llama-graph.cpp). They are graph inputs in a pinned host
+    buffer that the scheduler copies to the GPU, synchronously, before the first split."""
+    elem = 2 if flash_attn else 4
+    n = _mask_loop(n_tokens, kv_len, 0)[1]
+    if model.sliding_window and model.swa_interval:
+        n += _mask_loop(n_tokens, kv_len, model.sliding_window)[1]
+    return int(n * n_tokens * elem)
 
 
 def read_table(path) -> pd.DataFrame:

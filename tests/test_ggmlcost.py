@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from sim.errors import ScenarioError
-from sim.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_entries,
+from sim.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_bytes, mask_entries,
                           read_table, table_from_perf)
 from sim.specs import load_hardware, load_model
 
@@ -106,14 +106,51 @@ def test_elementwise_and_kernel_counts_match_the_ncu_profiles_of_llama_bench():
         assert abs(n / measured - 1) < 0.01, (fa, n, measured)
 
 
-def test_mask_entries_count_both_masks_of_a_sliding_window_model():
+def _visited_reference(n_tokens: int, kv_len: int, window: int) -> int:
+    """Entries visited by a line-by-line transcription of llama.cpp's ``set_input_kq_mask_impl``
+    (llama-kv-cache.cpp; one sequence, causal, no ALiBi): the cells hold positions
+    ``[kv_len - held, kv_len + n_tokens)`` (the SWA cache only the window's), padded with empty
+    cells to the graph's ``n_kv``."""
+    held = min(kv_len, window) if window else kv_len
+    cells = list(range(kv_len - held, kv_len + n_tokens))
+    n_kv = -(-max(len(cells), 1) // KV_PAD) * KV_PAD
+    cells += [None] * (n_kv - len(cells))
+    pos_min, margin = kv_len, window + 32
+    visited, idxs, first = 0, [], True
+    for _ in range(n_tokens):
+        for jj in range(n_kv):
+            if not first:
+                if jj >= len(idxs):
+                    break
+                j = idxs[jj]
+            else:
+                j = jj
+            visited += 1
+            p0 = cells[j]
+            if p0 is not None and first and p0 + margin >= pos_min:
+                idxs.append(j)
+        first = False
+    return visited
+
+
+@pytest.mark.parametrize("n_tokens,kv_len", [(1, 0), (1, 8192), (7, 300), (64, 0), (512, 0), (512, 1536),
+                                             (300, 5000), (2048, 0)])
+def test_mask_entries_match_llamacpps_mask_loop(n_tokens, kv_len):
     gemma = load_model(REPO / "scenarios/models/gemma3-27b.toml")
     qwen = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
-    assert mask_entries(qwen, 512, 0) == 512 * 512
-    assert mask_entries(qwen, 100, 300) == 100 * 512  # 400 cells padded to 512
     w = gemma.sliding_window
-    assert mask_entries(gemma, 512, 8192) == 512 * (8192 + 512) + 512 * -(-(w + 512) // KV_PAD) * KV_PAD
+    assert mask_entries(qwen, n_tokens, kv_len) == _visited_reference(n_tokens, kv_len, 0)
+    assert mask_entries(gemma, n_tokens, kv_len) == (_visited_reference(n_tokens, kv_len, 0)
+                                                     + _visited_reference(n_tokens, kv_len, w))
 
+
+def test_mask_bytes_are_both_masks_at_the_flash_attention_type():
+    gemma = load_model(REPO / "scenarios/models/gemma3-27b.toml")
+    qwen = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
+    assert mask_bytes(qwen, 100, 300, True) == 512 * 100 * 2  # 400 cells padded to 512, f16
+    assert mask_bytes(qwen, 100, 300, False) == 512 * 100 * 4  # f32 without FlashAttention
+    w = gemma.sliding_window
+    assert mask_bytes(gemma, 512, 8192, True) == 512 * 2 * ((8192 + 512) + -(-(w + 512) // KV_PAD) * KV_PAD)
 
 def test_table_from_perf_normalises_test_backend_ops_output():
     from calibrate.llamacpp.perf_cases import parse_perf

@@ -42,6 +42,9 @@ MODEL_FLAGS = ("-m", "-ngl", "--n-gpu-layers", "-ncmoe", "--n-cpu-moe", "-sm", "
                "--load-mode", "-dev", "--no-host", "-ot", "--override-tensor", "-mmp")
 
 
+#: the ``test-backend-ops perf`` runs a lease can make (``[grid] perf``; lease.PERF_RUNS)
+PERF_NAMES = ("cuda", "cpu")
+
 @dataclass(frozen=True)
 class GridModel:
     """A model of the grid.
@@ -94,6 +97,9 @@ class GridSpec:
         timeout_s: wall limit of one invocation.
         models, runs: the grid.
         file: the TOML it came from.
+        perf: the ``test-backend-ops perf`` runs made after the grid, in order (names of
+            :data:`calibrate.llamacpp.lease.PERF_RUNS`: ``cuda``, ``cpu``); all of them when the
+            TOML does not say.
     """
 
     name: str
@@ -102,6 +108,7 @@ class GridSpec:
     models: tuple[GridModel, ...]
     runs: tuple[GridRun, ...]
     file: str = ""
+    perf: tuple[str, ...] = ("cuda", "cpu")
 
     def model(self, key: str) -> GridModel:
         return next(m for m in self.models if m.key == key)
@@ -120,6 +127,10 @@ def load_grid(path: str | Path) -> GridSpec:
     name = g.str("name")
     reps = g.int("repetitions", 5, min=1)
     timeout = g.float("timeout_s", 600.0, positive=True)
+    perf_raw = g.raw("perf", list(PERF_NAMES))
+    if (not isinstance(perf_raw, list) or not all(isinstance(x, str) and x in PERF_NAMES for x in perf_raw)
+            or len(set(perf_raw)) != len(perf_raw)):
+        raise g.error("perf", f"expected a list of distinct names from {list(PERF_NAMES)}, got {perf_raw!r}")
     g.check_unknown()
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
@@ -156,7 +167,7 @@ def load_grid(path: str | Path) -> GridSpec:
         raise ScenarioError(f"duplicate run ids: {dup}", file=path, field="run")
     f.check_unknown()
     return GridSpec(name=name, repetitions=reps, timeout_s=timeout, models=tuple(models), runs=tuple(runs),
-                    file=str(path))
+                    file=str(path), perf=tuple(perf_raw))
 
 
 # --------------------------------------------------------------------------------------

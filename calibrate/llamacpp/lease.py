@@ -186,14 +186,17 @@ def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
         lease.say("h2d probe: timed out")
 
 
-def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path) -> None:
-    """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`) while time is left:
-    ``run/perf/<name>-cases.txt`` (the case file) and ``run/perf/<name>.txt`` (the output)."""
+def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path,
+             names: tuple[str, ...] = ("cuda", "cpu")) -> None:
+    """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`, those of ``names`` in
+    that order) while time is left: ``run/perf/<name>-cases.txt`` (the case file) and
+    ``run/perf/<name>.txt`` (the output)."""
     from . import perf_cases
 
     perf = lease.run_dir / "perf"
     perf.mkdir(exist_ok=True)
-    for name, backend, make, limit in PERF_RUNS:
+    runs = {r[0]: r for r in PERF_RUNS}
+    for name, backend, make, limit in (runs[n] for n in names):
         left = deadline_at - time.monotonic()
         if left < 30:
             lease.say(f"perf {name}: skipped (deadline)")
@@ -268,7 +271,7 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
              say=lease.say)
     lease.status("perf")
     if "test-backend-ops" in res.targets:
-        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo)
+        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
     meta["ended_at"] = _now()
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     lease.status("done")
