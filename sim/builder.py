@@ -148,8 +148,51 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
 # ----------------------------------------------------------------------------------------
 
 
-def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int) -> list[Item]:
-    """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order."""
+def attn_item_shape(ctx: BuildContext, layer: int, n_tokens: int, kv_len: int) -> tuple:
+    """The cost-model shape of layer ``layer``'s attention item for a ubatch of ``n_tokens`` on
+    ``kv_len`` cached tokens (see :class:`sim.plan.OpKind` ``ATTN``; elements 11-13 are the KV
+    bytes copied in and out for a layer moved to the GPU, and its extra splits). The only part
+    of a graph's items that depends on ``kv_len``."""
+    scn, model = ctx.scn, ctx.scn.model
+    pl = scn.placement
+    i = layer
+    win = model.attn_window(i)
+    linear = not model.is_full_attn_layer(i)
+    ew_kernels, ew_elems = layer_elementwise(model, i)
+    on_gpu = ctx.layer_dev[i] >= 0
+    # a layer -ngl left on the CPU, at a batch the op-offload rule offloads: ggml's scheduler
+    # runs its attention on the GPU next to the offloaded matmuls, copying the layer's KV
+    # cache view in and the new K/V back to the CPU cache (SET_ROWS stays on the CPU), one
+    # split per weight input (GGML_SCHED_DEBUG of Gemma-3 -ngl 31 pp512,
+    # data/llamacpp/h200-20261201-kernels/diag)
+    moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and not linear
+    kv_in = kv_out = extra_splits = 0
+    if moved:
+        keys = pad_cells(attn_keys(n_tokens, kv_len, win))
+        kvd = model.n_head_kv * model.head_dim
+        kv_in = int(2 * keys * kvd * model.kv_bytes_per_elem)
+        kv_out = int(2 * n_tokens * kvd * 4)
+        extra_splits = layer_norm_weights(model, i) + 4  # q/k/v apart, the CPU KV store, attention
+    return (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
+            model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems, kv_in, kv_out, extra_splits)
+
+
+def draw_masks(ctx: BuildContext, n_tokens: int, token_offset: int) -> dict[int, np.ndarray]:
+    """The used-expert masks of one graph, layer -> bool (E,), drawn from ``ctx.rng`` in the
+    order :func:`graph_items` draws them (MoE layers in layer order); ``{}`` without experts."""
+    model = ctx.scn.model
+    if model.moe is None or ctx.router is None:
+        return {}
+    return {i: ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
+            for i in range(model.n_layer) if model.is_moe_layer(i)}
+
+
+def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
+                masks: dict[int, np.ndarray] | None = None) -> list[Item]:
+    """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order.
+
+    ``masks``: used-expert masks drawn beforehand (:func:`draw_masks`); None draws them here
+    from ``ctx.rng``."""
     scn, model = ctx.scn, ctx.scn.model
     pl = scn.placement
     tens = ctx.tensor_by_name
@@ -178,25 +221,10 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         # q/k/v projections: one GEMM per tensor group residency (fused when all resident)
         weight_item(OpKind.GEMM, b + "attn_qkv", i, (n_tokens, q.n_out + k.n_out + v.n_out, d), (q, k, v))
         # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU
-        win = model.attn_window(i)
-        linear = not model.is_full_attn_layer(i)
-        ew_kernels, ew_elems = layer_elementwise(model, i)
+        # (a layer left on the CPU at an offloaded batch runs it on the GPU: attn_item_shape)
         on_gpu = ctx.layer_dev[i] >= 0
-        # a layer -ngl left on the CPU, at a batch the op-offload rule offloads: ggml's scheduler
-        # runs its attention on the GPU next to the offloaded matmuls, copying the layer's KV
-        # cache view in and the new K/V back to the CPU cache (SET_ROWS stays on the CPU), one
-        # split per weight input (GGML_SCHED_DEBUG of Gemma-3 -ngl 31 pp512,
-        # data/llamacpp/h200-20261201-kernels/diag)
-        moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and not linear
-        kv_in = kv_out = extra_splits = 0
-        if moved:
-            keys = pad_cells(attn_keys(n_tokens, kv_len, win))
-            kvd = model.n_head_kv * model.head_dim
-            kv_in = int(2 * keys * kvd * model.kv_bytes_per_elem)
-            kv_out = int(2 * n_tokens * kvd * 4)
-            extra_splits = layer_norm_weights(model, i) + 4  # q/k/v apart, the CPU KV store, attention
-        shape = (n_tokens, kv_len, model.n_head, model.n_head_kv, model.head_dim, win, int(linear),
-                 model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems, kv_in, kv_out, extra_splits)
+        moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and model.is_full_attn_layer(i)
+        shape = attn_item_shape(ctx, i, n_tokens, kv_len)
         items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not (on_gpu or moved),
                           ctx.layer_dev[i] if on_gpu else 0 if moved else -1))
         weight_item(OpKind.GEMM, o.name, i, (n_tokens, o.n_out, o.n_in), (o,))
@@ -205,7 +233,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
             assert m is not None and ctx.router is not None
             r = tens[b + "ffn_gate_inp.weight"]
             weight_item(OpKind.GEMM, r.name, i, (n_tokens, m.n_expert, d), (r,))
-            mask = ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
+            mask = masks[i] if masks is not None else ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
             n_used = int(mask.sum())
             ctx.stats.setdefault("used_masks", {})[i] = mask
             names = ["ffn_gate_up_exps"] if m.fused_gate_up else ["ffn_gate_exps", "ffn_up_exps"]
@@ -266,6 +294,13 @@ class Emitter:
         self.last_host = -1                  # the host thread's last op
         self.fill_of: dict[int, int] = {}    # layer -> last background cache-fill copy
         self.fill_pending = False
+        #: GPU holding the activations before this plan's first compute op (a graph built on
+        #: its own by sim.memo starts where the previous graph left them)
+        self.act_device_default = 0
+        #: ``(op id, role, layer or flag)`` of the ops whose cost depends on the graph's KV
+        #: length: ``"attn"`` (an attention and its launch), ``"cpu_attn"`` (attention on the
+        #: CPU backend), ``"kq_mask"`` (the mask fill; flag: the masks are copied to a GPU)
+        self.kv_ops: list[tuple[int, str, int]] = []
 
     # -- primitives ------------------------------------------------------------------
     def op(self, kind, stream, device, name, deps=(), **kw) -> int:
@@ -288,7 +323,11 @@ class Emitter:
         kernels costs the host more than one launch, see :mod:`sim.costs`)."""
         iss = self.host(OpKind.ISSUE, f"issue {name}", tag=kind.value,
                         shape=kw.get("shape", ()) if kind is OpKind.ATTN else ())
-        return self.op(kind, stream, device, name, (iss, *deps), **kw)
+        oid = self.op(kind, stream, device, name, (iss, *deps), **kw)
+        if kind is OpKind.ATTN:
+            self.kv_ops.append((iss, "attn", self.layer))
+            self.kv_ops.append((oid, "attn", self.layer))
+        return oid
 
     def sync(self, device: int, name="sync", streams=(Stream.COMPUTE, Stream.COPY)) -> int:
         """Host waits for everything issued on ``device``'s ``streams``."""
@@ -323,12 +362,31 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(s), int(e - s)) for s, e in zip(starts, ends)]
 
 
-def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> None:
-    """Emit the ops of one graph (ubatch)."""
+def cpu_attn_args(item_shape: tuple) -> tuple[int, tuple]:
+    """``(nbytes, shape)`` of the CPU_MATVEC op that runs an attention item of shape
+    ``item_shape`` (:func:`attn_item_shape`) on the CPU backend: the K/V bytes read and
+    ``(1, 2 * score pairs, 1, 1, "attn", item_shape)``."""
+    n_tok, kv, nh, nkv, hd, win, linear, state = item_shape[:8]
+    pairs = n_tok * nh * hd * state if linear else attn_pairs(n_tok, kv, win) * nh * hd
+    kv_read = 0 if linear else attn_keys(n_tok, kv, win) * nkv * hd * 4
+    return int(kv_read), (1, int(2 * pairs), 1, 1, "attn", item_shape)
+
+
+def kq_mask_shape(model, n_tokens: int, kv_len: int, flash_attn: bool, on_gpu: bool) -> tuple[int, int]:
+    """Shape of a graph's KQ-mask host op: ``(entries the host fills, bytes copied to the GPU)``,
+    the bytes 0 when no attention runs on a GPU."""
+    return (mask_entries(model, n_tokens, kv_len),
+            mask_bytes(model, n_tokens, kv_len, flash_attn) if on_gpu else 0)
+
+
+def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
+                masks: dict[int, np.ndarray] | None = None) -> None:
+    """Emit the ops of one graph (ubatch). ``masks``: pre-drawn used-expert masks
+    (:func:`draw_masks`), None to draw them from the context's rng."""
     ctx = em.ctx
     scn, var, model = ctx.scn, ctx.variant, ctx.scn.model
     hw = scn.hardware
-    items = graph_items(ctx, n_tokens, kv_len, token_offset)
+    items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
     splits = cut_splits(items)
     has_moe_host = any(s.host_input is not None and s.host_input.expert for s in splits)
     prefetch_on = var.prefetch_weights and not (
@@ -402,9 +460,9 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int) -> N
         # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
         # the GPU when some attention runs there
         on_gpu = any(it.kind is OpKind.ATTN for it in items)
-        em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
-                shape=(mask_entries(model, n_tokens, kv_len),
-                       mask_bytes(model, n_tokens, kv_len, scn.placement.flash_attn) if on_gpu else 0))
+        oid = em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
+                      shape=kq_mask_shape(model, n_tokens, kv_len, scn.placement.flash_attn, on_gpu))
+        em.kv_ops.append((oid, "kq_mask", int(on_gpu)))
     for si, s in enumerate(splits):
         em.split = si
         em.layer = s.items[0].layer
@@ -519,11 +577,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         em.layer = it.layer
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
-            n_tok, kv, nh, nkv, hd, win, linear, state = it.shape[:8]
-            pairs = n_tok * nh * hd * state if linear else attn_pairs(n_tok, kv, win) * nh * hd
-            kv_read = 0 if linear else attn_keys(n_tok, kv, win) * nkv * hd * 4
-            shape = (1, int(2 * pairs), 1, 1, "attn", it.shape)
-            nbytes = int(kv_read)
+            nbytes, shape = cpu_attn_args(it.shape)
         elif it.kind is OpKind.MOE:
             m_, n_, k_, n_used, topk = it.shape[:5]
             if ctx.cache is not None:
@@ -550,6 +604,8 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
         # wait for the activations) and the host continues only when it is done
         deps = [em.last_host] + ([last_cpu] if last_cpu is not None else [])
         last_cpu = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, it.name, deps, nbytes=int(nbytes), shape=shape)
+        if it.kind is OpKind.ATTN:
+            em.kv_ops.append((last_cpu, "cpu_attn", it.layer))
         em.host_pending = [last_cpu]
     for it, hits in cache_gpu_items:
         m_, n_, k_, _, topk = it.shape[:5]
@@ -572,7 +628,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
 
 def _current_device(em: Emitter) -> int:
     """GPU that ran the most recent compute op (activations live there)."""
-    best, dev = -1, 0
+    best, dev = -1, em.act_device_default
     for (st, dv), oid in em.last_gpu.items():
         if st == Stream.COMPUTE.value and oid > best:
             best, dev = oid, dv

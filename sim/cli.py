@@ -354,11 +354,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # "vs base" is always against the upstream scheduler: add it when not asked for
         scn = scn.with_(variants=(parse_variant("baseline"),) + scn.variants)
     params = params_from_args(args, scn)
-    progress = None
-    if not args.quiet and sys.stderr.isatty():
-        from tqdm import tqdm
+    from .progress import bar, progress_enabled
 
-        progress = lambda it, desc: tqdm(it, desc=desc, unit="variant", file=sys.stderr)  # noqa: E731
+    progress = None
+    if progress_enabled(args.quiet):
+        progress = lambda it, desc: bar(it, desc=desc, unit="variant")  # noqa: E731
     notes = Notes()
     notes.extend(harness_notes(args))
     try:

@@ -106,11 +106,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if timeline not in {c.name for c in cases}:
         timeline = cases[0].name
     cp = require_cupy()  # clear error, nothing written, when there is no GPU
-    progress = None
-    if not args.quiet:
-        from tqdm import tqdm
+    from .progress import bar, progress_enabled
 
-        progress = lambda it: tqdm(it, desc="validating", unit="case", file=sys.stderr)  # noqa: E731
+    progress = None
+    if progress_enabled(args.quiet):
+        progress = lambda it: bar(it, desc="validating", unit="case")  # noqa: E731
     t0 = time.time()
     out = Path(args.out)
     partial = None

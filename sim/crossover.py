@@ -513,6 +513,18 @@ def with_baseline(variants: Sequence[Variant], baseline: str = "baseline") -> li
     return [Variant(name=baseline)] + vs
 
 
+def cell_cost(job) -> float:
+    """A rough relative cost of one sweep cell, to schedule the largest first: the graphs the
+    memoised path builds (one per prompt ubatch, one for decode) or, with an expert cache (not
+    memoised), every graph; times the repetitions and the layers."""
+    t = job.test
+    ub = max(1, job.scn.workload.n_ubatch)
+    graphs = -(-t.n_prompt // ub)
+    if t.n_gen:
+        graphs += t.n_gen if job.variant.expert_cache != "none" else 1
+    return float(graphs * job.repetitions * job.scn.model.n_layer)
+
+
 def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test: BenchTest, *,
           repetitions: int = 1, engine: str = "analytic", jobs: int | None = None,
           baseline: str = "baseline", progress: bool = False) -> SweepResult:
@@ -561,7 +573,9 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
                 bar.update()
         else:
             with ProcessPoolExecutor(max_workers=min(n_jobs, len(work))) as pool:
-                futs = {pool.submit(_run_cell, job): k for k, job in enumerate(work)}
+                # largest cells first, so that the last ones to finish are short
+                order = sorted(range(len(work)), key=lambda k: -cell_cost(work[k]))
+                futs = {pool.submit(_run_cell, work[k]): k for k in order}
                 for f in as_completed(futs):
                     results[futs[f]] = f.result()
                     bar.update()
@@ -978,7 +992,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     from .atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
-    progress = not args.quiet and sys.stderr.isatty()
+    from .progress import progress_enabled
+
+    progress = progress_enabled(args.quiet)
     if args.figure:
         if args.axis or args.axis2 or args.variant or args.test:
             raise ScenarioError("--figure builds a fixed sweep; drop --axis/--axis2/--variant/--test",

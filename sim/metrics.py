@@ -96,35 +96,52 @@ def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
 
 
 def transfer_stats(plan: Plan, sched: Schedule) -> tuple[float, float]:
-    """(exposed H2D seconds, overlap fraction) of one timed plan, via :mod:`sim.trace`."""
-    from .trace import exposed_transfer_s, overlap_fraction, to_dataframe
+    """(exposed H2D seconds, overlap fraction) of one timed plan: the metrics of
+    :func:`sim.trace.exposed_transfer_s` and :func:`sim.trace.overlap_fraction`, computed on the
+    plan's arrays (no DataFrame, no trace validation: the schedule comes from an engine)."""
+    from .trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
-    df = to_dataframe(plan, sched)
-    return float(exposed_transfer_s(df)), float(overlap_fraction(df))
+    start = np.asarray(sched.start_s, dtype=np.float64)
+    end = np.asarray(sched.end_s, dtype=np.float64)
+    total, hidden = h2d_busy_hidden_s(plan_transfer_groups(plan), start, end)
+    return float(exposed_from_busy(total, hidden)), float(overlap_from_busy(total, hidden))
 
 
 def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_index: int,
                      repetitions: int, engine: str = "analytic",
-                     ctx: BuildContext | None = None) -> TestResult:
+                     ctx: BuildContext | None = None, *, memo: bool = True) -> TestResult:
     """Build, time and summarise ``repetitions`` runs of one test under one variant.
+
+    Args:
+        memo: time each distinct graph once and sum over the test's graphs
+            (:mod:`sim.memo`; the same numbers to rounding) where that is exact; False builds
+            and times the full plan of every repetition (the reference path).
 
     Raises:
         PlacementError: the placement does not fit with this variant.
     """
+    from .memo import memo_eligible, time_test
+
     ctx = ctx or make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
     if ctx.cache is not None:
         # llama-bench runs one untimed warm-up; it also warms the expert cache
         build_plan(scn, variant, test, rep_rng(scn.seed, test_index, 10_000), ctx)
         ctx.cache.reset_stats()
+    fast = memo and memo_eligible(ctx)
+    templates: dict = {}
     tps, mk, h2d, exp, ovl = [], [], [], [], []
     for r in range(repetitions):
-        plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
-        sched = time_plan(plan, scn, engine)
-        t = float(sched.makespan_s)
+        if fast:
+            tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
+            t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction
+        else:
+            plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
+            sched = time_plan(plan, scn, engine)
+            t, nb = float(sched.makespan_s), plan.meta["h2d_bytes"]
+            e, o = transfer_stats(plan, sched)
         mk.append(t)
         tps.append(test.n_tokens / t)
-        h2d.append(plan.meta["h2d_bytes"])
-        e, o = transfer_stats(plan, sched)
+        h2d.append(nb)
         exp.append(e)
         ovl.append(o)
     return TestResult(
@@ -176,7 +193,10 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
     else:
         del ctxs  # the workers build their own
         with ProcessPoolExecutor(max_workers=jobs) as ex:
-            futs = [ex.submit(_run_variant, scn, v, tests, reps, engine) for v in variants]
+            # largest first: a variant with an expert cache builds every graph (not memoised)
+            order = sorted(range(len(variants)), key=lambda k: variants[k].expert_cache == "none")
+            by_k = {k: ex.submit(_run_variant, scn, variants[k], tests, reps, engine) for k in order}
+            futs = [by_k[k] for k in range(len(variants))]
             it = progress(futs) if progress else futs
             per = [f.result() for f in it]
     return [r for rs in per for r in rs]

@@ -174,14 +174,22 @@ NOT_MODELLED = {
 }
 
 
-def compare(repetitions: int = 2, reported: pd.DataFrame | None = None) -> list[Comparison]:
-    """Simulate every reported row that the shipped scenarios describe.
+def compare(repetitions: int = 2, reported: pd.DataFrame | None = None, *, quiet: bool = True) -> list[Comparison]:
+    """Simulate every reported row that the shipped scenarios describe (``quiet=False``: a
+    progress bar on a terminal's stderr).
 
     Returns one :class:`Comparison` per row of the CSV, in its order.
     """
+    from .progress import bar
+
     rep = load_reported() if reported is None else reported
-    sim: dict[str, dict] = {"laguna_2x3090": _laguna(repetitions), "gptoss20b_selective": _gptoss(repetitions),
-                            "decode_bs1": _decode_bs1()}
+    cases = {"laguna_2x3090": lambda: _laguna(repetitions), "gptoss20b_selective": lambda: _gptoss(repetitions),
+             "decode_bs1": _decode_bs1}
+    sim: dict[str, dict] = {}
+    with bar(total=len(cases), desc="reproducing", unit="case", quiet=quiet) as b:
+        for name, fn in cases.items():
+            sim[name] = fn()
+            b.update()
     out = []
     for row in rep.itertuples(index=False):
         key = (row.metric, row.variant)
@@ -231,6 +239,7 @@ def add_reproduce_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="simulate the published A/B figures (data/reported_measurements.csv)")
     p.add_argument("-r", "--repetitions", type=int, default=2, help="routing draws per test (default 2)")
     p.add_argument("--out", help="also write the comparison as CSV here (missing folders are created)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_reproduce)
 
 
@@ -246,7 +255,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise PrefetchSimError(f"{REPORTED_CSV} not found: `reproduce` needs the source checkout "
                                "(pip install -e . from a clone)")
 
-    df = to_frame(compare(args.repetitions))
+    df = to_frame(compare(args.repetitions, quiet=getattr(args, "quiet", False)))
     if args.out:
         write_atomic(args.out, df.to_csv(index=False))
     show = df[["case", "metric", "variant", "reported", "simulated", "unit", "rel_error", "sign_ok", "status"]].copy()

@@ -691,6 +691,15 @@ class Router:
             return mask
         return rng.random(self.n_expert) < self.used_probability(layer, n_tokens)
 
+    def fixed_count(self, n_tokens: int) -> int | None:
+        """Experts a ubatch of ``n_tokens`` uses when that count does not depend on the draws
+        (``uniform``/``skewed`` with one token: exactly ``top_k``; no tokens: 0), else None."""
+        if n_tokens == 0:
+            return 0
+        if self.trace is None and n_tokens == 1:
+            return self.top_k
+        return None
+
     def expected_fraction(self, n_tokens: int) -> float:
         """Expected share of the E experts used by a ubatch of ``n_tokens``, averaged over layers.
 

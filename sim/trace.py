@@ -245,23 +245,66 @@ def _single_run(df: pd.DataFrame, what: str) -> None:
                          f"use df.groupby({_RUN_KEYS}).apply({what})")
 
 
-def _h2d_and_hidden_s(df: pd.DataFrame) -> tuple[float, float]:
-    kind = df["kind"].to_numpy()
-    stream = df["stream"].to_numpy()
-    device = df["device"].to_numpy()
-    start = df["start_s"].to_numpy()
-    end = df["end_s"].to_numpy()
+def transfer_groups(kind, stream, device) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The op sets the overlap metrics compare, per GPU with H2D ops (ascending device).
+
+    Args:
+        kind: (n,) :class:`sim.plan.OpKind` values (strings) of the ops.
+        stream: (n,) :class:`sim.plan.Stream` values.
+        device: (n,) device indices.
+
+    Returns:
+        ``[(h2d_ids, compute_ids), ...]``: int arrays of op positions; ``h2d_ids`` are the
+        device's H2D ops (any stream), ``compute_ids`` the compute ops that hide them (on
+        its compute stream or on the CPU backend). See :func:`exposed_transfer_s`.
+    """
+    kind = np.asarray(kind, dtype=object)
+    stream = np.asarray(stream, dtype=object)
+    device = np.asarray(device)
     is_h2d = kind == _H2D
     is_comp = np.isin(kind, list(_COMPUTE_KIND_VALUES))
     cpu_comp = is_comp & (stream == Stream.CPU.value)
-    total = hidden = 0.0
+    out = []
     for dev in np.unique(device[is_h2d]):
         a = is_h2d & (device == dev)
         b = cpu_comp | (is_comp & (stream == Stream.COMPUTE.value) & (device == dev))
-        t, h = _covered_s(start[a], end[a], start[b], end[b])
+        out.append((np.flatnonzero(a), np.flatnonzero(b)))
+    return out
+
+
+def plan_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`transfer_groups` of a plan's ops (no DataFrame)."""
+    ops = plan.ops
+    return transfer_groups([o.kind.value for o in ops], [o.stream.value for o in ops],
+                           np.fromiter((o.device for o in ops), dtype=np.int64, count=len(ops)))
+
+
+def h2d_busy_hidden_s(groups, start_s, end_s) -> tuple[float, float]:
+    """``(H2D busy seconds, of which hidden behind compute)``, summed over the GPUs of
+    ``groups`` (:func:`transfer_groups`), for one run's (n,) start and end times (seconds)."""
+    total = hidden = 0.0
+    for a, b in groups:
+        t, h = _covered_s(start_s[a], end_s[a], start_s[b], end_s[b])
         total += t
         hidden += h
     return total, hidden
+
+
+def _h2d_and_hidden_s(df: pd.DataFrame) -> tuple[float, float]:
+    groups = transfer_groups(df["kind"].to_numpy(), df["stream"].to_numpy(), df["device"].to_numpy())
+    return h2d_busy_hidden_s(groups, df["start_s"].to_numpy(), df["end_s"].to_numpy())
+
+
+def exposed_from_busy(total_s: float, hidden_s: float) -> float:
+    """:func:`exposed_transfer_s` from the H2D busy and hidden seconds."""
+    return max(total_s - hidden_s, 0.0)
+
+
+def overlap_from_busy(total_s: float, hidden_s: float) -> float:
+    """:func:`overlap_fraction` from the H2D busy and hidden seconds (NaN without H2D time)."""
+    if total_s <= 0.0:
+        return float("nan")
+    return min(hidden_s / total_s, 1.0)
 
 
 def exposed_transfer_s(df: pd.DataFrame) -> float:
@@ -281,8 +324,7 @@ def exposed_transfer_s(df: pd.DataFrame) -> float:
         ValueError: not a valid trace, or several runs mixed.
     """
     _single_run(df, "exposed_transfer_s")
-    total, hidden = _h2d_and_hidden_s(df)
-    return max(total - hidden, 0.0)
+    return exposed_from_busy(*_h2d_and_hidden_s(df))
 
 
 def overlap_fraction(df: pd.DataFrame) -> float:
@@ -296,7 +338,4 @@ def overlap_fraction(df: pd.DataFrame) -> float:
         ValueError: not a valid trace, or several runs mixed.
     """
     _single_run(df, "overlap_fraction")
-    total, hidden = _h2d_and_hidden_s(df)
-    if total <= 0.0:
-        return float("nan")
-    return min(hidden / total, 1.0)
+    return overlap_from_busy(*_h2d_and_hidden_s(df))

@@ -1,0 +1,176 @@
+"""Speed of the simulator (issue #17), each figure beside the reference code path, same run.
+
+The reference is the tree of a git commit (default ``HEAD``: the last commit, i.e. the code
+before an uncommitted change; after committing the change pass its parent, ``--ref HEAD~1``),
+extracted read-only with ``git archive`` into a temporary folder and run with ``PYTHONPATH``
+pointing at it. Figures (median of ``--repeat`` runs, wall seconds on this machine):
+
+* ``run``: ``prefetch-sim run -q`` on scenarios/default.toml (its worker processes included).
+* ``crossover``: ``prefetch-sim crossover --figure <F> -q`` for the figures of ``--figures``
+  (default ``a,b,c``: figure d is a decode sweep with an expert cache, which the memoisation
+  does not cover and which takes minutes on the reference; ``--figures all`` for all four).
+* ``split evals/s``: splits of a pp8192 plan of the default (MoE) scenario, baseline variant,
+  divided by the wall time of evaluating it end to end (build, price, time, transfer
+  statistics: ``run_variant_test`` with one repetition), in one process.
+* ``DES events/s``: SimPy events (one timeout per op) per second of the DES engine on a pp512
+  plan of the default scenario, and the same count of timeouts in a raw SimPy loop (one
+  process per queue, nothing else); the ratio is the figure of merit.
+* ``peak RSS pp131072``: the largest resident set of the processes of
+  ``prefetch-sim run -p 131072 -n 0 -r 1 --variant baseline -q`` (MB, 10**6 bytes).
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_speed.py [--ref HEAD] [--repeat 3] [--figures a,b,c]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_INNER = r"""
+import json, sys, time
+import numpy as np
+from sim.specs import load_scenario, BenchTest, parse_variant
+from sim.metrics import run_variant_test, fit_context_to_tests, rep_rng
+from sim.builder import build_plan, make_context
+what = sys.argv[1]
+scn = load_scenario("scenarios/default.toml")
+if what == "splits":
+    t = BenchTest(8192, 0)
+    scn = fit_context_to_tests(scn, [t])
+    v = parse_variant("baseline")
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    n_splits = len({(o.graph, o.split) for o in plan.ops})
+    run_variant_test(scn, v, BenchTest(512, 0), 0, 1)  # warm the kernel tables
+    times = []
+    for _ in range(int(sys.argv[2])):
+        t0 = time.perf_counter()
+        run_variant_test(scn, v, t, 0, 1)
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"splits": n_splits, "s": sorted(times)[len(times) // 2]}))
+elif what == "des":
+    import simpy
+    from sim.costs import plan_durations
+    from sim.engines import des
+    v = parse_variant("baseline")
+    t = BenchTest(512, 0)
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0))
+    d = plan_durations(plan, scn.hardware)
+    queues = {}
+    for o in plan.ops:
+        queues.setdefault(o.queue, []).append(float(d[o.id]))
+    def raw():
+        env = simpy.Environment()
+        def proc(ds):
+            for x in ds:
+                yield env.timeout(x)
+        for ds in queues.values():
+            env.process(proc(ds))
+        env.run()
+    des_t, raw_t = [], []
+    for _ in range(int(sys.argv[2])):
+        t0 = time.perf_counter(); des.run(plan, d); des_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); raw(); raw_t.append(time.perf_counter() - t0)
+    n = len(plan.ops)
+    print(json.dumps({"events": n, "des_s": sorted(des_t)[len(des_t) // 2], "raw_s": sorted(raw_t)[len(raw_t) // 2]}))
+"""
+
+_RSS = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+def _env(tree: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def _wall(tree: Path, args: list[str], repeat: int) -> float:
+    """Median wall seconds of ``python -m sim <args>`` run in ``tree``."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "sim", *args], cwd=tree, env=_env(tree), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _inner(tree: Path, what: str, repeat: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", _INNER, what, str(repeat)], cwd=tree, env=_env(tree), check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rss_mb(tree: Path, args: list[str]) -> float:
+    out = subprocess.run([sys.executable, "-c", _RSS, sys.executable, "-m", "sim", *args], cwd=tree, env=_env(tree),
+                         check=True, capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1]) * 1024 / 1e6  # ru_maxrss is KiB on Linux
+
+
+def extract(ref: str, dest: Path) -> Path:
+    """The tree of commit ``ref`` under ``dest`` (``git archive``: the repository is not touched)."""
+    arc = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=arc, check=True)
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ref", default="HEAD", help="reference commit (default HEAD)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per figure, median (default 3)")
+    p.add_argument("--figures", default="a,b,c", help="crossover figures timed (default a,b,c; 'all')")
+    p.add_argument("--skip", default="", help="comma list of rows to skip: run,crossover,splits,des,rss")
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    figs = ["a", "b", "c", "d"] if args.figures == "all" else args.figures.split(",")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_speed_ref_") as tmp:
+        ref = extract(args.ref, Path(tmp))
+        trees = {"new": ROOT, "ref": ref}
+        if "run" not in skip:
+            r = {k: _wall(t, ["run", "scenarios/default.toml", "-q"], args.repeat) for k, t in trees.items()}
+            rows.append(("prefetch-sim run (default scenario), s", r["new"], r["ref"], "<= 2.5"))
+        if "crossover" not in skip:
+            r = {}
+            for k, t in trees.items():
+                r[k] = sum(_wall(t, ["crossover", "--figure", f, "--out", str(Path(tmp) / f"xo_{k}"), "-q"],
+                                 1 if k == "ref" else args.repeat) for f in figs)
+            rows.append((f"crossover --figure {','.join(figs)}, s", r["new"], r["ref"],
+                         "<= 20 (all four)"))
+        if "splits" not in skip:
+            r = {k: _inner(t, "splits", args.repeat) for k, t in trees.items()}
+            rows.append(("pp8192 MoE plan, split evaluations/s", r["new"]["splits"] / r["new"]["s"],
+                         r["ref"]["splits"] / r["ref"]["s"], ">= 1e6"))
+        if "des" not in skip:
+            r = {k: _inner(t, "des", args.repeat) for k, t in trees.items()}
+            for k in r:
+                r[k]["ratio"] = r[k]["raw_s"] / r[k]["des_s"]
+            rows.append(("DES events/s", r["new"]["events"] / r["new"]["des_s"], r["ref"]["events"] / r["ref"]["des_s"], ""))
+            rows.append(("raw SimPy events/s", r["new"]["events"] / r["new"]["raw_s"],
+                         r["ref"]["events"] / r["ref"]["raw_s"], ""))
+            rows.append(("DES / raw SimPy", r["new"]["ratio"], r["ref"]["ratio"], ">= 0.6"))
+        if "rss" not in skip:
+            cmd = ["run", "scenarios/default.toml", "-p", "131072", "-n", "0", "-r", "1", "--variant", "baseline", "-q"]
+            r = {k: _rss_mb(t, cmd) for k, t in trees.items()}
+            rows.append(("pp131072 run, peak RSS, MB", r["new"], r["ref"], "<= 300"))
+    print(f"reference: {args.ref}; median of {args.repeat} (crossover reference: 1 run)")
+    print(f"| {'figure':44s} | {'this tree':>12s} | {'reference':>12s} | {'ratio':>7s} | {'target':>16s} |")
+    print(f"|{'-' * 46}|{'-' * 14}|{'-' * 14}|{'-' * 9}|{'-' * 18}|")
+    for name, new, old, target in rows:
+        print(f"| {name:44s} | {new:12.4g} | {old:12.4g} | {new / old:7.3g} | {target:>16s} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

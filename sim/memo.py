@@ -1,0 +1,319 @@
+"""Graph-level memoisation: time each distinct graph structure of a test once.
+
+Every graph (ubatch) of a plan ends in a full host synchronisation of every GPU (both streams),
+and every op of the next graph depends, directly or through the host queue, on the host op that
+opens it. So the next graph starts when the previous one has ended, and the makespan of a test
+is the sum of its graphs' makespans, each timed on its own (the graph's ops shifted by the end
+of the previous graph: exact in real arithmetic, equal to rounding in floating point). The same
+holds for the overlap metrics: a graph's H2D and compute intervals lie inside its own time
+window, so the H2D busy time and the hidden part of it add up over graphs.
+
+A test is then evaluated as (:func:`time_test`):
+
+1. draw the used-expert masks of every graph from the test's rng, in the builder's order
+   (:func:`sim.builder.draw_masks`), so that the draws are those of the full plan;
+2. key each graph on what determines its ops (:func:`graph_key`): tokens, the GPU holding the
+   activations when it starts, and per MoE layer either the mask (when a selective copy of
+   host experts reads it) or only the count of used experts (everything else prices experts
+   by count);
+3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`), priced with
+   :func:`sim.costs.plan_durations` and compiled once;
+4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
+   fill: ``Emitter.kv_ops``), not the structure: each graph's duration row is the template's
+   with those ops re-priced, identical rows are evaluated once, the others as one (S, n) batch
+   of the analytic engine (or one DES run each);
+5. sum makespans, H2D bytes and the H2D busy/hidden seconds over the graphs.
+
+Not memoised (the full plan is built instead, :func:`memo_eligible`): plans with an expert
+cache (its state carries across graphs and its background fills cross the graph end) and
+``executor_mode`` profiles (a launch's price depends on whether any earlier graph ran a CPU op).
+Traces and timelines always use the full plan (:func:`sim.builder.build_plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from . import engines
+from .builder import (BuildContext, Emitter, attn_item_shape, build_graph, cpu_attn_args, draw_masks,
+                      kq_mask_shape, test_graphs)
+from .costs import op_duration_s, plan_durations
+from .engines.analytic import CompiledPlan, compile_plan
+from .errors import PlacementError
+from .plan import Plan, Stream
+from .specs import BenchTest
+from .trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
+
+#: templates kept across the repetitions of a test hold at most this many ops in all
+KEEP_OPS = 200_000
+
+_EXPERT_NAMES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+
+
+@dataclass
+class GraphTemplate:
+    """One graph built and compiled on its own (graph index 0 of a one-graph plan).
+
+    Attributes:
+        plan: the one-graph plan (its ops' shapes are those of ``kv_len``).
+        comp: its compiled predecessor lists (:func:`sim.engines.analytic.compile_plan`).
+        durations: (n,) seconds of its ops at ``kv_len``.
+        n_tokens, kv_len: the graph it was built from.
+        end_device: GPU of its last compute-stream op (where the activations are at its end).
+        h2d_bytes: bytes it copies host→device.
+        groups: :func:`sim.trace.transfer_groups` of its ops.
+        rows: distinct duration rows seen so far, (n,) each; ``row_of`` maps a KV length to its
+            row, ``row_key`` the re-priced durations to a row.
+    """
+
+    plan: Plan
+    comp: CompiledPlan
+    durations: np.ndarray
+    n_tokens: int
+    kv_len: int
+    end_device: int
+    h2d_bytes: int
+    groups: list
+    rows: list = field(default_factory=list)
+    row_of: dict = field(default_factory=dict)
+    row_key: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden)
+    kv_ops: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TestTiming:
+    """One repetition of one test, timed.
+
+    Attributes:
+        makespan_s: simulated time of the test, seconds.
+        h2d_bytes: bytes copied host→device.
+        exposed_transfer_s: H2D seconds not hidden behind compute.
+        overlap_fraction: share of H2D time hidden (NaN without H2D).
+        n_graphs: graphs of the test; n_templates: distinct graphs built.
+    """
+
+    makespan_s: float
+    h2d_bytes: int
+    exposed_transfer_s: float
+    overlap_fraction: float
+    n_graphs: int = 0
+    n_templates: int = 0
+
+
+def memo_eligible(ctx: BuildContext) -> bool:
+    """Whether a test of ``ctx`` can be timed graph by graph (see the module docstring)."""
+    return ctx.cache is None and not ctx.scn.hardware.executor_mode
+
+
+def _host_expert_layers(ctx: BuildContext) -> frozenset[int]:
+    """MoE layers with a host-resident expert tensor."""
+    model = ctx.scn.model
+    tens = ctx.tensor_by_name
+    out = set()
+    for i in range(model.n_layer):
+        for nm in _EXPERT_NAMES:
+            t = tens.get(f"blk.{i}.{nm}.weight")
+            if t is not None and id(t) in ctx.host_ids:
+                out.add(i)
+    return frozenset(out)
+
+
+def _masks_matter(ctx: BuildContext, n_tokens: int, host_layers: frozenset[int]) -> bool:
+    """Whether some layer's plan reads its mask beyond the count: a selective copy of host
+    experts run on the GPU (a conservative test: staged or gated splits do not read it)."""
+    return (bool(host_layers) and ctx.variant.selective_copy
+            and n_tokens >= ctx.scn.placement.op_offload_min_batch)
+
+
+def mask_key(masks: dict[int, np.ndarray], mask_layers: frozenset[int]) -> tuple:
+    """Per MoE layer ``(layer, mask bytes)`` for the layers in ``mask_layers`` (their selective
+    copies read the mask), ``(layer, used count)`` for the others."""
+    return tuple((i, m.tobytes()) if i in mask_layers else (i, int(np.count_nonzero(m))) for i, m in masks.items())
+
+
+def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
+              mask_layers: frozenset[int]) -> tuple:
+    """What determines a graph's ops apart from the KV length: tokens, the GPU holding the
+    activations at its start, and :func:`mask_key`. ``key[::2]`` drops the device."""
+    return (n_tokens, start_device, mask_key(masks, mask_layers))
+
+
+def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
+                   masks: dict[int, np.ndarray], start_device: int) -> GraphTemplate:
+    """Build, price and compile one graph on its own (see :class:`GraphTemplate`)."""
+    hw = ctx.scn.hardware
+    plan = Plan(label="graph")
+    em = Emitter(plan, ctx)
+    em.act_device_default = start_device
+    em.graph = 0
+    em.token_offset = token_offset
+    ctx.stats["used_masks"] = {}
+    em.cache_split = {}
+    build_graph(em, n_tokens, kv_len, token_offset, masks)
+    end_device = start_device
+    for op in reversed(plan.ops):
+        if op.stream is Stream.COMPUTE:
+            end_device = op.device
+            break
+    dur = plan_durations(plan, hw)
+    tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
+                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops))
+    _row_at(tpl, ctx, kv_len)
+    return tpl
+
+
+def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
+    """Index of the duration row of ``tpl`` at ``kv_len`` (the template's ops with the
+    KV-dependent ones re-priced), created on first use."""
+    got = tpl.row_of.get(kv_len)
+    if got is not None:
+        return got
+    hw = ctx.scn.hardware
+    model = ctx.scn.model
+    n = tpl.n_tokens
+    ops = tpl.plan.ops
+    fa = ctx.scn.placement.flash_attn
+    vals = []
+    cache: dict = {}
+    shapes: dict[int, tuple] = {}
+    for oid, role, arg in tpl.kv_ops:
+        op = ops[oid]
+        if kv_len == tpl.kv_len:
+            vals.append(float(tpl.durations[oid]))
+            continue
+        nb = op.nbytes
+        if role == "kq_mask":
+            sh = kq_mask_shape(model, n, kv_len, fa, bool(arg))
+        else:
+            sh = shapes.get(arg)
+            if sh is None:
+                sh = shapes[arg] = attn_item_shape(ctx, arg, n, kv_len)
+            if role == "cpu_attn":
+                nb, sh = cpu_attn_args(sh)
+        key = (op.kind, nb, sh, op.pinned, op.tag)  # what plan_durations keys its prices on
+        d = cache.get(key)
+        if d is None:
+            d = cache[key] = op_duration_s(replace(op, nbytes=nb, shape=sh), hw)
+        vals.append(d)
+    rk = tuple(vals)
+    idx = tpl.row_key.get(rk)
+    if idx is None:
+        row = tpl.durations.copy()
+        for (oid, _r, _a), d in zip(tpl.kv_ops, vals):
+            row[oid] = d
+        idx = tpl.row_key[rk] = len(tpl.rows)
+        tpl.rows.append(row)
+    tpl.row_of[kv_len] = idx
+    return idx
+
+
+def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
+    """Time the template's rows ``rows`` not timed yet: ``tpl.results[row] = (makespan,
+    H2D busy s, hidden s)``."""
+    todo = [r for r in rows if r not in tpl.results]
+    if not todo:
+        return
+    if engine == "analytic":
+        d = np.stack([tpl.rows[r] for r in todo]) if len(todo) > 1 else tpl.rows[todo[0]]
+        sched = engines.analytic.run(tpl.comp, d)
+        start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
+        for k, r in enumerate(todo):
+            s_k, e_k = np.ascontiguousarray(start[k]), np.ascontiguousarray(end[k])
+            tot, hid = h2d_busy_hidden_s(tpl.groups, s_k, e_k)
+            tpl.results[r] = (float(e_k.max()) if e_k.size else 0.0, tot, hid)
+    else:
+        for r in todo:
+            sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
+            tot, hid = h2d_busy_hidden_s(tpl.groups, sched.start_s, sched.end_s)
+            tpl.results[r] = (float(sched.makespan_s), tot, hid)
+
+
+def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engine: str = "analytic",
+              memo: dict | None = None) -> TestTiming:
+    """One repetition of ``test`` timed graph by graph (see the module docstring); the same
+    numbers as building the full plan with :func:`sim.builder.build_plan` and timing it
+    (:func:`sim.metrics.time_plan`, :func:`sim.metrics.transfer_stats`), to rounding.
+
+    Args:
+        ctx: the variant's context; must be :func:`memo_eligible`.
+        test: the test.
+        rng: the repetition's routing rng (consumed as the full plan would).
+        engine: ``"analytic"`` or ``"des"``.
+        memo: templates kept across calls (the repetitions of one test and variant): pass the
+            same dict for the same ``ctx`` and engine.
+
+    Raises:
+        PlacementError: no GPU (as :func:`sim.builder.build_plan`).
+        ValueError: ``ctx`` is not eligible, or an unknown engine.
+    """
+    if not memo_eligible(ctx):
+        raise ValueError("time_test: plans with an expert cache or an executor_mode profile need the full plan")
+    if engine not in engines.ENGINES:
+        raise ValueError(f"engine: unknown engine {engine!r}; accepted values: {', '.join(engines.ENGINES)}")
+    scn = ctx.scn
+    if scn.hardware.n_gpu < 1:
+        raise PlacementError("n_gpu must be >= 1", file=scn.hardware.file, field="hardware.n_gpu")
+    ctx.rng = rng
+    memo = {} if memo is None else memo
+    if "_host_layers" not in memo:
+        memo["_host_layers"] = _host_expert_layers(ctx)
+    host_layers = memo["_host_layers"]
+    graphs = test_graphs(scn, test)
+    router = ctx.router
+    # masks: drawn as the full plan draws them; when no graph reads more than the count and the
+    # count is fixed (decode), the first graph's stand for all (the rng is the test's own)
+    matter = [_masks_matter(ctx, n, host_layers) for n, _kv, _off in graphs]
+    fixed = router is None or (not any(matter) and all(router.fixed_count(n) is not None for n, _kv, _off in graphs))
+    masks: list[dict] = []
+    for g, (n, _kv, off) in enumerate(graphs):
+        masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off))
+    mkeys: list[tuple] = []
+    for g in range(len(graphs)):
+        mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset()))
+    base = [(n, mkeys[g]) for g, (n, _kv, _off) in enumerate(graphs)]
+    remaining: dict = {}
+    for b in base:
+        remaining[b] = remaining.get(b, 0) + 1
+    work: dict = {}          # full key -> template, for the graphs of this call
+    pending: dict = {}       # full key -> [(graph, row)]
+    res = np.zeros((len(graphs), 3))
+    h2d = 0
+    start_dev = 0
+    built = 0
+    kept_ops = memo.get("_kept_ops", 0)
+    for g, (n, kv, off) in enumerate(graphs):
+        key = (n, start_dev, mkeys[g])
+        tpl = work.get(key) or memo.get(key)
+        if tpl is None:
+            tpl = build_template(ctx, n, kv, off, masks[g], start_dev)
+            built += 1
+        work[key] = tpl
+        pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
+        h2d += tpl.h2d_bytes
+        start_dev = tpl.end_device
+        b = base[g]
+        remaining[b] -= 1
+        if remaining[b] == 0:
+            # no later graph of this call shares the key: time its rows now, then let it go
+            for k in [k for k in work if k[::2] == b]:
+                t = work.pop(k)
+                lst = pending.pop(k)
+                _evaluate(t, sorted({r for _g, r in lst}), engine)
+                for gg, r in lst:
+                    res[gg] = t.results[r]
+                deterministic = not any(isinstance(x[1], bytes) for x in k[2])
+                if k not in memo and deterministic and kept_ops + len(t.plan.ops) <= KEEP_OPS:
+                    memo[k] = t
+                    kept_ops += len(t.plan.ops)
+    memo["_kept_ops"] = kept_ops
+    makespan = float(res[:, 0].sum())
+    total = float(res[:, 1].sum())
+    hidden = float(res[:, 2].sum())
+    return TestTiming(makespan, int(h2d), exposed_from_busy(total, hidden), overlap_from_busy(total, hidden),
+                      len(graphs), built)
+
+
+__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS"]

@@ -1,0 +1,23 @@
+"""Progress bars of the long-running commands (``run``, ``crossover``, ``reproduce``,
+``validate``): tqdm on stderr, shown only when stderr is a terminal and ``-q`` is not given."""
+
+from __future__ import annotations
+
+import sys
+
+
+def progress_enabled(quiet: bool = False, stream=None) -> bool:
+    """Whether to draw a progress bar: not ``quiet`` and ``stream`` (default ``sys.stderr``)
+    is a terminal (a pipe, a file or a CI log gets no bar)."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return not quiet and bool(isatty and isatty())
+
+
+def bar(iterable=None, *, desc: str, unit: str, total: int | None = None, quiet: bool = False):
+    """A tqdm bar on stderr over ``iterable`` (or a manual one with ``total``), disabled unless
+    :func:`progress_enabled`."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, unit=unit, total=total, file=sys.stderr,
+                disable=not progress_enabled(quiet))

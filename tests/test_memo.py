@@ -1,0 +1,147 @@
+"""Graph-level memoisation (sim.memo) against the full plan, on every shipped scenario.
+
+The memoised path times each distinct graph once and sums over a test's graphs; the reference
+path builds and times the whole plan of every repetition (``run_variant_test(memo=False)``).
+Both run here in the same process, and every number of every (scenario, variant, test) cell
+must agree to a relative 1e-9; the DES on the memoised path must agree with the analytic one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.builder import build_plan, make_context
+from sim.errors import PlacementError
+from sim.memo import memo_eligible, time_test
+from sim.metrics import fit_context_to_tests, rep_rng, run_variant_test, time_plan, transfer_stats
+from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.trace import exposed_transfer_s, overlap_fraction, to_dataframe
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+REL = 1e-9
+
+
+def _rel(a, b) -> float:
+    if a is None or b is None:
+        assert a is None and b is None
+        return 0.0
+    a, b = float(a), float(b)
+    if math.isnan(a) or math.isnan(b):
+        assert math.isnan(a) and math.isnan(b), (a, b)
+        return 0.0
+    if a == b:
+        return 0.0
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+def _compare(fast, full) -> dict[str, float]:
+    out = {}
+    for k in range(len(full.makespan_s)):
+        out[f"makespan[{k}]"] = _rel(fast.makespan_s[k], full.makespan_s[k])
+        out[f"tps[{k}]"] = _rel(fast.tps[k], full.tps[k])
+    for name in ("ttft_s", "h2d_bytes", "exposed_transfer_s", "overlap_fraction", "cache_hit_rate"):
+        out[name] = _rel(getattr(fast, name), getattr(full, name))
+    assert fast.n_cpu_moe == full.n_cpu_moe
+    assert fast.vram == full.vram
+    return out
+
+
+def _check_scenario(path, shorten: bool) -> None:
+    scn = load_scenario(path)
+    tests = scn.workload.tests()
+    if shorten:
+        # a few graphs per test: a full ubatch and a partial one, four decode tokens
+        ub = scn.workload.n_ubatch
+        tests = list(dict.fromkeys(BenchTest(min(t.n_prompt, ub + 7), min(t.n_gen, 4), t.n_depth)
+                                   for t in tests))
+    scn = fit_context_to_tests(scn, tests)
+    checked = 0
+    for v in scn.variants:
+        try:
+            make_context(scn, v, rep_rng(scn.seed, -1, -1))
+        except PlacementError:
+            continue
+        for ti, t in enumerate(tests):
+            fast = run_variant_test(scn, v, t, ti, 2, memo=True)
+            full = run_variant_test(scn, v, t, ti, 2, memo=False)
+            diffs = _compare(fast, full)
+            worst = max(diffs, key=diffs.get)
+            assert diffs[worst] <= REL, f"{path.name} {v.name} {t.name}: {worst} differs by {diffs[worst]:.2e}"
+            # the DES on the memoised path agrees with the analytic engine
+            des = run_variant_test(scn, v, t, ti, 1, engine="des", memo=True)
+            for k, d in _compare(des, run_variant_test(scn, v, t, ti, 1, memo=True)).items():
+                assert d <= REL, f"{path.name} {v.name} {t.name}: DES {k} differs by {d:.2e}"
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_memo_matches_full_plan_on_shipped_scenarios(path):
+    """Every shipped scenario, every variant and test as shipped (about 3.5 min: slow set)."""
+    _check_scenario(path, shorten=False)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_memo_matches_full_plan_on_shortened_shipped_scenarios(path):
+    """The same on every shipped scenario and variant with its tests cut to a few graphs."""
+    _check_scenario(path, shorten=True)
+
+
+def test_memo_builds_one_graph_for_a_decode_test():
+    """A dense decode test is one graph structure repeated: built once, every kv_len priced."""
+    scn = load_scenario(ROOT / "scenarios" / "gemma3-27b-ffn-cpu.toml")
+    t = BenchTest(0, 16, 0)
+    scn = fit_context_to_tests(scn, [t])
+    v = scn.variants[0]
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    assert memo_eligible(ctx)
+    tt = time_test(ctx, t, rep_rng(scn.seed, 0, 0))
+    assert (tt.n_graphs, tt.n_templates) == (16, 1)
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    sched = time_plan(plan, scn)
+    assert _rel(tt.makespan_s, float(sched.makespan_s)) <= REL
+    assert tt.h2d_bytes == plan.meta["h2d_bytes"]
+
+
+def test_memo_sees_kv_length():
+    """Graphs that differ only in kv_len share a structure but not their durations: a deep
+    decode test is slower than a shallow one on both paths."""
+    scn = load_scenario(ROOT / "scenarios" / "gemma3-27b-ffn-cpu.toml")
+    shallow, deep = BenchTest(0, 8, 0), BenchTest(0, 8, 60000)
+    scn = fit_context_to_tests(scn, [deep])
+    v = scn.variants[0]
+    r = {}
+    for t in (shallow, deep):
+        for memo in (True, False):
+            r[t.n_depth, memo] = run_variant_test(scn, v, t, 0, 1, memo=memo).makespan_s[0]
+    assert r[60000, True] > r[0, True]
+    assert _rel(r[60000, True], r[60000, False]) <= REL and _rel(r[0, True], r[0, False]) <= REL
+
+
+def test_memo_refuses_an_expert_cache():
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    v = parse_variant("cache_lru")
+    scn = scn.with_(placement=replace(scn.placement, expert_cache_experts=64))
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    assert not memo_eligible(ctx)
+    with pytest.raises(ValueError, match="expert cache"):
+        time_test(ctx, BenchTest(0, 2, 0), rep_rng(scn.seed, 0, 0))
+
+
+def test_transfer_stats_on_arrays_equal_the_trace_metrics():
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    for spec in ("baseline", "prefetch_ungated"):
+        v = parse_variant(spec)
+        plan = build_plan(scn, v, BenchTest(512, 0, 0), np.random.default_rng(1))
+        sched = time_plan(plan, scn)
+        df = to_dataframe(plan, sched)
+        e, o = transfer_stats(plan, sched)
+        assert e == exposed_transfer_s(df) and o == overlap_fraction(df)
+        assert e > 0

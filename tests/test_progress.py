@@ -1,0 +1,50 @@
+"""Progress bars show on a terminal only, and never with -q; sweeps start with their largest cells."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+from sim.progress import bar, progress_enabled
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_only_on_a_terminal_and_not_quiet(monkeypatch):
+    assert progress_enabled(False, _Tty())
+    assert not progress_enabled(True, _Tty())
+    assert not progress_enabled(False, io.StringIO())
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert list(bar(range(3), desc="simulating", unit="cell")) == [0, 1, 2]
+    assert "simulating" in tty.getvalue()
+    quiet = _Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    list(bar(range(3), desc="simulating", unit="cell", quiet=True))
+    assert quiet.getvalue() == ""
+
+
+def test_run_prints_no_bar_when_stderr_is_not_a_terminal(capsys):
+    from sim.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    assert main(["run", str(root / "scenarios" / "default.toml"), "-p", "64", "-n", "0", "-r", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "simulating" not in err and "it/s" not in err and "variant/s" not in err
+
+
+def test_sweep_cells_cost_more_with_more_graphs():
+    from sim.crossover import _Job, cell_cost
+    from sim.specs import BenchTest, load_scenario, parse_variant
+
+    scn = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "default.toml")
+    v = parse_variant("baseline")
+    small = _Job((0,), (512,), scn, v, BenchTest(512, 0), 1, "analytic")
+    large = _Job((1,), (8192,), scn, v, BenchTest(8192, 0), 1, "analytic")
+    assert cell_cost(large) > cell_cost(small)
+    cached = _Job((0,), (0,), scn, parse_variant("cache_lru"), BenchTest(0, 128), 1, "analytic")
+    assert cell_cost(cached) > cell_cost(_Job((0,), (0,), scn, v, BenchTest(0, 128), 1, "analytic"))
