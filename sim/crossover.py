@@ -17,6 +17,12 @@ slots    staging slot count of the ``slots<N>`` variants (others unchanged)
 cache    GPU expert-cache capacity in experts (``placement.expert_cache_experts``) of the
          variants with a cache; 0 runs them without a cache (others unchanged)
 pcie     pinned H2D bandwidth in GB/s (10**9 B/s), latency kept (``hardware.h2d_pinned``)
+ngl      ``-ngl``: blocks offloaded to the GPU, counted from the last (``placement.ngl``)
+ncmoe    ``-ncmoe``: blocks whose experts stay on the host (``placement.n_cpu_moe``; turns off
+         ``fit_experts``)
+fa       ``-fa``: FlashAttention off (0) or on (1) (``placement.flash_attn``)
+kv       ``-ctk``/``-ctv``: the KV cache type of K and V, by name (``f16,q8_0,q4_0``); the CSV
+         column and the plot show its bytes per element (``model.kv_bytes_per_elem``)
 =======  ==============================================================================
 
 ``ctx_size`` is raised to ``depth + tokens`` of the test when a point needs more (llama-bench
@@ -77,6 +83,7 @@ class AxisSpec:
     integer: bool = True
     min_value: float = 1
     log: bool = True
+    max_value: float = math.inf
 
 
 #: the sweepable axes, by command-line name
@@ -88,6 +95,11 @@ AXES: dict[str, AxisSpec] = {a.name: a for a in (
     AxisSpec("slots", "expert_slots", "staging slots", log=False),
     AxisSpec("cache", "cache_experts_requested", "expert cache capacity (experts)", min_value=0, log=False),
     AxisSpec("pcie", "h2d_pinned_gb_per_s", "pinned H2D bandwidth (GB/s)", integer=False, min_value=0),
+    AxisSpec("ngl", "n_gpu_layers", "-ngl (blocks on the GPU)", min_value=0, log=False),
+    AxisSpec("ncmoe", "n_cpu_moe_requested", "-ncmoe (blocks with host experts)", min_value=0, log=False),
+    AxisSpec("fa", "flash_attn", "-fa (FlashAttention)", min_value=0, max_value=1, log=False),
+    AxisSpec("kv", "kv_bytes_per_elem", "KV cache bytes per element (-ctk/-ctv)", integer=False, min_value=0,
+             log=False),
 )}
 
 
@@ -126,7 +138,17 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
     if spec is None:
         raise ScenarioError(f"unknown axis '{name}' (use one of: {', '.join(AXES)})", field=flag)
     values: list[float] = []
-    if spec.integer:
+    if spec.name == "kv":
+        from .benchflags import KV_TYPES
+        from .llamabench import kv_bytes_per_elem
+
+        names = [v.strip().lower() for v in vals.split(",") if v.strip()]
+        unknown = [n for n in names if n not in KV_TYPES]
+        if unknown:
+            raise ScenarioError(f"axis 'kv': unknown KV cache type '{unknown[0]}' (use one of: {', '.join(KV_TYPES)})",
+                                field=flag)
+        values = [kv_bytes_per_elem(n, n) for n in names]
+    elif spec.integer:
         from .cli import _int_list
 
         try:
@@ -140,9 +162,12 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis '{name}': expected numbers like 8,16,32, got '{vals}'", field=flag) from None
     if not values:
         raise ScenarioError(f"axis '{name}' has no values", field=flag)
-    bad = [v for v in values if not (v >= spec.min_value) or (not spec.integer and v <= 0) or not math.isfinite(v)]
+    bad = [v for v in values if not (v >= spec.min_value) or (not spec.integer and v <= 0) or not math.isfinite(v)
+           or v > spec.max_value]
     if bad:
         lim = f"> {spec.min_value:g}" if not spec.integer else f">= {spec.min_value:g}"
+        if math.isfinite(spec.max_value):
+            lim += f" and <= {spec.max_value:g}"
         raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {bad[0]:g}", field=flag)
     return Axis(spec, tuple(sorted(set(values))))
 
@@ -221,6 +246,20 @@ def apply_point(scn: Scenario, variants: Sequence[Variant], test: BenchTest,
                 variants = [replace(v, expert_cache="none") for v in variants]
             else:
                 scn = scn.with_(placement=replace(scn.placement, expert_cache_experts=int(value)))
+        elif name == "ngl":
+            scn = scn.with_(placement=replace(scn.placement, ngl=int(value)))
+        elif name == "ncmoe":
+            model = scn.model
+            if model.moe is None:
+                raise ScenarioError(f"axis 'ncmoe': model '{model.name}' has no experts", field="--axis")
+            if int(value) > model.n_layer:
+                raise ScenarioError(f"axis 'ncmoe': {int(value)} exceeds the model's {model.n_layer} layers",
+                                    field="--axis")
+            scn = scn.with_(placement=replace(scn.placement, n_cpu_moe=int(value), fit_experts=False))
+        elif name == "fa":
+            scn = scn.with_(placement=replace(scn.placement, flash_attn=bool(int(value))))
+        elif name == "kv":
+            scn = scn.with_(model=replace(scn.model, kv_bytes_per_elem=float(value)))
         elif name == "pcie":
             hw = scn.hardware
             old = hw.h2d_pinned
@@ -228,6 +267,10 @@ def apply_point(scn: Scenario, variants: Sequence[Variant], test: BenchTest,
             scn = scn.with_(hardware=hw.with_(h2d_pinned=link))
         else:
             raise ScenarioError(f"unknown axis '{name}' (use one of: {', '.join(AXES)})", field="--axis")
+    if any(n == "kv" for n, _ in settings) and scn.model.kv_bytes_per_elem < 2.0 and not scn.placement.flash_attn:
+        # llama.cpp refuses a quantised V cache without FlashAttention (llama_init_from_model)
+        raise ScenarioError("a quantised KV cache needs FlashAttention (-fa 1): llama.cpp refuses a quantised V "
+                            "cache with -fa off; sweep 'fa' with kv=f16 only", field="--axis")
     need_ctx = test.n_depth + test.n_tokens
     if scn.placement.ctx_size < need_ctx:
         scn = scn.with_(placement=replace(scn.placement, ctx_size=need_ctx))

@@ -162,6 +162,57 @@ def test_apply_point_sets_each_axis(tiny):
     assert s.hardware.h2d_pageable == tiny.hardware.h2d_pageable
 
 
+def test_placement_axes_parse_and_apply(tiny):
+    from sim.quant import bpw_of
+
+    ax = parse_axis("kv=q4_0,f16,q8_0")
+    assert ax.values == (bpw_of("q4_0") / 8, bpw_of("q8_0") / 8, 2.0)
+    assert parse_axis("fa=1,0").values == (0, 1)
+    assert parse_axis("ngl=0-3").values == (0, 1, 2, 3)
+    vs = [parse_variant("baseline")]
+    t = BenchTest(64, 0, 0)
+    s, _, _ = apply_point(tiny, vs, t, [("ngl", 1)])
+    assert s.placement.ngl == 1
+    s, _, _ = apply_point(replace(tiny, placement=replace(tiny.placement, fit_experts=True)), vs, t, [("ncmoe", 1)])
+    assert (s.placement.n_cpu_moe, s.placement.fit_experts) == (1, False)
+    s, _, _ = apply_point(tiny, vs, t, [("fa", 0)])
+    assert s.placement.flash_attn is False
+    s, _, _ = apply_point(tiny, vs, t, [("kv", 1.0625)])
+    assert s.model.kv_bytes_per_elem == 1.0625
+
+
+@pytest.mark.parametrize("text, words", [
+    ("kv=f16,q9_0", "unknown KV cache type 'q9_0'"),
+    ("fa=0,2", "<= 1"),
+    ("ncmoe=-1", ">= 0"),
+])
+def test_bad_placement_axis_values_are_refused(text, words):
+    with pytest.raises(ScenarioError, match=words) as ei:
+        parse_axis(text)
+    assert ei.value.field == "--axis"
+
+
+def test_placement_axes_refuse_impossible_points(tiny):
+    vs, t = [parse_variant("baseline")], BenchTest(64, 0, 0)
+    with pytest.raises(ScenarioError, match="exceeds the model's 2 layers"):
+        apply_point(tiny, vs, t, [("ncmoe", 3)])
+    with pytest.raises(ScenarioError, match="needs FlashAttention"):
+        apply_point(tiny, vs, t, [("fa", 0), ("kv", 1.0625)])
+    dense = replace(tiny, model=replace(tiny.model, moe=None))
+    with pytest.raises(ScenarioError, match="has no experts"):
+        apply_point(dense, vs, t, [("ncmoe", 1)])
+
+
+def test_ncmoe_sweep_moves_experts_to_the_host(tiny):
+    # more blocks with host experts: more bytes copied and less VRAM at prefill, never faster
+    res = sweep(tiny, [parse_axis("ncmoe=0,1,2")], [parse_variant("baseline")], BenchTest(64, 0, 0), jobs=1)
+    df = res.to_dataframe()
+    assert list(df.n_cpu_moe) == [0, 1, 2]
+    assert np.all(np.diff(df.h2d_bytes) > 0) and df.h2d_bytes.iloc[0] == 0
+    assert np.all(np.diff(df.peak_vram_bytes) < 0)
+    assert np.all(np.diff(df.tps_mean) <= 0)
+
+
 # ---------------------------------------------------------------------------------------
 # sweeps
 # ---------------------------------------------------------------------------------------
