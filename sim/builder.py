@@ -479,6 +479,12 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         dev = s.device
         first = s.items[0]
         deps_first: list[int] = []
+        # the split's activations come from another GPU (-sm layer boundary): ggml's scheduler
+        # copies them with ggml_backend_tensor_copy_async, which makes this GPU's stream wait
+        # for the source GPU's work so far (an event; the peer copy's own time is not priced)
+        prev = _current_device(em)
+        if prev != dev and (Stream.COMPUTE.value, prev) in em.last_gpu:
+            deps_first.append(em.last_gpu[(Stream.COMPUTE.value, prev)])
         if s.host_input is not None:
             t = s.host_input
             if si in staged:

@@ -656,6 +656,43 @@ def default_backend(gpu_name: str, name: str = "") -> str:
     return name or gpu_name
 
 
+#: how many ``base`` profiles a hardware profile may chain (a, based on b, based on c...)
+MAX_BASE_DEPTH = 4
+
+
+def _with_base(data: dict, path: Path, depth: int = 0) -> dict:
+    """A hardware TOML with its ``[hardware] base`` profile merged under it: every table of the
+    base (``[hardware]``, ``[ggml]``, ``[measured]``...) with the child's keys replacing the
+    base's. The base must be a profile in the same folder (its relative table paths, e.g.
+    ``[ggml] gpu_kernels``, then mean the same); chains up to :data:`MAX_BASE_DEPTH` deep.
+
+    Raises:
+        ScenarioError: ``base`` not a file name in the same folder, missing, a cycle, too deep.
+    """
+    hw = data.get("hardware")
+    if not isinstance(hw, dict) or "base" not in hw:
+        return data
+    base = hw["base"]
+    if not isinstance(base, str) or not base or Path(base).name != base:
+        raise ScenarioError(f"expected the file name of a profile in the same folder, got {base!r}",
+                            file=path, field="hardware.base")
+    bpath = path.parent / base
+    if bpath.resolve() == path.resolve() or depth >= MAX_BASE_DEPTH:
+        raise ScenarioError(f"profiles chained by 'base' more than {MAX_BASE_DEPTH} deep or in a cycle",
+                            file=path, field="hardware.base")
+    if not bpath.is_file():
+        raise ScenarioError(f"base profile {base} not found next to this file", file=path, field="hardware.base")
+    merged = _with_base(load_toml(bpath), bpath, depth + 1)
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in merged.items()}
+    for k, v in data.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k].update(v)
+        else:
+            out[k] = v
+    del out["hardware"]["base"]
+    return out
+
+
 def load_hardware(path: str | Path) -> HardwareProfile:
     """Read a hardware profile TOML (``scenarios/hardware/*.toml``).
 
@@ -665,7 +702,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     Raises:
         ScenarioError: naming the file and field of any missing or invalid value.
     """
-    data = load_toml(path)
+    data = _with_base(load_toml(path), Path(path))
     f = Fields(data, path)
     g = f.sub("hardware", required=True)
     sources: dict[str, str] = {}

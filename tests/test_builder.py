@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -388,3 +389,26 @@ def test_vram_reserves_every_staging_buffer_the_plan_uses(variant):
         if o.kind is OpKind.H2D and o.tag == "prefetch":
             used[o.slot] = max(used.get(o.slot, 0), o.slot_bytes)
     assert used and sum(used.values()) <= account(scn, parse_variant(variant))[0].staging_bytes
+
+
+@pytest.mark.parametrize("scenario", ["laguna-2x3090.toml", "h200x2-qwen3-30b-a3b.toml"])
+@pytest.mark.parametrize("variant", ["baseline", "prefetch_ungated", "slots3"])
+def test_layer_split_compute_follows_the_other_gpus_work(scenario, variant):
+    """-sm layer: a split whose activations come from the other GPU starts only after that GPU's
+    compute so far has ended (ggml_backend_tensor_copy_async makes the destination wait), so the
+    compute ops of a graph run one after another across the GPUs, in plan order."""
+    from sim.costs import plan_durations
+    from sim.specs import BenchTest, load_scenario
+
+    scn = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / scenario)
+    scn = scn.with_(workload=replace(scn.workload, n_ubatch=256))
+    plan = build_plan(scn, parse_variant(variant), BenchTest(512, 0, 0), np.random.default_rng(0))
+    sched = engines.run(plan, plan_durations(plan, scn.hardware))
+    compute = [o for o in plan.ops if o.kind in (OpKind.GEMM, OpKind.MOE, OpKind.ATTN) and o.device >= 0]
+    assert len({o.device for o in compute}) == 2
+    switches = 0
+    for a, b in zip(compute, compute[1:]):
+        if a.device != b.device and a.graph == b.graph:
+            switches += 1
+            assert sched.start_s[b.id] >= sched.end_s[a.id] - 1e-15, (a.name, b.name)
+    assert switches >= 2  # one boundary per graph, two graphs

@@ -573,3 +573,33 @@ def test_harness_commands_check_their_inputs_first(tmp_path, capsys):
     assert perf_main(["write", str(tmp_path)]) == 2
     assert perf_main(["parse", str(REPO / "README.md")]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_predict_writes_one_llamabench_jsonl_per_run(tmp_path):
+    from calibrate.llamacpp.predict import main as predict_main
+
+    root = Path(__file__).resolve().parent.parent
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'''[grid]
+name = "t"
+perf = []
+[[model]]
+key = "tiny"
+toml = "{root / 'scenarios/tiny/tiny-moe.toml'}"
+[[run]]
+id = "a"
+model = "tiny"
+args = "-ngl 99 -ncmoe 1,2 -p 64 -n 4 -ub 32"
+''')
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out"), "-r", "1"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "a.jsonl").read_text().splitlines()]
+    assert sorted((r["n_cpu_moe"], r["n_prompt"], r["n_gen"]) for r in rows) == [(1, 0, 4), (1, 64, 0), (2, 0, 4), (2, 64, 0)]
+    assert all(r["avg_ts"] > 0 for r in rows)
+    # more blocks with host experts: prefill no faster
+    pp = {r["n_cpu_moe"]: r["avg_ts"] for r in rows if r["n_prompt"]}
+    assert pp[2] <= pp[1]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(grid.read_text().replace("-ncmoe 1,2", "-ncmoe 1 -fa 0 -ctv q8_0"))  # llama.cpp refuses it
+    assert predict_main([str(bad), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out2")]) == 2

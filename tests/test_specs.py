@@ -68,8 +68,10 @@ def test_model_loads_and_cites_a_source(path):
 
 @pytest.mark.parametrize("path", HARDWARE_FILES, ids=_ids(HARDWARE_FILES))
 def test_hardware_loads_and_every_number_is_sourced(path):
+    from sim.specs import _with_base
+
     hw = load_hardware(path)
-    table = tomllib.loads(path.read_text())["hardware"]
+    table = _with_base(tomllib.loads(path.read_text()), path)["hardware"]  # a base profile's numbers too
     numbers = {k for k, v in table.items() if isinstance(v, dict)}
     # every number written is sourced, and no number is left to a silent loader default
     assert set(hw.sources) == numbers
@@ -428,3 +430,26 @@ def test_an_attention_table_accepts_kv_len_zero_but_no_zero_heads(tmp_path):
     with pytest.raises(ScenarioError) as info:
         load_hardware(dst)
     assert info.value.field == "hardware.attn_table" and "column n_head must be >= 1" in str(info.value)
+
+
+def test_a_hardware_profile_can_derive_from_a_base_in_its_folder(tmp_path):
+    from sim.specs import load_hardware
+
+    shipped_dir = Path(__file__).resolve().parent.parent / "scenarios" / "hardware"
+    one = load_hardware(shipped_dir / "h200-llamacpp.toml")
+    two = load_hardware(shipped_dir / "h200x2-llamacpp.toml")
+    assert (one.n_gpu, two.n_gpu) == (1, 2)
+    assert two.name == "2x H200 (llama.cpp kernels)"
+    assert two.h2d_pinned == one.h2d_pinned and two.vram_bytes == one.vram_bytes
+    assert two.ggml is not None and two.ggml.mask_s == one.ggml.mask_s
+    (tmp_path / "a.toml").write_text('[hardware]\nbase = "b.toml"\nname = "a"\n')
+    (tmp_path / "b.toml").write_text('[hardware]\nbase = "a.toml"\nname = "b"\n')
+    with pytest.raises(ScenarioError, match="cycle") as ei:
+        load_hardware(tmp_path / "a.toml")
+    assert ei.value.field == "hardware.base"
+    (tmp_path / "c.toml").write_text('[hardware]\nbase = "../x/h200.toml"\n')
+    with pytest.raises(ScenarioError, match="same folder"):
+        load_hardware(tmp_path / "c.toml")
+    (tmp_path / "d.toml").write_text('[hardware]\nbase = "missing.toml"\n')
+    with pytest.raises(ScenarioError, match="not found"):
+        load_hardware(tmp_path / "d.toml")

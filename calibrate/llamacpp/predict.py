@@ -1,0 +1,69 @@
+"""Predict a llama-bench grid before it runs: ``python -m calibrate.llamacpp.predict GRID
+--scenario SCENARIO --out DIR``.
+
+Every ``[[run]]`` of a grid spec (:mod:`calibrate.llamacpp.grid`) is one ``prefetch-sim run``
+of ``SCENARIO`` with the run's model TOML (``-m``) and its llama-bench arguments, baseline
+variant, written as llama-bench JSONL to ``DIR/<run id>.jsonl`` (the rows the grid will
+measure, in llama-bench's fields). Used for grids whose hardware is not lent yet, e.g. the
+two-GPU grid (``grids/h200x2.toml`` on ``scenarios/h200x2-qwen3-30b-a3b.toml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sim.errors import PrefetchSimError
+
+from .grid import load_grid
+
+
+def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, repetitions: int = 3) -> list[Path]:
+    """Write ``out/<run id>.jsonl`` for every bench run of ``grid``; returns the files.
+
+    Raises:
+        ScenarioError: a bad grid or scenario, or a run the simulator refuses (naming the run).
+    """
+    from sim import cli
+
+    spec = load_grid(grid)
+    repo = Path(__file__).resolve().parents[2]  # the checkout the grid's model paths are relative to
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for run in spec.runs:
+        if run.kind != "bench":
+            continue
+        model = spec.model(run.model)
+        path = out / f"{run.id}.jsonl"
+        toml = Path(model.toml)
+        if not toml.is_absolute() and not toml.is_file():
+            toml = repo / model.toml
+        argv = ["run", str(scenario), "-m", str(toml), *run.args, "-r", str(repetitions), "-o", "jsonl",
+                "--variant", "baseline", "-q", "--out", str(path)]
+        if cli.main(argv) != 0:
+            raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above)")
+        files.append(path)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; 2 with a one-line message on a bad input."""
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.predict", description=__doc__.split("\n\n")[0])
+    ap.add_argument("grid", help="grid spec TOML (calibrate/llamacpp/grids/*.toml)")
+    ap.add_argument("--scenario", required=True, help="scenario TOML giving the hardware and placement defaults")
+    ap.add_argument("--out", required=True, help="folder for <run id>.jsonl")
+    ap.add_argument("-r", "--repetitions", type=int, default=3, help="routing draws per row (default 3)")
+    args = ap.parse_args(argv)
+    try:
+        files = predict_grid(args.grid, args.scenario, args.out, repetitions=args.repetitions)
+    except PrefetchSimError as exc:
+        print(f"predict: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(files)} runs predicted -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
