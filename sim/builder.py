@@ -27,7 +27,10 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
   inserted. At decode, hits run on the GPU and misses on the CPU (their insertion is copied in
   the background on the copy stream).
 * **Event semantics.** With ``stream_tail`` (ROCm + pageable), a wait on a copy's ready event
-  releases only when every copy issued so far on that copy stream has finished.
+  releases only when every copy issued so far on that copy stream has finished; pinned copies
+  keep record-point semantics.
+* **Pageable copies.** On CUDA a pageable H2D blocks the host thread; on ROCm
+  (``h2d_pageable_host_blocking = false``, the ROCm default) it queues on its stream.
 """
 
 from __future__ import annotations
@@ -336,10 +339,12 @@ class Emitter:
         return self.host(OpKind.HOST_SYNC, name, deps)
 
     def h2d(self, name, device, nbytes, *, stream=Stream.COMPUTE, deps=(), slot=-1, slot_bytes=0, tag=""):
-        """A host→device copy; pageable copies run on (and block) the host thread."""
-        if self.pinned:
+        """A host→device copy; pageable copies run on (and block) the host thread where the
+        profile's pageable link blocks the host (CUDA), else they queue on ``stream`` like a
+        pinned copy at the pageable rate (ROCm: ``h2d_pageable_host_blocking``)."""
+        if self.pinned or not self.ctx.scn.hardware.h2d_pageable.host_blocking:
             return self.launch(OpKind.H2D, stream, device, name, deps, nbytes=int(nbytes), slot=slot,
-                               slot_bytes=int(slot_bytes), pinned=True, tag=tag)
+                               slot_bytes=int(slot_bytes), pinned=self.pinned, tag=tag)
         # pageable: cudaMemcpyAsync syncs the destination stream, stages through a bounce
         # buffer and returns when the data left host memory: the host is blocked meanwhile
         stream_deps = [v for (s, d), v in self.last_gpu.items() if d == device and s == stream.value]
@@ -490,7 +495,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
             if si in staged:
                 # consumer waits on the ready event of its copy
                 ready = copy_of[si]
-                if hw.event_semantics == "stream_tail":
+                if hw.event_semantics == "stream_tail" and not em.pinned:  # pageable copies only
                     ready = em.last_gpu.get((Stream.COPY.value, dev), ready)
                 em.host(OpKind.EVENT_WAIT, f"wait ready {t.name}")
                 deps_first.append(ready)
@@ -557,7 +562,7 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids
     last = None
     for name, nb in pieces:
         last = em.h2d(name, dev, nb, stream=Stream.COMPUTE, tag=tag)
-    if last is not None and em.pinned:
+    if last is not None and (em.pinned or not ctx.scn.hardware.h2d_pageable.host_blocking):  # async copies
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
 
 

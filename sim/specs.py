@@ -574,7 +574,10 @@ class HardwareProfile:
             launches) instead of the native launch path; set by ``prefetch-sim validate``.
         event_semantics: ``"record_point"`` (CUDA: a wait releases when the work before the
             record finished) or ``"stream_tail"`` (seen on ROCm with pageable memory: released
-            only when the copy stream drains).
+            only when the copy stream drains; pinned copies keep record-point semantics).
+            ``h2d_pageable.host_blocking`` (TOML ``h2d_pageable_host_blocking``, default true
+            except for a ROCm backend) says whether a pageable copy blocks the host (CUDA) or
+            queues on its stream (ROCm pins pageable pages on the fly).
         gemm_table: optional measured GEMM times (columns m, n, k, t_s), used for shapes it
             covers.
         attn_table: optional measured attention times (columns n_tokens, kv_len, n_head,
@@ -753,6 +756,10 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0)
     ex_scale = num("executor_busy_scale", 1.0, default=1.0)
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
+    # a pageable H2D blocks the host on CUDA (cudaMemcpyAsync stages it through a pinned bounce
+    # buffer before returning); ROCm's runtime pins the pages on the fly and returns, so the copy
+    # queues on its stream like a pinned one (at the profile's pageable rate)
+    pag_blocking = g.bool("h2d_pageable_host_blocking", backend != "ROCm")
     kw_bits = g.float("kernel_weight_bits", 0.0, min=0.0, max=64.0)
     for key, val in (("gemm_efficiency", eff), ("hbm_efficiency", hbm_eff)):
         if val > 1:
@@ -775,7 +782,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         gpu_flops_per_s=flops, gemm_efficiency=eff, hbm_bytes_per_s=hbm, hbm_efficiency=hbm_eff,
         kernel_s=kernel_s,
         h2d_pinned=LinkSpec(pin_bw, pin_lat, False),
-        h2d_pageable=LinkSpec(pag_bw, pag_lat, True),
+        h2d_pageable=LinkSpec(pag_bw, pag_lat, pag_blocking),
         d2h=LinkSpec(d2h_bw, d2h_lat, False),
         host_sync_s=host_sync, op_issue_s=issue, event_s=event,
         cpu_bytes_per_s=cpu_bw, cpu_flops_per_s=cpu_flops, event_semantics=sem, cpu_op_s=cpu_op,

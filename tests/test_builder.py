@@ -412,3 +412,40 @@ def test_layer_split_compute_follows_the_other_gpus_work(scenario, variant):
             switches += 1
             assert sched.start_s[b.id] >= sched.end_s[a.id] - 1e-15, (a.name, b.name)
     assert switches >= 2  # one boundary per graph, two graphs
+
+
+def test_rocm_pageable_copies_queue_on_their_stream_and_stream_tail_spares_pinned(tmp_path):
+    """ROCm pins pageable pages on the fly: a pageable H2D queues on its stream (the host goes
+    on) instead of blocking the host thread as on CUDA; the stream-tail event semantics bite
+    only pageable copies, so a pinned plan is timed as with record-point events."""
+    from sim.costs import plan_durations
+    from sim.specs import BenchTest, load_hardware, load_scenario
+
+    tiny_dir = Path(__file__).resolve().parent.parent / "scenarios" / "tiny"
+    text = (tiny_dir / "tiny-gpu.toml").read_text()
+    (tmp_path / "rocm.toml").write_text(text.replace("[hardware]\n", '[hardware]\nbackend = "ROCm"\n', 1))
+    (tmp_path / "rocm-blocking.toml").write_text(
+        text.replace("[hardware]\n", '[hardware]\nbackend = "ROCm"\nh2d_pageable_host_blocking = true\n', 1))
+    cuda, rocm = load_hardware(tiny_dir / "tiny-gpu.toml"), load_hardware(tmp_path / "rocm.toml")
+    assert cuda.h2d_pageable.host_blocking and not rocm.h2d_pageable.host_blocking
+    assert load_hardware(tmp_path / "rocm-blocking.toml").h2d_pageable.host_blocking
+    base = load_scenario(tiny_dir / "tiny.toml")
+    pageable = base.with_(placement=replace(base.placement, pinned=False))
+    test, var = BenchTest(64, 0, 0), parse_variant("prefetch_ungated")
+
+    def timed(scn):
+        plan = build_plan(scn, var, test, np.random.default_rng(0))
+        return plan, engines.run(plan, plan_durations(plan, scn.hardware)).makespan_s
+
+    p_cuda, t_cuda = timed(pageable)
+    p_rocm, t_rocm = timed(pageable.with_(hardware=rocm))
+    h2d = lambda p: [o for o in p.ops if o.kind is OpKind.H2D and o.tag == "prefetch"]
+    assert h2d(p_cuda) and all(o.stream is Stream.HOST for o in h2d(p_cuda))
+    assert h2d(p_rocm) and all(o.stream is Stream.COPY and not o.pinned for o in h2d(p_rocm))
+    assert t_rocm < t_cuda  # the copies overlap compute once the host is not blocked
+    tail = rocm.with_(event_semantics="stream_tail")
+    _, t_pinned_tail = timed(base.with_(hardware=tail))
+    _, t_pinned = timed(base.with_(hardware=rocm))
+    assert t_pinned_tail == t_pinned
+    _, t_pageable_tail = timed(pageable.with_(hardware=tail))
+    assert t_pageable_tail >= t_rocm
