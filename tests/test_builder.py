@@ -388,3 +388,17 @@ def test_vram_reserves_every_staging_buffer_the_plan_uses(variant):
         if o.kind is OpKind.H2D and o.tag == "prefetch":
             used[o.slot] = max(used.get(o.slot, 0), o.slot_bytes)
     assert used and sum(used.values()) <= account(scn, parse_variant(variant))[0].staging_bytes
+
+
+def test_attention_shapes_cached_per_layer_signature_equal_the_direct_ones():
+    """BuildContext.attn_shape (one computation per layer signature) equals attn_item_shape
+    for every layer of every shipped scenario, at prefill and decode sizes."""
+    from sim.builder import attn_item_shape, make_context
+    from sim.specs import load_scenario
+
+    for path in sorted((ROOT / "scenarios").glob("*.toml")):
+        scn = load_scenario(path)
+        ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
+        for n, kv in ((1, 0), (1, 4000), (512, 0), (96, 8192)):
+            for i in range(scn.model.n_layer):
+                assert ctx.attn_shape(i, n, kv) == attn_item_shape(ctx, i, n, kv), (path.name, i, n, kv)
