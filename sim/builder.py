@@ -51,6 +51,10 @@ from .specs import BenchTest, Scenario, Tensor, Variant
 from .vram import VramBreakdown, account, fit_n_cpu_moe, layer_devices
 
 ACT_BYTES = 4  # f32 activations
+_HOST = Stream.HOST
+#: GPU streams -> the stream name that keys ``Emitter.last_gpu`` (no Enum ``.value`` reads)
+_GPU_STREAM_KEY = {Stream.COMPUTE: Stream.COMPUTE.value, Stream.COPY: Stream.COPY.value}
+_KIND_VALUE = {k: k.value for k in OpKind}
 ID_BYTES = 4   # int32 router ids
 
 
@@ -115,6 +119,37 @@ class BuildContext:
     host_ids: frozenset   # id() of the model's host-resident tensors (a tied head shares its name)
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
+
+    @cached_property
+    def attn_layer_sig(self) -> list[tuple]:
+        """Per layer, everything of the layer that :func:`attn_item_shape` reads (window,
+        linear or full attention, elementwise kernels, on a GPU or not, norm weights): layers
+        with equal signatures have equal attention shapes at every (tokens, KV length)."""
+        model = self.scn.model
+        return [(model.attn_window(i), model.is_full_attn_layer(i), layer_elementwise(model, i),
+                 self.layer_dev[i] >= 0, layer_norm_weights(model, i)) for i in range(model.n_layer)]
+
+    def attn_shape(self, layer: int, n_tokens: int, kv_len: int) -> tuple:
+        """:func:`attn_item_shape`, computed once per layer signature (:attr:`attn_layer_sig`),
+        tokens and KV length."""
+        cache = self._attn_shapes
+        key = (self.attn_layer_sig[layer], n_tokens, kv_len)
+        sh = cache.get(key)
+        if sh is None:
+            if len(cache) > 65536:
+                cache.clear()
+            sh = cache[key] = attn_item_shape(self, layer, n_tokens, kv_len)
+        return sh
+
+    @cached_property
+    def _attn_shapes(self) -> dict:
+        return {}
+
+    @cached_property
+    def price_cache(self) -> dict:
+        """Scratch prices kept by :mod:`sim.memo` for this context (its hardware is fixed):
+        ``(kind, nbytes, shape, pinned, tag) -> seconds``."""
+        return {}
 
     @cached_property
     def tensor_by_name(self) -> dict[str, Tensor]:
@@ -227,7 +262,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         # (a layer left on the CPU at an offloaded batch runs it on the GPU: attn_item_shape)
         on_gpu = ctx.layer_dev[i] >= 0
         moved = not on_gpu and n_tokens >= pl.op_offload_min_batch and model.is_full_attn_layer(i)
-        shape = attn_item_shape(ctx, i, n_tokens, kv_len)
+        shape = ctx.attn_shape(i, n_tokens, kv_len)
         items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not (on_gpu or moved),
                           ctx.layer_dev[i] if on_gpu else 0 if moved else -1))
         weight_item(OpKind.GEMM, o.name, i, (n_tokens, o.n_out, o.n_in), (o,))
@@ -306,28 +341,34 @@ class Emitter:
         self.kv_ops: list[tuple[int, str, int]] = []
 
     # -- primitives ------------------------------------------------------------------
-    def op(self, kind, stream, device, name, deps=(), **kw) -> int:
-        if "layer" not in kw:
-            kw["layer"] = self.layer
-        oid = self.plan.add(kind, stream, device, name, deps, split=self.split, graph=self.graph, **kw)
-        if stream is Stream.COMPUTE or stream is Stream.COPY:
-            self.last_gpu[(stream.value, device)] = oid
+    def op(self, kind, stream, device, name, deps=(), nbytes=0, shape=(), layer=None, slot=-1, slot_bytes=0,
+           pinned=True, tag="") -> int:
+        """Append an op of the current graph, split and layer (``layer`` overrides it); returns
+        its id."""
+        oid = self.plan.append(kind, stream, device, name, deps, nbytes, shape, self.layer if layer is None else layer,
+                               self.split, self.graph, slot, slot_bytes, pinned, tag)
+        sv = _GPU_STREAM_KEY.get(stream)
+        if sv is not None:
+            self.last_gpu[(sv, device)] = oid
         return oid
 
     def host(self, kind, name, deps=(), **kw) -> int:
-        deps = list(deps) + self.host_pending
-        self.host_pending = []
-        self.last_host = self.op(kind, Stream.HOST, -1, name, deps, **kw)
+        """Append an op on the host thread after the CPU-backend ops it must wait for."""
+        if self.host_pending:
+            deps = list(deps) + self.host_pending
+            self.host_pending = []
+        self.last_host = self.op(kind, _HOST, -1, name, deps, **kw)
         return self.last_host
 
     def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
         """Host issues an async GPU op; returns the GPU op's id. The ISSUE op carries the
         launched kind in its tag (and an attention's shape: an attention made of several
         kernels costs the host more than one launch, see :mod:`sim.costs`)."""
-        iss = self.host(OpKind.ISSUE, f"issue {name}", tag=kind.value,
-                        shape=kw.get("shape", ()) if kind is OpKind.ATTN else ())
-        oid = self.op(kind, stream, device, name, (iss, *deps), **kw)
-        if kind is OpKind.ATTN:
+        is_attn = kind is OpKind.ATTN
+        iss = self.host(OpKind.ISSUE, "issue " + name, tag=_KIND_VALUE[kind],
+                        shape=kw.get("shape", ()) if is_attn else ())
+        oid = self.op(kind, stream, device, name, (iss, *deps) if deps else (iss,), **kw)
+        if is_attn:
             self.kv_ops.append((iss, "attn", self.layer))
             self.kv_ops.append((oid, "attn", self.layer))
         return oid

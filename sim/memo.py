@@ -13,9 +13,10 @@ A test is then evaluated as (:func:`time_test`):
 1. draw the used-expert masks of every graph from the test's rng, in the builder's order
    (:func:`sim.builder.draw_masks`), so that the draws are those of the full plan;
 2. key each graph on what determines its ops (:func:`graph_key`): tokens, the GPU holding the
-   activations when it starts, and per MoE layer either the mask (when a selective copy of
-   host experts reads it) or only the count of used experts (everything else prices experts
-   by count);
+   activations when it starts, and per MoE layer either the lengths of the mask's runs of used
+   experts (when a selective copy of host experts reads it: one copy per run, priced by its
+   bytes; where the runs sit changes only the ops' names) or only the count of used experts
+   (everything else prices experts by count);
 3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`), priced with
    :func:`sim.costs.plan_durations` and compiled once;
 4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
@@ -128,10 +129,35 @@ def _masks_matter(ctx: BuildContext, n_tokens: int, host_layers: frozenset[int])
             and n_tokens >= ctx.scn.placement.op_offload_min_batch)
 
 
-def mask_key(masks: dict[int, np.ndarray], mask_layers: frozenset[int]) -> tuple:
-    """Per MoE layer ``(layer, mask bytes)`` for the layers in ``mask_layers`` (their selective
-    copies read the mask), ``(layer, used count)`` for the others."""
-    return tuple((i, m.tobytes()) if i in mask_layers else (i, int(np.count_nonzero(m))) for i, m in masks.items())
+def run_lengths(mask: np.ndarray) -> tuple[int, ...]:
+    """Lengths of the contiguous runs of used experts in ``mask``, in order: the selective copy
+    copies one H2D op of ``length x bytes per expert`` per run (:func:`sim.builder._runs`), so
+    these lengths, not where the runs sit, determine its ops and their durations."""
+    n = mask.shape[0]
+    p = np.zeros(n + 2, dtype=np.int8)
+    p[1:-1] = mask
+    e = np.flatnonzero(p[1:] != p[:-1])
+    return tuple((e[1::2] - e[::2]).tolist())
+
+
+def mask_key(masks: dict[int, np.ndarray], mask_layers: frozenset[int], seen: dict | None = None) -> tuple:
+    """Per MoE layer ``(layer, run lengths)`` (:func:`run_lengths`) for the layers in
+    ``mask_layers`` (their selective copies read the mask), ``(layer, used count)`` for the
+    others (everything else prices experts by count). ``seen``: mask bytes -> run lengths
+    already computed (kept by the caller across graphs)."""
+    if seen is None:
+        seen = {}
+    out = []
+    for i, m in masks.items():
+        if i in mask_layers:
+            b = m.tobytes()
+            r = seen.get(b)
+            if r is None:
+                r = seen[b] = run_lengths(m)
+            out.append((i, r))
+        else:
+            out.append((i, int(np.count_nonzero(m))))
+    return tuple(out)
 
 
 def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
@@ -177,8 +203,9 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     ops = tpl.plan.ops
     fa = ctx.scn.placement.flash_attn
     vals = []
-    cache: dict = {}
-    shapes: dict[int, tuple] = {}
+    cache = ctx.price_cache
+    if len(cache) > 65536:
+        cache.clear()
     for oid, role, arg in tpl.kv_ops:
         op = ops[oid]
         if kv_len == tpl.kv_len:
@@ -188,9 +215,7 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
         if role == "kq_mask":
             sh = kq_mask_shape(model, n, kv_len, fa, bool(arg))
         else:
-            sh = shapes.get(arg)
-            if sh is None:
-                sh = shapes[arg] = attn_item_shape(ctx, arg, n, kv_len)
+            sh = ctx.attn_shape(arg, n, kv_len)
             if role == "cpu_attn":
                 nb, sh = cpu_attn_args(sh)
         key = (op.kind, nb, sh, op.pinned, op.tag)  # what plan_durations keys its prices on
@@ -271,8 +296,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     for g, (n, _kv, off) in enumerate(graphs):
         masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off))
     mkeys: list[tuple] = []
+    seen = memo.setdefault("_runs", {})
     for g in range(len(graphs)):
-        mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset()))
+        mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset(), seen))
     base = [(n, mkeys[g]) for g, (n, _kv, _off) in enumerate(graphs)]
     remaining: dict = {}
     for b in base:
@@ -304,8 +330,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                 _evaluate(t, sorted({r for _g, r in lst}), engine)
                 for gg, r in lst:
                     res[gg] = t.results[r]
-                deterministic = not any(isinstance(x[1], bytes) for x in k[2])
-                if k not in memo and deterministic and kept_ops + len(t.plan.ops) <= KEEP_OPS:
+                if k not in memo and kept_ops + len(t.plan.ops) <= KEEP_OPS:
                     memo[k] = t
                     kept_ops += len(t.plan.ops)
     memo["_kept_ops"] = kept_ops
@@ -316,4 +341,4 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                       len(graphs), built)
 
 
-__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS"]
+__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS", "run_lengths", "mask_key"]

@@ -22,7 +22,7 @@ host thread is blocked for it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -107,6 +107,12 @@ class Op:
         return (self.stream.value, self.device)
 
 
+# fast construction of an Op (Plan.append): the slots' descriptors set the fields directly,
+# as the frozen dataclass's generated __init__ does, without its per-field global lookups
+_new_op = object.__new__
+(_s_id, _s_kind, _s_stream, _s_device, _s_name, _s_deps, _s_nbytes, _s_shape, _s_layer, _s_split, _s_graph,
+ _s_slot, _s_slot_bytes, _s_pinned, _s_tag) = (getattr(Op, f.name).__set__ for f in fields(Op))
+
 @dataclass
 class PlanArrays:
     """Flat numpy view of a plan for the engines.
@@ -155,44 +161,88 @@ class Plan:
 
     def add(self, kind: OpKind, stream: Stream, device: int, name: str, deps=(), **kw) -> int:
         """Append an op; returns its id. Dependencies must point to earlier ops."""
-        oid = len(self.ops)
+        return self.append(kind, stream, device, name, deps, **kw)
+
+    def append(self, kind: OpKind, stream: Stream, device: int, name: str, deps=(), nbytes: int = 0,
+               shape: tuple = (), layer: int = -1, split: int = -1, graph: int = 0, slot: int = -1,
+               slot_bytes: int = 0, pinned: bool = True, tag: str = "") -> int:
+        """:meth:`add` with the op's fields as arguments (the builder's hot path): ``deps`` are
+        sorted, de-duplicated and stripped of None and negative ids; returns the new op's id.
+
+        Raises:
+            ValueError: a dependency on this op or a later one."""
+        ops = self.ops
+        oid = len(ops)
         if deps:
-            deps = tuple(sorted({d for d in deps if d is not None and d >= 0}))
+            if len(deps) == 1:
+                d0 = deps[0]
+                deps = (d0,) if d0 is not None and d0 >= 0 else ()
+            else:
+                deps = tuple(sorted({d for d in deps if d is not None and d >= 0}))
             if deps and deps[-1] >= oid:
                 raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
         else:
             deps = ()
-        self.ops.append(Op(oid, kind, stream, device, name, deps, **kw))
-        if "arrays" in self.__dict__:
-            del self.__dict__["arrays"]
+        op = _new_op(Op)
+        _s_id(op, oid)
+        _s_kind(op, kind)
+        _s_stream(op, stream)
+        _s_device(op, device)
+        _s_name(op, name)
+        _s_deps(op, deps)
+        _s_nbytes(op, nbytes)
+        _s_shape(op, shape)
+        _s_layer(op, layer)
+        _s_split(op, split)
+        _s_graph(op, graph)
+        _s_slot(op, slot)
+        _s_slot_bytes(op, slot_bytes)
+        _s_pinned(op, pinned)
+        _s_tag(op, tag)
+        ops.append(op)
+        d = self.__dict__
+        if "arrays" in d:
+            del d["arrays"]
         return oid
 
     @cached_property
     def arrays(self) -> PlanArrays:
-        n = len(self.ops)
+        """The plan's :class:`PlanArrays` (cached until an op is added)."""
+        ops = self.ops
+        n = len(ops)
         qnames: dict[tuple[str, int], int] = {}
-        queue = np.empty(n, dtype=np.int64)
-        link = np.full(n, -1, dtype=np.int64)
-        queue_prev = np.full(n, -1, dtype=np.int64)
-        link_prev = np.full(n, -1, dtype=np.int64)
+        qid_of: dict = {}      # (stream, device) -> queue id
+        queue = [0] * n
+        link = [-1] * n
+        queue_prev = [-1] * n
+        link_prev = [-1] * n
         last_q: dict[int, int] = {}
         last_l: dict[int, int] = {}
-        ptr = np.zeros(n + 1, dtype=np.int64)
+        ptr = [0] * (n + 1)
         idx: list[int] = []
-        for op in self.ops:
-            q = qnames.setdefault(op.queue, len(qnames))
-            queue[op.id] = q
-            queue_prev[op.id] = last_q.get(q, -1)
-            last_q[q] = op.id
-            if op.kind is OpKind.H2D:
-                lk = max(op.device, 0)
-                link[op.id] = lk
-                link_prev[op.id] = last_l.get(lk, -1)
-                last_l[lk] = op.id
-            idx.extend(op.deps)
-            ptr[op.id + 1] = len(idx)
+        h2d = OpKind.H2D
+        for i, op in enumerate(ops):
+            sd = (op.stream, op.device)
+            q = qid_of.get(sd)
+            if q is None:
+                q = qid_of[sd] = qnames.setdefault(op.queue, len(qnames))
+            queue[i] = q
+            queue_prev[i] = last_q.get(q, -1)
+            last_q[q] = i
+            if op.kind is h2d:
+                lk = op.device if op.device > 0 else 0
+                link[i] = lk
+                link_prev[i] = last_l.get(lk, -1)
+                last_l[lk] = i
+            deps = op.deps
+            if deps:
+                idx.extend(deps)
+            ptr[i + 1] = len(idx)
         names = [f"{s}{d}" if d >= 0 else s for (s, d) in qnames]
-        return PlanArrays(n, queue, link, ptr, np.asarray(idx, dtype=np.int64), queue_prev, link_prev, names)
+        i64 = np.int64
+        return PlanArrays(n, np.array(queue, dtype=i64), np.array(link, dtype=i64), np.array(ptr, dtype=i64),
+                          np.array(idx, dtype=i64), np.array(queue_prev, dtype=i64), np.array(link_prev, dtype=i64),
+                          names)
 
     def h2d_bytes(self) -> int:
         return sum(op.nbytes for op in self.ops if op.kind is OpKind.H2D)

@@ -626,6 +626,9 @@ class Router:
         if self._pi is not None:
             with np.errstate(divide="ignore"):
                 self._log1m = np.log1p(-np.minimum(self._pi, 1.0))
+        #: (layer, n_tokens) -> used_probability, read-only arrays (every ubatch of a prompt
+        #: asks for the same few)
+        self._used_p: dict[tuple[int, int], np.ndarray] = {}
 
     # -- queries ------------------------------------------------------------------------
     def inclusion(self, layer: int) -> np.ndarray:
@@ -647,7 +650,19 @@ class Router:
             raise ValueError("trace routing has no inclusion probabilities")
         if n_tokens <= 0:
             return np.zeros(self.n_expert)
-        return -np.expm1(n_tokens * self._log1m[layer])
+        return self._used_p_cached(layer, n_tokens).copy()
+
+    def _used_p_cached(self, layer: int, n_tokens: int) -> np.ndarray:
+        """:meth:`used_probability` (``n_tokens > 0``), computed once per (layer, n_tokens)
+        and shared (read-only)."""
+        key = (layer, n_tokens)
+        p = self._used_p.get(key)
+        if p is None:
+            if len(self._used_p) > 4096:
+                self._used_p.clear()
+            p = self._used_p[key] = -np.expm1(n_tokens * self._log1m[layer])
+            p.flags.writeable = False
+        return p
 
     def token_experts(self, layer: int, n_tokens: int, rng: np.random.Generator,
                       token_offset: int = 0) -> np.ndarray:
@@ -689,7 +704,9 @@ class Router:
         if n_tokens <= EXACT_MASK_MAX_TOKENS:
             mask[_systematic_sample(self._pi[layer], self.top_k, n_tokens, rng).ravel()] = True
             return mask
-        return rng.random(self.n_expert) < self.used_probability(layer, n_tokens)
+        if self._pi is None:
+            raise ValueError("trace routing has no inclusion probabilities")
+        return rng.random(self.n_expert) < self._used_p_cached(layer, n_tokens)
 
     def fixed_count(self, n_tokens: int) -> int | None:
         """Experts a ubatch of ``n_tokens`` uses when that count does not depend on the draws

@@ -449,3 +449,17 @@ def test_rocm_pageable_copies_queue_on_their_stream_and_stream_tail_spares_pinne
     assert t_pinned_tail == t_pinned
     _, t_pageable_tail = timed(pageable.with_(hardware=tail))
     assert t_pageable_tail >= t_rocm
+
+
+def test_attention_shapes_cached_per_layer_signature_equal_the_direct_ones():
+    """BuildContext.attn_shape (one computation per layer signature) equals attn_item_shape
+    for every layer of every shipped scenario, at prefill and decode sizes."""
+    from sim.builder import attn_item_shape, make_context
+    from sim.specs import load_scenario
+
+    for path in sorted((ROOT / "scenarios").glob("*.toml")):
+        scn = load_scenario(path)
+        ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
+        for n, kv in ((1, 0), (1, 4000), (512, 0), (96, 8192)):
+            for i in range(scn.model.n_layer):
+                assert ctx.attn_shape(i, n, kv) == attn_item_shape(ctx, i, n, kv), (path.name, i, n, kv)

@@ -289,3 +289,48 @@ def test_run_scenario_serial_and_parallel_agree_with_a_warm_cache():
     assert any(r.cache_hit_rate is not None for r in a)
     for x, y in zip(a, b):
         assert np.array_equal(x.tps, y.tps) and x.cache_hit_rate == y.cache_hit_rate and x.h2d_bytes == y.h2d_bytes
+
+
+@SETTINGS
+@given(plans(max_ops=60, max_deps=5))
+def test_vectorised_predecessor_pruning_equals_the_loop(plan):
+    """compile_plan's vectorised pruning (analytic._pruned_preds) gives the same predecessor
+    lists as the straightforward per-op loop."""
+    assert analytic._pruned_preds(plan.arrays) == analytic._pruned_preds_loop(plan.arrays)
+
+
+@SETTINGS
+@given(plans(max_ops=60, max_deps=5))
+def test_des_waits_are_the_latest_dep_on_each_other_queue(plan):
+    """The DES's cached structure: each op waits on exactly the latest dep of every other
+    queue, and an op is watched exactly when some op waits on it."""
+    st_ = des._structure(plan)
+    a = plan.arrays
+    q = a.queue.tolist()
+    watched = [False] * a.n
+    for op in plan.ops:
+        best: dict[int, int] = {}
+        for j in op.deps:
+            if q[j] != q[op.id]:
+                best[q[j]] = max(best.get(q[j], -1), j)
+        assert sorted(st_.waits[op.id]) == sorted(best.values())
+        for j in best.values():
+            watched[j] = True
+    assert st_.watched == watched
+    assert des._structure(plan) is st_  # cached
+    plan.add(OpKind.ISSUE, Stream.HOST, -1, "late")
+    assert des._structure(plan).n == a.n + 1  # rebuilt after an op was added
+
+
+def test_plan_add_normalises_dependencies():
+    plan = Plan()
+    a = plan.add(OpKind.ISSUE, Stream.HOST, -1, "a")
+    b = plan.add(OpKind.ISSUE, Stream.HOST, -1, "b", (None, -1))
+    c = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "c", (b, a, b, None), nbytes=3, tag="t")
+    d = plan.add(OpKind.GEMM, Stream.COMPUTE, 0, "d", (c,))
+    assert plan.ops[b].deps == () and plan.ops[c].deps == (a, b) and plan.ops[d].deps == (c,)
+    assert plan.ops[c] == plan.ops[c].__class__(c, OpKind.GEMM, Stream.COMPUTE, 0, "c", (a, b), nbytes=3, tag="t")
+    with pytest.raises(ValueError, match="later op"):
+        plan.add(OpKind.ISSUE, Stream.HOST, -1, "e", (d + 1,))
+    with pytest.raises(ValueError, match="later op"):
+        plan.add(OpKind.ISSUE, Stream.HOST, -1, "f", (0, d + 1))

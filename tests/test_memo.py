@@ -145,3 +145,36 @@ def test_transfer_stats_on_arrays_equal_the_trace_metrics():
         e, o = transfer_stats(plan, sched)
         assert e == exposed_transfer_s(df) and o == overlap_fraction(df)
         assert e > 0
+
+
+def test_run_lengths_are_the_selective_copy_runs():
+    """The memo keys a selective copy on its runs' lengths: those of builder._runs."""
+    from sim.builder import _runs
+    from sim.memo import mask_key, run_lengths
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        m = rng.random(int(rng.integers(1, 70))) < rng.random()
+        assert run_lengths(m) == tuple(c for _a, c in _runs(m))
+    a = np.array([1, 1, 0, 1, 0, 0], dtype=bool)
+    b = np.array([0, 1, 1, 0, 0, 1], dtype=bool)   # the same runs elsewhere: the same key
+    c = np.array([1, 0, 1, 1, 0, 0], dtype=bool)   # the same count, other runs: another key
+    layers = frozenset({0})
+    assert mask_key({0: a}, layers) == mask_key({0: b}, layers) != mask_key({0: c}, layers)
+    assert mask_key({0: a}, frozenset()) == mask_key({0: c}, frozenset()) == ((0, 3),)
+
+
+def test_graphs_with_shifted_expert_runs_share_a_template_and_match_the_full_plan():
+    """A prefill test whose ubatches use every expert (one run per tensor) builds one graph;
+    its numbers are the full plan's."""
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    t = BenchTest(2048, 0)
+    scn = fit_context_to_tests(scn, [t])
+    v = parse_variant("baseline")
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    tt = time_test(ctx, t, rep_rng(scn.seed, 0, 0))
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    sched = time_plan(plan, scn)
+    assert tt.n_graphs == 4 and tt.n_templates < tt.n_graphs
+    assert _rel(tt.makespan_s, float(sched.makespan_s)) <= REL
+    assert tt.h2d_bytes == plan.meta["h2d_bytes"]

@@ -466,3 +466,18 @@ def test_example_trace_loads():
     se = per_layer.std(ddof=1) / math.sqrt(48)
     assert math.isclose(per_layer.mean(), router.expected_fraction(34), rel_tol=1e-12)
     assert abs(per_layer.mean() - f_model) < Z * se
+
+
+def test_used_probability_cache_is_exact_and_not_shared_with_callers():
+    """used_probability (cached per layer and ubatch) is 1 - (1 - pi)^n computed afresh, and a
+    caller writing into the returned array does not change later answers."""
+    model = moe_model()
+    r = make_router(skewed(), model, np.random.default_rng(11))
+    for layer in range(model.n_layer):
+        for n in (1, 40, 512):
+            with np.errstate(divide="ignore"):
+                want = -np.expm1(n * np.log1p(-np.minimum(r.inclusion(layer), 1.0)))
+            got = r.used_probability(layer, n)
+            assert np.array_equal(got, want)
+            got[:] = -1.0
+            assert np.array_equal(r.used_probability(layer, n), want)

@@ -65,6 +65,42 @@ def compile_plan(plan: Plan) -> CompiledPlan:
     cached = plan.__dict__.get(_CACHE_KEY)
     if cached is not None and cached[0] is arrays:
         return cached[1]
+    preds = _pruned_preds(arrays)
+    comp = CompiledPlan(arrays.n, tuple(preds), arrays.queue)
+    plan.__dict__[_CACHE_KEY] = (arrays, comp)
+    return comp
+
+
+def _pruned_preds(arrays) -> list[tuple[int, ...]]:
+    """Per op, its deps, queue predecessor and link predecessor, only the latest per queue,
+    sorted (vectorised: one lexsort over every (op, candidate) pair)."""
+    n = arrays.n
+    if n == 0:
+        return []
+    ptr = arrays.dep_ptr
+    dep_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+    ops = np.concatenate((dep_op, np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)))
+    cand = np.concatenate((arrays.dep_idx, arrays.queue_prev, arrays.link_prev))
+    keep = cand >= 0
+    ops, cand = ops[keep], cand[keep]
+    q = arrays.queue[cand]
+    # sort by (op, queue of the candidate, candidate): the last of each (op, queue) is the latest
+    order = np.lexsort((cand, q, ops))
+    ops, cand, q = ops[order], cand[order], q[order]
+    last = np.ones(ops.size, dtype=bool)
+    if ops.size > 1:
+        last[:-1] = (ops[1:] != ops[:-1]) | (q[1:] != q[:-1])
+    ops, cand = ops[last], cand[last]
+    # sorted by candidate id within each op
+    order = np.lexsort((cand, ops))
+    ops, cand = ops[order], cand[order]
+    bounds = np.searchsorted(ops, np.arange(n + 1, dtype=np.int64)).tolist()
+    flat = cand.tolist()
+    return [tuple(flat[bounds[i]:bounds[i + 1]]) for i in range(n)]
+
+
+def _pruned_preds_loop(arrays) -> list[tuple[int, ...]]:
+    """The straightforward loop that :func:`_pruned_preds` vectorises (kept for tests)."""
     queue = arrays.queue.tolist()
     qprev = arrays.queue_prev.tolist()
     lprev = arrays.link_prev.tolist()
@@ -83,9 +119,7 @@ def compile_plan(plan: Plan) -> CompiledPlan:
             if best.get(q, -1) < j:
                 best[q] = j
         preds.append(tuple(sorted(best.values())))
-    comp = CompiledPlan(arrays.n, tuple(preds), arrays.queue)
-    plan.__dict__[_CACHE_KEY] = (arrays, comp)
-    return comp
+    return preds
 
 
 def check_durations(durations, n: int, *, allow_batch: bool = True) -> np.ndarray:

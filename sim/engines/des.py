@@ -18,6 +18,10 @@ Dependencies on the op's own queue are implied by FIFO order and not waited on; 
 dependencies on another queue only the latest is waited on (end times never decrease along
 a queue), so most ops wait on zero or one event.
 
+What does not depend on the durations (the waits, which ops are waited on, the queues' and
+links' op lists) is computed once per plan and cached on it (:func:`_structure`), so that the
+per-event work of a run is the queue loop alone.
+
 The result agrees with :mod:`sim.engines.analytic` to rounding (both compute every end as
 ``start + duration`` with ``start`` the end of the latest predecessor).
 """
@@ -47,9 +51,10 @@ class PlanOrderLink:
 
     __slots__ = ("env", "_pos", "_released", "_waiting")
 
-    def __init__(self, env: simpy.Environment, op_ids: list[int]):
+    def __init__(self, env: simpy.Environment, op_ids: list[int], positions: dict[int, int] | None = None):
         self.env = env
-        self._pos = {op: p for p, op in enumerate(op_ids)}
+        #: op id -> position in the link's plan order (``positions``: the same, precomputed)
+        self._pos = positions if positions is not None else {op: p for p, op in enumerate(op_ids)}
         self._released = 0  # ops at positions < _released have released the link
         self._waiting: dict[int, simpy.Event] = {}
 
@@ -70,79 +75,134 @@ class PlanOrderLink:
             ev.succeed()
 
 
+_STRUCT_KEY = "_sim_engines_des_struct"
+
+
+class _Structure:
+    """What a run needs of a plan apart from its durations, computed once per plan (cached on
+    it like :func:`sim.engines.analytic.compile_plan`, and rebuilt when ops were added).
+
+    Attributes:
+        waits: per op, the deps it waits on: not on its own queue, only the latest per queue.
+        watched: per op, whether some op of another queue waits on it (only those fire a
+            placeholder when they end).
+        queue_ops: per queue, its op ids in plan order.
+        link_ops: per H2D link, its op ids in plan order; link_pos: op id -> position there.
+    """
+
+    __slots__ = ("n", "waits", "watched", "queue_ops", "link_ops", "link_pos")
+
+    def __init__(self, plan: Plan):
+        a = plan.arrays
+        n = self.n = a.n
+        queue = a.queue
+        ptr = a.dep_ptr
+        waits: list[tuple[int, ...]] = [()] * n
+        watched = [False] * n
+        if a.dep_idx.size:
+            op = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+            cand = a.dep_idx
+            q = queue[cand]
+            other = q != queue[op]
+            op, cand, q = op[other], cand[other], q[other]
+            # the latest dep per (op, queue): sort by (op, queue, dep), keep the last of each run
+            order = np.lexsort((cand, q, op))
+            op, cand, q = op[order], cand[order], q[order]
+            last = np.ones(op.size, dtype=bool)
+            if op.size > 1:
+                last[:-1] = (op[1:] != op[:-1]) | (q[1:] != q[:-1])
+            op, cand = op[last], cand[last]
+            for i, j in zip(op.tolist(), cand.tolist()):
+                w = waits[i]
+                waits[i] = (*w, j) if w else (j,)
+                watched[j] = True
+        self.waits = waits
+        self.watched = watched
+        self.queue_ops: dict[int, list[int]] = {}
+        for i, qi in enumerate(queue.tolist()):
+            self.queue_ops.setdefault(qi, []).append(i)
+        self.link_ops: dict[int, list[int]] = {}
+        for i, lk in enumerate(a.link.tolist()):
+            if lk >= 0:
+                self.link_ops.setdefault(lk, []).append(i)
+        self.link_pos = {lk: {op: p for p, op in enumerate(ops)} for lk, ops in self.link_ops.items()}
+
+
+def _structure(plan: Plan) -> _Structure:
+    """The plan's cached :class:`_Structure`."""
+    arrays = plan.arrays
+    cached = plan.__dict__.get(_STRUCT_KEY)
+    if cached is not None and cached[0] is arrays:
+        return cached[1]
+    st = _Structure(plan)
+    plan.__dict__[_STRUCT_KEY] = (arrays, st)
+    return st
+
+
 class _Sim:
     """State shared by the queue processes of one run."""
 
     def __init__(self, plan: Plan, dur: list[float]):
-        a = plan.arrays
-        n = a.n
+        st = _structure(plan)
+        n = st.n
         self.env = simpy.Environment()
         self.dur = dur
         self.start = [float("nan")] * n
         self.end = [float("nan")] * n
         self.done: list[simpy.Event | None] = [None] * n
         self.placeholders: dict[int, simpy.Event] = {}
-        queue = a.queue.tolist()
-        ptr = a.dep_ptr.tolist()
-        idx = a.dep_idx.tolist()
-        # deps to wait on: not on the op's own queue, and only the latest per queue
-        waits: list[tuple[int, ...]] = []
-        for i in range(n):
-            q = queue[i]
-            best: dict[int, int] = {}
-            for j in idx[ptr[i]:ptr[i + 1]]:
-                qj = queue[j]
-                if qj != q and best.get(qj, -1) < j:
-                    best[qj] = j
-            waits.append(tuple(best.values()))
-        self.waits = waits
+        self.waits = st.waits
+        self.watched = st.watched
         self.link_of: list[PlanOrderLink | None] = [None] * n
-        link_ops: dict[int, list[int]] = {}
-        for i, lk in enumerate(a.link.tolist()):
-            if lk >= 0:
-                link_ops.setdefault(lk, []).append(i)
-        for ops in link_ops.values():
-            link = PlanOrderLink(self.env, ops)
+        for lk, ops in st.link_ops.items():
+            link = PlanOrderLink(self.env, ops, st.link_pos[lk])
             for i in ops:
                 self.link_of[i] = link
-        self.queue_ops: dict[int, list[int]] = {}
-        for i, q in enumerate(queue):
-            self.queue_ops.setdefault(q, []).append(i)
+        self.queue_ops = st.queue_ops
 
     def queue_process(self, ops: list[int]):
         """One queue (stream, host thread or CPU backend): its ops one at a time, in order."""
         env = self.env
+        timeout = env.timeout
         done = self.done
         placeholders = self.placeholders
         waits = self.waits
+        watched = self.watched
         link_of = self.link_of
         dur = self.dur
         start = self.start
         end = self.end
         for i in ops:
-            for j in waits[i]:
-                ev = done[j]
-                if ev is None:  # dependency not started yet: wait for it to end
-                    ev = placeholders.get(j)
-                    if ev is None:
-                        ev = placeholders[j] = env.event()
-                    yield ev
-                elif not ev.processed:  # dependency running
-                    yield ev
+            w = waits[i]
+            if w:
+                for j in w:
+                    ev = done[j]
+                    if ev is None:  # dependency not started yet: wait for it to end
+                        ev = placeholders.get(j)
+                        if ev is None:
+                            ev = placeholders[j] = env.event()
+                        yield ev
+                    elif end[j] != end[j]:  # dependency running (its end is still NaN)
+                        yield ev
             link = link_of[i]
             if link is not None:
                 grant = link.request(i)
                 if grant is not None:
                     yield grant
-            start[i] = env.now
-            t = done[i] = env.timeout(dur[i])
+            now = env.now
+            start[i] = now
+            dt = dur[i]
+            t = done[i] = timeout(dt)
             yield t
-            end[i] = env.now
+            # the timeout was scheduled at now + dt (simpy.Environment.schedule): this is
+            # env.now, to the bit
+            end[i] = now + dt
             if link is not None:
                 link.release(i)
-            ev = placeholders.pop(i, None)
-            if ev is not None:
-                ev.succeed()
+            if watched[i]:
+                ev = placeholders.pop(i, None)
+                if ev is not None:
+                    ev.succeed()
 
 
 def run(plan: Plan, durations) -> Schedule:
