@@ -252,10 +252,9 @@ def apply_point(scn: Scenario, variants: Sequence[Variant], test: BenchTest,
             model = scn.model
             if model.moe is None:
                 raise ScenarioError(f"axis 'ncmoe': model '{model.name}' has no experts", field="--axis")
-            if int(value) > model.n_layer:
-                raise ScenarioError(f"axis 'ncmoe': {int(value)} exceeds the model's {model.n_layer} layers",
-                                    field="--axis")
-            scn = scn.with_(placement=replace(scn.placement, n_cpu_moe=int(value), fit_experts=False))
+            # past the model's blocks every expert is on the host (llama.cpp, and prefetch-sim run)
+            scn = scn.with_(placement=replace(scn.placement, n_cpu_moe=min(int(value), model.n_layer),
+                                              fit_experts=False))
         elif name == "fa":
             scn = scn.with_(placement=replace(scn.placement, flash_attn=bool(int(value))))
         elif name == "kv":
@@ -1068,10 +1067,32 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"'{args.baseline}' is not one of the variants ({', '.join(v.name for v in variants)}); "
                             "name one of them, or leave --baseline out to compare against the plain baseline",
                             field="--baseline")
+    for note in axis_notes(axes, test, scn):
+        print(f"prefetch-sim: note: {note}", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress)
     _report(write_outputs(res, args.out, _stem(res)))
     return 0
+
+
+def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str]:
+    """What a sweep's axes cannot change, said before it runs: ubatch values above the test's
+    prompt (a ubatch holds at most the prompt: those points repeat the last one), ``ncmoe``
+    above the model's blocks (every expert on the host, as llama.cpp), ``kv`` (it sizes the KV
+    cache; attention reads are priced as F16)."""
+    out = []
+    for ax in axes:
+        if ax.name == "ubatch" and test.n_prompt and not any(a.name == "prompt" for a in axes):
+            over = [v for v in ax.values if v > test.n_prompt]
+            if over:
+                out.append(f"axis ubatch: {len(over)} values above the {test.name} prompt ({test.n_prompt} tokens) "
+                           "run the same graphs as ubatch = prompt; give a longer --test (e.g. pp4096)")
+        if ax.name == "ncmoe" and scn.model.moe is not None and max(ax.values) > scn.model.n_layer:
+            out.append(f"axis ncmoe: values above the model's {scn.model.n_layer} blocks put every expert on the host")
+        if ax.name == "kv":
+            out.append("axis kv: the KV cache type sizes the KV cache (VRAM, what fits); attention reads are "
+                       "priced as F16")
+    return out
 
 
 def add_crossover_parser(subparsers) -> argparse.ArgumentParser:

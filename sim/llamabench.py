@@ -616,7 +616,9 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
         ngl=terms.ngl, n_cpu_moe=ncm, override_tensor=sim_overrides(terms.overrides, model),
         pinned=terms.pinned, ctx_size=terms.ctx_size,
         op_offload_min_batch=NO_OP_OFFLOAD_MIN_BATCH if terms.no_op_offload else 32,
-        tensor_split=shares if len(shares) > 1 else (),
+        # llama-bench prints shares up to the last non-zero one: "1.00" on two GPUs is 1/0 (all
+        # on the first); no share above zero ("0.00") is llama.cpp's default split
+        tensor_split=tuple(shares) + (0.0,) * (n_gpu - len(shares)) if any(shares) and n_gpu > 1 else (),
         flash_attn=terms.flash_attn != "off",
     )
     return pl, tuple(notes)

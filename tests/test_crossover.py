@@ -192,15 +192,25 @@ def test_bad_placement_axis_values_are_refused(text, words):
     assert ei.value.field == "--axis"
 
 
-def test_placement_axes_refuse_impossible_points(tiny):
+def test_placement_axes_refuse_impossible_points_and_cap_ncmoe(tiny):
     vs, t = [parse_variant("baseline")], BenchTest(64, 0, 0)
-    with pytest.raises(ScenarioError, match="exceeds the model's 2 layers"):
-        apply_point(tiny, vs, t, [("ncmoe", 3)])
+    s, _, _ = apply_point(tiny, vs, t, [("ncmoe", 3)])  # past the blocks: every expert on the host
+    assert s.placement.n_cpu_moe == 2
     with pytest.raises(ScenarioError, match="needs FlashAttention"):
         apply_point(tiny, vs, t, [("fa", 0), ("kv", 1.0625)])
     dense = replace(tiny, model=replace(tiny.model, moe=None))
     with pytest.raises(ScenarioError, match="has no experts"):
         apply_point(dense, vs, t, [("ncmoe", 1)])
+
+
+def test_axis_notes_say_what_an_axis_cannot_change(tiny):
+    from sim.crossover import axis_notes
+
+    notes = axis_notes([parse_axis("ubatch=32,64,128")], BenchTest(64, 0, 0), tiny)
+    assert len(notes) == 1 and "1 values above the pp64 prompt" in notes[0]
+    assert axis_notes([parse_axis("ubatch=32,64")], BenchTest(64, 0, 0), tiny) == []
+    assert "every expert" in axis_notes([parse_axis("ncmoe=1,5")], BenchTest(64, 0, 0), tiny)[0]
+    assert "priced as F16" in axis_notes([parse_axis("kv=f16,q8_0")], BenchTest(64, 0, 0), tiny)[0]
 
 
 def test_ncmoe_sweep_moves_experts_to_the_host(tiny):

@@ -351,3 +351,13 @@ def test_real_llama_bench_output():
                     | {t.name for t in m.tensors if t.is_expert and t.layer < 4})
     b = read_llama_bench(data / "llama-bench-cpu.json")
     assert b.attrs["format"] == "json" and list(b.test) == ["pp64"] and b.samples_ts.iloc[0][0] > 0
+
+
+@pytest.mark.parametrize("ts, shares", [("1.00", (1.0, 0.0)), ("0.00/1.00", (0.0, 1.0)), ("3.00/1.00", (3.0, 1.0)),
+                                        ("0.00", ()), ("", ())])
+def test_tensor_split_as_llamabench_prints_it(ts, shares):
+    # llama-bench prints -ts 1/0 as "1.00" (shares up to the last non-zero one): every layer on
+    # the first GPU, not the default split
+    m = _cut("qwen3-30b-a3b", 4)
+    pl, _ = row_placement(row_terms(json.loads(LINES[0]) | {"tensor_split": ts}), m, n_gpu=2)
+    assert pl.tensor_split == shares
