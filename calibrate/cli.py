@@ -104,10 +104,12 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         update_profile(out, costs, cal.info.get("device", ""))
         print("executor costs:\n" + summary(costs), file=sys.stderr)
         if raw is not None:
-            (Path(raw) / "executor_costs.txt").write_text(summary(costs) + "\n")
+            from sim.atomic import write_atomic  # noqa: PLC0415
+
+            write_atomic(Path(raw) / "executor_costs.txt", summary(costs) + "\n")
             per_round = rounds_frame(costs)
             if per_round is not None:
-                per_round.to_csv(Path(raw) / "executor_costs_rounds.csv", index=False)
+                write_atomic(Path(raw) / "executor_costs_rounds.csv", per_round.to_csv(index=False))
     for p in paths:
         print(f"wrote {p}", file=sys.stderr)
     print(summary_table(cal, fit_calibration(cal)))

@@ -258,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report, keep the hand-built results
             print(f"scenario {path} FAILED: {type(exc).__name__}: {exc}", flush=True)
     df = pd.DataFrame(rows)
-    pd.concat(traces, ignore_index=True).to_csv(out / "smoke_traces.csv", index=False)
-    df.to_csv(out / "smoke_summary.csv", index=False)
+    from sim.atomic import write_atomic_many
+
+    write_atomic_many({out / "smoke_traces.csv": pd.concat(traces, ignore_index=True).to_csv(index=False),
+                       out / "smoke_summary.csv": df.to_csv(index=False)})
     print(f"calibrated H2D pinned: {hw.h2d_pinned.bytes_per_s / 1e9:.1f} GB/s")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0

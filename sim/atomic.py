@@ -77,7 +77,50 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
         raise ScenarioError(f"cannot create folder '{folder}': '{existing}' is not a folder", field=flag)
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ScenarioError(f"folder '{existing}' is not writable", field=flag)
+    try:  # a real probe: /proc or a read-only mount pass os.access for root
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".prefetch-sim-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ScenarioError(f"cannot write in folder '{existing}': {exc.strerror or exc}", field=flag) from None
     return p
+
+
+def write_atomic_many(files: dict[str | Path, str | bytes]) -> list[Path]:
+    """Write several files as one: every payload goes to a temporary file beside its target
+    first; only when all are written are they moved into place. A failed write (a full disk)
+    leaves every earlier file of those names as it was and no temporary file behind.
+
+    Raises:
+        OSError: a file cannot be written (naming it).
+    """
+    staged: list[tuple[str, Path, Path]] = []
+    try:
+        for target, data in files.items():
+            target = Path(target)
+            path = Path(os.path.realpath(target))
+            if path.exists() and not path.is_file():
+                raise OSError(21, "not a regular file", str(target))
+            payload = data.encode() if isinstance(data, str) else data
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                staged.append((tmp, path, target))
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(payload)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
+        umask = os.umask(0)
+        os.umask(umask)
+        for tmp, path, target in staged:
+            os.chmod(tmp, 0o666 & ~umask)
+        for tmp, path, target in staged:
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp, _, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return [t for _, _, t in staged]
 
 
 def save_figure(fig, path: str | Path) -> Path:

@@ -64,11 +64,17 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
             value (end below start), or one that would never end (a multiplier below 2 or a
             start below 1 with ``*``, a step below 1 with ``+``).
     """
+    from .bounds import INT32_MAX, LIST_VALUES_MAX
+
     out: list[int] = []
     for part in text.split(","):
         m = _RANGE.match(part)
         if not m:
             raise argparse.ArgumentTypeError(f"expected integers like 512,1024 or 128-2048*2, got '{text}'")
+        nums = [g for g in (m.group(1), m.group(2), m.group(4)) if g is not None]
+        if any(len(g.lstrip("+-")) > 10 or abs(int(g)) > INT32_MAX for g in nums):
+            raise argparse.ArgumentTypeError(f"values must be at most {INT32_MAX} (a C int, as llama-bench reads "
+                                             f"them), got '{part.strip()}'")
         first = int(m.group(1))
         if first < 0 and not allow_negative:
             raise argparse.ArgumentTypeError(f"values must be >= 0, got '{text}'")
@@ -90,10 +96,15 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
         else:
             if step < 1:
                 raise argparse.ArgumentTypeError(f"range '{p}': the step after '+' must be >= 1, got {step}")
+            if len(range(first, last + 1, step)) + len(out) > LIST_VALUES_MAX:
+                raise argparse.ArgumentTypeError(f"range '{p}' yields {len(range(first, last + 1, step))} values, "
+                                                 f"more than the limit of {LIST_VALUES_MAX}")
             got = list(range(first, last + 1, step))
         if not got:
             raise argparse.ArgumentTypeError(f"range '{p}' yields no value (its end lies below its start)")
         out.extend(got)
+        if len(out) > LIST_VALUES_MAX:
+            raise argparse.ArgumentTypeError(f"'{text}' gives more than the limit of {LIST_VALUES_MAX} values")
     return tuple(out)
 
 
@@ -289,7 +300,9 @@ def harness_notes(args: argparse.Namespace) -> list[str]:
 
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
     """llama-bench's flags (lists and ranges; a repeated flag adds values), the scenario, and
-    ``--variant``/``--engine``."""
+    ``--variant``/``--engine``/``--max-work``."""
+    from .bounds import REPETITIONS_MAX, WORK_MAX
+
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
         p.add_argument(*opts, dest=dest, type=typ, action="append", metavar=metavar, help=help_)
@@ -300,7 +313,11 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(*opts, dest=dest, action="store_true",
                            help="llama-bench harness setting: accepted, not modelled")
-    p.add_argument("-r", "--repetitions", dest="repetitions", type=int, help="repetitions per test")
+    p.add_argument("-r", "--repetitions", dest="repetitions", type=int,
+                   help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
+    p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
+                   help=f"refuse a run that would build more than N graph-layers (graphs x layers x repetitions "
+                        f"x variants x settings; default {WORK_MAX:,}, a few minutes)")
     p.add_argument("--variant", action="append",
                    help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
                         "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, or a+b "
@@ -505,13 +522,30 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
         bad = [v for v in vals[dest] if v < 1]
         if bad:
             raise ScenarioError(f"must be >= 1, got {bad[0]}", field=flag)
+    from .bounds import REPETITIONS_MAX, TOKENS_MAX, check_tokens
+
     reps = getattr(args, "repetitions", None)
-    if reps is not None and reps < 1:
-        raise ScenarioError(f"must be >= 1, got {reps}", field="-r/--repetitions")
+    if reps is not None and not 1 <= reps <= REPETITIONS_MAX:
+        raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX} (as the TOML's repetitions), got {reps}",
+                            field="-r/--repetitions")
+    mw = getattr(args, "max_work", None)
+    if mw is not None and mw < 1:
+        raise ScenarioError(f"must be >= 1, got {mw}", field="--max-work")
+    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
+                       ("fit_min_ctx", "-fitc/--fit-ctx")):
+        check_tokens(vals[dest], flag)
+    if any(v > TOKENS_MAX * 64 for v in vals["fit_target"]):  # MiB: 64 x 16 Mi MiB = 1 PB (BYTES_MAX)
+        raise ScenarioError(f"must be at most {TOKENS_MAX * 64} MiB", field="-fitt/--fit-target")
     n_prompt = tuple(_flat(args, "n_prompt") or wl.n_prompt)
     n_gen = tuple(_flat(args, "n_gen") or wl.n_gen)
     n_depth = tuple(_flat(args, "n_depth") or wl.n_depth)
     n_pg = tuple(_flat(args, "n_pg") or ())
+    check_tokens(n_prompt, "-p/--n-prompt")
+    check_tokens(n_gen, "-n/--n-gen")
+    check_tokens(n_depth, "-d/--n-depth")
+    check_tokens([x for pg in n_pg for x in pg], "-pg")
+    longest = max([*n_prompt, *n_gen, *(a + b for a, b in n_pg), 0])
+    check_tokens([max(n_depth, default=0) + longest], "-p/-n/-d (depth + tokens, the context)")
     for k in ("n_prompt", "n_gen", "n_depth", "n_pg"):
         if _flat(args, k) is not None:
             given.add(k)

@@ -79,6 +79,9 @@ def _base_scenario(args: argparse.Namespace):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
+        from .specs import check_distinct_variants
+
+        check_distinct_variants(vs, field="--variant")
         scn = scn.with_(variants=vs)
     return scn
 
@@ -116,6 +119,19 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     _say_notes(notes)
     wl = replace(sscn.workload, n_prompt=params.n_prompt, n_gen=params.n_gen, n_depth=params.n_depth)
     return fit_context_to_tests(sscn.with_(workload=wl))
+
+
+def check_plan_work(scn, tests, args) -> None:
+    """The work budget (``--max-work``) of building one plan per variant and test of ``tests``.
+
+    Raises:
+        ScenarioError: over the budget, naming ``--max-work``.
+    """
+    from .bounds import check_work, work_units
+
+    wl = scn.workload
+    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants)),
+               getattr(args, "max_work", None))
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -260,7 +276,9 @@ def vram_table(results) -> str:
         for b in r.vram:
             vals = (b.reserved_bytes, b.weights_bytes, b.kv_bytes, b.compute_bytes, b.staging_bytes, b.cache_bytes,
                     b.total_bytes, b.free_bytes)
-            lines.append(f"| {r.variant} | {b.device} | " + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
+            from .report import md_escape
+
+            lines.append(f"| {md_escape(r.variant)} | {b.device} | " + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
     return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n"
 
 
@@ -276,8 +294,25 @@ def _setting_label(params, setting) -> str:
     return " ".join(parts) or "the setting"
 
 
-def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None):
+def bench_work(scn, params, models) -> int:
+    """The work of a run (:func:`sim.bounds.work_units` summed over its settings)."""
+    from .benchflags import sim_tests
+    from .bounds import work_units
+
+    total = 0
+    for setting in params.settings():
+        model = models[setting.model]
+        tests = sim_tests(params.instances(setting))
+        total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions,
+                            len(scn.variants))
+    return total
+
+
+def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None):
     """Simulate every setting of ``params`` over ``scn`` under the scenario's variants.
+
+    ``max_work``: the work budget (:func:`sim.bounds.check_work`; default
+    :data:`sim.bounds.WORK_MAX`), checked before anything is simulated.
 
     A variant whose placement does not fit a setting is left out of it (noted); a setting where
     none fits is left out (noted).
@@ -288,15 +323,24 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
 
     Raises:
         PlacementError: no setting fits at all (the first one's reason).
-        ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file).
+        ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file), or a run over
+            the work budget (naming ``--max-work``).
     """
     from .benchflags import Notes, load_models, setting_scenario, sim_tests
+    from .bounds import LIST_VALUES_MAX, check_work
     from .builder import make_context
     from .errors import PlacementError
     from .metrics import fit_context_to_tests, rep_rng, run_scenario
 
     notes = notes if notes is not None else Notes()
     models = load_models(params, scn)
+    n_settings = 1
+    for k, v in params.values.items():
+        n_settings *= len(v)
+    if n_settings > LIST_VALUES_MAX:
+        raise ScenarioError(f"the flags give {n_settings:,} combinations, more than the limit of "
+                            f"{LIST_VALUES_MAX}", field="-p/-n/-ub/...")
+    check_work(bench_work(scn, params, models), max_work)
     ids = variant_ids(scn.variants)
     when = bench_time()
     rows, all_results, first_err = [], [], None
@@ -341,7 +385,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import format_rows
     from .specs import parse_variant
 
-    if args.out:
+    if args.out is not None:
         check_output_path(args.out)
         suffix = Path(args.out).suffix.lower().lstrip(".")
         if args.output is None and suffix in FORMATS:
@@ -362,7 +406,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     notes = Notes()
     notes.extend(harness_notes(args))
     try:
-        rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes)
+        rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
+                                  max_work=args.max_work)
     finally:
         _say_notes(notes)
     text = format_rows(rows, args.output, n_threads_default=default_threads())
@@ -371,7 +416,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             text = text.rstrip("\n") + "\n\n" + vram_table(results)
         else:  # keep csv/json/sql parseable
             sys.stderr.write(vram_table(results))
-    if args.out:
+    if args.out is not None:
         write_atomic(args.out, text)
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -400,6 +445,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         test, ti = match[0], tests.index(match[0])
     else:
         test, ti = tests[0], 0
+    check_plan_work(scn, [test], args)
     import pandas as pd
 
     frames, lines = [], []

@@ -169,6 +169,18 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         if math.isfinite(spec.max_value):
             lim += f" and <= {spec.max_value:g}"
         raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {bad[0]:g}", field=flag)
+    from .bounds import COUNT_MAX, INT32_MAX, LIST_VALUES_MAX, TOKENS_MAX, check_kind
+
+    if len(values) > LIST_VALUES_MAX:
+        raise ScenarioError(f"axis '{name}': {len(values)} values, more than the limit of {LIST_VALUES_MAX}",
+                            field=flag)
+    top = {"ubatch": TOKENS_MAX, "depth": TOKENS_MAX, "prompt": TOKENS_MAX, "gate": TOKENS_MAX,
+           "slots": COUNT_MAX, "cache": INT32_MAX}.get(name)
+    for v in values:
+        if top is not None and v > top:
+            raise ScenarioError(f"axis '{name}': {v:g} is more than the limit of {top}", field=flag)
+        if name == "pcie":
+            check_kind(v * 1e9, "bytes_per_s", field=f"{flag} {name}")
     return Axis(spec, tuple(sorted(set(values))))
 
 
@@ -184,7 +196,14 @@ def parse_test(text: str, flag: str = "--test") -> BenchTest:
     m = _TEST_RE.match(text.lower())
     if not m or int(m[2]) < 1:
         raise ScenarioError(f"expected a test like pp512, tg128 or 'pp512 @ d8192', got '{text}'", field=flag)
+    if len(m[2]) > 12 or len(m[3] or "") > 12:
+        raise ScenarioError(f"'{text}': too many tokens", field=flag)
     n, d = int(m[2]), int(m[3] or 0)
+    from .bounds import check_tokens
+
+    check_tokens([n], flag)
+    check_tokens([d], flag)
+    check_tokens([n + d], f"{flag} (depth + tokens, the context)")
     return BenchTest(n, 0, d) if m[1] == "pp" else BenchTest(0, n, d)
 
 
@@ -942,8 +961,8 @@ class SweepOutput:
 
 def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) -> SweepOutput:
     """Write ``<stem>.csv`` and ``<stem>.png`` (``fig``, or :func:`plot_sweep`) into ``out_dir``,
-    both or neither: both are rendered first, and when the second write fails (a full disk) the
-    first file is removed again (an older file of that name is then gone too).
+    both or neither: both are rendered and written to temporary files first, then moved into
+    place (:func:`sim.atomic.write_atomic_many`); a failed write leaves older files as they were.
 
     Raises:
         OSError: a file cannot be written (after the clean-up)."""
@@ -954,12 +973,9 @@ def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) ->
     csv_bytes = res.to_dataframe().to_csv(index=False).encode()
     buf = io.BytesIO()
     (fig if fig is not None else plot_sweep(res)).savefig(buf, format="png")
-    _write_bytes_atomic(csv_path, csv_bytes)
-    try:
-        _write_bytes_atomic(png_path, buf.getvalue())
-    except BaseException:
-        csv_path.unlink(missing_ok=True)
-        raise
+    from .atomic import write_atomic_many
+
+    write_atomic_many({csv_path: csv_bytes, png_path: buf.getvalue()})
     return SweepOutput(res, csv_path, png_path, tuple(res.crossovers()))
 
 
@@ -1025,8 +1041,12 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     """``prefetch-sim crossover``: a sweep or a built-in figure. Returns the exit status."""
     from .cli import scenario_path
 
-    if args.repetitions < 1:
-        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
+    from .bounds import LIST_VALUES_MAX, REPETITIONS_MAX, check_work, work_units
+
+    if not 1 <= args.repetitions <= REPETITIONS_MAX:
+        raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
+    if args.max_work is not None and args.max_work < 1:
+        raise ScenarioError(f"must be >= 1, got {args.max_work}", field="--max-work")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
     # an empty path is an error here too, also with --figure; a built-in name is its file
@@ -1056,6 +1076,10 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     scn = load_scenario(scenario_path(args.scenario))  # (None: the default scenario)
     variants = ([parse_variant(v, field_name="--variant") for v in args.variant] if args.variant
                 else list(scn.variants))
+    names = [v.name for v in variants]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
     if args.test:
         test = parse_test(args.test)
     else:
@@ -1067,6 +1091,16 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"'{args.baseline}' is not one of the variants ({', '.join(v.name for v in variants)}); "
                             "name one of them, or leave --baseline out to compare against the plain baseline",
                             field="--baseline")
+    n_cells = int(np.prod([len(a) for a in axes]))
+    if n_cells > LIST_VALUES_MAX:
+        raise ScenarioError(f"{n_cells:,} sweep points, more than the limit of {LIST_VALUES_MAX}", field="--axis2")
+    vs = with_baseline(variants, args.baseline)
+    work = 0
+    for idx in np.ndindex(*[len(a) for a in axes]):
+        s2, v2, t2 = apply_point(scn, vs, test, [(a.name, a.values[i]) for a, i in zip(axes, idx)])
+        wl = s2.workload
+        work += work_units([t2], s2.model.n_layer, wl.n_ubatch, wl.n_batch, args.repetitions, len(v2))
+    check_work(work, args.max_work)
     for note in axis_notes(axes, test, scn):
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions, engine=args.engine, jobs=args.jobs,
@@ -1095,6 +1129,15 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
     return out
 
 
+class _Once(argparse.Action):
+    """An option that may be given once (``--axis`` twice would silently keep the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice (sweep a second axis with --axis2)")
+        setattr(namespace, self.dest, values)
+
+
 def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``prefetch-sim crossover`` on an argparse subparsers object."""
     p = subparsers.add_parser(
@@ -1105,8 +1148,8 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
                     + ".")
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml; with "
                                                "--figure: the figure's own)")
-    p.add_argument("--axis", help="NAME=V1,V2,... (ranges as llama-bench: 32-2048*2); NAME one of " + ", ".join(AXES))
-    p.add_argument("--axis2", help="second axis: a heatmap of speedup vs baseline")
+    p.add_argument("--axis", action=_Once, help="NAME=V1,V2,... (ranges as llama-bench: 32-2048*2); NAME one of " + ", ".join(AXES))
+    p.add_argument("--axis2", action=_Once, help="second axis: a heatmap of speedup vs baseline")
     p.add_argument("--variant", action="append", help="variant (repeatable; default: the scenario's variants)")
     p.add_argument("--test", help="base test, e.g. pp512, tg128, 'pp512 @ d8192' (default: the scenario's first)")
     p.add_argument("--baseline", default="baseline",
@@ -1118,5 +1161,9 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--figure", help="build a built-in figure: " + ", ".join(FIGURES) + ", their names, or all")
     p.add_argument("--out", default="out/crossover", help="output directory (default out/crossover)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    from .bounds import WORK_MAX
+
+    p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
+                   help=f"refuse a sweep that would build more than N graph-layers (default {WORK_MAX:,})")
     p.set_defaults(func=cmd_crossover)
     return p

@@ -52,6 +52,7 @@ Units: seconds and bytes unless a name says otherwise.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
@@ -458,6 +459,12 @@ def read_table(path) -> pd.DataFrame:
     Raises:
         ValueError: a missing column, no rows, or a non-positive/non-finite ``t_us``.
     """
+    from .bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
+
+    if isinstance(path, (str, Path)):
+        if not Path(path).exists():
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        check_text_input(path)
     df = pd.read_csv(path)
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     if missing:
@@ -467,12 +474,16 @@ def read_table(path) -> pd.DataFrame:
     t = pd.to_numeric(df["t_us"], errors="coerce")
     if not (np.isfinite(t) & (t > 0)).all():
         raise ValueError("kernel table has a non-positive, missing or infinite t_us")
+    if ((t * 1e-6 < DURATION_MIN_S) | (t * 1e-6 > DURATION_MAX_S)).any():
+        raise ValueError(f"kernel table has a t_us outside [{DURATION_MIN_S * 1e6:g}, {DURATION_MAX_S * 1e6:g}] us "
+                         "(not physical for one kernel)")
     df["t_us"] = t
     for c in ("m", "n", "k", "bs", "nr", "hd", "nh", "nkv", "kv", "nb"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
-        bad = df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0))
+        bad = df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0) & (df[c] <= INT32_MAX))
         if bad.any():
-            raise ValueError(f"kernel table column {c} has a negative or infinite value")
+            raise ValueError(f"kernel table column {c} has a negative, infinite or too large value (a shape "
+                             f"must be <= {INT32_MAX})")
     df["type"] = df["type"].fillna("").astype(str).str.upper()
     bad_b = ~df["backend"].isin(["gpu", "cpu"])
     if bad_b.any():

@@ -323,9 +323,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         PlacementError: no variant fits.
     """
     from .builder import build_plan, make_context
-    from .cli import load_scenario_with_overrides
+    from .cli import check_plan_work, load_scenario_with_overrides
     from .crossover import parse_test
-    from .metrics import rep_rng
+    from .metrics import fit_context_to_tests, rep_rng
 
     if args.max_rows < 0:
         raise ScenarioError(f"must be >= 0, got {args.max_rows}", field="--max-rows")
@@ -338,6 +338,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         chosen.append((tests.index(t) if t in tests else len(tests), t))
     if not chosen:
         chosen = list(enumerate(tests))
+    # the context fits every chosen test, and the VRAM check of make_context sees it (as run's)
+    scn = fit_context_to_tests(scn, [t for _, t in chosen] + list(tests))
+    check_plan_work(scn, [t for _, t in chosen], args)
     total = 0
     built = 0
     for variant in scn.variants:

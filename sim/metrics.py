@@ -91,8 +91,20 @@ def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
 
 
 def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
-    """Durations from the cost model, then the engine's schedule."""
-    return engines.run(plan, plan_durations(plan, scn.hardware), engine=engine)
+    """Durations from the cost model (checked finite and >= 0 before use), then the engine's schedule.
+
+    Raises:
+        ScenarioError: a duration is infinite, NaN or negative (inputs outside any physical range).
+    """
+    from .errors import ScenarioError
+
+    dur = plan_durations(plan, scn.hardware)
+    arr = np.asarray(dur, dtype=float)
+    if arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
+        i = int(np.argmax(~np.isfinite(arr) | (arr < 0)))
+        raise ScenarioError(f"op {i} ({plan.ops[i].name}) gets a duration of {arr.flat[i]} s: the inputs are outside "
+                            "any physical range", file=scn.file)
+    return engines.run(plan, dur, engine=engine)
 
 
 def transfer_stats(plan: Plan, sched: Schedule) -> tuple[float, float]:

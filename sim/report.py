@@ -428,6 +428,13 @@ def _md_cell(row: BenchRow, col: str) -> str:
     return _text(FIELD_BY_NAME[col].type, v[col])
 
 
+def md_escape(text: str) -> str:
+    """A table cell that cannot break the markdown table: ``|`` escaped as ``\\|``, line breaks
+    and other control characters as spaces."""
+    text = "".join(" " if (ord(ch) < 32 or ch in "\x7f\u2028\u2029\x85") else ch for ch in text)
+    return text.replace("|", "\\|")
+
+
 def _md_width(col: str) -> int:
     if col in _MD_WIDTH:
         return _MD_WIDTH[col]
@@ -462,13 +469,13 @@ def build_line(rows: Sequence[BenchRow]) -> str:
             if p not in profiles:
                 profiles.append(p)
     parts += profiles
-    return f"build: simulated ({', '.join(parts)})"
+    return md_escape(f"build: simulated ({', '.join(parts)})")
 
 
 def _format_md(rows: Sequence[BenchRow], n_threads_default: int | None) -> str:
     cols = md_columns(rows, n_threads_default)
     heads = [_MD_NAME.get(c, c) for c in cols]
-    cells = [[_md_cell(r, c) for c in cols] for r in rows]
+    cells = [[md_escape(_md_cell(r, c)) for c in cols] for r in rows]
     widths = [max([abs(_md_width(c)), len(h)] + [len(row[i]) for row in cells]) for i, (c, h) in
               enumerate(zip(cols, heads))]
     right = [_md_width(c) > 0 for c in cols]

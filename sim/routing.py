@@ -386,8 +386,11 @@ def _load_trace_cached(key, path: str, n_expert: int, top_k: int, n_layer: int,
     def err(field: str, msg: str) -> ScenarioError:
         return ScenarioError(msg, file=p, field=field)
 
-    if not p.is_file():
+    from .bounds import check_text_input
+
+    if not p.exists():
         raise ScenarioError("routing trace file not found", file=p)
+    check_text_input(p)
     try:
         df = pd.read_csv(p, comment="#", dtype=str, keep_default_na=False, skipinitialspace=True)
     except pd.errors.EmptyDataError:
@@ -407,6 +410,10 @@ def _load_trace_cached(key, path: str, n_expert: int, top_k: int, n_layer: int,
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             raise err(f"{col}, row {i + 1}", f"expected an integer, got {df[col].iloc[i]!r}")
+        big = s.str.lstrip("+-").str.lstrip("0").str.len() > 9  # > 999,999,999: past any layer/token/id
+        if big.any():
+            i = int(np.argmax(big.to_numpy()))
+            raise err(f"{col}, row {i + 1}", f"{df[col].iloc[i]} is out of range (at most 9 digits)")
         return s.astype(np.int64).to_numpy()
 
     layer = int_column("layer")
@@ -425,10 +432,11 @@ def _load_trace_cached(key, path: str, n_expert: int, top_k: int, n_layer: int,
             raise err(f"experts, row {i + 1}", f"expected {top_k} ids (the model's top-k), got {counts[i]}: "
                                                 f"{df['experts'].iloc[i]!r}")
         flat = pd.Series([v for row in parts for v in row], dtype=str)
-        bad = ~flat.str.fullmatch(r"[+-]?\d+")
+        bad = ~flat.str.fullmatch(r"[+-]?\d{1,9}")
         if bad.any():
             i = int(np.argmax(bad.to_numpy())) // top_k
-            raise err(f"experts, row {i + 1}", f"expected integer expert ids, got {df['experts'].iloc[i]!r}")
+            raise err(f"experts, row {i + 1}", f"expected integer expert ids (at most 9 digits), got "
+                                                f"{df['experts'].iloc[i]!r}")
         ids = flat.astype(np.int64).to_numpy().reshape(-1, top_k)
         id_field = lambda i, j: f"experts, row {i + 1}"  # noqa: E731
     else:
@@ -532,10 +540,18 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
             if moe is None:
                 spec = RoutingSpec(kind="skewed")
             else:
+                _check_points(f, "fit_points", pts, n_expert, top_k)
                 try:
-                    spec = fit_skew(pts, n_expert, top_k)
+                    fit = fit_skew_detailed(pts, n_expert, top_k)
                 except ValueError as exc:
                     raise f.error("fit_points", str(exc)) from None
+                miss = [(b, y, fy) for (b, y), fy in zip(pts, fit.fitted_fractions) if abs(fy - y) > FIT_POINT_TOL]
+                if miss:
+                    b, y, fy = miss[0]
+                    raise f.error("fit_points", f"no skewed routing reproduces these points: the best fit gives "
+                                                f"{fy:.3f} at {b} tokens where {y:g} is asked (more than "
+                                                f"{FIT_POINT_TOL:g} off)")
+                spec = fit.spec
         else:
             s = f.float("zipf_s", LAGUNA_ZIPF_S, min=0.0, max=FIT_ZIPF_S_MAX * 10)
             d = f.float("cold_share", LAGUNA_COLD_SHARE, min=0.0)
@@ -547,9 +563,12 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
             spec = RoutingSpec(kind="skewed", zipf_s=s, cold_share=d)
     elif kind == "trace":
         p = f.path("trace_file")
-        if not p.is_file():
+        if not p.exists() or p.is_dir():
             what = "is a folder, not a file" if p.is_dir() else "not found"
             raise f.error("trace_file", f"routing trace {what}: {p}")
+        from .bounds import check_text_input
+
+        check_text_input(p, file=f.file, field=f.name("trace_file"))
         spec = RoutingSpec(kind="trace", trace_file=p)
         if moe is not None:
             load_trace(p, n_expert=n_expert, top_k=top_k, n_layer=model.n_layer,
@@ -558,16 +577,48 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
     return spec
 
 
+#: largest miss of a fitted fraction from a ``fit_points`` point: the reported fractions carry two
+#: digits and the simulator reproduces published figures "within a few points" (docs/DESIGN.md)
+FIT_POINT_TOL = 0.02
+
+
+def _check_points(f: Fields, key: str, pts: list[tuple[int, float]], n_expert: int, top_k: int) -> None:
+    """Points any routing could produce: distinct token counts; the fraction copied never
+    decreases with tokens (a ubatch's experts include a smaller one's); at ``B`` tokens it
+    lies in ``[k/E, min(1, B*k/E)]`` (one token uses k distinct experts).
+
+    Raises:
+        ScenarioError: naming the field and the first impossible point.
+    """
+    order = sorted(range(len(pts)), key=lambda i: pts[i][0])
+    for a, b in zip(order, order[1:]):
+        (ba, ya), (bb, yb) = pts[a], pts[b]
+        if ba == bb:
+            raise ScenarioError(f"{ba} tokens given twice", file=f.file, field=f"{f.name(key)}[{b}]")
+        if yb < ya:
+            raise ScenarioError(f"the fraction copied cannot fall as tokens grow: {ya:g} at {ba} tokens but {yb:g} "
+                                f"at {bb}", file=f.file, field=f"{f.name(key)}[{b}]")
+    for i, (b, y) in enumerate(pts):
+        lo, hi = top_k / n_expert, min(1.0, b * top_k / n_expert)
+        if not lo - 1e-9 <= y <= hi + 1e-9:
+            raise ScenarioError(f"at {b} tokens a top-{top_k} of {n_expert} experts copies between {lo:.4g} and "
+                                f"{hi:.4g} of the experts, got {y:g}", file=f.file, field=f"{f.name(key)}[{i}]")
+
+
 def _read_points(f: Fields, key: str) -> list[tuple[int, float]]:
+    from .bounds import LIST_VALUES_MAX, TOKENS_MAX
+
     raw = f.raw(key)
     if not isinstance(raw, list) or not raw:
         raise f.error(key, "expected a list of [tokens, fraction] pairs, e.g. [[34, 0.44], [2048, 0.84]]")
+    if len(raw) > LIST_VALUES_MAX:
+        raise f.error(key, f"{len(raw)} points, more than the limit of {LIST_VALUES_MAX}")
     out = []
     for i, pt in enumerate(raw):
         fld = f"{f.name(key)}[{i}]"
         ok = (isinstance(pt, list) and len(pt) == 2 and isinstance(pt[0], int) and not isinstance(pt[0], bool)
               and isinstance(pt[1], (int, float)) and not isinstance(pt[1], bool))
-        if not ok or pt[0] < 1 or not 0 < pt[1] <= 1:
+        if not ok or not 1 <= pt[0] <= TOKENS_MAX or not 0 < pt[1] <= 1:
             raise ScenarioError(f"expected [tokens >= 1, 0 < fraction <= 1], got {pt!r}", file=f.file, field=fld)
         out.append((int(pt[0]), float(pt[1])))
     return out

@@ -409,21 +409,24 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     f = Fields(data, path)
     m = f.sub("model", required=True)
     name = m.str("name")
-    n_layer = m.int("n_layer", min=1)
-    d_model = m.int("d_model", min=1)
-    n_head = m.int("n_head", min=1)
-    n_head_kv = m.int("n_head_kv", n_head, min=1)
+    from .bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
+
+    n_layer = m.int("n_layer", min=1, max=LAYERS_MAX)
+    d_model = m.int("d_model", min=1, max=DIM_MAX)
+    n_head = m.int("n_head", min=1, max=COUNT_MAX)
+    n_head_kv = m.int("n_head_kv", n_head, min=1, max=COUNT_MAX)
     if n_head % n_head_kv:
         raise m.error("n_head_kv", f"must divide n_head ({n_head}), got {n_head_kv}")
-    head_dim = m.int("head_dim", d_model // n_head, min=1)
-    n_vocab = m.int("n_vocab", min=1)
-    n_ff = m.int("n_ff", 0, min=0)
+    head_dim = m.int("head_dim", max(1, d_model // n_head), min=1, max=DIM_MAX)
+    n_vocab = m.int("n_vocab", min=1, max=DIM_MAX)
+    n_ff = m.int("n_ff", 0, min=0, max=DIM_MAX)
     attn_kind = m.str("attn_kind", "full", choices=("full", "hybrid", "linear"))
-    full_attn_interval = m.int("full_attn_interval", 1 if attn_kind == "full" else 4, min=1)
-    sliding_window = m.int("sliding_window", 0, min=0)
-    swa_interval = m.int("swa_interval", 0, min=0)
-    linear_state_dim = m.int("linear_state_dim", 128, min=1)
-    kv_bytes = m.float("kv_bytes_per_elem", 2.0, positive=True)
+    full_attn_interval = m.int("full_attn_interval", 1 if attn_kind == "full" else 4, min=1, max=LAYERS_MAX)
+    sliding_window = m.int("sliding_window", 0, min=0, max=DIM_MAX)
+    swa_interval = m.int("swa_interval", 0, min=0, max=LAYERS_MAX)
+    linear_state_dim = m.int("linear_state_dim", 128, min=1, max=DIM_MAX)
+    # bytes per KV element: a quantised cache has ~0.5 (q4_0), f32 4; 8 leaves room
+    kv_bytes = m.float("kv_bytes_per_elem", 2.0, min=1 / 16, max=8.0)
     source = m.str("source", "")
     arch = m.str("arch", "")
     # gemma3 ties its output head to token_embd (the GGUF has no output.weight)
@@ -433,16 +436,16 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     moe = None
     if f.has("moe"):
         e = f.sub("moe")
-        n_expert = e.int("n_expert", min=1)
-        n_used = e.int("n_expert_used", min=1)
+        n_expert = e.int("n_expert", min=1, max=COUNT_MAX)
+        n_used = e.int("n_expert_used", min=1, max=COUNT_MAX)
         if n_used > n_expert:
             raise e.error("n_expert_used", f"top-k {n_used} exceeds n_expert {n_expert}")
         moe = MoESpec(
             n_expert=n_expert,
             n_expert_used=n_used,
-            n_ff_exp=e.int("n_ff_exp", min=1),
-            n_expert_shared=e.int("n_expert_shared", 0, min=0),
-            n_ff_shexp=e.int("n_ff_shexp", 0, min=0),
+            n_ff_exp=e.int("n_ff_exp", min=1, max=DIM_MAX),
+            n_expert_shared=e.int("n_expert_shared", 0, min=0, max=COUNT_MAX),
+            n_ff_shexp=e.int("n_ff_shexp", 0, min=0, max=DIM_MAX),
             n_layer_dense_lead=e.int("n_layer_dense_lead", 0, min=0, max=n_layer),
             fused_gate_up=e.bool("fused_gate_up", False),
         )
@@ -478,6 +481,9 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
         group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
         arch=arch, quant_preset=preset.upper(), quant_explicit=explicit, tied_embeddings=tied,
     )
+    from .bounds import check_kind
+
+    check_kind(float(sum(t.nbytes for t in spec.tensors)), "bytes", file=path, field="model")
     for t in spec.tensors:
         blk = GGML_BLOCK.get(t.ggml_type, (1, 0))[0]
         if t.ggml_type and t.n_in % blk:
@@ -710,11 +716,12 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     g = f.sub("hardware", required=True)
     sources: dict[str, str] = {}
 
-    def num(key: str, scale: float, default: Any = None, positive: bool = True) -> float:
-        """A sourced number times ``scale``: finite, and > 0 (``positive``) or >= 0 (a cost)."""
+    def num(key: str, scale: float, default: Any = None, positive: bool = True, kind: str | None = None) -> float:
+        """A sourced number times ``scale``: finite, > 0 (``positive``) or >= 0 (a cost), and
+        within the physical bounds of ``kind`` (:data:`sim.bounds.KINDS`) after scaling."""
         if default is not None and not g.has(key):
             return default
-        v, s = g.sourced(key, positive=positive)  # finite (checked there)
+        v, s = g.sourced(key, positive=positive, scale=scale, kind=kind)  # finite, bounded (checked there)
         if v < 0:
             raise g.error(key, f"a cost must be >= 0, got {v}")
         sources[key] = s
@@ -724,37 +731,37 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     gpu_name = g.str("gpu_name", name)
     backend = g.str("backend", default_backend(gpu_name, name))
     n_gpu = g.int("n_gpu", 1, min=1, max=16)
-    vram = num("vram_gb", GB)
-    reserved = num("vram_reserved_gb", GB, default=0.5 * GB)
+    vram = num("vram_gb", GB, kind="bytes")
+    reserved = num("vram_reserved_gb", GB, default=0.5 * GB, kind="bytes")
     if reserved >= vram:
         raise g.error("vram_reserved_gb", f"{reserved / GB:g} GB reserved leaves nothing of vram_gb {vram / GB:g} GB")
-    flops = num("gpu_tflops", 1e12)
-    eff = num("gemm_efficiency", 1.0, default=0.7)
-    hbm = num("hbm_gb_per_s", GB)
-    hbm_eff = num("hbm_efficiency", 1.0, default=0.8)
-    kernel_s = num("kernel_us", 1e-6, default=5e-6)
-    pin_bw = num("h2d_pinned_gb_per_s", GB)
-    pin_lat = num("h2d_pinned_latency_us", 1e-6, default=10e-6)
-    pag_bw = num("h2d_pageable_gb_per_s", GB)
-    pag_lat = num("h2d_pageable_latency_us", 1e-6, default=20e-6)
-    d2h_bw = num("d2h_gb_per_s", GB, default=pin_bw)
-    d2h_lat = num("d2h_latency_us", 1e-6, default=15e-6)
-    host_sync = num("host_sync_us", 1e-6, default=10e-6)
-    issue = num("op_issue_us", 1e-6, default=4e-6, positive=False)
-    event = num("event_us", 1e-6, default=2e-6)
-    cpu_bw = num("cpu_gb_per_s", GB)
-    cpu_flops = num("cpu_tflops", 1e12, default=1e12)
-    cpu_op = num("cpu_op_us", 1e-6, default=0.0)
-    ex_issue = num("executor_op_issue_us", 1e-6, default=0.0)
-    ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False) for k in EXECUTOR_LAUNCH_KINDS
+    flops = num("gpu_tflops", 1e12, kind="flops_per_s")
+    eff = num("gemm_efficiency", 1.0, default=0.7, kind="efficiency")
+    hbm = num("hbm_gb_per_s", GB, kind="bytes_per_s")
+    hbm_eff = num("hbm_efficiency", 1.0, default=0.8, kind="efficiency")
+    kernel_s = num("kernel_us", 1e-6, default=5e-6, kind="duration_s")
+    pin_bw = num("h2d_pinned_gb_per_s", GB, kind="bytes_per_s")
+    pin_lat = num("h2d_pinned_latency_us", 1e-6, default=10e-6, kind="duration_s")
+    pag_bw = num("h2d_pageable_gb_per_s", GB, kind="bytes_per_s")
+    pag_lat = num("h2d_pageable_latency_us", 1e-6, default=20e-6, kind="duration_s")
+    d2h_bw = num("d2h_gb_per_s", GB, default=pin_bw, kind="bytes_per_s")
+    d2h_lat = num("d2h_latency_us", 1e-6, default=15e-6, kind="duration_s")
+    host_sync = num("host_sync_us", 1e-6, default=10e-6, kind="duration_s")
+    issue = num("op_issue_us", 1e-6, default=4e-6, positive=False, kind="duration_s")
+    event = num("event_us", 1e-6, default=2e-6, kind="duration_s")
+    cpu_bw = num("cpu_gb_per_s", GB, kind="bytes_per_s")
+    cpu_flops = num("cpu_tflops", 1e12, default=1e12, kind="flops_per_s")
+    cpu_op = num("cpu_op_us", 1e-6, default=0.0, kind="duration_s")
+    ex_issue = num("executor_op_issue_us", 1e-6, default=0.0, kind="duration_s")
+    ex_by_kind = {k: num(f"executor_issue_{k}_us", 1e-6, positive=False, kind="duration_s") for k in EXECUTOR_LAUNCH_KINDS
                   if g.has(f"executor_issue_{k}_us")}
-    ex_hw = num("executor_host_work_us", 1e-6, default=0.0, positive=False)
-    ex_hw_id = num("executor_host_work_ns_per_id", 1e-9, default=0.0, positive=False)
-    ex_busy = {k: num(f"executor_busy_issue_{k}_us", 1e-6, positive=False) for k in EXECUTOR_LAUNCH_KINDS
+    ex_hw = num("executor_host_work_us", 1e-6, default=0.0, positive=False, kind="duration_s")
+    ex_hw_id = num("executor_host_work_ns_per_id", 1e-9, default=0.0, positive=False, kind="duration_s")
+    ex_busy = {k: num(f"executor_busy_issue_{k}_us", 1e-6, positive=False, kind="duration_s") for k in EXECUTOR_LAUNCH_KINDS
                if g.has(f"executor_busy_issue_{k}_us")}
-    ex_cpu_op = num("executor_cpu_op_us", 1e-6, default=0.0, positive=False)
-    ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0)
-    ex_scale = num("executor_busy_scale", 1.0, default=1.0)
+    ex_cpu_op = num("executor_cpu_op_us", 1e-6, default=0.0, positive=False, kind="duration_s")
+    ex_cpu_bw = num("executor_cpu_gb_per_s", GB, default=0.0, kind="bytes_per_s")
+    ex_scale = num("executor_busy_scale", 1.0, default=1.0, kind="scale")
     sem = g.str("event_semantics", "record_point", choices=("record_point", "stream_tail"))
     # a pageable H2D blocks the host on CUDA (cudaMemcpyAsync stages it through a pinned bounce
     # buffer before returning); ROCm's runtime pins the pages on the fly and returns, so the copy
@@ -819,8 +826,9 @@ def _load_ggml(g: Fields):
 
     sources: dict[str, str] = {}
 
-    def num(key: str, scale: float, positive: bool = True) -> float:
-        v, src = g.sourced(key, positive=positive)
+    def num(key: str, scale: float, positive: bool = True, kind: str = "duration_s") -> float:
+        """A sourced number times ``scale``, within the physical bounds of ``kind``."""
+        v, src = g.sourced(key, positive=positive, scale=scale, kind=kind)
         if v < 0:
             raise g.error(key, f"a cost must be >= 0, got {v}")
         sources[key] = src
@@ -836,9 +844,9 @@ def _load_ggml(g: Fields):
         except ValueError as exc:
             raise g.error(key, f"{g.path(key)}: {exc}") from None
     out = GgmlKernels(
-        gpu=gpu, cpu=cpu, l2_bytes=num("l2_mb", 2**20), floor_s=num("kernel_floor_us", 1e-6, positive=False),
-        ew_bytes_per_s=num("ew_gb_per_s", GB), cpu_op_s=num("cpu_op_us", 1e-6, positive=False),
-        cpu_ew_bytes_per_s=num("cpu_ew_gb_per_s", GB), graph_s=num("graph_us", 1e-6, positive=False),
+        gpu=gpu, cpu=cpu, l2_bytes=num("l2_mb", 2**20, kind="bytes"), floor_s=num("kernel_floor_us", 1e-6, positive=False),
+        ew_bytes_per_s=num("ew_gb_per_s", GB, kind="bytes_per_s"), cpu_op_s=num("cpu_op_us", 1e-6, positive=False),
+        cpu_ew_bytes_per_s=num("cpu_ew_gb_per_s", GB, kind="bytes_per_s"), graph_s=num("graph_us", 1e-6, positive=False),
         split_s=num("split_us", 1e-6, positive=False),
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
@@ -867,7 +875,10 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
     import numpy as np
     import pandas as pd
 
+    from .bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
+
     p = g.path(key)
+    check_text_input(p, file=g.file, field=g.name(key))
     try:
         df = pd.read_csv(p, comment="#")
     except FileNotFoundError:
@@ -890,10 +901,18 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
     t = df["t_s"].to_numpy(dtype=float)
     if not (np.isfinite(t) & (t > 0)).all():
         raise g.error(key, f"table {p} has a non-positive, infinite or missing t_s")
+    if ((t < DURATION_MIN_S) | (t > DURATION_MAX_S)).any():
+        row = int(((t < DURATION_MIN_S) | (t > DURATION_MAX_S)).nonzero()[0][0])
+        raise g.error(key, f"table {p}: t_s {t[row]:g} s (data row {row + 1}) is not physical for one kernel "
+                           f"(must lie in [{DURATION_MIN_S:g}, {DURATION_MAX_S:g}] s)")
     dims = [c for c in columns if c != "t_s"]
     d = df[dims].to_numpy(float)
     if not np.isfinite(d).all() or (d < 0).any():
         raise g.error(key, f"table {p} has negative, infinite or missing values in {', '.join(dims)}")
+    if (d > INT32_MAX).any() or (d != np.floor(d)).any():
+        row, col = (int(v) for v in np.argwhere((d > INT32_MAX) | (d != np.floor(d)))[0])
+        raise g.error(key, f"table {p}: {dims[col]} = {d[row, col]:g} (data row {row + 1}) must be a whole "
+                           f"number <= {INT32_MAX} (a shape)")
     zero = [c for c in dims if c not in zero_ok and (df[c] == 0).any()]
     if zero:
         raise g.error(key, f"table {p}: column {zero[0]} must be >= 1 (a shape of zero has no time)")
@@ -974,6 +993,9 @@ class Placement:
 
 
 def placement_from_fields(p: Fields) -> Placement:
+    """A ``[placement]`` table (llama.cpp's placement flags; sizes bounded by :mod:`sim.bounds`)."""
+    from .bounds import INT32_MAX, TOKENS_MAX
+
     rules = []
     raw = p.raw("override_tensor", [])
     if isinstance(raw, str):
@@ -996,16 +1018,16 @@ def placement_from_fields(p: Fields) -> Placement:
     cache = p.raw("expert_cache_experts", 0)
     if cache == "auto":
         cache = -1
-    elif isinstance(cache, bool) or not isinstance(cache, int) or cache < 0:
+    elif isinstance(cache, bool) or not isinstance(cache, int) or cache < 0 or cache > INT32_MAX:
         raise p.error("expert_cache_experts", f"expected a count >= 0 or \"auto\", got {cache!r}")
     return Placement(
-        ngl=p.int("ngl", 999, min=0),
-        n_cpu_moe=p.int("n_cpu_moe", 0, min=0),
+        ngl=p.int("ngl", 999, min=0, max=INT32_MAX),
+        n_cpu_moe=p.int("n_cpu_moe", 0, min=0, max=INT32_MAX),
         override_tensor=tuple(rules),
         pinned=host_memory == "pinned",
         expert_cache_experts=cache,
-        op_offload_min_batch=p.int("op_offload_min_batch", 32, min=1),
-        ctx_size=p.int("ctx_size", 4096, min=1),
+        op_offload_min_batch=p.int("op_offload_min_batch", 32, min=1, max=TOKENS_MAX),
+        ctx_size=p.int("ctx_size", 4096, min=1, max=TOKENS_MAX),
         fit_experts=p.bool("fit_experts", False),
         tensor_split=_tensor_split(p),
         flash_attn=p.bool("flash_attn", True),
@@ -1079,17 +1101,20 @@ class Workload:
 
 
 def workload_from_fields(w: Fields) -> Workload:
-    n_ubatch = w.int("n_ubatch", 512, min=1)
-    n_batch = w.int("n_batch", 2048, min=1)
+    """A ``[workload]`` table (llama-bench's test matrix; sizes bounded by :mod:`sim.bounds`)."""
+    from .bounds import REPETITIONS_MAX, TOKENS_MAX
+
+    n_ubatch = w.int("n_ubatch", 512, min=1, max=TOKENS_MAX)
+    n_batch = w.int("n_batch", 2048, min=1, max=TOKENS_MAX)
     if n_ubatch > n_batch:
         n_ubatch = n_batch  # llama.cpp clamps ubatch to batch
     wl = Workload(
-        n_prompt=w.int_list("n_prompt", (512,), min=0),
-        n_gen=w.int_list("n_gen", (128,), min=0),
-        n_depth=w.int_list("n_depth", (0,), min=0),
+        n_prompt=w.int_list("n_prompt", (512,), min=0, max=TOKENS_MAX),
+        n_gen=w.int_list("n_gen", (128,), min=0, max=TOKENS_MAX),
+        n_depth=w.int_list("n_depth", (0,), min=0, max=TOKENS_MAX),
         n_ubatch=n_ubatch,
         n_batch=n_batch,
-        repetitions=w.int("repetitions", 5, min=1, max=1000),
+        repetitions=w.int("repetitions", 5, min=1, max=REPETITIONS_MAX),
     )
     if not wl.tests():
         raise w.error("n_prompt", "no test to run: every -p and -n value is 0")
@@ -1187,6 +1212,9 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
 
 
 def variant_from_fields(v: Fields) -> Variant:
+    """A ``[[variant]]`` table: ``spec = "slots3"`` (and a ``name``) or a name with its fields."""
+    from .bounds import COUNT_MAX, TOKENS_MAX
+
     if v.has("spec"):
         var = parse_variant(v.str("spec"), file=v.file, field_name=v.name("spec"))
         name = v.str("name", var.name)
@@ -1194,17 +1222,32 @@ def variant_from_fields(v: Fields) -> Variant:
         return replace(var, name=name)
     if not v.has("name"):
         raise v.error("spec", "a [[variant]] needs spec (e.g. spec = 'slots3') or a name with its fields")
-    gate = v.int("gate_min_batch", None, min=1) if v.has("gate_min_batch") else None
+    gate = v.int("gate_min_batch", None, min=1, max=TOKENS_MAX) if v.has("gate_min_batch") else None
     var = Variant(
         name=v.str("name"),
         prefetch_weights=v.bool("prefetch_weights", gate is not None),
         gate_min_batch=gate,
-        expert_slots=v.int("expert_slots", 0, min=0),
+        expert_slots=v.int("expert_slots", 0, min=0, max=COUNT_MAX),
         expert_cache=v.str("expert_cache", "none", choices=CACHE_POLICIES),
         selective_copy=v.bool("selective_copy", True),
     )
     v.check_unknown()
     return var
+
+
+def check_distinct_variants(variants, *, file=None, field: str = "variant") -> None:
+    """Two variants with the same policy under different names would run the same plan twice.
+
+    Raises:
+        ScenarioError: naming both.
+    """
+    seen: dict[tuple, str] = {}
+    for v in variants:
+        key = (v.prefetch_weights, v.gate_min_batch, v.expert_slots, v.expert_cache, v.selective_copy)
+        if key in seen:
+            raise ScenarioError(f"variants '{seen[key]}' and '{v.name}' are the same policy (it would run twice)",
+                                file=file, field=field)
+        seen[key] = v.name
 
 
 DEFAULT_VARIANTS = ("baseline", "prefetch_ungated", "prefetch_gated_512", "slots3")
@@ -1249,6 +1292,8 @@ def load_scenario(path: str | Path) -> Scenario:
     from .resources import resolve_field
     from .routing import routing_from_fields
 
+    from .bounds import BYTES_MAX
+
     data = load_toml(path)
     f = Fields(data, path)
     s = f.sub("scenario", required=True)
@@ -1262,7 +1307,7 @@ def load_scenario(path: str | Path) -> Scenario:
         if not p.is_file():
             raise s.error(key, f"file not found: {p}")
     seed = s.int("seed", 0, min=0)
-    cbuf = s.float("compute_buffer_mib", None, min=0) if s.has("compute_buffer_mib") else None
+    cbuf = s.float("compute_buffer_mib", None, min=0, max=BYTES_MAX / 2**20) if s.has("compute_buffer_mib") else None
     s.check_unknown()
     model = load_model(model_path)
     hardware = load_hardware(hw_path)
@@ -1298,6 +1343,9 @@ def load_scenario(path: str | Path) -> Scenario:
     else:
         if not isinstance(raw_vars, list):
             raise f.error("variant", "expected [[variant]] tables")
+        if not raw_vars:
+            raise f.error("variant", "an empty list runs nothing: leave variant out for the standard four, or "
+                                     "give [[variant]] tables")
         for i, tbl in enumerate(raw_vars):
             vf = Fields(tbl, path, f"variant[{i}]")
             variants.append(variant_from_fields(vf))
@@ -1309,6 +1357,7 @@ def load_scenario(path: str | Path) -> Scenario:
                                 field=f"variant[{i}].name")
     if len(set(names)) != len(names):
         raise f.error("variant", f"duplicate variant names: {names}")
+    check_distinct_variants(variants, file=path)
     f.check_unknown()
     return Scenario(
         name=name, model=model, hardware=hardware, placement=placement, workload=workload,

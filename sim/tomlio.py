@@ -19,25 +19,37 @@ _MISSING = object()
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file.
+    """Parse a TOML file: a regular file of bounded size (:func:`sim.bounds.check_text_input`),
+    UTF-8 with or without a byte-order mark, nested at most :data:`sim.bounds.TOML_DEPTH_MAX` deep.
 
     Raises:
-        ScenarioError: the file is missing, unreadable or not valid TOML.
+        ScenarioError: the file is missing, unreadable, not a regular file, too large, too
+            deeply nested or not valid TOML.
     """
+    from .bounds import check_depth, check_text_input
+
     p = Path(path)
+    check_text_input(p)
     try:
         with p.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ScenarioError("file not found", file=p) from None
+            raw = fh.read()
     except IsADirectoryError:
         raise ScenarioError("is a directory, expected a TOML file", file=p) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"not valid TOML: {exc}", file=p) from None
-    except UnicodeDecodeError:
-        raise ScenarioError("not valid TOML: not UTF-8 text", file=p) from None
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror}", file=p) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ScenarioError("not valid TOML: not UTF-8 text", file=p) from None
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark (Windows editors write one)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"not valid TOML: {exc}", file=p) from None
+    except RecursionError:
+        raise ScenarioError("not valid TOML: nested too deeply", file=p) from None
+    check_depth(data, file=p)
+    return data
 
 
 class Fields:
@@ -58,15 +70,19 @@ class Fields:
         self._used: set[str] = set()
 
     def name(self, key: str) -> str:
+        """The dotted name of ``key`` in the file (``placement.ngl``)."""
         return f"{self.prefix}.{key}" if self.prefix else key
 
     def error(self, key: str, message: str) -> ScenarioError:
+        """The ScenarioError for ``key``, naming this file and the dotted field."""
         return ScenarioError(message, file=self.file, field=self.name(key))
 
     def has(self, key: str) -> bool:
+        """True if the table has ``key``."""
         return key in self.table
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
+        """The raw value of ``key`` (marked as read), else ``default``; missing without a default: an error."""
         self._used.add(key)
         if key not in self.table:
             if default is _MISSING:
@@ -75,12 +91,14 @@ class Fields:
         return self.table[key]
 
     def sub(self, key: str, required: bool = False) -> Fields:
+        """The sub-table ``key`` as a view (empty when absent and not ``required``)."""
         val = self.raw(key, _MISSING if required else None)
         if val is not None and not isinstance(val, Mapping):
             raise self.error(key, f"expected a table, got {type(val).__name__}")
         return Fields(val, self.file, self.name(key))
 
     def int(self, key: str, default: Any = _MISSING, *, min: int | None = None, max: int | None = None) -> int:
+        """An integer (not a bool) within ``min``/``max``; ``max`` defaults to int64's largest."""
         val = self.raw(key, default)
         if val is None:
             return val
@@ -88,12 +106,18 @@ class Fields:
             raise self.error(key, f"expected an integer, got {val!r}")
         if min is not None and val < min:
             raise self.error(key, f"must be >= {min}, got {val}")
-        if max is not None and val > max:
+        if max is None:
+            from .bounds import INT_MAX
+
+            max = INT_MAX  # every integer field fits int64 (numpy's and llama.cpp's widest)
+        if val > max:
             raise self.error(key, f"must be <= {max}, got {val}")
         return val
 
     def float(self, key: str, default: Any = _MISSING, *, min: float | None = None,
-              max: float | None = None, positive: bool = False) -> float:
+              max: float | None = None, positive: bool = False, finite: bool = True) -> float:
+        """A number (an integer is accepted), not NaN, finite unless ``finite`` is false,
+        ``> 0`` with ``positive``, within ``min``/``max`` when given."""
         val = self.raw(key, default)
         if val is None:
             return val
@@ -102,6 +126,8 @@ class Fields:
         val = float(val)
         if val != val:
             raise self.error(key, "must not be NaN")
+        if finite and not math.isfinite(val):
+            raise self.error(key, f"must be a finite number, got {val}")
         if positive and val <= 0:
             raise self.error(key, f"must be > 0, got {val}")
         if min is not None and val < min:
@@ -111,6 +137,7 @@ class Fields:
         return val
 
     def str(self, key: str, default: Any = _MISSING, *, choices: Iterable[str] | None = None) -> str:
+        """A string, one of ``choices`` when given."""
         val = self.raw(key, default)
         if val is None:
             return val
@@ -123,23 +150,33 @@ class Fields:
         return val
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
+        """``true`` or ``false``."""
         val = self.raw(key, default)
         if not isinstance(val, bool):
             raise self.error(key, f"expected true or false, got {val!r}")
         return val
 
-    def int_list(self, key: str, default: Any = _MISSING, *, min: int | None = None) -> tuple[int, ...]:
+    def int_list(self, key: str, default: Any = _MISSING, *, min: int | None = None,
+                 max: int | None = None) -> tuple[int, ...]:
+        """A non-empty list of integers (a bare integer is a list of one), each within
+        ``min``/``max``, at most :data:`sim.bounds.LIST_VALUES_MAX` long."""
+        from .bounds import LIST_VALUES_MAX
+
         val = self.raw(key, default)
         if isinstance(val, int) and not isinstance(val, bool):
             val = [val]
         if not isinstance(val, (list, tuple)) or not val:
             raise self.error(key, f"expected a non-empty list of integers, got {val!r}")
+        if len(val) > LIST_VALUES_MAX:
+            raise self.error(key, f"{len(val)} values, more than the limit of {LIST_VALUES_MAX}")
         out = []
         for i, v in enumerate(val):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ScenarioError(f"expected an integer, got {v!r}", file=self.file, field=f"{self.name(key)}[{i}]")
             if min is not None and v < min:
                 raise ScenarioError(f"must be >= {min}, got {v}", file=self.file, field=f"{self.name(key)}[{i}]")
+            if max is not None and v > max:
+                raise ScenarioError(f"must be <= {max}, got {v}", file=self.file, field=f"{self.name(key)}[{i}]")
             out.append(v)
         return tuple(out)
 
@@ -153,11 +190,14 @@ class Fields:
             p = Path(self.file).parent / p
         return p
 
-    def sourced(self, key: str, default: Any = _MISSING, *, positive: bool = True) -> tuple[float, str]:
+    def sourced(self, key: str, default: Any = _MISSING, *, positive: bool = True, scale: float = 1.0,
+                kind: str | None = None) -> tuple[float, str]:
         """A datasheet or measured number written as ``{ value = ..., source = "..." }``.
 
         Every hardware number carries its source (docs/DESIGN.md, conventions); a bare number is an
-        error that says so.
+        error that says so. With ``kind`` (a :data:`sim.bounds.KINDS` name) the value times
+        ``scale`` (its SI value) must lie within that kind's physical bounds (0 is also accepted
+        when not ``positive``); the unscaled value is returned.
         """
         val = self.raw(key, default)
         if val is default and default is not _MISSING:
@@ -168,6 +208,14 @@ class Fields:
         num = sub.float("value", positive=positive)
         if not math.isfinite(num):
             raise sub.error("value", f"must be a finite number, got {num}")
+        if kind is not None:
+            from .bounds import check_kind
+
+            si = num * scale
+            if num != 0 and si == 0:  # 1e-320 us underflows to 0 s: a non-zero, non-physical value
+                raise self.error(key, f"{num:g} underflows to 0 after unit scaling: not physical (give 0, or a "
+                                      "value within the physical range)")
+            check_kind(si, kind, zero_ok=not positive, file=self.file, field=self.name(key))
         src = sub.str("source")
         if not src.strip():
             raise sub.error("source", "must say where the number comes from")

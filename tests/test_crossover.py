@@ -362,24 +362,30 @@ def test_builtin_figures_are_well_formed():
 
 
 def test_outputs_are_written_both_or_neither(tmp_path, monkeypatch):
-    """When the PNG cannot be written (a full disk) the CSV written just before is removed."""
+    """When the PNG cannot be written (a full disk) neither file changes: an earlier CSV of that
+    name stays as it was, and no temporary file is left."""
     import errno
+    import tempfile
 
+    import sim.atomic as A
     import sim.crossover as C
 
     scn = load_scenario(TINY)
     res = sweep(scn, [parse_axis("pcie=8,16", "--axis")], [parse_variant("prefetch_ungated")], BenchTest(64, 0, 0))
-    real = C._write_bytes_atomic
+    (tmp_path / "cx").mkdir()
+    (tmp_path / "cx" / "s.csv").write_text("earlier\n")
+    real = tempfile.mkstemp
 
-    def full(path, data):
-        if str(path).endswith(".png"):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, data)
+    def full(*a, **kw):
+        if kw.get("prefix", "").startswith(".s.png"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **kw)
 
-    monkeypatch.setattr(C, "_write_bytes_atomic", full)
+    monkeypatch.setattr(A.tempfile, "mkstemp", full)
     with pytest.raises(OSError):
         C.write_outputs(res, tmp_path / "cx", "s")
-    assert not list((tmp_path / "cx").glob("s.*"))
-    monkeypatch.setattr(C, "_write_bytes_atomic", real)
+    assert sorted(p.name for p in (tmp_path / "cx").iterdir()) == ["s.csv"]
+    assert (tmp_path / "cx" / "s.csv").read_text() == "earlier\n"
+    monkeypatch.setattr(A.tempfile, "mkstemp", real)
     out = C.write_outputs(res, tmp_path / "cx", "s")
     assert out.csv_path.exists() and out.png_path.read_bytes()[:8] == PNG_MAGIC

@@ -125,7 +125,7 @@ def test_an_unknown_model_or_hardware_name_lists_the_known_ones(tmp_path, capsys
         load_scenario(path)
     msg = str(exc.value)
     assert "\n" not in msg and str(path) in msg and "scenario.hardware" in msg
-    assert "unknown hardware 'h100'" in msg and "h200, h200-datasheet, h200-llamacpp, rtx3090" in msg
+    assert "unknown hardware 'h100'" in msg and "h200, h200-datasheet, h200-llamacpp, h200x2-llamacpp, rtx3090" in msg
     rc, out, err = run(capsys, "run", str(_scenario(tmp_path, "qwen4", "h200")))
     assert rc == 2 and not out and "unknown model 'qwen4'" in err and "qwen3-30b-a3b" in err
     assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,198 @@
+"""Physical and size bounds on every number the simulator reads (files and flags), in one place.
+
+Each bound is a named constant with the reason for its value. Loaders apply them through
+:class:`sim.tomlio.Fields` (``Fields.sourced(..., kind=...)``, ``Fields.int(..., max=...)``) and the
+command line through :func:`check_tokens` and :func:`check_work`; every error is a
+:class:`~sim.errors.ScenarioError` naming the file (or flag) and field.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import ScenarioError
+
+# --------------------------------------------------------------------------------------
+# physical quantities, in SI units after unit scaling
+# --------------------------------------------------------------------------------------
+
+#: largest byte count (VRAM, cache, L2): 1 PB, ~7,000x the largest GPU memory sold (H200: 141 GB)
+BYTES_MAX = 1e15
+#: largest bandwidth: 100 TB/s, ~20x HBM3e (4.8 TB/s), far above any PCIe or DRAM link
+BANDWIDTH_MAX_BYTES_PER_S = 1e14
+#: smallest bandwidth: 1 kB/s; anything slower turns a weight copy into days (and 1e-320 into inf)
+BANDWIDTH_MIN_BYTES_PER_S = 1e3
+#: largest compute rate: 1 EFLOP/s, ~500x a B200's dense FP8 peak
+FLOPS_MAX = 1e18
+#: smallest compute rate: 1 MFLOP/s, slower than a 1980s CPU (a smaller one gives inf durations)
+FLOPS_MIN = 1e6
+#: shortest non-zero duration: 1 ps, below any clock period (a 1e-320 us latency is not physical)
+DURATION_MIN_S = 1e-12
+#: longest duration of one op's fixed cost (a latency, launch or sync): one hour
+DURATION_MAX_S = 3600.0
+#: smallest share of peak a kernel reaches (efficiencies): 0.1 % (a smaller one means a wrong peak)
+EFFICIENCY_MIN = 1e-3
+#: range of a dimensionless scale factor (executor_busy_scale): three orders of magnitude each way
+SCALE_MIN, SCALE_MAX = 1e-3, 1e3
+
+#: physical kinds: (smallest positive value, largest value, unit for messages)
+KINDS: dict[str, tuple[float, float, str]] = {
+    "bytes": (1.0, BYTES_MAX, "bytes"),
+    "bytes_per_s": (BANDWIDTH_MIN_BYTES_PER_S, BANDWIDTH_MAX_BYTES_PER_S, "bytes/s"),
+    "flops_per_s": (FLOPS_MIN, FLOPS_MAX, "FLOP/s"),
+    "duration_s": (DURATION_MIN_S, DURATION_MAX_S, "s"),
+    "efficiency": (EFFICIENCY_MIN, 1.0, ""),
+    "scale": (SCALE_MIN, SCALE_MAX, ""),
+}
+
+# --------------------------------------------------------------------------------------
+# sizes
+# --------------------------------------------------------------------------------------
+
+#: most tokens in one prompt, generation, depth, context or batch: 16 Mi, 16x the longest
+#: context of a released model (1M); the KV cache of more would not fit in BYTES_MAX anyway
+TOKENS_MAX = 2**24
+#: most repetitions of a test: llama-bench's runs are averaged, 1000 is far past any use
+REPETITIONS_MAX = 1000
+#: most values one list flag (-p 1-1000000, --axis ubatch=1-100000000) may expand to
+LIST_VALUES_MAX = 4096
+#: largest integer any flag or file field takes: int64 (llama.cpp's and numpy's widest integer)
+INT_MAX = 2**63 - 1
+#: largest layer count, cache size or flag llama.cpp reads as a C int (-ngl, --n-cpu-moe, -t)
+INT32_MAX = 2**31 - 1
+#: most blocks in a model: the deepest released LLMs have < 200
+LAYERS_MAX = 1024
+#: largest model dimension (d_model, n_ff, n_vocab, ...): 2**24, 100x the widest released
+DIM_MAX = 2**24
+#: most heads or experts: 2**16 (released MoEs have <= 512 experts, models <= 128 heads)
+COUNT_MAX = 2**16
+#: largest text input (TOML, CSV table, routing trace): 256 MiB; shipped ones are < 1 MiB
+TEXT_INPUT_MAX_BYTES = 256 * 2**20
+#: deepest nesting of arrays/tables in a TOML input; shipped files nest 3 deep
+TOML_DEPTH_MAX = 32
+
+#: default work budget: graphs x layers x repetitions x variants x settings that one command
+#: builds (the default scenario's run builds ~80,000; the analytic engine builds ~1,000-3,000
+#: per second per core, so the budget is a few minutes); raised with --max-work
+WORK_MAX = 500_000
+
+
+def check_kind(value: float, kind: str, *, zero_ok: bool = False, file=None, field: str | None = None) -> float:
+    """``value`` (already in SI units) checked against the bounds of its physical ``kind``
+    (:data:`KINDS`); ``zero_ok``: 0 is accepted too (a cost that can be absent).
+
+    Raises:
+        ScenarioError: naming ``file`` and ``field``: not finite, or out of the bounds.
+    """
+    lo, hi, unit = KINDS[kind]
+    u = f" {unit}" if unit else ""
+    if not math.isfinite(value):
+        raise ScenarioError(f"must be finite, got {value}{u} after unit scaling", file=file, field=field)
+    if value == 0 and zero_ok:
+        return value
+    if value < lo:
+        allowed = "0 or " if zero_ok else ""
+        raise ScenarioError(f"{value:g}{u} after unit scaling is not physical: must be {allowed}>= {lo:g}{u}",
+                            file=file, field=field)
+    if value > hi:
+        raise ScenarioError(f"{value:g}{u} after unit scaling is not physical: must be <= {hi:g}{u}",
+                            file=file, field=field)
+    return value
+
+
+def check_finite(value: float, what: str, *, file=None, field: str | None = None) -> float:
+    """A derived quantity (a duration, a byte count) checked finite before use.
+
+    Raises:
+        ScenarioError: naming ``what``: the inputs give an infinite or NaN value.
+    """
+    if not math.isfinite(value):
+        raise ScenarioError(f"{what} is not finite ({value}): the inputs are out of any physical range",
+                            file=file, field=field)
+    return value
+
+
+def check_tokens(values: Iterable[int], flag: str, *, file=None) -> None:
+    """Token counts (``-p``, ``-n``, ``-d``, ``-b``, ``-ub``, a test's size) within :data:`TOKENS_MAX`.
+
+    Raises:
+        ScenarioError: naming ``flag``.
+    """
+    for v in values:
+        if v > TOKENS_MAX:
+            raise ScenarioError(f"{v} tokens is more than the simulator's limit of {TOKENS_MAX} "
+                                "(16x the longest context of a released model)", file=file, field=flag)
+
+
+def check_text_input(path: str | Path, *, file=None, field: str | None = None) -> Path:
+    """An input text file (TOML, CSV table, routing trace) is a regular file of bounded size
+    (:data:`TEXT_INPUT_MAX_BYTES`); ``/dev/zero``, a FIFO or a folder are refused before any read.
+
+    Raises:
+        ScenarioError: naming the file (or ``file`` and ``field`` when given).
+    """
+    p = Path(path)
+    where = dict(file=file if file is not None else p, field=field)
+    pre = f"{p}: " if file is not None else ""
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ScenarioError(f"{pre}file not found", **where) from None
+    except OSError as exc:
+        raise ScenarioError(f"{pre}cannot read: {exc.strerror}", **where) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(f"{pre}is a directory, expected a file", **where)
+    if not stat.S_ISREG(st.st_mode):
+        raise ScenarioError(f"{pre}not a regular file (a device, FIFO or socket cannot be an input)", **where)
+    if st.st_size > TEXT_INPUT_MAX_BYTES:
+        raise ScenarioError(f"{pre}{st.st_size} bytes is larger than the {TEXT_INPUT_MAX_BYTES // 2**20} MiB "
+                            "limit of a text input", **where)
+    return p
+
+
+def check_depth(data, *, file=None) -> None:
+    """Nesting depth of parsed TOML data at most :data:`TOML_DEPTH_MAX` (checked without recursion).
+
+    Raises:
+        ScenarioError: naming the file.
+    """
+    stack = [(data, 0)]
+    while stack:
+        obj, d = stack.pop()
+        if d > TOML_DEPTH_MAX:
+            raise ScenarioError(f"nested more than {TOML_DEPTH_MAX} levels deep", file=file)
+        if isinstance(obj, dict):
+            stack.extend((v, d + 1) for v in obj.values())
+        elif isinstance(obj, list):
+            stack.extend((v, d + 1) for v in obj)
+
+
+#: fixed work of one plan (a variant's test, one repetition) or one build context, in
+#: graph-layers: setting up, timing and summarising a plan costs about as much as 20 of them
+PLAN_OVERHEAD_UNITS = 20
+
+
+def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: int, n_variants: int) -> int:
+    """Work of one setting: (graphs built (a pp test: its ubatches, a tg test: one per token)
+    x layers + :data:`PLAN_OVERHEAD_UNITS`) x repetitions x variants, plus one context per variant."""
+    ub = max(1, min(n_ubatch, n_batch))
+    per_rep = sum((-(-t.n_prompt // ub) if t.n_prompt else t.n_gen) * max(1, n_layer) + PLAN_OVERHEAD_UNITS
+                  for t in tests)
+    return (per_rep * max(1, repetitions) + PLAN_OVERHEAD_UNITS) * max(1, n_variants)
+
+
+def check_work(work: int, budget: int | None, flag: str = "--max-work") -> None:
+    """Refuse a command whose work (:func:`work_units`) exceeds ``budget`` (default :data:`WORK_MAX`).
+
+    Raises:
+        ScenarioError: naming ``flag``, the estimate and the budget.
+    """
+    budget = WORK_MAX if budget is None else budget
+    if work > budget:
+        raise ScenarioError(f"this run would build {work:,} graph-layers (graphs x layers x repetitions x "
+                            f"variants x settings), over the budget of {budget:,}; shorten the tests or "
+                            f"raise {flag}", field=flag)
