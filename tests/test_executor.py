@@ -206,6 +206,7 @@ def test_host_ops_and_cpu_ops_run_on_the_host():
     assert any(k[1] == "blk.0.ffn_up" for k in r.outputs)  # CPU outputs are part of the digest
 
 
+@pytest.mark.slow  # ~8 s: every built plan through the stand-in executor
 def test_builder_plans_run_and_are_lossless():
     """The shipped tiny scenario through the real plan builder: every test, every variant."""
     from pathlib import Path
@@ -251,6 +252,7 @@ def test_executor_on_gpu():
         execute(prefetch_plan(6, 64 << 20, (8192, 14336, 4096), drop_free_wait=True), warmup=0)
 
 
+@pytest.mark.slow  # ~6 s: a stand-in executor calibration
 def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     """calibrate.executor_costs measures every launch kind and the host work, writes them into
     a profile, and the profile loads them; in executor_mode host work is priced by them."""

@@ -88,9 +88,11 @@ def test_memo_matches_full_plan_on_shipped_scenarios(path):
     _check_scenario(path, shorten=False)
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem == "laguna-2x3090" else p
+                                  for p in SCENARIOS], ids=[p.stem for p in SCENARIOS])
 def test_memo_matches_full_plan_on_shortened_shipped_scenarios(path):
-    """The same on every shipped scenario and variant with its tests cut to a few graphs."""
+    """The same on every shipped scenario and variant with its tests cut to a few graphs
+    (laguna-2x3090, ~10 s, in the slow set, as is its full version)."""
     _check_scenario(path, shorten=True)
 
 

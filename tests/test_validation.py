@@ -174,6 +174,7 @@ def test_run_22_console_log_is_reproduced_from_its_own_profile():
     assert np.quantile(np.abs(err), 0.9) * 100 == pytest.approx(float(head.group(2)), abs=0.06)
 
 
+@pytest.mark.slow  # ~10 s: a whole stand-in validation grid
 def test_run_grid_passes_probes_and_traces(monkeypatch):
     """run_grid on the numpy stand-in: several passes (alternating order), the median over all
     timed runs, host probes per pass, and both engines' traces of every case."""
@@ -295,6 +296,7 @@ def test_validate_rejects_bad_options_before_touching_the_gpu(tmp_path, capsys, 
     assert not out.exists()
 
 
+@pytest.mark.slow  # ~6 s: a stand-in grid with a failing plan
 def test_run_grid_reports_lossless_failures_without_losing_the_results(monkeypatch):
     import dataclasses
 
