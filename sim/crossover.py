@@ -588,7 +588,7 @@ def cell_cost(job) -> float:
 
 def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test: BenchTest, *,
           repetitions: int = 1, engine: str = "analytic", jobs: int | None = None,
-          baseline: str = "baseline", progress: bool = False) -> SweepResult:
+          baseline: str = "baseline", progress: bool = False, max_work: int | None = None) -> SweepResult:
     """Run ``test`` under every variant at every point of one or two axes.
 
     Args:
@@ -601,6 +601,8 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         jobs: worker processes (None: every core; 1: in this process).
         baseline: label of the baseline variant.
         progress: show a tqdm progress bar on stderr.
+        max_work: refuse the sweep when its cells' work (:func:`sim.bounds.work_units`) exceeds
+            this budget (``--max-work``); None: no budget.
 
     Returns:
         :class:`SweepResult`, identical whatever ``jobs``.
@@ -623,6 +625,11 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         s2, v2, t2 = apply_point(scn, vs, test, [(a.name, val) for a, val in zip(axes, point)])
         for var in v2:
             work.append(_Job(idx, point, s2, var, t2, repetitions, engine))
+    if max_work is not None:
+        from .bounds import check_work, work_units
+
+        check_work(sum(work_units([j.test], j.scn.model.n_layer, j.scn.workload.n_ubatch, j.scn.workload.n_batch,
+                                  repetitions, 1) for j in work), max_work)
     n_jobs = default_jobs() if jobs is None else max(1, int(jobs))
     results: list[CellResult | None] = [None] * len(work)
     from tqdm import tqdm
@@ -1041,7 +1048,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     """``prefetch-sim crossover``: a sweep or a built-in figure. Returns the exit status."""
     from .cli import scenario_path
 
-    from .bounds import LIST_VALUES_MAX, REPETITIONS_MAX, check_work, work_units
+    from .bounds import LIST_VALUES_MAX, REPETITIONS_MAX, WORK_MAX
 
     if not 1 <= args.repetitions <= REPETITIONS_MAX:
         raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
@@ -1094,17 +1101,11 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     n_cells = int(np.prod([len(a) for a in axes]))
     if n_cells > LIST_VALUES_MAX:
         raise ScenarioError(f"{n_cells:,} sweep points, more than the limit of {LIST_VALUES_MAX}", field="--axis2")
-    vs = with_baseline(variants, args.baseline)
-    work = 0
-    for idx in np.ndindex(*[len(a) for a in axes]):
-        s2, v2, t2 = apply_point(scn, vs, test, [(a.name, a.values[i]) for a, i in zip(axes, idx)])
-        wl = s2.workload
-        work += work_units([t2], s2.model.n_layer, wl.n_ubatch, wl.n_batch, args.repetitions, len(v2))
-    check_work(work, args.max_work)
     for note in axis_notes(axes, test, scn):
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions, engine=args.engine, jobs=args.jobs,
-                baseline=args.baseline, progress=progress)
+                baseline=args.baseline, progress=progress,
+                max_work=WORK_MAX if args.max_work is None else args.max_work)
     _report(write_outputs(res, args.out, _stem(res)))
     return 0
 

@@ -424,8 +424,8 @@ def _mask_loop(n_tokens: int, kv_len: int, window: int) -> tuple[int, int]:
     same sequence copies that row and revisits only the cells whose position is within the
     window plus :data:`MASK_REVISIT_MARGIN` of the ubatch's first position (the ubatch's own
     cells and up to ``window + 32`` cached ones)."""
-    cells = pad_cells(attended_keys(n_tokens, kv_len, window))
     filled = attended_keys(n_tokens, kv_len, window)
+    cells = pad_cells(filled)
     recent = min(filled, n_tokens + min(kv_len, window + MASK_REVISIT_MARGIN))
     return cells + (n_tokens - 1) * recent, cells
 

@@ -341,11 +341,11 @@ def _predict_task(scn: Scenario, tests: tuple[BenchTest, ...], engine: str, repe
 
 
 def _cost(case: RowCase) -> float:
-    """Relative plan-building cost of a case: graphs x layers x repetitions."""
-    scn = case.scenario
-    ub = scn.workload.n_ubatch
-    graphs = sum(math.ceil(t.n_prompt / ub) if t.n_prompt else t.n_gen for t in case.tests)
-    return graphs * scn.model.n_layer * case.repetitions
+    """Relative plan-building cost of a case (:func:`sim.bounds.work_units`)."""
+    from sim.bounds import work_units
+
+    wl = case.scenario.workload
+    return work_units(case.tests, case.scenario.model.n_layer, wl.n_ubatch, wl.n_batch, case.repetitions, 1)
 
 
 # --------------------------------------------------------------------------------------

@@ -42,9 +42,6 @@ MODEL_FLAGS = ("-m", "-ngl", "--n-gpu-layers", "-ncmoe", "--n-cpu-moe", "-sm", "
                "--load-mode", "-dev", "--no-host", "-ot", "--override-tensor", "-mmp")
 
 
-#: the ``test-backend-ops perf`` runs a lease can make (``[grid] perf``; lease.PERF_RUNS)
-PERF_NAMES = ("cuda", "cpu")
-
 @dataclass(frozen=True)
 class GridModel:
     """A model of the grid.
@@ -98,8 +95,8 @@ class GridSpec:
         models, runs: the grid.
         file: the TOML it came from.
         perf: the ``test-backend-ops perf`` runs made after the grid, in order (names of
-            :data:`calibrate.llamacpp.lease.PERF_RUNS`: ``cuda``, ``cpu``); all of them when the
-            TOML does not say.
+            :data:`calibrate.llamacpp.lease.PERF_RUNS`); all of them (None) when the TOML does
+            not say.
     """
 
     name: str
@@ -108,7 +105,7 @@ class GridSpec:
     models: tuple[GridModel, ...]
     runs: tuple[GridRun, ...]
     file: str = ""
-    perf: tuple[str, ...] = ("cuda", "cpu")
+    perf: tuple[str, ...] | None = None
 
     def model(self, key: str) -> GridModel:
         return next(m for m in self.models if m.key == key)
@@ -127,10 +124,13 @@ def load_grid(path: str | Path) -> GridSpec:
     name = g.str("name")
     reps = g.int("repetitions", 5, min=1)
     timeout = g.float("timeout_s", 600.0, positive=True)
-    perf_raw = g.raw("perf", list(PERF_NAMES))
-    if (not isinstance(perf_raw, list) or not all(isinstance(x, str) and x in PERF_NAMES for x in perf_raw)
+    from .lease import PERF_RUNS  # (lease imports this module)
+
+    names = tuple(r[0] for r in PERF_RUNS)
+    perf_raw = g.raw("perf", list(names))
+    if (not isinstance(perf_raw, list) or not all(isinstance(x, str) and x in names for x in perf_raw)
             or len(set(perf_raw)) != len(perf_raw)):
-        raise g.error("perf", f"expected a list of distinct names from {list(PERF_NAMES)}, got {perf_raw!r}")
+        raise g.error("perf", f"expected a list of distinct names from {list(names)}, got {perf_raw!r}")
     g.check_unknown()
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):

@@ -187,16 +187,16 @@ def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
 
 
 def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path,
-             names: tuple[str, ...] = ("cuda", "cpu")) -> None:
+             names: tuple[str, ...] | None = None) -> None:
     """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`, those of ``names`` in
-    that order) while time is left: ``run/perf/<name>-cases.txt`` (the case file) and
+    that order; None: all) while time is left: ``run/perf/<name>-cases.txt`` (the case file) and
     ``run/perf/<name>.txt`` (the output)."""
     from . import perf_cases
 
     perf = lease.run_dir / "perf"
     perf.mkdir(exist_ok=True)
     runs = {r[0]: r for r in PERF_RUNS}
-    for name, backend, make, limit in (runs[n] for n in names):
+    for name, backend, make, limit in (runs[n] for n in (names if names is not None else runs)):
         left = deadline_at - time.monotonic()
         if left < 30:
             lease.say(f"perf {name}: skipped (deadline)")
