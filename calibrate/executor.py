@@ -793,7 +793,10 @@ def _run_once(rt: _Runtime, probes: bool = True) -> tuple[np.ndarray, np.ndarray
             dep_end = max(end[d] for d in prog.gpu_deps[i])
             start[i] = min(max(host_call[i], dep_end), end[i])
     probe_vals = cp.asnumpy(rt.probe_out) if probes else np.zeros(0, dtype=np.uint32)
-    return start, end, {"cpu": cpu_out, "probes": probe_vals, "host_dur": host_dur}
+    # the event clock is placed on the host clock at the midpoint of [ta, tb]
+    host_clock = np.array([not _is_gpu_queue(op) for op in ops], dtype=bool)
+    return start, end, {"cpu": cpu_out, "probes": probe_vals, "host_dur": host_dur,
+                        "host_clock": host_clock, "align_s": 0.5 * (tb - ta)}
 
 
 def _check_probes(rt: _Runtime, vals: np.ndarray) -> int:
@@ -816,9 +819,12 @@ def _check_probes(rt: _Runtime, vals: np.ndarray) -> int:
 ORDER_TOL_S = 2e-6
 
 
-def check_order(prog: Program, start: np.ndarray, end: np.ndarray, tol_s: float = ORDER_TOL_S) -> list[dict]:
+def check_order(prog: Program, start: np.ndarray, end: np.ndarray, tol_s: float = ORDER_TOL_S,
+                host_clock: np.ndarray | None = None, align_s: float = 0.0) -> list[dict]:
     """Ready/free order of a run from its CUDA-event times (no probes needed, so it can check
-    the timed runs the staging probes stay out of).
+    the timed runs the staging probes stay out of). A pair of ops timed on different clocks
+    (``host_clock``: (n,) bool, the ops timed with the host clock, e.g. pageable copies) gets
+    ``align_s`` more slack: how well the run placed the event clock on the host clock.
 
     * ready: a consumer starts no earlier than each copy it reads has ended;
     * free: a copy into a buffer region starts no earlier than the consumers of the previous
@@ -830,11 +836,15 @@ def check_order(prog: Program, start: np.ndarray, end: np.ndarray, tol_s: float 
         ``by_s`` (how early, seconds).
     """
     bad: list[dict] = []
+
+    def slack(a: int, b: int) -> float:
+        return tol_s + (align_s if host_clock is not None and host_clock[a] != host_clock[b] else 0.0)
+
     consumers: dict[int, list[int]] = defaultdict(list)
     for j, cs in prog.producers.items():
         for c in cs:
             consumers[c].append(j)
-            if start[j] < end[c] - tol_s:
+            if start[j] < end[c] - slack(j, c):
                 bad.append({"kind": "ready", "op_id": j, "other": c, "by_s": float(end[c] - start[j])})
     seen: dict[tuple, list[int]] = defaultdict(list)
     for c in sorted(prog.copies):
@@ -846,7 +856,7 @@ def check_order(prog: Program, start: np.ndarray, end: np.ndarray, tol_s: float 
             pa = prog.copies[a]
             if pa.offset < hi and lo < pa.offset + pa.nbytes:  # the last copy over these bytes
                 for j in consumers.get(a, []):
-                    if start[c] < end[j] - tol_s:
+                    if start[c] < end[j] - slack(c, j):
                         bad.append({"kind": "free", "op_id": c, "other": j, "by_s": float(end[j] - start[c])})
                 break
         seen[place.buffer].append(c)
@@ -976,7 +986,7 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         finally:
             if was_on:
                 gc.enable()
-        bad = check_order(prog, s, e) if check else []
+        bad = check_order(prog, s, e, host_clock=aux["host_clock"], align_s=aux["align_s"]) if check else []
         if bad:
             b = bad[0]
             raise ExecutorHazardError(

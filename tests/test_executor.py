@@ -301,6 +301,22 @@ def test_check_order_flags_a_consumer_that_starts_before_its_copy_ends():
     assert bad[0]["by_s"] == pytest.approx(1e-3)
 
 
+def test_check_order_gives_mixed_clock_pairs_the_measured_alignment_slack():
+    from calibrate.executor import ORDER_TOL_S, check_order
+
+    prog = translate(prefetch_plan(4, WB, SHAPE))
+    n = len(prog.plan.ops)
+    start, end = np.arange(n, dtype=float), np.arange(n, dtype=float) + 0.5
+    j, cs = next(iter(prog.producers.items()))
+    end[cs[0]] = start[j] + ORDER_TOL_S + 3e-6  # 3 us past the event-clock slack
+    same = np.zeros(n, dtype=bool)
+    mixed = same.copy()
+    mixed[cs[0]] = True  # the copy timed on the host clock, its consumer by events
+    assert check_order(prog, start, end, host_clock=same, align_s=4e-6)  # one clock: no extra slack
+    assert check_order(prog, start, end, host_clock=mixed, align_s=4e-6) == []
+    assert check_order(prog, start, end, host_clock=mixed, align_s=2e-6)  # alignment too good to explain it
+
+
 def test_busy_probe_plans_have_decode_shape():
     from calibrate.executor_costs import burst_plan, loop_plan
 
