@@ -509,6 +509,17 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         oid = em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
                       shape=kq_mask_shape(model, n_tokens, kv_len, scn.placement.flash_attn, on_gpu))
         em.kv_ops.append((oid, "kq_mask", int(on_gpu)))
+    if ggml is not None and ggml.cpu_get_rows_bytes_per_s > 0:
+        # llama.cpp keeps token_embd on the CPU whatever -ngl: its GET_ROWS runs on the CPU
+        # backend (one thread, sim.ggmlcost) and, when the first split is on a GPU, the rows
+        # cross to it from the CPU backend's pinned compute buffer as that split's input
+        rows = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, "token_embd get_rows",
+                     [em.last_host] if em.last_host >= 0 else [], shape=(n_tokens, model.d_model, 0, 0, "rows", ()),
+                     layer=-1)
+        em.host_pending = [rows]
+        if splits and not splits[0].cpu:
+            em.launch(OpKind.H2D, Stream.COMPUTE, splits[0].device, "token_embd rows to device",
+                      nbytes=n_tokens * model.d_model * ACT_BYTES, tag="act", pinned=True)
     for si, s in enumerate(splits):
         em.split = si
         em.layer = s.items[0].layer

@@ -294,12 +294,24 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
 
 
 def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
-    """Copies of an attention op moved to the GPU from a layer on the CPU (the KV cache view
-    in, pinned H2D; the new K/V out, D2H): elements 11 and 12 of its shape, bytes; 0 for a
-    layer on the GPU."""
+    """Copies of an attention op moved to the GPU from a layer on the CPU: elements 11 and 12
+    of its shape (bytes); 0 for a layer on the GPU.
+
+    * the layer's KV cache view in (element 11): H2D at the **pageable** rate: llama.cpp
+      allocates the KV cache of a layer left on the CPU in the CPU backend's plain buffer type
+      (``llama_kv_cache``: ``ggml_backend_dev_buffer_type`` of the layer's device), not in pinned
+      memory;
+    * the new K/V out (element 12, f32): D2H into the CPU backend's compute buffer, which is
+      pinned (``llama_context``: the first GPU's host buffer type), then ggml-cpu's ``SET_ROWS``
+      into the cache on **one thread** (``ggml_graph_plan``: ``n_tasks = 1`` for GET_ROWS and
+      SET_ROWS) at the profile's ``[ggml] cpu_set_rows_gb_per_s`` (f32 bytes read), when the
+      profile has one.
+    """
     if len(shape) < 13 or not (shape[11] or shape[12]):
         return 0.0
-    return hw.h2d(True).time_s(shape[11]) + hw.d2h.time_s(shape[12])
+    g = hw.ggml
+    set_rows = shape[12] / g.cpu_set_rows_bytes_per_s if g is not None and g.cpu_set_rows_bytes_per_s > 0 else 0.0
+    return hw.h2d(False).time_s(shape[11]) + hw.d2h.time_s(shape[12]) + set_rows
 
 
 def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
@@ -339,6 +351,8 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
             return total
         if tag == "moe" and inner[5]:
             return g.moe_s("cpu", inner[5], n, kk, m, mult, op.nbytes, flops)
+        if tag == "rows":  # the token embedding's GET_ROWS: one thread, f32 rows out
+            return g.get_rows_s(m * n)
         if tag == "attn" and len(inner) > 10 and not inner[6]:
             n_tok, kv, nh, nkv, hd, window = inner[:6]
             fa, ew_k, ew_e = inner[8:11]

@@ -37,9 +37,19 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   ``ew_rate`` is measured: the elementwise kernels' time in an ``ncu`` profile of a real
   llama-bench prefill over their bytes. They are priced with the layer's attention op.
 * **CPU backend** (ops on host weights below the op-offload batch, layers ``-ngl`` leaves on the
-  CPU): ``cpu_op + max(bytes / cpu_cold_rate(T), 2·n·m·k / cpu_flops)``, the cold rate measured
-  on cold cases over matrices totalling 2 GiB with llama-bench's thread count; CPU attention
-  from the CPU ``FLASH_ATTN_EXT`` table (dense models' geometry), else the FLOP roofline.
+  CPU): ``cpu_op + max(bytes / (cpu_rate_scale · cpu_cold_rate(T)), 2·n·m·k / cpu_flops)``, the
+  cold rate measured on cold cases over matrices totalling 2 GiB with llama-bench's thread
+  count. ``cpu_rate_scale`` is the CPU backend's throughput inside a llama-bench decode graph
+  relative to that isolated case, fitted on the fit rows: timed split by split in llama-bench
+  itself (the ``split-time`` patch, ``data/llamacpp/h200-20261202-splits``), the CPU splits of
+  decode take 1.6–2.1x what the cold rates give, on every model. CPU attention from the CPU
+  ``FLASH_ATTN_EXT`` table (dense models' geometry), else the FLOP roofline.
+* **Single-threaded CPU ops**: ggml-cpu runs ``GET_ROWS`` and ``SET_ROWS`` on one thread
+  (``ggml_graph_plan``: ``n_tasks = 1``). The token embedding's ``GET_ROWS`` (llama.cpp keeps
+  ``token_embd`` on the CPU whatever ``-ngl``) costs ``n_tokens · d_model · 4 /
+  cpu_get_rows_rate`` per graph, then its rows cross to the GPU (pinned); a layer left on the
+  CPU writes its new K/V into its CPU KV cache with ``SET_ROWS`` at ``cpu_set_rows_rate`` (f32
+  bytes), both rates measured with the ``split-time`` patch (:mod:`calibrate.llamacpp.splittime`).
 * **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
   the table's full-rectangle time times the share of causal (query, key) pairs.
 * **Scheduler overheads**: ``graph`` seconds of host time per graph (ubatch), ``mask`` seconds
@@ -91,6 +101,12 @@ class GgmlKernels:
             CUDA graphs for single-token ubatches only), fitted; times :func:`graph_kernels`.
         mask_s: host time per KQ-mask entry (s), fitted (:func:`mask_entries`).
         split_s: host time per split (s), fitted.
+        cpu_rate_scale: CPU matvec throughput in a llama-bench graph relative to the cold
+            rates of the CPU table (dimensionless), fitted; 1 when the profile does not say.
+        cpu_get_rows_bytes_per_s: one-thread GET_ROWS rate (f32 bytes out per s), measured; 0:
+            the token embedding is not priced.
+        cpu_set_rows_bytes_per_s: one-thread SET_ROWS rate (f32 bytes in per s), measured; 0: not
+            priced.
         sources: field -> where the number came from.
     """
 
@@ -105,6 +121,9 @@ class GgmlKernels:
     split_s: float
     mask_s: float = 0.0
     launch_s: float = 0.0
+    cpu_rate_scale: float = 1.0
+    cpu_get_rows_bytes_per_s: float = 0.0
+    cpu_set_rows_bytes_per_s: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- derived tables
@@ -186,7 +205,8 @@ class GgmlKernels:
         curve on the GPU at all (the caller falls back to its roofline)."""
         ty = ggml_type.upper()
         if backend == "cpu":
-            return self.cpu_op_s + max(nbytes / self.cold_rate("cpu", ty), 2.0 * n * m * k / cpu_flops_per_s)
+            return self.cpu_op_s + max(nbytes / (self.cpu_rate_scale * self.cold_rate("cpu", ty)),
+                                       2.0 * n * m * k / cpu_flops_per_s)
         curve = self._curve("gpu", "MUL_MAT", ty, m, k)
         if n <= MMVQ_MAX_BATCH:
             if not self._has_type("gpu", ty):
@@ -202,7 +222,7 @@ class GgmlKernels:
         """Seconds of one expert matmul (MUL_MAT_ID) over ``n`` tokens (module docstring)."""
         ty = ggml_type.upper()
         if backend == "cpu":
-            return self.cpu_op_s + max(used_bytes / self.cold_rate("cpu", ty),
+            return self.cpu_op_s + max(used_bytes / (self.cpu_rate_scale * self.cold_rate("cpu", ty)),
                                        2.0 * n * topk * m * k / cpu_flops_per_s)
         if n <= MMVQ_MAX_BATCH:
             if not self._has_type("gpu", ty):
@@ -226,6 +246,13 @@ class GgmlKernels:
         # the output's permute + cont and the score's copy: two elementwise passes
         perm = 2 * max(self.floor_s, 2 * 4 * n_tokens * n_head * head_dim / self.ew_bytes_per_s)
         return kq + sm + kqv + perm
+
+    def get_rows_s(self, elements: int) -> float:
+        """Seconds of ggml-cpu's one-thread ``GET_ROWS`` writing ``elements`` f32 values (the
+        token embedding of a ubatch: ``n_tokens · d_model``); 0 without a measured rate."""
+        if self.cpu_get_rows_bytes_per_s <= 0 or elements <= 0:
+            return 0.0
+        return 4.0 * elements / self.cpu_get_rows_bytes_per_s
 
     def elementwise_s(self, backend: str, kernels: int, nbytes: float) -> float:
         """``kernels`` elementwise kernels moving ``nbytes`` in all (module docstring)."""

@@ -850,6 +850,11 @@ def _load_ggml(g: Fields):
         split_s=num("split_us", 1e-6, positive=False),
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
+        cpu_rate_scale=num("cpu_rate_scale", 1.0, kind="scale") if g.has("cpu_rate_scale") else 1.0,
+        cpu_get_rows_bytes_per_s=(num("cpu_get_rows_gb_per_s", GB, kind="bytes_per_s")
+                                  if g.has("cpu_get_rows_gb_per_s") else 0.0),
+        cpu_set_rows_bytes_per_s=(num("cpu_set_rows_gb_per_s", GB, kind="bytes_per_s")
+                                  if g.has("cpu_set_rows_gb_per_s") else 0.0),
         sources=sources)
     g.check_unknown()
     try:
@@ -970,9 +975,11 @@ class Placement:
         """True if tensor ``t`` is kept in host memory under this placement.
 
         As llama.cpp: the ``-ot`` rules first (``re.search`` on the GGUF name, e.g.
-        ``blk.3.ffn_up_exps.weight``; first match wins); ``token_embd`` on the host; the output
-        layer (``output``, ``output_norm``, a tied head) offloaded only with ``ngl > n_layer``;
-        the blocks before the last ``ngl`` on the host; ``--n-cpu-moe N``: in blocks ``< N``
+        ``blk.3.ffn_up_exps.weight``; first match wins); ``token_embd`` on the host; ``-ngl N``
+        counts the output layer (``output``, ``output_norm``, a tied head) as the last of the
+        ``n_layer + 1`` layers (``llama_model::load_tensors``: ``i_gpu_start = n_layer + 1 - N``):
+        the output is offloaded with any ``N >= 1``, and the blocks before the last ``N - 1``
+        (:meth:`gpu_blocks`) stay on the host; ``--n-cpu-moe N``: in blocks ``< N``
         every tensor llama.cpp's rule ``blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` matches
         (the expert matrices and, e.g. in gpt-oss, their biases)."""
         for regex, buf in self.override_tensor:
@@ -981,15 +988,24 @@ class Placement:
         if t.layer < 0:
             if t.group == "embd":
                 return True  # llama.cpp keeps token_embd on the host (get_rows on CPU)
-            return self.ngl <= model.n_layer  # output offloaded only with ngl > n_layer
-        if t.layer < model.n_layer - min(self.ngl, model.n_layer):
+            return self.ngl < 1  # the output layer is the first one -ngl offloads
+        if t.layer < model.n_layer - self.gpu_blocks(model):
             return True
         if t.layer < self.n_cpu_moe and (t.is_expert or _CPU_MOE_RE.search(t.name)):
             return True
         return False
 
+    def gpu_blocks(self, model: ModelSpec) -> int:
+        """Blocks ``-ngl`` offloads: the last ``ngl - 1`` (the output layer takes one of the
+        ``ngl``; ``llama_model::load_tensors``), all ``n_layer`` from ``ngl = n_layer + 1``."""
+        return max(0, min(self.ngl - 1, model.n_layer))
+
+    def output_on_gpu(self) -> bool:
+        """``-ngl`` offloads the output layer first: with any ``ngl >= 1``."""
+        return self.ngl >= 1
+
     def layer_on_gpu(self, model: ModelSpec, layer: int) -> bool:
-        return layer >= model.n_layer - min(self.ngl, model.n_layer)
+        return layer >= model.n_layer - self.gpu_blocks(model)
 
 
 def placement_from_fields(p: Fields) -> Placement:

@@ -66,8 +66,11 @@ def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[in
     Raises:
         PlacementError: ``tensor_split`` names more GPUs than the hardware has.
     """
-    n_off = min(placement.ngl, model.n_layer)
+    n_off = placement.gpu_blocks(model)
     first = model.n_layer - n_off
+    # llama.cpp splits the offloaded layers by (il - i_gpu_start) / act_gpu_layers, the output
+    # layer counted as the last of them
+    n_act = n_off + (1 if placement.output_on_gpu() else 0)
     ts = list(placement.tensor_split) or [1.0] * n_gpu
     if len(ts) > n_gpu:
         raise PlacementError(f"{len(ts)} shares for {n_gpu} GPU(s)", field="placement.tensor_split")
@@ -78,7 +81,7 @@ def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[in
         if i < first:
             out.append(-1)
         else:
-            frac = (i - first) / max(n_off, 1)
+            frac = (i - first) / max(n_act, 1)
             out.append(int(min(np.searchsorted(cum, frac, side="right"), n_gpu - 1)))
     return out
 

@@ -204,7 +204,7 @@ def test_a_cpu_layer_attends_on_the_gpu_at_prefill_and_on_the_cpu_at_decode():
     ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
     pre = [it for it in graph_items(ctx, 512, 0, 0) if it.name.endswith(".attn")]
     dec = [it for it in graph_items(ctx, 1, 512, 512) if it.name.endswith(".attn")]
-    cpu_layers = model.n_layer - 31
+    cpu_layers = model.n_layer + 1 - 31  # llama.cpp's i_gpu_start: -ngl counts the output layer
     assert sum(not it.cpu and it.shape[11] > 0 for it in pre) == cpu_layers  # moved, with its KV copied in
     assert all(it.shape[11] == 0 for it in pre[cpu_layers:])                # GPU layers copy nothing
     assert sum(it.cpu for it in dec) == cpu_layers and sum(it.cpu for it in pre) == 0
@@ -269,9 +269,88 @@ def test_a_kernel_table_that_cannot_price_a_model_is_refused(tmp_path, edit, mat
 def test_fit_refuses_fewer_rows_than_it_needs(capsys):
     from calibrate.llamacpp.fit import main
 
-    # the kernel lease's drift check has 4 rows that are fit rows: too few for 5 numbers
+    # the kernel lease's drift check has 4 rows that are fit rows: too few for the fitted numbers
+    from calibrate.llamacpp.fit import FITTED
+
     assert main(["--run", str(REPO / "data/llamacpp/h200-20261201-kernels"),
                  "--kernels", str(REPO / "data/llamacpp/h200-20261201-kernels"), "--profile", str(PROFILE)]) == 2
-    assert "fit rows for 5 parameters" in capsys.readouterr().err
+    assert f"fit rows for {len(FITTED)} parameters" in capsys.readouterr().err
     assert main(["--kernels", "/nonexistent", "--profile", str(PROFILE)]) == 2
     assert "--kernels /nonexistent: no ncu/" in capsys.readouterr().err
+
+
+def test_cpu_rate_scale_slows_only_the_cpu_bandwidth_term():
+    cpu = pd.DataFrame([dict(backend="cpu", op="MUL_MAT", type="Q4_K", m=4096, n=1, k=4096, bs=64, nr=1, t_us=1000.0)]
+                       ).reindex(columns=_kernels().gpu.columns)
+    k1, k2 = _kernels(cpu=cpu), _kernels(cpu=cpu, cpu_rate_scale=0.5)
+    nb = 64 * 2**20
+    t1, t2 = k1.matmul_s("cpu", "Q4_K", 4096, 4096, 1, nb), k2.matmul_s("cpu", "Q4_K", 4096, 4096, 1, nb)
+    assert t2 - k2.cpu_op_s == pytest.approx(2 * (t1 - k1.cpu_op_s))
+    assert k2.moe_s("cpu", "Q4_K", 4096, 4096, 1, 4, nb) - k2.cpu_op_s == pytest.approx(2 * (t1 - k1.cpu_op_s))
+    # the GPU side is untouched
+    assert k2.matmul_s("gpu", "Q4_K", 1024, 1024, 64, 2**20) == k1.matmul_s("gpu", "Q4_K", 1024, 1024, 64, 2**20)
+
+
+def _scenario(model_name: str, ngl: int, n_prompt: int, hw=None):
+    from sim.routing import RoutingSpec
+    from sim.specs import Placement, Scenario, Workload, parse_variant
+
+    model = load_model(REPO / f"scenarios/models/{model_name}.toml")
+    return Scenario(name="t", model=model, hardware=hw or load_hardware(PROFILE), placement=Placement(ngl=ngl),
+                    workload=Workload(n_prompt=(n_prompt,), n_gen=(0,), n_depth=(0,), n_ubatch=n_prompt,
+                                      n_batch=n_prompt, repetitions=1),
+                    routing=RoutingSpec(), variants=(parse_variant("baseline"),))
+
+
+def test_the_token_embedding_runs_on_one_cpu_thread_each_graph():
+    from sim.builder import build_plan
+    from sim.costs import plan_durations
+    from sim.plan import OpKind
+    from sim.specs import BenchTest
+
+    hw = load_hardware(PROFILE)
+    g = hw.ggml
+    assert g.cpu_get_rows_bytes_per_s > 0
+    # -ngl 0 at 16 tokens (below the op-offload batch): everything runs on the CPU
+    for ngl, n in ((999, 512), (0, 16)):
+        scn = _scenario("gemma3-27b", ngl, n)
+        plan = build_plan(scn, scn.variants[0], BenchTest(n_prompt=n, n_gen=0), np.random.default_rng(0))
+        dur = plan_durations(plan, hw)
+        rows = [op for op in plan.ops if op.name == "token_embd get_rows"]
+        assert len(rows) == 1 and rows[0].kind is OpKind.CPU_MATVEC
+        assert dur[rows[0].id] == pytest.approx(4 * n * scn.model.d_model / g.cpu_get_rows_bytes_per_s)
+        # its rows cross to the GPU only when the first block runs there
+        to_dev = [op for op in plan.ops if op.name == "token_embd rows to device"]
+        assert [op.nbytes for op in to_dev] == ([4 * n * scn.model.d_model] if ngl else [])
+    # a profile without the measured rate prices no embedding (the CuPy profile and older ones)
+    hw0 = hw.with_(ggml=replace(g, cpu_get_rows_bytes_per_s=0.0))
+    scn = _scenario("gemma3-27b", 999, 512, hw0)
+    plan = build_plan(scn, scn.variants[0], BenchTest(n_prompt=512, n_gen=0), np.random.default_rng(0))
+    assert not any(op.name in ("token_embd get_rows", "token_embd rows to device") for op in plan.ops)
+
+
+def test_a_cpu_layers_kv_comes_in_pageable_and_goes_out_through_one_thread_set_rows():
+    from sim.builder import graph_items, make_context
+    from sim.costs import kv_copies_s
+
+    hw = load_hardware(PROFILE)
+    scn = _scenario("gemma3-27b", 31, 512)
+    ctx = make_context(scn, scn.variants[0], np.random.default_rng(0))
+    moved = [it for it in graph_items(ctx, 512, 1024, 0) if it.name.endswith(".attn") and it.shape[11]]
+    assert len(moved) == scn.model.n_layer + 1 - 31
+    sh = moved[0].shape
+    kvd = scn.model.n_head_kv * scn.model.head_dim
+    assert sh[12] == 2 * 512 * kvd * 4  # the new K and V, f32
+    want = (hw.h2d_pageable.time_s(sh[11]) + hw.d2h.time_s(sh[12]) + sh[12] / hw.ggml.cpu_set_rows_bytes_per_s)
+    assert kv_copies_s(sh, hw) == pytest.approx(want)
+    # the KV cache of a CPU layer is a plain CPU buffer: slower than a pinned copy would be
+    assert kv_copies_s(sh, hw) > hw.h2d_pinned.time_s(sh[11]) + hw.d2h.time_s(sh[12])
+
+
+def test_the_profile_rows_rates_are_those_of_the_committed_split_timing():
+    from calibrate.llamacpp.splittime import rows_rates
+
+    g = load_hardware(PROFILE).ggml
+    got = rows_rates(REPO / "data/llamacpp/h200-20261201-splits")
+    assert g.cpu_get_rows_bytes_per_s == pytest.approx(got["cpu_get_rows_gb_per_s"][0], rel=1e-5)
+    assert g.cpu_set_rows_bytes_per_s == pytest.approx(got["cpu_set_rows_gb_per_s"][0], rel=1e-5)

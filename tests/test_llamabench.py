@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 import os
 import re
@@ -300,13 +301,19 @@ def test_placement_gemma_ffn_override_and_ngl():
     assert host == {f"blk.{i}.ffn_{p}.weight" for i in range(2) for p in ("gate", "up", "down")} | {
         "token_embd.weight"}
     assert not pl.pinned
-    pl, _ = row_placement(row_terms(json.loads(LINES[6])), m)  # -ngl 1: block 0 and the output stay on the host
-    assert not pl.layer_on_gpu(m, 0) and pl.layer_on_gpu(m, 1)
+    # -ngl 1 offloads only the output layer: llama.cpp counts it as the last of n_layer + 1 layers
+    # (llama_model::load_tensors: i_gpu_start = n_layer + 1 - ngl), so both blocks stay on the host
+    pl, _ = row_placement(row_terms(json.loads(LINES[6])), m)
+    assert pl.ngl == 1 and not pl.layer_on_gpu(m, 0) and not pl.layer_on_gpu(m, 1)
     host = [t for t in m.tensors if pl.host_resident(m, t)]
-    # gemma3's output head is token_embd.weight duplicated (tied): on the host with the output layer
-    assert {t.name for t in host} == {t.name for t in m.tensors if t.layer == 0} | {"token_embd.weight",
-                                                                                  "output_norm.weight"}
-    assert m.output_tensor in host and m.output_tensor.duplicate
+    # gemma3's output head is token_embd.weight duplicated (tied): its offloaded copy is on the GPU
+    assert {t.name for t in host} == {t.name for t in m.tensors if t.layer >= 0} | {"token_embd.weight"}
+    assert m.output_tensor not in host and m.output_tensor.duplicate
+    # -ngl 2 adds the last block; -ngl 3 = n_layer + 1 offloads everything but token_embd
+    for ngl, on in ((2, [False, True]), (3, [True, True]), (0, [False, False])):
+        p2 = replace(pl, ngl=ngl)
+        assert [p2.layer_on_gpu(m, i) for i in range(2)] == on
+        assert p2.host_resident(m, m.output_tensor) == (ngl == 0)
 
 
 def test_placement_refuses_unknown_buffers():

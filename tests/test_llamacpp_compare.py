@@ -146,7 +146,9 @@ def test_regimes():
     g = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml"), 2)
     assert cmp.regime(q, Placement(), "pp") == "resident"
     assert cmp.regime(q, Placement(ngl=3), "tg") == "resident"
-    assert cmp.regime(q, Placement(ngl=2), "tg") == "other"  # -ngl n_layer: the output head stays on the host
+    # -ngl n_layer: the output layer takes one of the n_layer + 1, block 0 stays on the host
+    assert cmp.regime(q, Placement(ngl=2), "tg") == "host_expert_decode"
+    assert cmp.regime(q, Placement(override_tensor=(("output", "CPU"),)), "tg") == "other"  # the head alone
     assert cmp.regime(q, Placement(n_cpu_moe=1), "pp") == "copy_bound_prefill"
     assert cmp.regime(q, Placement(n_cpu_moe=1), "tg") == "host_expert_decode"
     assert cmp.regime(q, Placement(n_cpu_moe=1), "pp+tg") == "mixed_pp_tg"

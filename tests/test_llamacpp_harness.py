@@ -4,6 +4,7 @@ spec and runner (with a stand-in llama-bench), the lease's collect, the routing 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import sys
@@ -25,7 +26,9 @@ FAKE_BACKEND = """\
 static int compute_splits() {
     std::vector<int32_t> ids;
     std::vector<ggml_bitset_t> used_ids;
+    int prev_backend_id = -1;
     for (int split_id = 0; split_id < n; split_id++) {
+        struct ggml_backend_sched_split * split = &splits[split_id];
         if (weights) {
                     auto copy_experts = [&](int32_t first_id, int32_t last_id) {
                         const size_t padding_end = last_id < n_expert - 1 ? padding : 0;
@@ -37,6 +40,10 @@ static int compute_splits() {
         } else {
                     // try async copy, but if not possible, we can still use a sync copy without x
         }
+        if (!sched->callback_eval) {
+            compute();
+        }
+        // record the event of this split
         prev_backend_id = split_backend_id;
     }
     return 0;
@@ -149,6 +156,24 @@ def test_copy_log_patch_applies_once_in_the_right_places(tmp_path):
     assert text.index("prefetch-sim copy-log: n_tokens") > text.index("prev_backend_id = split_backend_id;")
     assert not P.apply(tree, P.COPY_LOG, "copy-log")  # idempotent
     assert (tree / "ggml/src/ggml-backend.cpp").read_text() == text
+
+
+def test_split_time_patch_times_every_split_and_prints_once_per_graph(tmp_path):
+    tree = fake_tree(tmp_path / "t")
+    assert P.apply(tree, P.SPLIT_TIME, "split-time")
+    text = (tree / "ggml/src/ggml-backend.cpp").read_text()
+    # the timestamps bracket the input copies and the compute call, in that order
+    order = [text.index(k) for k in ("static const bool psim_st", "psim_st_ts = ggml_time_us()",
+                                     "psim_st_ti = ggml_time_us()", "if (!sched->callback_eval)",
+                                     "snprintf(psim_b", "// record the event of this split",
+                                     "prefetch-sim split-time: graph=")]
+    assert order == sorted(order)
+    assert text.index("psim_st_ts = ggml_time_us()") > text.index("struct ggml_backend_sched_split * split =")
+    # the early drain only where the scheduler itself would synchronise first (no events)
+    assert "sched->n_copies == 1" in text
+    assert not P.apply(tree, P.SPLIT_TIME, "split-time")  # idempotent
+    assert P.apply(tree, P.COPY_LOG, "copy-log")           # and independent of copy-log
+    assert set(P.PATCHES) >= {"copy-log", "perf-cases", "split-time"}
 
 
 def test_patch_with_a_missing_or_repeated_anchor_is_an_error(tmp_path):
@@ -451,7 +476,7 @@ def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
     for op in ("MUL_MAT_B", "SOFT_MAX", "FLASH_ATTN_EXT", "MUL_MAT_ID"):
         assert f'op == "{op}"' in text
     assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
-    assert set(P.PATCHES) == {"copy-log", "perf-cases"}
+    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time"}
 
 
 def test_model_cases_cover_every_weight_shape_with_its_type():
@@ -603,3 +628,21 @@ args = "-ngl 99 -ncmoe 1,2 -p 64 -n 4 -ub 32"
     bad.write_text(grid.read_text().replace("-ncmoe 1,2", "-ncmoe 1 -fa 0 -ctv q8_0"))  # llama.cpp refuses it
     assert predict_main([str(bad), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
                          str(tmp_path / "out2")]) == 2
+
+
+def test_parse_split_time_lines_and_their_errors():
+    from calibrate.llamacpp.splittime import graph_table, kv_store_splits, parse_split_time
+
+    line = ("prefetch-sim split-time: graph=3 ne1=512 n_splits=3 gap_us=40 total_us=900 "
+            "splits=0:CPU:0:0:0:0:100,1:CUDA0:1:4096:5:20:30,2:CPU:2:%d:7:9:300\n" % (2 * 512 * 8))
+    gs = parse_split_time("noise\n" + line + line.replace("graph=3", "graph=4").replace("gap_us=40", "gap_us=-1"))
+    assert len(gs) == 2 and gs[0].ne1 == 512 and gs[0].gap_s == pytest.approx(40e-6) and math.isnan(gs[1].gap_s)
+    s = gs[0].splits
+    assert [x.backend for x in s] == ["CPU", "CUDA0", "CPU"] and s[2].compute_s == pytest.approx(300e-6)
+    tab = graph_table(gs)
+    assert tab.loc[0, "embd_s"] == pytest.approx(100e-6) and tab.loc[0, "cpu_compute_s"] == pytest.approx(300e-6)
+    assert tab.loc[0, "gpu_copy_s"] == pytest.approx(20e-6) and tab.loc[0, "n_cpu"] == 1
+    # one such split per graph is not a KV store (one per CPU layer)
+    assert kv_store_splits(gs).empty
+    with pytest.raises(ValueError, match=r"log:1: malformed split-time line"):
+        parse_split_time("prefetch-sim split-time: graph=1 ne1=2 splits=0:CPU:0")

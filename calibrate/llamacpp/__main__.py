@@ -51,14 +51,11 @@ def _prepare(args) -> int:
 
 
 def _build(args) -> int:
-    from .build import build, prepare, unpack
+    from .build import build, prepare, unpack_patched
 
     work = Path(args.work)
     if args.src:
-        tree = unpack(args.src, work / "src")
-        info = tree / "prefetch-sim-source.json"
-        src = json.loads(info.read_text()) if info.is_file() else {}
-        label, patches = src.get("source", str(args.src)), tuple(src.get("patches", ()))
+        tree, label, patches = unpack_patched(args.src, work / "src")
     else:
         tree, label, patches = prepare(args.llama_cpp, work, args.cache)
     targets = tuple(args.targets.split(","))

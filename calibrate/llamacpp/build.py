@@ -228,6 +228,26 @@ def unpack(archive: str | Path, dest: str | Path) -> Path:
     return check_tree(dest, what=str(archive))
 
 
+
+def unpack_patched(archive: str | Path, dest: str | Path) -> tuple[Path, str, tuple[str, ...]]:
+    """:func:`unpack` an archive and apply the project's current patches to it (each is applied
+    once: :func:`calibrate.llamacpp.patches.apply` skips one already in the tree), so an archive
+    packed before a patch existed still builds with it. Returns ``(tree, source label, patch
+    names)``; the label comes from the archive's ``prefetch-sim-source.json``.
+
+    Raises:
+        BuildError: as :func:`unpack`, or a patch's anchor is missing in the tree.
+    """
+    import json
+
+    from .patches import apply_all
+
+    tree = unpack(archive, dest)
+    info = tree / "prefetch-sim-source.json"
+    src = json.loads(info.read_text()) if info.is_file() else {}
+    patches = apply_all(tree)
+    return tree, str(src.get("source", archive)), patches
+
 def cmake_args(cuda: bool, cuda_arch: str = "90", tests: bool = True) -> tuple[str, ...]:
     """Configure flags: :data:`BASE_CMAKE_ARGS`, ``-DGGML_CUDA=ON`` with the architecture
     (90 = Hopper, the H200) or OFF, and ``LLAMA_BUILD_TESTS`` for test-backend-ops."""

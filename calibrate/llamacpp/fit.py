@@ -13,11 +13,18 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
   - ``cpu_op_us``: the intercept of a least-squares line ``t = a + bytes / rate`` through the
     CPU table's single-matrix matvecs up to 16 MiB;
   - ``cpu_ew_gb_per_s``: the median of the CPU's cold matvec rates (streaming through DRAM);
+  - ``cpu_get_rows_gb_per_s`` and ``cpu_set_rows_gb_per_s``: ggml-cpu's one-thread GET_ROWS (the
+    token embedding) and SET_ROWS (a CPU layer's KV store) timed split by split in llama-bench
+    itself (a split-timing lease, ``--splits``: :func:`calibrate.llamacpp.splittime.rows_rates`);
 
 * **fitted** on the fit rows of the ground truth only (:mod:`calibrate.llamacpp.split`):
   ``kernel_floor_us`` (one small kernel in a graph), ``graph_us`` (host time per graph),
   ``mask_ns`` (host time per KQ-mask entry), ``split_us`` (host time per split) and
-  ``launch_us`` (host time per kernel of a graph run without a CUDA graph), by
+  ``launch_us`` (host time per kernel of a graph run without a CUDA graph) and
+  ``cpu_rate_scale`` (the CPU backend's matvec throughput in a llama-bench graph relative to the
+  CPU table's cold cases: the split-timing lease shows decode's CPU splits 1.6-2.1x slower than
+  those cases give, and the machines lent differ in CPU speed by up to 25 %, so it is set on
+  the ground truth's own machine), by
   Gauss-Newton on the relative error of the predicted test time (finite-difference Jacobian,
   non-negative, a few iterations), each row's prediction from the simulator itself (analytic
   engine, one routing draw).
@@ -46,7 +53,7 @@ MIN_ROWS_PER_PARAMETER = 3
 #: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
 FITTED = (("kernel_floor_us", "floor_s", 1e-6, 2e-6, 0.5e-6), ("graph_us", "graph_s", 1e-6, 100e-6, 50e-6),
           ("mask_ns", "mask_s", 1e-9, 2e-9, 1e-9), ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
-          ("launch_us", "launch_s", 1e-6, 2e-6, 1e-6))
+          ("launch_us", "launch_s", 1e-6, 2e-6, 1e-6), ("cpu_rate_scale", "cpu_rate_scale", 1.0, 0.6, 0.05))
 
 
 def read_ncu(path: str | Path) -> pd.DataFrame:
@@ -166,14 +173,37 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
     return p, t / t_meas - 1
 
 
-def write_values(profile: str | Path, values: dict[str, tuple[float, str]]) -> None:
-    """Rewrite the ``key = { value = ..., source = "..." }`` lines of ``[ggml]`` in ``profile``."""
+def link_numbers(run_dir: str | Path) -> dict[str, tuple[float, str]]:
+    """``h2d_pinned_gb_per_s`` and ``h2d_pageable_gb_per_s`` from the ground-truth lease's own H2D
+    probe (``h2d.json``, 1 GiB copies, :mod:`calibrate.llamacpp.h2d_probe`): the lent machines
+    differ (pageable 6.6 GB/s on the ground truth's machine against 8.4 on the one the CuPy
+    profile was measured on), and the probe ran in the same lease as the rows.
+
+    Raises:
+        PrefetchSimError: the file is missing or lacks the two rates.
+    """
+    import json
+
+    p = Path(run_dir) / "h2d.json"
+    try:
+        d = json.loads(p.read_text())
+        pinned, pageable = float(d["pinned_bytes_per_s"]), float(d["pageable_bytes_per_s"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PrefetchSimError(f"{p}: cannot read the H2D probe's pinned/pageable rates ({exc})") from None
+    src = (f"measured: {p.as_posix()} (the ground truth's own lease, {d.get('measured_at', '?')}): median of "
+           "1 GiB cudaMemcpyAsync copies from a {} host buffer, CUDA events (calibrate.llamacpp.h2d_probe)")
+    return {"h2d_pinned_gb_per_s": (pinned / 1e9, src.format("pinned")),
+            "h2d_pageable_gb_per_s": (pageable / 1e9, src.format("pageable"))}
+
+
+def write_values(profile: str | Path, values: dict[str, tuple[float, str]], table: str = "ggml") -> None:
+    """Rewrite the ``key = { value = ..., source = "..." }`` lines of ``[table]`` in ``profile``."""
     from sim.atomic import write_atomic
 
     text = Path(profile).read_text()
-    at = text.find("\n[ggml]\n")
+    at = text.find(f"\n[{table}]\n")
     if at < 0:
-        raise PrefetchSimError(f"{profile}: no [ggml] table")
+        raise PrefetchSimError(f"{profile}: no [{table}] table")
     end = text.find("\n[", at + 1)
     end = len(text) if end < 0 else end
     head, sect, tail = text[:at], text[at:end], text[end:]
@@ -181,7 +211,7 @@ def write_values(profile: str | Path, values: dict[str, tuple[float, str]]) -> N
         line = f'{key} = {{ value = {v:.6g}, source = "{src}" }}'
         new, n = re.subn(rf"(?m)^{re.escape(key)} = .*$", line.replace("\\", "\\\\"), sect)
         if n != 1:
-            raise PrefetchSimError(f"{profile}: expected one line '{key} = ...' in [ggml], found {n}")
+            raise PrefetchSimError(f"{profile}: expected one line '{key} = ...' in [{table}], found {n}")
         sect = new
     write_atomic(profile, head + sect + tail)
 
@@ -194,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml", help="the profile to fill")
     ap.add_argument("--run", default="data/llamacpp/h200-20261201", help="ground-truth run folder (fit rows only)")
     ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
+    ap.add_argument("--splits", default="data/llamacpp/h200-20261201-splits",
+                    help="split-timing lease folder (one-thread GET_ROWS / SET_ROWS rates)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
@@ -205,10 +237,18 @@ def main(argv: list[str] | None = None) -> int:
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
         rate, rate_src = ew_rate(args.kernels)
-        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw)}
+        from .splittime import rows_rates
+
+        rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
+        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows}
         hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
-                                   cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9))
-        for k, (v, s) in measured.items():
+                                   cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
+                                   cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
+                                   cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9))
+        links = link_numbers(args.run)
+        hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
+                      h2d_pageable=replace(hw.h2d_pageable, bytes_per_s=links["h2d_pageable_gb_per_s"][0] * 1e9))
+        for k, (v, s) in {**links, **measured}.items():
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas, rows = fit_rows(args.run, hw)
         if len(cases) < MIN_ROWS_PER_PARAMETER * len(FITTED):
@@ -225,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{k} = {v:.6g}")
         print(f"fit rows: median |err| {med:.2f}%, p90 {p90:.2f}% (time per test)")
         if args.write:
+            write_values(args.profile, links, table="hardware")
             write_values(args.profile, {**measured, **fitted})
             print(f"wrote {args.profile}")
     except PrefetchSimError as exc:

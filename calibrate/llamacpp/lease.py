@@ -28,7 +28,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from .build import BuildError, build, unpack
+from .build import BuildError, build, unpack_patched
 from .grid import load_grid, run_grid
 
 #: disk kept free beside the GGUFs (the llama.cpp build takes ~1.5 GB)
@@ -239,12 +239,9 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
     lease.status("writing+building")
     procs = start_writers(lease, spec, repo)
     try:
-        tree = unpack(src_archive, lease.work / "src")
-        info_file = tree / "prefetch-sim-source.json"
-        src_info = json.loads(info_file.read_text()) if info_file.is_file() else {}
-        lease.say(f"build: source {src_info.get('source', '?')}")
-        res = build(tree, lease.work / "build", cuda=True, jobs=jobs, source=src_info.get("source", ""),
-                    patches=tuple(src_info.get("patches", ())))
+        tree, label, patches = unpack_patched(src_archive, lease.work / "src")
+        lease.say(f"build: source {label}, patches {', '.join(patches)}")
+        res = build(tree, lease.work / "build", cuda=True, jobs=jobs, source=label, patches=patches)
     except BuildError as exc:
         lease.say(f"build FAILED: {exc}")
         lease.status("failed (waiting for the GGUF writers, kept for a retry)", error=str(exc))

@@ -172,8 +172,82 @@ PERF_CASES = (
 """),
 )
 
+SPLIT_MARK = "// prefetch-sim split-time"
+
+#: ``split-time`` (in ``ggml/src/ggml-backend.cpp``, ``ggml_backend_sched_compute_splits``): with
+#: ``PREFETCH_SIM_SPLIT_TIME`` set, each graph compute prints one line to stderr with host
+#: timestamps of every split (``ggml_time_us``)::
+#:
+#:     prefetch-sim split-time: graph=7 ne1=512 n_splits=3 gap_us=812 total_us=20417 \
+#: splits=0:CPU:0:0:0:0:14,1:CUDA0:1:11010048:95:210:17,...
+#:
+#: ``gap_us``: host time from the end of the previous graph compute (llama.cpp's graph build,
+#: allocation, input setting, and any synchronisation between graphs); ``ne1``: ``ne[1]`` of the
+#: graph's first node (the ubatch's tokens for llama.cpp's graphs, whose first node is the token
+#: embedding's GET_ROWS). Per split ``id:backend:n_inputs:input_bytes:drain_us:copy_us:compute_us``:
+#: ``drain_us`` the wait for the split's and its inputs' backends to finish their queued work,
+#: ``copy_us`` the input copies (a MoE weight's selective copy included), ``compute_us`` the
+#: compute call (the whole computation on the CPU backend, which is synchronous; the kernel
+#: launches on a GPU). To separate drain from copy the patch synchronises those backends before
+#: the copies, which the scheduler does first anyway when it has no events (one GPU, no pipeline
+#: parallelism: ``n_copies == 1``); with events it does not time the drain (``drain_us`` 0).
+SPLIT_TIME = (
+    Insertion("ggml/src/ggml-backend.cpp", "int prev_backend_id = -1;", f"""\
+    {SPLIT_MARK}: per-split host timestamps (printed when PREFETCH_SIM_SPLIT_TIME is set)
+    static const bool psim_st = getenv("PREFETCH_SIM_SPLIT_TIME") != nullptr;
+    static int64_t psim_st_prev_end = 0;
+    static long long psim_st_graph = 0;
+    std::vector<char> psim_st_buf;
+    const int64_t psim_st_t0 = psim_st ? ggml_time_us() : 0;
+    int64_t psim_st_ts = 0, psim_st_td = 0, psim_st_ti = 0;
+    size_t psim_st_bytes = 0;
+"""),
+    Insertion("ggml/src/ggml-backend.cpp", "struct ggml_backend_sched_split * split = &splits[split_id];", f"""\
+        {SPLIT_MARK}
+        if (psim_st) {{
+            psim_st_ts = ggml_time_us();
+            psim_st_bytes = 0;
+            for (int i = 0; i < split->n_inputs; i++) {{ psim_st_bytes += ggml_nbytes(split->inputs[i]); }}
+            if (split->n_inputs > 0 && sched->n_copies == 1) {{
+                ggml_backend_synchronize(sched->backends[split->backend_id]);
+                for (int i = 0; i < split->n_inputs; i++) {{
+                    ggml_backend_synchronize(ggml_backend_sched_get_tensor_backend(sched, split->inputs[i]));
+                }}
+            }}
+            psim_st_td = ggml_time_us();
+        }}
+"""),
+    Insertion("ggml/src/ggml-backend.cpp", "if (!sched->callback_eval) {", f"""\
+        if (psim_st) {{ psim_st_ti = ggml_time_us(); }}  {SPLIT_MARK}
+""", after=False),
+    Insertion("ggml/src/ggml-backend.cpp", "// record the event of this split", f"""\
+        {SPLIT_MARK}
+        if (psim_st) {{
+            char psim_b[192];
+            const int psim_n = snprintf(psim_b, sizeof(psim_b), "%s%d:%s:%d:%zu:%lld:%lld:%lld", split_id ? "," : "", split_id,
+                     ggml_backend_name(split_backend), split->n_inputs, psim_st_bytes, (long long) (psim_st_td - psim_st_ts),
+                     (long long) (psim_st_ti - psim_st_td), (long long) (ggml_time_us() - psim_st_ti));
+            psim_st_buf.insert(psim_st_buf.end(), psim_b, psim_b + std::min<int>(std::max(psim_n, 0), (int) sizeof(psim_b) - 1));
+        }}
+""", after=False),
+    Insertion("ggml/src/ggml-backend.cpp", "prev_backend_id = split_backend_id;", f"""\
+        {SPLIT_MARK}: last split of the graph done
+        if (psim_st && split_id == sched->n_splits - 1) {{
+            const int64_t psim_te = ggml_time_us();
+            psim_st_buf.push_back('\\0');
+            const ggml_tensor * psim_n0 = splits[0].graph.n_nodes > 0 ? splits[0].graph.nodes[0] : nullptr;
+            fprintf(stderr, "prefetch-sim split-time: graph=%lld ne1=%lld n_splits=%d gap_us=%lld total_us=%lld splits=%s\\n",
+                    psim_st_graph++, psim_n0 ? (long long) psim_n0->ne[1] : -1LL, sched->n_splits,
+                    psim_st_prev_end ? (long long) (psim_st_t0 - psim_st_prev_end) : -1LL,
+                    (long long) (psim_te - psim_st_t0), psim_st_buf.data());
+            psim_st_prev_end = psim_te;
+        }}
+"""),
+)
+
 #: every patch, by name
-PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES}
+PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
+                                              "split-time": SPLIT_TIME}
 
 
 def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> bool:

@@ -1,0 +1,243 @@
+"""Read the ``split-time`` patch's lines (:data:`calibrate.llamacpp.patches.SPLIT_TIME`) and
+measure from them what llama.cpp's CPU backend costs inside a llama-bench graph.
+
+``python -m calibrate.llamacpp.splittime RUN_DIR`` prints, per invocation of a split-timing lease
+(``calibrate/llamacpp/grids/h200-splits.toml``; stderr logs ``st/<id>.err.gz``), the median per
+graph of: the CPU splits' compute, the GPU splits' input copies and drains, the host gap
+between graphs, and the one-thread ops (the token embedding's ``GET_ROWS``, a CPU layer's KV
+``SET_ROWS``), with the rates the profile takes from them (:func:`rows_rates`).
+
+Definitions (one line per graph compute; per split ``id:backend:n_inputs:input_bytes:drain_us:
+copy_us:compute_us``, see the patch):
+
+* **token embedding**: split 0 of a llama.cpp graph is the CPU split holding only the
+  ``GET_ROWS`` of ``token_embd`` (llama.cpp keeps it on the CPU): its compute time, against the
+  ubatch's ``n_tokens · d_model`` f32 values written, is the one-thread GET_ROWS rate;
+* **KV store**: with ``-ngl`` below the layer count, at an offloaded batch, each layer left on
+  the CPU has a CPU split whose two inputs are the new K and V (f32, from the GPU) and whose
+  compute is their two ``SET_ROWS`` into the layer's CPU KV cache: its compute time against its
+  input bytes is the one-thread SET_ROWS rate.
+
+Units: microseconds in the log; seconds and bytes/s in what this module returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.errors import PrefetchSimError
+
+TAG = "prefetch-sim split-time:"
+#: a graph's KV-store splits are one per layer left on the CPU: fewer than this are not counted
+MIN_KV_STORE_SPLITS = 4
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """One split of one graph compute (``ggml_backend_sched_compute_splits``).
+
+    Attributes:
+        id: split index in the graph.
+        backend: ggml backend name (``CPU``, ``CUDA0``...).
+        n_inputs: inputs the scheduler copied to the split's backend.
+        input_bytes: their ``ggml_nbytes`` (a MoE weight counted whole, though only the used
+            experts are copied).
+        drain_s, copy_s, compute_s: wait for queued work, input copies, compute call (s).
+    """
+
+    id: int
+    backend: str
+    n_inputs: int
+    input_bytes: int
+    drain_s: float
+    copy_s: float
+    compute_s: float
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One graph compute: ``graph`` index in the process, ``ne1`` (tokens of the ubatch),
+    ``gap_s`` (host time since the previous graph compute ended; NaN for the first),
+    ``total_s`` (the compute call) and its splits."""
+
+    graph: int
+    ne1: int
+    gap_s: float
+    total_s: float
+    splits: tuple[SplitRecord, ...]
+
+
+def parse_split_time(text: str, name: str = "log") -> list[GraphRecord]:
+    """The ``prefetch-sim split-time:`` lines of a stderr log (other lines are ignored).
+
+    Raises:
+        ValueError: a malformed split-time line, naming ``name`` and the line number.
+    """
+    out = []
+    for no, ln in enumerate(text.splitlines(), 1):
+        if TAG not in ln:
+            continue
+        try:
+            head, sep, body = ln.split(TAG, 1)[1].strip().partition(" splits=")
+            if not sep:
+                raise ValueError("no splits= field")
+            kv = dict(tok.split("=", 1) for tok in head.split())
+            splits = []
+            for s in body.split(","):
+                i, b, ni, nb, dr, cp, co = s.split(":")
+                splits.append(SplitRecord(int(i), b, int(ni), int(nb), int(dr) * 1e-6, int(cp) * 1e-6, int(co) * 1e-6))
+            gap = int(kv["gap_us"])
+            out.append(GraphRecord(int(kv["graph"]), int(kv["ne1"]), float("nan") if gap < 0 else gap * 1e-6,
+                                   int(kv["total_us"]) * 1e-6, tuple(splits)))
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"{name}:{no}: malformed split-time line ({exc}): {ln[:120]!r}") from None
+    return out
+
+
+def read_log(path: str | Path) -> list[GraphRecord]:
+    """:func:`parse_split_time` of a (gzipped or plain) stderr log file."""
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", errors="replace") as f:
+        return parse_split_time(f.read(), str(p))
+
+
+def graph_table(graphs: list[GraphRecord]) -> pd.DataFrame:
+    """One row per graph: tokens, splits, gap and total, and per backend class the sums of
+    compute / drain / copy (seconds) and of input bytes; ``embd_s`` is split 0's compute when it
+    is a CPU split without inputs (the token embedding)."""
+    rows = []
+    for g in graphs:
+        cpu = [s for s in g.splits if s.backend.startswith("CPU") and s.n_inputs > 0]
+        gpu = [s for s in g.splits if not s.backend.startswith("CPU")]
+        s0 = g.splits[0] if g.splits else None
+        rows.append(dict(graph=g.graph, n_tokens=g.ne1, n_splits=len(g.splits), gap_s=g.gap_s, total_s=g.total_s,
+                         n_cpu=len(cpu), cpu_compute_s=sum(s.compute_s for s in cpu),
+                         cpu_drain_s=sum(s.drain_s for s in cpu), cpu_copy_s=sum(s.copy_s for s in cpu),
+                         gpu_drain_s=sum(s.drain_s for s in gpu), gpu_copy_s=sum(s.copy_s for s in gpu),
+                         gpu_launch_s=sum(s.compute_s for s in gpu), gpu_input_bytes=sum(s.input_bytes for s in gpu),
+                         embd_s=(s0.compute_s if s0 is not None and s0.backend.startswith("CPU") and s0.n_inputs == 0
+                                 else float("nan"))))
+    return pd.DataFrame(rows)
+
+
+def kv_store_splits(graphs: list[GraphRecord], min_tokens: int = 32) -> pd.DataFrame:
+    """The KV-store CPU splits (module docstring) of graphs of at least ``min_tokens`` tokens:
+    ``n_tokens, input_bytes, compute_s`` per split. A CPU split with exactly two inputs holding
+    ``n_tokens`` f32 rows each, in a graph with at least :data:`MIN_KV_STORE_SPLITS` of them (one
+    per CPU layer; a lone such split is something else, e.g. the last layer's FFN on the output
+    token)."""
+    rows = []
+    for g in graphs:
+        if g.ne1 < min_tokens:
+            continue
+        hits = [s for s in g.splits
+                if s.backend.startswith("CPU") and s.n_inputs == 2 and s.input_bytes % (8 * g.ne1) == 0]
+        if len(hits) < MIN_KV_STORE_SPLITS:
+            continue
+        for s in hits:
+            rows.append(dict(graph=g.graph, n_tokens=g.ne1, input_bytes=s.input_bytes, compute_s=s.compute_s))
+    return pd.DataFrame(rows, columns=["graph", "n_tokens", "input_bytes", "compute_s"])
+
+
+def _d_model(model_toml: str | Path) -> int:
+    from sim.specs import load_model
+
+    return load_model(model_toml).d_model
+
+
+def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[float, str]]:
+    """The one-thread GET_ROWS and SET_ROWS rates (bytes/s of f32) of a split-timing lease.
+
+    GET_ROWS: the median over invocations with prompt graphs of ``n_tokens · d_model · 4 /
+    embd_s`` (each invocation's median over its graphs of at least ``min_tokens`` tokens);
+    SET_ROWS: the median over KV-store splits (:func:`kv_store_splits`) of ``input_bytes /
+    compute_s``. Returns ``{key: (bytes/s, source)}`` for ``cpu_get_rows_gb_per_s`` and
+    ``cpu_set_rows_gb_per_s`` (values in bytes/s).
+
+    Raises:
+        PrefetchSimError: the folder has no invocation record or no split-time line of either kind.
+    """
+    from .compare import read_invocations, resolve
+
+    run = Path(run_dir)
+    invs = read_invocations(run / "invocations.jsonl")
+    get_r, set_r, used = [], [], []
+    for inv in invs:
+        log = run / "st" / f"{inv['id']}.err.gz"
+        if not log.is_file() or "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
+            continue
+        graphs = read_log(log)
+        tab = graph_table(graphs)
+        big = tab[(tab["n_tokens"] >= min_tokens) & tab["embd_s"].notna() & (tab["embd_s"] > 0)]
+        if not big.empty:
+            d = _d_model(resolve(inv["model_toml"], run, Path.cwd()))
+            get_r.append(float(np.median(big["n_tokens"] * d * 4 / big["embd_s"])))
+            used.append(inv["id"])
+        kv = kv_store_splits(graphs, min_tokens)
+        kv = kv[kv["compute_s"] > 0]
+        set_r.extend((kv["input_bytes"] / kv["compute_s"]).tolist())
+    if not get_r or not set_r:
+        raise PrefetchSimError(f"{run}: no split-time GET_ROWS ({len(get_r)}) or SET_ROWS ({len(set_r)}) "
+                               "measurements (st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
+    src = f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime)"
+    return {"cpu_get_rows_gb_per_s": (float(np.median(get_r)),
+                                      f"{src}: the token embedding's one-thread GET_ROWS (CPU split 0) of graphs "
+                                      f">= {min_tokens} tokens, median of {len(get_r)} invocations"),
+            "cpu_set_rows_gb_per_s": (float(np.median(set_r)),
+                                      f"{src}: the one-thread SET_ROWS of the new K/V of -ngl CPU layers, median "
+                                      f"of {len(set_r)} KV-store splits")}
+
+
+def summary(run_dir: str | Path) -> pd.DataFrame:
+    """Per split-timed invocation and ubatch size, the median per graph of :func:`graph_table`'s
+    columns (ms), skipping each invocation's first two graphs (llama-bench's warm-up)."""
+    from .compare import read_invocations
+
+    run = Path(run_dir)
+    out = []
+    for inv in read_invocations(run / "invocations.jsonl"):
+        log = run / "st" / f"{inv['id']}.err.gz"
+        if not log.is_file():
+            continue
+        graphs = read_log(log)
+        if not graphs:
+            continue
+        tab = graph_table(graphs)
+        tab = tab[tab["graph"] >= 2]
+        for n, g in tab.groupby("n_tokens"):
+            med = g.drop(columns=["graph", "n_tokens"]).median()
+            rec = {"invocation": inv["id"], "n_tokens": int(n), "graphs": len(g)}
+            for k, v in med.items():
+                rec[k.replace("_s", "_ms") if k.endswith("_s") else k] = v * 1e3 if k.endswith("_s") else v
+            out.append(rec)
+    return pd.DataFrame(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.splittime", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", help="split-timing lease folder (invocations.jsonl, st/<id>.err.gz)")
+    args = ap.parse_args(argv)
+    try:
+        tab = summary(args.run_dir)
+        if tab.empty:
+            raise PrefetchSimError(f"{args.run_dir}: no split-time logs (st/<id>.err.gz)")
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(tab.round(2).to_string(index=False))
+        for k, (v, src) in rows_rates(args.run_dir).items():
+            print(f"{k} = {v / 1e9:.4g}   ({src})")
+    except (PrefetchSimError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
