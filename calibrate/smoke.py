@@ -3,10 +3,12 @@
 * :func:`sequential_plan` — the baseline with one graph copy: per layer, the host syncs,
   copies the layer's host-resident weight on the compute stream, waits for it, then launches
   the GEMM: copy and compute never overlap, layer time ``T + C``.
-* :func:`prefetch_plan` — ``n_slots`` staging slots on a copy stream with up to
-  ``n_slots - 1`` copies in flight ahead of the consumer; the consumer waits on its copy's
-  ready event, a slot is reused only after its last consumer finished (free event). With
-  2 slots this is the double buffer of ``--prefetch-weights``: layer time ``max(C, T)``.
+* :func:`prefetch_plan` — ``n_slots`` staging slots on a copy stream, one layer ahead of
+  the consumer whatever the slot count (the copy for layer i+1 is issued when the host reaches
+  layer i; the slots bound reuse, not depth, as :mod:`sim.builder` stages expert slots); the
+  consumer waits on its copy's ready event, a slot is reused only after its last consumer
+  finished (free event). With 2 slots this is the double buffer of ``--prefetch-weights``:
+  layer time ``max(C, T)``.
 
 ``python -m calibrate.smoke --out DIR`` runs both on the GPU and prints a table comparing
 measured makespans with the analytic engine on a hardware profile.
@@ -59,7 +61,9 @@ def sequential_plan(n_layers: int, weight_bytes: int, shape: tuple[int, int, int
 def prefetch_plan(n_layers: int, weight_bytes: int, shape: tuple[int, int, int], *, n_slots: int = 2,
                   resident_gemms: int = 0, drop_free_wait: bool = False) -> Plan:
     """Prefetch plan: copies of each layer's weight into ``n_slots`` rotating staging slots
-    on the copy stream, up to ``n_slots - 1`` ahead of the consumer.
+    on the copy stream, one layer ahead of the consumer (the copy of layer i + 1 is issued
+    before layer i's consumer is launched; it waits for the consumer ``n_slots`` layers
+    earlier).
 
     Args:
         drop_free_wait: omit the free-event dependency (a deliberate use-after-free hazard,
@@ -83,9 +87,9 @@ def prefetch_plan(n_layers: int, weight_bytes: int, shape: tuple[int, int, int],
         p.add(OpKind.EVENT_RECORD, Stream.HOST, -1, f"record ready blk.{c}.ffn", layer=c)
 
     for i in range(n_layers):
-        # copies up to n_slots - 1 ahead of this consumer (the slot of copy i + n_slots - 1
-        # was freed by consumer i - 1, launched already)
-        while issued < min(n_layers - 1, i + n_slots - 1):
+        # copies one ahead of this consumer (the slot of copy i + 1 was freed by consumer
+        # i + 1 - n_slots <= i - 1, launched already)
+        while issued < min(n_layers - 1, i + 1):
             issued += 1
             issue(issued)
         for r in range(resident_gemms):

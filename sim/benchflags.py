@@ -320,7 +320,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                         f"x variants x settings; default {WORK_MAX:,}, a few minutes)")
     p.add_argument("--variant", action="append",
                    help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
-                        "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, or a+b "
+                        "slots<N>, cache_lru, cache_lfu, cache_fit, baseline_without_selective_copy, or a+b "
                         "(e.g. slots3+cache_lru)")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
                    help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
@@ -760,9 +760,11 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     :func:`~sim.llamabench.model_with_kv` (when ``-ctk``/``-ctv`` are given) and
     :func:`~sim.llamabench.row_placement`; the scenario's own placement settings that a
     llama-bench row does not carry stay (``expert_cache_experts``, ``op_offload_min_batch``
-    unless ``-nopo 1``, ``fit_experts``, its ``ctx_size`` as the least context). ``-fitt M``:
-    the fewest host expert layers that fit with M MiB left free per GPU (llama-bench's fit
-    replaces ``-ngl``, ``-ncmoe``, ``-ts`` and ``-ot``). ``-sm none``: every layer on ``-mg``.
+    unless ``-nopo 1``, ``fit_experts``, ``fit_target_mib``, its ``ctx_size`` as the least
+    context). ``-fitt M``: the fewest host expert layers that fit with M MiB left free per GPU
+    (llama-bench's fit replaces ``-ngl``, ``-ncmoe``, ``-ts`` and ``-ot``); the M MiB are held as
+    reserved VRAM, and a fitted expert cache (``expert_cache = "fit"``) leaves them free instead
+    of ``placement.fit_target_mib``. ``-sm none``: every layer on ``-mg``.
 
     Raises:
         ScenarioError: an ``-ot`` rule with an unknown buffer, a pattern that does not compile
@@ -826,7 +828,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     if moe and setting.n_cpu_moe > m.n_layer:
         notes.add(f"-ncmoe {setting.n_cpu_moe}: '{m.name}' has {m.n_layer} blocks; every expert is on the host")
     pl = replace(pl, expert_cache_experts=base.expert_cache_experts, ctx_size=base.ctx_size,
-                 fit_experts=base.fit_experts,
+                 fit_experts=base.fit_experts, fit_target_mib=base.fit_target_mib,
                  op_offload_min_batch=pl.op_offload_min_batch if setting.no_op_offload else base.op_offload_min_batch)
     if "overrides" not in given:
         # the scenario's own rules are already in the simulator's terms: keep them as written
@@ -839,7 +841,10 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         else:
             notes.add(f"-fitt: fitting a dense model ('{m.name}') by layers is not modelled; -ngl as given")
         if setting.fit_target:
+            # the margin is held as reserved VRAM, for the n_cpu_moe fit and for a fitted expert
+            # cache pool alike (expert_cache = "fit" then leaves nothing more free)
             hw = hw.with_(vram_reserved_bytes=hw.vram_reserved_bytes + setting.fit_target * 2**20)
+            pl = replace(pl, fit_target_mib=(0,))
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
     if setting.flash_attn == 0 and str(setting.type_v).lower() not in ("f16", "bf16", "f32"):

@@ -22,7 +22,12 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
 * **MoE-batch gate.** In a graph with MoE host splits, prefetch is off when the ubatch has
   fewer tokens than ``gate_min_batch``; staging stays reserved (see :mod:`sim.vram`).
 * **Expert staging slots.** When tokens x top-k >= 2 x n_expert, expert splits are copied
-  whole into N rotating slots with up to N-1 copies in flight ahead of the consumer.
+  whole into N rotating slots, one staged split ahead whatever N (the copy feeding staged split
+  k+1 is issued when the host reaches staged split k); N bounds reuse, not depth: a slot is
+  refilled only after the consumer N staged splits earlier finished (free event). One slot
+  cannot be refilled while it is read: with N = 1 each copy is issued at its own split, after
+  the previous consumer, and nothing overlaps. A slot holds the largest expert tensor staged on
+  its GPU (:func:`sim.vram.expert_slot_bytes`, per-layer ggml types).
 * **Expert cache.** Used experts that hit the cache are not copied; misses are copied and
   inserted. At decode, hits run on the GPU and misses on the CPU (their insertion is copied in
   the background on the copy stream).
@@ -175,7 +180,7 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     cache = None
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
-        cache = ExpertCache(cap, variant.expert_cache)
+        cache = ExpertCache(cap, variant.cache_policy)
     host = frozenset(id(t) for t in model.tensors if placement.host_resident(model, t))
     return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
                         layer_devices(model, placement, scn.hardware.n_gpu))
@@ -439,8 +444,8 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
     slots_on = (var.expert_slots > 0 and model.moe is not None
                 and n_tokens * model.moe.n_expert_used >= 2 * model.moe.n_expert)
-    # which splits get their host input staged on the copy stream, and with which lookahead
-    # split index -> (buffer pool, buffers in the pool); lookahead = buffers - 1
+    # which splits get their host input staged on the copy stream, and into how many buffers:
+    # split index -> (buffer pool, buffers in the pool)
     staged: dict[int, tuple[str, int]] = {}
     for si, s in enumerate(splits):
         if s.host_input is None:
@@ -453,13 +458,15 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     for si in sorted(staged):
         pools.setdefault(staged[si][0], []).append(si)
     pool_pos = {si: pos for members in pools.values() for pos, si in enumerate(members)}
-    # issue point of each staged copy: the start of the split that is (buffers - 1) staged
-    # splits earlier in its pool (up to buffers - 1 copies in flight ahead of the consumer);
-    # the first ones of a graph are issued at the graph's first split
+    # issue point of each staged copy: one staged split ahead in its pool whatever the number
+    # of buffers (the buffers bound reuse, not depth): the copy feeding staged split k+1 is
+    # issued when the host reaches staged split k, the graph's first staged copy at the graph's
+    # first split. A single buffer cannot be refilled while it is read: each copy is then issued
+    # at its own split, after the previous consumer's free event was recorded (no overlap).
     issue_at: dict[int, int] = {}
     for pool, members in pools.items():
         for pos, si in enumerate(members):
-            la = staged[si][1] - 1
+            la = min(staged[si][1] - 1, 1)
             issue_at[si] = members[pos - la] if pos >= la else 0
     # copies are issued when their issue point comes (pools independent of each other)
     staged_order = sorted(staged, key=lambda si: (issue_at[si], si))
@@ -488,14 +495,18 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         deps = [free_dep] if free_dep is not None else []
         if free_dep is not None:
             em.host(OpKind.EVENT_WAIT, f"wait free slot{slot}")
+        # an expert slot is allocated for the largest expert tensor staged on its GPU (the VRAM
+        # accounting's figure), a weight buffer for the largest host split of its pool
+        sb = ctx.vram[dev].expert_slot_bytes if pool_name == "slots" else slot_bytes[pool_name]
         copy_of[si] = em.h2d(f"{t.name} (prefetch)", dev, nbytes, stream=Stream.COPY, deps=deps,
-                             slot=slot, slot_bytes=slot_bytes[pool_name], tag="prefetch")
+                             slot=slot, slot_bytes=sb, tag="prefetch")
         em.host(OpKind.EVENT_RECORD, f"record ready {t.name}")
         em.layer, em.split = saved
 
-    # a staging buffer is allocated for the largest tensor it may hold (worst-case graph)
+    # a weight-prefetch buffer is allocated for the largest host split it may hold (worst-case
+    # graph)
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
-                  for name, members in pools.items()}
+                  for name, members in pools.items() if name != "slots"}
     ggml = hw.ggml
     if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0):
         # llama.cpp's host work per graph: build, allocate, set the inputs, and without a CUDA

@@ -279,7 +279,32 @@ def vram_table(results) -> str:
             from .report import md_escape
 
             lines.append(f"| {md_escape(r.variant)} | {b.device} | " + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
-    return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n"
+    return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n" + cache_pool_table(results)
+
+
+def cache_pool_table(results) -> str:
+    """Markdown table of the expert-cache pool per variant and GPU (:attr:`sim.vram.VramBreakdown.
+    cache_pool_bytes`: what VRAM leaves for it, minus the fit target for ``expert_cache = "fit"``)
+    and the entries it holds; empty when no variant has an expert cache."""
+    from .report import md_escape
+    from .units import GiB
+
+    lines = []
+    seen = set()
+    for r in results:
+        if r.variant in seen or not any(b.cache_pool_bytes or b.cache_experts for b in r.vram):
+            continue
+        seen.add(r.variant)
+        for b in r.vram:
+            how = "fit" if b.cache_fit else "free VRAM"
+            lines.append(f"| {md_escape(r.variant)} | {b.device} | {how} | {b.fit_margin_bytes / 2**20:.0f} | "
+                         f"{b.cache_pool_bytes / GiB:.2f} | {b.cache_experts} | {b.cache_bytes / GiB:.2f} |")
+    if not lines:
+        return ""
+    head = ["| variant | GPU | pool sized by | fit target (MiB) | pool (GiB) | experts held | held (GiB) |",
+            "| --- | --: | --- | --: | --: | --: | --: |"]
+    return "\nExpert cache pool (what VRAM leaves after weights, KV cache, compute buffer and staging):\n\n" + \
+        "\n".join(head + lines) + "\n"
 
 
 def _setting_label(params, setting) -> str:

@@ -805,6 +805,8 @@ class FigureSpec:
         fixed: axis settings applied before the sweep (``ubatch=2048``).
         plot: drawing function ``(SweepResult) -> Figure``.
         labels: variant label -> display name (a swept ``slots2`` shows as ``slots<N>``).
+        repetitions: runs per cell when ``-r`` is not given (figure d: llama-bench's default
+            ``-r 5``, over which an expert cache warms after llama-bench's one-token warm-up).
     """
 
     key: str
@@ -817,6 +819,7 @@ class FigureSpec:
     fixed: tuple[str, ...] = ()
     plot: object = None
     labels: tuple[tuple[str, str], ...] = ()
+    repetitions: int = 1
 
 
 def _plot_prompt(res: SweepResult):
@@ -936,7 +939,7 @@ FIGURES: dict[str, FigureSpec] = {f.key: f for f in (
     FigureSpec("d", "d_cache_decode",
                "Decode t/s vs expert-cache capacity, with and without staging reserved",
                "scenarios/qwen3-30b-a3b-rtx3090.toml", ("baseline", "cache_lru", "prefetch_gated_512+cache_lru"),
-               "tg32", ("cache=32,64-640+64",), plot=_plot_cache),
+               "tg32", ("cache=32,64-640+64",), plot=_plot_cache, repetitions=5),
 )}
 
 _FIGURE_ALIASES = {f.name.split("_", 1)[1]: k for k, f in FIGURES.items()} | {f.name: k for k, f in FIGURES.items()}
@@ -987,12 +990,13 @@ def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) ->
 
 
 def run_figure(spec: FigureSpec, out_dir: str | Path, *, scenario: str | Path | None = None,
-               repetitions: int = 1, jobs: int | None = None, engine: str = "analytic",
+               repetitions: int | None = None, jobs: int | None = None, engine: str = "analytic",
                progress: bool = False) -> SweepOutput:
     """Build one built-in figure into ``out_dir`` (``<name>.png`` and ``<name>.csv``).
 
     Args:
         scenario: use this scenario file instead of the figure's own.
+        repetitions: runs per cell; None: the figure's own (:attr:`FigureSpec.repetitions`).
 
     Raises:
         ScenarioError: the scenario cannot be loaded, or the figure's axes do not apply to it.
@@ -1007,8 +1011,8 @@ def run_figure(spec: FigureSpec, out_dir: str | Path, *, scenario: str | Path | 
         ax = parse_axis(text, flag="--figure")
         scn, variants, test = apply_point(scn, variants, test, [(ax.name, ax.values[0])])
     axes = [parse_axis(t, flag="--figure") for t in spec.axes]
-    res = sweep(scn, axes, variants, test, repetitions=repetitions, engine=engine, jobs=jobs,
-                progress=progress)
+    res = sweep(scn, axes, variants, test, repetitions=spec.repetitions if repetitions is None else repetitions,
+                engine=engine, jobs=jobs, progress=progress)
     return write_outputs(res, out_dir, spec.name, spec.plot(res))
 
 
@@ -1050,7 +1054,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
 
     from .bounds import LIST_VALUES_MAX, REPETITIONS_MAX, WORK_MAX
 
-    if not 1 <= args.repetitions <= REPETITIONS_MAX:
+    if args.repetitions is not None and not 1 <= args.repetitions <= REPETITIONS_MAX:
         raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
     if args.max_work is not None and args.max_work < 1:
         raise ScenarioError(f"must be >= 1, got {args.max_work}", field="--max-work")
@@ -1103,7 +1107,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"{n_cells:,} sweep points, more than the limit of {LIST_VALUES_MAX}", field="--axis2")
     for note in axis_notes(axes, test, scn):
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
-    res = sweep(scn, axes, variants, test, repetitions=args.repetitions, engine=args.engine, jobs=args.jobs,
+    res = sweep(scn, axes, variants, test, repetitions=args.repetitions or 1, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress,
                 max_work=WORK_MAX if args.max_work is None else args.max_work)
     _report(write_outputs(res, args.out, _stem(res)))
@@ -1156,7 +1160,8 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="baseline",
                    help="the variant the others are compared against: one of the variants, or 'baseline' (the "
                         "plain baseline, added if absent; default)")
-    p.add_argument("-r", "--repetitions", type=int, default=1, help="repetitions per cell (default 1)")
+    p.add_argument("-r", "--repetitions", type=int, default=None,
+                   help="repetitions per cell (default 1; --figure: the figure's own, 5 for d)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic")
     p.add_argument("--figure", help="build a built-in figure: " + ", ".join(FIGURES) + ", their names, or all")

@@ -84,6 +84,21 @@ def fit_context_to_tests(scn: Scenario, tests: Sequence[BenchTest] | None = None
     return scn
 
 
+#: the ``rep`` index of :func:`rep_rng` that draws the routing of a test's warm-up run
+WARMUP_REP = 10_000
+
+
+def warmup_test(test: BenchTest) -> BenchTest:
+    """The untimed warm-up llama-bench runs before a test's repetitions (unless
+    ``--no-warmup``; ``tools/llama-bench/llama-bench.cpp``, "warmup run"): one prompt of the
+    test's ``n_prompt`` tokens for a pp test, **one** generated token for a tg test, on an empty
+    KV cache (no ``-d`` depth; llama-bench has no flag for a longer generation warm-up). Only
+    an expert cache keeps anything of it (:func:`run_variant_test`)."""
+    if test.n_prompt:
+        return BenchTest(test.n_prompt, 0, 0)
+    return BenchTest(0, min(test.n_gen, 1), 0)
+
+
 def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
     """The routing rng of one repetition of one test (shared by all variants). ``-1`` indices
     (context set-up) map to a separate stream."""
@@ -124,6 +139,10 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
                      ctx: BuildContext | None = None, *, memo: bool = True) -> TestResult:
     """Build, time and summarise ``repetitions`` runs of one test under one variant.
 
+    With an expert cache, llama-bench's warm-up run (:func:`warmup_test`) is built first on the
+    same context (its hits are not counted); the cache then carries over the repetitions, as
+    in llama-bench's context, and over the tests of the variant that share ``ctx``.
+
     Args:
         memo: time each distinct graph once and sum over the test's graphs
             (:mod:`sim.memo`; the same numbers to rounding) where that is exact; False builds
@@ -136,8 +155,8 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
 
     ctx = ctx or make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
     if ctx.cache is not None:
-        # llama-bench runs one untimed warm-up; it also warms the expert cache
-        build_plan(scn, variant, test, rep_rng(scn.seed, test_index, 10_000), ctx)
+        # llama-bench's untimed warm-up run (warmup_test); it also warms the expert cache
+        build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
         ctx.cache.reset_stats()
     fast = memo and memo_eligible(ctx)
     templates: dict = {}

@@ -934,6 +934,12 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
 _CPU_MOE_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 
 
+#: llama.cpp's default fit target, MiB per device: ``common_params::fit_params_target``
+#: (``common/common.h``, ``1024 * 1024*1024`` bytes; ``-fitt``/``--fit-target`` in
+#: ``common/arg.cpp``). llama-bench's own ``-fitt`` is off unless given.
+FIT_TARGET_MIB_DEFAULT = 1024
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where weights live, as llama.cpp's flags set it.
@@ -958,6 +964,12 @@ class Placement:
         flash_attn: ``-fa``: FlashAttention (llama.cpp's ``auto`` picks it on CUDA) or the
             unfused KQ / softmax / KQV; priced differently only by a profile with llama.cpp
             kernel tables (:mod:`sim.ggmlcost`).
+        fit_target_mib: llama.cpp's fit target (``-fitt MiB0,MiB1,...``): MiB left free per GPU
+            when a variant's expert cache is sized by the fit (``expert_cache = "fit"``, see
+            :func:`sim.vram.account`); one value is broadcast to every GPU, a list sets the
+            first GPUs and the others keep the default, :data:`FIT_TARGET_MIB_DEFAULT`.
+            Only the fitted cache pool reads it (``fit_experts`` takes its margin from
+            llama-bench's ``-fitt`` flag, :func:`sim.benchflags.setting_scenario`).
     """
 
     ngl: int = 999
@@ -970,6 +982,18 @@ class Placement:
     fit_experts: bool = False
     tensor_split: tuple[float, ...] = ()
     flash_attn: bool = True
+    fit_target_mib: tuple[int, ...] = ()
+
+    def fit_margin_bytes(self, gpu: int) -> float:
+        """Bytes the fit leaves free on GPU ``gpu`` (:attr:`fit_target_mib`, as llama.cpp's
+        ``-fitt`` parses it: one value for every GPU, else per GPU with the default for the
+        GPUs the list does not reach)."""
+        ts = self.fit_target_mib
+        if len(ts) == 1:
+            mib = ts[0]
+        else:
+            mib = ts[gpu] if gpu < len(ts) else FIT_TARGET_MIB_DEFAULT
+        return float(mib) * 2**20
 
     def host_resident(self, model: ModelSpec, t: Tensor) -> bool:
         """True if tensor ``t`` is kept in host memory under this placement.
@@ -1047,6 +1071,8 @@ def placement_from_fields(p: Fields) -> Placement:
         fit_experts=p.bool("fit_experts", False),
         tensor_split=_tensor_split(p),
         flash_attn=p.bool("flash_attn", True),
+        fit_target_mib=p.int_list("fit_target_mib", (FIT_TARGET_MIB_DEFAULT,), min=0, max=TOKENS_MAX * 64)
+        if p.has("fit_target_mib") else (),
     )
 
 
@@ -1141,7 +1167,10 @@ def workload_from_fields(w: Fields) -> Workload:
 # Variant
 # --------------------------------------------------------------------------------------
 
-CACHE_POLICIES = ("none", "lru", "lfu")
+#: values of ``Variant.expert_cache``: no cache, an LRU or LFU cache in whatever VRAM is left
+#: (``placement.expert_cache_experts`` may cap it), or ``"fit"``: an LRU cache whose pool is
+#: what llama.cpp's fit leaves, the free VRAM minus the fit target (:func:`sim.vram.account`)
+CACHE_POLICIES = ("none", "lru", "lfu", "fit")
 
 
 @dataclass(frozen=True)
@@ -1156,7 +1185,10 @@ class Variant:
             ubatch has fewer tokens than this (None = ungated).
         expert_slots: staging slots of ``--prefetch-experts-slots N`` (0 = off). Fires when
             tokens * top-k >= 2 * n_expert (prefill only).
-        expert_cache: GPU expert cache policy, ``"none"``, ``"lru"`` or ``"lfu"``.
+        expert_cache: GPU expert cache, ``"none"``, ``"lru"``, ``"lfu"``, or ``"fit"``: an LRU
+            cache whose pool is the VRAM left after resident weights, KV cache, compute buffer
+            and staging minus the fit target (``placement.fit_target_mib``, llama.cpp's
+            ``-fitt``); see :func:`sim.vram.account`.
         selective_copy: copy only the experts the ubatch uses (upstream ggml behaviour);
             false copies whole expert tensors (the control in docs/DESIGN.md).
     """
@@ -1176,18 +1208,24 @@ class Variant:
     def is_baseline(self) -> bool:
         return not self.any_prefetch and self.expert_cache == "none" and self.selective_copy
 
+    @property
+    def cache_policy(self) -> str:
+        """The eviction policy of the expert cache (:mod:`sim.cache`): ``"lru"`` for the
+        fitted pool, else :attr:`expert_cache`."""
+        return "lru" if self.expert_cache == "fit" else self.expert_cache
+
 
 _VARIANT_TOKEN = re.compile(
     r"(?P<baseline>baseline)$|(?P<ungated>prefetch_ungated|prefetch_weights|prefetch)$"
     r"|(?:prefetch_gated_?|gated_?)(?P<gate>\d+)$|(?:prefetch_experts_slots_?|slots_?)(?P<slots>\d+)$"
-    r"|cache_(?P<cache>lru|lfu)$|(?P<nosel>no_selective_copy|baseline_without_selective_copy|whole_copy)$"
+    r"|cache_(?P<cache>lru|lfu|fit)$|(?P<nosel>no_selective_copy|baseline_without_selective_copy|whole_copy)$"
 )
 
 
 def parse_variant(text: str, *, file: str | Path | None = None, field_name: str = "variant") -> Variant:
     """Parse a variant label such as ``baseline``, ``prefetch_ungated``,
-    ``prefetch_gated_512``, ``slots3``, ``cache_lru``, ``baseline_without_selective_copy`` or
-    a ``+``-joined combination (``slots3+cache_lru``).
+    ``prefetch_gated_512``, ``slots3``, ``cache_lru``, ``cache_fit`` (an LRU cache sized by the
+    fit), ``baseline_without_selective_copy`` or a ``+``-joined combination (``slots3+cache_lru``).
 
     Raises:
         ScenarioError: an unknown token, naming ``field_name`` in ``file``.
@@ -1199,7 +1237,7 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
         if not mt:
             raise ScenarioError(
                 f"unknown variant '{tok}' (use baseline, prefetch_ungated, prefetch_gated_<N>, "
-                "slots<N>, cache_lru, cache_lfu, baseline_without_selective_copy, joined with +)",
+                "slots<N>, cache_lru, cache_lfu, cache_fit, baseline_without_selective_copy, joined with +)",
                 file=file, field=field_name)
         group = next(g for g in ("baseline", "ungated", "gate", "slots", "cache", "nosel") if mt[g])
         group = "prefetch" if group in ("ungated", "gate") else group
@@ -1339,6 +1377,9 @@ def load_scenario(path: str | Path) -> Scenario:
                               f"{placement.expert_cache_experts} entries exceed the model's {model.moe.n_expert} "
                               f"experts × {model.n_layer} layers = {model.moe.n_expert * model.n_layer} "
                               "(the cache counts one expert of one layer per entry)")
+    if len(placement.fit_target_mib) > hardware.n_gpu:
+        raise pl_fields.error("fit_target_mib", f"{len(placement.fit_target_mib)} values for the {hardware.n_gpu} "
+                                                f"GPU(s) of hardware '{hardware.name}' (one value applies to every GPU)")
     if len(placement.tensor_split) > hardware.n_gpu:
         raise pl_fields.error("tensor_split", f"{len(placement.tensor_split)} shares for the {hardware.n_gpu} GPU(s) "
                                               f"of hardware '{hardware.name}'")

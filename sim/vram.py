@@ -1,12 +1,26 @@
 """VRAM accounting per GPU: resident weights, KV cache, compute buffer, staging, cache pool.
 
-Staging is reserved for the worst-case graph (docs/DESIGN.md, variant 2 caveat): a gated prefetch
-reserves the same bytes as an ungated one, even in graphs where it is off.
+VRAM is assigned in llama.cpp's order: resident weights (model load), KV cache (context
+creation), then the compute buffer that ``llama_context::sched_reserve`` has
+``ggml_backend_sched`` reserve for the worst-case graph at ``n_ubatch`` tokens, and last the
+expert-cache pool from what is left. The compute buffer holds the graph's activations and the
+copies of the split inputs (host weights) of one split at a time: ``ggml_backend_sched``
+adds a split's input copies to the graph at the start of the split and ggml-alloc frees them
+after their last use, with one graph copy (``n_copies = 1``: llama.cpp enables pipeline
+parallelism, with its per-copy inputs, only with every layer on the GPUs and no tensor overrides,
+so never with host weights). Prefetch staging is reserved for the worst-case graph as well
+(docs/DESIGN.md, variant 2 caveat): a gated prefetch reserves the same bytes as an ungated one,
+even in graphs where it is off.
+
+The cache pool is what VRAM leaves after those; with ``expert_cache = "fit"`` it also leaves
+llama.cpp's fit target free (``-fitt``, ``placement.fit_target_mib``, 1024 MiB per GPU by default):
+``pool = capacity - reserved - weights - KV - compute - staging - fit target``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterable
 
 import numpy as np
 
@@ -33,9 +47,17 @@ class VramBreakdown:
         compute_bytes: compute buffer (activations + copies of host weights for the largest
             offloaded op).
         staging_bytes: prefetch staging buffers (2 x largest host split for weight prefetch,
-            N x largest expert tensor for expert slots).
-        cache_bytes: expert cache pool (what the cache actually holds).
+            N x :attr:`expert_slot_bytes` for expert slots).
+        cache_bytes: expert cache (what the cache actually holds: whole entries of the pool).
         cache_experts: cache capacity in experts (an expert = gate+up+down of one layer).
+        expert_slot_bytes: bytes of one expert staging slot on this GPU
+            (:func:`expert_slot_bytes`; 0 without expert slots).
+        cache_pool_bytes: VRAM given to the expert-cache pool on this GPU (0 without a cache):
+            what is left after the other components, minus :attr:`fit_margin_bytes`; the
+            cache holds ``cache_experts`` whole entries of it.
+        fit_margin_bytes: the fit target left free on this GPU (``expert_cache = "fit"``
+            only; llama.cpp's ``-fitt``).
+        cache_fit: the cache pool is sized by the fit (``expert_cache = "fit"``).
     """
 
     device: int
@@ -47,6 +69,10 @@ class VramBreakdown:
     staging_bytes: float
     cache_bytes: float = 0.0
     cache_experts: int = 0
+    expert_slot_bytes: int = 0
+    cache_pool_bytes: float = 0.0
+    fit_margin_bytes: float = 0.0
+    cache_fit: bool = False
 
     @property
     def total_bytes(self) -> float:
@@ -113,23 +139,44 @@ def weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
     return out
 
 
+def expert_slot_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes of one expert staging slot (``--prefetch-experts-slots``) on a GPU whose staged
+    host weights are ``tensors``: the largest expert tensor among them (``Tensor.nbytes`` of a
+    ``*_exps`` matrix, all its experts, each tensor with its own ggml type, so that per-layer
+    types count: Q4_K_M's Q6_K ``ffn_down_exps``, the Q6_K layers of Qwen3's ``use_more_bits``
+    rule). A slot holds any expert tensor it may be asked to stage. 0 without expert tensors.
+
+    The one formula for a slot's size: :func:`staging_bytes` reserves N of these and the plan
+    builder (:mod:`sim.builder`) allocates its slots with it (``Op.slot_bytes``), through
+    :attr:`VramBreakdown.expert_slot_bytes`."""
+    return max((t.nbytes for t in tensors if t.is_expert and t.is_matrix), default=0)
+
+
 def staging_bytes(variant: Variant, host_groups: list[tuple[Tensor, ...]]) -> float:
     """Staging reservation of a variant on one GPU, given the host-resident weight groups whose
-    ops run there: 2 × the largest group for weight prefetch, N × the largest expert tensor for
+    ops run there: 2 × the largest group for weight prefetch, N × :func:`expert_slot_bytes` for
     expert slots."""
     out = 0.0
     if variant.prefetch_weights:
         out += 2 * max((sum(t.nbytes for t in g) for g in host_groups), default=0)
     if variant.expert_slots:
-        out += variant.expert_slots * max((t.nbytes for g in host_groups for t in g if t.is_expert), default=0)
+        out += variant.expert_slots * expert_slot_bytes(t for g in host_groups for t in g)
     return float(out)
 
 
 def account(scn: Scenario, variant: Variant, placement: Placement | None = None) -> list[VramBreakdown]:
-    """VRAM per GPU for a scenario under a variant.
+    """VRAM per GPU for a scenario under a variant (module docstring: the order of assignment).
+
+    Returns:
+        One :class:`VramBreakdown` per GPU. With an expert cache its pool is the VRAM left on each
+        GPU (:attr:`VramBreakdown.cache_pool_bytes`), minus the fit target with
+        ``expert_cache = "fit"``; the cache holds whole entries of it (an entry: one expert of one
+        layer, the largest layer's, :func:`expert_bytes`), at most ``placement.expert_cache_experts``
+        when that is a count.
 
     Raises:
-        PlacementError: the placement does not fit; names ``placement.*`` in the scenario file.
+        PlacementError: the placement does not fit (names ``placement`` in the scenario file); a
+            fitted cache has no room for one entry on any GPU (names ``placement.fit_target_mib``).
     """
     model, hw = scn.model, scn.hardware
     pl = placement or scn.placement
@@ -175,8 +222,10 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 comp += max(offl)  # a copy of the largest host weight group offloaded to this GPU
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
         # layers that are not offloaded)
-        stg = staging_bytes(variant, [grp for grp in host_groups if gpu_of(grp) == g])
-        out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg))
+        here = [grp for grp in host_groups if gpu_of(grp) == g]
+        stg = staging_bytes(variant, here)
+        slot = expert_slot_bytes(t for grp in here for t in grp) if variant.expert_slots else 0
+        out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))
     for b in out:
         if b.total_bytes > b.capacity_bytes:
             raise PlacementError(
@@ -188,16 +237,33 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 + "raise placement.n_cpu_moe, lower placement.ngl, the context (ctx_size, or the "
                 "tests' depth + tokens), or add placement.override_tensor rules (llama.cpp's -ot)",
                 file=scn.file, field="placement")
-    # expert cache pool: what is left, split over GPUs
+    # expert cache pool: what is left (minus the fit target for a fitted pool), split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:
         want = pl.expert_cache_experts
         eb = max((expert_bytes(model, i) for i in range(model.n_layer) if model.is_moe_layer(i)), default=0)
+        fit = variant.expert_cache == "fit"
+        out = [replace(b, fit_margin_bytes=pl.fit_margin_bytes(b.device) if fit else 0.0, cache_fit=fit)
+               for b in out]
+        out = [replace(b, cache_pool_bytes=max(b.free_bytes - b.fit_margin_bytes, 0.0)) for b in out]
+        if fit and (not eb or all(b.cache_pool_bytes < eb for b in out)):
+            raise PlacementError(_nothing_left(out, eb, variant, pl), file=scn.file, field="placement.fit_target_mib")
         if eb:
-            caps = [int(max(b.free_bytes, 0) // eb) for b in out]
+            caps = [int(b.cache_pool_bytes // eb) for b in out]
             n_cache = sum(caps) if want in (-1, 0) else min(want, sum(caps))
             per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out
+
+
+def _nothing_left(out: list[VramBreakdown], eb: int, variant: Variant, pl: Placement) -> str:
+    """The message of a fitted expert cache with no room for one entry on any GPU."""
+    per = "; ".join(f"GPU {b.device}: {b.free_bytes / 2**20:.0f} MiB free after weights "
+                    f"{b.weights_bytes / GiB:.2f} GiB, KV {b.kv_bytes / GiB:.2f}, compute {b.compute_bytes / GiB:.2f}, "
+                    f"staging {b.staging_bytes / GiB:.2f}, reserved {b.reserved_bytes / GiB:.2f}, "
+                    f"fit target {b.fit_margin_bytes / 2**20:.0f} MiB" for b in out)
+    return (f"variant {variant.name!r}: expert_cache = 'fit' leaves no room for one expert "
+            f"({eb / 2**20:.2f} MiB) on any GPU ({per}); lower placement.fit_target_mib (llama.cpp's -fitt), "
+            "raise placement.n_cpu_moe or use fewer staging slots")
 
 
 def _fill(n: int, caps: list[int]) -> list[int]:
@@ -217,6 +283,8 @@ def _fill(n: int, caps: list[int]) -> list[int]:
 def fit_n_cpu_moe(scn: Scenario, variant: Variant) -> int:
     """Smallest ``n_cpu_moe`` whose placement fits with the variant's staging reserved
     (llama.cpp ``--fit``-style automatic placement). Starts from the scenario's ``n_cpu_moe``.
+    For a fitted expert cache (``expert_cache = "fit"``) the placement must also leave the fit
+    target plus one cache entry free (:func:`account` raises otherwise).
 
     Raises:
         PlacementError: even all experts on the host do not fit.

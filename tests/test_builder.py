@@ -202,6 +202,10 @@ def test_ungated_prefetch_is_the_two_slot_pipeline(moe, bw):
 
 @pytest.mark.parametrize("slots", [1, 2, 3, 4])
 def test_expert_slots_are_the_n_slot_pipeline(slots):
+    """With free host calls the slots plan is the N-buffer recurrence (copy j waits for the
+    consumer N staged splits earlier). Since issue #18 the copies are issued one staged split
+    ahead whatever N (not N-1 ahead): with a free host the issue point never binds, so the
+    recurrence, which has only the free events, still gives the makespan."""
     scn = make_scenario(n_layer=3, n_expert=8, top_k=2, h2d_gb_per_s=5.0)
     hw = zero_host_costs(scn.hardware)
     plan = plan_of(scn, f"slots{slots}", n_prompt=64)
@@ -213,6 +217,86 @@ def test_more_slots_never_slower_and_gain_saturates():
     scn = make_scenario(n_layer=4, n_expert=8, top_k=2, h2d_gb_per_s=5.0)
     t = [makespan(plan_of(scn, f"slots{n}", n_prompt=64), scn.hardware) for n in (1, 2, 3, 4, 6)]
     assert all(a >= b - 1e-15 for a, b in zip(t, t[1:]))
+
+
+def _staged_ops(plan):
+    """``(copies, consumers)`` of a one-graph slots plan: the staging H2D and the consumer op of
+    each staged split, in pool order (by split)."""
+    copies = {o.split: o for o in plan.ops if o.kind is OpKind.H2D and o.tag == "prefetch"}
+    consumers = {o.split: o for o in plan.ops if o.tag == "staged"}
+    assert copies.keys() == consumers.keys()
+    order = sorted(copies)
+    return [copies[s] for s in order], [consumers[s] for s in order]
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4, 6])
+def test_slot_copies_are_issued_one_split_ahead_whatever_the_slot_count(slots):
+    """Issue #18: the lookahead is one staged split whatever N (slots bound reuse, not depth).
+    In plan (host program) order, when the host launches the consumer of staged split k, the
+    copies of staged splits 0..k+1 have been issued (0..k with one slot: a single slot cannot be
+    refilled while it is read); copy k waits for the free event of the consumer N staged splits
+    earlier and for nothing else on the GPU. (Before, N slots issued up to N-1 copies ahead.)"""
+    scn = make_scenario(n_layer=3, n_expert=8, top_k=2)
+    plan = plan_of(scn, f"slots{slots}", n_prompt=64)
+    copies, consumers = _staged_ops(plan)
+    S = len(copies)
+    assert S == 9  # 3 layers x gate/up/down
+    ahead = 1 if slots >= 2 else 0
+    for k, cons in enumerate(consumers):
+        issued = sum(1 for c in copies if c.id < cons.id)
+        assert issued == min(k + 1 + ahead, S), (k, issued)
+    for k, cp in enumerate(copies):
+        gpu_deps = [d for d in cp.deps if plan.ops[d].stream is not Stream.HOST]
+        assert gpu_deps == ([consumers[k - slots].id] if k >= slots else []), k
+        assert cp.slot == k % slots
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+@pytest.mark.parametrize("C,T", [(1.0, 3.0), (3.0, 1.0), (2.0, 2.0), (0.0, 1.0), (1.0, 0.0)])
+def test_slot_pipeline_makespan_is_the_one_ahead_closed_form(C, T, engine):
+    """Theory: S staged splits, every copy T and every consumer C, everything else free. The
+    one-ahead pipeline ends at ``T + (S-1)·max(C, T) + C`` for every N >= 2 (copy k+1 overlaps
+    consumer k; a deeper buffer cannot help when C and T are constant); N = 1 cannot refill its
+    slot while it is read, so nothing overlaps: ``S·(C + T)``. The durations are set by hand, so
+    this checks the plan's dependency structure alone."""
+    scn = make_scenario(n_layer=4, n_expert=8, top_k=2)
+    for slots in (1, 2, 3, 4, 5, 12):
+        plan = plan_of(scn, f"slots{slots}", n_prompt=64)
+        copies, consumers = _staged_ops(plan)
+        S = len(copies)
+        d = np.zeros(len(plan.ops))
+        d[[c.id for c in copies]] = T
+        d[[c.id for c in consumers]] = C
+        got = float(engines.run(plan, d, engine=engine).makespan_s)
+        want = S * (C + T) if slots == 1 else T + (S - 1) * max(C, T) + C
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12), slots
+
+
+def test_slot_size_is_the_largest_expert_tensor_staged_with_its_own_type():
+    """Issue #18: a slot holds the largest expert tensor of any staged layer, each with its own
+    ggml type (Qwen3 Q4_K_M: ffn_down_exps is Q6_K on the use_more_bits layers, Q4_K elsewhere),
+    and the plan's slots (Op.slot_bytes) and the VRAM reservation use that one size."""
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    model = scn.model
+
+    def down(i):
+        return next(t for t in model.tensors if t.name == f"blk.{i}.ffn_down_exps.weight")
+
+    # layers 6 and 7 have Q4_K experts only, layer 8 a Q6_K ffn_down_exps
+    assert [down(i).ggml_type for i in (6, 7, 8)] == ["Q4_K", "Q4_K", "Q6_K"]
+    for layers, big in (("6|7", down(6)), ("6|7|8", down(8))):
+        pl = replace(scn.placement, n_cpu_moe=0, override_tensor=((rf"blk\.({layers})\.ffn_.*_exps", "CPU"),))
+        s2 = scn.with_(placement=pl)
+        staged = [t for t in model.tensors if t.is_expert and pl.host_resident(model, t)]
+        want = max(t.nbytes for t in staged)
+        assert want == big.nbytes
+        for n in (1, 3):
+            plan = build_plan(s2, parse_variant(f"slots{n}"), BenchTest(512, 0, 0), np.random.default_rng(0))
+            copies, consumers = _staged_ops(plan)
+            assert len(copies) == 3 * len(layers.split("|"))
+            assert {o.slot_bytes for o in copies + consumers} == {want}
+            assert all(o.nbytes <= o.slot_bytes for o in copies)
+            assert account(s2, parse_variant(f"slots{n}"))[0].staging_bytes == n * want
 
 
 # -- variants, gates, semantics -----------------------------------------------------------

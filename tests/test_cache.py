@@ -112,6 +112,7 @@ class NaiveCache:
 
     def __init__(self, cap, policy):
         self.cap, self.policy, self.t, self.items = cap, policy, 0, {}
+        self.hits = self.n = 0
 
     def access(self, layer, experts):
         hits, misses, ev = [], [], []
@@ -135,6 +136,7 @@ class NaiveCache:
                 del self.items[victim]
                 ev.append(victim)
             self.items[key] = (1, self.t)
+        self.hits, self.n = self.hits + len(hits), self.n + len(hits) + len(misses)
         return hits, misses, ev
 
 
@@ -199,3 +201,119 @@ def test_lru_hit_rate_matches_king_formula(cap):
     # sanity of the formula: capacity 1 hits with probability sum p_i^2
     if cap == 1:
         assert math.isclose(exact, float((p**2).sum()))
+
+
+# --------------------------------------------------------------------------------------
+# the cache inside a run (decode misses on the CPU, prefill misses copied), against a reference
+# replay of the same routing trace, with llama-bench's warm-up run
+# --------------------------------------------------------------------------------------
+
+
+def skewed_trace(path, *, n_layer, n_expert, top_k, n_tokens, zipf_s, seed):
+    """Write a routing trace (CSV: layer, token, experts) drawn in this test, independently of
+    sim.routing: per layer a random ranking of the experts, popularity ∝ rank^-zipf_s, each token
+    takes top_k distinct experts by popularity. Returns ids (n_layer, n_tokens, top_k)."""
+    rng = np.random.default_rng(seed)
+    ids = np.empty((n_layer, n_tokens, top_k), dtype=np.int64)
+    rows = ["layer,token,experts"]
+    for lay in range(n_layer):
+        pop = np.arange(1, n_expert + 1, dtype=float) ** -zipf_s
+        pop = pop[rng.permutation(n_expert)]
+        pop /= pop.sum()
+        for tok in range(n_tokens):
+            ids[lay, tok] = rng.choice(n_expert, top_k, replace=False, p=pop)
+            rows.append(f"{lay},{tok}," + " ".join(map(str, ids[lay, tok])))
+    path.write_text("\n".join(rows) + "\n")
+    return ids
+
+
+def replay(ref, ids, graphs, n_layer):
+    """Feed a reference cache the accesses the scheduler makes for graphs ``(n_tokens, offset)``:
+    per graph and layer, once, the distinct experts its tokens use, in increasing id order (trace
+    tokens wrap around). Returns (hits, accesses)."""
+    hits = n = 0
+    T = ids.shape[1]
+    for n_tok, off in graphs:
+        for lay in range(n_layer):
+            used = np.unique(ids[lay, (off + np.arange(n_tok)) % T].ravel())
+            h, m, _ = ref.access(lay, used.tolist())
+            hits, n = hits + len(h), n + len(used)
+    return hits, n
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("test, cap", [((0, 24), 8), ((0, 24), 20), ((0, 24), 40), ((128, 0), 40)],
+                         ids=["tg24-cap8", "tg24-cap20", "tg24-cap40", "pp128-cap40"])
+def test_run_hit_rate_matches_a_reference_cache_over_a_skewed_trace(tmp_path, policy, cap, test):
+    """``run``'s expert-cache hit rate (sim.metrics.run_variant_test) equals a naive reference
+    cache (NaiveCache, above) replaying the same skewed routing trace: llama-bench's warm-up run
+    first (one generated token for tg, the whole prompt for pp: sim.metrics.warmup_test; not
+    counted), then the repetitions on the warm cache. At decode, the plan runs exactly the
+    reference's hits on the GPU and its misses on the CPU, and copies the misses into the cache."""
+    from scenario_factory import make_scenario
+    from sim.builder import build_plan, make_context
+    from sim.metrics import run_variant_test, warmup_test
+    from sim.plan import OpKind
+    from sim.routing import RoutingSpec
+    from sim.specs import BenchTest, parse_variant
+
+    n_layer, E, k, T = 3, 16, 2, 40
+    ids = skewed_trace(tmp_path / "trace.csv", n_layer=n_layer, n_expert=E, top_k=k, n_tokens=T, zipf_s=1.2, seed=cap)
+    ub = 32  # prefill: 4 graphs of 32 tokens (the op-offload minimum: the experts run on the GPU)
+    scn = make_scenario(n_layer=n_layer, n_expert=E, top_k=k, n_ubatch=ub, cache=cap,
+                        routing=RoutingSpec(kind="trace", trace_file=tmp_path / "trace.csv"))
+    v = parse_variant(f"cache_{policy}")
+    bt, reps = BenchTest(test[0], test[1], 0), 3
+
+    def graphs(t):
+        if t.n_prompt:
+            return [(min(ub, t.n_prompt - o), o) for o in range(0, t.n_prompt, ub)]
+        return [(1, j) for j in range(t.n_gen)]
+
+    ref = NaiveCache(cap, policy)
+    replay(ref, ids, graphs(warmup_test(bt)), n_layer)
+    hits, n = replay(ref, ids, graphs(bt) * reps, n_layer)
+    res = run_variant_test(scn, v, bt, 0, reps)
+    assert 0 < hits < n
+    assert res.cache_hit_rate == pytest.approx(hits / n, rel=1e-12)
+    if bt.n_prompt:
+        return
+    # the warm-up is llama-bench's one token, not the whole test: replaying the whole test as
+    # warm-up gives another rate here
+    ref2 = NaiveCache(cap, policy)
+    replay(ref2, ids, graphs(bt), n_layer)
+    h2, _ = replay(ref2, ids, graphs(bt) * reps, n_layer)
+    assert h2 != hits
+    # per access, at decode: hits on the GPU, misses on the CPU and copied in the background
+    ctx = make_context(scn, v, np.random.default_rng(0))
+    plan = build_plan(scn, v, bt, np.random.default_rng(0), ctx)
+    ref3 = NaiveCache(cap, policy)
+    exps = [t for t in scn.model.tensors if t.is_expert]
+    per_layer = len(exps) // n_layer  # gate, up, down
+    for j in range(bt.n_gen):
+        for lay in range(n_layer):
+            used = np.unique(ids[lay, j % T])
+            h, m, _ = ref3.access(lay, used.tolist())
+            ops = [o for o in plan.ops if o.graph == j and o.layer == lay]
+            gpu = [o.shape[3] for o in ops if o.kind is OpKind.MOE and o.tag == "cache_hit"]
+            cpu = [o.nbytes for o in ops if o.kind is OpKind.CPU_MATVEC and "_exps" in o.name]
+            fill = [o.nbytes for o in ops if o.tag == "cache_fill"]
+            missed = [len(m) * t.bytes_per_mat for t in exps if t.layer == lay] if m else []
+            assert gpu == ([len(h)] * per_layer if h else []), (j, lay)
+            assert cpu == missed and fill == missed, (j, lay)
+    assert (ctx.cache.n_hits, ctx.cache.n_accesses) == (ref3.hits, ref3.n)
+
+
+def test_skew_raises_the_run_hit_rate():
+    """At equal capacity a skewed routing keeps more of the decode working set in the cache than
+    a uniform one (sim.routing's own skewed model, the fit of the 256-expert reports)."""
+    from scenario_factory import make_scenario
+    from sim.metrics import run_variant_test
+    from sim.routing import RoutingSpec
+    from sim.specs import BenchTest, parse_variant
+
+    rates = {}
+    for kind in ("uniform", "skewed"):
+        scn = make_scenario(n_layer=2, n_expert=32, top_k=2, cache=16, routing=RoutingSpec(kind=kind))
+        rates[kind] = run_variant_test(scn, parse_variant("cache_lru"), BenchTest(0, 64, 0), 0, 2).cache_hit_rate
+    assert rates["skewed"] > rates["uniform"] > 0

@@ -1,0 +1,211 @@
+"""VRAM accounting in llama.cpp's order, and the expert-cache pool sized by its fit (issue #18,
+item 1): resident weights, KV cache, the compute buffer ggml's scheduler reserves for the
+worst-case graph, staging, then the cache pool from what is left minus the fit target."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sim.builder import build_plan, make_context
+from sim.errors import PlacementError
+from sim.specs import FIT_TARGET_MIB_DEFAULT, BenchTest, load_scenario, parse_variant
+from sim.vram import ACT_ELEMS_FACTOR, account, fit_n_cpu_moe
+
+from scenario_factory import ROOT, make_scenario
+
+MiB = 2**20
+
+
+def toy(capacity_bytes: float = 200e6, reserved_bytes: float = 50e6, fit_target_mib=(4,), **kw):
+    """The toy MoE of :func:`make_scenario` (2 layers, 8 experts of 64 x 32, F16, experts on the
+    host) on a GPU of ``capacity_bytes``."""
+    scn = make_scenario(**kw)
+    hw = replace(scn.hardware, vram_bytes=capacity_bytes, vram_reserved_bytes=reserved_bytes)
+    return scn.with_(hardware=hw, placement=replace(scn.placement, fit_target_mib=tuple(fit_target_mib)))
+
+
+def by_hand(scn, staging_bytes: float) -> dict:
+    """The components of the toy scenario worked out from its geometry, not from sim.vram."""
+    m = scn.model
+    d, hd, nh, nkv, E, ff = m.d_model, m.head_dim, m.n_head, m.n_head_kv, m.moe.n_expert, m.moe.n_ff_exp
+    f16, f32 = 2, 4
+    # resident: q, k, v, o and the router (F32) of each block, and the output head; token_embd
+    # and the experts are on the host
+    per_layer = (d * nh * hd + 2 * d * nkv * hd + nh * hd * d) * f16 + d * E * f32
+    weights = m.n_layer * per_layer + d * m.n_vocab * f16
+    # K and V of every layer for ctx_size tokens, f16
+    kv = m.n_layer * scn.placement.ctx_size * 2 * nkv * hd * f16
+    # the worst-case graph at n_ubatch: f32 activations (ACT_ELEMS_FACTOR residual-stream rows
+    # and two of the widest layer, here the dense n_ff) and one split's input copy: an expert
+    # tensor, the largest host weight (E x ff x d, F16)
+    n_ub = scn.workload.n_ubatch
+    widest = max(d, ff * m.moe.n_expert_used, m.n_ff, nh * hd)
+    compute = f32 * n_ub * (ACT_ELEMS_FACTOR * d + 2 * widest) + E * ff * d * f16
+    margin = scn.placement.fit_target_mib[0] * MiB
+    pool = scn.hardware.vram_bytes - scn.hardware.vram_reserved_bytes - weights - kv - compute - staging_bytes - margin
+    entry = 3 * ff * d * f16  # one expert of one layer: gate + up + down
+    return dict(weights=weights, kv=kv, compute=compute, margin=margin, pool=pool, entry=entry)
+
+
+@pytest.mark.parametrize("variant, staging", [
+    ("cache_fit", lambda e: 0), ("slots3+cache_fit", lambda e: 3 * e),
+    ("prefetch_ungated+cache_fit", lambda e: 2 * e)])
+def test_fit_pool_is_capacity_minus_weights_kv_compute_staging_and_the_fit_target(variant, staging):
+    """A hand-computed example: pool = VRAM − reserved − weights − KV − compute − staging − fit
+    target; the cache holds ⌊pool / entry⌋ whole entries and leaves the target (and less than an
+    entry) free. Staging: 3 slots of the largest expert tensor, or the 2 buffers of weight
+    prefetch, each the largest host weight (an expert tensor: 8 x 32 x 64 x 2 B)."""
+    scn = toy()
+    exp_tensor = 8 * 32 * 64 * 2
+    want = by_hand(scn, staging(exp_tensor))
+    (b,) = account(scn, parse_variant(variant))
+    assert (b.weights_bytes, b.kv_bytes, b.compute_bytes) == (want["weights"], want["kv"], want["compute"])
+    assert b.staging_bytes == staging(exp_tensor)
+    assert b.cache_fit and b.fit_margin_bytes == want["margin"]
+    assert b.cache_pool_bytes == want["pool"] > 0
+    assert b.cache_experts == int(want["pool"] // want["entry"]) and b.cache_bytes == b.cache_experts * want["entry"]
+    assert want["margin"] <= b.free_bytes < want["margin"] + want["entry"]
+    # the builder's cache gets that capacity
+    ctx = make_context(scn, parse_variant(variant), np.random.default_rng(0))
+    assert ctx.cache.capacity_experts == b.cache_experts and ctx.cache.policy == "lru"
+
+
+@pytest.mark.parametrize("prefetch", ["prefetch_ungated", "prefetch_gated_512", "slots2", "slots4",
+                                      "slots2+prefetch_ungated"])
+@pytest.mark.parametrize("scenario", [None, "default.toml", "h200x2-qwen3-30b-a3b.toml"])
+def test_fit_pool_with_prefetch_is_smaller_by_exactly_the_staging(prefetch, scenario):
+    """Prefetch staging comes out of the fitted pool byte for byte, per GPU; a gated prefetch
+    reserves (and costs the pool) as much as an ungated one, whether or not its gate skips."""
+    scn = toy() if scenario is None else load_scenario(ROOT / "scenarios" / scenario)
+    plain = account(scn, parse_variant("cache_fit"))
+    pre = account(scn, parse_variant(f"{prefetch}+cache_fit"))
+    assert any(b.staging_bytes > 0 for b in pre)
+    for a, b in zip(plain, pre):
+        assert a.staging_bytes == 0
+        assert a.cache_pool_bytes - b.cache_pool_bytes == b.staging_bytes
+        assert b.cache_experts <= a.cache_experts
+    if prefetch.startswith("prefetch_gated"):
+        ung = account(scn, parse_variant("prefetch_ungated+cache_fit"))
+        assert [b.cache_pool_bytes for b in pre] == [b.cache_pool_bytes for b in ung]
+
+
+def test_fit_target_defaults_to_llama_cpp_and_only_the_fitted_pool_leaves_it():
+    """llama.cpp's default fit target (common.h: 1024 MiB per device) when the scenario gives
+    none; an LRU cache not sized by the fit still takes every free byte (unchanged)."""
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    assert scn.placement.fit_target_mib == ()
+    fit = account(scn, parse_variant("cache_fit"))
+    lru = account(scn, parse_variant("cache_lru"))
+    assert FIT_TARGET_MIB_DEFAULT == 1024
+    for f, r in zip(fit, lru):
+        assert f.fit_margin_bytes == 1024 * MiB and r.fit_margin_bytes == 0 and not r.cache_fit
+        assert r.cache_pool_bytes - f.cache_pool_bytes == 1024 * MiB
+        assert f.free_bytes >= 1024 * MiB > r.free_bytes
+
+
+def test_fit_target_per_gpu_as_llama_cpp_parses_it():
+    """``-fitt 512`` applies to every GPU; ``-fitt 512,256`` sets GPU 0 and 1; GPUs the list does
+    not reach keep the default."""
+    scn = load_scenario(ROOT / "scenarios" / "h200x2-qwen3-30b-a3b.toml")
+    for given, want in (((512,), (512, 512)), ((512, 256), (512, 256)), ((), (1024, 1024))):
+        pl = replace(scn.placement, fit_target_mib=given)
+        assert tuple(pl.fit_margin_bytes(g) / MiB for g in range(2)) == want
+        got = account(scn.with_(placement=pl), parse_variant("cache_fit"))
+        assert tuple(b.fit_margin_bytes / MiB for b in got) == want
+    assert replace(scn.placement, fit_target_mib=(512,)).fit_margin_bytes(5) == 512 * MiB
+    assert replace(scn.placement, fit_target_mib=(512, 256)).fit_margin_bytes(5) == 1024 * MiB
+
+
+def test_impossible_fit_is_a_placement_error_naming_the_fit_target():
+    """Nothing left for one cache entry on any GPU after the fit target: a PlacementError with
+    the per-GPU figures and what to change, naming placement.fit_target_mib and the file."""
+    scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")  # a 1 GB GPU: below the default 1024 MiB
+    for v in ("cache_fit", "slots2+cache_fit"):
+        with pytest.raises(PlacementError) as info:
+            account(scn, parse_variant(v))
+        err = info.value
+        assert err.field == "placement.fit_target_mib" and err.file == scn.file
+        msg = str(err)
+        assert "\n" not in msg and "no room for one expert" in msg and "fit target 1024 MiB" in msg and v in msg
+        with pytest.raises(PlacementError):
+            make_context(scn, parse_variant(v), np.random.default_rng(0))
+    # a small enough target fits
+    small = scn.with_(placement=replace(scn.placement, fit_target_mib=(1,)))
+    assert account(small, parse_variant("cache_fit"))[0].cache_experts > 0
+
+
+def test_fit_experts_with_a_fitted_cache_leaves_the_target_and_one_entry():
+    """``fit_experts`` with ``expert_cache = "fit"``: the smallest n_cpu_moe whose placement leaves
+    the fit target plus one cache entry free; one fewer host layer does not."""
+    base = toy(n_layer=4, n_cpu_moe=0)
+    entry = 3 * 8 * 32 * 64 * 2
+    probe = account(base, parse_variant("baseline"))[0]
+    # a GPU where every expert layer on the GPU leaves less than the target + an entry
+    target = 1
+    cap = probe.total_bytes + target * MiB - 2 * entry
+    scn = base.with_(hardware=replace(base.hardware, vram_bytes=cap),
+                     placement=replace(base.placement, fit_experts=True, fit_target_mib=(target,)))
+    v = parse_variant("cache_fit")
+    n = fit_n_cpu_moe(scn, v)
+    assert 0 < n <= scn.model.n_layer
+    b = account(scn, v, replace(scn.placement, n_cpu_moe=n))[0]
+    assert b.cache_experts >= 1 and b.free_bytes >= target * MiB
+    with pytest.raises(PlacementError):
+        account(scn, v, replace(scn.placement, n_cpu_moe=n - 1))
+
+
+def test_fitted_cache_runs_and_reports_its_pool(tmp_path, capsys):
+    """``prefetch-sim run --vram`` lists the pool per variant and GPU, how it was sized and the
+    entries it holds; the plan's cache has that many entries."""
+    from sim import cli
+
+    text = (ROOT / "scenarios" / "tiny" / "tiny.toml").read_text()
+    tiny = ROOT / "scenarios" / "tiny"
+    text = text.replace('model = "tiny-moe.toml"', f'model = "{tiny / "tiny-moe.toml"}"')
+    text = text.replace('hardware = "tiny-gpu.toml"', f'hardware = "{tiny / "tiny-gpu.toml"}"')
+    text = text.replace("ctx_size = 256", "ctx_size = 256\nfit_target_mib = 700")
+    text += '\n[[variant]]\nname = "fitted"\nexpert_cache = "fit"\n'
+    path = tmp_path / "fit.toml"
+    path.write_text(text)
+    scn = load_scenario(path)
+    (b,) = account(scn, scn.variants[-1])
+    assert b.cache_fit and b.cache_experts > 0
+    rc = cli.main(["run", str(path), "-r", "1", "-q", "--vram"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = [r for r in out.splitlines() if r.startswith("| fitted | 0 | fit |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[3] == "700" and int(cells[5]) == b.cache_experts
+    assert float(cells[4]) == pytest.approx(b.cache_pool_bytes / 2**30, abs=0.005)
+    plan = build_plan(scn, scn.variants[-1], BenchTest(0, 4, 0), np.random.default_rng(0))
+    assert plan.meta["cache_hit_rate"] is not None
+
+
+def test_fitt_on_the_command_line_is_not_counted_twice():
+    """llama-bench's ``-fitt M`` holds M MiB as reserved VRAM (for the n_cpu_moe fit): a fitted
+    cache then leaves nothing more free, so its pool equals the one of fit_target_mib = M."""
+    from test_cli_llamabench import scn_of
+
+    flagged = scn_of("-fitt", "300", "--variant", "cache_fit")
+    assert flagged.placement.fit_target_mib == (0,)
+    plain = scn_of("--variant", "cache_fit")
+    # -fitt refits from n_cpu_moe 0 (llama-bench's fit replaces -ncmoe)
+    plain = plain.with_(placement=replace(plain.placement, fit_target_mib=(300,), fit_experts=True, n_cpu_moe=0))
+    v = parse_variant("cache_fit")
+    n = fit_n_cpu_moe(flagged, v)
+    assert n == fit_n_cpu_moe(plain, v)
+    a = account(flagged, v, replace(flagged.placement, n_cpu_moe=n))
+    b = account(plain, v, replace(plain.placement, n_cpu_moe=n))
+    assert [x.cache_pool_bytes for x in a] == [x.cache_pool_bytes for x in b]
+    assert [x.reserved_bytes - y.reserved_bytes for x, y in zip(a, b)] == [300 * MiB] * len(a)
+
+
+def test_cache_fit_variant_spellings():
+    v = parse_variant("slots2+cache_fit")
+    assert (v.expert_cache, v.cache_policy, v.expert_slots) == ("fit", "lru", 2)
+    assert parse_variant("cache_lfu").cache_policy == "lfu"
+    assert not v.is_baseline
