@@ -273,8 +273,12 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
     ("no_host", ("--no-host",), _bool_list, "0|1",
      "host weights in plain (pageable) memory, not the GPU's host buffer"),
     ("fit_target", ("-fitt", "--fit-target"), _nonneg_list, "MiB",
-     "fit the model to VRAM with this margin per GPU (MiB): the fewest host expert layers that fit"),
-    ("fit_min_ctx", ("-fitc", "--fit-ctx"), _nonneg_list, "N", "minimum context for --fit-target (reported)"),
+     "fit the model to VRAM with this margin per GPU (MiB): the fewest host expert layers that fit. As in "
+     "llama-bench, any -fitt or -fitc other than 0 runs the fit, which replaces -ngl, -ncmoe, -ot and -ts (the "
+     "row still prints the values given; --vram shows the placement simulated)"),
+    ("fit_min_ctx", ("-fitc", "--fit-ctx"), _nonneg_list, "N",
+     "minimum context of the fit (llama-bench: a value other than 0 runs the fit, as -fitt does; the context "
+     "simulated is each test's depth + tokens)"),
 )
 
 
@@ -577,22 +581,26 @@ def buffer_names(hw) -> list[str]:
 
 
 def canonical_buffer(buf: str, hw) -> str:
-    """``buf`` as printed (``cuda0`` -> ``CUDA0``), CUDA and ROCm spellings both taken.
+    """``buf`` as printed (``cuda0`` -> ``CUDA0``) in the profile's own backend spelling: a CUDA
+    profile takes ``CUDA<i>``/``CUDA_Host``, a ROCm one ``ROCm<i>``/``ROCm_Host`` (llama.cpp knows
+    only the buffer types of the backends it was built with); ``GPU<i>`` stands for either.
 
     Raises:
-        ScenarioError: a buffer that is none of :func:`buffer_names` (nor the other spelling).
+        ScenarioError: a buffer that is none of :func:`buffer_names` (another backend's
+            buffer included).
     """
     b = buf.strip()
+    names = buffer_names(hw)
+    fam = "ROCm" if names[-1].startswith("ROCm") else "CUDA"
     m = re.fullmatch(r"(?i)(cuda|rocm|gpu)(\d+)", b)
     if b.upper() == "CPU":
         return "CPU"
-    if re.fullmatch(r"(?i)(cuda|rocm)_host", b):
-        return ("ROCm" if b.lower().startswith("rocm") else "CUDA") + "_Host"
-    if m and int(m.group(2)) < hw.n_gpu:
-        fam = {"cuda": "CUDA", "rocm": "ROCm", "gpu": "CUDA"}[m.group(1).lower()]
+    if b.lower() == f"{fam.lower()}_host":
+        return f"{fam}_Host"
+    if m and int(m.group(2)) < hw.n_gpu and m.group(1).lower() in (fam.lower(), "gpu"):
         return f"{fam}{int(m.group(2))}"
     raise ScenarioError(f"unrecognized buffer type '{buf}' (available on profile '{hw.name}': "
-                        f"{', '.join(buffer_names(hw))})", field="-ot/--override-tensor")
+                        f"{', '.join(names)})", field="-ot/--override-tensor")
 
 
 def sim_buffer(canon: str) -> str:
@@ -836,6 +844,11 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     if setting.split_mode == "none" and hw.n_gpu > 1:
         pl = replace(pl, tensor_split=tuple(1.0 if i == setting.main_gpu else 0.0 for i in range(hw.n_gpu)))
     if setting.fit_target or setting.fit_min_ctx:
+        replaced = [f for f, k in (("-ngl", "n_gpu_layers"), ("-ncmoe", "n_cpu_moe"), ("-ot", "overrides"),
+                                   ("-ts", "tensor_split")) if k in given]
+        if replaced:
+            notes.add(f"-fitt/-fitc: llama-bench's fit (common_fit_params) replaces the given {', '.join(replaced)}; "
+                      "the row prints them as given, as llama-bench does (--vram: the placement simulated)")
         if moe:
             pl = replace(pl, fit_experts=True)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -511,9 +512,26 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
+    #: a value that argparse would take for a flag: a comma list (or range) starting with a negative
+    #: number, as llama-bench accepts after a flag (``-ngl -1,99``)
+    _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,\-+*][-\d.]*)*$")
+
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
         acts = self._option_string_actions
+        joined: list[str] = []
+        i = 0
+        while i < len(args):
+            tok = args[i]
+            act = acts.get(tok) if tok.startswith("-") and "=" not in tok else None
+            if (act is not None and act.nargs is None and i + 1 < len(args)
+                    and self._NEGATIVE_LIST.match(args[i + 1]) and not self._negative_number_matcher.match(args[i + 1])):
+                joined.append(f"{tok}={args[i + 1]}")  # '-ngl -1,99' -> '-ngl=-1,99'
+                i += 2
+                continue
+            joined.append(tok)
+            i += 1
+        args = joined
         for tok in args:
             if tok == "--":
                 break

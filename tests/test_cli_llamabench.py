@@ -532,3 +532,19 @@ def test_m_says_where_the_placement_comes_from(capsys):
         assert main(["run", "-m", str(g), "-ngl", "99", "-ncmoe", "0", "-lm", "none", "-p", "64", "-n", "0",
                      "-r", "1", "--variant", "baseline", "-q"]) == 0
         assert "placement comes from the scenario" not in capsys.readouterr().err
+
+
+def test_a_list_starting_with_a_negative_number_is_a_flag_value_as_in_llama_bench(capsys):
+    # llama-bench reads '-ngl -1,99' as two values; argparse alone would take '-1,99' for a flag
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-p", "64", "-n", "0", "-ngl", "-1,99")
+    assert rc == 0, err
+    rows = [json.loads(ln) for ln in out.splitlines()]
+    assert sorted({r["n_gpu_layers"] for r in rows}) == [-1, 99]
+    with pytest.raises(SystemExit) as exc:  # a negative value still gets its own one-line error
+        run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-d", "-5")
+    assert exc.value.code == 2 and "-d/--n-depth: values must be >= 0" in capsys.readouterr().err
+
+
+def test_another_backends_buffer_is_refused(capsys):
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-ot", "attn_q=ROCm0")
+    assert rc == 2 and "unrecognized buffer type 'ROCm0'" in err and "CUDA0" in err

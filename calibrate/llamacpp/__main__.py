@@ -13,7 +13,7 @@ Subcommands:
   detached background process (see :mod:`calibrate.llamacpp.lease`);
 * ``lease ...`` — the same in the foreground;
 * ``collect --work DIR --out DIR [--wait S]`` — wait for a lease and pack its data;
-* ``report RUN_DIR [--hardware H] [--label L]`` — what is committed with a run: its logs packed
+* ``report RUN_DIR [--hardware H] [--label L]`` (default profile: ``h200-llamacpp``) — what is committed with a run: its logs packed
   into ``logs.tar.gz``, the routing check (``routing_check.txt`` and CSVs) and the comparison
   with the simulator (``compare_<label>.csv/.md/.png``; label: the profile's file stem);
 * ``plan [--grid TOML]`` — the grid's runs and row counts.
@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("report", help="pack a run's logs, routing check, comparison with the simulator")
     p.add_argument("run_dir")
-    p.add_argument("--hardware", default="scenarios/hardware/h200.toml", help="profile to predict with")
+    p.add_argument("--hardware", default="scenarios/hardware/h200-llamacpp.toml",
+                   help="profile to predict with (default: the llama.cpp-calibrated H200, as compare; "
+                        "scenarios/hardware/h200.toml is the CuPy profile)")
     p.add_argument("--label", help="suffix of the comparison files (default: the profile's file stem)")
     p.set_defaults(fn=_report)
 

@@ -731,7 +731,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(md)
         n_bad = int(df.predicted_ts.isna().sum())
         if n_bad:
-            print(f"{prog}: {n_bad} of {len(df)} rows not simulated (see the note column)", file=sys.stderr)
+            bad = df[df.predicted_ts.isna()]
+            for _, r in bad.head(5).iterrows():
+                print(f"{prog}: line {r['line']} ({r['test']}) not simulated: {r['note']}", file=sys.stderr)
+            more = f"; {n_bad - 5} more" if n_bad > 5 else ""
+            where = f" (the note column of {args.out})" if args.out else " (--out CSV: a note per row)"
+            print(f"{prog}: {n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)
         return 0
     except PrefetchSimError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
