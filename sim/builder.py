@@ -50,13 +50,15 @@ from .cache import ExpertCache
 from .costs import attn_keys, attn_pairs
 from .errors import PlacementError
 from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
-from .plan import OpKind, Plan, Stream
+from .plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
 from .routing import Router, make_router
 from .specs import BenchTest, Scenario, Tensor, Variant
-from .vram import VramBreakdown, account, fit_n_cpu_moe, layer_devices
+from .vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices
 
 ACT_BYTES = 4  # f32 activations
 _HOST = Stream.HOST
+_ISSUE = OpKind.ISSUE
+_ATTN = OpKind.ATTN
 #: GPU streams -> the stream name that keys ``Emitter.last_gpu`` (no Enum ``.value`` reads)
 _GPU_STREAM_KEY = {Stream.COMPUTE: Stream.COMPUTE.value, Stream.COPY: Stream.COPY.value}
 _KIND_VALUE = {k: k.value for k in OpKind}
@@ -157,6 +159,25 @@ class BuildContext:
         return {}
 
     @cached_property
+    def graph_memo(self) -> dict:
+        """Per engine, the graph templates :func:`sim.memo.time_test` keeps for this context
+        (shared by every test and repetition timed with it: a template is keyed on what
+        determines its graph, whatever the test)."""
+        return {}
+
+    @cached_property
+    def item_cache(self) -> dict:
+        """Items and splits of the graphs built so far (:func:`graph_splits`): ``(tokens, used
+        experts per MoE layer) -> (items, kv_len, attention item positions, split bounds)``."""
+        return {}
+
+    @cached_property
+    def moe_layers(self) -> list[int]:
+        """The model's MoE layers, in order."""
+        model = self.scn.model
+        return [i for i in range(model.n_layer) if model.is_moe_layer(i)]
+
+    @cached_property
     def tensor_by_name(self) -> dict[str, Tensor]:
         """GGUF name -> tensor of the model's blocks and ``token_embd`` (built once per
         context; the output head is ``model.output_tensor``)."""
@@ -181,7 +202,7 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.cache_policy)
-    host = frozenset(id(t) for t in model.tensors if placement.host_resident(model, t))
+    host = frozenset(id(t) for t, h in zip(model.tensors, host_flags(model, placement)) if h)
     return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
                         layer_devices(model, placement, scn.hardware.n_gpu))
 
@@ -226,8 +247,61 @@ def draw_masks(ctx: BuildContext, n_tokens: int, token_offset: int) -> dict[int,
     model = ctx.scn.model
     if model.moe is None or ctx.router is None:
         return {}
-    return {i: ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
-            for i in range(model.n_layer) if model.is_moe_layer(i)}
+    layers = ctx.moe_layers
+    return dict(zip(layers, ctx.router.used_masks(layers, n_tokens, ctx.rng, token_offset)))
+
+
+#: :meth:`Emitter.launch_items` (and :meth:`Emitter.h2d_pieces`) append their ops to the plan's
+#: columns in one loop; False makes them call :meth:`Emitter.launch` / :meth:`Emitter.h2d` per op
+#: (the reference path the tests compare them with)
+ENABLE_BULK = True
+
+#: :func:`build_graph` reuses the items and splits of an earlier graph of its context with the
+#: same tokens and used-expert counts (:func:`graph_splits`); False calls :func:`graph_items` and
+#: :func:`cut_splits` for every graph (the reference path the tests compare it with)
+ITEM_MEMO = True
+
+
+def graph_splits(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
+                 masks: dict[int, np.ndarray] | None = None) -> tuple[list[Item], list[Split]]:
+    """``(items, cut_splits(items))`` of one graph, with ``items`` = :func:`graph_items`, both
+    built once per context for each ``(tokens, used experts per MoE layer)`` and reused: a
+    graph's items depend on its KV length only through the attention items' shapes
+    (:func:`attn_item_shape`), re-made for ``kv_len``, and on the masks only through the count of
+    used experts (the masks are recorded in ``ctx.stats["used_masks"]`` as :func:`graph_items`
+    does); the cut depends on the items' backends only. ``masks`` None draws them first
+    (:func:`draw_masks`: the draws :func:`graph_items` would make). Items are shared between
+    graphs: not to be modified."""
+    if not ITEM_MEMO:
+        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
+        return items, cut_splits(items)
+    if masks is None:
+        masks = draw_masks(ctx, n_tokens, token_offset)
+    key = (n_tokens, tuple([int(np.count_nonzero(m)) for m in masks.values()]))
+    cache = ctx.item_cache
+    got = cache.get(key)
+    if got is None:
+        if len(cache) > 4096:
+            cache.clear()
+        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
+        splits = cut_splits(items)
+        bounds, a = [], 0
+        for sp in splits:
+            bounds.append((a, a + len(sp.items), sp.device, sp.host_input is not None))
+            a += len(sp.items)
+        attn = [j for j, it in enumerate(items) if it.kind is OpKind.ATTN]
+        cache[key] = (items, kv_len, attn, bounds)
+        return items, splits
+    items, kv0, attn, bounds = got
+    ctx.stats.setdefault("used_masks", {}).update(masks)
+    items = list(items)
+    if kv_len != kv0:
+        shape_at = ctx.attn_shape
+        for j in attn:
+            it = items[j]
+            items[j] = Item(it.kind, it.name, it.layer, shape_at(it.layer, n_tokens, kv_len), it.weight_bytes,
+                            it.tensors, it.host, it.cpu, it.device, it.expert)
+    return items, [Split(items[a:b], dev, items[a] if head else None) for a, b, dev, head in bounds]
 
 
 def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
@@ -346,6 +420,7 @@ class Emitter:
         self.kv_ops: list[tuple[int, str, int]] = []
 
     # -- primitives ------------------------------------------------------------------
+    # (op and launch append to the plan's columns directly: they run once or twice per op)
     def op(self, kind, stream, device, name, deps=(), nbytes=0, shape=(), layer=None, slot=-1, slot_bytes=0,
            pinned=True, tag="") -> int:
         """Append an op of the current graph, split and layer (``layer`` overrides it); returns
@@ -362,21 +437,100 @@ class Emitter:
         if self.host_pending:
             deps = list(deps) + self.host_pending
             self.host_pending = []
-        self.last_host = self.op(kind, _HOST, -1, name, deps, **kw)
+        if kw:
+            self.last_host = self.op(kind, _HOST, -1, name, deps, **kw)
+        else:
+            self.last_host = self.plan.append(kind, _HOST, -1, name, deps, 0, (), self.layer, self.split, self.graph)
         return self.last_host
 
     def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
         """Host issues an async GPU op; returns the GPU op's id. The ISSUE op carries the
         launched kind in its tag (and an attention's shape: an attention made of several
         kernels costs the host more than one launch, see :mod:`sim.costs`)."""
-        is_attn = kind is OpKind.ATTN
-        iss = self.host(OpKind.ISSUE, "issue " + name, tag=_KIND_VALUE[kind],
-                        shape=kw.get("shape", ()) if is_attn else ())
-        oid = self.op(kind, stream, device, name, (iss, *deps) if deps else (iss,), **kw)
+        is_attn = kind is _ATTN
+        append = self.plan.append
+        layer, split, graph = self.layer, self.split, self.graph
+        # the ISSUE op on the host thread (Emitter.host), after the CPU-backend ops pending
+        pend = self.host_pending
+        if pend:
+            self.host_pending = []
+        iss = self.last_host = append(_ISSUE, _HOST, -1, "issue " + name, pend, 0,
+                                      kw.get("shape", ()) if is_attn else (), layer, split, graph, -1, 0, True,
+                                      _KIND_VALUE[kind])
+        gdeps = (iss, *deps) if deps else (iss,)
+        if kw:
+            lay = kw.get("layer")
+            oid = append(kind, stream, device, name, gdeps, kw.get("nbytes", 0), kw.get("shape", ()),
+                         layer if lay is None else lay, split, graph, kw.get("slot", -1), kw.get("slot_bytes", 0),
+                         kw.get("pinned", True), kw.get("tag", ""))
+        else:
+            oid = append(kind, stream, device, name, gdeps, 0, (), layer, split, graph)
+        sv = _GPU_STREAM_KEY.get(stream)
+        if sv is not None:
+            self.last_gpu[(sv, device)] = oid
         if is_attn:
-            self.kv_ops.append((iss, "attn", self.layer))
-            self.kv_ops.append((oid, "attn", self.layer))
+            self.kv_ops.append((iss, "attn", layer))
+            self.kv_ops.append((oid, "attn", layer))
         return oid
+
+    def launch_items(self, items: Sequence[Item], stream: Stream, device: int, first_deps=()) -> None:
+        """``launch(it.kind, stream, device, it.name, deps, nbytes=it.weight_bytes,
+        shape=it.shape)`` for each item in order, with ``layer`` set to the item's, ``deps`` =
+        ``first_deps`` for the first item and none for the others: the same ops, appended to the
+        plan's columns a column at a time (a first launch with extra deps or pending host
+        dependencies goes through :meth:`launch`)."""
+        if not items:
+            return
+        if not ENABLE_BULK:
+            for j, it in enumerate(items):
+                self.layer = it.layer
+                self.launch(it.kind, stream, device, it.name, first_deps if j == 0 else (), nbytes=it.weight_bytes,
+                            shape=it.shape)
+            return
+        if first_deps or self.host_pending:  # the first launch waits on more than its ISSUE
+            it = items[0]
+            self.layer = it.layer
+            self.launch(it.kind, stream, device, it.name, first_deps, nbytes=it.weight_bytes, shape=it.shape)
+            items = items[1:]
+            if not items:
+                return
+        plan = self.plan
+        k = len(items)
+        base = len(plan.names)
+        p = len(plan.dep_idx)
+        # op base + 2j: the ISSUE of item j on the host thread (no deps); base + 2j + 1: the
+        # GPU op, after its ISSUE
+        kinds = [KIND_CODE[it.kind] for it in items]
+        names = [it.name for it in items]
+        shapes = [it.shape for it in items]
+        layers = [it.layer for it in items]
+        attn = [j for j, it in enumerate(items) if it.kind is _ATTN]
+        issue_shapes = [()] * k
+        for j in attn:
+            issue_shapes[j] = shapes[j]
+        plan.kinds.extend(_interleave([KIND_CODE[_ISSUE]] * k, kinds))
+        plan.streams.extend([STREAM_CODE[_HOST], STREAM_CODE[stream]] * k)
+        plan.devices.extend([-1, device] * k)
+        plan.names.extend(_interleave(["issue " + nm for nm in names], names))
+        plan.dep_idx.extend(range(base, base + 2 * k, 2))
+        plan.dep_ptr.extend(_interleave(range(p, p + k), range(p + 1, p + k + 1)))
+        plan.nbytes.extend(_interleave([0] * k, [it.weight_bytes for it in items]))
+        plan.shapes.extend(_interleave(issue_shapes, shapes))
+        plan.layers.extend(_interleave(layers, layers))
+        plan.splits.extend([self.split] * (2 * k))
+        plan.graphs.extend([self.graph] * (2 * k))
+        plan.slots.extend([-1] * (2 * k))
+        plan.slot_bytes.extend([0] * (2 * k))
+        plan.pinned.extend([True] * (2 * k))
+        plan.tags.extend(_interleave([_KIND_VALUE[it.kind] for it in items], [""] * k))
+        for j in attn:
+            self.kv_ops.append((base + 2 * j, "attn", layers[j]))
+            self.kv_ops.append((base + 2 * j + 1, "attn", layers[j]))
+        self.layer = layers[-1]
+        self.last_host = base + 2 * k - 2
+        sv = _GPU_STREAM_KEY.get(stream)
+        if sv is not None:
+            self.last_gpu[(sv, device)] = base + 2 * k - 1
 
     def sync(self, device: int, name="sync", streams=(Stream.COMPUTE, Stream.COPY)) -> int:
         """Host waits for everything issued on ``device``'s ``streams``."""
@@ -400,6 +554,59 @@ class Emitter:
         oid = self.op(OpKind.H2D, Stream.HOST, device, name, deps, nbytes=int(nbytes), slot=slot,
                       slot_bytes=int(slot_bytes), pinned=False, tag=tag)
         return oid
+
+    def h2d_pieces(self, pieces: Sequence[tuple[str, int]], device: int, *, stream=Stream.COMPUTE,
+                   tag: str = "") -> int | None:
+        """``h2d(name, device, nbytes, stream=stream, tag=tag)`` for each ``(name, nbytes)`` in
+        order; returns the last copy's id (None without pieces). Async copies (pinned, or a
+        pageable link that does not block the host) are appended to the plan's columns a
+        column at a time."""
+        if not ENABLE_BULK or not (self.pinned or not self.ctx.scn.hardware.h2d_pageable.host_blocking):
+            last = None
+            for name, nb in pieces:
+                last = self.h2d(name, device, nb, stream=stream, tag=tag)
+            return last
+        oid = None
+        if self.host_pending:  # the first copy's ISSUE waits for the CPU-backend ops pending
+            name, nb = pieces[0]
+            oid = self.h2d(name, device, nb, stream=stream, tag=tag)
+            pieces = pieces[1:]
+        k = len(pieces)
+        if not k:
+            return oid
+        plan = self.plan
+        base = len(plan.names)
+        p = len(plan.dep_idx)
+        names = [nm for nm, _nb in pieces]
+        # op base + 2j: the ISSUE of copy j on the host thread; base + 2j + 1: the copy
+        plan.kinds.extend([KIND_CODE[_ISSUE], KIND_CODE[OpKind.H2D]] * k)
+        plan.streams.extend([STREAM_CODE[_HOST], STREAM_CODE[stream]] * k)
+        plan.devices.extend([-1, device] * k)
+        plan.names.extend(_interleave(["issue " + nm for nm in names], names))
+        plan.dep_idx.extend(range(base, base + 2 * k, 2))
+        plan.dep_ptr.extend(_interleave(range(p, p + k), range(p + 1, p + k + 1)))
+        plan.nbytes.extend(_interleave([0] * k, [int(nb) for _nm, nb in pieces]))
+        plan.shapes.extend([()] * (2 * k))
+        plan.layers.extend([self.layer] * (2 * k))
+        plan.splits.extend([self.split] * (2 * k))
+        plan.graphs.extend([self.graph] * (2 * k))
+        plan.slots.extend([-1] * (2 * k))
+        plan.slot_bytes.extend([0] * (2 * k))
+        plan.pinned.extend([True, self.pinned] * k)
+        plan.tags.extend([_KIND_VALUE[OpKind.H2D], tag] * k)
+        self.last_host = base + 2 * k - 2
+        sv = _GPU_STREAM_KEY.get(stream)
+        if sv is not None:
+            self.last_gpu[(sv, device)] = base + 2 * k - 1
+        return base + 2 * k - 1
+
+
+def _interleave(a, b) -> list:
+    """``[a[0], b[0], a[1], b[1], ...]`` (equal lengths)."""
+    out = [None] * (2 * len(a))
+    out[0::2] = a
+    out[1::2] = b
+    return out
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -437,8 +644,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     ctx = em.ctx
     scn, var, model = ctx.scn, ctx.variant, ctx.scn.model
     hw = scn.hardware
-    items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
-    splits = cut_splits(items)
+    items, splits = graph_splits(ctx, n_tokens, kv_len, token_offset, masks)
     has_moe_host = any(s.host_input is not None and s.host_input.expert for s in splits)
     prefetch_on = var.prefetch_weights and not (
         has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
@@ -564,17 +770,18 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
                 deps_first.append(ready)
             else:
                 _emit_sync_copy(em, ctx, s, n_tokens, ids_read, miss_masks)
-        for j, it in enumerate(s.items):
-            em.layer = it.layer
-            if it is first and s.host_input is not None and si in staged:
-                cp = em.plan.ops[copy_of[si]]
-                oid = em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first, nbytes=it.weight_bytes,
-                                shape=it.shape, slot=cp.slot, slot_bytes=cp.slot_bytes, tag="staged")
-                consumer_of[si] = oid
-                em.host(OpKind.EVENT_RECORD, f"record free {it.name}")
-            else:
-                em.launch(it.kind, Stream.COMPUTE, dev, it.name, deps_first if j == 0 else (),
-                          nbytes=it.weight_bytes, shape=it.shape)
+        rest = s.items
+        if s.host_input is not None and si in staged:
+            em.layer = first.layer
+            cp = copy_of[si]
+            oid = em.launch(first.kind, Stream.COMPUTE, dev, first.name, deps_first, nbytes=first.weight_bytes,
+                            shape=first.shape, slot=em.plan.slots[cp], slot_bytes=em.plan.slot_bytes[cp],
+                            tag="staged")
+            consumer_of[si] = oid
+            em.host(OpKind.EVENT_RECORD, f"record free {first.name}")
+            rest, deps_first = rest[1:], []
+        if rest:
+            em.launch_items(rest, Stream.COMPUTE, dev, deps_first)
         if prefetch_on and si not in staged:
             # the prefetch machinery records a done event per split so that buffers can be
             # released; it costs host time even when nothing is copied
@@ -586,7 +793,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     for g in range(hw.n_gpu):
         em.sync(g, f"graph {em.graph} end sync{g}", streams)
     em.fill_pending = False
-    em.plan.graph_last_op.append(len(em.plan.ops) - 1)
+    em.plan.graph_last_op.append(len(em.plan) - 1)
     em.plan.graph_tokens.append(n_tokens)
 
 
@@ -622,9 +829,7 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids
     else:
         pieces = [(t.name, sum(tt.nbytes for tt in t.tensors))]
         tag = "whole"
-    last = None
-    for name, nb in pieces:
-        last = em.h2d(name, dev, nb, stream=Stream.COMPUTE, tag=tag)
+    last = em.h2d_pieces(pieces, dev, stream=Stream.COMPUTE, tag=tag)
     if last is not None and (em.pinned or not ctx.scn.hardware.h2d_pageable.host_blocking):  # async copies
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
 

@@ -480,7 +480,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
         sched = time_plan(plan, scn, args.engine)
         frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
-        lines.append(f"{variant.name} / {test.name}: {len(plan.ops)} ops, makespan "
+        lines.append(f"{variant.name} / {test.name}: {len(plan)} ops, makespan "
                      f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
     df = pd.concat(frames, ignore_index=True)
     if out.suffix == ".csv":

@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from .ggmlcost import attended_keys
-from .plan import Op, OpKind, Plan
+from .plan import KIND_CODE, Op, OpKind, Plan
 from .specs import HardwareProfile
 
 #: host time per router id scanned when building the set of used experts and its runs.
@@ -382,19 +382,21 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
 def busy_mask(plan: Plan) -> np.ndarray:
     """The ops of ``plan`` priced in the executor's busy-host state: every CPU-backend op, and
     every launch (ISSUE) after the plan's first CPU-backend op (plan order). An ``(n,)`` bool
-    array."""
-    out = np.zeros(len(plan.ops), dtype=bool)
-    busy = False
-    for op in plan.ops:
-        if op.kind is OpKind.CPU_MATVEC:
-            out[op.id] = busy = True
-        elif busy and op.kind is OpKind.ISSUE:
-            out[op.id] = True
+    array (from the plan's kind column)."""
+    kind = plan.arrays.kind
+    cpu = kind == KIND_CODE[OpKind.CPU_MATVEC]
+    out = cpu.copy()
+    if cpu.any():
+        first = int(np.argmax(cpu))
+        out[first:] |= kind[first:] == KIND_CODE[OpKind.ISSUE]
     return out
 
 
 def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     """Durations (seconds) of every op of ``plan``: an ``(n,)`` float64 array.
+
+    Ops are priced once per distinct ``(kind, bytes, shape, pinned, tag)``, read from the plan's
+    columns (an :class:`~sim.plan.Op` is made only for the first op of each).
 
     In ``executor_mode`` the launches that come after the plan's first CPU-backend op (plan
     order) are priced with the profile's busy-host extra (``executor_busy_issue_s_by_kind``):
@@ -403,16 +405,38 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     call, and the CPU caches the matvecs flushed). Those launches and the CPU-backend ops
     (:func:`busy_mask`) are then multiplied by ``executor_busy_scale``."""
     cache: dict = {}
-    out = np.empty(len(plan.ops), dtype=np.float64)
-    mask = busy_mask(plan) if hw.executor_mode else np.zeros(len(plan.ops), dtype=bool)
+    n = len(plan)
+    mask = busy_mask(plan) if hw.executor_mode else None
     extras = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
-    for op in plan.ops:
-        hb = extras and bool(mask[op.id]) and op.kind is OpKind.ISSUE
-        key = (op.kind, op.nbytes, op.shape, op.pinned, op.tag, hb)  # tag: launched kind (executor_mode)
-        d = cache.get(key)
-        if d is None:
-            d = cache[key] = op_duration_s(op, hw, host_busy=hb)
-        out[op.id] = d
+    busy = mask & (plan.arrays.kind == KIND_CODE[OpKind.ISSUE]) if extras else None
+    vals = []
+    put = vals.append
+    get = cache.get
+    op_at = plan.op
+    if not extras:
+        # first by the shape object's id (a plan's ops share their items' shape tuples; every
+        # shape is alive in the plan meanwhile, so an id names one shape), then by value
+        by_id: dict = {}
+        get_id = by_id.get
+        for i, (k, nb, sh, pin, tag) in enumerate(zip(plan.kinds, plan.nbytes, plan.shapes, plan.pinned, plan.tags)):
+            fk = (k, nb, id(sh), pin, tag)
+            d = get_id(fk)
+            if d is None:
+                key = (k, nb, sh, pin, tag)
+                d = get(key)
+                if d is None:
+                    d = cache[key] = op_duration_s(op_at(i), hw)
+                by_id[fk] = d
+            put(d)
+    else:
+        for i, key in enumerate(zip(plan.kinds, plan.nbytes, plan.shapes, plan.pinned, plan.tags)):
+            hb = bool(busy[i])
+            key = (*key, hb)  # tag: launched kind (executor_mode)
+            d = get(key)
+            if d is None:
+                d = cache[key] = op_duration_s(op_at(i), hw, host_busy=hb)
+            put(d)
+    out = np.array(vals, dtype=np.float64) if n else np.empty(0, dtype=np.float64)
     if hw.executor_mode and hw.executor_busy_scale != 1.0:
         out[mask] *= hw.executor_busy_scale
     return out

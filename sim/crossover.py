@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
@@ -556,6 +558,30 @@ def _run_cell(job: _Job) -> CellResult:
         overlap_fraction=float(r.overlap_fraction))
 
 
+#: the jobs of the sweep running now, read by forked worker processes (:func:`_run_shared_cell`)
+_SHARED_JOBS: list[_Job] | None = None
+
+
+def _run_shared_cell(k: int) -> CellResult:
+    """:func:`_run_cell` of job ``k`` of the running sweep (in a worker forked by :func:`sweep`)."""
+    assert _SHARED_JOBS is not None, "a shared sweep cell outside a forked worker"
+    return _run_cell(_SHARED_JOBS[k])
+
+
+def _same_cells(work: Sequence[_Job]) -> list[int]:
+    """Per job, the index of the first job with the same inputs (the same scenario object,
+    variant, test, repetitions and engine): its cell's numbers are that job's."""
+    seen: dict = {}
+    out = []
+    for k, j in enumerate(work):
+        try:
+            key = (id(j.scn), j.variant, j.test, j.repetitions, j.engine)
+            out.append(seen.setdefault(key, k))
+        except TypeError:  # an unhashable field: no sharing
+            out.append(k)
+    return out
+
+
 def default_jobs() -> int:
     """Cores this process may use (``os.sched_getaffinity``, else ``os.cpu_count()``)."""
     try:
@@ -588,7 +614,8 @@ def cell_cost(job) -> float:
 
 def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test: BenchTest, *,
           repetitions: int = 1, engine: str = "analytic", jobs: int | None = None,
-          baseline: str = "baseline", progress: bool = False, max_work: int | None = None) -> SweepResult:
+          baseline: str = "baseline", progress: bool = False, max_work: int | None = None,
+          prefetch_plots: bool = False) -> SweepResult:
     """Run ``test`` under every variant at every point of one or two axes.
 
     Args:
@@ -603,6 +630,8 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         progress: show a tqdm progress bar on stderr.
         max_work: refuse the sweep when its cells' work (:func:`sim.bounds.work_units`) exceeds
             this budget (``--max-work``); None: no budget.
+        prefetch_plots: the caller plots the result: import matplotlib in a background thread
+            while worker processes run the cells (:func:`prefetch_plotting`).
 
     Returns:
         :class:`SweepResult`, identical whatever ``jobs``.
@@ -632,21 +661,44 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
                                   repetitions, 1) for j in work), max_work)
     n_jobs = default_jobs() if jobs is None else max(1, int(jobs))
     results: list[CellResult | None] = [None] * len(work)
+    # a cell whose inputs are those of an earlier one (an axis that leaves a variant as it is,
+    # e.g. the baseline on a slots axis) is evaluated once: same scenario object, variant, test
+    first_of = _same_cells(work)
+    todo = sorted(set(first_of))
     from tqdm import tqdm
 
     with tqdm(total=len(work), desc="sweep", unit="cell", disable=not progress, file=sys.stderr) as bar:
-        if n_jobs == 1 or len(work) == 1:
-            for k, job in enumerate(work):
-                results[k] = _run_cell(job)
-                bar.update()
+        def done(k: int, res: CellResult) -> None:
+            for kk in copies[k]:
+                results[kk] = res if kk == k else replace(res, index=work[kk].index, point=work[kk].point)
+            bar.update(len(copies[k]))
+
+        copies: dict[int, list[int]] = {k: [] for k in todo}
+        for kk, k in enumerate(first_of):
+            copies[k].append(kk)
+        if n_jobs == 1 or len(todo) == 1:
+            for k in todo:
+                done(k, _run_cell(work[k]))
         else:
-            with ProcessPoolExecutor(max_workers=min(n_jobs, len(work))) as pool:
-                # largest cells first, so that the last ones to finish are short
-                order = sorted(range(len(work)), key=lambda k: -cell_cost(work[k]))
-                futs = {pool.submit(_run_cell, work[k]): k for k in order}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    bar.update()
+            global _SHARED_JOBS
+            # worker processes forked from this one read the jobs from memory instead of each
+            # receiving a pickled copy: no pickling, and one scenario object per process, so
+            # what is derived from it once (tables, routing, residency) serves every cell
+            fork = multiprocessing.get_start_method() == "fork"
+            _SHARED_JOBS = work if fork else None
+            wait_plotting()  # no fork while an earlier sweep's import thread runs
+            try:
+                with ProcessPoolExecutor(max_workers=min(n_jobs, len(todo))) as pool:
+                    # largest cells first, so that the last ones to finish are short
+                    order = sorted(todo, key=lambda k: -cell_cost(work[k]))
+                    futs = {(pool.submit(_run_shared_cell, k) if fork else pool.submit(_run_cell, work[k])): k
+                            for k in order}
+                    if prefetch_plots:  # the workers are started: this process is free meanwhile
+                        prefetch_plotting()
+                    for f in as_completed(futs):
+                        done(futs[f], f.result())
+            finally:
+                _SHARED_JOBS = None
     return SweepResult(
         scenario=scn.name, scenario_file=scn.file, test=test.name, axes=axes,
         variants=tuple(v.name for v in vs), baseline=vs[0].name,
@@ -659,9 +711,41 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
 # ----------------------------------------------------------------------------------------
 
 
+_PLOT_IMPORT: threading.Thread | None = None
+
+
+def _import_plotting() -> None:
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.colors  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+        import matplotlib.ticker  # noqa: F401
+    except Exception:  # pragma: no cover - the plot imports it again and reports the error
+        pass
+
+
+def prefetch_plotting() -> None:
+    """Start importing matplotlib (most of a plot's time on a fresh process) in a background
+    thread; the plot functions wait for it (:func:`wait_plotting`) before their own imports.
+    Call it only once this process starts no more worker processes (a fork while another
+    thread imports could inherit a held import lock). Does nothing if started already."""
+    global _PLOT_IMPORT
+    if _PLOT_IMPORT is None and "matplotlib.figure" not in sys.modules:
+        _PLOT_IMPORT = threading.Thread(target=_import_plotting, name="prefetch-sim: import matplotlib", daemon=True)
+        _PLOT_IMPORT.start()
+
+
+def wait_plotting() -> None:
+    """Wait for :func:`prefetch_plotting`'s import, if one was started."""
+    t = _PLOT_IMPORT
+    if t is not None:
+        t.join()
+
+
 def new_figure(width: float, height: float):
     """A matplotlib Figure of ``width`` x ``height`` inches on its own Agg canvas (no pyplot,
     no global backend state: safe in worker processes, scripts and notebooks)."""
+    wait_plotting()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -693,6 +777,7 @@ def _style(k: int) -> dict:
 
 
 def _log2_x(ax) -> None:
+    wait_plotting()
     from matplotlib.ticker import ScalarFormatter
 
     ax.set_xscale("log", base=2)
@@ -738,6 +823,7 @@ def plot_heatmap(res: SweepResult):
     """Two-axis sweep: a heatmap of speedup vs baseline per non-baseline variant (first axis
     across, second axis up), cells annotated, the 1.0 contour and crossovers marked. Returns
     the Figure."""
+    wait_plotting()
     from matplotlib.colors import TwoSlopeNorm
 
     a0, a1 = res.axes
@@ -1012,7 +1098,7 @@ def run_figure(spec: FigureSpec, out_dir: str | Path, *, scenario: str | Path | 
         scn, variants, test = apply_point(scn, variants, test, [(ax.name, ax.values[0])])
     axes = [parse_axis(t, flag="--figure") for t in spec.axes]
     res = sweep(scn, axes, variants, test, repetitions=spec.repetitions if repetitions is None else repetitions,
-                engine=engine, jobs=jobs, progress=progress)
+                engine=engine, jobs=jobs, progress=progress, prefetch_plots=True)
     return write_outputs(res, out_dir, spec.name, spec.plot(res))
 
 
@@ -1109,7 +1195,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions or 1, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress,
-                max_work=WORK_MAX if args.max_work is None else args.max_work)
+                max_work=WORK_MAX if args.max_work is None else args.max_work, prefetch_plots=True)
     _report(write_outputs(res, args.out, _stem(res)))
     return 0
 

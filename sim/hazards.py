@@ -103,12 +103,13 @@ class HappensBefore:
         count = [0] * nq
         clocks: list[list[int]] = [[]] * n
         empty = [-1] * nq
-        for op in plan.ops:
-            i = op.id
+        ptr = arr.dep_ptr.tolist()
+        idx = arr.dep_idx.tolist()
+        for i in range(n):
             q = queue[i]
             pos[i] = count[q]
             count[q] += 1
-            preds = list(op.deps)
+            preds = idx[ptr[i]:ptr[i + 1]]
             if qprev[i] >= 0:
                 preds.append(qprev[i])
             if not preds:

@@ -43,7 +43,7 @@ from .builder import (BuildContext, Emitter, attn_item_shape, build_graph, cpu_a
 from .costs import op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
-from .plan import Plan, Stream
+from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
 from .trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
@@ -67,6 +67,9 @@ class GraphTemplate:
         groups: :func:`sim.trace.transfer_groups` of its ops.
         rows: distinct duration rows seen so far, (n,) each; ``row_of`` maps a KV length to its
             row, ``row_key`` the re-priced durations to a row.
+        results: row index -> (makespan, H2D busy s, hidden s), once timed.
+        kv_ops: the ops whose price depends on the KV length (``Emitter.kv_ops``);
+            kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`).
     """
 
     plan: Plan
@@ -82,6 +85,7 @@ class GraphTemplate:
     row_key: dict = field(default_factory=dict)
     results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden)
     kv_ops: list = field(default_factory=list)
+    kv_groups: list | None = None
 
 
 @dataclass(frozen=True)
@@ -180,15 +184,38 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
     em.cache_split = {}
     build_graph(em, n_tokens, kv_len, token_offset, masks)
     end_device = start_device
-    for op in reversed(plan.ops):
-        if op.stream is Stream.COMPUTE:
-            end_device = op.device
-            break
+    on_compute = np.flatnonzero(plan.arrays.stream == STREAM_CODE[Stream.COMPUTE])
+    if on_compute.size:
+        end_device = int(plan.devices[int(on_compute[-1])])
     dur = plan_durations(plan, hw)
     tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
                         plan_transfer_groups(plan), kv_ops=list(em.kv_ops))
     _row_at(tpl, ctx, kv_len)
     return tpl
+
+
+def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
+    """The template's KV-dependent ops (``Emitter.kv_ops``) grouped by what their price at
+    another KV length depends on: the role, the layer's attention signature
+    (:attr:`sim.builder.BuildContext.attn_layer_sig`: the attention shape is a function of it,
+    the tokens and the KV length) or the mask flag, and the op's kind, bytes, pinned flag and
+    tag. Each group is priced once per KV length. ``[(key, [first op, layer or flag, other
+    ops...]), ...]``, computed once per template."""
+    if tpl.kv_groups is not None:
+        return tpl.kv_groups
+    plan = tpl.plan
+    sig = ctx.attn_layer_sig
+    by_key: dict = {}
+    for oid, role, arg in tpl.kv_ops:
+        what = arg if role == "kq_mask" else sig[arg]
+        key = (role, what, plan.kinds[oid], plan.nbytes[oid], plan.pinned[oid], plan.tags[oid])
+        got = by_key.get(key)
+        if got is None:
+            by_key[key] = [oid, arg]
+        else:
+            got.append(oid)
+    tpl.kv_groups = [((k[0], k[1] if k[0] == "kq_mask" else None, *k[2:]), v) for k, v in by_key.items()]
+    return tpl.kv_groups
 
 
 def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
@@ -200,35 +227,36 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     hw = ctx.scn.hardware
     model = ctx.scn.model
     n = tpl.n_tokens
-    ops = tpl.plan.ops
+    plan = tpl.plan
+    groups = _kv_groups(tpl, ctx)
     fa = ctx.scn.placement.flash_attn
-    vals = []
     cache = ctx.price_cache
     if len(cache) > 65536:
         cache.clear()
-    for oid, role, arg in tpl.kv_ops:
-        op = ops[oid]
-        if kv_len == tpl.kv_len:
-            vals.append(float(tpl.durations[oid]))
-            continue
-        nb = op.nbytes
-        if role == "kq_mask":
-            sh = kq_mask_shape(model, n, kv_len, fa, bool(arg))
-        else:
-            sh = ctx.attn_shape(arg, n, kv_len)
-            if role == "cpu_attn":
-                nb, sh = cpu_attn_args(sh)
-        key = (op.kind, nb, sh, op.pinned, op.tag)  # what plan_durations keys its prices on
-        d = cache.get(key)
-        if d is None:
-            d = cache[key] = op_duration_s(replace(op, nbytes=nb, shape=sh), hw)
-        vals.append(d)
+    if kv_len == tpl.kv_len:
+        vals = [float(tpl.durations[oids[0]]) for _key, oids in groups]
+    else:
+        vals = []
+        for (role, arg, kind, nb, pinned, tag), oids in groups:
+            if role == "kq_mask":
+                sh = kq_mask_shape(model, n, kv_len, fa, bool(arg))
+            else:
+                sh = ctx.attn_shape(oids[1], n, kv_len)  # equal for every layer of the signature
+                if role == "cpu_attn":
+                    nb, sh = cpu_attn_args(sh)
+            key = (kind, nb, sh, pinned, tag)  # what plan_durations keys its prices on
+            d = cache.get(key)
+            if d is None:
+                d = cache[key] = op_duration_s(replace(plan.op(oids[0]), nbytes=nb, shape=sh), hw)
+            vals.append(d)
     rk = tuple(vals)
     idx = tpl.row_key.get(rk)
     if idx is None:
         row = tpl.durations.copy()
-        for (oid, _r, _a), d in zip(tpl.kv_ops, vals):
-            row[oid] = d
+        for (_key, oids), d in zip(groups, vals):
+            row[oids[0]] = d
+            for oid in oids[2:]:
+                row[oid] = d
         idx = tpl.row_key[rk] = len(tpl.rows)
         tpl.rows.append(row)
     tpl.row_of[kv_len] = idx
@@ -267,8 +295,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         test: the test.
         rng: the repetition's routing rng (consumed as the full plan would).
         engine: ``"analytic"`` or ``"des"``.
-        memo: templates kept across calls (the repetitions of one test and variant): pass the
-            same dict for the same ``ctx`` and engine.
+        memo: templates kept across calls (the tests and repetitions of one context: a
+            template is keyed on what determines its graph): pass the
+            same dict for the same ``ctx`` and engine (``ctx.graph_memo``).
 
     Raises:
         PlacementError: no GPU (as :func:`sim.builder.build_plan`).
@@ -330,9 +359,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                 _evaluate(t, sorted({r for _g, r in lst}), engine)
                 for gg, r in lst:
                     res[gg] = t.results[r]
-                if k not in memo and kept_ops + len(t.plan.ops) <= KEEP_OPS:
+                if k not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
                     memo[k] = t
-                    kept_ops += len(t.plan.ops)
+                    kept_ops += len(t.plan)
     memo["_kept_ops"] = kept_ops
     makespan = float(res[:, 0].sum())
     total = float(res[:, 1].sum())

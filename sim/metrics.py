@@ -117,7 +117,7 @@ def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
     arr = np.asarray(dur, dtype=float)
     if arr.size and not (np.isfinite(arr).all() and (arr >= 0).all()):
         i = int(np.argmax(~np.isfinite(arr) | (arr < 0)))
-        raise ScenarioError(f"op {i} ({plan.ops[i].name}) gets a duration of {arr.flat[i]} s: the inputs are outside "
+        raise ScenarioError(f"op {i} ({plan.names[i]}) gets a duration of {arr.flat[i]} s: the inputs are outside "
                             "any physical range", file=scn.file)
     return engines.run(plan, dur, engine=engine)
 
@@ -159,7 +159,7 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
         ctx.cache.reset_stats()
     fast = memo and memo_eligible(ctx)
-    templates: dict = {}
+    templates = ctx.graph_memo.setdefault(engine, {})  # shared by the tests and repetitions of this context
     tps, mk, h2d, exp, ovl = [], [], [], [], []
     for r in range(repetitions):
         if fast:

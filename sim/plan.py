@@ -1,6 +1,7 @@
 """The plan: the one intermediate representation every engine consumes.
 
-A :class:`Plan` is an ordered list of :class:`Op` s. Each op sits on one *queue* (a stream of
+A :class:`Plan` is an ordered list of ops, stored by column (:class:`Op` objects are made from
+the columns when asked for, :attr:`Plan.ops`). Each op sits on one *queue* (a stream of
 one device: the host thread, a GPU's compute or copy stream, or the CPU backend), has a kind
 and a size, and lists the ops it depends on (events, syncs, issue). The engines only give ops
 durations and respect dependencies; policies differ only in the plan they build.
@@ -22,9 +23,8 @@ host thread is blocked for it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from enum import Enum
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -107,11 +107,20 @@ class Op:
         return (self.stream.value, self.device)
 
 
-# fast construction of an Op (Plan.append): the slots' descriptors set the fields directly,
-# as the frozen dataclass's generated __init__ does, without its per-field global lookups
+#: code of each kind and stream in the plan's columns (``Plan.kinds``, ``Plan.streams``), and back
+KINDS: tuple[OpKind, ...] = tuple(OpKind)
+STREAMS: tuple[Stream, ...] = tuple(Stream)
+KIND_CODE: dict[OpKind, int] = {k: i for i, k in enumerate(KINDS)}
+STREAM_CODE: dict[Stream, int] = {s: i for i, s in enumerate(STREAMS)}
+#: kind codes of :data:`COMPUTE_KINDS`
+COMPUTE_CODES: tuple[int, ...] = tuple(sorted(KIND_CODE[k] for k in COMPUTE_KINDS))
+
+# fast construction of an Op (Plan.op, Plan.ops): the slots' descriptors set the fields
+# directly, as the frozen dataclass's generated __init__ does, without its per-field lookups
 _new_op = object.__new__
 (_s_id, _s_kind, _s_stream, _s_device, _s_name, _s_deps, _s_nbytes, _s_shape, _s_layer, _s_split, _s_graph,
  _s_slot, _s_slot_bytes, _s_pinned, _s_tag) = (getattr(Op, f.name).__set__ for f in fields(Op))
+
 
 @dataclass
 class PlanArrays:
@@ -119,13 +128,16 @@ class PlanArrays:
 
     Attributes:
         n: number of ops.
-        queue: (n,) int queue id per op.
+        queue: (n,) int queue id per op (ids in order of first appearance).
         link: (n,) int link id per op (-1: uses no link).
         dep_ptr: (n+1,) CSR row pointers into ``dep_idx``.
         dep_idx: flattened dependency ids.
         queue_prev: (n,) id of the previous op on the same queue (-1: first).
         link_prev: (n,) id of the previous op on the same link (-1: first or none).
         queue_names: queue id -> ``"compute0"`` etc.
+        kind: (n,) int8 kind code per op (:data:`KINDS` maps it back).
+        stream: (n,) int8 stream code per op (:data:`STREAMS`).
+        device: (n,) int64 device per op.
     """
 
     n: int
@@ -136,28 +148,126 @@ class PlanArrays:
     queue_prev: np.ndarray
     link_prev: np.ndarray
     queue_names: list[str]
+    kind: np.ndarray | None = None
+    stream: np.ndarray | None = None
+    device: np.ndarray | None = None
 
 
-@dataclass
+def _prev_in_group(group: np.ndarray, member: np.ndarray | None = None) -> np.ndarray:
+    """Per position, the previous position with the same ``group`` value (-1: the first);
+    positions where ``member`` is False are in no group (-1)."""
+    n = group.size
+    out = np.full(n, -1, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int64) if member is None else np.flatnonzero(member)
+    if idx.size < 2:
+        return out
+    g = group[idx]
+    o = np.argsort(g, kind="stable")
+    s = idx[o]
+    same = g[o][1:] == g[o][:-1]
+    prev = np.full(idx.size, -1, dtype=np.int64)
+    prev[1:][same] = s[:-1][same]
+    out[s] = prev
+    return out
+
+
+_ARRAYS_KEY = "_plan_arrays"
+
+
 class Plan:
-    """An ordered list of ops plus what the builder knows about them.
+    """An ordered list of ops plus what the builder knows about them, stored by column.
+
+    Each op is a row of the columns below (one list per field, the codes and numbers as Python
+    ints, which append about twice as fast as an ``array.array``; dependencies as one flat list
+    with row pointers): appending an op creates no :class:`Op` and reads no Enum member, and
+    the engines read typed numpy arrays made from the columns in one conversion each
+    (:attr:`arrays`). :attr:`ops` gives the same rows as :class:`Op` objects, made on first use.
 
     Attributes:
-        ops: the ops in program order.
         label: e.g. ``"prefetch_ungated / pp512"``.
         graph_tokens: tokens in each graph (ubatch), in order.
         graph_last_op: id of the last op of each graph (its output is ready when it ends).
         meta: builder statistics (bytes, cache hits, VRAM breakdown, ...).
+        kinds, streams: kind and stream codes (:data:`KIND_CODE`, :data:`STREAM_CODE`).
+        devices, layers, splits, graphs, slots, pinned: per op (see :class:`Op`).
+        nbytes, slot_bytes: per op, bytes.
+        names, shapes, tags: per op (lists).
+        dep_ptr, dep_idx: dependencies of op ``i`` are ``dep_idx[dep_ptr[i]:dep_ptr[i + 1]]``.
+
+    Args:
+        ops: initial ops (:class:`Op` objects, kept as given: their deps are not normalised).
     """
 
-    ops: list[Op] = field(default_factory=list)
-    label: str = ""
-    graph_tokens: list[int] = field(default_factory=list)
-    graph_last_op: list[int] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, ops: list[Op] | None = None, label: str = "", graph_tokens: list[int] | None = None,
+                 graph_last_op: list[int] | None = None, meta: dict[str, Any] | None = None):
+        self.label = label
+        self.graph_tokens = [] if graph_tokens is None else graph_tokens
+        self.graph_last_op = [] if graph_last_op is None else graph_last_op
+        self.meta = {} if meta is None else meta
+        self.kinds: list[int] = []
+        self.streams: list[int] = []
+        self.devices: list[int] = []
+        self.names: list[str] = []
+        self.dep_ptr: list[int] = [0]
+        self.dep_idx: list[int] = []
+        self.nbytes: list[int] = []
+        self.shapes: list[tuple] = []
+        self.layers: list[int] = []
+        self.splits: list[int] = []
+        self.graphs: list[int] = []
+        self.slots: list[int] = []
+        self.slot_bytes: list[int] = []
+        self.pinned: list[bool] = []
+        self.tags: list[str] = []
+        self._bind()
+        self._ops: list[Op] = []
+        if ops:
+            for op in ops:
+                self._append_row(op.kind, op.stream, op.device, op.name, op.deps, op.nbytes, op.shape, op.layer,
+                                 op.split, op.graph, op.slot, op.slot_bytes, op.pinned, op.tag)
+            self._ops = list(ops)
 
     def __len__(self) -> int:
-        return len(self.ops)
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.label!r}, {len(self)} ops, {len(self.graph_tokens)} graphs)"
+
+    def _bind(self) -> None:
+        # the columns' append methods, in the order Plan.append fills them
+        self._appenders = (self.kinds.append, self.streams.append, self.devices.append, self.names.append,
+                           self.dep_ptr.append, self.nbytes.append, self.shapes.append, self.layers.append,
+                           self.splits.append, self.graphs.append, self.slots.append, self.slot_bytes.append,
+                           self.pinned.append, self.tags.append)
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        for k in [k for k in d if k.startswith("_")]:  # derived: Op objects, caches, appenders
+            del d[k]
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._ops = []
+        self._bind()
+
+    def _append_row(self, kind, stream, device, name, deps, nbytes, shape, layer, split, graph, slot, slot_bytes,
+                    pinned, tag) -> None:
+        self.kinds.append(KIND_CODE[kind])
+        self.streams.append(STREAM_CODE[stream])
+        self.devices.append(device)
+        self.names.append(name)
+        self.dep_idx.extend(deps)
+        self.dep_ptr.append(len(self.dep_idx))
+        self.nbytes.append(nbytes)
+        self.shapes.append(shape)
+        self.layers.append(layer)
+        self.splits.append(split)
+        self.graphs.append(graph)
+        self.slots.append(slot)
+        self.slot_bytes.append(slot_bytes)
+        self.pinned.append(pinned)
+        self.tags.append(tag)
 
     def add(self, kind: OpKind, stream: Stream, device: int, name: str, deps=(), **kw) -> int:
         """Append an op; returns its id. Dependencies must point to earlier ops."""
@@ -171,81 +281,130 @@ class Plan:
 
         Raises:
             ValueError: a dependency on this op or a later one."""
-        ops = self.ops
-        oid = len(ops)
+        names = self.names
+        oid = len(names)
+        dep_idx = self.dep_idx
         if deps:
             if len(deps) == 1:
                 d0 = deps[0]
-                deps = (d0,) if d0 is not None and d0 >= 0 else ()
+                if d0 is not None and d0 >= 0:
+                    if d0 >= oid:
+                        raise ValueError(f"op {oid} ({name}) depends on a later op {d0}")
+                    dep_idx.append(d0)
             else:
-                deps = tuple(sorted({d for d in deps if d is not None and d >= 0}))
-            if deps and deps[-1] >= oid:
-                raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
-        else:
-            deps = ()
-        op = _new_op(Op)
-        _s_id(op, oid)
-        _s_kind(op, kind)
-        _s_stream(op, stream)
-        _s_device(op, device)
-        _s_name(op, name)
-        _s_deps(op, deps)
-        _s_nbytes(op, nbytes)
-        _s_shape(op, shape)
-        _s_layer(op, layer)
-        _s_split(op, split)
-        _s_graph(op, graph)
-        _s_slot(op, slot)
-        _s_slot_bytes(op, slot_bytes)
-        _s_pinned(op, pinned)
-        _s_tag(op, tag)
-        ops.append(op)
-        d = self.__dict__
-        if "arrays" in d:
-            del d["arrays"]
+                deps = sorted({d for d in deps if d is not None and d >= 0})
+                if deps and deps[-1] >= oid:
+                    raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
+                dep_idx.extend(deps)
+        (a_kind, a_stream, a_device, a_name, a_ptr, a_nbytes, a_shape, a_layer, a_split, a_graph, a_slot,
+         a_slot_bytes, a_pinned, a_tag) = self._appenders
+        a_kind(KIND_CODE[kind])
+        a_stream(STREAM_CODE[stream])
+        a_device(device)
+        a_name(name)
+        a_ptr(len(dep_idx))
+        a_nbytes(nbytes)
+        a_shape(shape)
+        a_layer(layer)
+        a_split(split)
+        a_graph(graph)
+        a_slot(slot)
+        a_slot_bytes(slot_bytes)
+        a_pinned(pinned)
+        a_tag(tag)
         return oid
 
-    @cached_property
+    def deps_of(self, i: int) -> tuple[int, ...]:
+        """Dependencies of op ``i`` (ids, ascending for ops appended with :meth:`append`)."""
+        p = self.dep_ptr
+        return tuple(self.dep_idx[p[i]:p[i + 1]])
+
+    def op(self, i: int) -> Op:
+        """Op ``i`` as an :class:`Op` (the one in :attr:`ops` if made already)."""
+        ops = self._ops
+        if i < 0:
+            i += len(self.names)
+        if i < len(ops):
+            return ops[i]
+        if not 0 <= i < len(self.names):
+            raise IndexError(f"op {i} outside a plan of {len(self.names)} ops")
+        return self._make_op(i)
+
+    def _make_op(self, i: int) -> Op:
+        p = self.dep_ptr
+        op = _new_op(Op)
+        _s_id(op, i)
+        _s_kind(op, KINDS[self.kinds[i]])
+        _s_stream(op, STREAMS[self.streams[i]])
+        _s_device(op, self.devices[i])
+        _s_name(op, self.names[i])
+        _s_deps(op, tuple(self.dep_idx[p[i]:p[i + 1]]))
+        _s_nbytes(op, self.nbytes[i])
+        _s_shape(op, self.shapes[i])
+        _s_layer(op, self.layers[i])
+        _s_split(op, self.splits[i])
+        _s_graph(op, self.graphs[i])
+        _s_slot(op, self.slots[i])
+        _s_slot_bytes(op, self.slot_bytes[i])
+        _s_pinned(op, self.pinned[i])
+        _s_tag(op, self.tags[i])
+        return op
+
+    @property
+    def ops(self) -> list[Op]:
+        """The ops in program order as :class:`Op` objects (made from the columns on first use
+        and kept; do not modify the list)."""
+        ops = self._ops
+        n = len(self.names)
+        if len(ops) < n:
+            make = self._make_op
+            ops.extend(make(i) for i in range(len(ops), n))
+        return ops
+
+    @property
     def arrays(self) -> PlanArrays:
-        """The plan's :class:`PlanArrays` (cached until an op is added)."""
-        ops = self.ops
-        n = len(ops)
-        qnames: dict[tuple[str, int], int] = {}
-        qid_of: dict = {}      # (stream, device) -> queue id
-        queue = [0] * n
-        link = [-1] * n
-        queue_prev = [-1] * n
-        link_prev = [-1] * n
-        last_q: dict[int, int] = {}
-        last_l: dict[int, int] = {}
-        ptr = [0] * (n + 1)
-        idx: list[int] = []
-        h2d = OpKind.H2D
-        for i, op in enumerate(ops):
-            sd = (op.stream, op.device)
-            q = qid_of.get(sd)
-            if q is None:
-                q = qid_of[sd] = qnames.setdefault(op.queue, len(qnames))
-            queue[i] = q
-            queue_prev[i] = last_q.get(q, -1)
-            last_q[q] = i
-            if op.kind is h2d:
-                lk = op.device if op.device > 0 else 0
-                link[i] = lk
-                link_prev[i] = last_l.get(lk, -1)
-                last_l[lk] = i
-            deps = op.deps
-            if deps:
-                idx.extend(deps)
-            ptr[i + 1] = len(idx)
-        names = [f"{s}{d}" if d >= 0 else s for (s, d) in qnames]
+        """The plan's :class:`PlanArrays`, from the columns without a per-op Python loop
+        (cached until an op is added)."""
+        cached = self.__dict__.get(_ARRAYS_KEY)
+        n = len(self.names)
+        if cached is not None and cached.n == n:
+            return cached
         i64 = np.int64
-        return PlanArrays(n, np.array(queue, dtype=i64), np.array(link, dtype=i64), np.array(ptr, dtype=i64),
-                          np.array(idx, dtype=i64), np.array(queue_prev, dtype=i64), np.array(link_prev, dtype=i64),
-                          names)
+        kind = np.array(self.kinds, dtype=np.int8) if n else np.zeros(0, np.int8)
+        stream = np.array(self.streams, dtype=np.int8) if n else np.zeros(0, np.int8)
+        device = np.array(self.devices, dtype=i64) if n else np.zeros(0, i64)
+        ptr = np.array(self.dep_ptr, dtype=i64)
+        idx = np.array(self.dep_idx, dtype=i64) if self.dep_idx else np.zeros(0, i64)
+        host_like = (stream == STREAM_CODE[Stream.HOST]) | (stream == STREAM_CODE[Stream.CPU])
+        qdev = np.where(host_like, -1, device)
+        key = stream.astype(i64) * (1 << 33) + (qdev + 1)
+        names: list[str] = []
+        if n:
+            _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")      # queues in order of first appearance
+            rank = np.empty(order.size, dtype=i64)
+            rank[order] = np.arange(order.size, dtype=i64)
+            queue = rank[inv.reshape(-1)]
+            for u in order.tolist():
+                s = STREAMS[int(stream[first[u]])].value
+                d = int(qdev[first[u]])
+                names.append(f"{s}{d}" if d >= 0 else s)
+        else:
+            queue = np.zeros(0, dtype=i64)
+        is_h2d = kind == KIND_CODE[OpKind.H2D]
+        link = np.where(is_h2d, np.maximum(device, 0), -1).astype(i64)
+        arrays = PlanArrays(n, queue, link, ptr, idx, _prev_in_group(queue), _prev_in_group(link, is_h2d), names,
+                            kind, stream, device)
+        self.__dict__[_ARRAYS_KEY] = arrays
+        return arrays
 
     def h2d_bytes(self) -> int:
-        return sum(op.nbytes for op in self.ops if op.kind is OpKind.H2D)
+        """Bytes of every H2D op."""
+        if not self.names:
+            return 0
+        a = self.arrays
+        nb = np.array(self.nbytes, dtype=np.int64)
+        return int(nb[a.kind == KIND_CODE[OpKind.H2D]].sum(dtype=np.int64))
 
 
 @dataclass

@@ -759,6 +759,26 @@ class Router:
             raise ValueError("trace routing has no inclusion probabilities")
         return rng.random(self.n_expert) < self._used_p_cached(layer, n_tokens)
 
+    def used_masks(self, layers: Sequence[int], n_tokens: int, rng: np.random.Generator,
+                   token_offset: int = 0) -> list[np.ndarray]:
+        """``[self.used_mask(i, n_tokens, rng, token_offset) for i in layers]``, the same draws
+        from ``rng`` (the same values, consumed in the same order) made in one call: the
+        uniform numbers of every layer are drawn at once (a generator's ``random(a)`` then
+        ``random(b)`` equal ``random(a + b)``) and the sampling runs on all layers together.
+        ``trace`` routing replays each layer (:meth:`used_mask`)."""
+        layers = list(layers)
+        for i in layers:
+            self._check_layer(i)
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        E, L = self.n_expert, len(layers)
+        if self.trace is not None or n_tokens == 0 or L == 0:
+            return [self.used_mask(i, n_tokens, rng, token_offset) for i in layers]
+        if n_tokens > EXACT_MASK_MAX_TOKENS:
+            p = np.stack([self._used_p_cached(i, n_tokens) for i in layers])
+            return list(rng.random(L * E).reshape(L, E) < p)
+        return list(_systematic_used(self._pi[layers], self.top_k, n_tokens, rng, uniform=self.spec.kind == "uniform"))
+
     def fixed_count(self, n_tokens: int) -> int | None:
         """Experts a ubatch of ``n_tokens`` uses when that count does not depend on the draws
         (``uniform``/``skewed`` with one token: exactly ``top_k``; no tokens: 0), else None."""
@@ -851,6 +871,36 @@ def _systematic_sample(pi: np.ndarray, top_k: int, n_tokens: int, rng: np.random
     if rows.size != n_tokens * top_k:  # cannot happen with sum(pi) == k and pi <= 1
         raise AssertionError("systematic sampling did not take exactly top_k experts per token")
     return order[rows, cols].reshape(n_tokens, top_k).astype(np.int64)
+
+
+def _systematic_used(pi: np.ndarray, top_k: int, n_tokens: int, rng: np.random.Generator, *,
+                     uniform: bool = False) -> np.ndarray:
+    """(L, E) bool: the experts used by ``n_tokens`` tokens in each of L layers (rows of ``pi``),
+    exactly as ``L`` calls of :func:`_systematic_sample` in layer order (each draws
+    ``random((n_tokens, E))`` then ``random(n_tokens)``), from one draw of the same numbers.
+    ``uniform``: every entry of ``pi`` is the same number, so the cumulative sums in any expert
+    order are those of one row (the same values added in the same sequence)."""
+    L, E = pi.shape
+    n = n_tokens
+    x = rng.random(L * (n * E + n)).reshape(L, n * E + n)
+    order = np.argsort(x[:, :n * E].reshape(L, n, E), axis=2)
+    if uniform:
+        row = np.cumsum(pi[0])
+        row[-1] = top_k
+        c = np.broadcast_to(row, (L, n, E))
+    else:
+        c = np.cumsum(np.take_along_axis(np.broadcast_to(pi[:, None, :], (L, n, E)), order, axis=2), axis=2)
+        c[:, :, -1] = top_k  # remove rounding drift of the cumulative sum
+    u = 1.0 - x[:, n * E:]  # (0, 1]
+    fl = np.floor(c - u[:, :, None])
+    prev = np.concatenate([np.full((L, n, 1), -1.0), fl[:, :, :-1]], axis=2)
+    take = fl > prev
+    lay, tok, col = np.nonzero(take)
+    if lay.size != L * n * top_k:  # cannot happen with sum(pi) == k and pi <= 1
+        raise AssertionError("systematic sampling did not take exactly top_k experts per token")
+    used = np.zeros((L, E), dtype=bool)
+    used[lay, order[lay, tok, col]] = True
+    return used
 
 
 def make_router(spec: RoutingSpec, model, rng: np.random.Generator) -> Router:

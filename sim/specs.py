@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -940,6 +940,12 @@ _CPU_MOE_RE = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 FIT_TARGET_MIB_DEFAULT = 1024
 
 
+@lru_cache(maxsize=256)
+def _compiled_rules(rules: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern, str], ...]:
+    """``-ot`` rules with their regexes compiled (``re.search`` with the text is the same)."""
+    return tuple((re.compile(rx), buf) for rx, buf in rules)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where weights live, as llama.cpp's flags set it.
@@ -1006,8 +1012,8 @@ class Placement:
         (:meth:`gpu_blocks`) stay on the host; ``--n-cpu-moe N``: in blocks ``< N``
         every tensor llama.cpp's rule ``blk\\.i\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` matches
         (the expert matrices and, e.g. in gpt-oss, their biases)."""
-        for regex, buf in self.override_tensor:
-            if re.search(regex, t.name):
+        for rx, buf in _compiled_rules(self.override_tensor):
+            if rx.search(t.name):
                 return buf.upper() == "CPU"
         if t.layer < 0:
             if t.group == "embd":

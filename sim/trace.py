@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plan import COMPUTE_KINDS, OpKind, Plan, Schedule, Stream
+from .plan import COMPUTE_CODES, COMPUTE_KINDS, KIND_CODE, KINDS, STREAM_CODE, STREAMS, OpKind, Plan, Schedule, Stream
 
 #: the exact columns of a trace, in order
 TRACE_COLUMNS: tuple[str, ...] = (
@@ -82,25 +82,30 @@ def to_dataframe(plan: Plan, schedule: Schedule, *, test: str = "", variant: str
         if scenario is None:
             raise ValueError(f"schedule: batch of {start.shape[0]} scenarios; pass scenario= to pick one")
         start, end = start[scenario], end[scenario]
-    n = len(plan.ops)
+    n = len(plan)
     if start.shape != (n,) or end.shape != (n,):
         raise ValueError(f"schedule: shape {start.shape} does not match a plan of {n} ops")
-    ops = plan.ops
-    qnames = plan.arrays.queue_names
-    queue = plan.arrays.queue
+    a = plan.arrays
+    qnames = a.queue_names
+    kind_values = [k.value for k in KINDS]
+    stream_values = [st.value for st in STREAMS]
+
+    def ints(col) -> np.ndarray:
+        return np.array(col, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+
     cols = {
         "op_id": np.arange(n, dtype=np.int64),
-        "name": [o.name for o in ops],
-        "kind": [o.kind.value for o in ops],
-        "stream": [o.stream.value for o in ops],
-        "device": np.fromiter((o.device for o in ops), dtype=np.int64, count=n),
-        "queue": [qnames[q] for q in queue.tolist()],
-        "layer": np.fromiter((o.layer for o in ops), dtype=np.int64, count=n),
-        "split": np.fromiter((o.split for o in ops), dtype=np.int64, count=n),
-        "graph": np.fromiter((o.graph for o in ops), dtype=np.int64, count=n),
-        "slot": np.fromiter((o.slot for o in ops), dtype=np.int64, count=n),
-        "tag": [o.tag for o in ops],
-        "nbytes": np.fromiter((o.nbytes for o in ops), dtype=np.int64, count=n),
+        "name": list(plan.names),
+        "kind": [kind_values[k] for k in plan.kinds],
+        "stream": [stream_values[st] for st in plan.streams],
+        "device": ints(plan.devices),
+        "queue": [qnames[q] for q in a.queue.tolist()],
+        "layer": ints(plan.layers),
+        "split": ints(plan.splits),
+        "graph": ints(plan.graphs),
+        "slot": ints(plan.slots),
+        "tag": list(plan.tags),
+        "nbytes": ints(plan.nbytes),
         "start_s": start,
         "end_s": end,
         "dur_s": end - start,
@@ -273,10 +278,25 @@ def transfer_groups(kind, stream, device) -> list[tuple[np.ndarray, np.ndarray]]
 
 
 def plan_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`transfer_groups` of a plan's ops (no DataFrame)."""
-    ops = plan.ops
-    return transfer_groups([o.kind.value for o in ops], [o.stream.value for o in ops],
-                           np.fromiter((o.device for o in ops), dtype=np.int64, count=len(ops)))
+    """:func:`transfer_groups` of a plan's ops, from its kind, stream and device columns (no
+    DataFrame, no per-op Python loop); computed once per plan (cached until an op is added)."""
+    a = plan.arrays
+    cached = plan.__dict__.get(_GROUPS_KEY)
+    if cached is not None and cached[0] is a:
+        return cached[1]
+    kind, stream, device = a.kind, a.stream, a.device
+    is_h2d = kind == KIND_CODE[OpKind.H2D]
+    is_comp = np.isin(kind, COMPUTE_CODES)
+    cpu_comp = is_comp & (stream == STREAM_CODE[Stream.CPU])
+    gpu_comp = is_comp & (stream == STREAM_CODE[Stream.COMPUTE])
+    out = []
+    for dev in np.unique(device[is_h2d]):
+        out.append((np.flatnonzero(is_h2d & (device == dev)), np.flatnonzero(cpu_comp | (gpu_comp & (device == dev)))))
+    plan.__dict__[_GROUPS_KEY] = (a, out)
+    return out
+
+
+_GROUPS_KEY = "_trace_transfer_groups"
 
 
 def h2d_busy_hidden_s(groups, start_s, end_s) -> tuple[float, float]:

@@ -440,7 +440,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         rows.append(dict(
             case=case.name, model=case.model, variant=case.variant, test=case.test,
             n_ubatch=scn.workload.n_ubatch, n_depth=case.n_depth, host_memory="pinned" if case.pinned else "pageable",
-            expert_slots=scn.variants[0].expert_slots, cache=case.cache, n_ops=len(plan.ops), predicted_s=pred,
+            expert_slots=scn.variants[0].expert_slots, cache=case.cache, n_ops=len(plan), predicted_s=pred,
             measured_s=med, measured_min_s=float(all_mk.min()), measured_max_s=float(all_mk.max()),
             rel_error=pred / med - 1.0, h2d_bytes=r.h2d_bytes, h2d_bytes_per_s=r.h2d_bytes_per_s,
             probes_checked=r.probes_checked, digest=r.digest, device=r.device, n_runs=int(all_mk.size),

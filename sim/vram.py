@@ -117,11 +117,47 @@ def expert_bytes(model: ModelSpec, layer: int) -> int:
     return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
 
 
+#: per model (by id, holding the model so that the id stays its own): its weight groups, and
+#: per placement the host residency of its tensors; a few models at a time
+_MODEL_CACHE: dict[int, tuple[ModelSpec, dict]] = {}
+
+
+def _model_cache(model: ModelSpec) -> dict:
+    got = _MODEL_CACHE.get(id(model))
+    if got is None or got[0] is not model:
+        if len(_MODEL_CACHE) >= 8:
+            _MODEL_CACHE.clear()
+        got = _MODEL_CACHE[id(model)] = (model, {})
+    return got[1]
+
+
+def host_flags(model: ModelSpec, placement: Placement) -> tuple[bool, ...]:
+    """``placement.host_resident(model, t)`` for each of ``model.tensors`` in order, computed
+    once per (model, placement) and kept."""
+    cache = _model_cache(model)
+    key = ("host", placement)
+    got = cache.get(key)
+    if got is None:
+        if len(cache) > 256:
+            cache.clear()
+        got = cache[key] = tuple(placement.host_resident(model, t) for t in model.tensors)
+    return got
+
+
 def weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
     """The weights each weight op of a graph reads, grouped as :func:`sim.builder.graph_items`
     emits them (fused q/k/v, shared-expert gate+up, one group per other matrix): a host split
     copies a whole group, so staging and split-input buffers are sized by groups. Norms, biases
-    and other tensors no op reads (:attr:`sim.specs.Tensor.is_matrix`) are in no group."""
+    and other tensors no op reads (:attr:`sim.specs.Tensor.is_matrix`) are in no group.
+    Computed once per model (a new list each call)."""
+    cache = _model_cache(model)
+    got = cache.get("groups")
+    if got is None:
+        got = cache["groups"] = _weight_groups(model)
+    return list(got)
+
+
+def _weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
     out: list[tuple[Tensor, ...]] = []
     by_layer: dict[int, list[Tensor]] = {}
     for t in model.tensors:
@@ -182,11 +218,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     pl = placement or scn.placement
     devs = layer_devices(model, pl, hw.n_gpu)
     # host residency per tensor, by position (a tied output head shares token_embd's name)
-    on_host = [pl.host_resident(model, t) for t in model.tensors]
+    on_host = host_flags(model, pl)
+    host_ids = {id(t) for t, h in zip(model.tensors, on_host) if h}
     # host weight groups whose ops may be offloaded (token_embd is read by get_rows on the CPU;
     # a host-resident output head has a batch of one row and runs on the CPU)
     host_groups = [g for g in weight_groups(model)
-                   if g[0].layer >= 0 and any(pl.host_resident(model, t) for t in g)]
+                   if g[0].layer >= 0 and any(id(t) in host_ids for t in g)]
 
     def gpu_of(group: tuple[Tensor, ...]) -> int:
         return max(devs[group[0].layer], 0)  # the layer's GPU (GPU 0 if the layer is not offloaded)

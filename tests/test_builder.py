@@ -547,3 +547,101 @@ def test_attention_shapes_cached_per_layer_signature_equal_the_direct_ones():
         for n, kv in ((1, 0), (1, 4000), (512, 0), (96, 8192)):
             for i in range(scn.model.n_layer):
                 assert ctx.attn_shape(i, n, kv) == attn_item_shape(ctx, i, n, kv), (path.name, i, n, kv)
+
+
+# ---------------------------------------------------------------------------------------
+# fast paths of the builder against the straightforward ones
+# ---------------------------------------------------------------------------------------
+
+#: every column of a plan (sim.plan.Plan)
+PLAN_COLUMNS = ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers",
+                "splits", "graphs", "slots", "slot_bytes", "pinned", "tags")
+SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
+
+
+def _built(scn, v, t, fast: bool, monkeypatch):
+    import sim.builder as B
+
+    monkeypatch.setattr(B, "ITEM_MEMO", fast)
+    monkeypatch.setattr(B, "ENABLE_BULK", fast)
+    ctx = make_context(scn, v, np.random.default_rng(7))
+    build_plan(scn, v, t, np.random.default_rng(8), ctx)  # a warm-up (an expert cache carries over)
+    return build_plan(scn, v, t, np.random.default_rng(9), ctx)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem == "laguna-2x3090" else p
+                                  for p in SHIPPED], ids=[p.stem for p in SHIPPED])
+def test_fast_builder_paths_build_the_reference_plan(path, monkeypatch):
+    """Items and splits reused across graphs (builder.graph_splits), launches and selective
+    copies appended a column at a time (Emitter.launch_items, Emitter.h2d_pieces) and masks
+    drawn for all layers at once build, column for column, the plan of the straightforward
+    path (graph_items and cut_splits per graph, masks drawn layer by layer inside graph_items,
+    one Emitter.launch per op), on every shipped scenario, variant and an expert cache."""
+    from sim.metrics import fit_context_to_tests
+
+    scn = load_scenario(path)
+    variants = list(scn.variants)
+    if scn.model.moe is not None:
+        variants += [parse_variant("cache_lru"), parse_variant("prefetch_gated_512+cache_lru")]
+        scn = scn.with_(placement=replace(scn.placement, expert_cache_experts=96))
+    tests = [BenchTest(scn.workload.n_ubatch + 7, 0, 0), BenchTest(40, 0, 100), BenchTest(0, 3, 300)]
+    scn = fit_context_to_tests(scn, tests)
+    checked = 0
+    for v in variants:
+        for t in tests:
+            try:
+                fast = _built(scn, v, t, True, monkeypatch)
+            except PlacementError:
+                continue
+            ref = _built(scn, v, t, False, monkeypatch)
+            for c in PLAN_COLUMNS:
+                assert getattr(fast, c) == getattr(ref, c), f"{path.name} {v.name} {t.name}: column {c}"
+            assert (fast.graph_tokens, fast.graph_last_op) == (ref.graph_tokens, ref.graph_last_op)
+            for k in ("h2d_bytes", "cache_hit_rate", "n_cpu_moe"):
+                assert fast.meta[k] == ref.meta[k], k
+            checked += 1
+    assert checked
+
+
+def _busy_loop(plan) -> np.ndarray:
+    """The per-op loop that sim.costs.busy_mask vectorises."""
+    out = np.zeros(len(plan.ops), dtype=bool)
+    busy = False
+    for op in plan.ops:
+        if op.kind is OpKind.CPU_MATVEC:
+            out[op.id] = busy = True
+        elif busy and op.kind is OpKind.ISSUE:
+            out[op.id] = True
+    return out
+
+
+def _durations_loop(plan, hw) -> np.ndarray:
+    """plan_durations the straightforward way: op_duration_s of every Op."""
+    from sim.costs import op_duration_s
+
+    mask = _busy_loop(plan) if hw.executor_mode else np.zeros(len(plan.ops), dtype=bool)
+    extras = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
+    out = np.array([op_duration_s(op, hw, host_busy=extras and bool(mask[op.id]) and op.kind is OpKind.ISSUE)
+                    for op in plan.ops])
+    if hw.executor_mode and hw.executor_busy_scale != 1.0:
+        out[mask] *= hw.executor_busy_scale
+    return out
+
+
+def test_plan_durations_equal_op_duration_s_of_each_op():
+    """plan_durations (priced once per distinct op, read from the plan's columns) and the
+    vectorised busy mask equal pricing every Op on its own, on built plans with CPU-backend
+    ops, in and out of executor_mode."""
+    from sim.costs import busy_mask
+
+    for name, variant, test in (("default.toml", "baseline", BenchTest(600, 2)),
+                                ("gemma3-27b-ffn-cpu.toml", "prefetch_ungated", BenchTest(40, 2, 64)),
+                                ("mixtral-rtx5090.toml", "slots3", BenchTest(0, 3, 10))):
+        scn = load_scenario(ROOT / "scenarios" / name)
+        plan = build_plan(scn, parse_variant(variant), test, np.random.default_rng(0))
+        assert busy_mask(plan).tolist() == _busy_loop(plan).tolist()
+        hw = scn.hardware
+        ex = replace(hw, executor_mode=True, executor_busy_scale=1.25,
+                     executor_busy_issue_s_by_kind={"gemm": 3e-6, "moe": 1e-6})
+        for h in (hw, ex, replace(ex, executor_busy_issue_s_by_kind={})):
+            assert plan_durations(plan, h).tolist() == _durations_loop(plan, h).tolist(), name

@@ -256,6 +256,32 @@ def test_sweep_cell_matches_a_direct_run(tiny):
     np.testing.assert_array_equal(res.speedup("baseline"), base / base)
 
 
+def test_cells_an_axis_leaves_alone_are_evaluated_once_and_placed_at_every_point(tiny):
+    """On a slots axis the baseline's inputs are the same at every point: the sweep evaluates
+    it once (sim.crossover._same_cells) and gives each point that cell with its own index and
+    value, in worker processes (which read the jobs from memory) as in this one; every cell is
+    a direct run's."""
+    from sim.crossover import _Job, _same_cells, apply_point
+
+    axes = [parse_axis("slots=1,2,3")]
+    variants = [parse_variant("slots2")]
+    test = BenchTest(64, 0, 0)
+    serial = sweep(tiny, axes, variants, test, jobs=1)
+    parallel = sweep(tiny, axes, variants, test, jobs=2, prefetch_plots=True)
+    assert repr(serial.cells) == repr(parallel.cells)
+    base = [c for c in serial.cells if c.variant == "baseline"]
+    assert [c.index for c in base] == [(0,), (1,), (2,)] and [c.point for c in base] == [(1,), (2,), (3,)]
+    r = run_variant_test(tiny, parse_variant("baseline"), test, 0, 1)
+    assert all(c.tps_mean == r.tps_mean for c in base)
+    for i, n in enumerate((1, 2, 3)):
+        s2, v2, t2 = apply_point(tiny, [parse_variant("slots2")], test, [("slots", n)])
+        direct = run_variant_test(s2, v2[0], t2, 0, 1)
+        assert serial.metric("slots2", "tps_mean")[i] == direct.tps_mean
+    jobs = [_Job((i,), (i,), tiny, parse_variant("baseline"), test, 1, "analytic") for i in range(3)]
+    jobs.append(_Job((3,), (3,), tiny.with_(), parse_variant("baseline"), test, 1, "analytic"))  # another object
+    assert _same_cells(jobs) == [0, 0, 0, 3]
+
+
 def test_sweep_crossovers_are_bracketed(tiny):
     """Every reported crossing lies between two sweep points whose speedups are on opposite
     sides of 1.0 (at the same value of the other axis)."""

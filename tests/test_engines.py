@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from plangen import durations_for, golden_plan, pipeline_plan, plans, plans_with_durations
 from sim import engines
 from sim.engines import analytic, des
-from sim.plan import OpKind, Plan, Stream
+from sim.plan import KINDS, STREAMS, OpKind, Plan, Stream
 
 from scenario_factory import ROOT
 
@@ -80,9 +80,12 @@ def test_both_engines_keep_the_contract(pd_):
 @given(plans(), st.data())
 def test_batch_equals_separate_runs(plan, data):
     n = len(plan.ops)
-    S = data.draw(st.integers(2, 6))
+    S = data.draw(st.integers(2, analytic.ROWS_MAX + 4))  # row by row up to ROWS_MAX, numpy above
     batch = np.stack([data.draw(durations_for(n)) for _ in range(S)])
     got = analytic.run(plan, batch)
+    vec = analytic._run_batch(analytic.compile_plan(plan).preds, batch)  # numpy, whatever S
+    np.testing.assert_array_equal(vec[0], got.start_s)
+    np.testing.assert_array_equal(vec[1], got.end_s)
     assert got.start_s.shape == (S, n) and got.end_s.shape == (S, n)
     for k in range(S):
         one = analytic.run(plan, batch[k])
@@ -334,3 +337,90 @@ def test_plan_add_normalises_dependencies():
         plan.add(OpKind.ISSUE, Stream.HOST, -1, "e", (d + 1,))
     with pytest.raises(ValueError, match="later op"):
         plan.add(OpKind.ISSUE, Stream.HOST, -1, "f", (0, d + 1))
+
+
+# ------------------------------------------------------------------ columnar plan ------
+
+
+def _arrays_loop(plan: Plan):
+    """The straightforward per-op loop over ``plan.ops`` that Plan.arrays vectorises:
+    (queue, link, queue_prev, link_prev, dep_ptr, dep_idx, queue names)."""
+    qnames: dict = {}
+    queue, link, qprev, lprev, ptr, idx = [], [], [], [], [0], []
+    last_q: dict = {}
+    last_l: dict = {}
+    for i, op in enumerate(plan.ops):
+        q = qnames.setdefault(op.queue, len(qnames))
+        queue.append(q)
+        qprev.append(last_q.get(q, -1))
+        last_q[q] = i
+        if op.kind is OpKind.H2D:
+            lk = max(op.device, 0)
+            link.append(lk)
+            lprev.append(last_l.get(lk, -1))
+            last_l[lk] = i
+        else:
+            link.append(-1)
+            lprev.append(-1)
+        idx.extend(op.deps)
+        ptr.append(len(idx))
+    names = [f"{s}{d}" if d >= 0 else s for (s, d) in qnames]
+    return queue, link, qprev, lprev, ptr, idx, names
+
+
+def _check_arrays(plan: Plan) -> None:
+    a = plan.arrays
+    queue, link, qprev, lprev, ptr, idx, names = _arrays_loop(plan)
+    assert a.queue.tolist() == queue and a.link.tolist() == link
+    assert a.queue_prev.tolist() == qprev and a.link_prev.tolist() == lprev
+    assert a.dep_ptr.tolist() == ptr and a.dep_idx.tolist() == idx and a.queue_names == names
+    assert [KINDS[k] for k in a.kind.tolist()] == [op.kind for op in plan.ops]
+    assert [STREAMS[k] for k in a.stream.tolist()] == [op.stream for op in plan.ops]
+
+
+@SETTINGS
+@given(plans(max_ops=60, max_deps=5))
+def test_plan_arrays_equal_the_per_op_loop(plan):
+    """Plan.arrays (numpy on the plan's columns) equals the loop over Op objects; a plan made
+    from those Op objects (Plan(ops=...)) has the same columns, and a pickled plan too."""
+    import pickle
+
+    _check_arrays(plan)
+    copy = Plan(ops=list(plan.ops), label=plan.label)
+    again = pickle.loads(pickle.dumps(plan))
+    for other in (copy, again):
+        for c in ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers",
+                  "splits", "graphs", "slots", "slot_bytes", "pinned", "tags"):
+            assert getattr(other, c) == getattr(plan, c), c
+        assert other.ops == plan.ops
+        _check_arrays(other)
+
+
+def test_plan_columns_of_built_plans_equal_their_ops():
+    """On built plans (every kind of op, pageable copies on the host queue, two GPUs): the
+    arrays equal the loop, and each Op made from the columns holds the fields appended."""
+    from sim.builder import build_plan
+    from sim.specs import BenchTest, load_scenario, parse_variant
+
+    for name in ("default.toml", "h200x2-qwen3-30b-a3b.toml", "gemma3-27b-ffn-cpu.toml"):
+        scn = load_scenario(ROOT / "scenarios" / name)
+        for v in ("baseline", "prefetch_ungated", "slots3"):
+            for t in (BenchTest(600, 0), BenchTest(0, 2)):
+                plan = build_plan(scn, parse_variant(v), t, np.random.default_rng(0))
+                _check_arrays(plan)
+                assert [plan.op(i) for i in range(len(plan))] == plan.ops
+                assert plan.h2d_bytes() == sum(op.nbytes for op in plan.ops if op.kind is OpKind.H2D)
+
+
+@SETTINGS
+@given(plans_with_durations(zeros=True))
+def test_three_predecessor_recurrence_equals_the_general_one(pd_):
+    """The scalar recurrence on the first three predecessors (-1 reading a 0.0 slot) gives the
+    general per-tuple recurrence's start and end times, to the bit."""
+    plan, dur = pd_
+    comp = analytic.compile_plan(plan)
+    ref = analytic._run_scalar(comp.preds, dur.tolist())
+    if comp.p0 is not None:
+        assert analytic._run_three(comp.p0, comp.p1, comp.p2, dur.tolist()) == ref
+    s = analytic.run(plan, dur)
+    assert s.start_s.tolist() == ref[0] and s.end_s.tolist() == ref[1]

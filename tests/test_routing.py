@@ -481,3 +481,36 @@ def test_used_probability_cache_is_exact_and_not_shared_with_callers():
             assert np.array_equal(got, want)
             got[:] = -1.0
             assert np.array_equal(r.used_probability(layer, n), want)
+
+
+@pytest.mark.parametrize("spec", [RoutingSpec(kind="uniform"), RoutingSpec(kind="skewed", zipf_s=1.1, cold_share=0.2),
+                                  RoutingSpec(kind="skewed", zipf_s=LAGUNA_ZIPF_S, cold_share=LAGUNA_COLD_SHARE)],
+                         ids=["uniform", "skewed", "laguna"])
+def test_used_masks_of_all_layers_at_once_are_the_per_layer_draws(spec):
+    """Router.used_masks (the uniform numbers of every layer drawn in one call, sampled on all
+    layers together) gives used_mask's masks layer by layer, from the same draws: the rng ends
+    in the same state, at decode, short-prompt (exact) and ubatch (Bernoulli) sizes."""
+    for E, k in ((256, 10), (32, 4), (8, 2)):
+        if spec.kind == "skewed" and spec.cold_share > 1 - k / E:
+            continue
+        router = Router(spec, E, k, 12, np.random.default_rng(5))
+        for n in (1, 7, EXACT_MASK_MAX_TOKENS, EXACT_MASK_MAX_TOKENS + 1, 512):
+            for layers in ([0, 3, 4, 11], [5]):
+                for seed in range(2):
+                    a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+                    one_by_one = [router.used_mask(i, n, a) for i in layers]
+                    batched = router.used_masks(layers, n, b)
+                    assert len(batched) == len(layers)
+                    for x, y in zip(one_by_one, batched):
+                        np.testing.assert_array_equal(x, y)
+                    assert a.random() == b.random()
+
+
+def test_used_masks_replays_a_trace(tmp_path):
+    L, T, E, k = 3, 7, 16, 3
+    p = write_trace(tmp_path / "t.csv", random_trace_ids(L, T, E, k), "experts", " ")
+    router = Router(RoutingSpec(kind="trace", trace_file=p), E, k, L)
+    for n, off in ((1, 0), (5, T - 2), (3 * T, 4)):
+        got = router.used_masks(range(L), n, np.random.default_rng(0), off)
+        for lay in range(L):
+            np.testing.assert_array_equal(got[lay], router.used_mask(lay, n, None, off))

@@ -189,3 +189,28 @@ def test_overlap_metrics_match_reference(pd_):
 def test_kinds_used_by_metrics_exist():
     # the metrics key on these enum values; a rename in sim.plan must break this test
     assert OpKind.H2D.value == "h2d" and Stream.CPU.value == "cpu" and Stream.COMPUTE.value == "compute"
+
+
+def test_plan_transfer_groups_equal_the_groups_of_its_ops():
+    """plan_transfer_groups (the plan's kind/stream/device columns, cached) equals
+    transfer_groups of the ops' kind, stream and device values, on built plans of one and two
+    GPUs with pageable copies on the host queue."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from sim.builder import build_plan
+    from sim.specs import BenchTest, load_scenario, parse_variant
+    from sim.trace import plan_transfer_groups, transfer_groups
+
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    for name in ("default.toml", "h200x2-qwen3-30b-a3b.toml", "gemma3-27b-ffn-cpu.toml"):
+        scn = load_scenario(root / name)
+        for pinned in (True, False):
+            s = scn.with_(placement=replace(scn.placement, pinned=pinned))
+            plan = build_plan(s, parse_variant("prefetch_ungated"), BenchTest(600, 1), np.random.default_rng(0))
+            ref = transfer_groups([o.kind.value for o in plan.ops], [o.stream.value for o in plan.ops],
+                                  [o.device for o in plan.ops])
+            got = plan_transfer_groups(plan)
+            assert len(got) == len(ref) and got is plan_transfer_groups(plan)
+            for (a, b), (c, d) in zip(got, ref):
+                assert a.tolist() == c.tolist() and b.tolist() == d.tolist()

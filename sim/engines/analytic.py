@@ -25,8 +25,6 @@ derivation of the 2-slot double-buffer formula).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..plan import Plan, Schedule
@@ -35,28 +33,58 @@ ENGINE_NAME = "analytic"
 
 _CACHE_KEY = "_sim_engines_compiled"
 
+#: batches of at most this many scenarios run one scenario at a time (:func:`run`)
+ROWS_MAX = 8
 
-@dataclass(frozen=True)
+
 class CompiledPlan:
     """A plan reduced to what the recurrence needs.
 
     Attributes:
         n: number of ops.
-        preds: per op, the ids of the predecessors whose end can bound its start (queue
-            predecessor, link predecessor and deps, at most one per queue: the latest).
         queue: (n,) queue id per op (from :attr:`sim.plan.Plan.arrays`).
+        pred_ptr, pred_idx: the pruned predecessors of op ``i`` (queue predecessor, link
+            predecessor and deps, at most one per queue: the latest; ascending) are
+            ``pred_idx[pred_ptr[i]:pred_ptr[i + 1]]`` (int64 arrays).
+        p0, p1, p2: the first three predecessors of each op as lists, -1 where it has fewer
+            (None when some op has more than three; the scalar recurrence then reads
+            :attr:`preds`).
     """
 
-    n: int
-    preds: tuple[tuple[int, ...], ...]
-    queue: np.ndarray
+    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds")
+
+    def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
+        self.n, self.queue, self.pred_ptr, self.pred_idx = n, queue, pred_ptr, pred_idx
+        self._preds = None
+        cnt = np.diff(pred_ptr)
+        if n and cnt.max() > 3:
+            self.p0 = self.p1 = self.p2 = None
+            return
+        cols = []
+        first = pred_ptr[:-1]
+        for k in range(3):
+            has = cnt > k
+            col = np.full(n, -1, dtype=np.int64)
+            col[has] = pred_idx[first[has] + k]
+            cols.append(col.tolist())
+        self.p0, self.p1, self.p2 = cols
+
+    @property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        """Per op, the tuple of its pruned predecessors (ascending)."""
+        if self._preds is None:
+            flat = self.pred_idx.tolist()
+            b = self.pred_ptr.tolist()
+            self._preds = tuple([tuple(flat[b[i]:b[i + 1]]) for i in range(self.n)])
+        return self._preds
 
 
 def compile_plan(plan: Plan) -> CompiledPlan:
-    """Collect, for every op, its pruned predecessor list (see the module docstring).
+    """Collect, for every op, its pruned predecessor list (see the module docstring),
+    vectorised over the plan's arrays.
 
     The result is cached on the plan and rebuilt if ops were added since (``Plan.add``
-    drops ``Plan.arrays``, which this cache is keyed on).
+    changes ``Plan.arrays``, which this cache is keyed on).
 
     Returns:
         :class:`CompiledPlan`.
@@ -65,18 +93,19 @@ def compile_plan(plan: Plan) -> CompiledPlan:
     cached = plan.__dict__.get(_CACHE_KEY)
     if cached is not None and cached[0] is arrays:
         return cached[1]
-    preds = _pruned_preds(arrays)
-    comp = CompiledPlan(arrays.n, tuple(preds), arrays.queue)
+    ptr, idx = _pruned_pred_csr(arrays)
+    comp = CompiledPlan(arrays.n, arrays.queue, ptr, idx)
     plan.__dict__[_CACHE_KEY] = (arrays, comp)
     return comp
 
 
-def _pruned_preds(arrays) -> list[tuple[int, ...]]:
+def _pruned_pred_csr(arrays) -> tuple[np.ndarray, np.ndarray]:
     """Per op, its deps, queue predecessor and link predecessor, only the latest per queue,
-    sorted (vectorised: one lexsort over every (op, candidate) pair)."""
+    sorted (vectorised: one lexsort over every (op, candidate) pair), as CSR arrays
+    ``(pointers (n+1,), ids)``."""
     n = arrays.n
     if n == 0:
-        return []
+        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     ptr = arrays.dep_ptr
     dep_op = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
     ops = np.concatenate((dep_op, np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)))
@@ -94,9 +123,14 @@ def _pruned_preds(arrays) -> list[tuple[int, ...]]:
     # sorted by candidate id within each op
     order = np.lexsort((cand, ops))
     ops, cand = ops[order], cand[order]
-    bounds = np.searchsorted(ops, np.arange(n + 1, dtype=np.int64)).tolist()
-    flat = cand.tolist()
-    return [tuple(flat[bounds[i]:bounds[i + 1]]) for i in range(n)]
+    return np.searchsorted(ops, np.arange(n + 1, dtype=np.int64)), cand
+
+
+def _pruned_preds(arrays) -> list[tuple[int, ...]]:
+    """:func:`_pruned_pred_csr` as a list of tuples (what :func:`_pruned_preds_loop` gives)."""
+    b, cand = _pruned_pred_csr(arrays)
+    bounds, flat = b.tolist(), cand.tolist()
+    return [tuple(flat[bounds[i]:bounds[i + 1]]) for i in range(arrays.n)]
 
 
 def _pruned_preds_loop(arrays) -> list[tuple[int, ...]]:
@@ -155,9 +189,11 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
 
     Returns:
         :class:`~sim.plan.Schedule` with ``start_s``/``end_s`` of the same shape as
-        ``durations``, ``engine="analytic"``. For a batch they are transposed views of
-        (n, S) arrays (column-major (S, n)): the engine works op by op on rows of S
-        scenarios, and a transposing copy would double its memory traffic.
+        ``durations``, ``engine="analytic"``. A batch of up to :data:`ROWS_MAX` scenarios
+        is run one scenario at a time with Python floats (faster than numpy calls on short
+        rows; the same arithmetic); for a larger batch they are transposed views of (n, S)
+        arrays (column-major (S, n)): the engine works op by op on rows of S scenarios, and a
+        transposing copy would double its memory traffic.
 
     Raises:
         ValueError: see :func:`check_durations`.
@@ -165,14 +201,43 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
     comp = plan if isinstance(plan, CompiledPlan) else compile_plan(plan)
     d = check_durations(durations, comp.n)
     if d.ndim == 1:
-        start, end = _run_scalar(comp.preds, d.tolist())
+        start, end = _run_one(comp, d.tolist())
         return Schedule(np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64), ENGINE_NAME)
-    if d.shape[0] == 1:
-        start, end = _run_scalar(comp.preds, d[0].tolist())
-        return Schedule(np.asarray(start, dtype=np.float64)[None, :],
-                        np.asarray(end, dtype=np.float64)[None, :], ENGINE_NAME)
+    if d.shape[0] <= ROWS_MAX:
+        rows = [_run_one(comp, r) for r in d.tolist()]
+        return Schedule(np.array([r[0] for r in rows], dtype=np.float64).reshape(d.shape),
+                        np.array([r[1] for r in rows], dtype=np.float64).reshape(d.shape), ENGINE_NAME)
     start, end = _run_batch(comp.preds, d)
     return Schedule(start, end, ENGINE_NAME)
+
+
+def _run_one(comp: CompiledPlan, dur: list[float]) -> tuple[list[float], list[float]]:
+    """One scenario: :func:`_run_three` when no op has more than three predecessors, else
+    :func:`_run_scalar`."""
+    if comp.p0 is None:
+        return _run_scalar(comp.preds, dur)
+    return _run_three(comp.p0, comp.p1, comp.p2, dur)
+
+
+def _run_three(p0: list[int], p1: list[int], p2: list[int], dur: list[float]) -> tuple[list[float], list[float]]:
+    """One scenario, every op with at most three predecessors ``p0[i], p1[i], p2[i]`` (-1:
+    none): ``end`` has one extra slot, ``end[-1] = 0.0``, that a missing predecessor reads (ends
+    are >= 0, so it never raises a start: the same maxima as :func:`_run_scalar`)."""
+    n = len(dur)
+    start = [0.0] * n
+    end = [0.0] * (n + 1)
+    for i, a, b, c, d in zip(range(n), p0, p1, p2, dur):
+        s = end[a]
+        e = end[b]
+        if e > s:
+            s = e
+        e = end[c]
+        if e > s:
+            s = e
+        start[i] = s
+        end[i] = s + d
+    del end[n]
+    return start, end
 
 
 def _run_scalar(preds, dur: list[float]) -> tuple[list[float], list[float]]:

@@ -7,13 +7,14 @@ Model (the timing contract of :mod:`sim.plan`, played out in simulated time):
   stream FIFO / program order), so an op never starts before its queue predecessor ended;
 * **op completion is a SimPy event**: the op's own ``Timeout``; an op waits on the events of
   its dependencies before it starts. An op whose dependency has not started yet waits on a
-  placeholder event that the dependency's process fires when it ends (created only then);
+  placeholder event whose waiters move onto the dependency's timeout when it starts;
 * **one H2D link per GPU** (:class:`PlanOrderLink`), granted in plan order: an H2D op holds
   it for its whole duration, and the next H2D op of that link gets it only after every earlier
   one released it, whatever the order in which their queues reach them.
 
-Events per op: one ``Timeout``, plus a placeholder event only when a dependant got ahead of a
-dependency that had not started, plus a grant event only when a copy waits for the link.
+Events per op: one ``Timeout``, plus a placeholder event (never scheduled) only when a
+dependant got ahead of a dependency that had not started, plus a grant event only when a copy
+waits for the link.
 Dependencies on the op's own queue are implied by FIFO order and not waited on; of several
 dependencies on another queue only the latest is waited on (end times never decrease along
 a queue), so most ops wait on zero or one event.
@@ -84,13 +85,15 @@ class _Structure:
 
     Attributes:
         waits: per op, the deps it waits on: not on its own queue, only the latest per queue.
-        watched: per op, whether some op of another queue waits on it (only those fire a
-            placeholder when they end).
+        watched: per op, whether some op of another queue waits on it (only those look for
+            a placeholder's waiters when they start).
         queue_ops: per queue, its op ids in plan order.
         link_ops: per H2D link, its op ids in plan order; link_pos: op id -> position there.
+        programs: per queue, ``(op id, waits, link id or -1, watched)`` of its ops in order (what
+            a queue process reads per op).
     """
 
-    __slots__ = ("n", "waits", "watched", "queue_ops", "link_ops", "link_pos")
+    __slots__ = ("n", "waits", "watched", "queue_ops", "link_ops", "link_pos", "programs")
 
     def __init__(self, plan: Plan):
         a = plan.arrays
@@ -126,6 +129,8 @@ class _Structure:
             if lk >= 0:
                 self.link_ops.setdefault(lk, []).append(i)
         self.link_pos = {lk: {op: p for p, op in enumerate(ops)} for lk, ops in self.link_ops.items()}
+        link = a.link.tolist()
+        self.programs = {q: [(i, waits[i], link[i], watched[i]) for i in ops] for q, ops in self.queue_ops.items()}
 
 
 def _structure(plan: Plan) -> _Structure:
@@ -143,7 +148,7 @@ class _Sim:
     """State shared by the queue processes of one run."""
 
     def __init__(self, plan: Plan, dur: list[float]):
-        st = _structure(plan)
+        st = self.structure = _structure(plan)
         n = st.n
         self.env = simpy.Environment()
         self.dur = dur
@@ -151,30 +156,31 @@ class _Sim:
         self.end = [float("nan")] * n
         self.done: list[simpy.Event | None] = [None] * n
         self.placeholders: dict[int, simpy.Event] = {}
-        self.waits = st.waits
-        self.watched = st.watched
-        self.link_of: list[PlanOrderLink | None] = [None] * n
-        for lk, ops in st.link_ops.items():
-            link = PlanOrderLink(self.env, ops, st.link_pos[lk])
-            for i in ops:
-                self.link_of[i] = link
-        self.queue_ops = st.queue_ops
+        self.links = {lk: PlanOrderLink(self.env, ops, st.link_pos[lk]) for lk, ops in st.link_ops.items()}
 
-    def queue_process(self, ops: list[int]):
-        """One queue (stream, host thread or CPU backend): its ops one at a time, in order."""
+    def queue_process(self, program: list[tuple], durations: list[float]):
+        """One queue (stream, host thread or CPU backend): its ops one at a time, in order
+        (``program``: :attr:`_Structure.programs` of the queue; ``durations``: its ops').
+
+        An op that waits for a dependency not started yet yields a placeholder event; when
+        the dependency starts, the placeholder's waiters are moved onto the dependency's own
+        timeout (``Event.callbacks``), so they resume when it ends without a second event.
+        The clock is read from SimPy only after a wait: after an op's own timeout it is
+        ``start + duration``, the time SimPy scheduled the timeout at (to the bit). Only the
+        ops some other queue waits on (watched) keep their timeout in ``done``."""
         env = self.env
         timeout = env.timeout
         done = self.done
         placeholders = self.placeholders
-        waits = self.waits
-        watched = self.watched
-        link_of = self.link_of
-        dur = self.dur
+        links = self.links
         start = self.start
         end = self.end
-        for i in ops:
-            w = waits[i]
-            if w:
+        now = env.now
+        for (i, w, lk, watched), dt in zip(program, durations):
+            if w or lk >= 0:
+                waited = False
+                if lk < 0 and len(w) == 1 and end[w[0]] == end[w[0]]:
+                    w = ()  # its one dependency has ended (the common case: a launch's issue)
                 for j in w:
                     ev = done[j]
                     if ev is None:  # dependency not started yet: wait for it to end
@@ -182,27 +188,32 @@ class _Sim:
                         if ev is None:
                             ev = placeholders[j] = env.event()
                         yield ev
+                        waited = True
                     elif end[j] != end[j]:  # dependency running (its end is still NaN)
                         yield ev
-            link = link_of[i]
-            if link is not None:
-                grant = link.request(i)
-                if grant is not None:
-                    yield grant
-            now = env.now
+                        waited = True
+                if lk >= 0:
+                    grant = links[lk].request(i)
+                    if grant is not None:
+                        yield grant
+                        waited = True
+                if waited:
+                    now = env.now
             start[i] = now
-            dt = dur[i]
-            t = done[i] = timeout(dt)
+            t = timeout(dt)
+            if watched:
+                done[i] = t
+                if placeholders:
+                    ph = placeholders.pop(i, None)
+                    if ph is not None:  # its waiters resume when this op ends
+                        t.callbacks.extend(ph.callbacks)
+                        ph.callbacks = []
             yield t
             # the timeout was scheduled at now + dt (simpy.Environment.schedule): this is
             # env.now, to the bit
-            end[i] = now + dt
-            if link is not None:
-                link.release(i)
-            if watched[i]:
-                ev = placeholders.pop(i, None)
-                if ev is not None:
-                    ev.succeed()
+            now = end[i] = now + dt
+            if lk >= 0:
+                links[lk].release(i)
 
 
 def run(plan: Plan, durations) -> Schedule:
@@ -222,23 +233,26 @@ def run(plan: Plan, durations) -> Schedule:
         RuntimeError: the simulation stalled with ops not run (a plan that breaks the
             contract, e.g. deps on later ops built by hand without ``Plan.add``).
     """
-    d = check_durations(durations, len(plan.ops))
+    d = check_durations(durations, len(plan))
     if d.ndim == 2:
         rows = [run(plan, row) for row in d]
         if not rows:
             empty = np.zeros((0, d.shape[1]))
             return Schedule(empty, empty.copy(), ENGINE_NAME)
         return Schedule(np.stack([r.start_s for r in rows]), np.stack([r.end_s for r in rows]), ENGINE_NAME)
-    sim = _Sim(plan, d.tolist())
-    for ops in sim.queue_ops.values():
-        sim.env.process(sim.queue_process(ops))
+    dur = d.tolist()
+    sim = _Sim(plan, dur)
+    st = sim.structure
+    for q, program in st.programs.items():
+        sim.env.process(sim.queue_process(program, list(map(dur.__getitem__, st.queue_ops[q]))))
     sim.env.run()
-    end = np.asarray(sim.end, dtype=np.float64)
+    n = len(dur)
+    end = np.fromiter(sim.end, dtype=np.float64, count=n)
     if np.isnan(end).any():
         stuck = int(np.flatnonzero(np.isnan(end))[0])
-        raise RuntimeError(f"DES stalled: op {stuck} ({plan.ops[stuck].name}) never ran; the plan breaks the "
+        raise RuntimeError(f"DES stalled: op {stuck} ({plan.names[stuck]}) never ran; the plan breaks the "
                            "ordering contract of sim.plan")
-    return Schedule(np.asarray(sim.start, dtype=np.float64), end, ENGINE_NAME)
+    return Schedule(np.fromiter(sim.start, dtype=np.float64, count=n), end, ENGINE_NAME)
 
 
 __all__ = ["run", "PlanOrderLink", "ENGINE_NAME"]
