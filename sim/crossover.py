@@ -150,6 +150,14 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis 'kv': unknown KV cache type '{unknown[0]}' (use one of: {', '.join(KV_TYPES)})",
                                 field=flag)
         values = [kv_bytes_per_elem(n, n) for n in names]
+    elif spec.name == "fa" and any(v.strip().lower() in ("on", "off") for v in vals.split(",")):
+        # llama-bench's -fa spellings (run -fa on|off) as well as 0/1
+        words = {"on": 1, "off": 0, "1": 1, "0": 0}
+        names = [v.strip().lower() for v in vals.split(",") if v.strip()]
+        bad = [n for n in names if n not in words]
+        if bad:
+            raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, 0 or 1", field=flag)
+        values = [words[n] for n in names]
     elif spec.integer:
         from .cli import _int_list
 

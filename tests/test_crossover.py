@@ -415,3 +415,11 @@ def test_outputs_are_written_both_or_neither(tmp_path, monkeypatch):
     monkeypatch.setattr(A.tempfile, "mkstemp", real)
     out = C.write_outputs(res, tmp_path / "cx", "s")
     assert out.csv_path.exists() and out.png_path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_fa_axis_takes_llama_benchs_on_off_spelling():
+    from sim.crossover import parse_axis
+
+    assert parse_axis("fa=on,off").values == parse_axis("fa=0,1").values
+    with pytest.raises(ScenarioError, match="'maybe' is not on, off, 0 or 1"):
+        parse_axis("fa=on,maybe")
