@@ -50,6 +50,11 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   cpu_get_rows_rate`` per graph, then its rows cross to the GPU (pinned); a layer left on the
   CPU writes its new K/V into its CPU KV cache with ``SET_ROWS`` at ``cpu_set_rows_rate`` (f32
   bytes), both rates measured with the ``split-time`` patch (:mod:`calibrate.llamacpp.splittime`).
+* **Cold K/V**: a ``FLASH_ATTN_EXT`` case repeats one layer's attention with its K/V in the L2
+  (when they fit); a graph reads each layer's from HBM: ``kv_bytes / attn_kv_cold_rate`` more
+  (:meth:`GgmlKernels.kv_cold_s`), the rate measured from ``ncu`` of llama-bench decode at depth
+  8192 (``data/llamacpp/h200-20261202-depth``: 19.1 µs per layer in the graph against the
+  table's 12.4).
 * **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
   the table's full-rectangle time times the share of causal (query, key) pairs.
 * **Scheduler overheads**: ``graph`` seconds of host time per graph (ubatch), ``mask`` seconds
@@ -107,6 +112,8 @@ class GgmlKernels:
             the token embedding is not priced.
         cpu_set_rows_bytes_per_s: one-thread SET_ROWS rate (f32 bytes in per s), measured; 0: not
             priced.
+        attn_kv_cold_bytes_per_s: rate of the cold K/V read a graph's attention pays on top of the
+            table's L2-hot case (bytes/s), measured (:meth:`kv_cold_s`); 0: not priced.
         sources: field -> where the number came from.
     """
 
@@ -124,6 +131,7 @@ class GgmlKernels:
     cpu_rate_scale: float = 1.0
     cpu_get_rows_bytes_per_s: float = 0.0
     cpu_set_rows_bytes_per_s: float = 0.0
+    attn_kv_cold_bytes_per_s: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     # ---------------------------------------------------------------- derived tables
@@ -237,7 +245,8 @@ class GgmlKernels:
         here to :data:`KV_PAD`); None when no table holds an attention of that backend."""
         kv = pad_cells(keys)
         if flash or backend == "cpu":
-            return self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
+            t = self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
+            return None if t is None else t + (self.kv_cold_s(kv, n_head_kv, head_dim) if backend == "gpu" else 0.0)
         kq = self._attn_op(backend, "KQ", n_tokens, kv, n_head, n_head_kv, head_dim)
         kqv = self._attn_op(backend, "KQV", n_tokens, kv, n_head, n_head_kv, head_dim)
         sm = self._softmax(backend, n_tokens, kv, n_head)
@@ -245,7 +254,19 @@ class GgmlKernels:
             return None
         # the output's permute + cont and the score's copy: two elementwise passes
         perm = 2 * max(self.floor_s, 2 * 4 * n_tokens * n_head * head_dim / self.ew_bytes_per_s)
-        return kq + sm + kqv + perm
+        return kq + sm + kqv + perm + self.kv_cold_s(kv, n_head_kv, head_dim)
+
+    def kv_cold_s(self, cells: int, n_head_kv: int, head_dim: int) -> float:
+        """The cold read of one layer's K/V (f16, ``cells`` padded cells) that a repeated
+        ``test-backend-ops`` case does not pay: it keeps a layer's K/V in the L2 when they fit,
+        while a graph reads every layer's from HBM. ``kv_bytes / attn_kv_cold_rate`` when the
+        K/V fit in the L2 (a larger K/V was read cold by the table's case too) and the profile
+        has the rate (:func:`calibrate.llamacpp.fit.kv_cold_rate`, ncu of llama-bench decode at
+        depth); else 0."""
+        if self.attn_kv_cold_bytes_per_s <= 0:
+            return 0.0
+        nbytes = 2.0 * 2.0 * cells * n_head_kv * head_dim
+        return nbytes / self.attn_kv_cold_bytes_per_s if nbytes <= self.l2_bytes else 0.0
 
     def get_rows_s(self, elements: int) -> float:
         """Seconds of ggml-cpu's one-thread ``GET_ROWS`` writing ``elements`` f32 values (the

@@ -855,6 +855,8 @@ def _load_ggml(g: Fields):
                                   if g.has("cpu_get_rows_gb_per_s") else 0.0),
         cpu_set_rows_bytes_per_s=(num("cpu_set_rows_gb_per_s", GB, kind="bytes_per_s")
                                   if g.has("cpu_set_rows_gb_per_s") else 0.0),
+        attn_kv_cold_bytes_per_s=(num("attn_kv_cold_gb_per_s", GB, kind="bytes_per_s")
+                                  if g.has("attn_kv_cold_gb_per_s") else 0.0),
         sources=sources)
     g.check_unknown()
     try:

@@ -76,7 +76,9 @@ def test_the_shipped_tables_price_the_measured_cases_exactly():
     assert hw.ggml.matmul_s("gpu", "Q4_K", 4096, 2048, 512, 0) == pytest.approx(r.t_us * 1e-6)
     fa = tab[(tab.op == "FLASH_ATTN_EXT") & (tab.hd == 128) & (tab.nh == 32) & (tab.nkv == 4) & (tab.nb == 512)
              & (tab.kv == 2048)].iloc[0]
-    assert hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, True) == pytest.approx(fa.t_us * 1e-6)
+    # the table's case (its K/V hot in the L2) plus the graph's cold K/V read
+    assert hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, True) == pytest.approx(
+        fa.t_us * 1e-6 + hw.ggml.kv_cold_s(2048, 4, 128))
     # the unfused attention is its three measured ops plus two elementwise passes: slower here
     assert hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, False) > hw.ggml.attn_s("gpu", 512, 2048, 32, 4, 128, True)
     # keys are padded to llama.cpp's 256 cells
@@ -354,3 +356,22 @@ def test_the_profile_rows_rates_are_those_of_the_committed_split_timing():
     got = rows_rates(REPO / "data/llamacpp/h200-20261201-splits")
     assert g.cpu_get_rows_bytes_per_s == pytest.approx(got["cpu_get_rows_gb_per_s"][0], rel=1e-5)
     assert g.cpu_set_rows_bytes_per_s == pytest.approx(got["cpu_set_rows_gb_per_s"][0], rel=1e-5)
+
+
+def test_attention_pays_the_cold_kv_read_the_l2_hot_table_case_does_not():
+    k0 = _kernels()
+    k = _kernels(attn_kv_cold_bytes_per_s=2e12)
+    nb = 4.0 * 8448 * 4 * 128  # f16 K and V of 8448 cells, 4 KV heads of 128
+    assert k0.kv_cold_s(8448, 4, 128) == 0.0
+    assert k.kv_cold_s(8448, 4, 128) == pytest.approx(nb / 2e12)
+    # K/V larger than the L2 were read cold by the table's own case: nothing added
+    assert k.kv_cold_s(8448 * 16, 4, 128) == 0.0
+
+
+def test_the_profile_cold_kv_rate_is_that_of_the_committed_depth_profiles():
+    from calibrate.llamacpp.fit import kv_cold_rate
+
+    hw = load_hardware(PROFILE)
+    rate, src = kv_cold_rate(REPO / "data/llamacpp/h200-20261202-depth", hw)
+    assert hw.ggml.attn_kv_cold_bytes_per_s == pytest.approx(rate, rel=1e-5)
+    assert "19.1 us per layer" in src

@@ -13,6 +13,8 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
   - ``cpu_op_us``: the intercept of a least-squares line ``t = a + bytes / rate`` through the
     CPU table's single-matrix matvecs up to 16 MiB;
   - ``cpu_ew_gb_per_s``: the median of the CPU's cold matvec rates (streaming through DRAM);
+  - ``attn_kv_cold_gb_per_s``: the cold K/V read of attention in a graph, from ``ncu`` of
+    llama-bench decode at depth (``--depth``: :func:`kv_cold_rate`);
   - ``cpu_get_rows_gb_per_s`` and ``cpu_set_rows_gb_per_s``: ggml-cpu's one-thread GET_ROWS (the
     token embedding) and SET_ROWS (a CPU layer's KV store) timed split by split in llama-bench
     itself (a split-timing lease, ``--splits``: :func:`calibrate.llamacpp.splittime.rows_rates`);
@@ -82,6 +84,61 @@ def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-3
                   f"llama-bench pp{n_tokens} -ub {n_tokens} on {model.name} ({profile}.csv), "
                   f"{nbytes / 1e9:.2f} GB of f32 in {t * 1e3:.2f} ms (sim.ggmlcost.layer_elementwise)")
 
+
+
+def read_ncu_raw(path: str | Path) -> pd.DataFrame:
+    """An ``ncu --csv --page raw`` log (gzipped or plain) as ``kernel, ns`` rows in launch order:
+    the ``==PROF==`` lines and the units row dropped, the kernel's short name from its
+    signature, ``gpu__time_duration.sum`` in ns."""
+    import gzip
+    import io
+
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", errors="replace") as f:
+        text = "".join(ln for ln in f if not ln.startswith("=="))
+    x = pd.read_csv(io.StringIO(text), low_memory=False)
+    ns = pd.to_numeric(x["gpu__time_duration.sum"].astype(str).str.replace(",", ""), errors="coerce")
+    out = pd.DataFrame({"kernel": x["Kernel Name"].astype(str).str.extract(r"^(?:void )?([A-Za-z_0-9:]+)")[0], "ns": ns})
+    return out[out["ns"].notna()].reset_index(drop=True)
+
+
+def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/qwen3-30b-a3b.toml",
+                 depth: int = 8192, n_gen: int = 4) -> tuple[float, str]:
+    """``attn_kv_cold_gb_per_s`` (bytes/s) from ``ncu`` of llama-bench decode at depth
+    (``scripts/h200_depth_ncu.sh``): the attention kernels of the last decoded token at depth
+    ``depth`` per layer, against the kernel table's (L2-hot) FlashAttention time at the same
+    keys; the layer's f16 K/V bytes over the difference. The per-token kernel count comes from
+    the depth-0 run (``n_gen`` decoded tokens and nothing else).
+
+    Raises:
+        PrefetchSimError: a profile missing, or the in-graph time not above the table's.
+    """
+    from sim.ggmlcost import attended_keys, pad_cells
+    from sim.specs import load_model
+
+    d = Path(depth_dir)
+    try:
+        x0 = read_ncu_raw(d / "ncu-qwen3-tg-d0.csv.gz")
+        x8 = read_ncu_raw(d / f"ncu-qwen3-tg-d{depth}.csv.gz")
+    except (OSError, KeyError, ValueError) as exc:
+        raise PrefetchSimError(f"--depth {d}: cannot read the ncu decode profiles ({exc})") from None
+    per_token = len(x0) // n_gen
+    last = x8.iloc[-per_token:]
+    m = load_model(model_toml)
+    fa_s = float(last[last["kernel"].str.startswith("flash_attn")]["ns"].sum()) * 1e-9 / m.n_layer
+    keys = attended_keys(1, depth + n_gen - 1, 0)
+    g = hw.ggml
+    table_s = g._attn_op("gpu", "FA", 1, pad_cells(keys), m.n_head, m.n_head_kv, m.head_dim)
+    nbytes = 4.0 * pad_cells(keys) * m.n_head_kv * m.head_dim
+    if table_s is None or fa_s <= table_s:
+        raise PrefetchSimError(f"--depth {d}: in-graph attention {fa_s * 1e6:.1f} us per layer is not above the "
+                               f"table's {table_s}: nothing to price")
+    rate = nbytes / (fa_s - table_s)
+    return rate, (f"measured: ncu of llama-bench decode at depth {depth} ({d.as_posix()}, {m.name}): "
+                  f"attention {fa_s * 1e6:.1f} us per layer in the graph against the table's L2-hot "
+                  f"{table_s * 1e6:.1f} us at {pad_cells(keys)} cells; {nbytes / 2**20:.1f} MiB of K/V over the "
+                  "difference (calibrate.llamacpp.fit.kv_cold_rate)")
 
 def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
     """``cpu_op_us`` and ``cpu_ew_gb_per_s`` from the CPU table (module docstring)."""
@@ -226,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
     ap.add_argument("--splits", default="data/llamacpp/h200-20261201-splits",
                     help="split-timing lease folder (one-thread GET_ROWS / SET_ROWS rates)")
+    ap.add_argument("--depth", default="data/llamacpp/h200-20261202-depth",
+                    help="ncu of llama-bench decode at depth (the cold K/V rate of attention)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
@@ -240,11 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         from .splittime import rows_rates
 
         rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
+        kv_rate, kv_src = kv_cold_rate(args.depth, hw)
+        rows["attn_kv_cold_gb_per_s"] = (kv_rate / 1e9, kv_src)
         measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows}
         hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                    cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
                                    cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
-                                   cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9))
+                                   cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
+                                   attn_kv_cold_bytes_per_s=kv_rate))
         links = link_numbers(args.run)
         hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
                       h2d_pageable=replace(hw.h2d_pageable, bytes_per_s=links["h2d_pageable_gb_per_s"][0] * 1e9))
