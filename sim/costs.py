@@ -309,8 +309,7 @@ def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
     """
     if len(shape) < 13 or not (shape[11] or shape[12]):
         return 0.0
-    g = hw.ggml
-    set_rows = shape[12] / g.cpu_set_rows_bytes_per_s if g is not None and g.cpu_set_rows_bytes_per_s > 0 else 0.0
+    set_rows = hw.ggml.set_rows_s(shape[12]) if hw.ggml is not None else 0.0
     return hw.h2d(False).time_s(shape[11]) + hw.d2h.time_s(shape[12]) + set_rows
 
 

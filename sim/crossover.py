@@ -17,10 +17,11 @@ slots    staging slot count of the ``slots<N>`` variants (others unchanged)
 cache    GPU expert-cache capacity in experts (``placement.expert_cache_experts``) of the
          variants with a cache; 0 runs them without a cache (others unchanged)
 pcie     pinned H2D bandwidth in GB/s (10**9 B/s), latency kept (``hardware.h2d_pinned``)
-ngl      ``-ngl``: blocks offloaded to the GPU, counted from the last (``placement.ngl``)
+ngl      ``-ngl``: layers offloaded to the GPU as llama.cpp counts them, the output layer first, then
+         the blocks from the last (``placement.ngl``)
 ncmoe    ``-ncmoe``: blocks whose experts stay on the host (``placement.n_cpu_moe``; turns off
          ``fit_experts``)
-fa       ``-fa``: FlashAttention off (0) or on (1) (``placement.flash_attn``)
+fa       ``-fa``: FlashAttention off (0, off) or on (1, on) (``placement.flash_attn``)
 kv       ``-ctk``/``-ctv``: the KV cache type of K and V, by name (``f16,q8_0,q4_0``); the CSV
          column and the plot show its bytes per element (``model.kv_bytes_per_elem``)
 =======  ==============================================================================
@@ -97,7 +98,7 @@ AXES: dict[str, AxisSpec] = {a.name: a for a in (
     AxisSpec("slots", "expert_slots", "staging slots", log=False),
     AxisSpec("cache", "cache_experts_requested", "expert cache capacity (experts)", min_value=0, log=False),
     AxisSpec("pcie", "h2d_pinned_gb_per_s", "pinned H2D bandwidth (GB/s)", integer=False, min_value=0),
-    AxisSpec("ngl", "n_gpu_layers", "-ngl (blocks on the GPU)", min_value=0, log=False),
+    AxisSpec("ngl", "n_gpu_layers", "-ngl (layers on the GPU)", min_value=0, log=False),
     AxisSpec("ncmoe", "n_cpu_moe_requested", "-ncmoe (blocks with host experts)", min_value=0, log=False),
     AxisSpec("fa", "flash_attn", "-fa (FlashAttention)", min_value=0, max_value=1, log=False),
     AxisSpec("kv", "kv_bytes_per_elem", "KV cache bytes per element (-ctk/-ctv)", integer=False, min_value=0,

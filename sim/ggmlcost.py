@@ -265,8 +265,15 @@ class GgmlKernels:
         depth); else 0."""
         if self.attn_kv_cold_bytes_per_s <= 0:
             return 0.0
-        nbytes = 2.0 * 2.0 * cells * n_head_kv * head_dim
+        nbytes = kv_cache_bytes(cells, n_head_kv, head_dim)
         return nbytes / self.attn_kv_cold_bytes_per_s if nbytes <= self.l2_bytes else 0.0
+
+    def set_rows_s(self, nbytes: float) -> float:
+        """Seconds of ggml-cpu's one-thread ``SET_ROWS`` reading ``nbytes`` of f32 rows (a CPU
+        layer's new K/V into its cache); 0 without a measured rate."""
+        if self.cpu_set_rows_bytes_per_s <= 0 or nbytes <= 0:
+            return 0.0
+        return nbytes / self.cpu_set_rows_bytes_per_s
 
     def get_rows_s(self, elements: int) -> float:
         """Seconds of ggml-cpu's one-thread ``GET_ROWS`` writing ``elements`` f32 values (the
@@ -448,6 +455,12 @@ def graph_kernels(items) -> int:
             fa = it.shape[8] if len(it.shape) > 8 else 1
             n += (1 if fa else 9) + (it.shape[9] if len(it.shape) > 9 else 0)
     return n
+
+
+def kv_cache_bytes(cells: int, n_head_kv: int, head_dim: int, bytes_per_elem: float = 2.0) -> float:
+    """Bytes of one layer's K and V over ``cells`` cache cells (f16 by default: the kernel
+    tables' type)."""
+    return 2.0 * bytes_per_elem * cells * n_head_kv * head_dim
 
 
 def pad_cells(cells: int) -> int:

@@ -65,7 +65,7 @@ REGIMES = (
     "resident",               # no host-resident weight (token_embd's get_rows aside)
     "copy_bound_prefill",     # pp test, MoE model, host-resident experts
     "host_expert_decode",     # tg test, MoE model, host-resident experts
-    "dense_partial_offload",  # dense model with host weights (ngl < n_layer or -ot ...=CPU)
+    "dense_partial_offload",  # dense model with host weights (ngl <= n_layer or -ot ...=CPU)
     "mixed_pp_tg",            # pp+tg (-pg) test, MoE model, host-resident experts
     "other",                  # MoE model with host weights but no host expert
     "unknown",                # the row could not be simulated (see note)

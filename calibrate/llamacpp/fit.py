@@ -114,7 +114,7 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
     Raises:
         PrefetchSimError: a profile missing, or the in-graph time not above the table's.
     """
-    from sim.ggmlcost import attended_keys, pad_cells
+    from sim.ggmlcost import attended_keys, kv_cache_bytes, pad_cells
     from sim.specs import load_model
 
     d = Path(depth_dir)
@@ -130,7 +130,7 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
     keys = attended_keys(1, depth + n_gen - 1, 0)
     g = hw.ggml
     table_s = g._attn_op("gpu", "FA", 1, pad_cells(keys), m.n_head, m.n_head_kv, m.head_dim)
-    nbytes = 4.0 * pad_cells(keys) * m.n_head_kv * m.head_dim
+    nbytes = kv_cache_bytes(pad_cells(keys), m.n_head_kv, m.head_dim)
     if table_s is None or fa_s <= table_s:
         raise PrefetchSimError(f"--depth {d}: in-graph attention {fa_s * 1e6:.1f} us per layer is not above the "
                                f"table's {table_s}: nothing to price")

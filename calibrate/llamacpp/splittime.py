@@ -169,7 +169,7 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
 
     run = Path(run_dir)
     invs = read_invocations(run / "invocations.jsonl")
-    get_r, set_r, used = [], [], []
+    get_r, set_r = [], []
     for inv in invs:
         log = run / "st" / f"{inv['id']}.err.gz"
         if not log.is_file() or "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
@@ -180,7 +180,6 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
         if not big.empty:
             d = _d_model(resolve(inv["model_toml"], run, Path.cwd()))
             get_r.append(float(np.median(big["n_tokens"] * d * 4 / big["embd_s"])))
-            used.append(inv["id"])
         kv = kv_store_splits(graphs, min_tokens)
         kv = kv[kv["compute_s"] > 0]
         set_r.extend((kv["input_bytes"] / kv["compute_s"]).tolist())
@@ -216,7 +215,7 @@ def summary(run_dir: str | Path) -> pd.DataFrame:
             med = g.drop(columns=["graph", "n_tokens"]).median()
             rec = {"invocation": inv["id"], "n_tokens": int(n), "graphs": len(g)}
             for k, v in med.items():
-                rec[k.replace("_s", "_ms") if k.endswith("_s") else k] = v * 1e3 if k.endswith("_s") else v
+                rec[k[:-2] + "_ms" if k.endswith("_s") else k] = v * 1e3 if k.endswith("_s") else v
             out.append(rec)
     return pd.DataFrame(out)
 
