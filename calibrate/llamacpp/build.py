@@ -51,7 +51,7 @@ TESTS_CMAKE = ("llama_add_compile_flags()\n"
                "target_link_libraries(test-backend-ops PRIVATE llama llama-common)\n")
 
 #: targets built by default
-TARGETS = ("llama-bench", "test-backend-ops")
+TARGETS = ("llama-bench", "test-backend-ops", "psim-decode")
 
 #: CMake options of every build (``../shared/LLAMACPP.md``); CUDA ones are added by :func:`cmake_args`
 BASE_CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF",

@@ -71,9 +71,12 @@ class GridRun:
         id: unique name (also the log file's).
         model: a :attr:`GridModel.key`.
         args: llama-bench flags other than ``-m -o -r`` (shlex-split).
-        kind: ``"bench"`` (ground truth) or ``"routing"`` (copy-log check, its own file).
+        kind: ``"bench"`` (ground truth), ``"routing"`` (copy-log check, its own file) or
+            ``"identity"`` (the prefetch patch's output identity check: ``args`` are
+            ``psim-decode``'s flags, :mod:`calibrate.llamacpp.identity`).
         repetitions: ``-r`` (0 = the grid's).
         env: extra environment variables.
+        variants: an identity run's prefetch variants in llama-bench's flags (``"-pw 1 -pwg 0"``).
     """
 
     id: str
@@ -82,6 +85,7 @@ class GridRun:
     kind: str = "bench"
     repetitions: int = 0
     env: tuple[tuple[str, str], ...] = ()
+    variants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,8 +162,27 @@ def load_grid(path: str | Path) -> GridSpec:
         env_raw = rf.raw("env", {}) or {}
         if not isinstance(env_raw, dict) or not all(isinstance(v, str) for v in env_raw.values()):
             raise rf.error("env", "expected a table of strings")
-        runs.append(GridRun(id=rid, model=model, args=args, kind=rf.str("kind", "bench", choices=("bench", "routing")),
-                            repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items()))))
+        kind = rf.str("kind", "bench", choices=("bench", "routing", "identity"))
+        variants: tuple[str, ...] = ()
+        if kind == "identity":
+            from .identity import check_args, variant_env
+
+            try:
+                check_args(args)
+            except ValueError as exc:
+                raise rf.error("args", str(exc)) from None
+            raw = rf.raw("variants", None)
+            if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
+                raise rf.error("variants", "an identity run needs a list of prefetch variants, e.g. [\"-pw 1 -pwg 0\"]")
+            for v in raw:
+                try:
+                    variant_env(v)
+                except ValueError as exc:
+                    raise rf.error("variants", f"{v!r}: {exc}") from None
+            variants = tuple(raw)
+        runs.append(GridRun(id=rid, model=model, args=args, kind=kind,
+                            repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items())),
+                            variants=variants))
         rf.check_unknown()
     ids = [r.id for r in runs]
     dup = sorted({x for x in ids if ids.count(x) > 1})
@@ -425,5 +448,11 @@ def run_grid(spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir:
             say(f"[grid] deadline reached before {run.id}; {len(recs)} runs done this time")
             break
         limit = None if deadline_at is None else min(spec.timeout_s, max(30.0, deadline_at - time.monotonic()))
+        if run.kind == "identity":
+            from .identity import run_identity
+
+            recs.append(run_identity(run, spec, Path(bench).with_name("psim-decode"), models_dir, out_dir, say=say,
+                                     timeout_s=limit))
+            continue
         recs.append(run_one(run, spec, bench, models_dir, out_dir, say=say, repetitions=repetitions, timeout_s=limit))
     return recs

@@ -35,12 +35,28 @@ class Insertion:
         anchor: text that must occur in exactly one line of the file (leading spaces ignored).
         lines: the inserted code (our own).
         after: insert after the anchor line (else before).
+        following: when set, ``anchor`` is the first line containing it after the one line that
+            contains ``following`` (for an anchor that recurs, e.g. a loop header in a function).
     """
 
     file: str
     anchor: str
     lines: str
     after: bool = True
+    following: str = ""
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A file of our own added to the llama.cpp tree (``file`` must not exist there).
+
+    Attributes:
+        file: path relative to the llama.cpp tree.
+        text: its content.
+    """
+
+    file: str
+    text: str
 
 
 MARK = "// prefetch-sim copy-log"
@@ -245,18 +261,46 @@ SPLIT_TIME = (
 """),
 )
 
+from .prefetch_patch import PREFETCH  # noqa: E402  (it builds on Insertion and NewFile above)
+
 #: every patch, by name
-PATCHES: dict[str, tuple[Insertion, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
-                                              "split-time": SPLIT_TIME}
+PATCHES: dict[str, tuple[Insertion | NewFile, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
+                                                        "split-time": SPLIT_TIME, "prefetch": PREFETCH}
 
 
-def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> bool:
+def _find(lines: list[str], ins: Insertion, name: str) -> int:
+    """Index of the anchor line of ``ins`` in ``lines``."""
+    def unique(text: str) -> int:
+        hits = [i for i, ln in enumerate(lines) if text in ln]
+        if len(hits) != 1:
+            raise BuildError(f"patch {name}: anchor {text!r} found {len(hits)} times in {ins.file} "
+                             "(this llama.cpp version differs from the one the patch was written for)")
+        return hits[0]
+
+    if not ins.following:
+        return unique(ins.anchor)
+    start = unique(ins.following)
+    for i in range(start + 1, len(lines)):
+        if ins.anchor in lines[i]:
+            return i
+    raise BuildError(f"patch {name}: anchor {ins.anchor!r} not found after {ins.following!r} in {ins.file} "
+                     "(this llama.cpp version differs from the one the patch was written for)")
+
+
+def apply(tree: str | Path, insertions: tuple[Insertion | NewFile, ...], name: str) -> bool:
     """Apply one patch to ``tree`` in place; False when it is already applied.
 
     Raises:
-        BuildError: a file is missing or an anchor occurs in no line or in several.
+        BuildError: a file is missing, an anchor occurs in no line or in several, or a new file
+            exists already with other content.
     """
     tree = Path(tree)
+    new_files = [ins for ins in insertions if isinstance(ins, NewFile)]
+    insertions = tuple(ins for ins in insertions if isinstance(ins, Insertion))
+    for nf in new_files:
+        p = tree / nf.file
+        if p.is_file() and p.read_text() != nf.text:
+            raise BuildError(f"patch {name}: {p} exists and is not the patch's own file")
     texts: dict[str, list[str]] = {}
     for ins in insertions:
         if ins.file not in texts:
@@ -264,19 +308,17 @@ def apply(tree: str | Path, insertions: tuple[Insertion, ...], name: str) -> boo
             if not p.is_file():
                 raise BuildError(f"patch {name}: {p} not found")
             texts[ins.file] = p.read_text().splitlines(keepends=True)
-    marks = {ins.lines.strip().split(":")[0].split("\n")[0] for ins in insertions}
+    marks = {ins.lines.strip().split(": ")[0].split("\n")[0] for ins in insertions}
     if any(m in "".join(lines) for lines in texts.values() for m in marks):
         return False
     for ins in insertions:
         lines = texts[ins.file]
-        hits = [i for i, ln in enumerate(lines) if ins.anchor in ln]
-        if len(hits) != 1:
-            raise BuildError(f"patch {name}: anchor {ins.anchor!r} found {len(hits)} times in {ins.file} "
-                             "(this llama.cpp version differs from the one the patch was written for)")
-        at = hits[0] + (1 if ins.after else 0)
+        at = _find(lines, ins, name) + (1 if ins.after else 0)
         lines[at:at] = ins.lines.splitlines(keepends=True)
     for f, lines in texts.items():
         (tree / f).write_text("".join(lines))
+    for nf in new_files:
+        (tree / nf.file).write_text(nf.text)
     return True
 
 
