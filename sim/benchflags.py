@@ -292,6 +292,60 @@ HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
 )
 
 
+#: the project's prefetch patch's llama-bench flags (being written; ``calibrate/llamacpp/patches.py``):
+#: (dest, option strings, metavar, help). Their product names the variants to run
+#: (:func:`prefetch_flag_variants`), as the patched llama-bench runs each combination.
+PREFETCH_FLAGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
+    ("prefetch_weights", ("-pw", "--prefetch-weights"), "0|1",
+     "prefetch patch: 1 = ungated weight prefetch one split ahead (variant prefetch / prefetch_gated_<N>)"),
+    ("prefetch_gate", ("-pwg", "--prefetch-gate"), "N",
+     "prefetch patch: with -pw 1, no prefetch in a graph with MoE ops whose ubatch has fewer than N tokens "
+     "(default 512; 0 = ungated)"),
+    ("prefetch_expert_slots", ("-pes", "--prefetch-experts-slots"), "N",
+     "prefetch patch: N rotating expert staging slots (variant slots<N>; default 0 = off)"),
+)
+
+
+def prefetch_flag_variants(args: argparse.Namespace) -> tuple[tuple, list[str]] | None:
+    """The variants of ``-pw``/``-pwg``/``-pes`` (lists; a repeated flag adds values), or None
+    when none is given: each combination of their product, in llama-bench's loop order
+    (``-pw`` outermost), as :func:`sim.llamabench.prefetch_variant` names it, each variant once
+    (``-pwg`` does nothing with ``-pw 0``). Combinations the simulator does not model
+    (``-pw 1`` with ``-pes N > 0``) are left out and returned as notes.
+
+    Returns:
+        ``(variants, notes)``.
+
+    Raises:
+        ScenarioError: ``-pw`` other than 0/1, or no combination left to simulate.
+    """
+    from .llamabench import PREFETCH_DEFAULTS, prefetch_variant
+    from .specs import parse_variant
+
+    lists = {dest: _flat(args, dest) for dest, *_ in PREFETCH_FLAGS}
+    if all(v is None for v in lists.values()):
+        return None
+    bad = [v for v in lists["prefetch_weights"] or () if v not in (0, 1)]
+    if bad:
+        raise ScenarioError(f"must be 0 or 1, got {bad[0]}", field="-pw/--prefetch-weights")
+    names: list[str] = []
+    notes: list[str] = []
+    for pw, pwg, pes in itertools.product(*(lists[d] or (PREFETCH_DEFAULTS[d],) for d, *_ in PREFETCH_FLAGS)):
+        try:
+            name = prefetch_variant(pw, pwg, pes)
+        except ValueError as exc:
+            note = f"-pw {pw} -pwg {pwg} -pes {pes} left out: {exc}"
+            if note not in notes:
+                notes.append(note)
+            continue
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ScenarioError("no combination of -pw/-pwg/-pes the simulator models (-pw 1 with -pes > 0 is not "
+                            "modelled)", field="-pw/-pes")
+    return tuple(parse_variant(n, field_name="-pw/-pwg/-pes") for n in names), notes
+
+
 def harness_notes(args: argparse.Namespace) -> list[str]:
     """One note per harness-only flag given (:data:`HARNESS_FLAGS`)."""
     out = []
@@ -303,13 +357,16 @@ def harness_notes(args: argparse.Namespace) -> list[str]:
 
 
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
-    """llama-bench's flags (lists and ranges; a repeated flag adds values), the scenario, and
+    """llama-bench's flags (lists and ranges; a repeated flag adds values), the prefetch patch's
+    ``-pw``/``-pwg``/``-pes`` (:data:`PREFETCH_FLAGS`), the scenario, and
     ``--variant``/``--engine``/``--max-work``."""
     from .bounds import REPETITIONS_MAX, WORK_MAX
 
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
         p.add_argument(*opts, dest=dest, type=typ, action="append", metavar=metavar, help=help_)
+    for dest, opts, metavar, help_ in PREFETCH_FLAGS:
+        p.add_argument(*opts, dest=dest, type=int_list, action="append", metavar=metavar, help=help_)
     for opts, takes_value in HARNESS_FLAGS:
         dest = "harness_" + opts[-1].lstrip("-").replace("-", "_")
         if takes_value:

@@ -70,10 +70,22 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _base_scenario(args: argparse.Namespace):
-    """The scenario named on the command line (or the default) with ``--variant`` applied."""
+    """The scenario named on the command line (or the default) with ``--variant`` (or the prefetch
+    patch's ``-pw``/``-pwg``/``-pes``: :func:`sim.benchflags.prefetch_flag_variants`) applied."""
     from .specs import load_scenario, parse_variant
 
     scn = load_scenario(scenario_path(args.scenario))
+    from .benchflags import prefetch_flag_variants
+
+    flagged = prefetch_flag_variants(args)
+    if flagged is not None:
+        if getattr(args, "variant", None):
+            raise ScenarioError("give the variants either with --variant or with the prefetch patch's "
+                                "-pw/-pwg/-pes, not both", field="--variant")
+        vs, notes = flagged
+        for line in notes:
+            print(f"prefetch-sim: note: {line}", file=sys.stderr)
+        return scn.with_(variants=vs)
     if getattr(args, "variant", None):
         vs = tuple(parse_variant(v, field_name="--variant") for v in args.variant)
         names = [v.name for v in vs]
@@ -213,12 +225,15 @@ def _combine(parts, n_prompt: int) -> dict:
 def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str) -> list:
     """The :class:`sim.report.BenchRow` s of one setting: per variant (in order), per llama-bench
     test (in order), from the simulator's results of its tests; ``speedup_vs_baseline`` against
-    the ``baseline`` variant's row of the same test."""
+    the ``baseline`` variant's row of the same test. The prefetch patch's fields
+    (``prefetch_weights``, ``prefetch_gate``, ``prefetch_expert_slots``) are the variant's
+    (:func:`sim.llamabench.variant_fields`), as the patched llama-bench prints them."""
     from dataclasses import replace as dc_replace
 
     import numpy as np
 
     from .benchflags import bench_values
+    from .llamabench import variant_fields
     from .report import bench_row
 
     by = {(r.variant, r.test): r for r in results}
@@ -230,7 +245,7 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
             total = np.sum([np.asarray(p.makespan_s, dtype=float) for p in parts], axis=0)
             samples = [max(1, int(round(float(x) * 1e9))) for x in np.atleast_1d(total)]
             vals = bench_values(inst, model, hw, test_time=when)
-            vals.update(build_commit=bid, build_number=bnum)
+            vals.update(build_commit=bid, build_number=bnum, **variant_fields(v))
             extra = dict(variant=v.name, engine=engine, hardware=hw.name, hardware_file=display_path(hw.file),
                          **_combine(parts, inst.n_prompt))
             rows.append(bench_row(vals, samples, extra))

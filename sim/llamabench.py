@@ -17,6 +17,13 @@ Source: llama.cpp ``tools/llama-bench/llama-bench.cpp``:
 
 :data:`FIELDS` is the single list of those fields for the project (the reader here and our
 llama-bench writer). Nothing of llama.cpp's code is copied; the lists are restated from it.
+
+Three of them are not upstream's: ``prefetch_weights``, ``prefetch_gate`` and
+``prefetch_expert_slots`` (:data:`PATCH_FIELDS`, after ``fit_min_ctx``) come from the project's
+own prefetch patch to ggml's scheduler and llama-bench (being written, to join the others in
+``calibrate/llamacpp/patches.py``; the flags ``-pw``, ``-pwg``, ``-pes``). Rows of an upstream
+llama-bench lack them and mean their defaults (:data:`PREFETCH_DEFAULTS`: no prefetch);
+:func:`prefetch_variant` names the simulator variant a row's values run.
 """
 
 from __future__ import annotations
@@ -44,12 +51,18 @@ class BenchField:
             JSON-only arrays, the type of their elements.
         array: a JSON array (``samples_ns``: INT nanoseconds, ``samples_ts``: FLOAT t/s).
         json_only: printed only by the json/jsonl printers (not csv, sql or markdown).
+        patch: printed only by a llama-bench with the project's prefetch patch
+            (being written; ``calibrate/llamacpp/patches.py``), not by upstream's: optional in a row.
+        default: the value a row without the field means (llama-bench's ``cmd_params_defaults``
+            of the patch), for :attr:`patch` fields.
     """
 
     name: str
     type: str
     array: bool = False
     json_only: bool = False
+    patch: bool = False
+    default: Any = None
 
 
 def _f(name: str, typ: str = STRING) -> BenchField:
@@ -57,7 +70,8 @@ def _f(name: str, typ: str = STRING) -> BenchField:
 
 
 #: llama-bench's result fields in ``test::get_fields()`` order with ``get_field_type()``,
-#: then the JSON-only ``samples_ns`` / ``samples_ts`` (json and jsonl printers).
+#: then the JSON-only ``samples_ns`` / ``samples_ts`` (json and jsonl printers); the three
+#: ``prefetch_*`` fields are the project's patch's (:data:`PATCH_FIELDS`), not upstream's.
 FIELDS: tuple[BenchField, ...] = (
     _f("build_commit"), _f("build_number", INT), _f("cpu_info"), _f("gpu_info"), _f("backends"),
     _f("model_filename"), _f("model_type"), _f("model_size", INT), _f("model_n_params", INT),
@@ -67,6 +81,10 @@ FIELDS: tuple[BenchField, ...] = (
     _f("flash_attn", INT), _f("devices"), _f("tensor_split"), _f("tensor_buft_overrides"),
     _f("load_mode"), _f("lazy_mode"), _f("embeddings", BOOL), _f("no_op_offload", INT),
     _f("no_host", BOOL), _f("repack", BOOL), _f("fit_target", INT), _f("fit_min_ctx", INT),
+    # the project's prefetch patch (-pw, -pwg, -pes): not in upstream rows
+    BenchField("prefetch_weights", INT, patch=True, default=0),
+    BenchField("prefetch_gate", INT, patch=True, default=512),
+    BenchField("prefetch_expert_slots", INT, patch=True, default=0),
     _f("n_prompt", INT), _f("n_gen", INT), _f("n_depth", INT), _f("test_time"),
     _f("avg_ns", INT), _f("stddev_ns", INT), _f("avg_ts", FLOAT), _f("stddev_ts", FLOAT),
     BenchField("samples_ns", INT, array=True, json_only=True),
@@ -79,6 +97,12 @@ FIELD_BY_NAME: Mapping[str, BenchField] = {f.name: f for f in FIELDS}
 CSV_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.json_only)
 #: every field of a json/jsonl row, in order
 JSON_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS)
+#: the fields of the project's prefetch patch (``-pw``, ``-pwg``, ``-pes``), in order
+PATCH_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.patch)
+#: what a row without them means: no prefetch (the patch's defaults)
+PREFETCH_DEFAULTS: Mapping[str, int] = {f.name: f.default for f in FIELDS if f.patch}
+#: upstream llama-bench's fields (``test::get_fields()`` of an unpatched tree), in order
+UPSTREAM_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.patch)
 
 #: fields a row must have to be simulated (older llama-bench versions lack some of the others,
 #: e.g. ``n_cpu_moe``, ``load_mode``; those get llama-bench's defaults)
@@ -108,6 +132,68 @@ def bench_test_name(n_prompt: int, n_gen: int, n_depth: int = 0) -> str:
     else:
         base = f"pp{n_prompt}+tg{n_gen}"
     return f"{base} @ d{n_depth}" if n_depth > 0 else base
+
+
+def prefetch_settings(row: Mapping[str, Any]) -> tuple[int, int, int]:
+    """A row's ``(prefetch_weights, prefetch_gate, prefetch_expert_slots)``: its values, the
+    patch's defaults (:data:`PREFETCH_DEFAULTS`: 0, 512, 0) where it lacks them (an upstream
+    llama-bench row, or NaN in a DataFrame of mixed rows)."""
+    out = []
+    for name in PATCH_FIELDS:
+        v = _get(row, name, PREFETCH_DEFAULTS[name])
+        out.append(int(v))
+    return out[0], out[1], out[2]
+
+
+def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefetch_expert_slots: int = 0) -> str:
+    """The simulator variant (:func:`sim.specs.parse_variant` label) of the prefetch patch's
+    llama-bench flags:
+
+    * ``-pw 0 -pes 0`` (an upstream row too): ``baseline``;
+    * ``-pw 1 -pwg N`` (ungated weight prefetch, one split ahead, whole host weight tensors):
+      ``prefetch_gated_N`` for ``N > 0`` (off in a graph with MoE ops whose ubatch has fewer
+      than N tokens), ``prefetch`` for ``N == 0`` (ungated); ``-pwg`` is ignored with ``-pw 0``;
+    * ``-pes N`` with ``-pw 0`` (N rotating expert staging slots): ``slots<N>``.
+
+    Raises:
+        ValueError: ``-pw 1`` with ``-pes N > 0`` (not simulated: the simulator has no model of
+            the patch running both), or a value out of range (``prefetch_weights`` not 0/1, a
+            negative gate or slot count).
+    """
+    pw, pwg, pes = int(prefetch_weights), int(prefetch_gate), int(prefetch_expert_slots)
+    if pw not in (0, 1):
+        raise ValueError(f"prefetch_weights {pw}: expected 0 or 1 (-pw)")
+    if pwg < 0 or pes < 0:
+        raise ValueError(f"prefetch_gate {pwg} / prefetch_expert_slots {pes}: expected >= 0 (-pwg, -pes)")
+    if pw and pes:
+        raise ValueError(f"prefetch_weights 1 with prefetch_expert_slots {pes} (-pw 1 -pes {pes}): weight prefetch "
+                         "and expert slots together are not modelled by the simulator")
+    if pw:
+        return f"prefetch_gated_{pwg}" if pwg > 0 else "prefetch"
+    return f"slots{pes}" if pes else "baseline"
+
+
+def row_variant(row: Mapping[str, Any]) -> str:
+    """:func:`prefetch_variant` of a row's fields (:func:`prefetch_settings`).
+
+    Raises:
+        ValueError: as :func:`prefetch_variant`.
+    """
+    return prefetch_variant(*prefetch_settings(row))
+
+
+def variant_fields(variant) -> dict[str, int]:
+    """The prefetch patch's fields (:data:`PATCH_FIELDS`) a llama-bench row of ``variant`` (a
+    :class:`sim.specs.Variant`) prints: the inverse of :func:`prefetch_variant` (``baseline``
+    -> 0/512/0, ``prefetch`` -> 1/0/0, ``prefetch_gated_N`` -> 1/N/0, ``slots<N>`` -> 0/512/N).
+    What the flags cannot say (an expert cache, whole-tensor copies) is not in them; a variant
+    with weight prefetch and slots prints both (:func:`prefetch_variant` refuses to simulate
+    such a row)."""
+    pw = bool(variant.prefetch_weights)
+    gate = variant.gate_min_batch
+    return {"prefetch_weights": int(pw),
+            "prefetch_gate": (int(gate) if gate else 0) if pw else PREFETCH_DEFAULTS["prefetch_gate"],
+            "prefetch_expert_slots": int(variant.expert_slots)}
 
 
 # --------------------------------------------------------------------------------------
@@ -177,6 +263,11 @@ def _check_row(rec: dict, err) -> dict:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
     if "stddev_ts" in out and out["stddev_ts"] < 0:
         raise err("stddev_ts", f"must be >= 0, got {out['stddev_ts']!r}")
+    if out.get("prefetch_weights", 0) not in (0, 1):
+        raise err("prefetch_weights", f"must be 0 or 1 (-pw), got {out['prefetch_weights']}")
+    for k in ("prefetch_gate", "prefetch_expert_slots"):
+        if out.get(k, 0) < 0:
+            raise err(k, f"must be >= 0, got {out[k]}")
     for k in ("samples_ns", "samples_ts"):
         if k in out and any(x <= 0 for x in out[k]):
             raise err(k, "every sample must be > 0")
@@ -189,7 +280,9 @@ def read_llama_bench(path: str | Path):
 
     Every known field (:data:`FIELDS`) is type-checked as llama-bench prints it; unknown extra
     fields (other llama-bench versions, a wrapper's own keys) are kept unchecked. Required:
-    :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``n_prompt + n_gen > 0``.
+    :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``n_prompt + n_gen > 0``. The patch's
+    fields (:data:`PATCH_FIELDS`) are optional, as every other one: ``prefetch_weights`` 0 or 1,
+    ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present.
 
     Args:
         path: the file. Its format is told by its first character (``[``: json, ``{``: jsonl).

@@ -2,7 +2,9 @@
 json, jsonl or sql with llama-bench's field names, types and layout.
 
 Every row carries every field of :data:`sim.llamabench.FIELDS` (``test::get_fields()`` of
-``tools/llama-bench/llama-bench.cpp``) with llama-bench's meaning, then the simulator's own
+``tools/llama-bench/llama-bench.cpp``, plus the project's prefetch patch's ``prefetch_weights``,
+``prefetch_gate`` and ``prefetch_expert_slots``: the values of the row's variant,
+:func:`sim.llamabench.variant_fields`) with llama-bench's meaning, then the simulator's own
 fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, ``ttft_ms``,
 ``h2d_bytes`` ...). The printers follow llama-bench's (restated, not copied):
 
@@ -44,7 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, STRING, bench_test_name
+from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PREFETCH_DEFAULTS, STRING, \
+    bench_test_name
 
 #: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
@@ -80,22 +83,24 @@ MD_DEFAULTS: Mapping[str, Any] = {
     "type_k": "f16", "type_v": "f16", "main_gpu": 0, "split_mode": "layer", "no_kv_offload": False,
     "flash_attn": -1, "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none",
     "load_mode": "auto", "lazy_mode": "auto", "embeddings": False, "no_op_offload": 0, "no_host": False,
-    "repack": True, "fit_target": 0, "fit_min_ctx": 0,
+    "repack": True, "fit_target": 0, "fit_min_ctx": 0, **PREFETCH_DEFAULTS,
 }
 #: the optional markdown columns, in llama-bench's order (after ``ngl``)
 MD_OPTIONAL = ("n_cpu_moe", "n_threads", "cpu_mask", "cpu_strict", "poll", "n_batch", "n_ubatch", "type_k", "type_v",
                "main_gpu", "split_mode", "no_kv_offload", "flash_attn", "devices", "tensor_split",
                "tensor_buft_overrides", "load_mode", "lazy_mode", "embeddings", "no_op_offload", "no_host", "repack",
-               "fit_target", "fit_min_ctx")
+               "fit_target", "fit_min_ctx", "prefetch_weights", "prefetch_gate", "prefetch_expert_slots")
 #: ``markdown_printer::get_field_display_name``
 _MD_NAME = {"n_gpu_layers": "ngl", "split_mode": "sm", "n_threads": "threads", "no_kv_offload": "nkvo",
             "flash_attn": "fa", "load_mode": "lm", "embeddings": "embd", "no_op_offload": "nopo", "no_host": "noh",
             "repack": "rpk", "devices": "dev", "tensor_split": "ts", "tensor_buft_overrides": "ot",
-            "fit_target": "fitt", "fit_min_ctx": "fitc", "vs_base": "vs base"}
+            "fit_target": "fitt", "fit_min_ctx": "fitc", "prefetch_weights": "pw", "prefetch_gate": "pwg",
+            "prefetch_expert_slots": "pes", "vs_base": "vs base"}
 #: ``markdown_printer::get_field_width`` where it is not the default (negative: left-aligned)
 _MD_WIDTH = {"model": -30, "t/s": 20, "size": 10, "params": 10, "n_gpu_layers": 3, "n_threads": 7, "n_batch": 7,
              "n_ubatch": 8, "type_k": 6, "type_v": 6, "split_mode": 6, "load_mode": 10, "flash_attn": 3,
              "devices": -12, "test": 15, "no_op_offload": 4, "no_host": 4, "repack": 3,
+             "prefetch_weights": 3, "prefetch_gate": 4, "prefetch_expert_slots": 4,
              "variant": -10, "vs_base": 10}
 
 
@@ -178,7 +183,8 @@ def sample_stats(samples_ns: Sequence[int], n_tokens: int) -> tuple[int, int, fl
 
 def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mapping[str, Any] | None = None) -> BenchRow:
     """A row from llama-bench's fields (all of :data:`sim.llamabench.CSV_FIELDS` but
-    :data:`COMPUTED_FIELDS`), the samples (integer ns per repetition) and our fields.
+    :data:`COMPUTED_FIELDS`; the prefetch patch's, :data:`sim.llamabench.PATCH_FIELDS`, default
+    to no prefetch), the samples (integer ns per repetition) and our fields.
 
     ``avg_ns``, ``stddev_ns``, ``avg_ts`` and ``stddev_ts`` are computed from the samples
     (:func:`sample_stats`, tokens ``n_prompt + n_gen``).
@@ -188,7 +194,7 @@ def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mappi
         TypeError: a value of the wrong type for its field.
         ValueError: no sample, or a sample <= 0.
     """
-    missing = [f for f in CSV_FIELDS if f not in values and f not in COMPUTED_FIELDS]
+    missing = [f for f in CSV_FIELDS if f not in values and f not in COMPUTED_FIELDS and f not in PREFETCH_DEFAULTS]
     if missing:
         raise KeyError(f"llama-bench fields missing: {', '.join(missing)}")
     unknown = [k for k in values if k not in FIELD_BY_NAME]
@@ -200,7 +206,7 @@ def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mappi
     bad = [k for k in ex if k not in _PROJECT_TYPE]
     if bad:
         raise KeyError(f"not project fields: {', '.join(bad)} (see sim.report.PROJECT_FIELDS)")
-    vals = {f: values[f] for f in CSV_FIELDS if f not in COMPUTED_FIELDS}
+    vals = {f: values[f] if f in values else PREFETCH_DEFAULTS[f] for f in CSV_FIELDS if f not in COMPUTED_FIELDS}
     avg_ns, std_ns, avg_ts, std_ts, ts = sample_stats(samples_ns, vals["n_prompt"] + vals["n_gen"])
     vals.update(avg_ns=avg_ns, stddev_ns=std_ns, avg_ts=avg_ts, stddev_ts=std_ts)
     for k in CSV_FIELDS:

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import build_parser, load_scenario_with_overrides, main, variant_ids
-from sim.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms
+from sim.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms, row_variant
 from sim.report import COLUMNS, JSON_COLUMNS
 from sim.specs import load_model, parse_variant
 
@@ -299,6 +299,39 @@ def test_json_and_jsonl_carry_llama_bench_s_fields_with_its_types(capsys, tmp_pa
     js = tmp_path / "r.jsonl"
     assert main(["run", TINY, "-r", "2", "-q", "--variant", "baseline", "--out", str(js)]) == 0
     assert read_llama_bench(js).avg_ts.tolist() == df.avg_ts.tolist()
+
+
+def test_prefetch_patch_flags_run_their_variants_and_round_trip(capsys, tmp_path):
+    """-pw/-pwg/-pes (the project's llama.cpp prefetch patch) name the variants; every row prints
+    the flags of its variant, and our reader maps them back to it."""
+    rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-pw", "0,1", "-pwg", "0",
+                       "-pes", "0,2", "-o", "jsonl")
+    assert rc == 0 and "-pw 1 -pwg 0 -pes 2 left out" in err
+    data = [json.loads(x) for x in out.splitlines()]
+    assert [d["variant"] for d in data] == ["baseline", "slots2", "prefetch"]
+    names = list(data[0])
+    assert names[names.index("fit_min_ctx") + 1:names.index("n_prompt")] == [
+        "prefetch_weights", "prefetch_gate", "prefetch_expert_slots"]
+    p = tmp_path / "r.jsonl"
+    p.write_text(out)
+    df = read_llama_bench(p)
+    assert list(df.apply(row_variant, axis=1)) == list(df.variant)
+    assert df.prefetch_gate.tolist() == [512, 512, 0] and df.prefetch_expert_slots.tolist() == [0, 2, 0]
+    # the scenario's own variants print theirs too (csv: one column each)
+    rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-o", "csv")
+    csv = pd.read_csv(io.StringIO(out))
+    assert {(v, a, b, c) for v, a, b, c in zip(csv.variant, csv.prefetch_weights, csv.prefetch_gate,
+                                                  csv.prefetch_expert_slots)} >= {("baseline", 0, 512, 0)}
+    assert all(row_variant(r) == r["variant"] for _, r in csv.iterrows() if r["variant"] in ("baseline", "slots3")
+               or r["variant"].startswith("prefetch_gated"))
+    # a repeated flag adds values; -pwg does nothing with -pw 0 (one baseline)
+    rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-pw", "0", "-pwg", "0,512",
+                     "-o", "jsonl")
+    assert rc == 0 and [json.loads(x)["variant"] for x in out.splitlines()] == ["baseline"]
+    for argv, msg in [(("-pw", "2"), "0 or 1"), (("-pw", "1", "-pes", "3"), "no combination"),
+                      (("-pw", "1", "--variant", "slots3"), "not both")]:
+        rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", *argv)
+        assert rc == 2 and msg in err and err.count("\n") == 1, argv
 
 
 def test_csv_and_sql_layouts(capsys):

@@ -13,10 +13,12 @@ import pandas as pd
 import pytest
 
 from sim.errors import ScenarioError
-from sim.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIELDS, REQUIRED_FIELDS, STRING,
-                            bench_test_name, flash_attn_label, host_memory_pinned, kv_bytes_per_elem,
-                            n_cpu_moe_rules, parse_overrides, python_regex, read_llama_bench, row_placement,
-                            row_terms, row_workload, sim_ngl, sim_overrides, sim_regex)
+from sim.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIELDS, PATCH_FIELDS, PREFETCH_DEFAULTS,
+                            REQUIRED_FIELDS, STRING, UPSTREAM_FIELDS, bench_test_name, flash_attn_label,
+                            host_memory_pinned, kv_bytes_per_elem, n_cpu_moe_rules, parse_overrides,
+                            prefetch_settings, prefetch_variant, python_regex, read_llama_bench, row_placement,
+                            row_terms, row_variant, row_workload, sim_ngl, sim_overrides, sim_regex,
+                            variant_fields)
 from sim.specs import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,14 +61,20 @@ def write(tmp_path: Path, text: str, name: str = "bench.jsonl") -> Path:
 
 def test_fields_restate_get_fields_and_types():
     names = [f.name for f in FIELDS]
-    assert len(names) == len(set(names)) == 44
+    # upstream's 44, plus the three of the project's prefetch patch (calibrate/llamacpp/patches.py)
+    assert len(names) == len(set(names)) == 47
+    assert PATCH_FIELDS == ("prefetch_weights", "prefetch_gate", "prefetch_expert_slots")
+    assert names[names.index("fit_min_ctx") + 1:names.index("n_prompt")] == list(PATCH_FIELDS)
+    assert len(UPSTREAM_FIELDS) == 44 and not set(UPSTREAM_FIELDS) & set(PATCH_FIELDS)
+    assert PREFETCH_DEFAULTS == {"prefetch_weights": 0, "prefetch_gate": 512, "prefetch_expert_slots": 0}
+    assert not set(PATCH_FIELDS) & set(REQUIRED_FIELDS)  # upstream rows lack them
     assert names[:6] == ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename"]
     assert names[-6:] == ["avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts"]
     assert CSV_FIELDS == tuple(names[:-2]) and JSON_FIELDS == tuple(names)
     types = {f.name: f.type for f in FIELDS}
     ints = {"build_number", "n_batch", "n_ubatch", "n_threads", "poll", "model_size", "model_n_params",
             "n_gpu_layers", "main_gpu", "n_prompt", "n_gen", "n_depth", "avg_ns", "stddev_ns", "no_op_offload",
-            "n_cpu_moe", "fit_target", "fit_min_ctx", "flash_attn"}
+            "n_cpu_moe", "fit_target", "fit_min_ctx", "flash_attn", *PATCH_FIELDS}
     bools = {"no_kv_offload", "cpu_strict", "embeddings", "no_host", "repack"}
     assert {n for n, t in types.items() if t == INT} == ints | {"samples_ns"}
     assert {n for n, t in types.items() if t == BOOL} == bools
@@ -76,14 +84,18 @@ def test_fields_restate_get_fields_and_types():
 
 
 def test_fields_match_llama_bench_source():
-    """With LLAMA_CPP_DIR pointing at a llama.cpp tree: FIELDS is test::get_fields() in order."""
+    """With LLAMA_CPP_DIR pointing at a llama.cpp tree: FIELDS is test::get_fields() in order, the
+    prefetch patch's three fields aside in an upstream tree (they are the project's own); a tree
+    with the patch applied lists them too."""
     src = os.environ.get("LLAMA_CPP_DIR")
     path = Path(src or "/nonexistent") / "tools" / "llama-bench" / "llama-bench.cpp"
     if not path.is_file():
         pytest.skip("set LLAMA_CPP_DIR to a llama.cpp tree to check FIELDS against llama-bench.cpp")
     text = path.read_text()
     body = re.search(r"get_fields\(\)\s*\{.*?fields\s*=\s*\{(.*?)\};", text, re.S).group(1)
-    assert [f.name for f in FIELDS if not f.json_only] == re.findall(r'"(\w+)"', body)
+    listed = re.findall(r'"(\w+)"', body)
+    ours = [f.name for f in FIELDS if not f.json_only and (not f.patch or f.name in listed)]
+    assert ours == listed
     types = re.search(r"get_field_type\(const std::string & field\)\s*\{(.*?)\n    \}", text, re.S).group(1)
     for block in re.finditer(r"if \((.*?)\)\s*\{\s*return (\w+);", types, re.S):
         for name in re.findall(r'field == "(\w+)"', block.group(1)):
@@ -99,13 +111,64 @@ def test_test_names():
     assert bench_test_name(64, 8, 128) == "pp64+tg8 @ d128"
 
 
+def test_prefetch_fields_name_the_simulator_variant():
+    assert prefetch_variant() == prefetch_variant(0, 512, 0) == "baseline"
+    assert prefetch_variant(0, 0, 0) == "baseline"  # -pwg does nothing with -pw 0
+    assert prefetch_variant(1, 0, 0) == "prefetch"
+    assert prefetch_variant(1, 512, 0) == "prefetch_gated_512"
+    assert prefetch_variant(0, 512, 3) == prefetch_variant(0, 0, 3) == "slots3"
+    with pytest.raises(ValueError, match="not modelled"):
+        prefetch_variant(1, 512, 2)
+    with pytest.raises(ValueError, match="0 or 1"):
+        prefetch_variant(2, 0, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        prefetch_variant(0, 0, -1)
+    # a row: its values, or the defaults where it lacks them (upstream) or has NaN (mixed DataFrame)
+    up = json.loads(LINES[0])
+    assert prefetch_settings(up) == (0, 512, 0) and row_variant(up) == "baseline"
+    assert row_variant(up | {"prefetch_weights": 1, "prefetch_gate": 0}) == "prefetch"
+    assert row_variant(up | {"prefetch_weights": 1}) == "prefetch_gated_512"
+    assert row_variant(pd.Series(up | {"prefetch_weights": math.nan, "prefetch_expert_slots": 4.0})) == "slots4"
+    # the writer's inverse; every name parses as a simulator variant with those settings
+    from sim.specs import parse_variant
+
+    for pw, pwg, pes in [(0, 512, 0), (1, 0, 0), (1, 512, 0), (1, 64, 0), (0, 512, 2)]:
+        v = parse_variant(prefetch_variant(pw, pwg, pes))
+        assert variant_fields(v) == dict(prefetch_weights=pw, prefetch_gate=pwg, prefetch_expert_slots=pes)
+    assert variant_fields(parse_variant("prefetch_ungated+slots3")) == dict(prefetch_weights=1, prefetch_gate=0,
+                                                                            prefetch_expert_slots=3)
+    assert variant_fields(parse_variant("cache_lru")) == PREFETCH_DEFAULTS
+
+
+def test_reader_takes_rows_with_and_without_the_prefetch_fields(tmp_path):
+    up = json.loads(LINES[0])
+    pw = {k: v for k, v in up.items() if not k.startswith("samples")}
+    i = list(pw).index("n_prompt")
+    items = list(pw.items())
+    patched = dict(items[:i] + [("prefetch_weights", 1), ("prefetch_gate", 0), ("prefetch_expert_slots", 0)]
+                   + items[i:])
+    df = read_llama_bench(write(tmp_path, json.dumps(up) + "\n" + json.dumps(patched) + "\n"))
+    cols = list(df.columns)
+    assert cols.index("fit_min_ctx") + 1 == cols.index("prefetch_weights") < cols.index("n_prompt")
+    assert math.isnan(df.prefetch_weights.iloc[0]) and df.prefetch_weights.iloc[1] == 1
+    assert list(df.apply(row_variant, axis=1)) == ["baseline", "prefetch"]
+    only = read_llama_bench(write(tmp_path, json.dumps(patched) + "\n", "p.jsonl"))
+    assert only.prefetch_gate.dtype.kind == "i" and only.prefetch_gate.iloc[0] == 0
+    for bad, msg in [({"prefetch_weights": 2}, "0 or 1"), ({"prefetch_gate": -1}, ">= 0"),
+                     ({"prefetch_expert_slots": "3"}, "integer"), ({"prefetch_weights": True}, "integer")]:
+        with pytest.raises(ScenarioError, match=msg) as ei:
+            read_llama_bench(write(tmp_path, json.dumps(patched | bad) + "\n", "bad.jsonl"))
+        assert f"{next(iter(bad))}, line 1" in str(ei.value)
+
+
 # -- the reader ----------------------------------------------------------------------------
 
 
 def test_read_jsonl_keeps_every_field_and_adds_test():
     df = read_llama_bench(BENCH)
     assert len(df) == len(LINES) == 10
-    assert list(df.columns) == list(JSON_FIELDS) + ["test"]
+    # upstream rows: every field but the prefetch patch's
+    assert list(df.columns) == [f for f in JSON_FIELDS if f not in PATCH_FIELDS] + ["test"]
     assert df.index.name == "line" and list(df.index) == list(range(1, 11))
     assert df.attrs["format"] == "jsonl" and df.attrs["file"] == str(BENCH)
     assert list(df.test) == ["pp512", "tg32", "pp512", "pp512 @ d4096", "pp512", "tg16", "tg16", "pp512",
@@ -345,7 +408,8 @@ def test_real_llama_bench_output():
     -lm none -fa 0,1 -o jsonl`` and ``-p 64 -n 0 -r 2 -o json``."""
     data = ROOT / "tests" / "data" / "llamacpp"
     a = read_llama_bench(data / "llama-bench-cpu.jsonl")
-    assert list(a.columns) == list(JSON_FIELDS) + ["test"] and len(a) == 12
+    assert list(a.columns) == list(UPSTREAM_FIELDS) + ["test"] and len(a) == 12
+    assert (a.apply(row_variant, axis=1) == "baseline").all()  # upstream rows: no prefetch
     assert list(a.test[:6]) == ["pp64", "tg8", "pp32+tg4", "pp64 @ d64", "tg8 @ d64", "pp32+tg4 @ d64"]
     assert list(a.flash_attn) == [0] * 6 + [1] * 6 and (a.n_cpu_moe == 4).all()
     assert (a.samples_ns.map(len) == 2).all()

@@ -38,12 +38,13 @@ def result() -> pd.DataFrame:
     return cmp.compare(RUN, HW, jobs=1)
 
 
-def by_hand(model, placement: Placement, tests, n_ubatch: int, n_batch: int = 2048, repetitions: int = 3) -> list:
+def by_hand(model, placement: Placement, tests, n_ubatch: int, n_batch: int = 2048, repetitions: int = 3,
+            variant: str = "baseline") -> list:
     t0 = tests[0]
     scn = Scenario(name="by hand", model=model, hardware=HW, placement=placement,
                    workload=Workload(n_prompt=(t0.n_prompt,), n_gen=(t0.n_gen,), n_depth=(t0.n_depth,),
                                      n_ubatch=n_ubatch, n_batch=n_batch, repetitions=repetitions),
-                   routing=RoutingSpec(kind="uniform"), variants=(parse_variant("baseline"),), seed=0)
+                   routing=RoutingSpec(kind="uniform"), variants=(parse_variant(variant),), seed=0)
     return run_scenario(scn, tests=list(tests), repetitions=repetitions, jobs=1)
 
 
@@ -118,6 +119,34 @@ def test_prediction_equals_run_scenario_by_hand(result):
     pp, tg = by_hand(tiny, pl, [BenchTest(64, 0, 128), BenchTest(0, 8, 192)], 64, 64)
     tps = 72 / (pp.makespan_s + tg.makespan_s)
     assert result.predicted_ts.iloc[9] == pytest.approx(float(np.mean(tps)), rel=1e-12)
+
+
+def test_prefetch_rows_are_predicted_with_their_variant(tmp_path):
+    """Rows of the prefetch patch's llama-bench (-pw/-pwg/-pes fields) are simulated under the
+    variant they name; -pw 1 with -pes > 0 is not simulated, and says so."""
+    base = json.loads((RUN / "llama-bench.jsonl").read_text().splitlines()[0])  # -ncmoe 48 -lm none pp512
+
+    def patched(pw, pwg, pes):
+        return json.dumps({**base, "prefetch_weights": pw, "prefetch_gate": pwg, "prefetch_expert_slots": pes})
+
+    run = subset(tmp_path, [1])
+    with open(run / "llama-bench.jsonl", "a") as fh:
+        fh.write("".join(patched(*f) + "\n" for f in [(0, 0, 0), (1, 0, 0), (1, 512, 0), (0, 512, 3), (1, 0, 3)]))
+    inv = json.loads((RUN / "invocations.jsonl").read_text().splitlines()[0]) | {"rows": 6}
+    (run / "invocations.jsonl").write_text(json.dumps(inv) + "\n")
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.variant.tolist()[:5] == ["baseline", "baseline", "prefetch", "prefetch_gated_512", "slots3"]
+    assert pd.isna(df.variant[5]) and df.predicted_ts.isna().tolist() == [False] * 5 + [True]
+    assert "not simulated" in df.note[5] and "prefetch_expert_slots 3" in df.note[5]
+    assert df.note[0] == df.note[1] == "" and "variant prefetch (prefetch_weights 1, prefetch_gate 0" in df.note[2]
+    assert df.predicted_ts[0] == df.predicted_ts[1]  # an upstream row and -pw 0: the same baseline
+    q = _model_cut("qwen3-30b-a3b", 2)
+    pl = Placement(n_cpu_moe=2, pinned=True, ctx_size=512)
+    for i, v in ((2, "prefetch"), (3, "prefetch_gated_512"), (4, "slots3")):
+        r = by_hand(q, pl, [BenchTest(512, 0, 0)], 512, variant=v)[0]
+        assert df.predicted_ts[i] == r.tps_mean, v
+    assert df.predicted_staging_mib[0] == 0 and (df.predicted_staging_mib[2:5] > 0).all()
+    assert (df.predicted_vram_mib[:5] > 0).all()
 
 
 def test_row_case_places_what_the_row_says():

@@ -217,6 +217,35 @@ def test_shipped_grid_has_the_issue_coverage():
     assert min(ubs) <= 128 and max(ubs) >= 4096
 
 
+def test_prefetch_grid_pairs_every_prefetch_row_with_a_baseline_in_its_own_run():
+    """grids/h200-prefetch.toml: every run lists off and on in one invocation (one model load),
+    so each prefetch row (-pw 1 or -pes > 0) has its baseline (-pw 0 -pes 0) in the same run."""
+    spec = G.load_grid(REPO / "calibrate/llamacpp/grids/h200-prefetch.toml")
+    assert spec.repetitions == 5 and spec.perf == () and G.count_rows(spec) == 74
+    assert {m.key for m in spec.models} == {"qwen3-30b-a3b", "gemma3-27b", "gpt-oss-20b"}
+    for m in spec.models:
+        assert (REPO / m.toml).is_file()
+    keys = ("-ngl", "-ncmoe", "-ub", "-b", "-fa", "-lm", "test")
+    for r in spec.runs:
+        assert r.kind == "bench" and {"-lm", "none", "-fa", "on", "-b", "2048"} <= set(r.args), r.id
+        combos = G.expand(r.args)
+        base = {tuple(c.get(k) for k in keys) for c in combos if c.get("-pw", "0") == "0" and c.get("-pes", "0") == "0"}
+        pre = [c for c in combos if c.get("-pw", "0") == "1" or c.get("-pes", "0") != "0"]
+        assert pre and all(tuple(c.get(k) for k in keys) in base for c in pre), r.id
+    tests = {(r.model, c["test"], c.get("-pw"), c.get("-pwg"), c.get("-pes"))
+             for r in spec.runs for c in G.expand(r.args)}
+    for t in ("pp64", "pp512", "pp2048"):  # ungated and gated prefetch at short and long prompts
+        assert ("qwen3-30b-a3b", t, "1", "0", None) in tests and ("qwen3-30b-a3b", t, "1", "512", None) in tests
+    assert {("qwen3-30b-a3b", "pp2048", None, None, n) for n in "234"} <= tests
+    assert ("qwen3-30b-a3b", "tg64", "1", "0", None) in tests and ("gemma3-27b", "tg32", "1", "0", None) in tests
+    assert ("gemma3-27b", "pp512", None, None, "2") in tests  # the dense control
+
+
+def test_expand_counts_the_prefetch_flags():
+    rows = G.expand(("-p", "512", "-n", "0", "-pw", "0,1", "-pwg", "0,512", "--prefetch-experts-slots", "0,3"))
+    assert len(rows) == 8 and {r["-pes"] for r in rows} == {"0", "3"}
+
+
 def test_expand_is_llama_benchs_cartesian_product():
     rows = G.expand(("-ub", "128,512", "-p", "64,512", "-n", "128", "-d", "0,8192", "-fa", "on,off"))
     assert len(rows) == 2 * 2 * 2 * (2 + 1)
@@ -398,6 +427,22 @@ def test_logs_are_read_from_the_folder_or_the_packed_archive(tmp_path):
     assert G.read_log(run, "logs/a.log") == "hello copy-log\n"
     with pytest.raises(FileNotFoundError):
         G.read_log(run, "logs/missing.log")
+
+
+def test_one_log_reader_for_plain_gzipped_and_archived_logs(tmp_path):
+    import gzip
+
+    from calibrate.llamacpp.logs import read_run_log, read_text
+
+    (tmp_path / "a.log").write_text("plain\n")
+    (tmp_path / "b.log.gz").write_bytes(gzip.compress(b"zipped \xff\n"))
+    assert read_text(tmp_path / "a.log") == "plain\n" and read_text(tmp_path / "b.log.gz") == "zipped \ufffd\n"
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "c.log.gz").write_bytes(gzip.compress(b"gz beside\n"))
+    assert read_run_log(run, "logs/c.log") == "gz beside\n"
+    with pytest.raises(FileNotFoundError):
+        read_text(tmp_path / "none.log")
 
 
 def test_committed_run_reads_and_its_routing_check_holds():
@@ -624,6 +669,15 @@ args = "-ngl 99 -ncmoe 1,2 -p 64 -n 4 -ub 32"
     # more blocks with host experts: prefill no faster
     pp = {r["n_cpu_moe"]: r["avg_ts"] for r in rows if r["n_prompt"]}
     assert pp[2] <= pp[1]
+    # a run with the prefetch patch's flags: its rows are those variants, with their fields
+    pf = tmp_path / "pf.toml"
+    pf.write_text(grid.read_text().replace("-ncmoe 1,2 -p 64 -n 4", "-ncmoe 2 -p 64 -n 0 -pw 0,1 -pwg 0 -pes 0,2"))
+    assert predict_main([str(pf), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "pfout"), "-r", "1"]) == 0
+    got = [json.loads(x) for x in (tmp_path / "pfout" / "a.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["prefetch_weights"], r["prefetch_gate"], r["prefetch_expert_slots"]) for r in got] == [
+        ("baseline", 0, 512, 0), ("slots2", 0, 512, 2), ("prefetch", 1, 0, 0)]  # -pw 1 -pes 2: not simulated
+    assert got[0]["speedup_vs_baseline"] is None and all(r["speedup_vs_baseline"] > 1 for r in got[1:])
     bad = tmp_path / "bad.toml"
     bad.write_text(grid.read_text().replace("-ncmoe 1,2", "-ncmoe 1 -fa 0 -ctv q8_0"))  # llama.cpp refuses it
     assert predict_main([str(bad), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",

@@ -13,7 +13,9 @@ A run folder (``data/llamacpp/h200-YYYYMMDD/``) holds:
 :func:`compare` maps each measured row to its model (the basename of ``model_filename`` is an
 invocation's ``gguf``), cuts the model to the GGUF's layers, builds the row's scenario (hardware
 profile as given; placement, workload and test from the row through :mod:`sim.llamabench`;
-uniform routing; the baseline scheduler only), predicts it with
+uniform routing; the scheduler variant the row ran: ``baseline`` for an upstream llama-bench, the
+prefetch patch's ``-pw``/``-pwg``/``-pes`` as :func:`sim.llamabench.row_variant` names them),
+predicts it with
 :func:`sim.metrics.run_scenario` and returns one row per measured row with the relative error
 ``predicted / measured - 1``. Nothing is fitted to the measurements.
 
@@ -39,7 +41,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,8 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.llamabench import (RowTerms, model_with_kv, read_llama_bench, row_placement, row_terms, row_workload)
+from sim.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
+                             row_variant, row_workload)
 from sim.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
     parse_variant
 
@@ -75,8 +78,8 @@ REGIMES = (
 COLUMNS = (
     "line", "invocation", "model", "model_toml", "n_layer", "regime", "kind", "test", "n_prompt", "n_gen",
     "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot", "load_mode", "pinned", "flash_attn",
-    "type_k", "type_v", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
-    "predicted_stddev_ts", "rel_error", "note", "split",
+    "type_k", "type_v", "variant", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
+    "predicted_stddev_ts", "rel_error", "predicted_vram_mib", "predicted_staging_mib", "note", "split",
 )
 
 
@@ -248,6 +251,8 @@ class RowCase:
         model: the model as simulated (cut to the GGUF's layers, the row's KV type).
         regime: :data:`REGIMES`.
         notes: what the simulator does not represent of the row.
+        variant: the simulator variant of the row's prefetch fields (:func:`sim.llamabench.row_variant`;
+            None when they name none the simulator models).
         repetitions: routing draws to simulate: the requested ones on a MoE model, 1 on a dense
             one (no routing: its repetitions would be identical plans).
     """
@@ -259,6 +264,7 @@ class RowCase:
     regime: str
     notes: tuple[str, ...]
     repetitions: int = 1
+    variant: str | None = "baseline"
 
 
 #: relative difference between a row's ``model_size`` and the model spec's bytes above which the
@@ -271,25 +277,37 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     """The scenario of one llama-bench row on ``model`` (already cut to the GGUF's layers).
 
     Placement, workload and test from :mod:`sim.llamabench` (``row_terms``, ``row_placement``,
-    ``row_workload``); KV element size from ``type_k``/``type_v``; uniform routing; the baseline
-    variant only; seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
+    ``row_workload``); KV element size from ``type_k``/``type_v``; uniform routing; the variant of
+    the row's prefetch fields (:func:`sim.llamabench.row_variant`: ``baseline`` for a row
+    without them, ``prefetch``, ``prefetch_gated_<N>``, ``slots<N>``; a variant other than
+    baseline is noted); seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
     (whose plans draw nothing). A row that cannot be simulated (an unknown ``-ot`` buffer, a pattern
-    Python cannot compile, an unknown load mode) gets ``scenario`` None and says why in
-    ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are noted too.
+    Python cannot compile, an unknown load mode, ``-pw 1`` with ``-pes N > 0``) gets ``scenario``
+    None and says why in ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are
+    noted too.
     """
     from sim.routing import RoutingSpec
 
     try:
         terms = row_terms(row)
     except ValueError as exc:
-        return RowCase(None, (), None, model, "unknown", (f"not simulated: {exc}",))
+        return RowCase(None, (), None, model, "unknown", (f"not simulated: {exc}",), variant=None)
     notes = list(terms.notes)
+    try:
+        variant = row_variant(row)
+    except ValueError as exc:
+        return RowCase(None, terms.tests, terms, model, "unknown", tuple(notes + [f"not simulated: {exc}"]),
+                       variant=None)
+    if variant != "baseline":
+        pw, pwg, pes = prefetch_settings(row)
+        notes.append(f"variant {variant} (prefetch_weights {pw}, prefetch_gate {pwg}, prefetch_expert_slots {pes})")
     kind = bench_kind(terms.n_prompt, terms.n_gen)
     m = model_with_kv(model, terms)
     try:
         pl, pnotes = row_placement(terms, m, hardware.n_gpu)
     except ValueError as exc:
-        return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]))
+        return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]),
+                       variant=variant)
     notes += pnotes
     size = row.get("model_size") if hasattr(row, "get") else None
     if isinstance(size, (int, float)) and size > 0 and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
@@ -309,14 +327,14 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         notes.append("attention at depth priced by the profile's unfused attention table, not FlashAttention")
     reps = repetitions if m.moe is not None else 1
     scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=row_workload(terms, reps),
-                   routing=RoutingSpec(), variants=(parse_variant("baseline"),), seed=0, file=file)
-    return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps)
+                   routing=RoutingSpec(), variants=(parse_variant(variant),), seed=0, file=file)
+    return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps, variant)
 
 
 def predict(scn: Scenario, tests: Sequence[BenchTest], engine: str = "analytic",
             repetitions: int = 3) -> tuple[float, float]:
     """Predicted llama-bench t/s of a row: ``(mean, sample stddev)`` over ``repetitions`` routing
-    draws, from :func:`sim.metrics.run_scenario` (baseline variant, one process). For two tests
+    draws, from :func:`sim.metrics.run_scenario` (the scenario's one variant, one process). For two tests
     (``pp+tg``) each repetition's t/s is their tokens over the sum of their times, as llama-bench
     times a ``-pg`` test.
 
@@ -404,30 +422,32 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
 def _case_key(case: RowCase) -> tuple:
     """Rows with equal keys get the same prediction. A decode-only row's plans do not depend on
     ``-ub``/``-b`` (one-token graphs; the ubatch enters only the VRAM check, done per row by
-    :func:`_fit_note`), so those are left out of its key."""
+    :func:`_fit`), so those are left out of its key."""
     s = case.scenario
     m = s.model
     wl = s.workload
     if all(not t.n_prompt for t in case.tests):
         wl = replace(wl, n_ubatch=1, n_batch=1)
-    return (m.file, m.n_layer, m.kv_bytes_per_elem, s.placement, wl, case.tests, case.repetitions)
+    return (m.file, m.n_layer, m.kv_bytes_per_elem, s.placement, wl, case.tests, case.repetitions, s.variants)
 
 
-def _fit_note(scn: Scenario) -> str | None:
-    """None when the row's placement fits the profile's VRAM (:func:`sim.vram.account`, as
-    ``run_scenario`` checks it), else the note saying why not."""
+def _fit(scn: Scenario) -> tuple[str | None, float, float]:
+    """``(note, vram MiB, staging MiB)`` of a row's placement under its variant on GPU 0
+    (:func:`sim.vram.account`, as ``run_scenario`` checks it): note None when it fits the
+    profile's VRAM, else the note saying why not (and NaN MiB)."""
     from sim.vram import account
 
     try:
-        account(scn, scn.variants[0])
+        b = account(scn, scn.variants[0])[0]
     except ScenarioError as exc:  # PlacementError
-        return f"not simulated: {exc.reason}"
-    return None
+        return f"not simulated: {exc.reason}", math.nan, math.nan
+    return None, b.total_bytes / 2**20, b.staging_bytes / 2**20
 
 
 def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAULT_HARDWARE,
             engine: str = "analytic", *, repetitions: int = 3, jobs: int | None = None,
-            progress: Callable[[Iterable], Iterable] | None = None) -> pd.DataFrame:
+            progress: Callable[[Iterable], Iterable] | None = None,
+            lines: Collection[int] | None = None) -> pd.DataFrame:
     """Predicted vs measured t/s of every row of a run folder (see the module docstring).
 
     Args:
@@ -440,6 +460,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         jobs: parallel processes (default: all cores); 1 runs in this process. The result does
             not depend on it.
         progress: wraps the iterable of pending predictions (e.g. ``tqdm``).
+        lines: only the rows of these ``llama-bench.jsonl`` lines are predicted and returned
+            (default: every row); e.g. :mod:`calibrate.llamacpp.ab`'s pairs.
 
     Returns:
         One row per measured row, in file order, with :data:`COLUMNS`: ``line`` (in
@@ -448,8 +470,11 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         (:data:`REGIMES`), ``kind`` (pp, tg, pp+tg), ``test`` (llama-bench's name), the row's
         settings as llama-bench printed them (``ngl`` is ``n_gpu_layers``, ``ot``
         ``tensor_buft_overrides``), ``pinned`` (as simulated), ``measured_ts`` (``avg_ts``),
+        ``variant`` (the simulator variant of the row's prefetch fields, None when it has none),
         ``measured_stddev_ts``, ``n_samples``, ``predicted_ts`` and ``predicted_stddev_ts``
-        (t/s; NaN when not simulated), ``rel_error`` (``predicted_ts / measured_ts - 1``) and
+        (t/s; NaN when not simulated), ``rel_error`` (``predicted_ts / measured_ts - 1``),
+        ``predicted_vram_mib`` and ``predicted_staging_mib`` (GPU 0's VRAM and the variant's
+        staging buffers as :func:`sim.vram.account` sizes them, MiB; NaN when not simulated) and
         ``note`` (``; ``-joined; what the simulator did not represent). ``attrs``: ``meta``
         (``meta.json``, or {}), ``hardware`` (profile name), ``engine``, ``run_dir``.
 
@@ -462,9 +487,17 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         raise ValueError(f"engine must be 'analytic' or 'des', got {engine!r}")
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(resolve(hardware))
     bench, owners, cases, extra = build_cases(run_dir, hw, repetitions=repetitions)
+    if lines is not None:
+        keep = [ln in set(lines) for ln in bench.index]
+        bench = bench[keep]
+        owners = [o for o, k in zip(owners, keep) if k]
+        cases = [c for c, k in zip(cases, keep) if k]
+        extra = [e for e, k in zip(extra, keep) if k]
     # placements that do not fit are not simulated; the others once per key, longest first
     # (the pool balances better)
-    fit = [_fit_note(c.scenario) if c is not None and c.scenario is not None else None for c in cases]
+    vram = [_fit(c.scenario) if c is not None and c.scenario is not None else (None, math.nan, math.nan)
+            for c in cases]
+    fit = [v[0] for v in vram]
     todo: dict[tuple, RowCase] = {}
     for c, f in zip(cases, fit):
         if c is not None and c.scenario is not None and f is None:
@@ -488,7 +521,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
                 results[futs[f]] = f.result()
 
     rows = []
-    for (line, row), inv, case, ex_note, fit_note in zip(bench.iterrows(), owners, cases, extra, fit):
+    for (line, row), inv, case, ex_note, (fit_note, vram_mib, staging_mib) in zip(bench.iterrows(), owners, cases,
+                                                                                   extra, vram):
         terms = case.terms if case is not None else None
         pred = (math.nan, math.nan, fit_note)
         if case is not None and case.scenario is not None and fit_note is None:
@@ -511,10 +545,13 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             load_mode=terms.load_mode if terms else _str_or(row.get("load_mode"), "auto"),
             pinned=terms.pinned if terms else None, flash_attn=terms.flash_attn if terms else None,
             type_k=_str_or(row.get("type_k"), "f16"), type_v=_str_or(row.get("type_v"), "f16"),
+            variant=case.variant if case is not None else _row_variant_or_none(row),
             measured_ts=measured, measured_stddev_ts=float(std) if _finite(std) else math.nan,
             n_samples=len(samples) if isinstance(samples, list) else None,
             predicted_ts=pred[0], predicted_stddev_ts=pred[1],
             rel_error=pred[0] / measured - 1.0 if _finite(pred[0]) else math.nan,
+            predicted_vram_mib=vram_mib if fit_note is None else math.nan,
+            predicted_staging_mib=staging_mib if fit_note is None else math.nan,
             note="; ".join(notes),
             # the held-out split (calibrate.llamacpp.split): a calibration may fit only "fit" rows
             split="fit" if _fit_label(row) else "heldout",
@@ -543,6 +580,13 @@ class _Sized:
 
     def __len__(self) -> int:
         return self._n
+
+
+def _row_variant_or_none(row) -> str | None:
+    try:
+        return row_variant(row)
+    except (ValueError, TypeError):
+        return None
 
 
 def _finite(v: Any) -> bool:

@@ -90,13 +90,11 @@ def read_ncu_raw(path: str | Path) -> pd.DataFrame:
     """An ``ncu --csv --page raw`` log (gzipped or plain) as ``kernel, ns`` rows in launch order:
     the ``==PROF==`` lines and the units row dropped, the kernel's short name from its
     signature, ``gpu__time_duration.sum`` in ns."""
-    import gzip
     import io
 
-    p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", errors="replace") as f:
-        text = "".join(ln for ln in f if not ln.startswith("=="))
+    from .logs import read_text
+
+    text = "".join(ln for ln in read_text(path).splitlines(keepends=True) if not ln.startswith("=="))
     x = pd.read_csv(io.StringIO(text), low_memory=False)
     ns = pd.to_numeric(x["gpu__time_duration.sum"].astype(str).str.replace(",", ""), errors="coerce")
     out = pd.DataFrame({"kernel": x["Kernel Name"].astype(str).str.extract(r"^(?:void )?([A-Za-z_0-9:]+)")[0], "ns": ns})

@@ -212,7 +212,9 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
     """The parameter combinations a llama-bench invocation runs, as ``{flag: value}`` dicts
     plus a ``test`` entry (``pp512``, ``tg128``; depth as ``@ d8192``), in no particular order.
     Flags without a value (``-v``) are ignored. Only the flags that set rows are expanded:
-    ``-p -n -d -ub -b -fa -ncmoe -ngl -lm -ot``.
+    ``-p -n -d -ub -b -fa -ncmoe -ngl -lm -ot``, and the prefetch patch's ``-pw -pwg -pes``
+    (being written, ``calibrate/llamacpp/patches.py``; llama-bench runs every combination of them, also
+    ``-pwg`` values with ``-pw 0``).
 
     Raises:
         ValueError: a flag that needs a value is last.
@@ -223,10 +225,11 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
     i = 0
     alias = {"--n-prompt": "-p", "--n-gen": "-n", "--n-depth": "-d", "--ubatch-size": "-ub", "--batch-size": "-b",
              "--flash-attn": "-fa", "--n-cpu-moe": "-ncmoe", "--n-gpu-layers": "-ngl", "--load-mode": "-lm",
-             "--override-tensor": "-ot"}
+             "--override-tensor": "-ot", "--prefetch-weights": "-pw", "--prefetch-gate": "-pwg",
+             "--prefetch-experts-slots": "-pes"}
     while i < len(args):
         a = alias.get(args[i], args[i])
-        if a in ("-p", "-n", "-d", "-ub", "-b", "-fa", "-ncmoe", "-ngl", "-lm", "-ot", "-t"):
+        if a in ("-p", "-n", "-d", "-ub", "-b", "-fa", "-ncmoe", "-ngl", "-lm", "-ot", "-t", "-pw", "-pwg", "-pes"):
             if i + 1 >= len(args):
                 raise ValueError(f"{a} needs a value")
             v = args[i + 1]
@@ -309,27 +312,14 @@ class VramSampler:
 
 def read_log(run_dir: str | Path, rel: str) -> str:
     """The text of a run folder's log ``rel`` (``logs/<id>.log``): the file, or its member of
-    ``logs.tar.gz`` (how a committed run keeps its logs).
+    ``logs.tar.gz`` (how a committed run keeps its logs); :func:`calibrate.llamacpp.logs.read_run_log`.
 
     Raises:
         FileNotFoundError: in neither place.
     """
-    import tarfile
+    from .logs import read_run_log
 
-    run_dir = Path(run_dir)
-    p = run_dir / rel
-    if p.is_file():
-        return p.read_text(errors="replace")
-    arc = run_dir / "logs.tar.gz"
-    if arc.is_file():
-        with tarfile.open(arc) as tf:
-            try:
-                fh = tf.extractfile(rel)
-            except KeyError:
-                fh = None
-            if fh is not None:
-                return fh.read().decode(errors="replace")
-    raise FileNotFoundError(f"{p} (nor in {arc})")
+    return read_run_log(run_dir, rel)
 
 
 def pack_logs(run_dir: str | Path) -> Path:

@@ -2,10 +2,14 @@
 --scenario SCENARIO --out DIR``.
 
 Every ``[[run]]`` of a grid spec (:mod:`calibrate.llamacpp.grid`) is one ``prefetch-sim run``
-of ``SCENARIO`` with the run's model TOML (``-m``) and its llama-bench arguments, baseline
-variant, written as llama-bench JSONL to ``DIR/<run id>.jsonl`` (the rows the grid will
-measure, in llama-bench's fields). Used for grids whose hardware is not lent yet, e.g. the
-two-GPU grid (``grids/h200x2.toml`` on ``scenarios/h200x2-qwen3-30b-a3b.toml``).
+of ``SCENARIO`` with the run's model TOML (``-m``) and its llama-bench arguments, written as
+llama-bench JSONL to ``DIR/<run id>.jsonl`` (the rows the grid will measure, in llama-bench's
+fields). The variants are the ones the run's prefetch-patch flags ask for (``-pw``, ``-pwg``,
+``-pes``: :func:`sim.benchflags.prefetch_flag_variants`, each row with its ``prefetch_*``
+fields and ``speedup_vs_baseline``), else the baseline only. Used for grids whose hardware is
+not lent yet, e.g. the two-GPU grid (``grids/h200x2.toml`` on
+``scenarios/h200x2-qwen3-30b-a3b.toml``), and for a prefetch grid before the patch is measured
+(``grids/h200-prefetch.toml``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from pathlib import Path
 
 from sim.errors import PrefetchSimError
 
+from sim.benchflags import PREFETCH_FLAGS
+
 from .grid import load_grid
+
+#: the prefetch patch's llama-bench options (a run with any of them names its own variants)
+PREFETCH_OPTIONS = frozenset(o for _, opts, *_ in PREFETCH_FLAGS for o in opts)
 
 
 def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, repetitions: int = 3) -> list[Path]:
@@ -40,8 +49,9 @@ def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, rep
         toml = Path(model.toml)
         if not toml.is_absolute() and not toml.is_file():
             toml = repo / model.toml
+        variants = [] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
         argv = ["run", str(scenario), "-m", str(toml), *run.args, "-r", str(repetitions), "-o", "jsonl",
-                "--variant", "baseline", "-q", "--out", str(path)]
+                *variants, "-q", "--out", str(path)]
         if cli.main(argv) != 0:
             raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above)")
         files.append(path)

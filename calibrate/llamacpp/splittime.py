@@ -24,7 +24,6 @@ Units: microseconds in the log; seconds and bytes/s in what this module returns.
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,11 +101,11 @@ def parse_split_time(text: str, name: str = "log") -> list[GraphRecord]:
 
 
 def read_log(path: str | Path) -> list[GraphRecord]:
-    """:func:`parse_split_time` of a (gzipped or plain) stderr log file."""
-    p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", errors="replace") as f:
-        return parse_split_time(f.read(), str(p))
+    """:func:`parse_split_time` of a (gzipped or plain) stderr log file
+    (:func:`calibrate.llamacpp.logs.read_text`)."""
+    from .logs import read_text
+
+    return parse_split_time(read_text(path), str(path))
 
 
 def graph_table(graphs: list[GraphRecord]) -> pd.DataFrame:

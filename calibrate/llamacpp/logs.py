@@ -1,0 +1,55 @@
+"""A run folder's log files, however they are kept: plain, gzipped (``.gz``), or members of the
+folder's ``logs.tar.gz`` (how a committed run keeps ``logs/``: :func:`calibrate.llamacpp.grid.pack_logs`).
+
+One reader for the harness's modules that read logs (:mod:`~calibrate.llamacpp.routing_check`,
+:mod:`~calibrate.llamacpp.splittime`, :mod:`~calibrate.llamacpp.fit`, :mod:`~calibrate.llamacpp.ab`).
+Text is decoded as UTF-8 with undecodable bytes replaced (a log is read for its tagged lines).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+#: the archive a committed run folder keeps its ``logs/`` in
+LOGS_ARCHIVE = "logs.tar.gz"
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a log file: gunzipped when its name ends in ``.gz``, else as it is.
+
+    Raises:
+        OSError: the file cannot be read (``FileNotFoundError`` when missing).
+    """
+    p = Path(path)
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt", errors="replace") as f:
+            return f.read()
+    return p.read_text(errors="replace")
+
+
+def read_run_log(run_dir: str | Path, rel: str) -> str:
+    """The text of a run folder's log ``rel`` (``logs/<id>.log``): the file (or its gzipped
+    ``rel.gz``), else its member of ``logs.tar.gz``.
+
+    Raises:
+        FileNotFoundError: in none of these places.
+    """
+    import tarfile
+
+    run_dir = Path(run_dir)
+    p = run_dir / rel
+    for cand in (p, p.with_name(p.name + ".gz")):
+        if cand.is_file():
+            return read_text(cand)
+    arc = run_dir / LOGS_ARCHIVE
+    if arc.is_file():
+        with tarfile.open(arc) as tf:
+            for name in (rel, f"./{rel}"):
+                try:
+                    fh = tf.extractfile(name)
+                except KeyError:
+                    continue
+                if fh is not None:
+                    return fh.read().decode(errors="replace")
+    raise FileNotFoundError(f"{p} (nor in {arc})")
