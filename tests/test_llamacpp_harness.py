@@ -221,24 +221,29 @@ def test_prefetch_grid_pairs_every_prefetch_row_with_a_baseline_in_its_own_run()
     """grids/h200-prefetch.toml: every run lists off and on in one invocation (one model load),
     so each prefetch row (-pw 1 or -pes > 0) has its baseline (-pw 0 -pes 0) in the same run."""
     spec = G.load_grid(REPO / "calibrate/llamacpp/grids/h200-prefetch.toml")
-    assert spec.repetitions == 5 and spec.perf == () and G.count_rows(spec) == 74
-    assert {m.key for m in spec.models} == {"qwen3-30b-a3b", "gemma3-27b", "gpt-oss-20b"}
+    assert spec.repetitions == 5 and spec.perf == () and G.count_rows(spec) == 40
+    assert {m.key for m in spec.models} == {"qwen3-30b-a3b", "gemma3-27b"}
     for m in spec.models:
         assert (REPO / m.toml).is_file()
+    # output identity on both models, ungated, and with slots on the MoE model
+    ident = {(r.model, v) for r in spec.runs if r.kind == "identity" for v in r.variants}
+    assert {("qwen3-30b-a3b", "-pw 1 -pwg 0"), ("qwen3-30b-a3b", "-pes 3"), ("gemma3-27b", "-pw 1 -pwg 0")} <= ident
     keys = ("-ngl", "-ncmoe", "-ub", "-b", "-fa", "-lm", "test")
-    for r in spec.runs:
-        assert r.kind == "bench" and {"-lm", "none", "-fa", "on", "-b", "2048"} <= set(r.args), r.id
+    bench = [r for r in spec.runs if r.kind == "bench"]
+    for r in bench:
+        assert {"-lm", "none", "-fa", "on", "-b", "2048"} <= set(r.args), r.id
         combos = G.expand(r.args)
         base = {tuple(c.get(k) for k in keys) for c in combos if c.get("-pw", "0") == "0" and c.get("-pes", "0") == "0"}
         pre = [c for c in combos if c.get("-pw", "0") == "1" or c.get("-pes", "0") != "0"]
         assert pre and all(tuple(c.get(k) for k in keys) in base for c in pre), r.id
-    tests = {(r.model, c["test"], c.get("-pw"), c.get("-pwg"), c.get("-pes"))
-             for r in spec.runs for c in G.expand(r.args)}
-    for t in ("pp64", "pp512", "pp2048"):  # ungated and gated prefetch at short and long prompts
-        assert ("qwen3-30b-a3b", t, "1", "0", None) in tests and ("qwen3-30b-a3b", t, "1", "512", None) in tests
-    assert {("qwen3-30b-a3b", "pp2048", None, None, n) for n in "234"} <= tests
-    assert ("qwen3-30b-a3b", "tg64", "1", "0", None) in tests and ("gemma3-27b", "tg32", "1", "0", None) in tests
-    assert ("gemma3-27b", "pp512", None, None, "2") in tests  # the dense control
+    tests = {(r.model, c["test"], c.get("-pw"), c.get("-pwg"), c.get("-pes")) for r in bench for c in G.expand(r.args)}
+    for t in ("pp64", "pp512", "pp2048"):  # ungated at short and long prompts
+        assert ("qwen3-30b-a3b", t, "1", "0", None) in tests
+    for t in ("pp64", "pp512"):  # the gate: below it and at it
+        assert ("qwen3-30b-a3b", t, "1", "512", None) in tests
+    assert {("qwen3-30b-a3b", "pp2048", None, None, n) for n in "123"} <= tests
+    assert ("qwen3-30b-a3b", "tg32", "1", "0", None) in tests  # decode: no effect expected
+    assert {("gemma3-27b", t, "1", "0", None) for t in ("pp512", "pp2048")} <= tests  # dense -ngl
 
 
 def test_expand_counts_the_prefetch_flags():

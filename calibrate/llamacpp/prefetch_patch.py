@@ -30,7 +30,10 @@ Correctness rules (where reviews of earlier implementations found bugs):
   so no fired copy or reading split is outstanding (the same on free and at scheduler free);
 * a slot holds each staged tensor at the buffer type's alloc size
   (``ggml_backend_buft_get_alloc_size``: CUDA pads quantised rows to 512 elements) and the
-  padding past ``ggml_nbytes`` is written with zeros on the copy stream (MMQ reads it);
+  padding past ``ggml_nbytes`` is written with zeros on the copy stream (MMQ reads it), copied
+  from a pinned zero buffer of the device's host buffer type: a copy from pageable memory makes
+  the host wait for the copy stream (CUDA stages pageable copies in stream order), which would
+  stall the host behind the weight copy it has just queued;
 * only contiguous weights of host buffers (``GGML_BACKEND_BUFFER_USAGE_WEIGHTS``,
   ``ggml_backend_buffer_is_host``) are staged, and not when a node of the split is a view of the
   split input (its address would not follow the slot);
@@ -85,9 +88,11 @@ struct psim_pf_dev {{
     ggml_context * ctx = nullptr;                  // holds slot_t
     std::vector<ggml_backend_event_t> ready, freed; // [n_slots]: copy done / last reader done
     long long ring = 0;                            // slots handed out so far
+    ggml_backend_buffer_t zeros = nullptr;         // pinned zeros: the source of the row padding
     bool disabled = false;
 }};
-static size_t psim_pf_total_bytes = 0;             // every scheduler's staging slots
+static size_t psim_pf_total_bytes = 0;
+#define PSIM_PF_ZEROS ((size_t) 1 << 20)           // bytes of pinned zeros (row padding is at most 512 elements)             // every scheduler's staging slots
 extern "C" {{
 GGML_API size_t psim_prefetch_staging_bytes(void);  // bytes of every scheduler's staging slots
 }}
@@ -129,6 +134,17 @@ static psim_pf_dev * psim_pf_get(ggml_backend_sched_t sched, int b) {{
         return nullptr;
     }}
     d->n_slots = sched->psim_pf_weights ? std::max(2, sched->psim_pf_slots) : sched->psim_pf_slots;
+    ggml_backend_buffer_type_t host_buft = ggml_backend_dev_host_buffer_type(dev);
+    d->zeros = host_buft ? ggml_backend_buft_alloc_buffer(host_buft, PSIM_PF_ZEROS) : nullptr;
+    if (d->zeros == nullptr || !ggml_backend_buffer_is_host(d->zeros)) {{
+        GGML_LOG_WARN("prefetch-sim prefetch: %s has no pinned host buffer: prefetch off there\\n", ggml_backend_name(sched->backends[b]));
+        if (d->zeros) {{ ggml_backend_buffer_free(d->zeros); d->zeros = nullptr; }}
+        ggml_backend_free(d->copy);
+        d->copy = nullptr;
+        d->disabled = true;
+        return nullptr;
+    }}
+    ggml_backend_buffer_clear(d->zeros, 0);
     for (int s = 0; s < d->n_slots; s++) {{
         d->ready.push_back(ggml_backend_event_new(dev));
         d->freed.push_back(ggml_backend_event_new(dev));
@@ -222,15 +238,18 @@ static size_t psim_pf_mark(ggml_backend_sched_t sched, int split_id, std::vector
         if (!sched->psim_pf_weights && !(expert && (fires || sizing))) {{
             continue;  // expert-slot mode: only expert tensors of a MUL_MAT_ID that fires
         }}
+        const size_t sz = ggml_backend_buft_get_alloc_size(buft, input);
+        if (sz - ggml_nbytes(input) > PSIM_PF_ZEROS) {{
+            continue;  // padding larger than the pinned zeros: upstream's copy
+        }}
         off[i] = used;
-        used += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, input), align);
+        used += GGML_PAD(sz, align);
     }}
     return used;
 }}
 
 {MARK}: copy split `split_id`'s staged inputs into the next slot of its device, on the copy stream
 static void psim_pf_fire(ggml_backend_sched_t sched, int split_id, const std::vector<size_t> & off, std::vector<int> & slot_of) {{
-    static std::vector<uint8_t> zeros;
     ggml_backend_sched_split * split = &sched->splits[split_id];
     psim_pf_dev * d = sched->psim_pf[split->backend_id];
     const int slot = (int) (d->ring++ % d->n_slots);
@@ -247,8 +266,9 @@ static void psim_pf_fire(ggml_backend_sched_t sched, int split_id, const std::ve
         GGML_ASSERT(off[i] + sz <= d->slot_size);
         ggml_backend_tensor_set_async(d->copy, d->slot_t[slot], input->data, off[i], nb);
         if (sz > nb) {{
-            if (zeros.size() < sz - nb) {{ zeros.assign(sz - nb, 0); }}
-            ggml_backend_tensor_set_async(d->copy, d->slot_t[slot], zeros.data(), off[i] + nb, sz - nb);  // row padding: zeros
+            GGML_ASSERT(sz - nb <= PSIM_PF_ZEROS);  // checked when the input was marked
+            ggml_backend_tensor_set_async(d->copy, d->slot_t[slot], ggml_backend_buffer_get_base(d->zeros), off[i] + nb,
+                                          sz - nb);  // row padding: zeros, from pinned memory (no host stall)
         }}
     }}
     ggml_backend_event_record(d->ready[slot], d->copy);
@@ -356,6 +376,7 @@ static void psim_pf_fire(ggml_backend_sched_t sched, int split_id, const std::ve
             psim_pf_release_slots(nullptr, d);
             for (auto * e : d->ready) {{ ggml_backend_event_free(e); }}
             for (auto * e : d->freed) {{ ggml_backend_event_free(e); }}
+            if (d->zeros) {{ ggml_backend_buffer_free(d->zeros); }}
             ggml_backend_free(d->copy);
         }}
         delete d;
