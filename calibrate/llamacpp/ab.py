@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.errors import PrefetchSimError, ScenarioError
+from sim.errors import ScenarioError
 from sim.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
 from sim.specs import HardwareProfile, load_hardware
 
@@ -668,72 +668,37 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.ab",
                                  description="Prefetch A/B: measured vs predicted gain of the prefetch patch's "
                                              "llama-bench rows over their baseline rows; prints a summary as markdown.")
-    ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
-    ap.add_argument("--hardware", default=cmp.DEFAULT_HARDWARE,
-                    help=f"hardware profile (default {cmp.DEFAULT_HARDWARE})")
-    ap.add_argument("--engine", choices=("analytic", "des"), default="analytic")
-    ap.add_argument("--repetitions", type=int, default=3, help="routing draws per row (default 3)")
-    ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
+    cmp.add_common_args(ap, out_help="write one row per pair", figure_help="write the predicted-vs-measured gain scatter",
+                        summary_help="write the report (markdown)")
     ap.add_argument("--uncertainty", choices=("sem", "sd"), default="sem",
                     help="a row's spread in the gain's sigma: standard error of its mean (default) or its "
                          "repetitions' standard deviation")
     ap.add_argument("--min-effect", type=float, default=MIN_EFFECT_PTS, metavar="PTS",
                     help=f"floor of the no-effect band, percentage points (default {MIN_EFFECT_PTS})")
-    ap.add_argument("--out", metavar="CSV", help="write one row per pair")
-    ap.add_argument("--figure", metavar="PNG", help="write the predicted-vs-measured gain scatter")
-    ap.add_argument("--summary", metavar="MD", help="write the report (markdown)")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message on a bad input)."""
-    from sim.atomic import check_output_path, write_atomic
-
     args = build_parser().parse_args(argv)
     prog = "ab"
-    try:
-        if args.repetitions < 1:
-            raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
-        if args.jobs is not None and args.jobs < 1:
-            raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+
+    def body() -> int:
+        progress = cmp.check_common_args(args)
         if not (math.isfinite(args.min_effect) and args.min_effect >= 0):
             raise ScenarioError(f"must be a number >= 0, got {args.min_effect}", field="--min-effect")
-        for flag in ("out", "figure", "summary"):
-            if getattr(args, flag):
-                check_output_path(getattr(args, flag), f"--{flag}")
-        progress = None
-        if not args.quiet:
-            from tqdm import tqdm
-
-            progress = lambda it: tqdm(it, desc="simulating", unit="scenario", file=sys.stderr)  # noqa: E731
         df = ab(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                 progress=progress, uncertainty=args.uncertainty, min_effect_pts=args.min_effect)
         title = (f"Prefetch A/B: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.engine} engine, "
                  f"{args.repetitions} routing draws per MoE row): {len(df)} prefetch rows of {df.attrs['n_rows']}")
-        md = summary_markdown(df, title=title)
-        if args.out:
-            write_atomic(args.out, df.to_csv(index=False))
-        if args.summary:
-            write_atomic(args.summary, md)
-        if args.figure:
-            try:
-                plot_ab(df, args.figure)
-            except ValueError as exc:
-                print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
-        sys.stdout.write(md)
+        cmp.write_outputs(args, prog, df, summary_markdown(df, title=title), plot_ab)
         ident = df.attrs.get("identity")
         if ident is not None and len(ident) and not ident.ok.all():
             print(f"{prog}: warning: {int((~ident.ok).sum())} of {len(ident)} output-identity checks FAILED "
                   f"({IDENTITY_FILE})", file=sys.stderr)
         return 0
-    except PrefetchSimError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
-        print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+
+    return cmp.run_cli(prog, body)
 
 
 if __name__ == "__main__":

@@ -722,57 +722,96 @@ def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.compare",
-                                 description="Predicted (simulator) vs measured (llama-bench) t/s of a run "
-                                             "folder; prints an error summary as markdown.")
+def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: str, summary_help: str) -> None:
+    """The arguments ``compare`` and ``ab`` share: the run folder, the profile, the engine, routing
+    draws, jobs, the three outputs and ``-q``."""
     ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
     ap.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
     ap.add_argument("--engine", choices=("analytic", "des"), default="analytic")
     ap.add_argument("--repetitions", type=int, default=3, help="routing draws per row (default 3)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
-    ap.add_argument("--out", metavar="CSV", help="write one row per measured row")
-    ap.add_argument("--figure", metavar="PNG", help="write the predicted-vs-measured scatter")
-    ap.add_argument("--summary", metavar="MD", help="write the summary table (markdown)")
+    ap.add_argument("--out", metavar="CSV", help=out_help)
+    ap.add_argument("--figure", metavar="PNG", help=figure_help)
+    ap.add_argument("--summary", metavar="MD", help=summary_help)
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def check_common_args(args: argparse.Namespace):
+    """Check :func:`add_common_args`' values before any work; returns the progress wrapper (None
+    with ``-q``).
+
+    Raises:
+        ScenarioError: ``--repetitions`` or ``--jobs`` below 1, an output path that cannot be
+            written (naming the flag).
+    """
+    from sim.atomic import check_output_path
+
+    if args.repetitions < 1:
+        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
+    if args.jobs is not None and args.jobs < 1:
+        raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+    for flag in ("out", "figure", "summary"):
+        if getattr(args, flag):
+            check_output_path(getattr(args, flag), f"--{flag}")
+    if args.quiet:
+        return None
+    from tqdm import tqdm
+
+    return lambda it: tqdm(it, desc="simulating", unit="scenario", file=sys.stderr)
+
+
+def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot) -> None:
+    """Write ``--out`` (the table), ``--summary`` (``md``) and ``--figure`` (``plot(df, path)``; a
+    figure that cannot be drawn is a warning), then print ``md``."""
+    from sim.atomic import write_atomic
+
+    if args.out:
+        write_atomic(args.out, df.to_csv(index=False))
+    if args.summary:
+        write_atomic(args.summary, md)
+    if args.figure:
+        try:
+            plot(df, args.figure)
+        except ValueError as exc:
+            print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
+    sys.stdout.write(md)
+
+
+def run_cli(prog: str, body) -> int:
+    """Run ``body()`` (returns the exit status); a bad input or an unwritable output is one line
+    on stderr and exit status 2."""
+    try:
+        return body()
+    except PrefetchSimError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.compare",
+                                 description="Predicted (simulator) vs measured (llama-bench) t/s of a run "
+                                             "folder; prints an error summary as markdown.")
+    add_common_args(ap, out_help="write one row per measured row", figure_help="write the predicted-vs-measured scatter",
+                    summary_help="write the summary table (markdown)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message on a bad input)."""
-    from sim.atomic import check_output_path, write_atomic
-
     args = build_parser().parse_args(argv)
     prog = "compare"
-    try:
-        if args.repetitions < 1:
-            raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
-        if args.jobs is not None and args.jobs < 1:
-            raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
-        for flag in ("out", "figure", "summary"):
-            if getattr(args, flag):
-                check_output_path(getattr(args, flag), f"--{flag}")
-        progress = None
-        if not args.quiet:
-            from tqdm import tqdm
 
-            progress = lambda it: tqdm(it, desc="simulating", unit="scenario", file=sys.stderr)  # noqa: E731
+    def body() -> int:
+        progress = check_common_args(args)
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress)
-        summ = summarize(df)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
-        md = summary_markdown(summ, title)
-        if args.out:
-            write_atomic(args.out, df.to_csv(index=False))
-        if args.summary:
-            write_atomic(args.summary, md)
-        if args.figure:
-            try:
-                plot_compare(df, args.figure)
-            except ValueError as exc:
-                print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
-        sys.stdout.write(md)
+        write_outputs(args, prog, df, summary_markdown(summarize(df), title), plot_compare)
         n_bad = int(df.predicted_ts.isna().sum())
         if n_bad:
             bad = df[df.predicted_ts.isna()]
@@ -782,13 +821,8 @@ def main(argv: list[str] | None = None) -> int:
             where = f" (the note column of {args.out})" if args.out else " (--out CSV: a note per row)"
             print(f"{prog}: {n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)
         return 0
-    except PrefetchSimError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
-        print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+
+    return run_cli(prog, body)
 
 
 if __name__ == "__main__":
