@@ -705,3 +705,36 @@ def test_parse_split_time_lines_and_their_errors():
     assert kv_store_splits(gs).empty
     with pytest.raises(ValueError, match=r"log:1: malformed split-time line"):
         parse_split_time("prefetch-sim split-time: graph=1 ne1=2 splits=0:CPU:0")
+
+
+def test_mapped_h2d_probe_copies_from_a_file_mapping_and_cleans_up(tmp_path, monkeypatch):
+    """The mapped probe with a stand-in for CuPy: every copy reads the mapping's bytes at its
+    offset into the device buffer, one record per size, the temporary file removed."""
+    import tempfile
+    import types
+
+    import numpy as np
+
+    from calibrate.llamacpp import h2d_probe
+
+    copies = []
+
+    class Buf:
+        def __init__(self, n):
+            self.a = np.zeros(n, dtype=np.uint8)
+            self.data = types.SimpleNamespace(ptr=self.a.ctypes.data)
+
+    def memcpy(dst, src, n, kind):
+        import ctypes
+        ctypes.memmove(dst, src, n)
+        copies.append((n, kind))
+
+    fake = types.SimpleNamespace(
+        uint8=np.uint8, empty=lambda n, dtype=None: Buf(n),
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None),
+                                   runtime=types.SimpleNamespace(memcpy=memcpy, memcpyHostToDevice=1)))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    recs = h2d_probe.measure_mapped(fake, [4096, 3 * 4096], reps=3)
+    assert [(r["memory"], r["nbytes"], r["n"]) for r in recs] == [("mapped", 4096, 3), ("mapped", 3 * 4096, 3)]
+    assert all(r["gb_per_s"] > 0 for r in recs) and len(copies) == 6 and {k for _, k in copies} == {1}
+    assert not list(tmp_path.glob("psim-mapped-*"))
