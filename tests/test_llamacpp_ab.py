@@ -35,11 +35,13 @@ TINY_INV = {"model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf
 
 def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, ts: float = 50000.0,
         sd: float = 500.0, **over) -> dict:
-    """The tiny row with the patch's fields (None: left out, as upstream prints it) and t/s."""
+    """The tiny row with the patch's fields and t/s: all three left out (as upstream prints it)
+    when none is given, else the given ones and the patch's defaults for the others (as the
+    patched llama-bench prints every one)."""
     r = {k: v for k, v in TINY.items() if not k.startswith("samples")}
-    for k, v in (("prefetch_weights", pw), ("prefetch_gate", pwg), ("prefetch_expert_slots", pes)):
-        if v is not None:
-            r[k] = v
+    if (pw, pwg, pes) != (None, None, None):
+        r.update(prefetch_weights=0 if pw is None else pw, prefetch_gate=512 if pwg is None else pwg,
+                 prefetch_expert_slots=0 if pes is None else pes)
     r.update(avg_ts=ts, stddev_ts=sd, avg_ns=int(64e9 / ts), samples_ns=[int(64e9 / ts)] * 5,
              samples_ts=[ts] * 5)
     r.update(over)
@@ -288,6 +290,32 @@ def test_cli_writes_csv_summary_and_figure(tmp_path, capsys):
     df = pd.read_csv(out)
     assert list(df.columns) == list(AB.COLUMNS) and len(df) == 1 and df.measured_gain_pct[0] == pytest.approx(20.0)
     assert md.read_text() == cap.out and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_partial_set_of_the_patch_fields_is_refused(tmp_path):
+    r = row(pw=1, pwg=0)
+    del r["prefetch_expert_slots"]
+    run = make_run(tmp_path, [({"id": "a"}, [row(pw=0, pwg=0), r])])
+    with pytest.raises(ScenarioError) as ei:
+        AB.ab(run, HW, repetitions=1, jobs=1)
+    assert ei.value.field == "prefetch_expert_slots, line 2"
+
+
+def test_a_fifo_or_a_broken_log_archive_is_one_line(tmp_path, capsys):
+    import os
+
+    run = make_run(tmp_path, [({"id": "a"}, [row(pw=0, pwg=0), row(pw=1, pwg=0)])])
+    (run / "logs.tar.gz").write_bytes(b"junk")
+    assert AB.main([str(run), "-q", "--jobs", "1", "--repetitions", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "logs.tar.gz" in err and "cannot read the packed logs" in err
+    (run / "logs.tar.gz").unlink()
+    (run / "llama-bench.jsonl").unlink()
+    os.mkfifo(run / "llama-bench.jsonl")
+    assert AB.main([str(run), "-q"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert AB.main([str(tmp_path / "run"), "-q", "--repetitions", "5000"]) == 2
+    assert "--repetitions" in capsys.readouterr().err
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

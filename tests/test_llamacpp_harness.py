@@ -271,6 +271,11 @@ def _write_grid(tmp_path: Path, body: str) -> Path:
     ('[[run]]\nid = "a"\nmodel = "x"\nargs = "-p 1"\n', "run[0].model"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-m other.gguf -p 1"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p \'1"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-pw 2"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-ub abc"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "--frobnicate 3"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 128-2048*1 -n 0"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 512 stray"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\nkind = "timing"\n', "run[0].kind"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\ncolour = 1\n', "run[0].colour"),
 ])

@@ -65,9 +65,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.errors import ScenarioError
+from sim.bounds import check_text_input
+from sim.errors import PrefetchSimError, ScenarioError
 from sim.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
-from sim.specs import HardwareProfile, load_hardware
+from sim.specs import HardwareProfile, load_hardware, load_model
 
 from . import compare as cmp
 from .logs import read_run_log
@@ -88,7 +89,8 @@ CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.name not in _
 
 #: columns of :func:`ab`'s result, in order
 COLUMNS = (
-    "line", "baseline_line", "invocation", "baseline_invocation", "model", "variant", "prefetch_flags", "kind", "test",
+    "line", "baseline_line", "invocation", "baseline_invocation", "model", "model_kind", "variant", "prefetch_flags",
+    "kind", "test",
     "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "prefetch_weights", "prefetch_gate", "prefetch_expert_slots",
     "baseline_ts", "baseline_stddev_ts", "prefetch_ts", "prefetch_stddev_ts",
     "measured_gain_pct", "measured_gain_sigma_pts", "measured_effect",
@@ -402,9 +404,33 @@ def _flags(pw: int, pwg: int, pes: int) -> str:
     return f"-pw {pw} -pwg {pwg} -pes {pes}"
 
 
+def check_patch_fields(bench: pd.DataFrame, file: Path) -> None:
+    """A row has all three of the patch's fields (:data:`sim.llamabench.PATCH_FIELDS`) or none (an
+    upstream llama-bench's row): the patched llama-bench prints every one, so a partial set is a
+    damaged or hand-made row, not one to fill with defaults.
+
+    Raises:
+        ScenarioError: naming the first missing field and the row's line.
+    """
+    cols = [f for f in PATCH_FIELDS if f in bench.columns]
+    if not cols:
+        return
+    have = bench[cols].notna()
+    for f in PATCH_FIELDS:
+        if f not in have:
+            have[f] = False
+    partial = have.any(axis=1) & ~have[list(PATCH_FIELDS)].all(axis=1)
+    if partial.any():
+        line = partial[partial].index[0]
+        missing = [f for f in PATCH_FIELDS if not have.loc[line, f]]
+        raise ScenarioError(f"has {', '.join(f for f in PATCH_FIELDS if f not in missing)} but not {missing[0]}: the "
+                            "patched llama-bench prints all three prefetch fields", file=file,
+                            field=f"{missing[0]}, line {line}")
+
+
 def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT_HARDWARE, engine: str = "analytic",
        *, repetitions: int = 3, jobs: int | None = None, progress: Callable[[Iterable], Iterable] | None = None,
-       uncertainty: str = "sem", min_effect_pts: float = MIN_EFFECT_PTS) -> pd.DataFrame:
+       uncertainty: str = "sem", min_effect_pts: float = MIN_EFFECT_PTS, max_work: int | None = None) -> pd.DataFrame:
     """Measured against predicted gain of every prefetch row of a run folder (module docstring).
 
     Args:
@@ -442,7 +468,9 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     if not run.is_dir():
         raise ScenarioError("run folder not found", file=run)
     bench_file = run / cmp.BENCH_FILE
+    check_text_input(bench_file)  # a FIFO or a device would hang the read
     bench = read_llama_bench(bench_file)
+    check_patch_fields(bench, bench_file)
     invs = cmp.read_invocations(run / cmp.INVOCATIONS_FILE)
     owners = cmp._attribute(bench, invs)
     pairs = pair_rows(bench, owners)
@@ -452,10 +480,24 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     ident = read_identity(run / IDENTITY_FILE)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(cmp.resolve(hardware))
     wanted = sorted({ln for p in pairs for ln in p if ln is not None})
-    pred = cmp.compare(run, hw, engine, repetitions=repetitions, jobs=jobs, progress=progress, lines=wanted)
+    pred = cmp.compare(run, hw, engine, repetitions=repetitions, jobs=jobs, progress=progress, lines=wanted,
+                       max_work=max_work)
     pred = pred.set_index("line")
     vram = vram_by_line(run, bench, owners)
     inv_id = {line: invocation_label(inv) for line, inv in zip(bench.index, owners)}
+
+    kind_of: dict[str, str] = {}
+
+    def model_kind(toml) -> str | None:
+        """``moe`` or ``dense`` from the row's model TOML (None when it cannot be read)."""
+        if not isinstance(toml, str) or not toml:
+            return None
+        if toml not in kind_of:
+            try:
+                kind_of[toml] = "moe" if load_model(cmp.resolve(toml)).moe is not None else "dense"
+            except (PrefetchSimError, OSError):
+                kind_of[toml] = None
+        return kind_of[toml]
 
     rows = []
     for line, bline in pairs:
@@ -490,7 +532,7 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
         rows.append(dict(
             line=line, baseline_line=bline, invocation=inv_id.get(line),
             baseline_invocation=inv_id.get(bline) if bline is not None else None,
-            model=Path(str(row["model_filename"])).stem,
+            model=Path(str(row["model_filename"])).stem, model_kind=model_kind(on.get("model_toml")),
             variant=on["variant"] if isinstance(on["variant"], str) else None, prefetch_flags=_flags(pw, pwg, pes),
             kind=on["kind"], test=on["test"], n_ubatch=int(on["n_ubatch"]), n_batch=int(on["n_batch"]),
             ngl=int(on["ngl"]), n_cpu_moe=int(on["n_cpu_moe"]), prefetch_weights=pw, prefetch_gate=pwg,
@@ -559,6 +601,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     groups += [(f"variant: {v}", df[lab == v]) for v in order]
     kinds = [k for k in ("pp", "tg", "pp+tg") if (df.kind == k).any()]
     groups += [(f"kind: {k}", df[df.kind == k]) for k in kinds]
+    if "model_kind" in df and df.model_kind.nunique() > 1:
+        groups += [(f"model: {'MoE' if mk == 'moe' else mk}", df[df.model_kind == mk])
+                   for mk in ("moe", "dense") if (df.model_kind == mk).any()]
     if len(order) > 1 or len(kinds) > 1:
         groups += [(f"{v} {k}", df[(lab == v) & (df.kind == k)]) for v in order for k in kinds
                    if ((lab == v) & (df.kind == k)).any()]
@@ -583,8 +628,8 @@ def summary_markdown(df: pd.DataFrame, summary: pd.DataFrame | None = None, titl
     counts of unpaired and unsimulated prefetch rows."""
     summary = summarize(df) if summary is None else summary
 
-    def num(x: float, fmt: str) -> str:
-        return "" if not _finite(x) else format(x, fmt)
+    def num(x: float, fmt: str, unit: str = "") -> str:
+        return "" if not _finite(x) else format(x, fmt) + unit
 
     lines = [title, ""] if title else []
     lines += [identity_markdown(df.attrs.get("identity")).rstrip("\n"), ""]
@@ -592,11 +637,11 @@ def summary_markdown(df: pd.DataFrame, summary: pd.DataFrame | None = None, titl
               "median measured gain | median predicted gain |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in summary.itertuples(index=False):
-        agree = f"{r.n_sign_agree} ({num(r.sign_agree_pct, '.0f')}%)" if r.n_predicted else ""
+        agree = f"{r.n_sign_agree} ({num(r.sign_agree_pct, '.0f', '%')})" if r.n_predicted else ""
         lines.append(f"| {r.group} | {r.n_pairs} | {r.n_predicted} | {agree} | "
-                     f"{num(r.median_abs_gain_error_pts, '.1f')} pts | "
-                     f"{num(r.median_abs_prefetch_ts_error_pct, '.1f')}% | "
-                     f"{num(r.median_measured_gain_pct, '+.1f')}% | {num(r.median_predicted_gain_pct, '+.1f')}% |")
+                     f"{num(r.median_abs_gain_error_pts, '.1f', ' pts')} | "
+                     f"{num(r.median_abs_prefetch_ts_error_pct, '.1f', '%')} | "
+                     f"{num(r.median_measured_gain_pct, '+.1f', '%')} | {num(r.median_predicted_gain_pct, '+.1f', '%')} |")
     me = df.attrs.get("min_effect_pts", MIN_EFFECT_PTS)
     unc = "standard error of each row's mean" if df.attrs.get("uncertainty", "sem") == "sem" else \
         "each row's repetition standard deviation"
@@ -688,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.min_effect) and args.min_effect >= 0):
             raise ScenarioError(f"must be a number >= 0, got {args.min_effect}", field="--min-effect")
         df = ab(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
-                progress=progress, uncertainty=args.uncertainty, min_effect_pts=args.min_effect)
+                progress=progress, uncertainty=args.uncertainty, min_effect_pts=args.min_effect, max_work=args.max_work)
         title = (f"Prefetch A/B: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.engine} engine, "
                  f"{args.repetitions} routing draws per MoE row): {len(df)} prefetch rows of {df.attrs['n_rows']}")
         cmp.write_outputs(args, prog, df, summary_markdown(df, title=title), plot_ab)

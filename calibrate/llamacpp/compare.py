@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
 from sim.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
@@ -109,6 +110,8 @@ def read_invocations(path: str | Path) -> list[dict]:
             file, a malformed line, a missing or mistyped key, no invocation.
     """
     p = Path(path)
+    if p.exists():
+        check_text_input(p)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -386,6 +389,7 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     if not run.is_dir():
         raise ScenarioError("run folder not found", file=run)
     bench_file, inv_file = run / BENCH_FILE, run / INVOCATIONS_FILE
+    check_text_input(bench_file)  # a regular file of bounded size: a FIFO or a device would hang the read
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
     refs = model_map(invs, run, inv_file)
@@ -447,7 +451,7 @@ def _fit(scn: Scenario) -> tuple[str | None, float, float]:
 def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAULT_HARDWARE,
             engine: str = "analytic", *, repetitions: int = 3, jobs: int | None = None,
             progress: Callable[[Iterable], Iterable] | None = None,
-            lines: Collection[int] | None = None) -> pd.DataFrame:
+            lines: Collection[int] | None = None, max_work: int | None = None) -> pd.DataFrame:
     """Predicted vs measured t/s of every row of a run folder (see the module docstring).
 
     Args:
@@ -462,6 +466,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         progress: wraps the iterable of pending predictions (e.g. ``tqdm``).
         lines: only the rows of these ``llama-bench.jsonl`` lines are predicted and returned
             (default: every row); e.g. :mod:`calibrate.llamacpp.ab`'s pairs.
+        max_work: refuse (ScenarioError) when the predictions would build more graph-layers
+            than this (:func:`sim.bounds.check_work`; default :data:`sim.bounds.WORK_MAX`).
 
     Returns:
         One row per measured row, in file order, with :data:`COLUMNS`: ``line`` (in
@@ -503,6 +509,9 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         if c is not None and c.scenario is not None and f is None:
             todo.setdefault(_case_key(c), c)
     order = sorted(todo, key=lambda k: -_cost(todo[k]))
+    from sim.bounds import check_work
+
+    check_work(int(sum(_cost(todo[k]) for k in order)), max_work)  # before any work: a clear refusal, not hours
     results: dict[tuple, tuple] = {}
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(order)))
     if jobs == 1:
@@ -734,6 +743,9 @@ def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: 
     ap.add_argument("--figure", metavar="PNG", help=figure_help)
     ap.add_argument("--summary", metavar="MD", help=summary_help)
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
+                    help="refuse a comparison that would build more than N graph-layers (default as prefetch-sim "
+                         "run's --max-work; the shipped run folders need about 3e5 at --repetitions 3)")
 
 
 def check_common_args(args: argparse.Namespace):
@@ -745,9 +757,10 @@ def check_common_args(args: argparse.Namespace):
             written (naming the flag).
     """
     from sim.atomic import check_output_path
+    from sim.bounds import REPETITIONS_MAX
 
-    if args.repetitions < 1:
-        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="--repetitions")
+    if not 1 <= args.repetitions <= REPETITIONS_MAX:
+        raise ScenarioError(f"must be 1 to {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
     for flag in ("out", "figure", "summary"):
@@ -808,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         progress = check_common_args(args)
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
-                     progress=progress)
+                     progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
         write_outputs(args, prog, df, summary_markdown(summarize(df), title), plot_compare)
@@ -816,7 +829,9 @@ def main(argv: list[str] | None = None) -> int:
         if n_bad:
             bad = df[df.predicted_ts.isna()]
             for _, r in bad.head(5).iterrows():
-                print(f"{prog}: line {r['line']} ({r['test']}) not simulated: {r['note']}", file=sys.stderr)
+                note = str(r["note"])
+                print(f"{prog}: line {r['line']} ({r['test']}) "
+                      + (note if note.startswith("not simulated") else f"not simulated: {note}"), file=sys.stderr)
             more = f"; {n_bad - 5} more" if n_bad > 5 else ""
             where = f" (the note column of {args.out})" if args.out else " (--out CSV: a note per row)"
             print(f"{prog}: {n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)

@@ -22,6 +22,7 @@ that fails or times out is recorded with its exit code and log and the grid goes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -29,7 +30,7 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ScenarioError
@@ -164,6 +165,11 @@ def load_grid(path: str | Path) -> GridSpec:
             raise rf.error("env", "expected a table of strings")
         kind = rf.str("kind", "bench", choices=("bench", "routing", "identity"))
         variants: tuple[str, ...] = ()
+        if kind != "identity":
+            try:
+                check_bench_args(args)
+            except ValueError as exc:
+                raise rf.error("args", str(exc)) from None
         if kind == "identity":
             from .identity import check_args, variant_env
 
@@ -198,6 +204,35 @@ def load_grid(path: str | Path) -> GridSpec:
 # --------------------------------------------------------------------------------------
 
 
+class _Refuse(argparse.ArgumentParser):
+    """An argument parser that raises ValueError instead of exiting."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise ValueError(message)
+
+
+def check_bench_args(args: tuple[str, ...]) -> None:
+    """Check a run's llama-bench flags as ``prefetch-sim run`` parses them (llama-bench's flags,
+    lists and ranges, the prefetch patch's ``-pw 0|1 -pwg N -pes N``, its harness flags), so a
+    grid that llama-bench would refuse is refused here, before a lease.
+
+    Raises:
+        ValueError: an unknown flag, a bad value (naming the flag), a stray word.
+    """
+    from sim.benchflags import add_bench_flags
+
+    ap = _Refuse(add_help=False, prog="llama-bench")
+    add_bench_flags(ap)
+    ns, rest = ap.parse_known_args(list(args))
+    if rest:
+        raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
+    if ns.scenario is not None:
+        raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
+    for flag in ns.prefetch_weights or []:
+        if any(v not in (0, 1) for v in flag):
+            raise ValueError(f"-pw is 0 or 1, got {','.join(map(str, flag))}")
+
+
 def _values(text: str) -> list[str]:
     """A llama-bench comma list with ``a-b*m`` / ``a-b+s`` ranges expanded (ints), else the items."""
     from sim.cli import _int_list
@@ -213,7 +248,7 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
     plus a ``test`` entry (``pp512``, ``tg128``; depth as ``@ d8192``), in no particular order.
     Flags without a value (``-v``) are ignored. Only the flags that set rows are expanded:
     ``-p -n -d -ub -b -fa -ncmoe -ngl -lm -ot``, and the prefetch patch's ``-pw -pwg -pes``
-    (being written, ``calibrate/llamacpp/patches.py``; llama-bench runs every combination of them, also
+    (:mod:`calibrate.llamacpp.prefetch_patch`; llama-bench runs every combination of them, also
     ``-pwg`` values with ``-pw 0``).
 
     Raises:

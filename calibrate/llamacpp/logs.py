@@ -9,7 +9,10 @@ Text is decoded as UTF-8 with undecodable bytes replaced (a log is read for its 
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
+
+from sim.errors import ScenarioError
 
 #: the archive a committed run folder keeps its ``logs/`` in
 LOGS_ARCHIVE = "logs.tar.gz"
@@ -34,6 +37,7 @@ def read_run_log(run_dir: str | Path, rel: str) -> str:
 
     Raises:
         FileNotFoundError: in none of these places.
+        ScenarioError: ``logs.tar.gz`` is there but not a readable archive (naming it).
     """
     import tarfile
 
@@ -44,12 +48,16 @@ def read_run_log(run_dir: str | Path, rel: str) -> str:
             return read_text(cand)
     arc = run_dir / LOGS_ARCHIVE
     if arc.is_file():
-        with tarfile.open(arc) as tf:
-            for name in (rel, f"./{rel}"):
-                try:
-                    fh = tf.extractfile(name)
-                except KeyError:
-                    continue
-                if fh is not None:
-                    return fh.read().decode(errors="replace")
+        try:
+            with tarfile.open(arc) as tf:
+                for name in (rel, f"./{rel}"):
+                    try:
+                        fh = tf.extractfile(name)
+                    except KeyError:
+                        continue
+                    if fh is not None:
+                        return fh.read().decode(errors="replace")
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            why = " ".join(str(exc).split())
+            raise ScenarioError(f"cannot read the packed logs ({exc.__class__.__name__}: {why})", file=arc) from None
     raise FileNotFoundError(f"{p} (nor in {arc})")
