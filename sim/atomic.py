@@ -52,19 +52,25 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return target
 
 
-def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False) -> Path:
+def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False,
+                      suffix: str | None = None) -> Path:
     """Fail early (before any simulation) on an output path that cannot be written. Creates
-    nothing.
+    nothing. ``suffix`` (``".png"``): the only file name ending the output may have (a figure
+    written as PNG under another name would mislead).
 
     Raises:
         ScenarioError: naming ``flag``: the path is a folder (for a file output), a file (for a
-            folder output), or its folder cannot be created or written.
+            folder output), its folder cannot be created or written, or it does not end in
+            ``suffix``.
     """
     from .errors import ScenarioError
 
     p = Path(path)
     if str(path) == "":
         raise ScenarioError("empty path", field=flag)
+    if suffix is not None and p.suffix.lower() != suffix.lower():
+        raise ScenarioError(f"'{p}' does not end in {suffix} (the file is written as {suffix.lstrip('.').upper()})",
+                            field=flag)
     if not directory and p.is_dir():
         raise ScenarioError(f"'{p}' is a folder; give a file name", field=flag)
     if directory and p.exists() and not p.is_dir():

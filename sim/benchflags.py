@@ -17,7 +17,9 @@ not copied. As there:
 * ``-ot`` takes rules ``pattern=BUFFER`` separated by ``;`` within one set and sets separated by
   ``,``: each set is its own test (``-ot 'exps=CPU;attn=CPU,ffn=CPU'`` is two). llama-cli's
   ``-ot`` separates rules by ``,``; ``--override-tensor-cli`` takes that syntax (all its rules,
-  however many times it is given, form one set). Buffers: ``CPU``, ``CUDA<i>`` / ``ROCm<i>``
+  however many times it is given, form one set). As in llama-bench, an empty item of the comma
+  list (``-ot ''``, a trailing ``,``) is a set without overrides, and a set is read up to its
+  first empty rule (:func:`_ot_sets`). Buffers: ``CPU``, ``CUDA<i>`` / ``ROCm<i>``
   for the profile's GPUs, ``CUDA_Host`` / ``ROCm_Host`` (host memory);
 * ``--n-cpu-moe N`` adds, after the ``-ot`` rules, the rules keeping the experts of blocks
   0..N-1 on the host (:func:`sim.llamabench.n_cpu_moe_rules`; the simulator's
@@ -194,13 +196,52 @@ def _rule(text: str, flag: str) -> Rule:
     return pattern, buf
 
 
-def _ot_sets(text: str) -> tuple[tuple[Rule, ...], ...]:
-    """llama-bench's ``-ot``: sets separated by ``,``, rules within a set by ``;``; an empty set
-    (``a=CPU,,b=CPU``) is a test without overrides."""
-    out = []
+class OtSets(tuple):
+    """The sets of one ``-ot`` value (a tuple of rule tuples), with its text and the rules
+    llama-bench's parser skips (:attr:`ignored`: ``(set, the text skipped)``), for the notes of
+    :func:`ot_notes`."""
+
+    text: str = ""
+    ignored: tuple[tuple[str, str], ...] = ()
+
+
+def _ot_sets(text: str) -> OtSets:
+    """llama-bench's ``-ot`` (``parse_cmd_params``): sets separated by ``,``, rules within a set
+    by ``;``. As there, an empty set is a test without overrides (printed ``none``): ``''`` is
+    one such set, and every empty item of the comma list is one more (``a=CPU,`` is two sets,
+    ``a=CPU`` and ``none``; ``a=CPU,,b=CPU`` three). A set's rules are read up to its first empty
+    rule (``a=CPU;;b=CPU`` and ``;b=CPU`` stop there: ``b=CPU`` is skipped, as llama-bench skips
+    it; :func:`ot_notes` says so). A rule without ``=``, or with an empty pattern or buffer, is an
+    error (llama-bench refuses the first and the last).
+    """
+    out, ignored = [], []
     for group in text.split(","):
-        out.append(tuple(_rule(r, "-ot") for r in group.split(";") if r))
-    return tuple(out)
+        rules = group.split(";")
+        upto = next((i for i, r in enumerate(rules) if not r), len(rules))
+        rest = ";".join(rules[upto:])
+        if rest.strip(";"):
+            ignored.append((group, rest.strip(";")))
+        out.append(tuple(_rule(r, "-ot") for r in rules[:upto]))
+    sets = OtSets(out)
+    sets.text, sets.ignored = text, tuple(ignored)
+    return sets
+
+
+def ot_notes(args: argparse.Namespace) -> list[str]:
+    """One note per ``-ot`` value with a leading or trailing ``,`` (``exps=CPU,``: a second test,
+    without overrides, as in llama-bench) and per set whose rules llama-bench stops reading at an
+    empty rule."""
+    out = []
+    for value in getattr(args, "overrides", None) or ():
+        if len(value) > 1 and (value.text.startswith(",") or value.text.endswith(",")):
+            out.append(f"-ot '{value.text}': the empty item before or after a ',' is one more test, without "
+                       "overrides (tensor_buft_overrides none), as llama-bench runs it")
+        for group, rest in getattr(value, "ignored", ()):
+            line = (f"-ot '{group}': llama-bench stops reading a set at an empty rule (';;' or a leading ';'): "
+                    f"'{rest}' ignored, as llama-bench ignores it")
+            if line not in out:
+                out.append(line)
+    return out
 
 
 def _ot_cli(text: str) -> tuple[Rule, ...]:
@@ -292,35 +333,56 @@ HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
 )
 
 
-#: the project's prefetch patch's llama-bench flags (being written; ``calibrate/llamacpp/patches.py``):
-#: (dest, option strings, metavar, help). Their product names the variants to run
-#: (:func:`prefetch_flag_variants`), as the patched llama-bench runs each combination.
+#: the project's prefetch patch's llama-bench flags (:mod:`calibrate.llamacpp.prefetch_patch`):
+#: (dest, option strings, metavar, help). As the patched llama-bench, every test runs once per
+#: combination of their values (:func:`prefetch_combos`), each combination a row.
 PREFETCH_FLAGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
     ("prefetch_weights", ("-pw", "--prefetch-weights"), "0|1",
-     "prefetch patch: 1 = ungated weight prefetch one split ahead (variant prefetch / prefetch_gated_<N>)"),
+     "prefetch patch: 1 = weight prefetch one split ahead, gated by -pwg (default 512: variant "
+     "prefetch_gated_512; -pwg 0: ungated, variant prefetch_ungated)"),
     ("prefetch_gate", ("-pwg", "--prefetch-gate"), "N",
      "prefetch patch: with -pw 1, no prefetch in a graph with MoE ops whose ubatch has fewer than N tokens "
-     "(default 512; 0 = ungated)"),
+     "(default 512; 0 = ungated); with -pw 0 it changes nothing (the rows print it)"),
     ("prefetch_expert_slots", ("-pes", "--prefetch-experts-slots"), "N",
-     "prefetch patch: N rotating expert staging slots (variant slots<N>; default 0 = off)"),
+     "prefetch patch: N rotating expert staging slots (variant slots<N>; default 0 = off; not simulated "
+     "together with -pw 1)"),
 )
 
 
-def prefetch_flag_variants(args: argparse.Namespace) -> tuple[tuple, list[str]] | None:
-    """The variants of ``-pw``/``-pwg``/``-pes`` (lists; a repeated flag adds values), or None
-    when none is given: each combination of their product, in llama-bench's loop order
-    (``-pw`` outermost), as :func:`sim.llamabench.prefetch_variant` names it, each variant once
-    (``-pwg`` does nothing with ``-pw 0``). Combinations the simulator does not model
-    (``-pw 1`` with ``-pes N > 0``) are left out and returned as notes.
+@dataclass(frozen=True)
+class PrefetchCombo:
+    """One combination of ``-pw``/``-pwg``/``-pes``: the values a row prints and the simulator
+    variant that runs it (:func:`sim.llamabench.prefetch_variant`; None: not modelled)."""
 
-    Returns:
-        ``(variants, notes)``.
+    prefetch_weights: int
+    prefetch_gate: int
+    prefetch_expert_slots: int
+    variant: str | None
+
+    @property
+    def fields(self) -> dict[str, int]:
+        """The row's fields (:data:`sim.llamabench.PATCH_FIELDS`)."""
+        return {"prefetch_weights": self.prefetch_weights, "prefetch_gate": self.prefetch_gate,
+                "prefetch_expert_slots": self.prefetch_expert_slots}
+
+    @property
+    def flags(self) -> str:
+        """The combination as llama-bench flags (``-pw 1 -pwg 0 -pes 0``)."""
+        return f"-pw {self.prefetch_weights} -pwg {self.prefetch_gate} -pes {self.prefetch_expert_slots}"
+
+
+def prefetch_combos(args: argparse.Namespace) -> tuple[PrefetchCombo, ...] | None:
+    """Every combination of ``-pw``/``-pwg``/``-pes`` (lists; a repeated flag adds values), or
+    None when none is given: their full product in the patched llama-bench's order (``-pw``
+    outermost, then ``-pwg``, then ``-pes``; an absent flag takes its default), duplicates
+    included, as llama-bench runs and prints them. Combinations that name the same variant
+    (``-pw 0`` with any ``-pwg``) share one simulation; a combination the simulator does not
+    model (``-pw 1`` with ``-pes N > 0``) has ``variant`` None.
 
     Raises:
-        ScenarioError: ``-pw`` other than 0/1, or no combination left to simulate.
+        ScenarioError: ``-pw`` other than 0/1.
     """
     from .llamabench import PREFETCH_DEFAULTS, prefetch_variant
-    from .specs import parse_variant
 
     lists = {dest: _flat(args, dest) for dest, *_ in PREFETCH_FLAGS}
     if all(v is None for v in lists.values()):
@@ -328,22 +390,54 @@ def prefetch_flag_variants(args: argparse.Namespace) -> tuple[tuple, list[str]] 
     bad = [v for v in lists["prefetch_weights"] or () if v not in (0, 1)]
     if bad:
         raise ScenarioError(f"must be 0 or 1, got {bad[0]}", field="-pw/--prefetch-weights")
-    names: list[str] = []
-    notes: list[str] = []
+    out = []
     for pw, pwg, pes in itertools.product(*(lists[d] or (PREFETCH_DEFAULTS[d],) for d, *_ in PREFETCH_FLAGS)):
         try:
-            name = prefetch_variant(pw, pwg, pes)
-        except ValueError as exc:
-            note = f"-pw {pw} -pwg {pwg} -pes {pes} left out: {exc}"
-            if note not in notes:
-                notes.append(note)
-            continue
-        if name not in names:
-            names.append(name)
+            name: str | None = prefetch_variant(pw, pwg, pes)
+        except ValueError:
+            name = None
+        out.append(PrefetchCombo(pw, pwg, pes, name))
+    return tuple(out)
+
+
+def prefetch_flag_variants(args: argparse.Namespace) -> tuple | None:
+    """The distinct simulator variants of ``-pw``/``-pwg``/``-pes`` (:func:`prefetch_combos`), in
+    order of first use, or None when none is given. ``--skip-unmodelled`` leaves out the
+    combinations the simulator does not model (their rows are not printed; noted by the caller,
+    :func:`unmodelled_notes`).
+
+    Raises:
+        ScenarioError: ``-pw`` other than 0/1; a combination that is not modelled (``-pw 1``
+            with ``-pes N > 0``) without ``--skip-unmodelled``; none left to simulate.
+    """
+    from .specs import parse_variant
+
+    combos = prefetch_combos(args)
+    if combos is None:
+        return None
+    off = [c for c in combos if c.variant is None]
+    if off and not getattr(args, "skip_unmodelled", False):
+        c = off[0]
+        raise ScenarioError(f"{c.flags}: the simulator does not model -pw 1 together with -pes "
+                            f"{c.prefetch_expert_slots} (weight prefetch and expert slots at once), so it has no row "
+                            "to print for it; drop one of the two, or give --skip-unmodelled to leave those rows out",
+                            field="-pw/-pes")
+    names = list(dict.fromkeys(c.variant for c in combos if c.variant is not None))
     if not names:
         raise ScenarioError("no combination of -pw/-pwg/-pes the simulator models (-pw 1 with -pes > 0 is not "
                             "modelled)", field="-pw/-pes")
-    return tuple(parse_variant(n, field_name="-pw/-pwg/-pes") for n in names), notes
+    return tuple(parse_variant(n, field_name="-pw/-pwg/-pes") for n in names)
+
+
+def unmodelled_notes(args: argparse.Namespace) -> list[str]:
+    """One note per combination of ``-pw``/``-pwg``/``-pes`` left out by ``--skip-unmodelled``."""
+    out: list[str] = []
+    for c in prefetch_combos(args) or ():
+        if c.variant is None and getattr(args, "skip_unmodelled", False):
+            line = f"{c.flags}: left out (--skip-unmodelled): the simulator does not model -pw 1 with -pes N > 0"
+            if line not in out:
+                out.append(line)
+    return out
 
 
 def harness_notes(args: argparse.Namespace) -> list[str]:
@@ -383,6 +477,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                    help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
                         "slots<N>, cache_lru, cache_lfu, cache_fit, baseline_without_selective_copy, or a+b "
                         "(e.g. slots3+cache_lru)")
+    p.add_argument("--skip-unmodelled", dest="skip_unmodelled", action="store_true",
+                   help="leave out, with a note, the -pw/-pwg/-pes combinations the simulator does not model "
+                        "(-pw 1 with -pes N > 0) instead of refusing the run (their rows are not printed)")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
                    help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
                         "(same results, slower)")
@@ -495,6 +592,10 @@ class BenchParams:
         repetitions: ``-r``.
         given: the :class:`Setting` fields (and ``n_prompt``, ``n_gen``, ``n_depth``, ``n_pg``)
             set on the command line.
+        prefetch: the ``-pw``/``-pwg``/``-pes`` combinations (:func:`prefetch_combos`), each test
+            once per combination (innermost, as the patched llama-bench), those the simulator
+            does not model left out (``--skip-unmodelled``); None: not given (the rows are the
+            scenario's or ``--variant``'s variants).
     """
 
     values: dict[str, tuple]
@@ -504,6 +605,7 @@ class BenchParams:
     n_pg: tuple[tuple[int, int], ...]
     repetitions: int
     given: frozenset[str]
+    prefetch: tuple[PrefetchCombo, ...] | None = None
 
     def settings(self) -> list[Setting]:
         """Every combination, in llama-bench's loop order."""
@@ -612,7 +714,10 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
             given.add(k)
     if not any(p > 0 for p in n_prompt) and not any(n > 0 for n in n_gen) and not any(a or b for a, b in n_pg):
         raise ScenarioError("no test to run: every -p and -n value is 0", field="-p/-n")
-    return BenchParams(vals, n_prompt, n_gen, n_depth, n_pg, reps or wl.repetitions, frozenset(given))
+    combos = prefetch_combos(args)
+    if combos is not None:
+        combos = tuple(c for c in combos if c.variant is not None)
+    return BenchParams(vals, n_prompt, n_gen, n_depth, n_pg, reps or wl.repetitions, frozenset(given), combos)
 
 
 # --------------------------------------------------------------------------------------
@@ -901,6 +1006,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     if setting.split_mode == "none" and hw.n_gpu > 1:
         pl = replace(pl, tensor_split=tuple(1.0 if i == setting.main_gpu else 0.0 for i in range(hw.n_gpu)))
     if setting.fit_target or setting.fit_min_ctx:
+        if setting.fit_target:
+            check_fit_target(setting.fit_target, hw)
         replaced = [f for f, k in (("-ngl", "n_gpu_layers"), ("-ncmoe", "n_cpu_moe"), ("-ot", "overrides"),
                                    ("-ts", "tensor_split")) if k in given]
         if replaced:
@@ -937,6 +1044,26 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         n_depth=tuple(dict.fromkeys(i.n_depth for i in insts)) or (0,),
         n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions)
     return scn.with_(model=m, hardware=hw, placement=pl, workload=wl, routing=_routing_for(scn, m, notes))
+
+
+def check_fit_target(fit_target_mib: int, hw) -> None:
+    """``-fitt M`` must leave room for something: M MiB kept free per GPU, with the profile's
+    reserved VRAM, below the GPU's memory (else no placement fits, whatever the fit moves to the
+    host).
+
+    Raises:
+        ScenarioError: naming ``-fitt``, the margin and the GPU's memory, suggesting a smaller
+            ``-fitt``.
+    """
+    margin = fit_target_mib * 2**20
+    if margin + hw.vram_reserved_bytes < hw.vram_bytes:
+        return
+    room = max(0, int((hw.vram_bytes - hw.vram_reserved_bytes) // 2**20))
+    reserved = f", {hw.vram_reserved_bytes / 2**20:.0f} MiB of it reserved" if hw.vram_reserved_bytes else ""
+    raise ScenarioError(f"-fitt {fit_target_mib}: the margin alone is more than a GPU's memory ({hw.gpu_name} of "
+                        f"profile '{hw.name}': {hw.vram_bytes / 2**20:.0f} MiB{reserved}), so nothing fits, whatever "
+                        f"the fit moves to the host; give a smaller -fitt (below {room} MiB, leaving room "
+                        "for the weights, KV cache and compute buffer)", field="-fitt/--fit-target")
 
 
 def sim_tests(instances: Sequence[Instance]) -> list:

@@ -82,10 +82,7 @@ def _base_scenario(args: argparse.Namespace):
         if getattr(args, "variant", None):
             raise ScenarioError("give the variants either with --variant or with the prefetch patch's "
                                 "-pw/-pwg/-pes, not both", field="--variant")
-        vs, notes = flagged
-        for line in notes:
-            print(f"prefetch-sim: note: {line}", file=sys.stderr)
-        return scn.with_(variants=vs)
+        return scn.with_(variants=flagged)
     if getattr(args, "variant", None):
         vs = tuple(parse_variant(v, field_name="--variant") for v in args.variant)
         names = [v.name for v in vs]
@@ -113,7 +110,7 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     Raises:
         ScenarioError: a flag given several values (naming it), ``-pg``, or any bad value.
     """
-    from .benchflags import Notes, load_models, params_from_args, setting_scenario
+    from .benchflags import Notes, load_models, ot_notes, params_from_args, setting_scenario, unmodelled_notes
     from .metrics import fit_context_to_tests
 
     scn = _base_scenario(args)
@@ -127,6 +124,7 @@ def load_scenario_with_overrides(args: argparse.Namespace):
                             "(prefetch-sim run takes several)", field=multi[0])
     setting = params.settings()[0]
     notes = Notes()
+    notes.extend(unmodelled_notes(args) + ot_notes(args))
     models = load_models(params, scn)
     sscn = setting_scenario(setting, params, scn, models[setting.model], notes)
     _say_notes(notes)
@@ -222,12 +220,18 @@ def _combine(parts, n_prompt: int) -> dict:
         cache_hit_rate=sum(hits) / len(hits) if hits else None)
 
 
-def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str) -> list:
-    """The :class:`sim.report.BenchRow` s of one setting: per variant (in order), per llama-bench
-    test (in order), from the simulator's results of its tests; ``speedup_vs_baseline`` against
-    the ``baseline`` variant's row of the same test. The prefetch patch's fields
-    (``prefetch_weights``, ``prefetch_gate``, ``prefetch_expert_slots``) are the variant's
-    (:func:`sim.llamabench.variant_fields`), as the patched llama-bench prints them."""
+def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str, combos=None) -> list:
+    """The :class:`sim.report.BenchRow` s of one setting, from the simulator's results of its
+    tests; ``speedup_vs_baseline`` against the ``baseline`` variant's result of the same test
+    (None where it was not simulated).
+
+    Without ``combos``: per variant (in order), per llama-bench test (in order); the prefetch
+    patch's fields (``prefetch_weights``, ``prefetch_gate``, ``prefetch_expert_slots``) are the
+    variant's (:func:`sim.llamabench.variant_fields`). With ``combos`` (the ``-pw``/``-pwg``/
+    ``-pes`` combinations, :class:`sim.benchflags.PrefetchCombo`): per test, per combination, as
+    the patched llama-bench runs them (the combinations innermost), each row printing its
+    combination's values and timed by its variant's result (combinations of one variant share
+    it); variants no combination names (the baseline added for ``vs base``) print no row."""
     from dataclasses import replace as dc_replace
 
     import numpy as np
@@ -237,10 +241,10 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
     from .report import bench_row
 
     by = {(r.variant, r.test): r for r in results}
-    rows = []
+    built = {}
     for v in variants:
         bid, bnum = ids[v.name]
-        for inst in instances:
+        for i, inst in enumerate(instances):
             parts = [by[(v.name, t.name)] for t in inst.tests]
             total = np.sum([np.asarray(p.makespan_s, dtype=float) for p in parts], axis=0)
             samples = [max(1, int(round(float(x) * 1e9))) for x in np.atleast_1d(total)]
@@ -248,17 +252,18 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
             vals.update(build_commit=bid, build_number=bnum, **variant_fields(v))
             extra = dict(variant=v.name, engine=engine, hardware=hw.name, hardware_file=display_path(hw.file),
                          **_combine(parts, inst.n_prompt))
-            rows.append(bench_row(vals, samples, extra))
-    n = len(instances)
-    base = {i: rows[j * n + i] for j, v in enumerate(variants) if v.name == "baseline" for i in range(n)}
-    out = []
-    for j, v in enumerate(variants):
-        for i in range(n):
-            r = rows[j * n + i]
-            b = base.get(i)
-            s = None if v.name == "baseline" or b is None or not b.avg_ts else r.avg_ts / b.avg_ts
-            out.append(dc_replace(r, extra={**r.extra, "speedup_vs_baseline": s}))
-    return out
+            built[(v.name, i)] = bench_row(vals, samples, extra)
+
+    def with_speedup(name: str, i: int, fields=None):
+        r = built[(name, i)]
+        b = built.get(("baseline", i))
+        s = None if name == "baseline" or b is None or not b.avg_ts else r.avg_ts / b.avg_ts
+        values = r.values if fields is None else {**r.values, **fields}
+        return dc_replace(r, values=values, extra={**r.extra, "speedup_vs_baseline": s})
+
+    if combos is None:
+        return [with_speedup(v.name, i) for v in variants for i in range(len(instances))]
+    return [with_speedup(c.variant, i, c.fields) for i in range(len(instances)) for c in combos]
 
 
 def rows_from_results(scn, results, ratios=None) -> list:
@@ -349,23 +354,30 @@ def bench_work(scn, params, models) -> int:
     return total
 
 
-def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None):
+def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None,
+              required=None):
     """Simulate every setting of ``params`` over ``scn`` under the scenario's variants.
 
     ``max_work``: the work budget (:func:`sim.bounds.check_work`; default
     :data:`sim.bounds.WORK_MAX`), checked before anything is simulated.
 
-    A variant whose placement does not fit a setting is left out of it (noted); a setting where
-    none fits is left out (noted).
+    ``required``: the variants the command line asked for, ``{name: (flag, value)}`` (the
+    ``-pw``/``-pwg``/``-pes`` combinations' or ``--variant``'s): one that does not fit a setting
+    where another variant fits is an error naming the flag and the value. Any other variant (the
+    scenario's own, the baseline added for ``vs base``) that does not fit is left out of the
+    setting (noted). A setting where no variant fits is left out (noted) when other settings give
+    rows; when none does, the first setting's reason is the error, said once.
 
     Returns:
         ``(rows, results)``: the :class:`sim.report.BenchRow` s in llama-bench's order (setting,
-        then variant, then test) and every :class:`sim.metrics.TestResult`.
+        then variant, then test; with ``-pw``/``-pwg``/``-pes``: setting, test, combination) and
+        every :class:`sim.metrics.TestResult`.
 
     Raises:
         PlacementError: no setting fits at all (the first one's reason).
-        ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file), or a run over
-            the work budget (naming ``--max-work``).
+        ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file), a required variant
+            that does not fit (naming its flag), or a run over the work budget (naming
+            ``--max-work``).
     """
     from .benchflags import Notes, load_models, setting_scenario, sim_tests
     from .bounds import LIST_VALUES_MAX, check_work
@@ -374,6 +386,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     from .metrics import fit_context_to_tests, rep_rng, run_scenario
 
     notes = notes if notes is not None else Notes()
+    required = dict(required or {})
     models = load_models(params, scn)
     n_settings = 1
     for k, v in params.values.items():
@@ -384,7 +397,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     check_work(bench_work(scn, params, models), max_work)
     ids = variant_ids(scn.variants)
     when = bench_time()
-    rows, all_results, first_err = [], [], None
+    rows, all_results, first_err, unfit = [], [], None, []
     settings = params.settings()
     for si, setting in enumerate(settings):
         model = models[setting.model]
@@ -400,29 +413,58 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         try:
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
         except PlacementError as exc:
-            ok = []
+            ok, bad = [], []
             for v in variants:
                 try:
                     make_context(sscn, v, rep_rng(sscn.seed, -1, -1))
                     ok.append(v)
                 except PlacementError as e:
-                    first_err = first_err or e
-                    notes.add(f"{label}: variant {v.name} left out: {e.reason}")
-            if not ok:
-                first_err = first_err or exc
+                    bad.append((v, e))
+            if not ok:  # the setting itself does not fit: one reason, said once
+                err = bad[0][1] if bad else exc
+                first_err = first_err or err
+                unfit.append(f"{label}: left out, no variant fits: {err.reason}")
                 continue
+            for v, e in bad:
+                if v.name in required:
+                    flag, value = required[v.name]
+                    where = f" ({label})" if len(settings) > 1 else ""
+                    raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
+                notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
         all_results += results
-        rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when)
+        rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
+                             combos=params.prefetch)
     if not rows:
         assert first_err is not None
         raise first_err
+    notes.extend(unfit)
     return rows, all_results
 
 
+def required_variants(args: argparse.Namespace, params) -> dict[str, tuple[str, str]]:
+    """The variants a ``run`` command line asks for, ``{name: (flag, value as given)}``: each
+    ``-pw``/``-pwg``/``-pes`` combination's variant (the flags that differ from the patch's
+    defaults, ``-pwg`` only with ``-pw 1``: ``-pes 1000``, ``-pw 1 -pwg 0``) or each ``--variant``."""
+    from .llamabench import PREFETCH_DEFAULTS
+
+    out: dict[str, tuple[str, str]] = {}
+    for c in params.prefetch or ():
+        if c.variant in out:
+            continue
+        given = [f"{flag} {c.fields[name]}" for name, flag in (
+            ("prefetch_weights", "-pw"), ("prefetch_gate", "-pwg"), ("prefetch_expert_slots", "-pes"))
+            if c.fields[name] != PREFETCH_DEFAULTS[name] and (name != "prefetch_gate" or c.prefetch_weights)]
+        flag = "-pes/--prefetch-experts-slots" if c.prefetch_expert_slots else "-pw/--prefetch-weights"
+        out[c.variant] = (flag, " ".join(given) or c.flags)
+    for name in getattr(args, "variant", None) or ():
+        out.setdefault(name.strip(), ("--variant", f"--variant {name}"))
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from .benchflags import Notes, default_threads, harness_notes, params_from_args
+    from .benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
     from .report import format_rows
     from .specs import parse_variant
 
@@ -445,10 +487,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if progress_enabled(args.quiet):
         progress = lambda it, desc: bar(it, desc=desc, unit="variant")  # noqa: E731
     notes = Notes()
-    notes.extend(harness_notes(args))
+    notes.extend(harness_notes(args) + unmodelled_notes(args) + ot_notes(args))
     try:
         rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
-                                  max_work=args.max_work)
+                                  max_work=args.max_work, required=required_variants(args, params))
     finally:
         _say_notes(notes)
     text = format_rows(rows, args.output, n_threads_default=default_threads())

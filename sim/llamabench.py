@@ -20,10 +20,11 @@ llama-bench writer). Nothing of llama.cpp's code is copied; the lists are restat
 
 Three of them are not upstream's: ``prefetch_weights``, ``prefetch_gate`` and
 ``prefetch_expert_slots`` (:data:`PATCH_FIELDS`, after ``fit_min_ctx``) come from the project's
-own prefetch patch to ggml's scheduler and llama-bench (being written, to join the others in
-``calibrate/llamacpp/patches.py``; the flags ``-pw``, ``-pwg``, ``-pes``). Rows of an upstream
-llama-bench lack them and mean their defaults (:data:`PREFETCH_DEFAULTS`: no prefetch);
-:func:`prefetch_variant` names the simulator variant a row's values run.
+own prefetch patch to ggml's scheduler and llama-bench (:mod:`calibrate.llamacpp.prefetch_patch`,
+applied as the patch ``prefetch`` of ``calibrate/llamacpp/patches.py``; the flags ``-pw``,
+``-pwg``, ``-pes``). Rows of an upstream llama-bench lack them and mean their defaults
+(:data:`PREFETCH_DEFAULTS`: no prefetch); :func:`prefetch_variant` names the simulator variant a
+row's values run.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class BenchField:
         array: a JSON array (``samples_ns``: INT nanoseconds, ``samples_ts``: FLOAT t/s).
         json_only: printed only by the json/jsonl printers (not csv, sql or markdown).
         patch: printed only by a llama-bench with the project's prefetch patch
-            (being written; ``calibrate/llamacpp/patches.py``), not by upstream's: optional in a row.
+            (:mod:`calibrate.llamacpp.prefetch_patch`), not by upstream's: optional in a row.
         default: the value a row without the field means (llama-bench's ``cmd_params_defaults``
             of the patch), for :attr:`patch` fields.
     """
@@ -150,10 +151,14 @@ def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefet
     llama-bench flags:
 
     * ``-pw 0 -pes 0`` (an upstream row too): ``baseline``;
-    * ``-pw 1 -pwg N`` (ungated weight prefetch, one split ahead, whole host weight tensors):
+    * ``-pw 1 -pwg N`` (weight prefetch, one split ahead, whole host weight tensors):
       ``prefetch_gated_N`` for ``N > 0`` (off in a graph with MoE ops whose ubatch has fewer
-      than N tokens), ``prefetch`` for ``N == 0`` (ungated); ``-pwg`` is ignored with ``-pw 0``;
+      than N tokens), ``prefetch_ungated`` for ``N == 0``; ``-pwg`` changes nothing with
+      ``-pw 0`` (the row still prints it; every such row runs the same variant);
     * ``-pes N`` with ``-pw 0`` (N rotating expert staging slots): ``slots<N>``.
+
+    The names are :func:`sim.specs.parse_variant` labels, the same the scenarios and
+    ``--variant`` use.
 
     Raises:
         ValueError: ``-pw 1`` with ``-pes N > 0`` (not simulated: the simulator has no model of
@@ -169,7 +174,7 @@ def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefet
         raise ValueError(f"prefetch_weights 1 with prefetch_expert_slots {pes} (-pw 1 -pes {pes}): weight prefetch "
                          "and expert slots together are not modelled by the simulator")
     if pw:
-        return f"prefetch_gated_{pwg}" if pwg > 0 else "prefetch"
+        return f"prefetch_gated_{pwg}" if pwg > 0 else "prefetch_ungated"
     return f"slots{pes}" if pes else "baseline"
 
 
@@ -185,7 +190,8 @@ def row_variant(row: Mapping[str, Any]) -> str:
 def variant_fields(variant) -> dict[str, int]:
     """The prefetch patch's fields (:data:`PATCH_FIELDS`) a llama-bench row of ``variant`` (a
     :class:`sim.specs.Variant`) prints: the inverse of :func:`prefetch_variant` (``baseline``
-    -> 0/512/0, ``prefetch`` -> 1/0/0, ``prefetch_gated_N`` -> 1/N/0, ``slots<N>`` -> 0/512/N).
+    -> 0/512/0, ``prefetch_ungated`` -> 1/0/0, ``prefetch_gated_N`` -> 1/N/0, ``slots<N>`` ->
+    0/512/N; a row of ``-pw 0 -pwg N`` prints its own ``N``, :func:`sim.benchflags.prefetch_combos`).
     What the flags cannot say (an expert cache, whole-tensor copies) is not in them; a variant
     with weight prefetch and slots prints both (:func:`prefetch_variant` refuses to simulate
     such a row)."""
@@ -607,6 +613,14 @@ class RowTerms:
         return max(1, self.n_prompt + self.n_gen + self.n_depth)
 
 
+def clamped_ubatch(n_ubatch: int, n_batch: int) -> int:
+    """The physical batch llama.cpp runs: ``-ub`` clamped to ``-b`` (``llama_context``:
+    ``n_ubatch = std::min(n_batch, n_ubatch)``). llama-bench prints the ``-ub`` given; the
+    simulator runs this one (:func:`row_terms`, which ``prefetch-sim run`` and
+    ``calibrate.llamacpp.compare`` both go through)."""
+    return min(int(n_ubatch), int(n_batch))
+
+
 def row_terms(row: Mapping[str, Any]) -> RowTerms:
     """Translate one llama-bench row (a mapping or a DataFrame row of :func:`read_llama_bench`)
     into :class:`RowTerms`. Fields an older llama-bench lacks take llama-bench's defaults
@@ -617,7 +631,7 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     """
     notes: list[str] = []
     n_batch = int(_get(row, "n_batch", 2048))
-    n_ubatch = min(int(_get(row, "n_ubatch", 512)), n_batch)
+    n_ubatch = clamped_ubatch(int(_get(row, "n_ubatch", 512)), n_batch)
     type_k, type_v = str(_get(row, "type_k", "f16")), str(_get(row, "type_v", "f16"))
     try:
         kvb = kv_bytes_per_elem(type_k, type_v)

@@ -3,8 +3,9 @@ json, jsonl or sql with llama-bench's field names, types and layout.
 
 Every row carries every field of :data:`sim.llamabench.FIELDS` (``test::get_fields()`` of
 ``tools/llama-bench/llama-bench.cpp``, plus the project's prefetch patch's ``prefetch_weights``,
-``prefetch_gate`` and ``prefetch_expert_slots``: the values of the row's variant,
-:func:`sim.llamabench.variant_fields`) with llama-bench's meaning, then the simulator's own
+``prefetch_gate`` and ``prefetch_expert_slots``: the ``-pw``/``-pwg``/``-pes`` values of the row's
+combination as given, else those of its variant, :func:`sim.llamabench.variant_fields`) with
+llama-bench's meaning, then the simulator's own
 fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, ``ttft_ms``,
 ``h2d_bytes`` ...). The printers follow llama-bench's (restated, not copied):
 

@@ -165,6 +165,23 @@ def test_run_takes_the_format_from_the_out_file_and_refuses_a_mismatch(capsys, t
     txt = tmp_path / "t.txt"
     rc, _o, _e = run(capsys, "run", TINY, "-q", "-r", "1", "--out", str(txt))
     assert rc == 0 and txt.read_text().startswith("| model")
+    x = tmp_path / "x.csv"
+    rc, out, err = run(capsys, "run", TINY, "-q", "-r", "1", "-o", "json", "--out", str(x))
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "ends in .csv but -o asks for json" in err
+    assert not x.exists()
+
+
+def test_a_figure_path_must_end_in_png(capsys, tmp_path):
+    """check_output_path(..., suffix=".png"): a figure is written as PNG, so another name is refused
+    up front, in one line; crossover's --figure names a built-in figure, not a file."""
+    from sim.atomic import check_output_path
+    from sim.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"field '--figure': 'fig.txt' does not end in .png"):
+        check_output_path("fig.txt", "--figure", suffix=".png")
+    assert check_output_path(tmp_path / "fig.PNG", "--figure", suffix=".png") == tmp_path / "fig.PNG"
+    rc, _o, err = run(capsys, "crossover", TINY, "--figure", "fig.txt", "--out", str(tmp_path / "cx"))
+    assert rc == 2 and err.count("\n") == 1 and "unknown figure 'fig.txt'" in err and not (tmp_path / "cx").exists()
 
 
 def test_an_empty_scenario_path_is_an_error_not_the_default(capsys):

@@ -301,14 +301,19 @@ def test_json_and_jsonl_carry_llama_bench_s_fields_with_its_types(capsys, tmp_pa
     assert read_llama_bench(js).avg_ts.tolist() == df.avg_ts.tolist()
 
 
+def _pf(rows):
+    return [(r["test"], r["variant"], r["prefetch_weights"], r["prefetch_gate"], r["prefetch_expert_slots"])
+            for r in rows]
+
+
 def test_prefetch_patch_flags_run_their_variants_and_round_trip(capsys, tmp_path):
     """-pw/-pwg/-pes (the project's llama.cpp prefetch patch) name the variants; every row prints
-    the flags of its variant, and our reader maps them back to it."""
+    the flags of its combination, and our reader maps them back to its variant."""
     rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-pw", "0,1", "-pwg", "0",
-                       "-pes", "0,2", "-o", "jsonl")
-    assert rc == 0 and "-pw 1 -pwg 0 -pes 2 left out" in err
+                       "-pes", "0,2", "-o", "jsonl", "--skip-unmodelled")
+    assert rc == 0 and "-pw 1 -pwg 0 -pes 2: left out (--skip-unmodelled)" in err
     data = [json.loads(x) for x in out.splitlines()]
-    assert [d["variant"] for d in data] == ["baseline", "slots2", "prefetch"]
+    assert [d["variant"] for d in data] == ["baseline", "slots2", "prefetch_ungated"]
     names = list(data[0])
     assert names[names.index("fit_min_ctx") + 1:names.index("n_prompt")] == [
         "prefetch_weights", "prefetch_gate", "prefetch_expert_slots"]
@@ -316,22 +321,132 @@ def test_prefetch_patch_flags_run_their_variants_and_round_trip(capsys, tmp_path
     p.write_text(out)
     df = read_llama_bench(p)
     assert list(df.apply(row_variant, axis=1)) == list(df.variant)
-    assert df.prefetch_gate.tolist() == [512, 512, 0] and df.prefetch_expert_slots.tolist() == [0, 2, 0]
+    assert df.prefetch_gate.tolist() == [0, 0, 0] and df.prefetch_expert_slots.tolist() == [0, 2, 0]
     # the scenario's own variants print theirs too (csv: one column each)
     rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-o", "csv")
     csv = pd.read_csv(io.StringIO(out))
     assert {(v, a, b, c) for v, a, b, c in zip(csv.variant, csv.prefetch_weights, csv.prefetch_gate,
                                                   csv.prefetch_expert_slots)} >= {("baseline", 0, 512, 0)}
-    assert all(row_variant(r) == r["variant"] for _, r in csv.iterrows() if r["variant"] in ("baseline", "slots3")
-               or r["variant"].startswith("prefetch_gated"))
-    # a repeated flag adds values; -pwg does nothing with -pw 0 (one baseline)
-    rc, out, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-pw", "0", "-pwg", "0,512",
-                     "-o", "jsonl")
-    assert rc == 0 and [json.loads(x)["variant"] for x in out.splitlines()] == ["baseline"]
-    for argv, msg in [(("-pw", "2"), "0 or 1"), (("-pw", "1", "-pes", "3"), "no combination"),
-                      (("-pw", "1", "--variant", "slots3"), "not both")]:
+    assert all(row_variant(r) == r["variant"] for _, r in csv.iterrows())
+    for argv, msg in [(("-pw", "2"), "0 or 1"), (("-pw", "1", "--variant", "slots3"), "not both")]:
         rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", *argv)
         assert rc == 2 and msg in err and err.count("\n") == 1, argv
+
+
+def test_every_prefetch_combination_is_a_row_printing_its_own_values(capsys, tmp_path, monkeypatch):
+    """As the patched llama-bench: the full product of -pw x -pwg x -pes, innermost (per test),
+    every combination a row with the values it was given (-pw 0 rows print their -pwg too);
+    combinations of one variant share one simulation."""
+    import sim.metrics
+
+    simulated = []
+    real = sim.metrics.run_scenario
+
+    def spy(scn, *, variants=None, **kw):
+        simulated.extend(v.name for v in variants)
+        return real(scn, variants=variants, **kw)
+
+    monkeypatch.setattr(sim.metrics, "run_scenario", spy)
+
+    def rows(*argv):
+        rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "4", "-o", "jsonl", *argv)
+        assert rc == 0, err
+        return [json.loads(x) for x in out.splitlines()]
+
+    got = rows("-pw", "0", "-pwg", "128")
+    assert _pf(got) == [("pp64", "baseline", 0, 128, 0), ("tg4", "baseline", 0, 128, 0)]
+    simulated.clear()
+    got = rows("-pw", "0,1", "-pwg", "0,512")
+    assert _pf(got) == [(t, v, pw, g, 0) for t in ("pp64", "tg4") for v, pw, g in (
+        ("baseline", 0, 0), ("baseline", 0, 512), ("prefetch_ungated", 1, 0), ("prefetch_gated_512", 1, 512))]
+    assert sorted(simulated) == ["baseline", "prefetch_gated_512", "prefetch_ungated"]  # each variant once
+    assert got[0]["samples_ns"] == got[1]["samples_ns"] and got[0]["speedup_vs_baseline"] is None
+    assert got[2]["speedup_vs_baseline"] == pytest.approx(got[2]["avg_ts"] / got[0]["avg_ts"])
+    got = rows("-pes", "0,2", "-pwg", "0,512")
+    assert _pf(got)[:4] == [("pp64", "baseline", 0, 0, 0), ("pp64", "slots2", 0, 0, 2),
+                            ("pp64", "baseline", 0, 512, 0), ("pp64", "slots2", 0, 512, 2)]
+    assert len(got) == 8
+    # a repeated flag adds values
+    assert _pf(rows("-pw", "0", "-pwg", "0", "-pwg", "512")) == [
+        ("pp64", "baseline", 0, 0, 0), ("pp64", "baseline", 0, 512, 0),
+        ("tg4", "baseline", 0, 0, 0), ("tg4", "baseline", 0, 512, 0)]
+    # only the combinations asked for print: the baseline is simulated for vs base, not printed
+    got = rows("-pw", "1", "-pwg", "0")
+    assert _pf(got) == [("pp64", "prefetch_ungated", 1, 0, 0), ("tg4", "prefetch_ungated", 1, 0, 0)]
+    assert got[0]["speedup_vs_baseline"] is not None
+    # the reader maps every row back to its variant
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows("-pw", "0,1", "-pwg", "0,64", "-pes", "0")))
+    df = read_llama_bench(p)
+    assert list(df.apply(row_variant, axis=1)) == list(df.variant)
+
+
+def test_a_requested_variant_that_does_not_fit_is_an_error(capsys):
+    """-pes N (or --variant) that does not fit the GPU: exit 2, one line naming the flag and the
+    value, no rows (before: left out with a note, baseline rows only, exit 0)."""
+    base = ("run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-o", "jsonl")
+    rc, out, err = run(capsys, *base, "-pes", "0,100000")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "field '-pes/--prefetch-experts-slots': -pes 100000: does not fit with variant 'slots100000'" in err
+    rc, out, err = run(capsys, *base, "--variant", "baseline", "--variant", "slots100000")
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "field '--variant': --variant slots100000" in err
+    # -pw 1 with -pes N is not modelled: no row can be printed for it
+    rc, out, err = run(capsys, *base, "-pw", "0,1", "-pes", "0,2")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "-pw 1 -pwg 512 -pes 2: the simulator does not model -pw 1 together with -pes 2" in err
+    assert "--skip-unmodelled" in err
+    rc, _, err = run(capsys, *base, "-pw", "1", "-pes", "3", "--skip-unmodelled")
+    assert rc == 2 and "no combination" in err
+
+
+def test_a_fit_target_beyond_the_gpu_is_one_error_asking_for_a_smaller_one(capsys):
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-fitt", "999999")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "field '-fitt/--fit-target': -fitt 999999: the margin alone is more than a GPU's memory" in err
+    assert "smaller -fitt" in err and "n_cpu_moe" not in err
+    # nothing fits for another reason: the reason once, as the error
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "99",
+                       "-ncmoe", "0")
+    assert rc == 2 and out == "" and err.count("does not fit") == 1 and "error:" in err.splitlines()[-1]
+    # a setting that does not fit beside one that does: one note for it
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "0,99",
+                       "-ncmoe", "0", "-ub", "64")
+    assert rc == 0 and len(out.splitlines()) == 5  # md: header, rule, the -ngl 0 row, build line
+    assert err.count("does not fit") == 1 and "-ngl 99: left out, no variant fits" in err
+
+
+def test_the_ubatch_is_clamped_to_the_batch_and_printed_as_given(capsys):
+    """llama.cpp runs min(-b, -ub); llama-bench prints the -ub given."""
+    def rows(*argv):
+        return jsonl(capsys, "-p", "256", "-n", "0", *argv)
+
+    big, clamped, larger = rows("-ub", "99999", "-b", "128"), rows("-ub", "128", "-b", "128"), rows("-ub", "256",
+                                                                                                   "-b", "256")
+    assert big[0]["n_ubatch"] == 99999 and big[0]["n_batch"] == 128
+    for k in ("samples_ns", "peak_vram_bytes"):
+        assert big[0][k] == clamped[0][k], k
+    assert larger[0]["peak_vram_bytes"] != big[0]["peak_vram_bytes"]
+    assert scn_of("-ub", "99999", "-b", "128").workload.n_ubatch == 128
+
+
+def test_pw_help_says_it_is_gated_by_default():
+    helps = {a.dest: a.help for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions}
+    assert "ungated" not in helps["prefetch_weights"].split("(")[0]
+    assert "gated by -pwg (default 512" in helps["prefetch_weights"]
+
+
+def test_ot_trailing_comma_and_empty_value_as_llama_bench(capsys):
+    """llama-bench's -ot parser (tools/llama-bench/llama-bench.cpp): every empty item of the comma
+    list is a set without overrides (a trailing ',' adds one; '' is one); a set is read up to its
+    first empty rule."""
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-o", "jsonl", "-ot", "exps=CPU,")
+    assert rc == 0 and [json.loads(x)["tensor_buft_overrides"] for x in out.splitlines()] == ["exps=CPU", "none"]
+    assert "-ot 'exps=CPU,': the empty item before or after a ',' is one more test" in err
+    assert [r["tensor_buft_overrides"] for r in jsonl(capsys, "-p", "64", "-n", "0", "-ot", "")] == ["none"]
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-o", "jsonl", "-ot",
+                       "exps=CPU;;attn_q=CPU,;attn_k=CPU")
+    assert rc == 0 and [json.loads(x)["tensor_buft_overrides"] for x in out.splitlines()] == ["exps=CPU", "none"]
+    assert "'attn_q=CPU' ignored, as llama-bench ignores it" in err and "'attn_k=CPU' ignored" in err
 
 
 def test_csv_and_sql_layouts(capsys):

@@ -113,8 +113,8 @@ def test_test_names():
 
 def test_prefetch_fields_name_the_simulator_variant():
     assert prefetch_variant() == prefetch_variant(0, 512, 0) == "baseline"
-    assert prefetch_variant(0, 0, 0) == "baseline"  # -pwg does nothing with -pw 0
-    assert prefetch_variant(1, 0, 0) == "prefetch"
+    assert prefetch_variant(0, 0, 0) == prefetch_variant(0, 128, 0) == "baseline"  # -pwg does nothing with -pw 0
+    assert prefetch_variant(1, 0, 0) == "prefetch_ungated"
     assert prefetch_variant(1, 512, 0) == "prefetch_gated_512"
     assert prefetch_variant(0, 512, 3) == prefetch_variant(0, 0, 3) == "slots3"
     with pytest.raises(ValueError, match="not modelled"):
@@ -126,7 +126,7 @@ def test_prefetch_fields_name_the_simulator_variant():
     # a row: its values, or the defaults where it lacks them (upstream) or has NaN (mixed DataFrame)
     up = json.loads(LINES[0])
     assert prefetch_settings(up) == (0, 512, 0) and row_variant(up) == "baseline"
-    assert row_variant(up | {"prefetch_weights": 1, "prefetch_gate": 0}) == "prefetch"
+    assert row_variant(up | {"prefetch_weights": 1, "prefetch_gate": 0}) == "prefetch_ungated"
     assert row_variant(up | {"prefetch_weights": 1}) == "prefetch_gated_512"
     assert row_variant(pd.Series(up | {"prefetch_weights": math.nan, "prefetch_expert_slots": 4.0})) == "slots4"
     # the writer's inverse; every name parses as a simulator variant with those settings
@@ -140,6 +140,18 @@ def test_prefetch_fields_name_the_simulator_variant():
     assert variant_fields(parse_variant("cache_lru")) == PREFETCH_DEFAULTS
 
 
+def test_ungated_weight_prefetch_has_one_name_everywhere():
+    """-pw 1 -pwg 0 is the variant the default scenario and --variant call prefetch_ungated."""
+    from sim.specs import DEFAULT_VARIANTS, load_scenario, parse_variant
+
+    name = prefetch_variant(1, 0, 0)
+    assert name == "prefetch_ungated" and name in DEFAULT_VARIANTS
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ungated = [v for v in scn.variants if v.prefetch_weights and v.gate_min_batch is None and not v.expert_slots]
+    assert [v.name for v in ungated] == [name]
+    assert parse_variant(name) == replace(ungated[0], name=name)
+
+
 def test_reader_takes_rows_with_and_without_the_prefetch_fields(tmp_path):
     up = json.loads(LINES[0])
     pw = {k: v for k, v in up.items() if not k.startswith("samples")}
@@ -151,7 +163,7 @@ def test_reader_takes_rows_with_and_without_the_prefetch_fields(tmp_path):
     cols = list(df.columns)
     assert cols.index("fit_min_ctx") + 1 == cols.index("prefetch_weights") < cols.index("n_prompt")
     assert math.isnan(df.prefetch_weights.iloc[0]) and df.prefetch_weights.iloc[1] == 1
-    assert list(df.apply(row_variant, axis=1)) == ["baseline", "prefetch"]
+    assert list(df.apply(row_variant, axis=1)) == ["baseline", "prefetch_ungated"]
     only = read_llama_bench(write(tmp_path, json.dumps(patched) + "\n", "p.jsonl"))
     assert only.prefetch_gate.dtype.kind == "i" and only.prefetch_gate.iloc[0] == 0
     for bad, msg in [({"prefetch_weights": 2}, "0 or 1"), ({"prefetch_gate": -1}, ">= 0"),

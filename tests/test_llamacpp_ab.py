@@ -178,7 +178,7 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     assert list(df.columns) == list(AB.COLUMNS) and list(df.line) == [2, 3, 4, 5]
     assert df.baseline_line.tolist()[:3] == [1, 1, 1] and pd.isna(df.baseline_line.iloc[3])
     assert df.variant.isna().tolist() == [False, False, True, False]  # None: no variant the simulator models
-    assert df.variant[[0, 1, 3]].tolist() == ["prefetch", "slots2", "prefetch"]
+    assert df.variant[[0, 1, 3]].tolist() == ["prefetch_ungated", "slots2", "prefetch_ungated"]
     assert list(df.prefetch_flags) == ["-pw 1 -pwg 0 -pes 0", "-pw 0 -pwg 512 -pes 2", "-pw 1 -pwg 0 -pes 2",
                               "-pw 1 -pwg 0 -pes 0"]
     r = df.iloc[0]
@@ -189,7 +189,7 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     # the predictions are compare's, each row with its own variant
     assert r.predicted_prefetch_ts == full.loc[2, "predicted_ts"]
     assert r.predicted_baseline_ts == full.loc[1, "predicted_ts"]
-    assert full.loc[2, "variant"] == "prefetch" and full.loc[1, "variant"] == "baseline"
+    assert full.loc[2, "variant"] == "prefetch_ungated" and full.loc[1, "variant"] == "baseline"
     assert r.predicted_gain_pct == pytest.approx(100 * (full.loc[2, "predicted_ts"] / full.loc[1, "predicted_ts"] - 1))
     assert r.gain_error_pts == pytest.approx(r.predicted_gain_pct - 20.0)
     assert r.prefetch_ts_error_pct == pytest.approx(100 * (full.loc[2, "predicted_ts"] / 60000.0 - 1))
@@ -223,7 +223,7 @@ def test_summary_and_identity_report(tiny_ab):
     s = AB.summarize(df).set_index("group")
     assert s.loc["all", "n_pairs"] == 4 and s.loc["all", "n_predicted"] == 2
     assert s.loc["variant: not simulated (-pw 1 -pwg 0 -pes 2)", "n_predicted"] == 0
-    assert {"variant: prefetch", "variant: slots2", "kind: pp"} <= set(s.index)
+    assert {"variant: prefetch_ungated", "variant: slots2", "kind: pp"} <= set(s.index)
     both = df.iloc[:2]
     assert s.loc["all", "n_sign_agree"] == int(both.sign_agree.sum())
     assert s.loc["all", "median_abs_gain_error_pts"] == pytest.approx(both.gain_error_pts.abs().median())

@@ -135,14 +135,14 @@ def test_prefetch_rows_are_predicted_with_their_variant(tmp_path):
     inv = json.loads((RUN / "invocations.jsonl").read_text().splitlines()[0]) | {"rows": 6}
     (run / "invocations.jsonl").write_text(json.dumps(inv) + "\n")
     df = cmp.compare(run, HW, jobs=1)
-    assert df.variant.tolist()[:5] == ["baseline", "baseline", "prefetch", "prefetch_gated_512", "slots3"]
+    assert df.variant.tolist()[:5] == ["baseline", "baseline", "prefetch_ungated", "prefetch_gated_512", "slots3"]
     assert pd.isna(df.variant[5]) and df.predicted_ts.isna().tolist() == [False] * 5 + [True]
     assert "not simulated" in df.note[5] and "prefetch_expert_slots 3" in df.note[5]
-    assert df.note[0] == df.note[1] == "" and "variant prefetch (prefetch_weights 1, prefetch_gate 0" in df.note[2]
+    assert df.note[0] == df.note[1] == "" and "variant prefetch_ungated (prefetch_weights 1, prefetch_gate 0" in df.note[2]
     assert df.predicted_ts[0] == df.predicted_ts[1]  # an upstream row and -pw 0: the same baseline
     q = _model_cut("qwen3-30b-a3b", 2)
     pl = Placement(n_cpu_moe=2, pinned=True, ctx_size=512)
-    for i, v in ((2, "prefetch"), (3, "prefetch_gated_512"), (4, "slots3")):
+    for i, v in ((2, "prefetch_ungated"), (3, "prefetch_gated_512"), (4, "slots3")):
         r = by_hand(q, pl, [BenchTest(512, 0, 0)], 512, variant=v)[0]
         assert df.predicted_ts[i] == r.tps_mean, v
     assert df.predicted_staging_mib[0] == 0 and (df.predicted_staging_mib[2:5] > 0).all()

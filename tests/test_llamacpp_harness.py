@@ -686,7 +686,7 @@ args = "-ngl 99 -ncmoe 1,2 -p 64 -n 4 -ub 32"
                          str(tmp_path / "pfout"), "-r", "1"]) == 0
     got = [json.loads(x) for x in (tmp_path / "pfout" / "a.jsonl").read_text().splitlines()]
     assert [(r["variant"], r["prefetch_weights"], r["prefetch_gate"], r["prefetch_expert_slots"]) for r in got] == [
-        ("baseline", 0, 512, 0), ("slots2", 0, 512, 2), ("prefetch", 1, 0, 0)]  # -pw 1 -pes 2: not simulated
+        ("baseline", 0, 0, 0), ("slots2", 0, 0, 2), ("prefetch_ungated", 1, 0, 0)]  # -pw 1 -pes 2: not simulated
     assert got[0]["speedup_vs_baseline"] is None and all(r["speedup_vs_baseline"] > 1 for r in got[1:])
     bad = tmp_path / "bad.toml"
     bad.write_text(grid.read_text().replace("-ncmoe 1,2", "-ncmoe 1 -fa 0 -ctv q8_0"))  # llama.cpp refuses it

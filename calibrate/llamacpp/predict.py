@@ -5,8 +5,10 @@ Every ``[[run]]`` of a grid spec (:mod:`calibrate.llamacpp.grid`) is one ``prefe
 of ``SCENARIO`` with the run's model TOML (``-m``) and its llama-bench arguments, written as
 llama-bench JSONL to ``DIR/<run id>.jsonl`` (the rows the grid will measure, in llama-bench's
 fields). The variants are the ones the run's prefetch-patch flags ask for (``-pw``, ``-pwg``,
-``-pes``: :func:`sim.benchflags.prefetch_flag_variants`, each row with its ``prefetch_*``
-fields and ``speedup_vs_baseline``), else the baseline only. Used for grids whose hardware is
+``-pes``: :func:`sim.benchflags.prefetch_combos`, one row per combination and test with its
+``prefetch_*`` fields and ``speedup_vs_baseline``; the combinations the simulator does not model,
+``-pw 1`` with ``-pes N``, are left out with a note: ``--skip-unmodelled``), else the baseline
+only. Used for grids whose hardware is
 not lent yet, e.g. the two-GPU grid (``grids/h200x2.toml`` on
 ``scenarios/h200x2-qwen3-30b-a3b.toml``), and for a prefetch grid before the patch is measured
 (``grids/h200-prefetch.toml``).
@@ -49,7 +51,7 @@ def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, rep
         toml = Path(model.toml)
         if not toml.is_absolute() and not toml.is_file():
             toml = repo / model.toml
-        variants = [] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
+        variants = ["--skip-unmodelled"] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
         argv = ["run", str(scenario), "-m", str(toml), *run.args, "-r", str(repetitions), "-o", "jsonl",
                 *variants, "-q", "--out", str(path)]
         if cli.main(argv) != 0:
