@@ -3,7 +3,7 @@ simulator predicts.
 
 The run folder is one :mod:`calibrate.llamacpp.compare` reads (``llama-bench.jsonl``,
 ``invocations.jsonl``), measured with a llama-bench that has the project's prefetch patch
-(being written, to join the others in ``calibrate/llamacpp/patches.py``): its rows carry
+(:mod:`calibrate.llamacpp.prefetch_patch`): its rows carry
 ``prefetch_weights`` (``-pw``), ``prefetch_gate`` (``-pwg``) and ``prefetch_expert_slots``
 (``-pes``) (:data:`sim.llamabench.PATCH_FIELDS`).
 A *prefetch row* has ``prefetch_weights`` 1 or ``prefetch_expert_slots`` > 0; each is paired

@@ -763,9 +763,9 @@ def check_common_args(args: argparse.Namespace):
         raise ScenarioError(f"must be 1 to {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
-    for flag in ("out", "figure", "summary"):
+    for flag, suffix in (("out", None), ("figure", ".png"), ("summary", None)):
         if getattr(args, flag):
-            check_output_path(getattr(args, flag), f"--{flag}")
+            check_output_path(getattr(args, flag), f"--{flag}", **({"suffix": suffix} if suffix else {}))
     if args.quiet:
         return None
     from tqdm import tqdm
