@@ -39,7 +39,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "prefetch-sim" / "llamacpp"
 
 
 def _prepare(args) -> int:
-    from .build import make_subset, pack, prepare, tree_hash
+    from .build import pack, prepare, tree_hash
 
     with tempfile.TemporaryDirectory() as tmp:
         tree, label, patches = prepare(args.llama_cpp, tmp, args.cache)

@@ -55,7 +55,6 @@ Errors (a folder without prefetch rows, a missing or malformed file) print one l
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -342,22 +341,10 @@ def read_identity(path: str | Path) -> pd.DataFrame | None:
             not an object, ``identical`` not a boolean, or neither ``identical`` nor both hashes.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         return None
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read: {exc}", file=p) from None
     rows = []
-    for i, ln in enumerate(text.splitlines(), 1):
-        if not ln.strip():
-            continue
-        try:
-            rec = json.loads(ln)
-        except json.JSONDecodeError as exc:
-            raise ScenarioError(f"malformed JSON ({exc.msg}, column {exc.colno})", file=p, field=f"line {i}") from None
-        if not isinstance(rec, dict):
-            raise ScenarioError("expected a JSON object (one identity check)", file=p, field=f"line {i}")
+    for i, rec in cmp.jsonl_objects(p, "one identity check"):
         ident = rec.get("identical")
         hashes = [rec.get("hash_off"), rec.get("hash_on")]
         both = all(isinstance(h, str) and h for h in hashes)

@@ -252,7 +252,7 @@ def cmake_args(cuda: bool, cuda_arch: str = "90", tests: bool = True) -> tuple[s
     """Configure flags: :data:`BASE_CMAKE_ARGS`, ``-DGGML_CUDA=ON`` with the architecture
     (90 = Hopper, the H200) or OFF, and ``LLAMA_BUILD_TESTS`` for test-backend-ops."""
     args = list(BASE_CMAKE_ARGS) + [f"-DLLAMA_BUILD_TESTS={'ON' if tests else 'OFF'}"]
-    args += [f"-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"] if cuda else ["-DGGML_CUDA=OFF"]
+    args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"] if cuda else ["-DGGML_CUDA=OFF"]
     return tuple(args)
 
 

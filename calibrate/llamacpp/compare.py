@@ -99,23 +99,21 @@ def resolve(path: str | Path, *bases: Path) -> Path:
     return next((c for c in cands if c.exists()), p)
 
 
-def read_invocations(path: str | Path) -> list[dict]:
-    """Read ``invocations.jsonl``: one JSON object per line (blank lines skipped), each with a
-    string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 0`` (0, as the
-    grid runner writes it, and absent both mean every layer of the model). Other keys
-    are kept. Each object gets ``_line`` (its 1-based line).
+def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:
+    """The JSON objects of a JSONL file with their 1-based lines (blank lines skipped); ``what``
+    says what a line holds (in the message of a missing file or a line that is no object).
 
     Raises:
-        ScenarioError: (``file`` the path, ``field`` ``<key>, line N``) a missing or unreadable
-            file, a malformed line, a missing or mistyped key, no invocation.
+        ScenarioError: (``file`` the path, ``field`` ``line N``) a missing file, one that is not a
+            regular text file of bounded size (a FIFO, a device: :func:`sim.bounds.check_text_input`),
+            unreadable or not UTF-8, a malformed line, a line that is not an object.
     """
     p = Path(path)
-    if p.exists():
-        check_text_input(p)
+    if not p.exists():
+        raise ScenarioError(f"file not found ({what})", file=p)
+    check_text_input(p)
     try:
         text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError("file not found (one JSON object per llama-bench invocation)", file=p) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=p) from None
     out = []
@@ -127,7 +125,24 @@ def read_invocations(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise ScenarioError(f"malformed JSON ({exc.msg}, column {exc.colno})", file=p, field=f"line {i}") from None
         if not isinstance(rec, dict):
-            raise ScenarioError("expected a JSON object", file=p, field=f"line {i}")
+            raise ScenarioError(f"expected a JSON object ({what})", file=p, field=f"line {i}")
+        out.append((i, rec))
+    return out
+
+
+def read_invocations(path: str | Path) -> list[dict]:
+    """Read ``invocations.jsonl``: one JSON object per line (blank lines skipped), each with a
+    string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 0`` (0, as the
+    grid runner writes it, and absent both mean every layer of the model). Other keys
+    are kept. Each object gets ``_line`` (its 1-based line).
+
+    Raises:
+        ScenarioError: (``file`` the path, ``field`` ``<key>, line N``) a missing or unreadable
+            file, a malformed line, a missing or mistyped key, no invocation.
+    """
+    p = Path(path)
+    out = []
+    for i, rec in jsonl_objects(p, "one JSON object per llama-bench invocation"):
         for key in ("gguf", "model_toml"):
             if not isinstance(rec.get(key), str) or not rec[key]:
                 raise ScenarioError(f"expected a non-empty string, got {rec.get(key)!r}", file=p,

@@ -23,7 +23,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError
