@@ -763,9 +763,6 @@ def new_figure(width: float, height: float):
     return fig
 
 
-from .atomic import write_atomic as _write_bytes_atomic  # noqa: E402
-
-
 def _use_log(ax_spec: AxisSpec, values: Sequence[float]) -> bool:
     vals = [v for v in values if v > 0]
     return ax_spec.log and len(vals) == len(values) and max(vals) / min(vals) >= 8

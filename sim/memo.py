@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import engines
-from .builder import (BuildContext, Emitter, attn_item_shape, build_graph, cpu_attn_args, draw_masks,
+from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
                       kq_mask_shape, test_graphs)
 from .costs import op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
