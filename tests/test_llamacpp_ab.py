@@ -338,3 +338,25 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     for flag in (["--repetitions", "0"], ["--min-effect", "-1"], ["--jobs", "0"]):
         assert AB.main([str(run), "-q", *flag]) == 2
         assert flag[0] in capsys.readouterr().err
+
+
+def test_damaged_folders_are_refused_not_paired_wrongly(tmp_path):
+    """Rows removed (the invocations' counts no longer add up), no baseline at all, an impossible
+    VRAM figure, a contradictory identity check: each one ScenarioError naming the field."""
+    base = [({"id": "a"}, [row(pw=0, pwg=0), row(pw=1, pwg=0)])]
+    run = make_run(tmp_path / "1", base)
+    lines = (run / "llama-bench.jsonl").read_text().splitlines()
+    (run / "llama-bench.jsonl").write_text(lines[1] + "\n")
+    with pytest.raises(ScenarioError) as ei:
+        AB.ab(run, HW, repetitions=1, jobs=1)
+    assert ei.value.field == "rows" and "add up to 2" in str(ei.value)
+    run = make_run(tmp_path / "2", [({"id": "a"}, [row(pw=1, pwg=0)])])
+    with pytest.raises(ScenarioError, match="no prefetch row has a baseline"):
+        AB.ab(run, HW, repetitions=1, jobs=1)
+    with pytest.raises(ValueError, match="used_mib must be a finite number"):
+        AB.parse_vram_lines("prefetch-sim vram: model=m test=64/0/0 ub=64 pw=1 pwg=0 pes=0 used_mib=-5 staging_mib=1\n")
+    run = make_run(tmp_path / "3", base, identity=[{"model": "m", "variant": "-pw 1", "identical": True,
+                                                    "first_diff_step": 3, "tokens": 500}])
+    with pytest.raises(ScenarioError) as ei:
+        AB.read_identity(run / "identity.jsonl")
+    assert ei.value.field == "first_diff_step, line 1"

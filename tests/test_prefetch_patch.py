@@ -177,3 +177,13 @@ def test_bad_identity_runs_name_the_field(tmp_path, extra, field):
     with pytest.raises(ScenarioError) as ei:
         G.load_grid(g)
     assert ei.value.field == field and str(g) in str(ei.value)
+
+
+@pytest.mark.parametrize("variants, msg", [('["-pw 0"]', "turns no prefetch on"), ('["-pwg 0"]', "turns no prefetch on"),
+                                           ('["-pw 1", "-pw 1 -pwg 512"]', "repeats")])
+def test_identity_variants_must_turn_prefetch_on_once_each(tmp_path, variants, msg):
+    g = tmp_path / "g.toml"
+    g.write_text('[grid]\nname = "t"\n[[model]]\nkey = "m"\ntoml = "x.toml"\n'
+                 f'[[run]]\nid = "a"\nmodel = "m"\nkind = "identity"\nargs = "-ngl 99"\nvariants = {variants}\n')
+    with pytest.raises(ScenarioError, match=msg):
+        G.load_grid(g)

@@ -268,6 +268,9 @@ def parse_vram_lines(text: str, name: str = "log") -> list[dict]:
                        staging_mib=float(kv["staging_mib"]))
         except (ValueError, KeyError) as exc:
             raise ValueError(f"{name}:{no}: malformed vram line ({exc}): {ln[:120]!r}") from None
+        for key in ("used_mib", "staging_mib"):
+            if not (math.isfinite(rec[key]) and rec[key] >= 0):
+                raise ValueError(f"{name}:{no}: {key} must be a finite number >= 0, got {kv[key]!r}")
         out.append(rec)
     return out
 
@@ -355,6 +358,17 @@ def read_identity(path: str | Path) -> pd.DataFrame | None:
             ident = hashes[0] == hashes[1]
         elif not isinstance(ident, bool):
             raise ScenarioError(f"expected true or false, got {ident!r}", file=p, field=f"identical, line {i}")
+        first = rec.get("first_diff_step")
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < -1):
+            raise ScenarioError(f"expected null or an integer >= -1, got {first!r}", file=p,
+                                field=f"first_diff_step, line {i}")
+        if ident and first is not None:
+            raise ScenarioError(f"identical is true but first_diff_step is {first}: a check that differs is not "
+                                "identical", file=p, field=f"first_diff_step, line {i}")
+        tokens = rec.get("tokens")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ScenarioError(f"expected an integer >= 1 (tokens decoded), got {tokens!r}", file=p,
+                                field=f"tokens, line {i}")
         inconsistent = both and ident and hashes[0] != hashes[1]
         r = {k: rec.get(k) for k in IDENTITY_KEYS}
         r.update(identical=ident, ok=bool(ident and not inconsistent), inconsistent=bool(inconsistent), line=i)
@@ -459,11 +473,20 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     bench = read_llama_bench(bench_file)
     check_patch_fields(bench, bench_file)
     invs = cmp.read_invocations(run / cmp.INVOCATIONS_FILE)
+    counted = [inv.get("rows") for inv in invs if inv.get("kind", "bench") == "bench"]
+    if counted and all(isinstance(c, int) and not isinstance(c, bool) for c in counted) and sum(counted) != len(bench):
+        raise ScenarioError(f"the bench invocations' rows add up to {sum(counted)}, {bench_file.name} has {len(bench)}: "
+                            "rows were removed or added, so they cannot be told apart by invocation (an A/B pairs "
+                            "each prefetch row with its own invocation's baseline)", file=run / cmp.INVOCATIONS_FILE,
+                            field="rows")
     owners = cmp._attribute(bench, invs)
     pairs = pair_rows(bench, owners)
     if not pairs:
         raise ScenarioError("no prefetch row (prefetch_weights 1 or prefetch_expert_slots > 0): an A/B needs rows of "
                             "a llama-bench with the project's prefetch patch (-pw / -pes)", file=bench_file)
+    if all(b is None for _, b in pairs):
+        raise ScenarioError("no prefetch row has a baseline row of its configuration (prefetch_weights 0, "
+                            "prefetch_expert_slots 0): run -pw 0,1 / -pes 0,N", file=bench_file)
     ident = read_identity(run / IDENTITY_FILE)
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(cmp.resolve(hardware))
     wanted = sorted({ln for p in pairs for ln in p if ln is not None})

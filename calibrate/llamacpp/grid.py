@@ -180,11 +180,18 @@ def load_grid(path: str | Path) -> GridSpec:
             raw = rf.raw("variants", None)
             if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
                 raise rf.error("variants", "an identity run needs a list of prefetch variants, e.g. [\"-pw 1 -pwg 0\"]")
+            envs = []
             for v in raw:
                 try:
-                    variant_env(v)
+                    env = variant_env(v)
                 except ValueError as exc:
                     raise rf.error("variants", f"{v!r}: {exc}") from None
+                if env["GGML_SCHED_PREFETCH_WEIGHTS"] == "0" and env["GGML_SCHED_PREFETCH_EXPERT_SLOTS"] == "0":
+                    raise rf.error("variants", f"{v!r} turns no prefetch on (it would compare off with off): "
+                                               "give -pw 1 or -pes N >= 1")
+                if env in envs:
+                    raise rf.error("variants", f"{v!r} repeats an earlier variant")
+                envs.append(env)
             variants = tuple(raw)
         runs.append(GridRun(id=rid, model=model, args=args, kind=kind,
                             repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items())),
