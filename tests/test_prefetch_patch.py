@@ -169,6 +169,7 @@ def test_identity_runs_record_identical_differing_and_failing_variants(tmp_path)
     ('args = "-ngl 99"\nvariants = ["-pw 3"]\n', "run[0].variants"),
     ('args = "-ngl 99 -r 5"\nvariants = ["-pw 1"]\n', "run[0].args"),
     ('args = "-lm disk"\nvariants = ["-pw 1"]\n', "run[0].args"),
+    ('args = "-n 0"\nvariants = ["-pw 1"]\n', "run[0].args"),
 ])
 def test_bad_identity_runs_name_the_field(tmp_path, extra, field):
     g = tmp_path / "g.toml"

@@ -124,7 +124,11 @@ def _plan(args) -> int:
 
     spec = load_grid(args.grid)
     for r in spec.runs:
-        print(f"{r.id:32s} {r.model:16s} {len(expand(r.args)):3d} rows  {' '.join(r.args)}")
+        if r.kind == "identity":  # psim-decode: once off, once per variant
+            print(f"{r.id:32s} {r.model:16s} {1 + len(r.variants):3d} decodes  {' '.join(r.args)}  "
+                  f"variants: {'; '.join(r.variants)}")
+        else:
+            print(f"{r.id:32s} {r.model:16s} {len(expand(r.args)):3d} rows  {' '.join(r.args)}")
     print(f"{len(spec.runs)} runs, {count_rows(spec)} bench rows, {count_rows(spec, 'routing')} routing rows")
     return 0
 

@@ -76,6 +76,8 @@ def check_args(args: tuple[str, ...]) -> None:
             raise ValueError(f"{flag} needs an integer, got {value!r}")
         if flag == "-lm" and value not in ("none", "mmap"):
             raise ValueError(f"-lm is none or mmap, got {value!r}")
+        if flag in ("-p", "-n", "-b", "-ub") and int(value) < 1:
+            raise ValueError(f"{flag} must be >= 1 (a check decodes a prompt and then tokens), got {value}")
 
 
 def compare_outputs(off: dict, on: dict) -> tuple[bool, int | None]:
