@@ -447,15 +447,15 @@ def required_variants(args: argparse.Namespace, params) -> dict[str, tuple[str, 
     """The variants a ``run`` command line asks for, ``{name: (flag, value as given)}``: each
     ``-pw``/``-pwg``/``-pes`` combination's variant (the flags that differ from the patch's
     defaults, ``-pwg`` only with ``-pw 1``: ``-pes 1000``, ``-pw 1 -pwg 0``) or each ``--variant``."""
+    from .benchflags import PREFETCH_FLAGS
     from .llamabench import PREFETCH_DEFAULTS
 
     out: dict[str, tuple[str, str]] = {}
     for c in params.prefetch or ():
         if c.variant in out:
             continue
-        given = [f"{flag} {c.fields[name]}" for name, flag in (
-            ("prefetch_weights", "-pw"), ("prefetch_gate", "-pwg"), ("prefetch_expert_slots", "-pes"))
-            if c.fields[name] != PREFETCH_DEFAULTS[name] and (name != "prefetch_gate" or c.prefetch_weights)]
+        given = [f"{opts[0]} {c.fields[name]}" for name, opts, *_ in PREFETCH_FLAGS
+                 if c.fields[name] != PREFETCH_DEFAULTS[name] and (name != "prefetch_gate" or c.prefetch_weights)]
         flag = "-pes/--prefetch-experts-slots" if c.prefetch_expert_slots else "-pw/--prefetch-weights"
         out[c.variant] = (flag, " ".join(given) or c.flags)
     for name in getattr(args, "variant", None) or ():

@@ -309,7 +309,11 @@ def read_llama_bench(path: str | Path):
     """
     import pandas as pd
 
+    from .bounds import check_text_input
+
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        check_text_input(p)  # a regular file of bounded size: a FIFO or a device would hang the read
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -47,8 +47,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PREFETCH_DEFAULTS, STRING, \
-    bench_test_name
+from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PATCH_FIELDS, PREFETCH_DEFAULTS, \
+    STRING, bench_test_name
 
 #: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
@@ -90,7 +90,7 @@ MD_DEFAULTS: Mapping[str, Any] = {
 MD_OPTIONAL = ("n_cpu_moe", "n_threads", "cpu_mask", "cpu_strict", "poll", "n_batch", "n_ubatch", "type_k", "type_v",
                "main_gpu", "split_mode", "no_kv_offload", "flash_attn", "devices", "tensor_split",
                "tensor_buft_overrides", "load_mode", "lazy_mode", "embeddings", "no_op_offload", "no_host", "repack",
-               "fit_target", "fit_min_ctx", "prefetch_weights", "prefetch_gate", "prefetch_expert_slots")
+               "fit_target", "fit_min_ctx", *PATCH_FIELDS)
 #: ``markdown_printer::get_field_display_name``
 _MD_NAME = {"n_gpu_layers": "ngl", "split_mode": "sm", "n_threads": "threads", "no_kv_offload": "nkvo",
             "flash_attn": "fa", "load_mode": "lm", "embeddings": "embd", "no_op_offload": "nopo", "no_host": "noh",

@@ -64,7 +64,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
 from sim.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
 from sim.specs import HardwareProfile, load_hardware, load_model
@@ -469,7 +468,6 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     if not run.is_dir():
         raise ScenarioError("run folder not found", file=run)
     bench_file = run / cmp.BENCH_FILE
-    check_text_input(bench_file)  # a FIFO or a device would hang the read
     bench = read_llama_bench(bench_file)
     check_patch_fields(bench, bench_file)
     invs = cmp.read_invocations(run / cmp.INVOCATIONS_FILE)

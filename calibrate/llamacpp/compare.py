@@ -404,7 +404,6 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     if not run.is_dir():
         raise ScenarioError("run folder not found", file=run)
     bench_file, inv_file = run / BENCH_FILE, run / INVOCATIONS_FILE
-    check_text_input(bench_file)  # a regular file of bounded size: a FIFO or a device would hang the read
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
     refs = model_map(invs, run, inv_file)

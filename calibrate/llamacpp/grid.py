@@ -235,9 +235,12 @@ def check_bench_args(args: tuple[str, ...]) -> None:
         raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
     if ns.scenario is not None:
         raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
-    for flag in ns.prefetch_weights or []:
-        if any(v not in (0, 1) for v in flag):
-            raise ValueError(f"-pw is 0 or 1, got {','.join(map(str, flag))}")
+    from sim.benchflags import prefetch_combos
+
+    try:
+        prefetch_combos(ns)  # -pw 0|1, as prefetch-sim run checks it
+    except ScenarioError as exc:
+        raise ValueError(f"{exc.field}: {exc.reason}") from None
 
 
 def _values(text: str) -> list[str]:

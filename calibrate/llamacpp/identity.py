@@ -26,15 +26,18 @@ import subprocess
 import time
 from pathlib import Path
 
+from sim.benchflags import PREFETCH_FLAGS
+from sim.llamabench import PREFETCH_DEFAULTS
+
 #: llama-bench's prefetch flags (the patch's) -> the scheduler's environment variable
-FLAG_ENV = {
-    "-pw": "GGML_SCHED_PREFETCH_WEIGHTS", "--prefetch-weights": "GGML_SCHED_PREFETCH_WEIGHTS",
-    "-pwg": "GGML_SCHED_PREFETCH_GATE", "--prefetch-gate": "GGML_SCHED_PREFETCH_GATE",
-    "-pes": "GGML_SCHED_PREFETCH_EXPERT_SLOTS", "--prefetch-experts-slots": "GGML_SCHED_PREFETCH_EXPERT_SLOTS",
-}
-#: every variable at its off value (the patch's defaults)
-OFF_ENV = {"GGML_SCHED_PREFETCH_WEIGHTS": "0", "GGML_SCHED_PREFETCH_GATE": "512",
-           "GGML_SCHED_PREFETCH_EXPERT_SLOTS": "0"}
+#: the scheduler's environment variable of each prefetch field (set per test by the patched
+#: llama-bench, read by ``ggml_backend_sched_new``: :mod:`calibrate.llamacpp.prefetch_patch`)
+FIELD_ENV = {"prefetch_weights": "GGML_SCHED_PREFETCH_WEIGHTS", "prefetch_gate": "GGML_SCHED_PREFETCH_GATE",
+             "prefetch_expert_slots": "GGML_SCHED_PREFETCH_EXPERT_SLOTS"}
+#: llama-bench's prefetch flags (the patch's, :data:`sim.benchflags.PREFETCH_FLAGS`) -> the variable
+FLAG_ENV = {opt: FIELD_ENV[dest] for dest, opts, *_ in PREFETCH_FLAGS for opt in opts}
+#: every variable at its off value (the patch's defaults, :data:`sim.llamabench.PREFETCH_DEFAULTS`)
+OFF_ENV = {FIELD_ENV[k]: str(v) for k, v in PREFETCH_DEFAULTS.items()}
 #: psim-decode's flags that take a value
 DECODE_FLAGS = ("-ngl", "-ncmoe", "-lm", "-b", "-ub", "-p", "-n", "-fa", "--seed")
 
