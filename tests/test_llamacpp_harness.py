@@ -221,7 +221,7 @@ def test_prefetch_grid_pairs_every_prefetch_row_with_a_baseline_in_its_own_run()
     """grids/h200-prefetch.toml: every run lists off and on in one invocation (one model load),
     so each prefetch row (-pw 1 or -pes > 0) has its baseline (-pw 0 -pes 0) in the same run."""
     spec = G.load_grid(REPO / "calibrate/llamacpp/grids/h200-prefetch.toml")
-    assert spec.repetitions == 5 and spec.perf == () and G.count_rows(spec) == 40
+    assert spec.repetitions == 5 and spec.perf == () and G.count_rows(spec) == 54
     assert {m.key for m in spec.models} == {"qwen3-30b-a3b", "gemma3-27b"}
     for m in spec.models:
         assert (REPO / m.toml).is_file()
@@ -242,7 +242,10 @@ def test_prefetch_grid_pairs_every_prefetch_row_with_a_baseline_in_its_own_run()
     for t in ("pp64", "pp512"):  # the gate: below it and at it
         assert ("qwen3-30b-a3b", t, "1", "512", None) in tests
     assert {("qwen3-30b-a3b", "pp2048", None, None, n) for n in "123"} <= tests
-    assert ("qwen3-30b-a3b", "tg32", "1", "0", None) in tests  # decode: no effect expected
+    # decode with each flag value: the control (no effect expected)
+    assert ("qwen3-30b-a3b", "tg32", "1", "0", None) in tests and ("qwen3-30b-a3b", "tg32", "1", "512", None) in tests
+    assert {("qwen3-30b-a3b", "tg32", None, None, n) for n in "0123"} <= tests
+    assert ("gemma3-27b", "tg16", "1", "0", None) in tests
     assert {("gemma3-27b", t, "1", "0", None) for t in ("pp512", "pp2048")} <= tests  # dense -ngl
 
 
