@@ -781,7 +781,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
             em.host(OpKind.EVENT_RECORD, f"record free {first.name}")
             rest, deps_first = rest[1:], []
         if rest:
-            em.launch_items(rest, Stream.COMPUTE, dev, deps_first)
+            _launch_split_items(em, rest, dev, deps_first)
         if prefetch_on and si not in staged:
             # the prefetch machinery records a done event per split so that buffers can be
             # released; it costs host time even when nothing is copied
@@ -795,6 +795,47 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     em.fill_pending = False
     em.plan.graph_last_op.append(len(em.plan) - 1)
     em.plan.graph_tokens.append(n_tokens)
+
+
+def moved_attn(it: Item) -> bool:
+    """Whether ``it`` is the attention of a layer ``-ngl`` left on the CPU that the op-offload
+    rule moved to the GPU (its shape carries the KV bytes copied in and out: elements 11, 12)."""
+    sh = it.shape
+    return it.kind is OpKind.ATTN and len(sh) > 12 and bool(sh[11] or sh[12])
+
+
+def _launch_split_items(em: Emitter, items: Sequence[Item], dev: int, first_deps=()) -> None:
+    """Launch a GPU split's items on ``dev``'s compute stream (:meth:`Emitter.launch_items`).
+
+    With a llama.cpp-calibrated profile, a moved attention (:func:`moved_attn`) is preceded by
+    what ggml's scheduler does on the host between the layer's V projection and its attention
+    (``ggml_backend_sched_compute_splits``, timed split by split in
+    ``data/llamacpp/h200-20261201-splits``): the CPU split storing the new K/V (their copy to the
+    host needs the GPU's work so far: the host waits for the compute stream; one-thread
+    ``SET_ROWS``) and the attention split's input copy of the layer's KV-cache view, a
+    non-weight input the scheduler copies synchronously from the plain (pageable) CPU buffer
+    after synchronising the GPU backend, plus the host overhead of the layer's extra splits
+    (norm weights, q/k/v apart). One host-blocking op (``HOST_WORK``, tag ``kv_moved``, priced by
+    :func:`sim.costs.kv_copies_s` and ``[ggml] split_us``); the GPU op then prices the attention
+    alone. The host cannot run ahead of it, so a prefetch copy fired one split ahead is issued
+    only once the host is past it."""
+    if em.ctx.scn.hardware.ggml is None or not any(moved_attn(it) for it in items):
+        em.launch_items(items, Stream.COMPUTE, dev, first_deps)
+        return
+    deps = tuple(first_deps)
+    j0 = 0
+    for j, it in enumerate(items):
+        if not moved_attn(it):
+            continue
+        if j > j0:
+            em.launch_items(items[j0:j], Stream.COMPUTE, dev, deps)
+            deps = ()
+        em.layer = it.layer
+        em.sync(dev, f"wait k/v {it.name}", (Stream.COMPUTE,))
+        oid = em.host(OpKind.HOST_WORK, f"{it.name} KV store and view", tag="kv_moved", shape=it.shape)
+        em.kv_ops.append((oid, "attn", it.layer))
+        j0 = j
+    em.launch_items(items[j0:], Stream.COMPUTE, dev, deps)
 
 
 def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids_read: set,

@@ -337,8 +337,8 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         t = g.attn_s("gpu", n_tok, keys, nh, nkv, hd, bool(fa))
         if t is None:
             t = attn_s(hw, n_tok, kv, nh, nkv, hd, window)
-        return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok) + kv_copies_s(sh, hw) + \
-            (sh[13] * g.split_s if len(sh) > 13 else 0.0)
+        # a moved attention's KV copies and extra splits are the host's (kv_moved, below)
+        return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok)
     if k is OpKind.CPU_MATVEC and len(sh) > 5 and g.cpu is not None:
         m, n, kk, mult, tag, inner = sh[:6]
         flops = hw.cpu_flops_per_s
@@ -371,6 +371,8 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         return g.graph_s + (g.launch_s * kernels if n_tok > 1 else 0.0)
     if k is OpKind.HOST_WORK and op.tag == "split_overhead":
         return g.split_s
+    if k is OpKind.HOST_WORK and op.tag == "kv_moved":  # sim.builder._launch_split_items
+        return kv_copies_s(sh, hw) + (sh[13] * g.split_s if len(sh) > 13 else 0.0)
     if k is OpKind.HOST_WORK and op.tag == "kq_mask":
         entries = sh[0] if sh else 0
         copy = hw.h2d(True).time_s(sh[1]) if len(sh) > 1 and sh[1] else 0.0

@@ -375,3 +375,44 @@ def test_the_profile_cold_kv_rate_is_that_of_the_committed_depth_profiles():
     rate, src = kv_cold_rate(REPO / "data/llamacpp/h200-20261202-depth", hw)
     assert hw.ggml.attn_kv_cold_bytes_per_s == pytest.approx(rate, rel=1e-5)
     assert "19.1 us per layer" in src
+
+
+def test_a_moved_attentions_kv_work_blocks_the_host_so_prefetch_fires_after_it():
+    """A layer -ngl left on the CPU, at prefill: the K/V store and the KV-view copy are host work
+    between the V projection and the attention (ggml's scheduler does them synchronously), priced
+    as the single attention op priced them before (kv_copies_s + the extra splits); with ungated
+    prefetch the copy feeding the split after the attention's (the output projection's successor)
+    is issued only once the host is past that work, so it cannot overlap it."""
+    from sim.builder import build_plan
+    from sim.costs import kv_copies_s, plan_durations
+    from sim.plan import OpKind
+    from sim.specs import BenchTest, parse_variant
+
+    hw = load_hardware(PROFILE)
+    scn = _scenario("gemma3-27b", 31, 512)
+    test = BenchTest(n_prompt=512, n_gen=0)
+    for vname in ("baseline", "prefetch_ungated"):
+        plan = build_plan(scn, parse_variant(vname), test, np.random.default_rng(0))
+        dur = plan_durations(plan, hw)
+        ops = plan.ops
+        kv = [op for op in ops if op.kind is OpKind.HOST_WORK and op.tag == "kv_moved"]
+        cpu_layers = scn.model.n_layer + 1 - 31
+        assert len(kv) == cpu_layers and all(op.stream.value == "host" for op in kv)
+        for op in kv:
+            sh = op.shape
+            assert dur[op.id] == pytest.approx(kv_copies_s(sh, hw) + sh[13] * hw.ggml.split_s)
+            attn = next(o for o in ops if o.kind is OpKind.ATTN and o.layer == op.layer)
+            assert attn.id > op.id  # launched after the host work
+            assert dur[attn.id] < dur[op.id]  # the GPU op is the attention alone
+        if vname == "baseline":
+            continue
+        from sim.engines import analytic
+
+        sched = analytic.run(plan, dur)
+        start, end = np.asarray(sched.start_s), np.asarray(sched.end_s)
+        # the copy feeding layer L's FFN gate (two staged splits after its attention: the output
+        # projection, then the gate) starts only after layer L's kv work on the host ended
+        for op in kv:
+            gate = [o for o in ops if o.name == f"blk.{op.layer}.ffn_gate.weight (prefetch)"]
+            assert len(gate) == 1
+            assert start[gate[0].id] >= end[op.id] - 1e-12
