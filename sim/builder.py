@@ -251,6 +251,18 @@ def draw_masks(ctx: BuildContext, n_tokens: int, token_offset: int) -> dict[int,
     return dict(zip(layers, ctx.router.used_masks(layers, n_tokens, ctx.rng, token_offset)))
 
 
+def draw_masks_graphs(ctx: BuildContext, graphs: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+    """The used-expert masks of several graphs ``[(n_tokens, kv_len, token_offset), ...]``
+    in order, each an (L, E) bool array over ``ctx.moe_layers`` (row ``k``: layer
+    ``ctx.moe_layers[k]``): the draws :func:`draw_masks` makes graph after graph, from
+    ``ctx.rng`` (:meth:`sim.routing.Router.used_masks_graphs`); None per graph without
+    experts."""
+    model = ctx.scn.model
+    if model.moe is None or ctx.router is None:
+        return [None] * len(graphs)
+    return ctx.router.used_masks_graphs(ctx.moe_layers, [(n, off) for n, _kv, off in graphs], ctx.rng)
+
+
 #: :meth:`Emitter.launch_items` (and :meth:`Emitter.h2d_pieces`) append their ops to the plan's
 #: columns in one loop; False makes them call :meth:`Emitter.launch` / :meth:`Emitter.h2d` per op
 #: (the reference path the tests compare them with)

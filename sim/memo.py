@@ -11,7 +11,8 @@ window, so the H2D busy time and the hidden part of it add up over graphs.
 A test is then evaluated as (:func:`time_test`):
 
 1. draw the used-expert masks of every graph from the test's rng, in the builder's order
-   (:func:`sim.builder.draw_masks`), so that the draws are those of the full plan;
+   (:func:`sim.builder.draw_masks`), so that the draws are those of the full plan (all
+   graphs in one call: :func:`sim.builder.draw_masks_graphs`, the same draws);
 2. key each graph on what determines its ops (:func:`graph_key`): tokens, the GPU holding the
    activations when it starts, and per MoE layer either the lengths of the mask's runs of used
    experts (when a selective copy of host experts reads it: one copy per run, priced by its
@@ -22,7 +23,9 @@ A test is then evaluated as (:func:`time_test`):
 4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
    fill: ``Emitter.kv_ops``), not the structure: each graph's duration row is the template's
    with those ops re-priced, identical rows are evaluated once, the others as one (S, n) batch
-   of the analytic engine (or one DES run each);
+   of the analytic engine (summed along the critical tree of one of them,
+   :func:`sim.engines.analytic._run_tree`; transfer statistics of all rows at once,
+   :func:`sim.trace.h2d_busy_hidden_rows`) or one DES run each;
 5. sum makespans, H2D bytes and the H2D busy/hidden seconds over the graphs.
 
 Not memoised (the full plan is built instead, :func:`memo_eligible`): plans with an expert
@@ -39,13 +42,13 @@ import numpy as np
 
 from . import engines
 from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
-                      kq_mask_shape, test_graphs)
+                      draw_masks_graphs, kq_mask_shape, test_graphs)
 from .costs import op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
 from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
-from .trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
+from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
 #: templates kept across the repetitions of a test hold at most this many ops in all
 KEEP_OPS = 200_000
@@ -164,6 +167,60 @@ def mask_key(masks: dict[int, np.ndarray], mask_layers: frozenset[int], seen: di
     return tuple(out)
 
 
+#: :func:`time_test` draws the masks of a test's graphs in one call and keys them per graph
+#: (:func:`sim.builder.draw_masks_graphs`, :func:`block_keys`); False draws and keys them graph
+#: by graph (:func:`sim.builder.draw_masks`, :func:`mask_key`: the reference path the tests
+#: compare it with)
+ENABLE_BATCH_DRAWS = True
+
+#: at most this many distinct mask blocks are kept (:func:`block_keys`)
+_BLOCKS_MAX = 256
+
+
+def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]], memo: dict) -> list[tuple]:
+    """:func:`mask_key` of each graph's masks given as one (L, E) bool block (row ``k``: layer
+    ``layers[k]``; None: a graph without experts, key ``()``), with that graph's
+    ``mask_layers``. Equal blocks (the same object, or the same bytes) are keyed once; the
+    keys of blocks seen before are kept in ``memo["_blocks"]``, their run lengths in
+    ``memo["_runs"]`` (as :func:`mask_key`'s ``seen``).
+
+    Returns:
+        one key per block, each equal to ``mask_key(dict(zip(layers, block)), ...)``.
+    """
+    seen = memo.setdefault("_runs", {})
+    known = memo.setdefault("_blocks", {})
+    if len(known) > _BLOCKS_MAX:
+        known.clear()
+    out: list[tuple] = []
+    last_obj = last_key = last_ml = None
+    for blk, ml in zip(blocks, mask_layers):
+        if blk is None:
+            out.append(())
+            continue
+        if blk is last_obj and ml is last_ml:
+            out.append(last_key)
+            continue
+        bk = (ml, blk.tobytes())
+        key = known.get(bk)
+        if key is None:
+            counts = np.count_nonzero(blk, axis=1).tolist()
+            key = []
+            for k, i in enumerate(layers):
+                if i in ml:
+                    m = blk[k]
+                    b = m.tobytes()
+                    r = seen.get(b)
+                    if r is None:
+                        r = seen[b] = run_lengths(m)
+                    key.append((i, r))
+                else:
+                    key.append((i, counts[k]))
+            key = known[bk] = tuple(key)
+        out.append(key)
+        last_obj, last_ml, last_key = blk, ml, key
+    return out
+
+
 def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
               mask_layers: frozenset[int]) -> tuple:
     """What determines a graph's ops apart from the KV length: tokens, the GPU holding the
@@ -273,10 +330,10 @@ def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
         d = np.stack([tpl.rows[r] for r in todo]) if len(todo) > 1 else tpl.rows[todo[0]]
         sched = engines.analytic.run(tpl.comp, d)
         start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
+        tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end)
+        mk = end.max(axis=1).tolist() if end.shape[1] else [0.0] * len(todo)
         for k, r in enumerate(todo):
-            s_k, e_k = np.ascontiguousarray(start[k]), np.ascontiguousarray(end[k])
-            tot, hid = h2d_busy_hidden_s(tpl.groups, s_k, e_k)
-            tpl.results[r] = (float(e_k.max()) if e_k.size else 0.0, tot, hid)
+            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]))
     else:
         for r in todo:
             sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
@@ -321,13 +378,21 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     # count is fixed (decode), the first graph's stand for all (the rng is the test's own)
     matter = [_masks_matter(ctx, n, host_layers) for n, _kv, _off in graphs]
     fixed = router is None or (not any(matter) and all(router.fixed_count(n) is not None for n, _kv, _off in graphs))
-    masks: list[dict] = []
-    for g, (n, _kv, off) in enumerate(graphs):
-        masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off))
-    mkeys: list[tuple] = []
-    seen = memo.setdefault("_runs", {})
-    for g in range(len(graphs)):
-        mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset(), seen))
+    if ENABLE_BATCH_DRAWS:
+        blocks = draw_masks_graphs(ctx, graphs[:1] if fixed else graphs)
+        if fixed:
+            blocks = blocks * len(graphs)
+        layers = ctx.moe_layers if router is not None else []
+        mkeys = block_keys(blocks, layers, [host_layers if m else frozenset() for m in matter], memo)
+        masks: list = blocks
+    else:
+        masks = []
+        for g, (n, _kv, off) in enumerate(graphs):
+            masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off))
+        mkeys = []
+        seen = memo.setdefault("_runs", {})
+        for g in range(len(graphs)):
+            mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset(), seen))
     base = [(n, mkeys[g]) for g, (n, _kv, _off) in enumerate(graphs)]
     remaining: dict = {}
     for b in base:
@@ -343,7 +408,10 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         key = (n, start_dev, mkeys[g])
         tpl = work.get(key) or memo.get(key)
         if tpl is None:
-            tpl = build_template(ctx, n, kv, off, masks[g], start_dev)
+            m = masks[g]
+            if not isinstance(m, dict):
+                m = {} if m is None else dict(zip(ctx.moe_layers, m))
+            tpl = build_template(ctx, n, kv, off, m, start_dev)
             built += 1
         work[key] = tpl
         pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
@@ -370,4 +438,5 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                       len(graphs), built)
 
 
-__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS", "run_lengths", "mask_key"]
+__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS",
+           "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS"]

@@ -134,6 +134,60 @@ def transfer_stats(plan: Plan, sched: Schedule) -> tuple[float, float]:
     return float(exposed_from_busy(total, hidden)), float(overlap_from_busy(total, hidden))
 
 
+#: :func:`run_variant_test` called without a context keeps the contexts it makes for a few
+#: (scenario, variant) pairs and reuses them (:func:`shared_context`); False makes a new one
+#: per call
+ENABLE_SHARED_CONTEXTS = True
+
+#: how many contexts :func:`shared_context` keeps (least recently used dropped first)
+SHARED_MAX = 2
+
+_SHARED: dict = {}   # (id(scn), variant) -> (scn, ctx), in least-recently-used order
+
+
+def clear_shared_contexts() -> None:
+    """Drop the contexts kept by :func:`shared_context` (the next call of
+    :func:`run_variant_test` without a context builds everything anew: a cold evaluation)."""
+    _SHARED.clear()
+
+
+def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildContext:
+    """The context :func:`run_variant_test` uses when given none: the one an earlier call made
+    for the same scenario object (``scn`` itself, not an equal copy: a scenario is frozen)
+    and an equal variant, if it was kept, else a new one (:func:`sim.builder.make_context`,
+    with the rng of ``(seed, test_index, -1)``), kept when the memoised path can time it
+    (:func:`sim.memo.memo_eligible`: no expert cache, so the context carries no state from
+    one test to the next but its caches).
+
+    What a kept context carries over is what determines the structure and the prices of a
+    graph: the resolved placement, VRAM and router, the items and splits, op prices and the
+    graph templates (ops, compiled predecessors, duration rows of the KV lengths seen). No
+    timing is: the templates' timed results are dropped here, so each call times its graphs
+    again (the same numbers: the engines are deterministic), as a fresh context would.
+
+    Raises:
+        PlacementError: the placement does not fit (a failing context is not kept).
+    """
+    from .memo import GraphTemplate, memo_eligible
+
+    key = (id(scn), variant)
+    got = _SHARED.pop(key, None)
+    if got is not None and got[0] is scn:
+        ctx = got[1]
+        for per_engine in ctx.graph_memo.values():
+            for tpl in per_engine.values():
+                if isinstance(tpl, GraphTemplate):
+                    tpl.results.clear()
+        _SHARED[key] = got
+        return ctx
+    ctx = make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
+    if memo_eligible(ctx):
+        while len(_SHARED) >= SHARED_MAX:
+            _SHARED.pop(next(iter(_SHARED)))
+        _SHARED[key] = (scn, ctx)
+    return ctx
+
+
 def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_index: int,
                      repetitions: int, engine: str = "analytic",
                      ctx: BuildContext | None = None, *, memo: bool = True) -> TestResult:
@@ -144,6 +198,9 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     in llama-bench's context, and over the tests of the variant that share ``ctx``.
 
     Args:
+        ctx: the variant's context; None: :func:`shared_context` (with ``memo``; a new one
+            from :func:`sim.builder.make_context` without, or with
+            :data:`ENABLE_SHARED_CONTEXTS` off).
         memo: time each distinct graph once and sum over the test's graphs
             (:mod:`sim.memo`; the same numbers to rounding) where that is exact; False builds
             and times the full plan of every repetition (the reference path).
@@ -153,7 +210,9 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     """
     from .memo import memo_eligible, time_test
 
-    ctx = ctx or make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
+    if ctx is None:
+        ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
+               else make_context(scn, variant, rep_rng(scn.seed, test_index, -1)))
     if ctx.cache is not None:
         # llama-bench's untimed warm-up run (warmup_test); it also warms the expert cache
         build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)

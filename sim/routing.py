@@ -680,6 +680,8 @@ class Router:
         #: (layer, n_tokens) -> used_probability, read-only arrays (every ubatch of a prompt
         #: asks for the same few)
         self._used_p: dict[tuple[int, int], np.ndarray] = {}
+        #: (layers, n_tokens) -> (L, E) stack of used_probability rows (read-only)
+        self._used_p_stacks: dict[tuple, np.ndarray] = {}
 
     # -- queries ------------------------------------------------------------------------
     def inclusion(self, layer: int) -> np.ndarray:
@@ -778,6 +780,51 @@ class Router:
             p = np.stack([self._used_p_cached(i, n_tokens) for i in layers])
             return list(rng.random(L * E).reshape(L, E) < p)
         return list(_systematic_used(self._pi[layers], self.top_k, n_tokens, rng, uniform=self.spec.kind == "uniform"))
+
+    def used_masks_graphs(self, layers: Sequence[int], graphs: Sequence[tuple[int, int]],
+                          rng: np.random.Generator) -> list[np.ndarray]:
+        """:meth:`used_masks` of several graphs in order, ``graphs`` = ``[(n_tokens,
+        token_offset), ...]``: the same draws from ``rng`` (the same values, consumed in the same
+        order), each graph's masks as one (L, E) bool array (row ``k``: layer ``layers[k]``).
+        Consecutive graphs of more than :data:`EXACT_MASK_MAX_TOKENS` tokens under an iid kind
+        draw their uniforms in one call (``random(a)`` then ``random(b)`` equal
+        ``random(a + b)``); the others are drawn graph by graph (:meth:`used_masks`).
+
+        Raises:
+            ValueError: a layer out of range or ``n_tokens < 0`` (as :meth:`used_masks`).
+        """
+        layers = list(layers)
+        for i in layers:
+            self._check_layer(i)
+        E, L = self.n_expert, len(layers)
+        out: list[np.ndarray] = []
+        g = 0
+        while g < len(graphs):
+            n, off = graphs[g]
+            if n < 0:
+                raise ValueError(f"n_tokens must be >= 0, got {n}")
+            if self.trace is not None or n <= EXACT_MASK_MAX_TOKENS or L == 0:
+                ms = self.used_masks(layers, n, rng, off)
+                out.append(np.stack(ms) if ms else np.zeros((0, E), dtype=bool))
+                g += 1
+                continue
+            h = g
+            while h < len(graphs) and graphs[h][0] > EXACT_MASK_MAX_TOKENS:
+                h += 1
+            u = rng.random((h - g) * L * E).reshape(h - g, L, E)
+            stacks = self._used_p_stacks
+            lk = tuple(layers)
+            for k in range(g, h):
+                nk = graphs[k][0]
+                p = stacks.get((lk, nk))
+                if p is None:
+                    if len(stacks) > 256:
+                        stacks.clear()
+                    p = stacks[(lk, nk)] = np.stack([self._used_p_cached(i, nk) for i in layers])
+                    p.flags.writeable = False
+                out.append(u[k - g] < p)
+            g = h
+        return out
 
     def fixed_count(self, n_tokens: int) -> int | None:
         """Experts a ubatch of ``n_tokens`` uses when that count does not depend on the draws

@@ -310,6 +310,66 @@ def h2d_busy_hidden_s(groups, start_s, end_s) -> tuple[float, float]:
     return total, hidden
 
 
+def _covered_rows(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_covered_s` of S runs at once (each argument (S, k) seconds): ``(measure of ∪A,
+    of (∪A) ∩ (∪B))``, (S,) each, every row to the bit of :func:`_covered_s` on it.
+
+    The stable sort of the boundaries of the first run is tried on every run (a run whose
+    boundaries it sorts, equal values in their original order, has that very permutation as
+    its stable sort, hence the same coverage counts); the segment lengths of those runs are
+    then summed together (one row-wise pairwise sum of the same elements in the same order,
+    as ``ndarray.sum`` of each row); any other run is measured on its own."""
+    pts = np.ascontiguousarray(np.concatenate((a_start, a_end, b_start, b_end), axis=1))
+    s_count, size = pts.shape
+    tot = np.zeros(s_count)
+    hid = np.zeros(s_count)
+    if size == 0 or s_count == 0:
+        return tot, hid
+    na, nb = a_start.shape[1], b_start.shape[1]
+    order = np.argsort(pts[0], kind="stable")
+    q = pts[:, order]
+    ok = (q[:, 1:] > q[:, :-1]) | ((q[:, 1:] == q[:, :-1]) & (order[1:] > order[:-1]))
+    good = ok.all(axis=1)
+    da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
+    db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
+    in_a = np.cumsum(da[order])[:-1] > 0
+    both = in_a & (np.cumsum(db[order])[:-1] > 0)
+    if good.all():
+        seg = np.diff(q, axis=1)
+        # C order: each row is reduced on its own, pairwise, as a 1-D array's sum
+        return (np.ascontiguousarray(seg[:, in_a]).sum(axis=1),
+                np.ascontiguousarray(seg[:, both]).sum(axis=1))
+    for k in range(s_count):
+        if good[k]:
+            seg = np.diff(q[k])
+            tot[k], hid[k] = seg[in_a].sum(), seg[both].sum()
+        else:
+            tot[k], hid[k] = _covered_s(a_start[k], a_end[k], b_start[k], b_end[k])
+    return tot, hid
+
+
+def h2d_busy_hidden_rows(groups, start_s, end_s) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`h2d_busy_hidden_s` of S runs of one plan at once.
+
+    Args:
+        groups: :func:`transfer_groups` of the plan (n ops).
+        start_s, end_s: (S, n) start and end times, seconds (any memory layout).
+
+    Returns:
+        ``(H2D busy seconds, of which hidden)``, (S,) float64 each; row ``k`` equals
+        ``h2d_busy_hidden_s(groups, start_s[k], end_s[k])`` to the bit.
+    """
+    start_s = np.asarray(start_s, dtype=np.float64)
+    end_s = np.asarray(end_s, dtype=np.float64)
+    total = np.zeros(start_s.shape[0])
+    hidden = np.zeros(start_s.shape[0])
+    for a, b in groups:
+        t, h = _covered_rows(start_s[:, a], end_s[:, a], start_s[:, b], end_s[:, b])
+        total += t
+        hidden += h
+    return total, hidden
+
+
 def _h2d_and_hidden_s(df: pd.DataFrame) -> tuple[float, float]:
     groups = transfer_groups(df["kind"].to_numpy(), df["stream"].to_numpy(), df["device"].to_numpy())
     return h2d_busy_hidden_s(groups, df["start_s"].to_numpy(), df["end_s"].to_numpy())

@@ -424,3 +424,65 @@ def test_three_predecessor_recurrence_equals_the_general_one(pd_):
         assert analytic._run_three(comp.p0, comp.p1, comp.p2, dur.tolist()) == ref
     s = analytic.run(plan, dur)
     assert s.start_s.tolist() == ref[0] and s.end_s.tolist() == ref[1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(plans(), st.data())
+def test_tree_batch_equals_each_row_run_alone(plan, data):
+    """_run_tree (one row op by op, the others summed along its critical tree and checked,
+    rows the tree does not fit op by op) gives each row's scalar recurrence to the bit: rows
+    that differ from the first in a few durations (mostly the same tree), rows with fresh
+    durations (mostly another tree: the fallbacks) and zeros; and run() with the tree path off
+    (the op-by-op numpy batch) gives the same arrays."""
+    n = len(plan.ops)
+    base = data.draw(durations_for(n, zeros=True))
+    S = data.draw(st.integers(analytic.TREE_MIN_ROWS, analytic.TREE_MIN_ROWS + 6))
+    rows = []
+    for _ in range(S):
+        if data.draw(st.booleans()):
+            r = base.copy()
+            k = data.draw(st.integers(0, n - 1))
+            r[k] = data.draw(st.floats(0.0, 1e-2))
+            rows.append(r)
+        else:
+            rows.append(data.draw(durations_for(n, zeros=True)))
+    batch = np.stack(rows)
+    comp = analytic.compile_plan(plan)
+    for _ in range(2):  # the second time starts from the tree the first one left
+        start, end = analytic._run_tree(comp, batch)
+        for k in range(S):
+            s1, e1 = analytic._run_one(comp, batch[k].tolist())
+            assert start[k].tolist() == s1 and end[k].tolist() == e1
+    ref = analytic._run_batch(comp.preds, batch)
+    np.testing.assert_array_equal(ref[0], start)
+    np.testing.assert_array_equal(ref[1], end)
+
+
+def test_tree_batch_on_a_memo_template_equals_the_op_by_op_batch(monkeypatch):
+    """On a built graph (the default scenario's pp512 graph) timed at 16 KV lengths, as
+    sim.memo does for a pp8192 test: the tree path equals the op-by-op numpy batch to the
+    bit, and fits every row without a fallback."""
+    from sim.builder import make_context
+    from sim.memo import _row_at, build_template
+    from sim.metrics import rep_rng
+    from sim.specs import BenchTest, load_scenario, parse_variant
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    v = parse_variant("baseline")
+    ctx = make_context(scn, v, rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    from sim.builder import draw_masks
+    tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0)
+    rows = [tpl.rows[_row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)]
+    batch = np.stack(rows)
+    calls = []
+    real = analytic._run_one
+    monkeypatch.setattr(analytic, "_run_one", lambda *a: calls.append(1) or real(*a))
+    got = analytic.run(tpl.comp, batch)
+    assert len(calls) == 1  # the first row, op by op; the other 15 along its tree
+    ref = analytic._run_batch(tpl.comp.preds, batch)
+    np.testing.assert_array_equal(got.start_s, ref[0])
+    np.testing.assert_array_equal(got.end_s, ref[1])
+    monkeypatch.setattr(analytic, "ENABLE_TREE", False)
+    off = analytic.run(tpl.comp, batch)
+    np.testing.assert_array_equal(off.end_s, got.end_s)

@@ -180,3 +180,85 @@ def test_graphs_with_shifted_expert_runs_share_a_template_and_match_the_full_pla
     assert tt.n_graphs == 4 and tt.n_templates < tt.n_graphs
     assert _rel(tt.makespan_s, float(sched.makespan_s)) <= REL
     assert tt.h2d_bytes == plan.meta["h2d_bytes"]
+
+
+@pytest.mark.parametrize("name", ["default.toml", "gpt-oss-20b-selective.toml", "h200x2-qwen3-30b-a3b.toml"])
+def test_masks_drawn_for_all_graphs_at_once_time_as_graph_by_graph(name, monkeypatch):
+    """time_test with the masks of every graph drawn in one call and keyed per block
+    (ENABLE_BATCH_DRAWS) gives, to the bit, the timing of the graph-by-graph draws and keys
+    (draw_masks, mask_key), with the same templates built; prompts with a partial last
+    ubatch, a short (exact-mask) prompt and decode."""
+    import sim.memo as memo
+
+    scn = load_scenario(ROOT / "scenarios" / name)
+    tests = [BenchTest(2 * scn.workload.n_ubatch + 100, 0, 0), BenchTest(40, 0, 64), BenchTest(0, 3, 10)]
+    scn = fit_context_to_tests(scn, tests)
+    for v in scn.variants:
+        try:
+            make_context(scn, v, rep_rng(scn.seed, -1, -1))
+        except PlacementError:
+            continue
+        for ti, t in enumerate(tests):
+            got = {}
+            for fast in (True, False):
+                monkeypatch.setattr(memo, "ENABLE_BATCH_DRAWS", fast)
+                ctx = make_context(scn, v, rep_rng(scn.seed, ti, -1))
+                if not memo_eligible(ctx):
+                    break
+                got[fast] = time_test(ctx, t, rep_rng(scn.seed, ti, 0), "analytic", {})
+            if got:
+                assert got[True] == got[False], f"{name} {v.name} {t.name}"
+
+
+def test_block_keys_are_the_mask_keys():
+    """block_keys of (L, E) blocks equal mask_key of the same masks as layer dicts, for
+    layers whose run lengths matter and the others, repeated blocks and graphs without experts."""
+    from sim.memo import block_keys, mask_key
+
+    rng = np.random.default_rng(3)
+    layers = [1, 2, 5, 7]
+    blocks = [rng.random((4, 16)) < 0.6 for _ in range(3)]
+    blocks = [blocks[0], blocks[1], blocks[1], np.ones((4, 16), dtype=bool), None, blocks[2]]
+    mls = [frozenset(), frozenset({2, 7}), frozenset({2, 7}), frozenset({1, 2, 5, 7}), frozenset(), frozenset({5})]
+    memo = {}
+    for _ in range(2):  # the second time from the blocks kept in memo
+        got = block_keys(blocks, layers, mls, memo)
+        for blk, ml, key in zip(blocks, mls, got):
+            assert key == (() if blk is None else mask_key(dict(zip(layers, blk)), ml))
+
+
+def test_a_kept_context_times_as_a_fresh_one():
+    """run_variant_test without a context keeps the one it made for the scenario and variant
+    (shared_context) and reuses it on the next call: that warm call gives the numbers of a
+    cold one (contexts dropped first) and of the full plan (memo=False), and retimes its graphs
+    (no timed result is carried over); another scenario object, even an equal one, or an
+    expert-cache variant, gets a context of its own."""
+    import sim.metrics as metrics
+    from sim.memo import GraphTemplate
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    t = BenchTest(1100, 0, 0)
+    scn = fit_context_to_tests(scn, [t])
+    v = parse_variant("baseline")
+    metrics.clear_shared_contexts()
+    cold = run_variant_test(scn, v, t, 0, 2)
+    ctx = metrics.shared_context(scn, v, 0)
+    tpls = [x for x in ctx.graph_memo["analytic"].values() if isinstance(x, GraphTemplate)]
+    assert tpls and not any(x.results for x in tpls)  # dropped when handed out again
+    warm = run_variant_test(scn, v, t, 0, 2)
+    assert metrics.shared_context(scn, v, 0) is ctx
+    full = run_variant_test(scn, v, t, 0, 2, memo=False)
+    for k in range(2):
+        assert warm.makespan_s[k] == cold.makespan_s[k]
+    for name in ("h2d_bytes", "exposed_transfer_s", "overlap_fraction"):
+        assert getattr(warm, name) == getattr(cold, name)
+    assert max(_compare(warm, full).values()) <= REL
+    other = load_scenario(ROOT / "scenarios" / "default.toml")
+    assert metrics.shared_context(other, v, 0) is not ctx
+    cached = parse_variant("cache_lru")
+    scn_c = scn.with_(placement=replace(scn.placement, expert_cache_experts=96))
+    a = metrics.shared_context(scn_c, cached, 0)
+    assert a.cache is not None and metrics.shared_context(scn_c, cached, 0) is not a
+    metrics.clear_shared_contexts()
+    assert metrics.shared_context(scn, v, 0) is not ctx
+    metrics.clear_shared_contexts()

@@ -514,3 +514,35 @@ def test_used_masks_replays_a_trace(tmp_path):
         got = router.used_masks(range(L), n, np.random.default_rng(0), off)
         for lay in range(L):
             np.testing.assert_array_equal(got[lay], router.used_mask(lay, n, None, off))
+
+
+@pytest.mark.parametrize("spec", [RoutingSpec(kind="uniform"), RoutingSpec(kind="skewed", zipf_s=1.1, cold_share=0.2)],
+                         ids=["uniform", "skewed"])
+def test_used_masks_of_several_graphs_at_once_are_the_graph_by_graph_draws(spec):
+    """Router.used_masks_graphs (the uniforms of consecutive Bernoulli-sized graphs drawn in
+    one call) gives used_masks's masks graph after graph, from the same draws: the rng ends in
+    the same state, with graphs of mixed sizes (exact and Bernoulli, partial last ubatches)."""
+    big = EXACT_MASK_MAX_TOKENS + 1
+    for E, k in ((256, 10), (32, 4)):
+        router = Router(spec, E, k, 12, np.random.default_rng(5))
+        for graphs in ([(512, 0)] * 5 + [(100, 2560)], [(1, 0), (big, 1), (big, 9), (7, 3), (512, 4), (512, 5)],
+                       [(3, 0)], []):
+            for layers in ([0, 3, 4, 11], [5]):
+                a, b = np.random.default_rng(2), np.random.default_rng(2)
+                want = [router.used_masks(layers, n, a, off) for n, off in graphs]
+                got = router.used_masks_graphs(layers, graphs, b)
+                assert len(got) == len(graphs)
+                for w, g in zip(want, got):
+                    assert g.shape == (len(layers), E)
+                    np.testing.assert_array_equal(np.stack(w), g)
+                assert a.random() == b.random()
+
+
+def test_used_masks_of_several_graphs_replay_a_trace(tmp_path):
+    L, T, E, k = 3, 7, 16, 3
+    p = write_trace(tmp_path / "t.csv", random_trace_ids(L, T, E, k), "experts", " ")
+    router = Router(RoutingSpec(kind="trace", trace_file=p), E, k, L)
+    graphs = [(1, 0), (5, T - 2), (3 * T, 4)]
+    got = router.used_masks_graphs(range(L), graphs, np.random.default_rng(0))
+    for (n, off), g in zip(graphs, got):
+        np.testing.assert_array_equal(g, np.stack(router.used_masks(range(L), n, None, off)))

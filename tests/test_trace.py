@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plangen import golden_plan, pipeline_plan, plans_with_durations
 from sim import engines, trace
@@ -214,3 +215,23 @@ def test_plan_transfer_groups_equal_the_groups_of_its_ops():
             assert len(got) == len(ref) and got is plan_transfer_groups(plan)
             for (a, b), (c, d) in zip(got, ref):
                 assert a.tolist() == c.tolist() and b.tolist() == d.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans_with_durations(zeros=True), st.integers(1, 6), st.booleans())
+def test_busy_hidden_of_many_runs_equals_each_run(pd_, s_count, same_order):
+    """h2d_busy_hidden_rows (S runs at once: one sort tried on every run, row-wise sums) gives
+    each run's h2d_busy_hidden_s to the bit, whether the runs' boundaries sort alike (scaled
+    durations) or not (fresh durations), in C or Fortran memory order."""
+    plan, dur = pd_
+    rng = np.random.default_rng(s_count)
+    rows = [dur * (1.0 + 0.5 * k) if same_order else dur * rng.random(dur.size) for k in range(s_count)]
+    sched = analytic.run(plan, np.stack(rows))
+    start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
+    groups = trace.plan_transfer_groups(plan)
+    for s_, e_ in ((np.ascontiguousarray(start), np.ascontiguousarray(end)),
+                   (np.asfortranarray(start), np.asfortranarray(end))):
+        tot, hid = trace.h2d_busy_hidden_rows(groups, s_, e_)
+        for k in range(s_count):
+            t1, h1 = trace.h2d_busy_hidden_s(groups, np.ascontiguousarray(start[k]), np.ascontiguousarray(end[k]))
+            assert (tot[k], hid[k]) == (t1, h1)

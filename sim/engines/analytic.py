@@ -18,6 +18,12 @@ op that sit on the same queue only the one with the largest id can be the maximu
 are dropped when the plan is compiled (:func:`compile_plan`). A typical op then has one or two
 predecessors left.
 
+Batches of scenarios that differ only in durations (the KV lengths of a prefill's ubatches,
+:mod:`sim.memo`) mostly share their *critical tree* (each op's start is the end of one
+predecessor): :func:`_run_tree` times one scenario op by op and sums the others along its
+tree with numpy, checking that the tree is theirs (exact: the same additions in the same
+order; a scenario it does not fit is timed op by op).
+
 The module also holds the textbook closed forms used in tests and docs:
 :func:`sequential_makespan` and :func:`pipeline_makespan` (see its docstring for the
 derivation of the 2-slot double-buffer formula).
@@ -36,6 +42,12 @@ _CACHE_KEY = "_sim_engines_compiled"
 #: batches of at most this many scenarios run one scenario at a time (:func:`run`)
 ROWS_MAX = 8
 
+#: :func:`run` times a batch of more than :data:`ROWS_MAX` scenarios along the critical tree
+#: of its first one (:func:`_run_tree`); False runs :func:`_run_batch` (the reference path the
+#: tests compare it with)
+ENABLE_TREE = True
+TREE_MIN_ROWS = ROWS_MAX + 1
+
 
 class CompiledPlan:
     """A plan reduced to what the recurrence needs.
@@ -51,11 +63,13 @@ class CompiledPlan:
             :attr:`preds`).
     """
 
-    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds")
+    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees")
 
     def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
         self.n, self.queue, self.pred_ptr, self.pred_idx = n, queue, pred_ptr, pred_idx
         self._preds = None
+        # critical-predecessor choices (bytes) -> _Tree; "last": the last used; "columns"
+        self._trees: dict = {}
         cnt = np.diff(pred_ptr)
         if n and cnt.max() > 3:
             self.p0 = self.p1 = self.p2 = None
@@ -68,6 +82,13 @@ class CompiledPlan:
             col[has] = pred_idx[first[has] + k]
             cols.append(col.tolist())
         self.p0, self.p1, self.p2 = cols
+
+    @property
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:attr:`p0`, :attr:`p1`, :attr:`p2` as int64 arrays (only when they are set)."""
+        if "columns" not in self._trees:
+            self._trees["columns"] = tuple(np.array(c, dtype=np.int64) for c in (self.p0, self.p1, self.p2))
+        return self._trees["columns"]
 
     @property
     def preds(self) -> tuple[tuple[int, ...], ...]:
@@ -191,9 +212,10 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
         :class:`~sim.plan.Schedule` with ``start_s``/``end_s`` of the same shape as
         ``durations``, ``engine="analytic"``. A batch of up to :data:`ROWS_MAX` scenarios
         is run one scenario at a time with Python floats (faster than numpy calls on short
-        rows; the same arithmetic); for a larger batch they are transposed views of (n, S)
-        arrays (column-major (S, n)): the engine works op by op on rows of S scenarios, and a
-        transposing copy would double its memory traffic.
+        rows; the same arithmetic); a larger one by :func:`_run_tree` (one scenario timed
+        op by op, the others along its critical-predecessor tree with numpy, checked, to the
+        bit; :data:`ENABLE_TREE`), or, with that off, op by op on rows of S scenarios
+        (:func:`_run_batch`; then the arrays are transposed views of (n, S) arrays).
 
     Raises:
         ValueError: see :func:`check_durations`.
@@ -207,6 +229,9 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
         rows = [_run_one(comp, r) for r in d.tolist()]
         return Schedule(np.array([r[0] for r in rows], dtype=np.float64).reshape(d.shape),
                         np.array([r[1] for r in rows], dtype=np.float64).reshape(d.shape), ENGINE_NAME)
+    if ENABLE_TREE and d.shape[0] >= TREE_MIN_ROWS:
+        start, end = _run_tree(comp, d)
+        return Schedule(start, end, ENGINE_NAME)
     start, end = _run_batch(comp.preds, d)
     return Schedule(start, end, ENGINE_NAME)
 
@@ -286,6 +311,204 @@ def _run_batch(preds, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             for j in p[2:]:
                 maximum(si, end[j], out=si)
         add(si, dt[i], out=end[i])
+    return start.T, end.T
+
+
+class _Tree:
+    """A critical-predecessor tree of a compiled plan, cut into chains for :func:`_run_tree`.
+
+    Attributes:
+        parent: (n,) int64, the chosen predecessor of each op, ``n`` for an op without one
+            (column ``n`` of the work arrays holds 0.0).
+        groups: ``[(ids, heads), ...]`` in dependency order: ``ids`` (m, L) int64 op ids of
+            ``m`` chains (each op's parent is the op before it in its row; the first op's
+            parent is ``heads[k]``, an op of an earlier group, or ``n``), padded on the right
+            with ``n + 1`` (a scratch column of zero duration).
+        others: (ops, preds), int64: every pruned predecessor ``preds[k]`` of ``ops[k]`` that
+            is not its parent (what :func:`_tree_ends` checks).
+    """
+
+    __slots__ = ("parent", "groups", "others")
+
+    def __init__(self, parent: np.ndarray, groups: list, others: tuple[np.ndarray, np.ndarray]):
+        self.parent, self.groups, self.others = parent, groups, others
+
+
+def _tree_of(comp: CompiledPlan, choice: np.ndarray) -> _Tree:
+    """Heavy-path decomposition of the tree ``choice`` ((n,) parent per op, -1 for none,
+    ``choice[i] < i``): each op continues the chain of its parent when it is the parent's child
+    with the largest subtree (ties: the highest id), else it starts a chain one level deeper;
+    any root-to-op path crosses O(log n) chains. The chains of one level are grouped by length
+    (powers of two, so padding at most doubles a group)."""
+    n = choice.size
+    par = choice.tolist()
+    size = [1] * n
+    best = [0] * n
+    heavy = [-1] * n          # heavy child of each op
+    for i in range(n - 1, -1, -1):   # children after parents: size[i] is final here
+        p = par[i]
+        if p >= 0:
+            si = size[i]
+            size[p] += si
+            if si > best[p]:
+                best[p] = si
+                heavy[p] = i
+    # chain heads: roots and light children; a chain follows heavy children from its head
+    level = [0] * n
+    heads = []
+    for i in range(n):
+        p = par[i]
+        if p < 0:
+            heads.append(i)
+        elif heavy[p] != i:
+            level[i] = level[p] + 1
+            heads.append(i)
+        else:
+            level[i] = level[p]
+    chains = []
+    for h in heads:
+        c = [h]
+        x = heavy[h]
+        while x >= 0:
+            c.append(x)
+            x = heavy[x]
+        chains.append(c)
+    by_group: dict = {}
+    for c in chains:
+        by_group.setdefault((level[c[0]], (len(c) - 1).bit_length()), []).append(c)
+    groups = []
+    for key in sorted(by_group):
+        cs = by_group[key]
+        width = max(map(len, cs))
+        ids = np.array([c + [n + 1] * (width - len(c)) for c in cs], dtype=np.int64)
+        hp = np.array([par[c[0]] for c in cs], dtype=np.int64)
+        hp[hp < 0] = n
+        groups.append((ids, hp))
+    parent = np.where(choice >= 0, choice, n).astype(np.int64)
+    ops = np.repeat(np.arange(n, dtype=np.int64), np.diff(comp.pred_ptr))
+    other = comp.pred_idx != parent[ops]
+    return _Tree(parent, groups, (ops[other], comp.pred_idx[other]))
+
+
+def _critical_choice(comp: CompiledPlan, end: np.ndarray) -> np.ndarray:
+    """(n,) the predecessor whose end is the op's start in one scenario's ``end`` times (the
+    lowest id among equal ends; -1 for an op without predecessors)."""
+    n = comp.n
+    if comp.p0 is not None and n:
+        cols = comp.columns
+        ez = np.append(end, 0.0)          # slot -1: a missing predecessor, end 0.0
+        choice = cols[0].copy()
+        best = ez[choice]
+        for col in cols[1:]:
+            v = ez[col]
+            later = v > best
+            choice[later] = col[later]
+            best = np.where(later, v, best)
+        return choice
+    ptr, idx = comp.pred_ptr, comp.pred_idx
+    choice = np.full(n, -1, dtype=np.int64)
+    if idx.size == 0:
+        return choice
+    cnt = np.diff(ptr)
+    ops = np.repeat(np.arange(n, dtype=np.int64), cnt)
+    # within each op (ascending candidates), the first candidate with the largest end
+    order = np.lexsort((idx, -end[idx], ops))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = ops[order][1:] != ops[order][:-1]
+    pick = order[first]
+    choice[ops[pick]] = idx[pick]
+    return choice
+
+
+def _tree_ends(comp: CompiledPlan, tree: _Tree, dt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end times of the scenarios ``dt`` ((n, m) durations, one column per
+    scenario) summed along ``tree``, and which scenarios the tree is not the critical one of.
+
+    Returns:
+        (start (n, m), end (n, m), bad (m,) bool).
+    """
+    n, m = dt.shape
+    dz = np.zeros((n + 2, m))
+    dz[:n] = dt
+    ez = np.zeros((n + 2, m))
+    for ids, heads in tree.groups:
+        if ids.shape[1] == 1:
+            ez[ids[:, 0]] = ez[heads] + dz[ids[:, 0]]
+            continue
+        acc = np.empty((ids.shape[0], ids.shape[1] + 1, m))
+        acc[:, 0] = ez[heads]
+        acc[:, 1:] = dz[ids]
+        np.cumsum(acc, axis=1, out=acc)   # sequential: acc[k] = acc[k - 1] + d, as the recurrence
+        ez[ids] = acc[:, 1:]
+    st = ez[tree.parent]
+    ops, preds = tree.others
+    bad = (ez[preds] > st[ops]).any(axis=0) if ops.size else np.zeros(m, dtype=bool)
+    return st, ez[:n], bad
+
+
+def _tree_for(comp: CompiledPlan, end: np.ndarray) -> _Tree:
+    """The chain decomposition of the critical tree of one scenario's ``end`` (n,) times,
+    cached on ``comp`` (a few trees) and remembered as the one to try first next time."""
+    choice = _critical_choice(comp, end)
+    key = choice.tobytes()
+    tree = comp._trees.get(key)
+    if tree is None:
+        if len(comp._trees) >= 10:
+            comp._trees = {k: v for k, v in comp._trees.items() if isinstance(k, str)}
+        tree = comp._trees[key] = _tree_of(comp, choice)
+    comp._trees["last"] = tree
+    return tree
+
+
+def _run_tree(comp: CompiledPlan, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """S scenarios at once, to the bit of :func:`_run_one` on each (``d``: (S, n) float64).
+
+    In one scenario each op's start is the end of one of its predecessors (the critical one,
+    :func:`_critical_choice`), so its end times are sums along the paths of that tree, in path
+    order. Scenarios that differ only in durations mostly share that tree: they are summed
+    along it with numpy (one ``cumsum`` per group of chains, :func:`_tree_of`; each element
+    the same IEEE addition ``end[parent] + d[op]`` the recurrence makes), then checked: the
+    tree is a scenario's own iff no predecessor of any op ends later than the start the tree
+    gave, and then every start and end is the recurrence's (each start is the largest of its
+    predecessors' ends, by induction over the ops). The tree is the last one used on this
+    plan, or that of the first scenario timed op by op; a scenario the check rejects gets the
+    tree of the first rejected one, timed op by op, and then, if still rejected, is timed op
+    by op.
+
+    Returns:
+        (start, end), each (S, n) float64 (transposed views of (n, S) arrays).
+    """
+    s_count, n = d.shape
+    start = np.empty((n, s_count))
+    end = np.empty((n, s_count))
+    todo = np.arange(s_count)
+    tree = comp._trees.get("last")
+    for attempt in range(2):
+        if tree is None or attempt:
+            k = int(todo[0])
+            s_k, e_k = _run_one(comp, d[k].tolist())
+            start[:, k], end[:, k] = s_k, e_k
+            tree = _tree_for(comp, end[:, k])
+            todo = todo[1:]
+        if todo.size == 0:
+            break
+        lo = int(todo[0])
+        contiguous = todo.size == s_count - lo
+        st, en, bad = _tree_ends(comp, tree, d[lo:].T if contiguous else d[todo].T)
+        if contiguous and not bad.any():
+            start[:, lo:] = st
+            end[:, lo:] = en
+            todo = todo[:0]
+            break
+        good = ~bad
+        start[:, todo[good]] = st[:, good]
+        end[:, todo[good]] = en[:, good]
+        todo = todo[bad]
+        if todo.size == 0:
+            break
+    for k in todo.tolist():
+        s_k, e_k = _run_one(comp, d[k].tolist())
+        start[:, k], end[:, k] = s_k, e_k
     return start.T, end.T
 
 
