@@ -819,7 +819,7 @@ def moved_attn(it: Item) -> bool:
 def _launch_split_items(em: Emitter, items: Sequence[Item], dev: int, first_deps=()) -> None:
     """Launch a GPU split's items on ``dev``'s compute stream (:meth:`Emitter.launch_items`).
 
-    With a llama.cpp-calibrated profile, a moved attention (:func:`moved_attn`) is preceded by
+    A moved attention (:func:`moved_attn`) is preceded by
     what ggml's scheduler does on the host between the layer's V projection and its attention
     (``ggml_backend_sched_compute_splits``, timed split by split in
     ``data/llamacpp/h200-20261201-splits``): the CPU split storing the new K/V (their copy to the
@@ -828,10 +828,11 @@ def _launch_split_items(em: Emitter, items: Sequence[Item], dev: int, first_deps
     non-weight input the scheduler copies synchronously from the plain (pageable) CPU buffer
     after synchronising the GPU backend, plus the host overhead of the layer's extra splits
     (norm weights, q/k/v apart). One host-blocking op (``HOST_WORK``, tag ``kv_moved``, priced by
-    :func:`sim.costs.kv_copies_s` and ``[ggml] split_us``); the GPU op then prices the attention
-    alone. The host cannot run ahead of it, so a prefetch copy fired one split ahead is issued
-    only once the host is past it."""
-    if em.ctx.scn.hardware.ggml is None or not any(moved_attn(it) for it in items):
+    :func:`sim.costs.kv_copies_s` and, with a llama.cpp-calibrated profile, ``[ggml]``'s
+    ``split_us`` and one-thread ``SET_ROWS`` rate); the GPU op then prices the attention alone.
+    The host cannot run ahead of it, so a prefetch copy fired one split ahead is issued only once
+    the host is past it."""
+    if not any(moved_attn(it) for it in items):
         em.launch_items(items, Stream.COMPUTE, dev, first_deps)
         return
     deps = tuple(first_deps)

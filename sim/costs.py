@@ -285,6 +285,10 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
         return issue + busy
     if k in (OpKind.EVENT_RECORD, OpKind.EVENT_WAIT):
         return hw.event_s
+    if k is OpKind.HOST_WORK and op.tag == "kv_moved":
+        # a profile without [ggml] figures: the copies only (no one-thread SET_ROWS rate, no
+        # per-split host time: sim.builder._launch_split_items)
+        return kv_copies_s(op.shape, hw)
     if k is OpKind.HOST_WORK:
         n_ids = op.shape[0] if op.shape else 0
         if hw.executor_mode and (hw.executor_host_work_s or hw.executor_host_work_per_id_s):

@@ -416,3 +416,21 @@ def test_a_moved_attentions_kv_work_blocks_the_host_so_prefetch_fires_after_it()
             gate = [o for o in ops if o.name == f"blk.{op.layer}.ffn_gate.weight (prefetch)"]
             assert len(gate) == 1
             assert start[gate[0].id] >= end[op.id] - 1e-12
+
+
+def test_a_datasheet_profile_prices_the_moved_attentions_host_work_as_its_copies():
+    """Without [ggml] figures (a datasheet profile) the same host op carries the KV copies only."""
+    from sim.builder import build_plan
+    from sim.costs import kv_copies_s, plan_durations
+    from sim.plan import OpKind
+    from sim.specs import BenchTest
+
+    hw = load_hardware(REPO / "scenarios/hardware/rtx5090.toml")
+    assert hw.ggml is None
+    scn = _scenario("gemma3-27b", 31, 512, hw)
+    plan = build_plan(scn, scn.variants[0], BenchTest(n_prompt=512, n_gen=0), np.random.default_rng(0))
+    dur = plan_durations(plan, hw)
+    kv = [op for op in plan.ops if op.kind is OpKind.HOST_WORK and op.tag == "kv_moved"]
+    assert len(kv) == scn.model.n_layer + 1 - 31
+    for op in kv:
+        assert dur[op.id] == pytest.approx(kv_copies_s(op.shape, hw)) and dur[op.id] > 0
