@@ -360,3 +360,20 @@ def test_damaged_folders_are_refused_not_paired_wrongly(tmp_path):
     with pytest.raises(ScenarioError) as ei:
         AB.read_identity(run / "identity.jsonl")
     assert ei.value.field == "first_diff_step, line 1"
+
+
+def test_summary_groups_by_model_kind_and_test_kind_together():
+    """With MoE and dense pairs of prefill and decode, the summary has a group per model kind
+    and test kind (the README's table), each counting only its own pairs."""
+    df = pd.DataFrame(dict(
+        variant=["prefetch_ungated"] * 4, prefetch_flags=["-pw 1 -pwg 0"] * 4,
+        kind=["pp", "tg", "pp", "tg"], model_kind=["moe", "moe", "dense", "dense"],
+        measured_gain_pct=[20.0, 1.0, 10.0, -2.0], predicted_gain_pct=[22.0, 0.0, 13.0, 0.0],
+        sign_agree=[True, True, True, False], gain_error_pts=[2.0, -1.0, 3.0, 2.0],
+        prefetch_ts_error_pct=[1.0, 2.0, 3.0, 4.0]))
+    s = AB.summarize(df).set_index("group")
+    for name, pts, agree in (("model: MoE pp", 2.0, 1), ("model: MoE tg", 1.0, 1), ("model: dense pp", 3.0, 1),
+                             ("model: dense tg", 2.0, 0)):
+        assert s.loc[name, "n_pairs"] == 1 and s.loc[name, "median_abs_gain_error_pts"] == pts, name
+        assert s.loc[name, "n_sign_agree"] == agree, name
+    assert s.loc["model: MoE", "n_pairs"] == 2 and s.loc["kind: tg", "n_sign_agree"] == 1

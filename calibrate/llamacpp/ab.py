@@ -610,8 +610,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     kinds = [k for k in ("pp", "tg", "pp+tg") if (df.kind == k).any()]
     groups += [(f"kind: {k}", df[df.kind == k]) for k in kinds]
     if "model_kind" in df and df.model_kind.nunique() > 1:
-        groups += [(f"model: {'MoE' if mk == 'moe' else mk}", df[df.model_kind == mk])
-                   for mk in ("moe", "dense") if (df.model_kind == mk).any()]
+        mks = [mk for mk in ("moe", "dense") if (df.model_kind == mk).any()]
+        groups += [(f"model: {'MoE' if mk == 'moe' else mk}", df[df.model_kind == mk]) for mk in mks]
+        if len(kinds) > 1:
+            groups += [(f"model: {'MoE' if mk == 'moe' else mk} {k}", df[(df.model_kind == mk) & (df.kind == k)])
+                       for mk in mks for k in kinds if ((df.model_kind == mk) & (df.kind == k)).any()]
     if len(order) > 1 or len(kinds) > 1:
         groups += [(f"{v} {k}", df[(lab == v) & (df.kind == k)]) for v in order for k in kinds
                    if ((lab == v) & (df.kind == k)).any()]
