@@ -303,3 +303,28 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "n_gen, line 1" in err
     assert cmp.main([str(run), "-q", "--repetitions", "0"]) == 2
     assert "--repetitions" in capsys.readouterr().err
+
+
+def _repro_rows(measured, predicted, kinds, splits, invs=None):
+    n = len(measured)
+    base = {k: [None] * n for k in cmp.REPEAT_KEY}
+    base.update(invocation=invs or [f"r{i}" for i in range(n)], test=["pp512"] * n, ot=[None] * n, variant=["baseline"] * n)
+    return pd.DataFrame(dict(base, measured_ts=measured, predicted_ts=predicted, kind=kinds, regime=["resident"] * n,
+                             split=splits, rel_error=[p / m - 1 for p, m in zip(predicted, measured)]))
+
+
+def test_repeat_rows_are_matched_by_configuration_and_summarised():
+    a = _repro_rows([100.0, 200.0, 50.0], [110.0, 200.0, 55.0], ["pp", "pp", "tg"], ["heldout", "fit", "heldout"])
+    # the repeat lacks r1, has r0 twice (matched to their mean) and an extra configuration
+    b = _repro_rows([90.0, 110.0, 40.0, 7.0], [0.0] * 4, ["pp"] * 4, ["fit"] * 4, invs=["r0", "r0", "r2", "zz"])
+    m = cmp.attach_repeat(a, b)
+    assert list(m.index) == list(a.index) and m.repeat_ts.iloc[0] == 100.0 and math.isnan(m.repeat_ts.iloc[1])
+    assert m.repeat_ts.iloc[2] == 40.0 and list(m.ot) == list(a.ot)
+    r = cmp.reproducibility(m).set_index("group")
+    assert r.loc["all", "n_matched"] == 2
+    assert r.loc["tg", "median_abs_repeat_diff"] == pytest.approx(0.2)       # 40 vs 50
+    assert r.loc["tg", "median_abs_rel_error"] == pytest.approx(0.1)         # 55 vs 50
+    assert r.loc["tg", "median_abs_pooled_error"] == pytest.approx(55 / 45 - 1)
+    assert r.loc["held-out", "n_matched"] == 2 and r.loc["fit", "n_matched"] == 0
+    assert math.isnan(r.loc["fit", "median_abs_repeat_diff"])
+    assert "| all | 2 |" in cmp.repro_markdown(cmp.reproducibility(m), "T")

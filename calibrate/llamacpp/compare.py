@@ -651,17 +651,9 @@ def _fit_label(row) -> bool:
         return False
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Error summary of :func:`compare`'s result: overall (``all``), by test kind (``pp``,
-    ``tg``, ``pp+tg``) and by regime (in :data:`REGIMES` order; groups without rows omitted);
-    with a ``split`` column, then the same for the ``held-out`` rows (the accuracy that
-    counts: :mod:`calibrate.llamacpp.split`) and the ``fit`` rows in all.
-
-    Returns:
-        :data:`SUMMARY_COLUMNS`: rows, rows with a prediction, median and 90th percentile
-        (linear interpolation) of ``|rel_error|``, and the median signed ``rel_error`` (bias),
-        over the predicted rows (NaN when none).
-    """
+def _groups(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """:func:`summarize`'s groups of ``df``'s rows: all, by test kind, by regime; with a
+    ``split`` column the same for the held-out rows (and by regime and kind), then the fit rows."""
     groups = [("all", df)]
     groups += [(k, df[df.kind == k]) for k in ("pp", "tg", "pp+tg") if (df.kind == k).any()]
     groups += [(f"regime: {r}", df[df.regime == r]) for r in REGIMES if (df.regime == r).any()]
@@ -673,14 +665,97 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         groups += [(f"held-out {r} {k}", h[(h.regime == r) & (h.kind == k)]) for r in REGIMES
                    for k in ("pp", "tg") if ((h.regime == r) & (h.kind == k)).any()]
         groups += [("fit", df[df.split == "fit"])]
+    return groups
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Error summary of :func:`compare`'s result: overall (``all``), by test kind (``pp``,
+    ``tg``, ``pp+tg``) and by regime (in :data:`REGIMES` order; groups without rows omitted);
+    with a ``split`` column, then the same for the ``held-out`` rows (the accuracy that
+    counts: :mod:`calibrate.llamacpp.split`) and the ``fit`` rows in all.
+
+    Returns:
+        :data:`SUMMARY_COLUMNS`: rows, rows with a prediction, median and 90th percentile
+        (linear interpolation) of ``|rel_error|``, and the median signed ``rel_error`` (bias),
+        over the predicted rows (NaN when none).
+    """
     out = []
-    for name, g in groups:
+    for name, g in _groups(df):
         e = g.rel_error.dropna()
         out.append(dict(group=name, n_rows=len(g), n_predicted=len(e),
                         median_abs_rel_error=float(e.abs().median()) if len(e) else math.nan,
                         p90_abs_rel_error=float(e.abs().quantile(0.9)) if len(e) else math.nan,
                         median_rel_error=float(e.median()) if len(e) else math.nan))
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
+
+
+#: the columns that identify a row's configuration across run folders of one grid (a repeat on
+#: another machine): :func:`reproducibility` matches rows on them
+REPEAT_KEY = ("invocation", "test", "n_prompt", "n_gen", "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot",
+              "load_mode", "flash_attn", "type_k", "type_v", "variant")
+
+#: columns of :func:`reproducibility`
+REPRO_COLUMNS = ("group", "n_matched", "median_abs_repeat_diff", "p90_abs_repeat_diff", "median_abs_rel_error",
+                 "p90_abs_rel_error", "median_abs_pooled_error", "p90_abs_pooled_error")
+
+
+def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (:func:`compare` of one run folder) with ``repeat_ts``: the measured t/s of the
+    same configuration (:data:`REPEAT_KEY`) in ``repeat`` (the same grid run on another machine,
+    read the same way), NaN where it has none. A configuration the repeat measured twice (a
+    duplicated key) is matched to the mean of its rows."""
+    def keys(frame: pd.DataFrame) -> pd.Series:
+        # the configuration as one string (missing values alike whatever the column's dtype)
+        return frame[list(REPEAT_KEY)].astype(object).where(frame[list(REPEAT_KEY)].notna(), "").astype(str).agg(
+            "\x1f".join, axis=1)
+
+    means = repeat.groupby(keys(repeat))["measured_ts"].mean() if len(repeat) else pd.Series(dtype=float)
+    out = df.copy()
+    out["repeat_ts"] = keys(df).map(means).astype(float) if len(df) else pd.Series(dtype=float)
+    return out
+
+
+def reproducibility(df: pd.DataFrame) -> pd.DataFrame:
+    """How well llama-bench reproduces itself on another machine, beside the simulator's error on
+    the same rows, in :func:`summarize`'s groups: rows of ``df`` (:func:`attach_repeat`) with a
+    repeat and a prediction; median and 90th percentile of ``|repeat_ts / measured_ts - 1|``,
+    of the simulator's ``|rel_error|`` on those rows, and of its error against the mean of the two
+    measurements (``|predicted / mean - 1|``: the ground truth with the machines' variation halved).
+
+    Returns:
+        :data:`REPRO_COLUMNS` (fractions; NaN where a group has no matched row).
+    """
+    m = df[df.repeat_ts.notna() & df.predicted_ts.notna() & df.measured_ts.notna()]
+    diff = (m.repeat_ts / m.measured_ts - 1).abs()
+    err = (m.predicted_ts / m.measured_ts - 1).abs()
+    pooled = (m.predicted_ts / ((m.measured_ts + m.repeat_ts) / 2) - 1).abs()
+    out = []
+    for name, g in _groups(m):
+        i = g.index
+
+        def q(x, p):
+            return float(x.loc[i].quantile(p)) if len(i) else math.nan
+
+        out.append(dict(group=name, n_matched=len(i), median_abs_repeat_diff=q(diff, 0.5),
+                        p90_abs_repeat_diff=q(diff, 0.9), median_abs_rel_error=q(err, 0.5), p90_abs_rel_error=q(err, 0.9),
+                        median_abs_pooled_error=q(pooled, 0.5), p90_abs_pooled_error=q(pooled, 0.9)))
+    return pd.DataFrame(out, columns=list(REPRO_COLUMNS))
+
+
+def repro_markdown(repro: pd.DataFrame, title: str | None = None) -> str:
+    """:func:`reproducibility` as a markdown table (percent), with an optional title line."""
+    def pct(x: float) -> str:
+        return "" if not math.isfinite(x) else f"{x * 100:.1f}%"
+
+    lines = [title, ""] if title else []
+    lines += ["| group | rows in both | repeat vs run: median | p90 | simulator vs run: median | p90 | "
+              "simulator vs their mean: median | p90 |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in repro.itertuples(index=False):
+        lines.append(f"| {r.group} | {r.n_matched} | {pct(r.median_abs_repeat_diff)} | {pct(r.p90_abs_repeat_diff)} | "
+                     f"{pct(r.median_abs_rel_error)} | {pct(r.p90_abs_rel_error)} | {pct(r.median_abs_pooled_error)} | "
+                     f"{pct(r.p90_abs_pooled_error)} |")
+    return "\n".join(lines) + "\n"
 
 
 def summary_markdown(summary: pd.DataFrame, title: str | None = None) -> str:
@@ -824,6 +899,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              "folder; prints an error summary as markdown.")
     add_common_args(ap, out_help="write one row per measured row", figure_help="write the predicted-vs-measured scatter",
                     summary_help="write the summary table (markdown)")
+    ap.add_argument("--repeat", metavar="RUN_DIR", default=None,
+                    help="the same grid measured on another machine: adds a repeat_ts column and a table of "
+                         "llama-bench's machine-to-machine differences beside the simulator's error on those rows")
     return ap
 
 
@@ -838,7 +916,14 @@ def main(argv: list[str] | None = None) -> int:
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
-        write_outputs(args, prog, df, summary_markdown(summarize(df), title), plot_compare)
+        md = summary_markdown(summarize(df), title)
+        if args.repeat:
+            rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
+                          progress=progress, max_work=args.max_work)
+            df = attach_repeat(df, rep)
+            md += "\n" + repro_markdown(reproducibility(df), f"Reproducibility: {args.run_dir} against its repeat "
+                                                              f"{args.repeat} (|error| on the rows both have)")
+        write_outputs(args, prog, df, md, plot_compare)
         n_bad = int(df.predicted_ts.isna().sum())
         if n_bad:
             bad = df[df.predicted_ts.isna()]
