@@ -672,10 +672,18 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
             staged[si] = ("slots", var.expert_slots)
         elif prefetch_on:
             staged[si] = ("weights", 2)
-    pools: dict[str, list[int]] = {}
+    # one pool per (kind, GPU): as the patch keeps its staging per device (its own copy stream,
+    # slots and events), each GPU's staged splits chain among themselves, and the first of each
+    # is fired at the graph's start
+    pools: dict[tuple[str, int], list[int]] = {}
     for si in sorted(staged):
-        pools.setdefault(staged[si][0], []).append(si)
+        pools.setdefault((staged[si][0], splits[si].device), []).append(si)
     pool_pos = {si: pos for members in pools.values() for pos, si in enumerate(members)}
+    # slot ids are unique per graph, a range per pool, GPU by GPU (the weight-prefetch pair
+    # first, expert slots after it): a slot id names one buffer on one GPU
+    slot_base: dict[tuple[str, int], int] = {}
+    for key in sorted(pools, key=lambda k: (k[1], k[0] != "weights")):
+        slot_base[key] = sum(staged[pools[k][0]][1] for k in slot_base)
     # issue point of each staged copy: one staged split ahead in its pool whatever the number
     # of buffers (the buffers bound reuse, not depth): the copy feeding staged split k+1 is
     # issued when the host reaches staged split k, the graph's first staged copy at the graph's
@@ -701,12 +709,11 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         t = s.host_input
         assert t is not None
         # the buffer was last read by the consumer nbuf positions earlier in the same pool
-        pool = pools[pool_name]
+        dev = s.device
+        pool = pools[(pool_name, dev)]
         pos = pool_pos[si]
         free_dep = consumer_of.get(pool[pos - nbuf]) if pos >= nbuf else None
-        dev = s.device
-        # slot ids are unique per graph: the weight-prefetch pair first, expert slots after it
-        slot = pos % nbuf + (2 if pool_name == "slots" and "weights" in pools else 0)
+        slot = slot_base[(pool_name, dev)] + pos % nbuf
         nbytes = sum(tt.nbytes for tt in t.tensors)
         saved = em.layer, em.split
         em.layer, em.split = t.layer, si  # the copy belongs to the split it feeds
@@ -715,7 +722,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
             em.host(OpKind.EVENT_WAIT, f"wait free slot{slot}")
         # an expert slot is allocated for the largest expert tensor staged on its GPU (the VRAM
         # accounting's figure), a weight buffer for the largest host split of its pool
-        sb = ctx.vram[dev].expert_slot_bytes if pool_name == "slots" else slot_bytes[pool_name]
+        sb = ctx.vram[dev].expert_slot_bytes if pool_name == "slots" else slot_bytes[(pool_name, dev)]
         copy_of[si] = em.h2d(f"{t.name} (prefetch)", dev, nbytes, stream=Stream.COPY, deps=deps,
                              slot=slot, slot_bytes=sb, tag="prefetch")
         em.host(OpKind.EVENT_RECORD, f"record ready {t.name}")
@@ -724,7 +731,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     # a weight-prefetch buffer is allocated for the largest host split it may hold (worst-case
     # graph)
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
-                  for name, members in pools.items() if name != "slots"}
+                  for name, members in pools.items() if name[0] != "slots"}
     ggml = hw.ggml
     if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0):
         # llama.cpp's host work per graph: build, allocate, set the inputs, and without a CUDA
