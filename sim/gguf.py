@@ -240,8 +240,13 @@ class _Cursor:
         self.pos += n
         return struct.unpack_from(fmt, self.buf, off)[0]
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_len: int | None = None) -> str:
+        """A GGUF string (u64 length, UTF-8 bytes). ``max_len``: a longer one is a corrupt header
+        (refused before it is read, so no error quotes it)."""
         n = self.unpack("<Q", what)
+        if max_len is not None and n > max_len:
+            raise ScenarioError(f"corrupt header: {what} is {n} bytes long (a name; at most {max_len} "
+                                "accepted)", file=self.path)
         if n > self.size - self.pos:
             raise ScenarioError(f"corrupt or truncated: {what} is a string of {n} bytes at byte "
                                 f"{self.pos - 8} of a {self.size}-byte file", file=self.path)
@@ -273,6 +278,12 @@ class _Cursor:
             raise ScenarioError(f"truncated: {what} ends past the end of the {self.size}-byte file",
                                 file=self.path)
         self.pos += n
+
+
+#: longest metadata key or tensor name accepted (bytes): ggml caps tensor names at
+#: ``GGML_MAX_NAME`` (64); keys are dotted names of a few tens of bytes. A longer one is a corrupt
+#: length field, and quoting it would dump the file into the error message.
+NAME_MAX = 1024
 
 
 def _open(path: Path) -> Any:
@@ -332,7 +343,7 @@ def read_gguf_index(path: str | Path) -> GGUFIndex:
         kv: dict[str, Any] = {}
         arrays: dict[str, GGUFArray] = {}
         for i in range(n_kv):
-            key = cur.string(f"metadata key {i}")
+            key = cur.string(f"metadata key {i}", NAME_MAX)
             if key in kv:
                 raise ScenarioError(f"duplicate metadata key '{key}'", file=path)
             vt = cur.unpack("<I", f"the type of '{key}'")
@@ -368,7 +379,7 @@ def read_gguf_index(path: str | Path) -> GGUFIndex:
         infos: list[tuple[str, tuple[int, ...], str, int]] = []
         seen: set[str] = set()
         for i in range(n_t):
-            name = cur.string(f"tensor name {i}")
+            name = cur.string(f"tensor name {i}", NAME_MAX)
             if name in seen:
                 raise ScenarioError(f"duplicate tensor name '{name}'", file=path)
             seen.add(name)

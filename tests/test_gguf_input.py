@@ -248,7 +248,15 @@ def test_corrupt_headers(every_type, tmp_path):
     at = 32 + klen
     bad(raw[:at] + (99).to_bytes(4, "little") + raw[at + 4:], "unknown value type 99")
     # a string length past the end of the file
-    bad(raw[:24] + (2**40).to_bytes(8, "little") + raw[32:], "corrupt or truncated")
+    bad(raw[:24] + (2**40).to_bytes(8, "little") + raw[32:], "corrupt header: metadata key 0 is 1099511627776 bytes")
+    # a string value's length past the end of the file: the first key's value, if a string
+    if int.from_bytes(raw[at:at + 4], "little") == 8:
+        bad(raw[:at + 4] + (2**40).to_bytes(8, "little") + raw[at + 12:], "corrupt or truncated")
+    # a key length inside the file but absurd: the error is short, it does not quote the file
+    big = len(raw) // 2
+    p.write_bytes(raw[:24] + big.to_bytes(8, "little") + raw[32:])
+    e = _one_line_error(p, f"metadata key 0 is {big} bytes long")
+    assert len(str(e)) < 300
     # an unknown ggml type id in the tensor table: the last tensor's type (before its offset)
     idx = read_gguf_index(every_type)
     name = list(idx.tensors)[-1]
