@@ -15,7 +15,8 @@ Subcommands:
 * ``collect --work DIR --out DIR [--wait S]`` — wait for a lease and pack its data;
 * ``report RUN_DIR [--hardware H] [--label L]`` (default profile: ``h200-llamacpp``) — what is committed with a run: its logs packed
   into ``logs.tar.gz``, the routing check (``routing_check.txt`` and CSVs) and the comparison
-  with the simulator (``compare_<label>.csv/.md/.png``; label: the profile's file stem);
+  with the simulator (``compare_<label>.csv/.md/.png``; label: ``llamacpp`` for a profile with a
+  ``[ggml]`` table, else the profile's file stem);
 * ``plan [--grid TOML]`` — the grid's runs and row counts.
 
 Errors print one line and exit 2.
@@ -146,10 +147,12 @@ def _report(args) -> int:
     if not Path(args.hardware).is_file() and is_bare_name(args.hardware):
         found = builtin("hardware", args.hardware.strip(), cwd_first=True)
         args.hardware = str(found) if found else args.hardware
-    load_hardware(args.hardware)  # a bad profile fails here, before anything is written
+    args.hardware = str(compare.resolve(args.hardware))  # from any folder, as compare and ab
+    hw = load_hardware(args.hardware)  # a bad profile fails here, before anything is written
     if (run / "logs").is_dir():
         print(f"packed {pack_logs(run)}")
-    label = args.label or Path(args.hardware).stem
+    # the committed run folders' names: compare_llamacpp.* for a llama.cpp-calibrated profile
+    label = args.label or ("llamacpp" if hw.ggml is not None else Path(args.hardware).stem)
     import contextlib
     import io
 

@@ -39,7 +39,16 @@ def _invocations(run_dir: Path) -> list[dict]:
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
 
 
-def counted(run_dir: str | Path, repo: str | Path = ".") -> pd.DataFrame:
+def _model_path(toml: str, repo: str | Path | None) -> Path:
+    """A run's model TOML (repository-relative in invocations.jsonl): under ``repo``, or found as
+    :func:`calibrate.llamacpp.compare.resolve` finds it (the current folder, then the repository
+    root), so the check runs from any folder."""
+    from .compare import resolve
+
+    return Path(repo) / toml if repo is not None else resolve(toml)
+
+
+def counted(run_dir: str | Path, repo: str | Path | None = None) -> pd.DataFrame:
     """Per (routing run, ubatch size): graphs, measured used share and bytes per graph, and the
     uniform-routing prediction. Columns: ``run, model, n_expert, top_k, n_tokens, graphs,
     used_share, used_share_sd, uniform_share, expert_gib_copied, expert_gib_total,
@@ -52,7 +61,7 @@ def counted(run_dir: str | Path, repo: str | Path = ".") -> pd.DataFrame:
     for rec in _invocations(run_dir):
         if rec.get("kind") != "routing" or rec.get("rc") != 0:
             continue
-        model = load_model(Path(repo) / rec["model_toml"])
+        model = load_model(_model_path(rec["model_toml"], repo))
         moe = model.moe
         if moe is None:
             continue
@@ -80,7 +89,7 @@ def counted(run_dir: str | Path, repo: str | Path = ".") -> pd.DataFrame:
     return out
 
 
-def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path = ".") -> pd.DataFrame:
+def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path | None = None) -> pd.DataFrame:
     """Per pp row with every expert on the host (``n_cpu_moe`` = layers, pinned): the bytes its
     time implies per ubatch against the uniform prediction (see the module docstring).
     Columns: ``model, test, n_ubatch, t_host_ms, t_resident_ms, implied_gib, predicted_gib,
@@ -97,7 +106,7 @@ def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path = ".") -
         rec = inv.get(fname)
         if rec is None:
             continue
-        model = load_model(Path(repo) / rec["model_toml"])
+        model = load_model(_model_path(rec["model_toml"], repo))
         if model.moe is None:
             continue
         n_layer = rec.get("n_layer") or model.n_layer
@@ -143,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         c = counted(args.run_dir)
-        bw, where = h2d_bandwidth(args.run_dir, args.hardware)
+        from .compare import resolve
+
+        bw, where = h2d_bandwidth(args.run_dir, str(resolve(args.hardware)))
         t = timed(args.run_dir, bw)
     except PrefetchSimError as exc:
         print(f"error: {exc}", file=sys.stderr)
