@@ -54,10 +54,13 @@ def subset(tmp_path: Path, lines: list[int], invocations: list[dict] | None = No
     run.mkdir(parents=True)
     rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
     (run / "llama-bench.jsonl").write_text("".join(rows[i - 1] + "\n" for i in lines))
-    if invocations is None:
-        shutil.copy(RUN / "invocations.jsonl", run / "invocations.jsonl")
-    else:
-        (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invocations))
+    if invocations is None:  # a subset of rows: the invocations' row counts no longer hold
+        invocations = [{k: v for k, v in json.loads(x).items() if k != "rows"}
+                       for x in (RUN / "invocations.jsonl").read_text().splitlines() if x.strip()]
+        if lines == list(range(1, len(rows) + 1)):
+            shutil.copy(RUN / "invocations.jsonl", run / "invocations.jsonl")
+            return run
+    (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invocations))
     return run
 
 
@@ -328,3 +331,14 @@ def test_repeat_rows_are_matched_by_configuration_and_summarised():
     assert r.loc["held-out", "n_matched"] == 2 and r.loc["fit", "n_matched"] == 0
     assert math.isnan(r.loc["fit", "median_abs_repeat_diff"])
     assert "| all | 2 |" in cmp.repro_markdown(cmp.reproducibility(m), "T")
+
+
+def test_a_folder_whose_row_counts_do_not_add_up_is_refused(tmp_path):
+    """A duplicated row (invocations.jsonl reports each invocation's rows) is refused with one
+    line naming the file and the field, not compared silently; without counts it is read as is."""
+    invs = [json.loads(x) for x in (RUN / "invocations.jsonl").read_text().splitlines() if x.strip()]
+    n = sum(1 for x in (RUN / "llama-bench.jsonl").read_text().splitlines() if x.strip())
+    counted = [dict(inv, rows=1) for inv in invs]  # counts that cannot match the 10 rows
+    run = subset(tmp_path / "a", list(range(1, n + 1)) + [1], counted)
+    with pytest.raises(ScenarioError, match=r"rows add up to .* has 11 .*invocations.jsonl|invocations.jsonl.*rows"):
+        cmp.compare(run, jobs=1)

@@ -471,12 +471,7 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     bench = read_llama_bench(bench_file)
     check_patch_fields(bench, bench_file)
     invs = cmp.read_invocations(run / cmp.INVOCATIONS_FILE)
-    counted = [inv.get("rows") for inv in invs if inv.get("kind", "bench") == "bench"]
-    if counted and all(isinstance(c, int) and not isinstance(c, bool) for c in counted) and sum(counted) != len(bench):
-        raise ScenarioError(f"the bench invocations' rows add up to {sum(counted)}, {bench_file.name} has {len(bench)}: "
-                            "rows were removed or added, so they cannot be told apart by invocation (an A/B pairs "
-                            "each prefetch row with its own invocation's baseline)", file=run / cmp.INVOCATIONS_FILE,
-                            field="rows")
+    cmp.check_row_counts(bench, invs, run, "an A/B pairs each prefetch row with its own invocation's baseline")
     owners = cmp._attribute(bench, invs)
     pairs = pair_rows(bench, owners)
     if not pairs:

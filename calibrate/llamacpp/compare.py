@@ -213,6 +213,19 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
     return out
 
 
+def check_row_counts(bench: pd.DataFrame, invocations: Sequence[dict], run: Path, why: str) -> None:
+    """Refuse a run folder whose bench invocations all report their ``rows`` and these do not add
+    up to the rows of ``llama-bench.jsonl`` (rows removed, duplicated or appended after the lease).
+
+    Raises:
+        ScenarioError: naming ``invocations.jsonl`` and ``rows``; ``why`` says what it breaks.
+    """
+    counted = [inv.get("rows") for inv in invocations if inv.get("kind", "bench") == "bench"]
+    if counted and all(isinstance(c, int) and not isinstance(c, bool) for c in counted) and sum(counted) != len(bench):
+        raise ScenarioError(f"the bench invocations' rows add up to {sum(counted)}, {BENCH_FILE} has {len(bench)}: "
+                            f"rows were removed or added ({why})", file=Path(run) / INVOCATIONS_FILE, field="rows")
+
+
 def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | None]:
     """The invocation of each bench row: by order when every invocation other than the routing
     runs (``kind = "routing"``) reports its ``rows`` and they add up to the
@@ -397,7 +410,8 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
         ``(bench, invocation per row (or None), case per row (None: no model), extra notes per row)``.
 
     Raises:
-        ScenarioError: a missing or malformed ``llama-bench.jsonl`` or ``invocations.jsonl``, a
+        ScenarioError: a missing or malformed ``llama-bench.jsonl`` or ``invocations.jsonl``, row
+            counts of the invocations that do not add up to the file's (:func:`check_row_counts`), a
             model TOML that is missing or malformed, an ``n_layer`` above its TOML's.
     """
     run = Path(run_dir)
@@ -407,6 +421,7 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
     refs = model_map(invs, run, inv_file)
+    check_row_counts(bench, invs, run, "each row's model and configuration come from its invocation")
     owners = _attribute(bench, invs)
     models: dict[tuple, ModelSpec] = {}
     cases: list[RowCase | None] = []
