@@ -520,7 +520,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
     if args.test:
-        match = [t for t in tests if t.name == args.test]
+        # 'pp512 @ d8192' as llama-bench prints it, or without the spaces (compare-llama-bench.py)
+        want = "".join(args.test.split())
+        match = [t for t in tests if "".join(t.name.split()) == want]
         if not match:
             raise ScenarioError(f"no test named '{args.test}' (have: {', '.join(t.name for t in tests)}; "
                                 "-p, -n and -d set the workload's tests, e.g. -p 512 -d 8192 for 'pp512 @ d8192')",
@@ -648,6 +650,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``prefetch-sim`` console script. Returns the exit status."""
+    if sys.stdout is None or sys.stderr is None:  # started with >&- (Python sets them to None)
+        if sys.stderr is not None:
+            print("prefetch-sim: error: standard output is closed (redirect it, e.g. > /dev/null)", file=sys.stderr)
+        return 2
     ap = build_parser()
     args = ap.parse_args(argv)
     try:

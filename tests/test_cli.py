@@ -188,3 +188,25 @@ def test_an_empty_scenario_path_is_an_error_not_the_default(capsys):
     for cmd in (["run", ""], ["crossover", "", "--axis", "pcie=8"]):
         rc, _o, err = run(capsys, *cmd)
         assert rc == 2 and "empty scenario path" in err
+
+
+def test_trace_test_names_match_with_or_without_spaces(tmp_path):
+    """`--test pp512@d8192` (compare-llama-bench.py's spelling) names llama-bench's 'pp512 @ d8192'."""
+    from sim.cli import main
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    base = ["trace", "-p", "512", "-n", "0", "-d", "8192", "--variant", "baseline"]
+    assert main(base + ["--test", "pp512@d8192", "--out", str(a)]) == 0
+    assert main(base + ["--test", "pp512 @ d8192", "--out", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert main(base + ["--test", "pp51", "--out", str(a)]) == 2
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import os, sys; os.close(1); sys.stdout = None; "
+                        "from sim.cli import main; sys.exit(main(['run', '-q']))"], capture_output=False,
+                       stderr=subprocess.PIPE, text=True, cwd=str(__import__('pathlib').Path(__file__).resolve().parent.parent))
+    assert r.returncode == 2 and "standard output is closed" in r.stderr and "Traceback" not in r.stderr
