@@ -203,19 +203,7 @@ def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]
         bk = (ml, blk.tobytes())
         key = known.get(bk)
         if key is None:
-            counts = np.count_nonzero(blk, axis=1).tolist()
-            key = []
-            for k, i in enumerate(layers):
-                if i in ml:
-                    m = blk[k]
-                    b = m.tobytes()
-                    r = seen.get(b)
-                    if r is None:
-                        r = seen[b] = run_lengths(m)
-                    key.append((i, r))
-                else:
-                    key.append((i, counts[k]))
-            key = known[bk] = tuple(key)
+            key = known[bk] = mask_key(dict(zip(layers, blk)), ml, seen)
         out.append(key)
         last_obj, last_ml, last_key = blk, ml, key
     return out

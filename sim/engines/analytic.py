@@ -63,13 +63,14 @@ class CompiledPlan:
             :attr:`preds`).
     """
 
-    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees")
+    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns")
 
     def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
         self.n, self.queue, self.pred_ptr, self.pred_idx = n, queue, pred_ptr, pred_idx
         self._preds = None
-        # critical-predecessor choices (bytes) -> _Tree; "last": the last used; "columns"
-        self._trees: dict = {}
+        self._trees: dict = {}      # critical-predecessor choices (bytes) -> _Tree (_tree_for)
+        self._last_tree = None      # the _Tree last used (tried first by _run_tree)
+        self._columns = None        # p0, p1, p2 as int64 arrays (columns)
         cnt = np.diff(pred_ptr)
         if n and cnt.max() > 3:
             self.p0 = self.p1 = self.p2 = None
@@ -86,9 +87,9 @@ class CompiledPlan:
     @property
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:attr:`p0`, :attr:`p1`, :attr:`p2` as int64 arrays (only when they are set)."""
-        if "columns" not in self._trees:
-            self._trees["columns"] = tuple(np.array(c, dtype=np.int64) for c in (self.p0, self.p1, self.p2))
-        return self._trees["columns"]
+        if self._columns is None:
+            self._columns = tuple(np.array(c, dtype=np.int64) for c in (self.p0, self.p1, self.p2))
+        return self._columns
 
     @property
     def preds(self) -> tuple[tuple[int, ...], ...]:
@@ -454,9 +455,9 @@ def _tree_for(comp: CompiledPlan, end: np.ndarray) -> _Tree:
     tree = comp._trees.get(key)
     if tree is None:
         if len(comp._trees) >= 10:
-            comp._trees = {k: v for k, v in comp._trees.items() if isinstance(k, str)}
+            comp._trees.clear()
         tree = comp._trees[key] = _tree_of(comp, choice)
-    comp._trees["last"] = tree
+    comp._last_tree = tree
     return tree
 
 
@@ -482,7 +483,7 @@ def _run_tree(comp: CompiledPlan, d: np.ndarray) -> tuple[np.ndarray, np.ndarray
     start = np.empty((n, s_count))
     end = np.empty((n, s_count))
     todo = np.arange(s_count)
-    tree = comp._trees.get("last")
+    tree = comp._last_tree
     for attempt in range(2):
         if tree is None or attempt:
             k = int(todo[0])
