@@ -534,7 +534,7 @@ def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
     for op in ("MUL_MAT_B", "SOFT_MAX", "FLASH_ATTN_EXT", "MUL_MAT_ID"):
         assert f'op == "{op}"' in text
     assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
-    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "prefetch"}
+    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "phase-time", "prefetch"}
 
 
 def test_model_cases_cover_every_weight_shape_with_its_type():

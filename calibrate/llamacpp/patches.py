@@ -261,11 +261,110 @@ SPLIT_TIME = (
 """),
 )
 
+PHASE_MARK = "// prefetch-sim phase-time"
+
+#: ``phase-time`` (in ``src/llama-context.cpp`` and ``src/llama-graph.cpp``): with
+#: ``PREFETCH_SIM_PHASE_TIME`` set, llama.cpp's host work around each ubatch's graph compute is
+#: timed (``ggml_time_us``, absolute stamps so the lines of one run can be put on one timeline)::
+#:
+#:     prefetch-sim phase-time: n_tokens=2048 reused=1 t0=123 apply_us=4 build_us=0 alloc_us=0 \
+#: inputs_us=8010 compute_us=6472
+#:     prefetch-sim input-time: n_tokens=2048 inputs=N27llm_graph_input_attn_kv_iswa:8001,...
+#:     prefetch-sim sync-time: t0=130000 wait_us=150123
+#:     prefetch-sim decode-time: t0=99
+#:
+#: ``t0`` of a phase line is the entry of ``process_ubatch``; ``apply_us`` the memory context's
+#: apply (the KV slot), ``build_us`` the graph build and ``alloc_us`` the scheduler's split and
+#: allocation (both 0 when llama.cpp reuses the previous graph, ``reused=1``), ``inputs_us`` the
+#: graph inputs' ``set_input`` (KQ masks, positions, KV indices), ``compute_us`` the scheduler's
+#: ``graph_compute_async`` (CPU splits run in it, GPU splits are launched). The input line gives
+#: each input's ``set_input`` time by its C++ type (``typeid(...).name()``, summed over inputs of
+#: one type). The sync line is ``llama_synchronize``'s wait for the backends; the decode line
+#: the entry of ``llama_decode``. Unset, the patch costs one cached ``getenv`` per call.
+PHASE_TIME = (
+    Insertion("src/llama-context.cpp", "llm_graph_result * llama_context::process_ubatch(const llama_ubatch & ubatch", f"""\
+    {PHASE_MARK}: host phases of one ubatch (printed when PREFETCH_SIM_PHASE_TIME is set)
+    static const bool psim_pt = getenv("PREFETCH_SIM_PHASE_TIME") != nullptr;
+    const int64_t psim_pt0 = psim_pt ? ggml_time_us() : 0;
+    int64_t psim_pta = 0, psim_ptb = 0, psim_ptp = 0, psim_pti = 0;
+    int psim_reused = 1;
+"""),
+    Insertion("src/llama-context.cpp", "const auto gparams = graph_params(res, ubatch, mctx, gtype);", f"""\
+    if (psim_pt) {{ psim_pta = ggml_time_us(); }}  {PHASE_MARK}
+""", after=False),
+    Insertion("src/llama-context.cpp", "gf = model.build_graph(gparams);", f"""\
+        if (psim_pt) {{ psim_ptb = ggml_time_us(); psim_reused = 0; }}  {PHASE_MARK}
+""", following="res->can_reuse(gparams)"),
+    Insertion("src/llama-context.cpp", "// set the input data for the input tensors", f"""\
+    if (psim_pt) {{ psim_ptp = ggml_time_us(); }}  {PHASE_MARK}
+""", after=False),
+    Insertion("src/llama-context.cpp", "res->set_inputs(&ubatch);", f"""\
+        if (psim_pt) {{ psim_pti = ggml_time_us(); }}  {PHASE_MARK}
+""", following="llm_graph_result * llama_context::process_ubatch(const llama_ubatch & ubatch"),
+    Insertion("src/llama-context.cpp", "const auto status = graph_compute(res->get_gf(), ubatch.n_tokens > 1);", f"""\
+    {PHASE_MARK}
+    if (psim_pt) {{
+        const int64_t psim_ptc = ggml_time_us();
+        if (psim_reused) {{ psim_ptb = psim_pta; }}
+        fprintf(stderr, "prefetch-sim phase-time: n_tokens=%u reused=%d t0=%lld apply_us=%lld build_us=%lld alloc_us=%lld "
+                "inputs_us=%lld compute_us=%lld\\n", (unsigned) ubatch.n_tokens, psim_reused, (long long) psim_pt0,
+                (long long) (psim_pta - psim_pt0), (long long) (psim_ptb - psim_pta), (long long) (psim_ptp - psim_ptb),
+                (long long) (psim_pti - psim_ptp), (long long) (psim_ptc - psim_pti));
+    }}
+"""),
+    Insertion("src/llama-context.cpp", "ggml_backend_sched_synchronize(sched.get());", f"""\
+    {PHASE_MARK}
+    static const bool psim_pts = getenv("PREFETCH_SIM_PHASE_TIME") != nullptr;
+    const int64_t psim_pts0 = psim_pts ? ggml_time_us() : 0;
+""", after=False, following="void llama_context::synchronize() {"),
+    Insertion("src/llama-context.cpp", "// FIXME: if multiple single tokens are evaluated without a synchronization,", f"""\
+    {PHASE_MARK}
+    if (psim_pts) {{
+        fprintf(stderr, "prefetch-sim sync-time: t0=%lld wait_us=%lld\\n", (long long) psim_pts0,
+                (long long) (ggml_time_us() - psim_pts0));
+    }}
+""", after=False),
+    Insertion("src/llama-context.cpp", "int llama_context::decode(const llama_batch_ext & batch_inp) {", f"""\
+    {PHASE_MARK}
+    static const bool psim_ptd = getenv("PREFETCH_SIM_PHASE_TIME") != nullptr;
+    if (psim_ptd) {{ fprintf(stderr, "prefetch-sim decode-time: t0=%lld\\n", (long long) ggml_time_us()); }}
+"""),
+    Insertion("src/llama-graph.cpp", '#include "llama-graph.h"', f"""\
+{PHASE_MARK}: per-input set_input times
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <typeinfo>
+"""),
+    Insertion("src/llama-graph.cpp", "input->set_input(ubatch);", f"""\
+        {PHASE_MARK}
+        static const bool psim_it = getenv("PREFETCH_SIM_PHASE_TIME") != nullptr;
+        const int64_t psim_it0 = psim_it ? ggml_time_us() : 0;
+""", after=False),
+    Insertion("src/llama-graph.cpp", "input->set_input(ubatch);", f"""\
+        {PHASE_MARK}
+        if (psim_it) {{
+            static std::map<std::string, long long> psim_acc;
+            psim_acc[typeid(*input).name()] += (long long) (ggml_time_us() - psim_it0);
+            if (&input == &inputs.back()) {{
+                std::string psim_s;
+                for (const auto & kv : psim_acc) {{
+                    psim_s += (psim_s.empty() ? "" : ",") + kv.first + ":" + std::to_string(kv.second);
+                }}
+                fprintf(stderr, "prefetch-sim input-time: n_tokens=%u inputs=%s\\n", (unsigned) ubatch->n_tokens, psim_s.c_str());
+                psim_acc.clear();
+            }}
+        }}
+"""),
+)
+
 from .prefetch_patch import PREFETCH  # noqa: E402  (it builds on Insertion and NewFile above)
 
 #: every patch, by name
 PATCHES: dict[str, tuple[Insertion | NewFile, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
-                                                        "split-time": SPLIT_TIME, "prefetch": PREFETCH}
+                                                        "split-time": SPLIT_TIME, "phase-time": PHASE_TIME,
+                                                        "prefetch": PREFETCH}
 
 
 def _find(lines: list[str], ins: Insertion, name: str) -> int:
