@@ -426,6 +426,14 @@ class Emitter:
         #: GPU holding the activations before this plan's first compute op (a graph built on
         #: its own by sim.memo starts where the previous graph left them)
         self.act_device_default = 0
+        #: the graph is one llama.cpp builds anew (not reused: a prompt of several ubatches,
+        #: whose KV length changes the graph from one ubatch to the next)
+        self.rebuilt = False
+        #: tokens of the llama_decode call this graph opens (0: not the first ubatch of a call)
+        self.call_tokens = 0
+        #: share of a CUDA-graph capture this graph pays (1 / llama-bench's repetitions on a
+        #: test's first reused graph, else 0: :func:`graph_call`)
+        self.capture_share = 0.0
         #: ``(op id, role, layer or flag)`` of the ops whose cost depends on the graph's KV
         #: length: ``"attn"`` (an attention and its launch), ``"cpu_attn"`` (attention on the
         #: CPU backend), ``"kq_mask"`` (the mask fill; flag: the masks are copied to a GPU)
@@ -733,11 +741,17 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
                   for name, members in pools.items() if name[0] != "slots"}
     ggml = hw.ggml
-    if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0):
-        # llama.cpp's host work per graph: build, allocate, set the inputs, and without a CUDA
-        # graph (ubatches of more than one token) launch every kernel (sim.ggmlcost)
+    if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0 or ggml.call_s > 0 or ggml.call_per_token_s > 0
+                             or ggml.apply_per_token_s > 0 or ggml.build_per_layer_s > 0
+                             or ggml.capture_per_layer_s > 0):
+        # llama.cpp's host work per graph before its compute (sim.ggmlcost): the llama_decode
+        # call's batch checks and ubatch split (first ubatch of a call), the memory apply, and
+        # for a graph it does not reuse the graph build and the scheduler's allocation (its
+        # kernels are then launched one by one, without a CUDA graph: sim.costs.plan_durations
+        # prices that on each launch)
         em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
-                shape=(graph_kernels(items), n_tokens))
+                shape=(graph_kernels(items), n_tokens, int(em.rebuilt), int(em.call_tokens), model.n_layer,
+                       em.capture_share))
     if ggml is not None and ggml.mask_s > 0:
         # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
         # the GPU when some attention runs there
@@ -814,6 +828,8 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     em.fill_pending = False
     em.plan.graph_last_op.append(len(em.plan) - 1)
     em.plan.graph_tokens.append(n_tokens)
+    em.plan.meta.setdefault("rebuilt_graphs", []).append(bool(em.rebuilt))
+    em.plan.meta.setdefault("graph_kernels", []).append(graph_kernels(items))
 
 
 def moved_attn(it: Item) -> bool:
@@ -996,6 +1012,34 @@ def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> 
     return out
 
 
+def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int) -> tuple[bool, int, float]:
+    """``(rebuilt, call_tokens, capture_share)`` of the graph at ``token_offset`` of a test (llama.cpp's
+    ``llama_context::decode`` and ``process_ubatch`` as llama-bench drives them):
+
+    * ``rebuilt``: llama.cpp reuses a graph whose parameters (tokens, KV cells) equal the
+      previous one's: a one-ubatch prompt and decode tokens reuse theirs (the warm-up ran the
+      same graph), a prompt of several ubatches builds every one anew (the KV length grows);
+    * ``call_tokens``: a prompt is decoded in ``llama_decode`` calls of ``n_batch`` tokens, a
+      decode token in a call of its own; the first ubatch of a call carries the call's tokens,
+      the others 0;
+    * ``capture_share``: a reused graph's CUDA graph is captured in llama-bench's first
+      repetition (its warm-up ran the graph directly: ggml-cuda captures on the second call with
+      unchanged properties) and replayed after: the test's first graph pays ``1 / r`` of a
+      capture (``r``: llama-bench's repetitions, :attr:`sim.specs.Workload.bench_repetitions`),
+      every other graph 0.
+    """
+    wl = scn.workload
+    g = scn.hardware.ggml
+    captures = g is not None and g.capture_per_layer_s > 0 and token_offset == 0
+    share = 1.0 / max(1, wl.bench_repetitions or wl.repetitions) if captures else 0.0
+    if not test.n_prompt:
+        return False, 1, share
+    nb = max(1, wl.n_batch)
+    call = min(nb, test.n_prompt - token_offset) if token_offset % nb == 0 else 0
+    rebuilt = n_graphs > 1
+    return rebuilt, call, 0.0 if rebuilt else share
+
+
 def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.Generator,
                ctx: BuildContext | None = None) -> Plan:
     """Build the plan of one llama-bench test under one variant.
@@ -1020,9 +1064,11 @@ def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.
         raise PlacementError("n_gpu must be >= 1", file=scn.hardware.file, field="hardware.n_gpu")
     plan = Plan(label=f"{variant.name} / {test.name}")
     em = Emitter(plan, ctx)
-    for gi, (n, kv, off) in enumerate(test_graphs(scn, test)):
+    graphs = test_graphs(scn, test)
+    for gi, (n, kv, off) in enumerate(graphs):
         em.graph = gi
         em.token_offset = off
+        em.rebuilt, em.call_tokens, em.capture_share = graph_call(scn, test, len(graphs), off)
         ctx.stats["used_masks"] = {}
         em.cache_split = {}
         build_graph(em, n, kv, off)

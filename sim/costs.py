@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from .ggmlcost import attended_keys
-from .plan import KIND_CODE, Op, OpKind, Plan
+from .plan import KIND_CODE, STREAM_CODE, Op, OpKind, Plan, Stream
 from .specs import HardwareProfile
 
 #: host time per router id scanned when building the set of used experts and its runs.
@@ -370,9 +370,16 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
             ew_on = "gpu" if n_tok >= OP_OFFLOAD_MIN_BATCH else "cpu"
             return t + g.elementwise_s(ew_on, ew_k, 4.0 * ew_e * n_tok)
         return None
-    if k is OpKind.HOST_WORK and op.tag == "graph_overhead":
+    if k is OpKind.HOST_WORK and op.tag == "graph_overhead":  # sim.builder.build_graph
         kernels, n_tok = sh[:2] if len(sh) >= 2 else (0, 1)
-        return g.graph_s + (g.launch_s * kernels if n_tok > 1 else 0.0)
+        rebuilt, call_tok, n_layer = sh[2:5] if len(sh) >= 5 else (int(n_tok > 1), 0, 0)
+        capture = sh[5] if len(sh) >= 6 else 0.0
+        t = g.graph_s + g.apply_per_token_s * n_tok + g.capture_per_layer_s * n_layer * capture
+        if rebuilt:
+            t += g.build_per_layer_s * n_layer
+        if call_tok:
+            t += g.call_s + g.call_per_token_s * call_tok
+        return t
     if k is OpKind.HOST_WORK and op.tag == "split_overhead":
         return g.split_s
     if k is OpKind.HOST_WORK and op.tag == "kv_moved":  # sim.builder._launch_split_items
@@ -394,6 +401,28 @@ def busy_mask(plan: Plan) -> np.ndarray:
     if cpu.any():
         first = int(np.argmax(cpu))
         out[first:] |= kind[first:] == KIND_CODE[OpKind.ISSUE]
+    return out
+
+
+def direct_launch_s(plan: Plan, hw: HardwareProfile) -> np.ndarray | float:
+    """``(n,)`` seconds each op of ``plan`` pays for being in a graph llama.cpp builds anew
+    (0.0 when none is, or without ``[ggml]`` ``launch_s``): such a graph runs without a CUDA
+    graph, its kernels launched one by one with the GPU idle between them for ``launch_s`` per
+    kernel (:class:`sim.ggmlcost.GgmlKernels`), paid on the graph's GPU compute ops (the
+    graph's kernels, :func:`sim.ggmlcost.graph_kernels`, spread evenly over its GPU ops: an item
+    of the plan may be several kernels). A reused graph replays its CUDA graph: nothing."""
+    rebuilt = plan.meta.get("rebuilt_graphs")
+    if hw.ggml is None or hw.ggml.launch_s <= 0 or not rebuilt or not any(rebuilt) or not len(plan):
+        return 0.0
+    a = plan.arrays
+    graph = np.asarray(plan.graphs, dtype=np.int64)
+    direct = np.asarray(rebuilt, dtype=bool)[graph]
+    gpu = (a.stream == STREAM_CODE[Stream.COMPUTE]) & (a.kind != KIND_CODE[OpKind.H2D]) & direct
+    per_graph = np.bincount(graph[gpu], minlength=len(rebuilt)).astype(float)
+    kernels = np.asarray(plan.meta.get("graph_kernels", per_graph), dtype=float)
+    share = np.divide(kernels, per_graph, out=np.zeros_like(per_graph), where=per_graph > 0)
+    out = np.zeros(len(plan))
+    out[gpu] = hw.ggml.launch_s * share[graph[gpu]]
     return out
 
 
@@ -442,6 +471,8 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
                 d = cache[key] = op_duration_s(op_at(i), hw, host_busy=hb)
             put(d)
     out = np.array(vals, dtype=np.float64) if n else np.empty(0, dtype=np.float64)
+    if n:
+        out += direct_launch_s(plan, hw)
     if hw.executor_mode and hw.executor_busy_scale != 1.0:
         out[mask] *= hw.executor_busy_scale
     return out

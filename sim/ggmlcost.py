@@ -102,9 +102,25 @@ class GgmlKernels:
         cpu_op_s: fixed time of one CPU-backend op (s), measured (CPU table intercept).
         cpu_ew_bytes_per_s: CPU elementwise rate (bytes/s).
         graph_s: host time per graph (s), fitted.
-        launch_s: host time per kernel launched outside a CUDA graph (s; llama.cpp captures
-            CUDA graphs for single-token ubatches only), fitted; times :func:`graph_kernels`.
-        mask_s: host time per KQ-mask entry (s), fitted (:func:`mask_entries`).
+        launch_s: GPU time per kernel of a graph llama.cpp builds anew (s): such a graph runs
+            without a CUDA graph (ggml-cuda captures one only after two calls of the same graph),
+            its kernels launched one by one with the GPU idle between them; fitted, times
+            :func:`graph_kernels`, paid on the graph's GPU ops. A reused graph replays its CUDA
+            graph (0).
+        mask_s: host time per KQ-mask entry visited (s), measured with the ``phase-time`` patch
+            (:func:`mask_entries`, :mod:`calibrate.llamacpp.phasetime`).
+        call_s, call_per_token_s: host time of one ``llama_decode`` call before its first ubatch
+            (batch checks, the memory's ubatch split and slot search): ``call_s + call_per_token_s
+            * tokens`` (s), measured (phase-time).
+        apply_per_token_s: the memory context's apply per ubatch token (s), measured (phase-time).
+        build_per_layer_s: graph build and the scheduler's split and allocation of a graph
+            llama.cpp does not reuse, per model layer (s), measured (phase-time).
+        capture_per_layer_s: host time of capturing and instantiating a reused graph's CUDA
+            graph, per model layer (s), measured (phase-time: the first timed repetition of a
+            one-ubatch prompt against the later ones). ggml-cuda captures a graph on its second
+            call with unchanged properties: llama-bench's warm-up runs it directly, its first
+            repetition captures it, the later ones replay it. Priced on a test's first graph,
+            spread over llama-bench's repetitions.
         split_s: host time per split (s), fitted.
         cpu_rate_scale: CPU matvec throughput in a llama-bench graph relative to the cold
             rates of the CPU table (dimensionless), fitted; 1 when the profile does not say.
@@ -128,6 +144,11 @@ class GgmlKernels:
     split_s: float
     mask_s: float = 0.0
     launch_s: float = 0.0
+    call_s: float = 0.0
+    call_per_token_s: float = 0.0
+    apply_per_token_s: float = 0.0
+    build_per_layer_s: float = 0.0
+    capture_per_layer_s: float = 0.0
     cpu_rate_scale: float = 1.0
     cpu_get_rows_bytes_per_s: float = 0.0
     cpu_set_rows_bytes_per_s: float = 0.0

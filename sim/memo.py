@@ -42,12 +42,13 @@ import numpy as np
 
 from . import engines
 from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
-                      draw_masks_graphs, kq_mask_shape, test_graphs)
-from .costs import op_duration_s, plan_durations
+                      draw_masks_graphs, graph_call, kq_mask_shape, test_graphs)
+from .costs import direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
 from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
+from .overlap import graph_host_edges, ubatch_overlap_s
 from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
 #: templates kept across the repetitions of a test hold at most this many ops in all
@@ -73,6 +74,7 @@ class GraphTemplate:
         results: row index -> (makespan, H2D busy s, hidden s), once timed.
         kv_ops: the ops whose price depends on the KV length (``Emitter.kv_ops``);
             kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`).
+        launch: :func:`sim.costs.direct_launch_s` of the plan (added to a re-priced op).
     """
 
     plan: Plan
@@ -89,6 +91,7 @@ class GraphTemplate:
     results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden)
     kv_ops: list = field(default_factory=list)
     kv_groups: list | None = None
+    launch: object = 0.0
 
 
 @dataclass(frozen=True)
@@ -217,14 +220,17 @@ def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
 
 
 def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
-                   masks: dict[int, np.ndarray], start_device: int) -> GraphTemplate:
-    """Build, price and compile one graph on its own (see :class:`GraphTemplate`)."""
+                   masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0)
+                   ) -> GraphTemplate:
+    """Build, price and compile one graph on its own (see :class:`GraphTemplate`); ``call``:
+    :func:`sim.builder.graph_call` of the graph."""
     hw = ctx.scn.hardware
     plan = Plan(label="graph")
     em = Emitter(plan, ctx)
     em.act_device_default = start_device
     em.graph = 0
     em.token_offset = token_offset
+    em.rebuilt, em.call_tokens, em.capture_share = call
     ctx.stats["used_masks"] = {}
     em.cache_split = {}
     build_graph(em, n_tokens, kv_len, token_offset, masks)
@@ -234,7 +240,7 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
         end_device = int(plan.devices[int(on_compute[-1])])
     dur = plan_durations(plan, hw)
     tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
-                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops))
+                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=direct_launch_s(plan, hw))
     _row_at(tpl, ctx, kv_len)
     return tpl
 
@@ -293,6 +299,8 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
             d = cache.get(key)
             if d is None:
                 d = cache[key] = op_duration_s(replace(plan.op(oids[0]), nbytes=nb, shape=sh), hw)
+            if not isinstance(tpl.launch, float):  # a rebuilt graph's GPU op: its launch share
+                d += float(tpl.launch[oids[0]])
             vals.append(d)
     rk = tuple(vals)
     idx = tpl.row_key.get(rk)
@@ -321,12 +329,14 @@ def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
         tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end)
         mk = end.max(axis=1).tolist() if end.shape[1] else [0.0] * len(todo)
         for k, r in enumerate(todo):
-            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]))
+            h, f = graph_host_edges(tpl.plan, start[k], end[k])
+            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[0]), float(f[0]))
     else:
         for r in todo:
             sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
             tot, hid = h2d_busy_hidden_s(tpl.groups, sched.start_s, sched.end_s)
-            tpl.results[r] = (float(sched.makespan_s), tot, hid)
+            h, f = graph_host_edges(tpl.plan, np.asarray(sched.start_s), np.asarray(sched.end_s))
+            tpl.results[r] = (float(sched.makespan_s), tot, hid, float(h[0]), float(f[0]))
 
 
 def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engine: str = "analytic",
@@ -387,19 +397,20 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         remaining[b] = remaining.get(b, 0) + 1
     work: dict = {}          # full key -> template, for the graphs of this call
     pending: dict = {}       # full key -> [(graph, row)]
-    res = np.zeros((len(graphs), 3))
+    res = np.zeros((len(graphs), 5))
     h2d = 0
     start_dev = 0
     built = 0
     kept_ops = memo.get("_kept_ops", 0)
     for g, (n, kv, off) in enumerate(graphs):
-        key = (n, start_dev, mkeys[g])
+        call = graph_call(scn, test, len(graphs), off)
+        key = (n, start_dev, mkeys[g], call)
         tpl = work.get(key) or memo.get(key)
         if tpl is None:
             m = masks[g]
             if not isinstance(m, dict):
                 m = {} if m is None else dict(zip(ctx.moe_layers, m))
-            tpl = build_template(ctx, n, kv, off, m, start_dev)
+            tpl = build_template(ctx, n, kv, off, m, start_dev, call)
             built += 1
         work[key] = tpl
         pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
@@ -409,7 +420,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         remaining[b] -= 1
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
-            for k in [k for k in work if k[::2] == b]:
+            for k in [k for k in work if (k[0], k[2]) == b]:
                 t = work.pop(k)
                 lst = pending.pop(k)
                 _evaluate(t, sorted({r for _g, r in lst}), engine)
@@ -419,7 +430,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                     memo[k] = t
                     kept_ops += len(t.plan)
     memo["_kept_ops"] = kept_ops
-    makespan = float(res[:, 0].sum())
+    makespan = float(res[:, 0].sum()) - ubatch_overlap_s(ctx, test, res[:, 3], res[:, 4])
     total = float(res[:, 1].sum())
     hidden = float(res[:, 2].sum())
     return TestTiming(makespan, int(h2d), exposed_from_busy(total, hidden), overlap_from_busy(total, hidden),

@@ -209,6 +209,7 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         PlacementError: the placement does not fit with this variant.
     """
     from .memo import memo_eligible, time_test
+    from .overlap import graph_host_edges, ubatch_overlap_s
 
     if ctx is None:
         ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
@@ -227,7 +228,8 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         else:
             plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
             sched = time_plan(plan, scn, engine)
-            t, nb = float(sched.makespan_s), plan.meta["h2d_bytes"]
+            edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
+            t, nb = float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges), plan.meta["h2d_bytes"]
             e, o = transfer_stats(plan, sched)
         mk.append(t)
         tps.append(test.n_tokens / t)

@@ -850,6 +850,12 @@ def _load_ggml(g: Fields):
         split_s=num("split_us", 1e-6, positive=False),
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
+        call_s=num("call_us", 1e-6, positive=False) if g.has("call_us") else 0.0,
+        call_per_token_s=num("call_ns_per_token", 1e-9, positive=False) if g.has("call_ns_per_token") else 0.0,
+        apply_per_token_s=num("apply_ns_per_token", 1e-9, positive=False) if g.has("apply_ns_per_token") else 0.0,
+        build_per_layer_s=num("build_us_per_layer", 1e-6, positive=False) if g.has("build_us_per_layer") else 0.0,
+        capture_per_layer_s=(num("capture_us_per_layer", 1e-6, positive=False)
+                             if g.has("capture_us_per_layer") else 0.0),
         cpu_rate_scale=num("cpu_rate_scale", 1.0, kind="scale") if g.has("cpu_rate_scale") else 1.0,
         cpu_get_rows_bytes_per_s=(num("cpu_get_rows_gb_per_s", GB, kind="bytes_per_s")
                                   if g.has("cpu_get_rows_gb_per_s") else 0.0),
@@ -1135,6 +1141,10 @@ class Workload:
         n_batch: logical batch (``-b``); a prompt is cut in ``n_batch`` graphs' worth of
             ubatches.
         repetitions: ``-r``; repetitions differ by routing draws.
+        bench_repetitions: llama-bench's own ``-r`` when the simulated repetitions are fewer
+            (a comparison against a llama-bench file draws 3 routings of a row measured at
+            ``-r 5``); 0: ``repetitions``. It spreads the cost that only llama-bench's first
+            repetition pays (capturing the CUDA graph, :mod:`sim.ggmlcost`). Not a TOML field.
     """
 
     n_prompt: tuple[int, ...] = (512,)
@@ -1143,6 +1153,7 @@ class Workload:
     n_ubatch: int = 512
     n_batch: int = 2048
     repetitions: int = 5
+    bench_repetitions: int = 0
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]

@@ -19,6 +19,7 @@ from sim.builder import build_plan, make_context
 from sim.errors import PlacementError
 from sim.memo import memo_eligible, time_test
 from sim.metrics import fit_context_to_tests, rep_rng, run_variant_test, time_plan, transfer_stats
+from sim.overlap import graph_host_edges, ubatch_overlap_s
 from sim.specs import BenchTest, load_scenario, parse_variant
 from sim.trace import exposed_transfer_s, overlap_fraction, to_dataframe
 
@@ -105,7 +106,9 @@ def test_memo_builds_one_graph_for_a_decode_test():
     ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
     assert memo_eligible(ctx)
     tt = time_test(ctx, t, rep_rng(scn.seed, 0, 0))
-    assert (tt.n_graphs, tt.n_templates) == (16, 1)
+    # on a llama.cpp profile the first token also pays its share of the CUDA-graph capture
+    ggml = scn.hardware.ggml
+    assert (tt.n_graphs, tt.n_templates) == (16, 2 if ggml is not None and ggml.capture_per_layer_s > 0 else 1)
     plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
     sched = time_plan(plan, scn)
     assert _rel(tt.makespan_s, float(sched.makespan_s)) <= REL
@@ -177,8 +180,10 @@ def test_graphs_with_shifted_expert_runs_share_a_template_and_match_the_full_pla
     tt = time_test(ctx, t, rep_rng(scn.seed, 0, 0))
     plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
     sched = time_plan(plan, scn)
+    # a prompt's ubatches overlap on a llama.cpp profile (sim.overlap): the full plan less the same credit
+    credit = ubatch_overlap_s(ctx, t, *graph_host_edges(plan, np.asarray(sched.start_s), np.asarray(sched.end_s)))
     assert tt.n_graphs == 4 and tt.n_templates < tt.n_graphs
-    assert _rel(tt.makespan_s, float(sched.makespan_s)) <= REL
+    assert _rel(tt.makespan_s, float(sched.makespan_s) - credit) <= REL
     assert tt.h2d_bytes == plan.meta["h2d_bytes"]
 
 

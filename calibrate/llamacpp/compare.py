@@ -357,7 +357,11 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     elif hardware.attn_table is not None and terms.n_depth > 0:
         notes.append("attention at depth priced by the profile's unfused attention table, not FlashAttention")
     reps = repetitions if m.moe is not None else 1
-    scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=row_workload(terms, reps),
+    wl = row_workload(terms, reps)
+    samples = row.get("samples_ns")
+    if isinstance(samples, (list, tuple)) and samples:
+        wl = replace(wl, bench_repetitions=len(samples))  # llama-bench's -r of the row
+    scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=wl,
                    routing=RoutingSpec(), variants=(parse_variant(variant),), seed=0, file=file)
     return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps, variant)
 

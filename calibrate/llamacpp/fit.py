@@ -18,11 +18,17 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
   - ``cpu_get_rows_gb_per_s`` and ``cpu_set_rows_gb_per_s``: ggml-cpu's one-thread GET_ROWS (the
     token embedding) and SET_ROWS (a CPU layer's KV store) timed split by split in llama-bench
     itself (a split-timing lease, ``--splits``: :func:`calibrate.llamacpp.splittime.rows_rates`);
+  - ``mask_ns``, ``call_us``, ``call_ns_per_token``, ``apply_ns_per_token``,
+    ``build_us_per_layer``, ``capture_us_per_layer``: llama.cpp's host work around each graph
+    (the KQ masks, the ``llama_decode`` call, the memory apply, the build of a graph it does
+    not reuse, the capture of a reused graph's CUDA graph), timed in
+    llama-bench itself (a phase-timing lease, ``--phases``:
+    :func:`calibrate.llamacpp.phasetime.host_figures`);
 
 * **fitted** on the fit rows of the ground truth only (:mod:`calibrate.llamacpp.split`):
   ``kernel_floor_us`` (one small kernel in a graph), ``graph_us`` (host time per graph),
-  ``mask_ns`` (host time per KQ-mask entry), ``split_us`` (host time per split) and
-  ``launch_us`` (host time per kernel of a graph run without a CUDA graph) and
+  ``split_us`` (host time per split) and ``launch_us`` (host time per kernel of a graph llama.cpp
+  builds anew, run without a CUDA graph) and
   ``cpu_rate_scale`` (the CPU backend's matvec throughput in a llama-bench graph relative to the
   CPU table's cold cases: the split-timing lease shows decode's CPU splits 1.6-2.1x slower than
   those cases give, and the machines lent differ in CPU speed by up to 25 %, so it is set on
@@ -54,7 +60,7 @@ EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gat
 MIN_ROWS_PER_PARAMETER = 3
 #: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
 FITTED = (("kernel_floor_us", "floor_s", 1e-6, 2e-6, 0.5e-6), ("graph_us", "graph_s", 1e-6, 100e-6, 50e-6),
-          ("mask_ns", "mask_s", 1e-9, 2e-9, 1e-9), ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
+          ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
           ("launch_us", "launch_s", 1e-6, 2e-6, 1e-6), ("cpu_rate_scale", "cpu_rate_scale", 1.0, 0.6, 0.05))
 
 
@@ -283,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="split-timing lease folder (one-thread GET_ROWS / SET_ROWS rates)")
     ap.add_argument("--depth", default="data/llamacpp/h200-20261202-depth",
                     help="ncu of llama-bench decode at depth (the cold K/V rate of attention)")
+    ap.add_argument("--phases", default="data/llamacpp/h200-20261202-phase",
+                    help="phase-timing lease folder (llama.cpp's host work around each graph)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
@@ -299,8 +307,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
         kv_rate, kv_src = kv_cold_rate(args.depth, hw)
         rows["attn_kv_cold_gb_per_s"] = (kv_rate / 1e9, kv_src)
-        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows}
+        from .phasetime import call_table, host_figures
+
+        phases = host_figures(call_table(args.phases), args.phases)
+        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows, **phases}
         hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
+                                   mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
+                                   call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
+                                   apply_per_token_s=phases["apply_ns_per_token"][0] * 1e-9,
+                                   build_per_layer_s=phases["build_us_per_layer"][0] * 1e-6,
+                                   capture_per_layer_s=phases["capture_us_per_layer"][0] * 1e-6,
                                    cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
                                    cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
                                    cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,

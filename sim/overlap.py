@@ -1,0 +1,84 @@
+"""The next ubatch's host work behind the previous ubatch's GPU work (llama.cpp prompts).
+
+llama.cpp does not synchronise between the ubatches of a prompt: ``llama_decode`` returns after
+launching a ubatch's GPU splits, and the host goes on with the next ubatch (the call's batch
+checks, the memory apply, the graph build and allocation, the KQ masks, the token embedding's
+GET_ROWS on the CPU backend) while the GPU still runs the previous one. It waits for the GPU only
+where the scheduler copies the next ubatch's inputs to the GPU (``ggml_backend_sched_compute_
+splits`` synchronises the split's backend before copying graph inputs when it has no events: one
+GPU, ``n_copies == 1``). llama-bench synchronises once, after the last ubatch of the prompt
+(``test_prompt``), and after every decode token (``test_gen``). Measured with the ``phase-time``
+patch (``data/llamacpp/h200-20261202-phase``): gpt-oss pp2048 at ``-ub 512`` builds the next
+ubatch (4.6 ms of host work) during the previous one's 40 ms of GPU work.
+
+The simulator times each graph on its own, ending in a full synchronisation (:mod:`sim.memo`).
+For a prompt on a llama.cpp profile (a ``[ggml]`` table) the test's time is then the sum of the
+graphs' makespans less, for each pair of consecutive ubatches, ``min(F_k, H_{k+1})``
+(:func:`ubatch_overlap_s`): ``H`` is a graph's host prefix, the time from its start to its first
+GPU op (the host work before the scheduler's first wait for the GPU), ``F`` the host's idle tail,
+from the end of its last host or CPU-backend op to the graph's end (:func:`graph_host_edges`).
+This is exact when every op after the next graph's first GPU op depends on that op or on the
+host work after it (the scheduler's wait orders them), so that the rest of the graph shifts as
+one; the trace and timeline still show the graphs one after the other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
+
+_GPU_STREAMS = (STREAM_CODE[Stream.COMPUTE], STREAM_CODE[Stream.COPY])
+_HOST_STREAMS = (STREAM_CODE[Stream.HOST], STREAM_CODE[Stream.CPU])
+_WAITS = (KIND_CODE[OpKind.HOST_SYNC], KIND_CODE[OpKind.EVENT_WAIT])
+
+
+def graph_host_edges(plan: Plan, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(H, F)`` of each graph of a timed plan, seconds, ``(n_graphs,)`` each.
+
+    ``H``: from the graph's start (its first op's start) to the start of its first op on a GPU
+    stream (compute or copy); 0 for a graph without one (nothing for the next host work to hide
+    behind). ``F``: from the end of its last host-thread or CPU-backend op (waits and syncs
+    excluded) to the graph's end; 0 without such an op.
+
+    Args:
+        plan: the plan (its ``graph`` and ``stream`` columns).
+        start, end: ``(n,)`` op start and end times of one schedule.
+    """
+    a = plan.arrays
+    graph = np.asarray(plan.graphs, dtype=np.int64)
+    n_g = int(graph.max()) + 1 if graph.size else 0
+    H = np.zeros(n_g)
+    F = np.zeros(n_g)
+    if not n_g:
+        return H, F
+    stream = np.asarray(a.stream)
+    kind = np.asarray(a.kind)
+    g_start = np.full(n_g, np.inf)
+    g_end = np.full(n_g, -np.inf)
+    np.minimum.at(g_start, graph, start)
+    np.maximum.at(g_end, graph, end)
+    gpu = np.isin(stream, _GPU_STREAMS)
+    first_gpu = np.full(n_g, np.inf)
+    np.minimum.at(first_gpu, graph[gpu], start[gpu])
+    busy = np.isin(stream, _HOST_STREAMS) & ~np.isin(kind, _WAITS)
+    host_end = np.full(n_g, -np.inf)
+    np.maximum.at(host_end, graph[busy], end[busy])
+    ok = np.isfinite(first_gpu)
+    H[ok] = first_gpu[ok] - g_start[ok]
+    ok = np.isfinite(host_end)
+    F[ok] = np.maximum(g_end[ok] - host_end[ok], 0.0)
+    return H, F
+
+
+def ubatch_overlap_s(ctx, test, H: np.ndarray, F: np.ndarray) -> float:
+    """Seconds the test's graphs overlap (module docstring): ``sum_k min(F_k, H_{k+1})`` over
+    consecutive graphs of a prompt on a llama.cpp profile; 0 for decode (llama-bench synchronises
+    after every token) and for profiles without a ``[ggml]`` table (the CuPy executor
+    synchronises every graph)."""
+    if ctx.scn.hardware.ggml is None or not test.n_prompt or len(H) < 2:
+        return 0.0
+    return float(np.minimum(np.asarray(F[:-1]), np.asarray(H[1:])).sum())
+
+
+__all__ = ["graph_host_edges", "ubatch_overlap_s"]
