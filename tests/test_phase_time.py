@@ -167,6 +167,34 @@ def test_a_log_that_does_not_match_the_rows_is_refused(tmp_path):
         PT.call_table(run)
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda inv, rows: inv[0].pop("id"), r"invocations.jsonl:1: field 'id' missing"),
+    (lambda inv, rows: inv[0].update(env=5), r"invocations.jsonl:1: field 'env' must be a table"),
+    (lambda inv, rows: inv[0].update(repetitions=None), r"invocations.jsonl:1: field 'repetitions' missing"),
+    (lambda inv, rows: inv[0].update(rows="four"), r"invocations.jsonl:1: field 'rows' must be an integer"),
+    (lambda inv, rows: rows[0].pop("n_prompt"), r"llama-bench.jsonl \(invocation pt-gptoss-res-pp\) row 1: field 'n_prompt'"),
+    (lambda inv, rows: rows[0].update(n_batch=0), r"row 1: field 'n_batch' must be an integer >= 1"),
+])
+def test_bad_run_records_are_one_line_errors_naming_the_field(tmp_path, edit, match):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(PHASE_RUN, run)
+    inv = [json.loads(ln) for ln in (run / "invocations.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (run / "llama-bench.jsonl").read_text().splitlines()]
+    edit(inv, rows)
+    (run / "invocations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in inv))
+    (run / "llama-bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PrefetchSimError, match=match):
+        PT.call_table(run)
+
+
+def test_phasetime_cli_refuses_a_file_and_prints_nothing_half_way(tmp_path, capsys):
+    assert PT.main([str(PHASE_RUN / "meta.json")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "not a folder" in out.err
+
+
 # ---- the simulator's side ---------------------------------------------------------------------
 
 def _scenario(ub: int):

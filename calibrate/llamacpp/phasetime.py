@@ -60,6 +60,26 @@ class Call:
     wait_us: int | None = None
 
 
+def _int_field(obj: dict, key: str, where: str, default: int | None = None, minimum: int = 0) -> int:
+    """``obj[key]`` as an int >= ``minimum`` (``default`` when absent and given).
+
+    Raises:
+        PrefetchSimError: missing, not an integer, or below ``minimum``, naming ``where`` and the field.
+    """
+    v = obj.get(key, default) if isinstance(obj, dict) else None
+    if v is None:
+        raise PrefetchSimError(f"{where}: field '{key}' missing")
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise PrefetchSimError(f"{where}: field '{key}' must be an integer, got {v!r}")
+    try:
+        n = int(v)
+    except ValueError:
+        raise PrefetchSimError(f"{where}: field '{key}' must be an integer, got {v!r}") from None
+    if n != float(v) or n < minimum:
+        raise PrefetchSimError(f"{where}: field '{key}' must be an integer >= {minimum}, got {v!r}")
+    return n
+
+
 def _ints(text: str) -> dict:
     return {k: int(v) for k, v in _KV.findall(text) if re.fullmatch(r"-?\d+", v)}
 
@@ -89,7 +109,10 @@ def parse_phase_time(text: str, name: str = "log") -> list[Call]:
         tag, rest = m.groups()
         try:
             if tag == "decode-time":
-                calls.append(Call(_ints(rest)["t0"]))
+                t0 = _ints(rest).get("t0")
+                if t0 is None:
+                    raise ValueError("no integer t0")
+                calls.append(Call(t0))
             elif tag == "input-time":
                 pending_mask = _mask_us(rest.split("inputs=", 1)[1])
             elif tag == "phase-time":
@@ -98,28 +121,39 @@ def parse_phase_time(text: str, name: str = "log") -> list[Call]:
                 d = _ints(rest)
                 for k in ("n_tokens", "reused", "t0", "apply_us", "build_us", "alloc_us", "inputs_us", "compute_us"):
                     if k not in d:
-                        raise ValueError(f"no {k}")
+                        raise ValueError(f"no integer {k}")
                 d["mask_us"] = pending_mask if pending_mask is not None else 0
                 pending_mask = None
                 calls[-1].ubatches.append(d)
             elif tag == "sync-time" and calls and calls[-1].wait_us is None:
-                calls[-1].wait_us = _ints(rest)["wait_us"]
+                w = _ints(rest).get("wait_us")
+                if w is None:
+                    raise ValueError("no integer wait_us")
+                calls[-1].wait_us = w
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"{name}:{no}: malformed {tag} line ({exc}): {ln[:120]!r}") from None
     return calls
 
 
-def expected_calls(rows: list[dict], reps: int) -> list[tuple[int, str, int, int, int]]:
+def expected_calls(rows: list[dict], reps: int, where: str = "llama-bench.jsonl"
+                   ) -> list[tuple[int, str, int, int, int]]:
     """llama-bench's ``llama_decode`` calls for an invocation's rows, in its order:
     ``(row, step, rep, n_tokens, kv_before)`` with ``step`` one of ``warmup``, ``depth``,
     ``prompt``, ``gen``. Per row (``tools/llama-bench``): a warm-up prompt of ``n_prompt`` tokens
     and one warm-up token, then per repetition the depth fill (only the first time a depth is
     seen: later ones restore the saved state), the prompt in ``n_batch`` calls and ``n_gen``
-    single-token calls."""
+    single-token calls.
+
+    Raises:
+        PrefetchSimError: a row lacks ``n_prompt``, ``n_gen`` or ``n_batch`` or has one that is
+            not a non-negative integer (``n_batch`` >= 1), naming ``where`` and the row.
+    """
     out = []
     seen_depth = 0
     for i, r in enumerate(rows):
-        p, g, d, b = int(r["n_prompt"]), int(r["n_gen"]), int(r.get("n_depth", 0)), int(r["n_batch"])
+        w = f"{where} row {i + 1}"
+        p, g = _int_field(r, "n_prompt", w), _int_field(r, "n_gen", w)
+        d, b = _int_field(r, "n_depth", w, 0), _int_field(r, "n_batch", w, minimum=1)
         for done in range(0, p, b):
             out.append((i, "warmup", -1, min(b, p - done), done))
         if g:
@@ -151,18 +185,35 @@ def call_table(run_dir: str | Path) -> pd.DataFrame:
     from .grid import read_log
 
     run = Path(run_dir)
+    if run.exists() and not run.is_dir():
+        raise PrefetchSimError(f"{run}: not a folder (give a phase-timing lease's run folder)")
     invs = read_invocations(run / "invocations.jsonl")
     rows = [r for _no, r in jsonl_objects(run / "llama-bench.jsonl", "llama-bench row")]
     out = []
     at = 0
-    for inv in invs:
-        n_rows = int(inv.get("rows", 0))
+    for k_inv, inv in enumerate(invs, 1):
+        where = f"{run / 'invocations.jsonl'}:{k_inv}"
+        n_rows = _int_field(inv, "rows", where, 0)
         inv_rows, at = rows[at:at + n_rows], at + n_rows
-        if "PREFETCH_SIM_PHASE_TIME" not in (inv.get("env") or {}):
+        env = inv.get("env") or {}
+        if not isinstance(env, dict):
+            raise PrefetchSimError(f"{where}: field 'env' must be a table of variables, got {env!r}")
+        if "PREFETCH_SIM_PHASE_TIME" not in env:
             continue
+        if not isinstance(inv.get("id"), str) or not inv["id"]:
+            raise PrefetchSimError(f"{where}: field 'id' missing or not a string")
         log = inv.get("log", f"logs/{inv['id']}.log")
-        calls = parse_phase_time(read_log(run, log), f"{run}/{log}")
-        exp = expected_calls(inv_rows, int(inv.get("repetitions", 1)))
+        if not isinstance(log, str):
+            raise PrefetchSimError(f"{where}: field 'log' must be a path, got {log!r}")
+        try:
+            text = read_log(run, log)
+        except FileNotFoundError:
+            raise PrefetchSimError(f"{run}/{log}: log not found (nor in {run}/logs.tar.gz); named by {where}") from None
+        except IsADirectoryError:
+            raise PrefetchSimError(f"{run}/{log}: a folder, not a log; named by {where}") from None
+        calls = parse_phase_time(text, f"{run}/{log}")
+        exp = expected_calls(inv_rows, _int_field(inv, "repetitions", where, 1, minimum=1),
+                             f"{run / 'llama-bench.jsonl'} (invocation {inv['id']})")
         if len(calls) != len(exp):
             raise PrefetchSimError(f"{run}/{log}: {len(calls)} llama_decode calls, llama-bench's order for the "
                                    f"{len(inv_rows)} rows gives {len(exp)}")
@@ -252,7 +303,10 @@ def host_figures(tab: pd.DataFrame, run_label: str) -> dict[str, tuple[float, st
 
     def model(p):
         if p not in models:
-            models[p] = load_model(resolve(p, Path(run_label), Path.cwd()))
+            try:
+                models[p] = load_model(resolve(p, Path(run_label), Path.cwd()))
+            except (OSError, PrefetchSimError) as exc:
+                raise PrefetchSimError(f"{run_label}/invocations.jsonl: field 'model_toml' {p!r}: {exc}") from None
         return models[p]
 
     big = tab[(tab["step"] == "prompt") & (tab["n_tokens"] >= MIN_MASK_TOKENS)]
@@ -302,9 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         tab = call_table(args.run_dir)
+        figures = host_figures(tab, args.run_dir)  # before printing: nothing half-way
         with pd.option_context("display.width", 250, "display.max_columns", 40):
             print(summary(tab).round(3).to_string(index=False))
-        for k, (v, src) in host_figures(tab, args.run_dir).items():
+        for k, (v, src) in figures.items():
             print(f"{k} = {v:.4g}   ({src})")
     except (PrefetchSimError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
