@@ -741,17 +741,15 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     slot_bytes = {name: max(sum(tt.nbytes for tt in splits[si].host_input.tensors) for si in members)
                   for name, members in pools.items() if name[0] != "slots"}
     ggml = hw.ggml
-    if ggml is not None and (ggml.graph_s > 0 or ggml.launch_s > 0 or ggml.call_s > 0 or ggml.call_per_token_s > 0
-                             or ggml.apply_per_token_s > 0 or ggml.build_per_layer_s > 0
-                             or ggml.capture_per_layer_s > 0):
+    n_kernels = graph_kernels(items)
+    if ggml is not None and ggml.has_graph_host_work:
         # llama.cpp's host work per graph before its compute (sim.ggmlcost): the llama_decode
-        # call's batch checks and ubatch split (first ubatch of a call), the memory apply, and
-        # for a graph it does not reuse the graph build and the scheduler's allocation (its
-        # kernels are then launched one by one, without a CUDA graph: sim.costs.plan_durations
-        # prices that on each launch)
+        # call's batch checks and ubatch split (first ubatch of a call), the memory apply, for
+        # a graph it does not reuse the graph build and the scheduler's allocation (its kernels
+        # then run without a CUDA graph: sim.costs.direct_launch_s prices that on its GPU ops),
+        # for a reused one its share of the CUDA-graph capture
         em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
-                shape=(graph_kernels(items), n_tokens, int(em.rebuilt), int(em.call_tokens), model.n_layer,
-                       em.capture_share))
+                shape=(n_kernels, n_tokens, int(em.rebuilt), int(em.call_tokens), model.n_layer, em.capture_share))
     if ggml is not None and ggml.mask_s > 0:
         # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
         # the GPU when some attention runs there
@@ -829,7 +827,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     em.plan.graph_last_op.append(len(em.plan) - 1)
     em.plan.graph_tokens.append(n_tokens)
     em.plan.meta.setdefault("rebuilt_graphs", []).append(bool(em.rebuilt))
-    em.plan.meta.setdefault("graph_kernels", []).append(graph_kernels(items))
+    em.plan.meta.setdefault("graph_kernels", []).append(n_kernels)
 
 
 def moved_attn(it: Item) -> bool:

@@ -371,9 +371,7 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
             return t + g.elementwise_s(ew_on, ew_k, 4.0 * ew_e * n_tok)
         return None
     if k is OpKind.HOST_WORK and op.tag == "graph_overhead":  # sim.builder.build_graph
-        kernels, n_tok = sh[:2] if len(sh) >= 2 else (0, 1)
-        rebuilt, call_tok, n_layer = sh[2:5] if len(sh) >= 5 else (int(n_tok > 1), 0, 0)
-        capture = sh[5] if len(sh) >= 6 else 0.0
+        _kernels, n_tok, rebuilt, call_tok, n_layer, capture = sh
         t = g.graph_s + g.apply_per_token_s * n_tok + g.capture_per_layer_s * n_layer * capture
         if rebuilt:
             t += g.build_per_layer_s * n_layer

@@ -155,6 +155,13 @@ class GgmlKernels:
     attn_kv_cold_bytes_per_s: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def has_graph_host_work(self) -> bool:
+        """Whether the profile prices any of llama.cpp's host work per graph (the builder then
+        emits the graph's ``graph_overhead`` op, priced in :func:`sim.costs.ggml_duration_s`)."""
+        return any(v > 0 for v in (self.graph_s, self.call_s, self.call_per_token_s, self.apply_per_token_s,
+                                   self.build_per_layer_s, self.capture_per_layer_s))
+
     # ---------------------------------------------------------------- derived tables
     @cached_property
     def _curves(self) -> dict:

@@ -46,9 +46,9 @@ from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_ma
 from .costs import direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
+from .overlap import template_host_edges, ubatch_overlap_s
 from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
-from .overlap import graph_host_edges, ubatch_overlap_s
 from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
 #: templates kept across the repetitions of a test hold at most this many ops in all
@@ -91,7 +91,7 @@ class GraphTemplate:
     results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden)
     kv_ops: list = field(default_factory=list)
     kv_groups: list | None = None
-    launch: object = 0.0
+    launch: np.ndarray | float = 0.0
 
 
 @dataclass(frozen=True)
@@ -328,14 +328,14 @@ def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
         start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
         tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end)
         mk = end.max(axis=1).tolist() if end.shape[1] else [0.0] * len(todo)
+        h, f = template_host_edges(tpl.plan, start, end)
         for k, r in enumerate(todo):
-            h, f = graph_host_edges(tpl.plan, start[k], end[k])
-            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[0]), float(f[0]))
+            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[k]), float(f[k]))
     else:
         for r in todo:
             sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
             tot, hid = h2d_busy_hidden_s(tpl.groups, sched.start_s, sched.end_s)
-            h, f = graph_host_edges(tpl.plan, np.asarray(sched.start_s), np.asarray(sched.end_s))
+            h, f = template_host_edges(tpl.plan, np.asarray(sched.start_s), np.asarray(sched.end_s))
             tpl.results[r] = (float(sched.makespan_s), tot, hid, float(h[0]), float(f[0]))
 
 

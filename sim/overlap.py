@@ -33,6 +33,30 @@ _HOST_STREAMS = (STREAM_CODE[Stream.HOST], STREAM_CODE[Stream.CPU])
 _WAITS = (KIND_CODE[OpKind.HOST_SYNC], KIND_CODE[OpKind.EVENT_WAIT])
 
 
+def _edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """``(gpu, busy)`` op masks of a plan: ops on a GPU stream; host-thread and CPU-backend ops
+    other than waits and syncs."""
+    a = plan.arrays
+    stream = np.asarray(a.stream)
+    gpu = np.isin(stream, _GPU_STREAMS)
+    busy = np.isin(stream, _HOST_STREAMS) & ~np.isin(np.asarray(a.kind), _WAITS)
+    return gpu, busy
+
+
+def template_host_edges(plan: Plan, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`graph_host_edges` of a one-graph plan for several schedules at once: ``start`` and
+    ``end`` ``(S, n)``, returns ``(H, F)`` ``(S,)`` each (the masks are computed once)."""
+    gpu, busy = _edge_masks(plan)
+    start, end = np.atleast_2d(start), np.atleast_2d(end)
+    S = start.shape[0]
+    if not start.shape[1]:
+        return np.zeros(S), np.zeros(S)
+    g0, g1 = start.min(axis=1), end.max(axis=1)
+    H = start[:, gpu].min(axis=1) - g0 if gpu.any() else np.zeros(S)
+    F = np.maximum(g1 - end[:, busy].max(axis=1), 0.0) if busy.any() else np.zeros(S)
+    return H, F
+
+
 def graph_host_edges(plan: Plan, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(H, F)`` of each graph of a timed plan, seconds, ``(n_graphs,)`` each.
 
@@ -45,23 +69,19 @@ def graph_host_edges(plan: Plan, start: np.ndarray, end: np.ndarray) -> tuple[np
         plan: the plan (its ``graph`` and ``stream`` columns).
         start, end: ``(n,)`` op start and end times of one schedule.
     """
-    a = plan.arrays
     graph = np.asarray(plan.graphs, dtype=np.int64)
     n_g = int(graph.max()) + 1 if graph.size else 0
     H = np.zeros(n_g)
     F = np.zeros(n_g)
     if not n_g:
         return H, F
-    stream = np.asarray(a.stream)
-    kind = np.asarray(a.kind)
+    gpu, busy = _edge_masks(plan)
     g_start = np.full(n_g, np.inf)
     g_end = np.full(n_g, -np.inf)
     np.minimum.at(g_start, graph, start)
     np.maximum.at(g_end, graph, end)
-    gpu = np.isin(stream, _GPU_STREAMS)
     first_gpu = np.full(n_g, np.inf)
     np.minimum.at(first_gpu, graph[gpu], start[gpu])
-    busy = np.isin(stream, _HOST_STREAMS) & ~np.isin(kind, _WAITS)
     host_end = np.full(n_g, -np.inf)
     np.maximum.at(host_end, graph[busy], end[busy])
     ok = np.isfinite(first_gpu)
@@ -81,4 +101,4 @@ def ubatch_overlap_s(ctx, test, H: np.ndarray, F: np.ndarray) -> float:
     return float(np.minimum(np.asarray(F[:-1]), np.asarray(H[1:])).sum())
 
 
-__all__ = ["graph_host_edges", "ubatch_overlap_s"]
+__all__ = ["graph_host_edges", "template_host_edges", "ubatch_overlap_s"]
