@@ -458,6 +458,28 @@ def test_tree_batch_equals_each_row_run_alone(plan, data):
     np.testing.assert_array_equal(ref[1], end)
 
 
+@SETTINGS
+@given(plans(), st.data())
+def test_small_batch_after_a_kept_tree_equals_each_row_run_alone(plan, data):
+    """Once a compiled plan holds a critical tree (an earlier batch), run() times a batch of
+    2..ROWS_MAX scenarios along it: each row equals its own scalar recurrence to the bit,
+    with no tree, with a fitting tree and with one that does not fit (fresh durations)."""
+    n = len(plan.ops)
+    comp = analytic.compile_plan(plan)
+    first = np.stack([data.draw(durations_for(n, zeros=True)) for _ in range(analytic.TREE_MIN_ROWS)])
+    for _ in range(2):
+        S = data.draw(st.integers(2, analytic.ROWS_MAX))
+        batch = np.stack([data.draw(durations_for(n, zeros=True)) for _ in range(S)])
+        kept = comp._last_tree is not None
+        got = analytic.run(comp, batch)
+        for k in range(S):
+            s1, e1 = analytic._run_one(comp, batch[k].tolist())
+            assert got.start_s[k].tolist() == s1 and got.end_s[k].tolist() == e1
+        if not kept:
+            analytic.run(comp, first)  # leaves a tree for the next round
+            assert n == 0 or comp._last_tree is not None
+
+
 def test_tree_batch_on_a_memo_template_equals_the_op_by_op_batch(monkeypatch):
     """On a built graph (the default scenario's pp512 graph) timed at 16 KV lengths, as
     sim.memo does for a pp8192 test: the tree path equals the op-by-op numpy batch to the

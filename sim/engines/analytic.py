@@ -39,7 +39,8 @@ ENGINE_NAME = "analytic"
 
 _CACHE_KEY = "_sim_engines_compiled"
 
-#: batches of at most this many scenarios run one scenario at a time (:func:`run`)
+#: batches of at most this many scenarios run one scenario at a time (:func:`run`), unless the
+#: compiled plan has timed a batch before (then :func:`_run_tree`)
 ROWS_MAX = 8
 
 #: :func:`run` times a batch of more than :data:`ROWS_MAX` scenarios along the critical tree
@@ -63,13 +64,15 @@ class CompiledPlan:
             :attr:`preds`).
     """
 
-    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns")
+    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns",
+                 "_small_batches")
 
     def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
         self.n, self.queue, self.pred_ptr, self.pred_idx = n, queue, pred_ptr, pred_idx
         self._preds = None
         self._trees: dict = {}      # critical-predecessor choices (bytes) -> _Tree (_tree_for)
         self._last_tree = None      # the _Tree last used (tried first by _run_tree)
+        self._small_batches = 0     # batches of 2..ROWS_MAX rows timed row by row (run)
         self._columns = None        # p0, p1, p2 as int64 arrays (columns)
         cnt = np.diff(pred_ptr)
         if n and cnt.max() > 3:
@@ -213,9 +216,11 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
         :class:`~sim.plan.Schedule` with ``start_s``/``end_s`` of the same shape as
         ``durations``, ``engine="analytic"``. A batch of up to :data:`ROWS_MAX` scenarios
         is run one scenario at a time with Python floats (faster than numpy calls on short
-        rows; the same arithmetic); a larger one by :func:`_run_tree` (one scenario timed
-        op by op, the others along its critical-predecessor tree with numpy, checked, to the
-        bit; :data:`ENABLE_TREE`), or, with that off, op by op on rows of S scenarios
+        rows; the same arithmetic); a larger one, or any batch of two or more on a compiled
+        plan that has timed a batch before (a graph template timed again), by
+        :func:`_run_tree` (the scenarios along that tree, or along the tree of
+        the first one timed op by op, with numpy, checked, to the bit; :data:`ENABLE_TREE`),
+        or, with that off, op by op on rows of S scenarios
         (:func:`_run_batch`; then the arrays are transposed views of (n, S) arrays).
 
     Raises:
@@ -226,11 +231,14 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
     if d.ndim == 1:
         start, end = _run_one(comp, d.tolist())
         return Schedule(np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64), ENGINE_NAME)
-    if d.shape[0] <= ROWS_MAX:
+    # a plan timed again (a graph template): its small batches go along a critical tree too
+    tree_kept = ENABLE_TREE and d.shape[0] > 1 and (comp._last_tree is not None or comp._small_batches > 0)
+    if d.shape[0] <= ROWS_MAX and not tree_kept:
+        comp._small_batches += d.shape[0] > 1
         rows = [_run_one(comp, r) for r in d.tolist()]
         return Schedule(np.array([r[0] for r in rows], dtype=np.float64).reshape(d.shape),
                         np.array([r[1] for r in rows], dtype=np.float64).reshape(d.shape), ENGINE_NAME)
-    if ENABLE_TREE and d.shape[0] >= TREE_MIN_ROWS:
+    if tree_kept or (ENABLE_TREE and d.shape[0] >= TREE_MIN_ROWS):
         start, end = _run_tree(comp, d)
         return Schedule(start, end, ENGINE_NAME)
     start, end = _run_batch(comp.preds, d)
