@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from plangen import durations_for, golden_plan, pipeline_plan, plans, plans_with_durations
 from sim import engines
 from sim.engines import analytic, des
-from sim.plan import KINDS, STREAMS, OpKind, Plan, Stream
+from sim.plan import KINDS, STREAMS, Op, OpKind, Plan, Schedule, Stream
 
 from scenario_factory import ROOT
 
@@ -323,6 +323,199 @@ def test_des_waits_are_the_latest_dep_on_each_other_queue(plan):
     assert des._structure(plan) is st_  # cached
     plan.add(OpKind.ISSUE, Stream.HOST, -1, "late")
     assert des._structure(plan).n == a.n + 1  # rebuilt after an op was added
+
+
+# ------------------------------------------------------------------ DES runs -----------
+# The DES plays consecutive ops of a queue that need not wait as one run under one timeout
+# (sim.engines.des, "Runs"). These plans put the places where a run must stop (an op another
+# queue waits on, a dependency that ends inside a would-be run, link ops) where a run would
+# otherwise go on, and compare every start and end with the analytic engine to the bit.
+
+H, C, K = Stream.HOST, Stream.COMPUTE, Stream.COPY
+
+
+def _des_equals_analytic(plan: Plan, dur) -> Schedule:
+    dur = np.asarray(dur, dtype=np.float64)
+    a = analytic.run(plan, dur)
+    d = des.run(plan, dur)
+    np.testing.assert_array_equal(d.start_s, a.start_s)
+    np.testing.assert_array_equal(d.end_s, a.end_s)
+    _check_contract(plan, dur, d.start_s, d.end_s)
+    return d
+
+
+def _scheduled_events(plan: Plan, dur, monkeypatch) -> int:
+    """SimPy events one DES run schedules (calls of ``Environment.schedule``: timeouts,
+    triggered events, and the start and end of each queue process)."""
+    import simpy.core
+
+    schedule = simpy.core.Environment.schedule
+    calls = [0]
+
+    def counting(self, *args, **kw):
+        calls[0] += 1
+        return schedule(self, *args, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(simpy.core.Environment, "schedule", counting)
+        des.run(plan, np.asarray(dur, dtype=np.float64))
+    return calls[0]
+
+
+def test_des_plays_a_queue_without_waits_as_one_timeout(monkeypatch):
+    plan = Plan()
+    for i in range(10):
+        plan.add(OpKind.HOST_WORK, H, -1, f"w{i}")
+    dur = np.arange(1.0, 11.0)
+    s = _des_equals_analytic(plan, dur)
+    assert s.end_s.tolist() == np.cumsum(dur).tolist()
+    assert _scheduled_events(plan, dur, monkeypatch) == 1 + 2  # one timeout, the process's start and end
+
+
+@pytest.mark.parametrize("compute_first", [False, True])
+def test_des_run_stops_at_an_op_another_queue_waits_on(compute_first):
+    """h1 sits in the middle of a would-be run of the host; g waits on it, so h1 needs its own
+    completion event: g starts at h1's end (3), not at the end of the host's ops (10). With
+    the compute op first, the compute queue reaches g before the host scheduled h1 (a
+    placeholder)."""
+    plan = Plan()
+    if compute_first:
+        plan.add(OpKind.GEMM, C, 0, "c0")
+    h0 = plan.add(OpKind.HOST_WORK, H, -1, "h0")
+    h1 = plan.add(OpKind.HOST_WORK, H, -1, "h1", [h0])
+    plan.add(OpKind.HOST_WORK, H, -1, "h2")
+    plan.add(OpKind.HOST_WORK, H, -1, "h3")
+    g = plan.add(OpKind.GEMM, C, 0, "g", [h1])
+    dur = ([0.25] if compute_first else []) + [1.0, 2.0, 3.0, 4.0, 0.5]
+    s = _des_equals_analytic(plan, dur)
+    assert (s.start_s[g], s.end_s[g]) == (3.0, 3.5)
+
+
+def test_des_placeholder_waiter_of_an_op_inside_a_run():
+    """The compute queue reaches g before the host scheduled h1 (the host waits on c0); h1 is
+    then in the middle of the host's run (sync, h1, h2): g resumes at h1's end."""
+    plan = Plan()
+    c0 = plan.add(OpKind.GEMM, C, 0, "c0")
+    plan.add(OpKind.HOST_SYNC, H, -1, "sync", [c0])
+    h1 = plan.add(OpKind.HOST_WORK, H, -1, "h1")
+    plan.add(OpKind.HOST_WORK, H, -1, "h2")
+    g = plan.add(OpKind.GEMM, C, 0, "g", [h1])
+    s = _des_equals_analytic(plan, [1.0, 0.5, 0.25, 2.0, 1.0])
+    assert s.start_s.tolist() == [0.0, 1.0, 1.5, 1.75, 1.75]
+    assert s.end_s[g] == 2.75
+
+
+@pytest.mark.parametrize("k_dur", [0.5, 1.0, 1.5, 2.0, 2.5, 5.0])
+@pytest.mark.parametrize("compute_first", [False, True])
+def test_des_dependency_ending_inside_a_would_be_run(k_dur, compute_first):
+    """c waits on k, which ends before, at, or after the host's queue predecessor b: the run
+    a, b, c, d of the host cannot take c unless k has ended; c starts at max(2, end of k)."""
+    plan = Plan()
+    if compute_first:
+        k = plan.add(OpKind.GEMM, C, 0, "k")
+    a = plan.add(OpKind.HOST_WORK, H, -1, "a")
+    if not compute_first:
+        k = plan.add(OpKind.GEMM, C, 0, "k")
+    plan.add(OpKind.HOST_WORK, H, -1, "b", [a])
+    c = plan.add(OpKind.HOST_SYNC, H, -1, "c", [k])
+    plan.add(OpKind.HOST_WORK, H, -1, "d")
+    dur = np.ones(len(plan))
+    dur[k] = k_dur
+    s = _des_equals_analytic(plan, dur)
+    assert s.start_s[c] == max(2.0, k_dur)
+    assert s.makespan_s == max(2.0, k_dur) + 2.0
+
+
+def test_des_waits_at_once_for_a_dependency_due_after_its_run(monkeypatch):
+    """a ends at 1 and nobody waits on it; s waits on k, already scheduled to end at 3: the
+    host schedules no timeout for a and waits for k at once. With k due before a ends it
+    cannot: a gets its timeout."""
+    plan = Plan()
+    k = plan.add(OpKind.GEMM, C, 0, "k")
+    plan.add(OpKind.HOST_WORK, H, -1, "a")
+    s_ = plan.add(OpKind.HOST_SYNC, H, -1, "s", [k])
+    late = _des_equals_analytic(plan, [3.0, 1.0, 0.5])
+    assert (late.start_s[s_], late.end_s[s_]) == (3.0, 3.5)
+    assert _scheduled_events(plan, [3.0, 1.0, 0.5], monkeypatch) == 2 + 4  # k and s; 2 processes
+    early = _des_equals_analytic(plan, [0.5, 1.0, 0.5])
+    assert (early.start_s[s_], early.end_s[s_]) == (1.0, 1.5)
+    assert _scheduled_events(plan, [0.5, 1.0, 0.5], monkeypatch) == 3 + 4  # k, a and s
+
+
+def test_des_zero_duration_op_waited_on_ends_inside_a_run(monkeypatch):
+    """i lasts 0 and ends when the host reaches it after its wait: it has ended at once, the
+    placeholder g waits on is triggered, and the host's run goes on over i to w."""
+    plan = Plan()
+    c0 = plan.add(OpKind.GEMM, C, 0, "c0")
+    plan.add(OpKind.HOST_SYNC, H, -1, "sync", [c0])
+    i = plan.add(OpKind.ISSUE, H, -1, "i")
+    plan.add(OpKind.HOST_WORK, H, -1, "w")
+    g = plan.add(OpKind.GEMM, C, 0, "g", [i])
+    dur = [1.0, 0.0, 0.0, 2.0, 1.0]
+    s = _des_equals_analytic(plan, dur)
+    assert s.start_s.tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert s.end_s.tolist() == [1.0, 1.0, 1.0, 3.0, 2.0]
+    # c0, g and the host's one run (sync, i, w); the placeholder triggered; 2 processes
+    assert _scheduled_events(plan, dur, monkeypatch) == 3 + 1 + 4
+    assert s.start_s[g] == 1.0
+
+
+def test_des_links_stop_runs_and_are_granted_in_plan_order():
+    """Copies of one link from the copy stream and the host (pageable): each is a run of its
+    own, granted in plan order; the host's ops around its copy still run."""
+    plan = Plan()
+    plan.add(OpKind.D2H, K, 0, "d2h")                                     # [0, 5], no link
+    plan.add(OpKind.H2D, K, 0, "c1")                                      # [5, 6]
+    plan.add(OpKind.HOST_WORK, H, -1, "x")                                # [0, 0.5]
+    p_ = plan.add(OpKind.H2D, H, 0, "pageable", pinned=False)             # ready 0.5, link at 6 -> [6, 7]
+    plan.add(OpKind.HOST_WORK, H, -1, "y")                                # [7, 7.5]
+    plan.add(OpKind.HOST_WORK, H, -1, "z")                                # [7.5, 8]
+    c2 = plan.add(OpKind.H2D, K, 0, "c2")                                 # copy queue free at 6, link at 7 -> [7, 8]
+    g = plan.add(OpKind.GEMM, C, 0, "g", [c2])                            # [8, 9]
+    plan.add(OpKind.HOST_SYNC, H, -1, "sync", [g])                        # [9, 9]
+    dur = [5.0, 1.0, 0.5, 1.0, 0.5, 0.5, 1.0, 1.0, 0.0]
+    s = _des_equals_analytic(plan, dur)
+    assert s.start_s.tolist() == [0.0, 5.0, 0.0, 6.0, 7.0, 7.5, 7.0, 8.0, 9.0]
+    assert (s.start_s[p_], s.end_s[g]) == (6.0, 9.0)
+
+
+def test_des_run_whose_end_no_single_delay_reaches():
+    """From now = 2**-53 no delay d gives now + d == 1 + 2**-52 in float64 (the run b, c ends
+    there: b ends at 1.0, c 2**-52 later); the DES then plays the run op by op, so z, which
+    waits on c, starts at c's end to the bit."""
+    plan = Plan()
+    a = plan.add(OpKind.HOST_WORK, H, -1, "a")
+    plan.add(OpKind.HOST_WORK, H, -1, "b")
+    c = plan.add(OpKind.HOST_WORK, H, -1, "c")
+    plan.add(OpKind.GEMM, C, 0, "y", [a])
+    z = plan.add(OpKind.GEMM, C, 0, "z", [c])
+    now, end = 2.0**-53, 1.0 + 2.0**-52
+    assert all(now + d != end for d in (end - now, math.nextafter(end - now, 2), math.nextafter(end - now, 0)))
+    s = _des_equals_analytic(plan, [now, 1.0, 2.0**-52, 0.0, 1.0])
+    assert s.start_s[z] == end == s.end_s[c]
+
+
+def test_des_stall_names_the_first_op_never_run():
+    """A plan that breaks the contract (built from Op objects, a dep on a later op): after a
+    run of the host, op 1 and op 3 wait on each other forever."""
+    ops = [Op(0, OpKind.HOST_WORK, H, -1, "x"), Op(1, OpKind.HOST_SYNC, H, -1, "sync", deps=(3,)),
+           Op(2, OpKind.HOST_WORK, H, -1, "y"), Op(3, OpKind.GEMM, C, 0, "g", deps=(1,))]
+    with pytest.raises(RuntimeError, match=r"op 1 \(sync\) never ran"):
+        des.run(Plan(ops=ops), np.ones(4))
+
+
+_TIES = st.sampled_from([0.0, 2.0**-53, 2.0**-52, 0.5, 1.0, 3.0])
+
+
+@SETTINGS
+@given(plans(max_ops=60, max_deps=5), st.data())
+def test_des_equals_analytic_to_the_bit(plan, data):
+    """Both engines do the same float additions: equal times, also with durations that make
+    ties, zero-duration ops and runs no single delay reaches (2**-53 beside 1.0) common."""
+    n = len(plan)
+    dur = np.array(data.draw(st.lists(_TIES, min_size=n, max_size=n)), dtype=np.float64)
+    _des_equals_analytic(plan, dur)
+    _des_equals_analytic(plan, data.draw(durations_for(n, zeros=True)))
 
 
 def test_plan_add_normalises_dependencies():

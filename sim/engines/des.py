@@ -5,16 +5,38 @@ Model (the timing contract of :mod:`sim.plan`, played out in simulated time):
 * **one SimPy process per queue**: the host thread issuing in program order, each GPU's
   compute and copy stream, the CPU backend. A process takes its ops in plan order (CUDA
   stream FIFO / program order), so an op never starts before its queue predecessor ended;
-* **op completion is a SimPy event**: the op's own ``Timeout``; an op waits on the events of
-  its dependencies before it starts. An op whose dependency has not started yet waits on a
-  placeholder event whose waiters move onto the dependency's timeout when it starts;
+* **ops wait for their dependencies**: an op whose dependency on another queue has not ended
+  waits on that dependency's completion event (a SimPy ``Timeout``) before it starts. An op
+  whose dependency has not been scheduled yet waits on a placeholder event whose waiters move
+  onto the dependency's completion event when it is scheduled;
 * **one H2D link per GPU** (:class:`PlanOrderLink`), granted in plan order: an H2D op holds
   it for its whole duration, and the next H2D op of that link gets it only after every earlier
   one released it, whatever the order in which their queues reach them.
 
-Events per op: one ``Timeout``, plus a placeholder event (never scheduled) only when a
-dependant got ahead of a dependency that had not started, plus a grant event only when a copy
-waits for the link.
+**Runs.** A process plays consecutive ops of its queue that need not wait as one *run* under
+one ``Timeout``. The run's first op waits for what it needs (its dependencies that have not
+ended, the link); the run then takes the next ops as long as each has no link and every
+dependency it waits on has already ended at the current simulated time. An op that another
+queue waits on (*watched*) needs its own completion event, so the run ends with it, its
+timeout being that op's completion event; unless the watched op ends at the current time
+(zero durations since the run's start): it has then already ended, is marked so, wakes the
+placeholder's waiters if a dependant got ahead of it, and the run goes on. An H2D op is a run
+of its own (it holds the link for its duration). Within a run every start is the end of the
+queue predecessor and every end is ``start + duration``, the analytic engine's arithmetic;
+the run's delay is chosen so that SimPy's clock lands on the run's last end to the bit (where
+no single delay does, which needs a run long compared with the current time, the run is
+played as one timeout per op). A run that does not end with a watched op still to end, and
+whose next op waits for a dependency already scheduled to end no earlier than the run ends,
+schedules no timeout: the queue waits for that dependency's completion event at once (it
+resumes at the dependency's end, the next op's start).
+
+Events: one ``Timeout`` per run, at most one per op (none for a run that ends at the
+current time or is followed by a wait as above), plus a placeholder event (scheduled only
+when its dependency ends at the time it is reached) only when a dependant got ahead of a
+dependency not yet scheduled, plus a grant event only when a copy waits for the link.
+``benchmarks/bench_speed.py`` counts the events scheduled on a pp512 plan of the default
+scenario (about 0.4 per op; up to one per op where every op is watched or a copy, as in
+lock-step plans with synchronous copies).
 Dependencies on the op's own queue are implied by FIFO order and not waited on; of several
 dependencies on another queue only the latest is waited on (end times never decrease along
 a queue), so most ops wait on zero or one event.
@@ -23,8 +45,9 @@ What does not depend on the durations (the waits, which ops are waited on, the q
 links' op lists) is computed once per plan and cached on it (:func:`_structure`), so that the
 per-event work of a run is the queue loop alone.
 
-The result agrees with :mod:`sim.engines.analytic` to rounding (both compute every end as
-``start + duration`` with ``start`` the end of the latest predecessor).
+The result agrees with :mod:`sim.engines.analytic`: both compute every end as
+``start + duration`` with ``start`` the end of the latest predecessor (the same float
+operations, so the same times to the bit).
 """
 
 from __future__ import annotations
@@ -85,15 +108,16 @@ class _Structure:
 
     Attributes:
         waits: per op, the deps it waits on: not on its own queue, only the latest per queue.
-        watched: per op, whether some op of another queue waits on it (only those look for
-            a placeholder's waiters when they start).
-        queue_ops: per queue, its op ids in plan order.
+        watched: per op, whether some op of another queue waits on it (only those end a run
+            that ends after the current time, and look for a placeholder's waiters when they
+            are scheduled).
+        queue_ops: per queue, its op ids in plan order (queue_idx: the same as int64 arrays).
         link_ops: per H2D link, its op ids in plan order; link_pos: op id -> position there.
         programs: per queue, ``(op id, waits, link id or -1, watched)`` of its ops in order (what
             a queue process reads per op).
     """
 
-    __slots__ = ("n", "waits", "watched", "queue_ops", "link_ops", "link_pos", "programs")
+    __slots__ = ("n", "waits", "watched", "queue_ops", "queue_idx", "link_ops", "link_pos", "programs")
 
     def __init__(self, plan: Plan):
         a = plan.arrays
@@ -124,6 +148,7 @@ class _Structure:
         self.queue_ops: dict[int, list[int]] = {}
         for i, qi in enumerate(queue.tolist()):
             self.queue_ops.setdefault(qi, []).append(i)
+        self.queue_idx = {q: np.array(ops, dtype=np.int64) for q, ops in self.queue_ops.items()}
         self.link_ops: dict[int, list[int]] = {}
         for i, lk in enumerate(a.link.tolist()):
             if lk >= 0:
@@ -145,75 +170,140 @@ def _structure(plan: Plan) -> _Structure:
 
 
 class _Sim:
-    """State shared by the queue processes of one run."""
+    """State shared by the queue processes of one run: per op its start and end (seconds,
+    NaN until set), its completion event ``done`` and its due end ``due`` (watched ops that
+    end a run), the placeholders by op id, the links."""
 
-    def __init__(self, plan: Plan, dur: list[float]):
+    def __init__(self, plan: Plan):
         st = self.structure = _structure(plan)
         n = st.n
         self.env = simpy.Environment()
-        self.dur = dur
         self.start = [float("nan")] * n
         self.end = [float("nan")] * n
         self.done: list[simpy.Event | None] = [None] * n
+        self.due = [0.0] * n
         self.placeholders: dict[int, simpy.Event] = {}
         self.links = {lk: PlanOrderLink(self.env, ops, st.link_pos[lk]) for lk, ops in st.link_ops.items()}
 
     def queue_process(self, program: list[tuple], durations: list[float]):
-        """One queue (stream, host thread or CPU backend): its ops one at a time, in order
-        (``program``: :attr:`_Structure.programs` of the queue; ``durations``: its ops').
+        """One queue (stream, host thread or CPU backend): its ops in plan order, in runs of
+        consecutive ops under one ``Timeout`` (the module docstring's *Runs*; ``program``:
+        :attr:`_Structure.programs` of the queue; ``durations``: its ops', seconds).
 
-        An op that waits for a dependency not started yet yields a placeholder event; when
-        the dependency starts, the placeholder's waiters are moved onto the dependency's own
-        timeout (``Event.callbacks``), so they resume when it ends without a second event.
-        The clock is read from SimPy only after a wait: after an op's own timeout it is
-        ``start + duration``, the time SimPy scheduled the timeout at (to the bit). Only the
-        ops some other queue waits on (watched) keep their timeout in ``done``."""
+        An op ended when its end is set (not NaN); only watched ops' ends are read while the
+        simulation runs, and a watched op's end is set only once it has ended (the ends of the
+        other ops of a run are set when the run is scheduled). The first op of a run waits for
+        each dependency that has not ended, on the dependency's timeout in ``done`` or, if it
+        is not scheduled yet, on a placeholder event; when the dependency is scheduled, the
+        placeholder's waiters are moved onto its timeout (``Event.callbacks``), so they resume
+        when it ends without a second event. ``due`` holds the end a scheduled watched op will
+        end at. The clock is read from SimPy only after a wait (it is then the end of what was
+        waited for, to the bit); after the run's own timeout it is the run's last end."""
         env = self.env
         timeout = env.timeout
         done = self.done
+        due = self.due
         placeholders = self.placeholders
         links = self.links
         start = self.start
         end = self.end
         now = env.now
-        for (i, w, lk, watched), dt in zip(program, durations):
-            if w or lk >= 0:
-                waited = False
-                if lk < 0 and len(w) == 1 and end[w[0]] == end[w[0]]:
-                    w = ()  # its one dependency has ended (the common case: a launch's issue)
-                for j in w:
+        m = len(program)
+        p = 0
+        while p < m:
+            i, w, lk, watched = program[p]
+            for j in w:
+                if end[j] != end[j]:  # not ended
                     ev = done[j]
-                    if ev is None:  # dependency not started yet: wait for it to end
+                    if ev is None:  # dependency not scheduled yet: wait for it to end
                         ev = placeholders.get(j)
                         if ev is None:
                             ev = placeholders[j] = env.event()
-                        yield ev
-                        waited = True
-                    elif end[j] != end[j]:  # dependency running (its end is still NaN)
-                        yield ev
-                        waited = True
-                if lk >= 0:
-                    grant = links[lk].request(i)
-                    if grant is not None:
-                        yield grant
-                        waited = True
-                if waited:
+                    yield ev
                     now = env.now
+            if lk >= 0:  # an H2D op holds its link: a run of its own
+                grant = links[lk].request(i)
+                if grant is not None:
+                    yield grant
+                    now = env.now
+                start[i] = now
+                dt = durations[p]
+                p += 1
+                t = timeout(dt)
+                if watched:
+                    done[i] = t
+                    due[i] = now + dt
+                    if placeholders:
+                        ph = placeholders.pop(i, None)
+                        if ph is not None:  # its waiters resume when this op ends
+                            t.callbacks.extend(ph.callbacks)
+                            ph.callbacks = []
+                yield t
+                # the timeout was scheduled at now + dt (simpy.Environment.schedule): this
+                # is env.now, to the bit
+                now = end[i] = now + dt
+                links[lk].release(i)
+                continue
+            # the run: op i, then the ops after it that need not wait
+            first = p
             start[i] = now
-            t = timeout(dt)
+            e = now + durations[p]
+            p += 1
+            while True:
+                if watched:
+                    if e != now:
+                        break  # ends later: its completion event ends the run
+                    end[i] = e  # ended at the current time
+                    if placeholders:
+                        ph = placeholders.pop(i, None)
+                        if ph is not None:
+                            ph.succeed()
+                else:
+                    end[i] = e
+                if p == m:
+                    break
+                k, w, lk, wk = program[p]
+                if lk >= 0:
+                    break
+                for j in w:
+                    if end[j] != end[j]:
+                        break  # a dependency not ended at the current time
+                else:
+                    i = k
+                    watched = wk
+                    start[k] = e
+                    e = e + durations[p]
+                    p += 1
+                    continue
+                if done[j] is not None and due[j] >= e:
+                    # op k waits for j, due no earlier than the run's end: no timeout for the
+                    # run, the queue waits for j at once (the wait below reads the clock)
+                    now = e
+                break
+            if e == now:
+                continue  # the run ended at the current time, or the queue waits for a dependency
+            if p - first == 1:
+                delay = durations[first]
+            else:
+                delay = e - now
+                if now + delay != e:  # no single delay lands on e: one timeout per op
+                    for dt in durations[first:p - 1]:
+                        yield timeout(dt)
+                    delay = durations[p - 1]
+            t = timeout(delay)
             if watched:
                 done[i] = t
+                due[i] = e
                 if placeholders:
                     ph = placeholders.pop(i, None)
                     if ph is not None:  # its waiters resume when this op ends
                         t.callbacks.extend(ph.callbacks)
                         ph.callbacks = []
-            yield t
-            # the timeout was scheduled at now + dt (simpy.Environment.schedule): this is
-            # env.now, to the bit
-            now = end[i] = now + dt
-            if lk >= 0:
-                links[lk].release(i)
+                yield t
+                now = end[i] = e
+            else:
+                yield t
+                now = e
 
 
 def run(plan: Plan, durations) -> Schedule:
@@ -240,13 +330,13 @@ def run(plan: Plan, durations) -> Schedule:
             empty = np.zeros((0, d.shape[1]))
             return Schedule(empty, empty.copy(), ENGINE_NAME)
         return Schedule(np.stack([r.start_s for r in rows]), np.stack([r.end_s for r in rows]), ENGINE_NAME)
-    dur = d.tolist()
-    sim = _Sim(plan, dur)
+    sim = _Sim(plan)
     st = sim.structure
+    take = d.take
     for q, program in st.programs.items():
-        sim.env.process(sim.queue_process(program, list(map(dur.__getitem__, st.queue_ops[q]))))
+        sim.env.process(sim.queue_process(program, take(st.queue_idx[q]).tolist()))
     sim.env.run()
-    n = len(dur)
+    n = st.n
     end = np.fromiter(sim.end, dtype=np.float64, count=n)
     if np.isnan(end).any():
         stuck = int(np.flatnonzero(np.isnan(end))[0])
