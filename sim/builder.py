@@ -126,6 +126,9 @@ class BuildContext:
     host_ids: frozenset   # id() of the model's host-resident tensors (a tied head shares its name)
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
+    #: llama-bench repetition being built (0 = the first timed one), None when not one of a
+    #: run of repetitions (:func:`graph_call`'s capture share)
+    rep: int | None = None
 
     @cached_property
     def attn_layer_sig(self) -> list[tuple]:
@@ -1010,7 +1013,8 @@ def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> 
     return out
 
 
-def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int) -> tuple[bool, int, float]:
+def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int,
+               rep: int | None = None) -> tuple[bool, int, float]:
     """``(rebuilt, call_tokens, capture_share)`` of the graph at ``token_offset`` of a test (llama.cpp's
     ``llama_context::decode`` and ``process_ubatch`` as llama-bench drives them):
 
@@ -1022,14 +1026,21 @@ def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int)
       the others 0;
     * ``capture_share``: a reused graph's CUDA graph is captured in llama-bench's first
       repetition (its warm-up ran the graph directly: ggml-cuda captures on the second call with
-      unchanged properties) and replayed after: the test's first graph pays ``1 / r`` of a
-      capture (``r``: llama-bench's repetitions, :attr:`sim.specs.Workload.bench_repetitions`),
-      every other graph 0.
+      unchanged properties) and replayed after: the test's first graph pays a whole capture in
+      repetition ``rep`` 0 and none in the later ones; every other graph 0. Where the simulated
+      repetitions stand for a different number of llama-bench's (``rep`` None, or
+      :attr:`sim.specs.Workload.bench_repetitions` set: ``compare`` draws fewer), every
+      repetition pays ``1 / r`` of it (``r``: llama-bench's repetitions), the same mean time.
     """
     wl = scn.workload
     g = scn.hardware.ggml
     captures = g is not None and g.capture_per_layer_s > 0 and token_offset == 0
-    share = 1.0 / max(1, wl.bench_repetitions or wl.repetitions) if captures else 0.0
+    if not captures:
+        share = 0.0
+    elif rep is None or wl.bench_repetitions:
+        share = 1.0 / max(1, wl.bench_repetitions or wl.repetitions)
+    else:
+        share = 1.0 if rep == 0 else 0.0
     if not test.n_prompt:
         return False, 1, share
     nb = max(1, wl.n_batch)
@@ -1066,7 +1077,7 @@ def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.
     for gi, (n, kv, off) in enumerate(graphs):
         em.graph = gi
         em.token_offset = off
-        em.rebuilt, em.call_tokens, em.capture_share = graph_call(scn, test, len(graphs), off)
+        em.rebuilt, em.call_tokens, em.capture_share = graph_call(scn, test, len(graphs), off, ctx.rep)
         ctx.stats["used_masks"] = {}
         em.cache_split = {}
         build_graph(em, n, kv, off)

@@ -403,7 +403,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     built = 0
     kept_ops = memo.get("_kept_ops", 0)
     for g, (n, kv, off) in enumerate(graphs):
-        call = graph_call(scn, test, len(graphs), off)
+        call = graph_call(scn, test, len(graphs), off, ctx.rep)
         key = (n, start_dev, mkeys[g], call)
         tpl = work.get(key) or memo.get(key)
         if tpl is None:

@@ -267,3 +267,27 @@ def test_a_kept_context_times_as_a_fresh_one():
     metrics.clear_shared_contexts()
     assert metrics.shared_context(scn, v, 0) is not ctx
     metrics.clear_shared_contexts()
+
+
+def test_first_repetition_pays_the_cuda_graph_capture():
+    """llama-bench's first timed repetition captures a reused graph's CUDA graph: with ``-r 3``
+    on the llama.cpp profile the first sample of a one-ubatch prompt and of a decode test is
+    slower than the others, the later ones equal, the spread not zero; with llama-bench's own
+    ``-r`` standing apart (``bench_repetitions``: compare) every repetition pays 1/r of it, and
+    the mean time is the same either way."""
+    from dataclasses import replace
+
+    from sim.metrics import run_variant_test
+    from sim.specs import BenchTest, load_scenario, parse_variant
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    v = parse_variant("baseline")
+    for test in (BenchTest(512, 0), BenchTest(0, 8)):
+        r = run_variant_test(scn, v, test, 0, 3, memo=True)
+        full = run_variant_test(scn, v, test, 0, 3, memo=False)
+        np.testing.assert_allclose(r.makespan_s, full.makespan_s, rtol=1e-9)
+        assert r.tps[0] < r.tps[1] and r.tps[1] == pytest.approx(r.tps[2], rel=1e-9)
+        spread = scn.with_(workload=replace(scn.workload, bench_repetitions=3))
+        s = run_variant_test(spread, v, test, 0, 3, memo=True)
+        assert s.tps[0] == pytest.approx(s.tps[1], rel=1e-9)
+        assert np.mean(s.makespan_s) == pytest.approx(np.mean(r.makespan_s), rel=1e-9)
