@@ -342,3 +342,19 @@ def test_a_folder_whose_row_counts_do_not_add_up_is_refused(tmp_path):
     run = subset(tmp_path / "a", list(range(1, n + 1)) + [1], counted)
     with pytest.raises(ScenarioError, match=r"rows add up to .* has 11 .*invocations.jsonl|invocations.jsonl.*rows"):
         cmp.compare(run, jobs=1)
+
+
+def test_cli_refuses_a_folder_of_which_no_row_simulates(tmp_path, capsys):
+    """Every row not simulated (the committed decode lease on a 2 GB card): exit 2 with one line
+    naming the folder and the first row's reason, and no output written."""
+    run = ROOT / "data" / "llamacpp" / "h200-20261202-decode"
+    prof = tmp_path / "tiny.toml"
+    src = ROOT / "scenarios" / "hardware" / "h200-llamacpp.toml"
+    text = src.read_text().replace('"h200-llamacpp/kernels-', '"' + str(src.parent / "h200-llamacpp") + "/kernels-")
+    prof.write_text("\n".join('vram_gb = { value = 2.0, source = "test" }' if ln.startswith("vram_gb =") else ln
+                              for ln in text.splitlines()))
+    out = tmp_path / "o.csv"
+    assert cmp.main([str(run), "--hardware", str(prof), "--out", str(out), "-q", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none of the 31 rows" in err and "does not fit" in err
+    assert not out.exists()

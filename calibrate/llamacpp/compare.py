@@ -942,6 +942,11 @@ def main(argv: list[str] | None = None) -> int:
             df = attach_repeat(df, rep)
             md += "\n" + repro_markdown(reproducibility(df), f"Reproducibility: {args.run_dir} against its repeat "
                                                               f"{args.repeat} (|error| on the rows both have)")
+        if len(df) and df.predicted_ts.isna().all():  # nothing to compare: no table, no files
+            first = df.iloc[0]
+            print(f"{prog}: error: none of the {len(df)} rows of {args.run_dir} could be simulated on this profile "
+                  f"(line {first['line']}: {first['note']})", file=sys.stderr)
+            return 2
         write_outputs(args, prog, df, md, plot_compare)
         n_bad = int(df.predicted_ts.isna().sum())
         if n_bad:
