@@ -279,6 +279,8 @@ def _write_grid(tmp_path: Path, body: str) -> Path:
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "--frobnicate 3"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 128-2048*1 -n 0"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 512 stray"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-bogus 4"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-ngl99"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\nkind = "timing"\n', "run[0].kind"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\ncolour = 1\n', "run[0].colour"),
 ])
@@ -287,6 +289,7 @@ def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
     with pytest.raises(ScenarioError) as ei:
         G.load_grid(p)
     assert ei.value.field == field and str(p) in str(ei.value)
+    assert "'ogus'" not in str(ei.value) and "'gl99'" not in str(ei.value)  # not read as -b ogus, -n gl99
 
 
 # ---- grid runner with a stand-in llama-bench -----------------------------------------------------

@@ -211,11 +211,16 @@ def load_grid(path: str | Path) -> GridSpec:
 # --------------------------------------------------------------------------------------
 
 
-class _Refuse(argparse.ArgumentParser):
-    """An argument parser that raises ValueError instead of exiting."""
+def _refusing_parser() -> argparse.ArgumentParser:
+    """``prefetch-sim run``'s flag parser (:class:`sim.cli.Parser`: whole multi-letter flags,
+    ``-bogus`` is not ``-b ogus``) raising ValueError instead of exiting."""
+    from sim.cli import Parser
 
-    def error(self, message: str):  # noqa: D102 - argparse's hook
-        raise ValueError(message)
+    class _Refuse(Parser):
+        def error(self, message: str):  # noqa: D102 - argparse's hook
+            raise ValueError(message)
+
+    return _Refuse(add_help=False, prog="llama-bench")
 
 
 def check_bench_args(args: tuple[str, ...]) -> None:
@@ -228,7 +233,7 @@ def check_bench_args(args: tuple[str, ...]) -> None:
     """
     from sim.benchflags import add_bench_flags
 
-    ap = _Refuse(add_help=False, prog="llama-bench")
+    ap = _refusing_parser()
     add_bench_flags(ap)
     ns, rest = ap.parse_known_args(list(args))
     if rest:
