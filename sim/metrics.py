@@ -221,23 +221,25 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     fast = memo and memo_eligible(ctx)
     templates = ctx.graph_memo.setdefault(engine, {})  # shared by the tests and repetitions of this context
     tps, mk, h2d, exp, ovl = [], [], [], [], []
-    for r in range(repetitions):
-        ctx.rep = r  # the first timed repetition captures the CUDA graphs (graph_call)
-        if fast:
-            tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
-            t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction
-        else:
-            plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
-            sched = time_plan(plan, scn, engine)
-            edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
-            t, nb = float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges), plan.meta["h2d_bytes"]
-            e, o = transfer_stats(plan, sched)
-        mk.append(t)
-        tps.append(test.n_tokens / t)
-        h2d.append(nb)
-        exp.append(e)
-        ovl.append(o)
-    ctx.rep = None
+    try:
+        for r in range(repetitions):
+            ctx.rep = r  # the first timed repetition captures the CUDA graphs (graph_call)
+            if fast:
+                tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
+                t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction
+            else:
+                plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
+                sched = time_plan(plan, scn, engine)
+                edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
+                t, nb = float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges), plan.meta["h2d_bytes"]
+                e, o = transfer_stats(plan, sched)
+            mk.append(t)
+            tps.append(test.n_tokens / t)
+            h2d.append(nb)
+            exp.append(e)
+            ovl.append(o)
+    finally:
+        ctx.rep = None
     return TestResult(
         variant=variant.name, test=test.name, n_tokens=test.n_tokens, tps=np.asarray(tps),
         makespan_s=np.asarray(mk), ttft_s=float(np.mean(mk)) if test.n_prompt else None,

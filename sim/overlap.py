@@ -38,15 +38,15 @@ _MASKS_KEY = "_sim_overlap_edge_masks"
 
 def _edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """``(gpu, busy)`` op masks of a plan: ops on a GPU stream; host-thread and CPU-backend ops
-    other than waits and syncs (cached on the plan, rebuilt when ops were added)."""
+    other than waits and syncs (kept on the plan, :meth:`sim.plan.Plan.derived`)."""
+    return plan.derived(_MASKS_KEY, _build_edge_masks)
+
+
+def _build_edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     a = plan.arrays
-    cached = plan.__dict__.get(_MASKS_KEY)
-    if cached is not None and cached[0] is a:
-        return cached[1]
     stream = np.asarray(a.stream)
     gpu = np.isin(stream, _GPU_STREAMS)
     busy = np.isin(stream, _HOST_STREAMS) & ~np.isin(np.asarray(a.kind), _WAITS)
-    plan.__dict__[_MASKS_KEY] = (a, (gpu, busy))
     return gpu, busy
 
 

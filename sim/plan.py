@@ -361,6 +361,18 @@ class Plan:
             ops.extend(make(i) for i in range(len(ops), n))
         return ops
 
+    def derived(self, key: str, build):
+        """``build(self)``, kept on the plan until an op is added: what depends only on the
+        plan's structure (a compiled recurrence, the DES's waits, transfer groups, op masks).
+        ``key`` names it (start it with ``_``: derived state is not pickled)."""
+        arrays = self.arrays
+        cached = self.__dict__.get(key)
+        if cached is not None and cached[0] is arrays:
+            return cached[1]
+        value = build(self)
+        self.__dict__[key] = (arrays, value)
+        return value
+
     @property
     def arrays(self) -> PlanArrays:
         """The plan's :class:`PlanArrays`, from the columns without a per-op Python loop

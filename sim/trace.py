@@ -279,11 +279,12 @@ def transfer_groups(kind, stream, device) -> list[tuple[np.ndarray, np.ndarray]]
 
 def plan_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`transfer_groups` of a plan's ops, from its kind, stream and device columns (no
-    DataFrame, no per-op Python loop); computed once per plan (cached until an op is added)."""
+    DataFrame, no per-op Python loop); computed once per plan (:meth:`sim.plan.Plan.derived`)."""
+    return plan.derived(_GROUPS_KEY, _build_transfer_groups)
+
+
+def _build_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
     a = plan.arrays
-    cached = plan.__dict__.get(_GROUPS_KEY)
-    if cached is not None and cached[0] is a:
-        return cached[1]
     kind, stream, device = a.kind, a.stream, a.device
     is_h2d = kind == KIND_CODE[OpKind.H2D]
     is_comp = np.isin(kind, COMPUTE_CODES)
@@ -292,7 +293,6 @@ def plan_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for dev in np.unique(device[is_h2d]):
         out.append((np.flatnonzero(is_h2d & (device == dev)), np.flatnonzero(cpu_comp | (gpu_comp & (device == dev)))))
-    plan.__dict__[_GROUPS_KEY] = (a, out)
     return out
 
 

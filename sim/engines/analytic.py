@@ -114,14 +114,13 @@ def compile_plan(plan: Plan) -> CompiledPlan:
     Returns:
         :class:`CompiledPlan`.
     """
+    return plan.derived(_CACHE_KEY, _compile)
+
+
+def _compile(plan: Plan) -> CompiledPlan:
     arrays = plan.arrays
-    cached = plan.__dict__.get(_CACHE_KEY)
-    if cached is not None and cached[0] is arrays:
-        return cached[1]
     ptr, idx = _pruned_pred_csr(arrays)
-    comp = CompiledPlan(arrays.n, arrays.queue, ptr, idx)
-    plan.__dict__[_CACHE_KEY] = (arrays, comp)
-    return comp
+    return CompiledPlan(arrays.n, arrays.queue, ptr, idx)
 
 
 def _pruned_pred_csr(arrays) -> tuple[np.ndarray, np.ndarray]:

@@ -159,14 +159,8 @@ class _Structure:
 
 
 def _structure(plan: Plan) -> _Structure:
-    """The plan's cached :class:`_Structure`."""
-    arrays = plan.arrays
-    cached = plan.__dict__.get(_STRUCT_KEY)
-    if cached is not None and cached[0] is arrays:
-        return cached[1]
-    st = _Structure(plan)
-    plan.__dict__[_STRUCT_KEY] = (arrays, st)
-    return st
+    """The plan's :class:`_Structure`, kept on it (:meth:`sim.plan.Plan.derived`)."""
+    return plan.derived(_STRUCT_KEY, _Structure)
 
 
 class _Sim:
