@@ -204,6 +204,17 @@ class _Sim:
         now = env.now
         m = len(program)
         p = 0
+
+        def arm(i: int, t: simpy.Timeout, e: float) -> None:
+            """Watched op ``i`` ends at ``e`` with timeout ``t``: its completion event, its due
+            end, and the waiters of its placeholder moved onto ``t``."""
+            done[i] = t
+            due[i] = e
+            if placeholders:
+                ph = placeholders.pop(i, None)
+                if ph is not None:  # its waiters resume when this op ends
+                    t.callbacks.extend(ph.callbacks)
+                    ph.callbacks = []
         while p < m:
             i, w, lk, watched = program[p]
             for j in w:
@@ -225,13 +236,7 @@ class _Sim:
                 p += 1
                 t = timeout(dt)
                 if watched:
-                    done[i] = t
-                    due[i] = now + dt
-                    if placeholders:
-                        ph = placeholders.pop(i, None)
-                        if ph is not None:  # its waiters resume when this op ends
-                            t.callbacks.extend(ph.callbacks)
-                            ph.callbacks = []
+                    arm(i, t, now + dt)
                 yield t
                 # the timeout was scheduled at now + dt (simpy.Environment.schedule): this
                 # is env.now, to the bit
@@ -286,13 +291,7 @@ class _Sim:
                     delay = durations[p - 1]
             t = timeout(delay)
             if watched:
-                done[i] = t
-                due[i] = e
-                if placeholders:
-                    ph = placeholders.pop(i, None)
-                    if ph is not None:  # its waiters resume when this op ends
-                        t.callbacks.extend(ph.callbacks)
-                        ph.callbacks = []
+                arm(i, t, e)
                 yield t
                 now = end[i] = e
             else:
