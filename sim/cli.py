@@ -610,6 +610,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+def _out_path(text: str) -> str:
+    """``--out``'s value: a file name, not empty (checked as each is given: a repeated ``--out``
+    with an empty one is refused, not overridden by the last)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(
         prog="prefetch-sim",
@@ -627,14 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", choices=FORMATS, default=None,
                      help="output format, as llama-bench's -o (default md, or the --out file's extension when it is "
                           "one of these)")
-    run.add_argument("--out", help="write to this file instead of stdout (missing folders are created)")
+    run.add_argument("--out", type=_out_path, help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
     run.set_defaults(func=cmd_run)
     tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv)")
     _add_bench_flags(tr)
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
-    tr.add_argument("--out", default="trace.json", help="output file (.json Chrome trace, .csv table; default "
+    tr.add_argument("--out", type=_out_path, default="trace.json", help="output file (.json Chrome trace, .csv table; default "
                                                         "trace.json in the current folder)")
     tr.set_defaults(func=cmd_trace)
     for mod, fn in _PLUGINS:

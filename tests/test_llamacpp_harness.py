@@ -269,6 +269,15 @@ def _write_grid(tmp_path: Path, body: str) -> Path:
     return p
 
 
+def test_a_grid_model_file_that_does_not_exist_is_named(tmp_path):
+    p = tmp_path / "g.toml"
+    p.write_text('[grid]\nname = "t"\n\n[[model]]\nkey = "m"\ntoml = "scenarios/models/nope.toml"\n\n'
+                 '[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 64"\n')
+    with pytest.raises(ScenarioError) as ei:
+        G.load_grid(p)
+    assert ei.value.field == "model[0].toml" and "nope.toml" in str(ei.value) and str(p) in str(ei.value)
+
+
 @pytest.mark.parametrize("body, field", [
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\n[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 2"\n', "run"),
     ('[[run]]\nid = "a"\nmodel = "x"\nargs = "-p 1"\n', "run[0].model"),
@@ -280,6 +289,7 @@ def _write_grid(tmp_path: Path, body: str) -> Path:
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 128-2048*1 -n 0"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 512 stray"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-bogus 4"\n', "run[0].args"),
+    ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 0 -n 0"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-ngl99"\n', "run[0].args"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\nkind = "timing"\n', "run[0].kind"),
     ('[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 1"\ncolour = 1\n', "run[0].colour"),

@@ -173,7 +173,7 @@ def test_identity_runs_record_identical_differing_and_failing_variants(tmp_path)
 ])
 def test_bad_identity_runs_name_the_field(tmp_path, extra, field):
     g = tmp_path / "g.toml"
-    g.write_text('[grid]\nname = "t"\n[[model]]\nkey = "m"\ntoml = "x.toml"\n'
+    g.write_text('[grid]\nname = "t"\n[[model]]\nkey = "m"\ntoml = "scenarios/models/qwen3-30b-a3b.toml"\n'
                  '[[run]]\nid = "a"\nmodel = "m"\nkind = "identity"\n' + extra)
     with pytest.raises(ScenarioError) as ei:
         G.load_grid(g)
@@ -184,7 +184,7 @@ def test_bad_identity_runs_name_the_field(tmp_path, extra, field):
                                            ('["-pw 1", "-pw 1 -pwg 512"]', "repeats")])
 def test_identity_variants_must_turn_prefetch_on_once_each(tmp_path, variants, msg):
     g = tmp_path / "g.toml"
-    g.write_text('[grid]\nname = "t"\n[[model]]\nkey = "m"\ntoml = "x.toml"\n'
+    g.write_text('[grid]\nname = "t"\n[[model]]\nkey = "m"\ntoml = "scenarios/models/qwen3-30b-a3b.toml"\n'
                  f'[[run]]\nid = "a"\nmodel = "m"\nkind = "identity"\nargs = "-ngl 99"\nvariants = {variants}\n')
     with pytest.raises(ScenarioError, match=msg):
         G.load_grid(g)

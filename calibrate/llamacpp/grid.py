@@ -36,6 +36,9 @@ from pathlib import Path
 from sim.errors import ScenarioError
 from sim.tomlio import Fields, load_toml
 
+#: the repository root: a grid's model TOML paths are relative to it (the lease reads them there)
+_REPO = Path(__file__).resolve().parents[2]
+
 #: flags the runner sets itself (a spec must not)
 RUNNER_FLAGS = ("-m", "--model", "-o", "--output", "-r", "--repetitions", "-oe", "--output-err")
 #: flags that force a model reload in llama-bench (``../shared/LLAMACPP.md``)
@@ -142,6 +145,8 @@ def load_grid(path: str | Path) -> GridSpec:
         mf = Fields(tbl, path, f"model[{i}]")
         models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
+        if not (_REPO / models[-1].toml).is_file():  # the lease reads it from the repository's root
+            raise mf.error("toml", f"model file not found: {_REPO / models[-1].toml}")
         mf.check_unknown()
     if not models:
         raise ScenarioError("a grid needs at least one [[model]]", file=path, field="model")
@@ -193,6 +198,8 @@ def load_grid(path: str | Path) -> GridSpec:
                     raise rf.error("variants", f"{v!r} repeats an earlier variant")
                 envs.append(env)
             variants = tuple(raw)
+        if kind == "bench" and "-pg" not in args and not expand(args):
+            raise rf.error("args", "no llama-bench test (every -p and -n is 0)")
         runs.append(GridRun(id=rid, model=model, args=args, kind=kind,
                             repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items())),
                             variants=variants))
