@@ -259,6 +259,8 @@ def test_expand_is_llama_benchs_cartesian_product():
     assert len(rows) == 2 * 2 * 2 * (2 + 1)
     assert {r["test"] for r in rows} == {"pp64", "pp512", "tg128", "pp64 @ d8192", "pp512 @ d8192", "tg128 @ d8192"}
     assert len(G.expand(("-p", "0", "-n", "16"))) == 1
+    pg = G.expand(("-p", "0", "-n", "0", "-pg", "512,128", "-pg", "64,8", "-d", "0,4096"))
+    assert sorted(r["test"] for r in pg) == ["pp512+tg128", "pp512+tg128 @ d4096", "pp64+tg8", "pp64+tg8 @ d4096"]
     assert len(G.expand(("-ub", "128-512*2", "-n", "0"))) == 3
     assert G.expand(("-ot", "a=CPU,b=CPU", "-n", "0"))[0]["-ot"] in ("a=CPU", "b=CPU")
 

@@ -198,8 +198,8 @@ def load_grid(path: str | Path) -> GridSpec:
                     raise rf.error("variants", f"{v!r} repeats an earlier variant")
                 envs.append(env)
             variants = tuple(raw)
-        if kind == "bench" and "-pg" not in args and not expand(args):
-            raise rf.error("args", "no llama-bench test (every -p and -n is 0)")
+        if kind == "bench" and not expand(args):
+            raise rf.error("args", "no llama-bench test (every -p, -n and -pg is 0)")
         runs.append(GridRun(id=rid, model=model, args=args, kind=kind,
                             repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items())),
                             variants=variants))
@@ -269,7 +269,7 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
     """The parameter combinations a llama-bench invocation runs, as ``{flag: value}`` dicts
     plus a ``test`` entry (``pp512``, ``tg128``; depth as ``@ d8192``), in no particular order.
     Flags without a value (``-v``) are ignored. Only the flags that set rows are expanded:
-    ``-p -n -d -ub -b -fa -ncmoe -ngl -lm -ot``, and the prefetch patch's ``-pw -pwg -pes``
+    ``-p -n -pg -d -ub -b -fa -ncmoe -ngl -lm -ot``, and the prefetch patch's ``-pw -pwg -pes``
     (:mod:`calibrate.llamacpp.prefetch_patch`; llama-bench runs every combination of them, also
     ``-pwg`` values with ``-pw 0``).
 
@@ -279,6 +279,7 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
     import itertools
 
     vals: dict[str, list[str]] = {}
+    pairs: list[tuple[int, int]] = []  # -pg PP,TG: one pp+tg test each (repeatable)
     i = 0
     alias = {"--n-prompt": "-p", "--n-gen": "-n", "--n-depth": "-d", "--ubatch-size": "-ub", "--batch-size": "-b",
              "--flash-attn": "-fa", "--n-cpu-moe": "-ncmoe", "--n-gpu-layers": "-ngl", "--load-mode": "-lm",
@@ -291,6 +292,12 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
                 raise ValueError(f"{a} needs a value")
             v = args[i + 1]
             vals.setdefault(a, []).extend(v.split(",") if a == "-ot" else _values(v))
+            i += 2
+        elif a == "-pg":
+            if i + 1 >= len(args):
+                raise ValueError(f"{a} needs a value")
+            pp, _, tg = args[i + 1].partition(",")
+            pairs.append((int(pp), int(tg)))
             i += 2
         else:
             i += 1
@@ -308,6 +315,9 @@ def expand(args: tuple[str, ...]) -> list[dict[str, str]]:
             for tg in n:
                 if int(tg) > 0:
                     out.append({**base, "-d": depth, "test": f"tg{tg}" + (f" @ d{depth}" if int(depth) else "")})
+            for pp, tg in pairs:
+                if pp > 0 or tg > 0:
+                    out.append({**base, "-d": depth, "test": f"pp{pp}+tg{tg}" + (f" @ d{depth}" if int(depth) else "")})
     return out
 
 
