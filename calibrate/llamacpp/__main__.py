@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sim.errors import PrefetchSimError
 
-REPO = Path(__file__).resolve().parents[2]
+from .grid import REPO  # the repository root (grids' model paths and the lease read from it)
 DEFAULT_GRID = Path(__file__).resolve().parent / "grids" / "h200.toml"
 DEFAULT_CACHE = Path.home() / ".cache" / "prefetch-sim" / "llamacpp"
 

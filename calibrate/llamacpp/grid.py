@@ -37,7 +37,7 @@ from sim.errors import ScenarioError
 from sim.tomlio import Fields, load_toml
 
 #: the repository root: a grid's model TOML paths are relative to it (the lease reads them there)
-_REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]
 
 #: flags the runner sets itself (a spec must not)
 RUNNER_FLAGS = ("-m", "--model", "-o", "--output", "-r", "--repetitions", "-oe", "--output-err")
@@ -145,8 +145,8 @@ def load_grid(path: str | Path) -> GridSpec:
         mf = Fields(tbl, path, f"model[{i}]")
         models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
-        if not (_REPO / models[-1].toml).is_file():  # the lease reads it from the repository's root
-            raise mf.error("toml", f"model file not found: {_REPO / models[-1].toml}")
+        if not (REPO / models[-1].toml).is_file():  # the lease reads it from the repository's root
+            raise mf.error("toml", f"model file not found: {REPO / models[-1].toml}")
         mf.check_unknown()
     if not models:
         raise ScenarioError("a grid needs at least one [[model]]", file=path, field="model")
