@@ -46,7 +46,7 @@ from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_ma
 from .costs import direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
-from .overlap import template_host_edges, ubatch_overlap_s
+from .overlap import template_host_edges, template_makespans, ubatch_overlap_s
 from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
 from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
@@ -316,6 +316,14 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     return idx
 
 
+#: what :func:`sim.trace.h2d_busy_hidden_rows` keeps on a template's plan across calls
+_COVER_KEY = "_memo_h2d_cover"
+
+
+def _new_memo(_plan) -> dict:
+    return {}
+
+
 def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
     """Time the template's rows ``rows`` not timed yet: ``tpl.results[row] = (makespan,
     H2D busy s, hidden s)``."""
@@ -326,8 +334,8 @@ def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
         d = np.stack([tpl.rows[r] for r in todo]) if len(todo) > 1 else tpl.rows[todo[0]]
         sched = engines.analytic.run(tpl.comp, d)
         start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
-        tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end)
-        mk = end.max(axis=1).tolist() if end.shape[1] else [0.0] * len(todo)
+        tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end, tpl.plan.derived(_COVER_KEY, _new_memo))
+        mk = template_makespans(tpl.plan, end).tolist()
         h, f = template_host_edges(tpl.plan, start, end)
         for k, r in enumerate(todo):
             tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[k]), float(f[k]))

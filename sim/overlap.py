@@ -50,17 +50,56 @@ def _build_edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return gpu, busy
 
 
+_ENDS_KEY = "_sim_overlap_queue_ends"
+
+
+def _queue_ends(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(first, last, gpu_first, busy_last)`` op ids of a plan (kept on the plan,
+    :meth:`sim.plan.Plan.derived`): the first and the last op of every queue, the first op of
+    every GPU queue (compute or copy) and the last host-thread or CPU-backend op of every host
+    queue that is not a wait or a sync (:func:`_edge_masks`).
+
+    Every op starts after the end of the op before it on its queue (the engines' queue order),
+    and durations are >= 0, so along a queue starts and ends never decrease: the smallest start
+    of a set of ops on one queue is that of its first op, the largest end that of its last one.
+    The extrema over these few ops are then those over all ops, exactly."""
+    return plan.derived(_ENDS_KEY, _build_queue_ends)
+
+
+def _build_queue_ends(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    a = plan.arrays
+    gpu, busy = _edge_masks(plan)
+    n_q = int(a.queue.max()) + 1 if a.n else 0
+    ids = np.arange(a.n, dtype=np.int64)
+    first = np.flatnonzero(np.asarray(a.queue_prev) < 0)
+    last = np.full(n_q, -1, dtype=np.int64)
+    np.maximum.at(last, a.queue, ids)
+    busy_last = np.full(n_q, -1, dtype=np.int64)
+    np.maximum.at(busy_last, a.queue[busy], ids[busy])
+    return first, last[last >= 0], first[gpu[first]], busy_last[busy_last >= 0]
+
+
+def template_makespans(plan: Plan, end: np.ndarray) -> np.ndarray:
+    """``end.max(axis=1)`` of ``(S, n)`` op end times of a plan, from the last op of each
+    queue (:func:`_queue_ends`; the same values): ``(S,)`` seconds."""
+    end = np.atleast_2d(end)
+    if not end.shape[1]:
+        return np.zeros(end.shape[0])
+    return end[:, _queue_ends(plan)[1]].max(axis=1)
+
+
 def template_host_edges(plan: Plan, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`graph_host_edges` of a one-graph plan for several schedules at once: ``start`` and
-    ``end`` ``(S, n)``, returns ``(H, F)`` ``(S,)`` each (the masks are computed once)."""
-    gpu, busy = _edge_masks(plan)
+    ``end`` ``(S, n)``, returns ``(H, F)`` ``(S,)`` each, read at the ends of the plan's queues
+    (:func:`_queue_ends`: the same extrema as over every op, exactly)."""
     start, end = np.atleast_2d(start), np.atleast_2d(end)
     S = start.shape[0]
     if not start.shape[1]:
         return np.zeros(S), np.zeros(S)
-    g0, g1 = start.min(axis=1), end.max(axis=1)
-    H = start[:, gpu].min(axis=1) - g0 if gpu.any() else np.zeros(S)
-    F = np.maximum(g1 - end[:, busy].max(axis=1), 0.0) if busy.any() else np.zeros(S)
+    first, last, gpu_first, busy_last = _queue_ends(plan)
+    g0, g1 = start[:, first].min(axis=1), end[:, last].max(axis=1)
+    H = start[:, gpu_first].min(axis=1) - g0 if gpu_first.size else np.zeros(S)
+    F = np.maximum(g1 - end[:, busy_last].max(axis=1), 0.0) if busy_last.size else np.zeros(S)
     return H, F
 
 
@@ -108,4 +147,4 @@ def ubatch_overlap_s(ctx, test, H: np.ndarray, F: np.ndarray) -> float:
     return float(np.minimum(np.asarray(F[:-1]), np.asarray(H[1:])).sum())
 
 
-__all__ = ["graph_host_edges", "template_host_edges", "ubatch_overlap_s"]
+__all__ = ["graph_host_edges", "template_host_edges", "template_makespans", "ubatch_overlap_s"]

@@ -310,15 +310,22 @@ def h2d_busy_hidden_s(groups, start_s, end_s) -> tuple[float, float]:
     return total, hidden
 
 
-def _covered_rows(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarray]:
+def _covered_rows(a_start, a_end, b_start, b_end, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_covered_s` of S runs at once (each argument (S, k) seconds): ``(measure of ∪A,
     of (∪A) ∩ (∪B))``, (S,) each, every row to the bit of :func:`_covered_s` on it.
 
-    The stable sort of the boundaries of the first run is tried on every run (a run whose
-    boundaries it sorts, equal values in their original order, has that very permutation as
-    its stable sort, hence the same coverage counts); the segment lengths of those runs are
-    then summed together (one row-wise pairwise sum of the same elements in the same order,
-    as ``ndarray.sum`` of each row); any other run is measured on its own."""
+    A permutation of a run's boundaries that sorts them with equal values in their original
+    order is that run's stable sort, hence gives the same coverage counts and segments. The
+    permutation tried on every run is the one kept in ``memo`` (from an earlier call on the
+    same ops) or else the stable sort of the first run's boundaries; the segment lengths of
+    the runs it sorts are then summed together (one row-wise pairwise sum of the same elements
+    in the same order, as ``ndarray.sum`` of each row). A kept permutation that fails a run is
+    dropped and the first run's sort tried; any run that fails that too is measured on its own.
+
+    Args:
+        memo: a dict for this (A, B) pair of op sets, kept by the caller across calls (the
+            permutation, its coverage masks), or None.
+    """
     pts = np.ascontiguousarray(np.concatenate((a_start, a_end, b_start, b_end), axis=1))
     s_count, size = pts.shape
     tot = np.zeros(s_count)
@@ -326,34 +333,45 @@ def _covered_rows(a_start, a_end, b_start, b_end) -> tuple[np.ndarray, np.ndarra
     if size == 0 or s_count == 0:
         return tot, hid
     na, nb = a_start.shape[1], b_start.shape[1]
-    order = np.argsort(pts[0], kind="stable")
-    q = pts[:, order]
-    ok = (q[:, 1:] > q[:, :-1]) | ((q[:, 1:] == q[:, :-1]) & (order[1:] > order[:-1]))
-    good = ok.all(axis=1)
-    da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
-    db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
-    in_a = np.cumsum(da[order])[:-1] > 0
-    both = in_a & (np.cumsum(db[order])[:-1] > 0)
-    if good.all():
+    got = memo.get("order") if memo is not None else None
+    for attempt in (0, 1):
+        if got is None or got[0].size != size or attempt:
+            order = np.argsort(pts[0], kind="stable")
+            da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
+            db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
+            in_a = np.cumsum(da[order])[:-1] > 0
+            both = in_a & (np.cumsum(db[order])[:-1] > 0)
+            got = (order, in_a, both, order[1:] < order[:-1])   # where a tie breaks the order
+            if memo is not None:
+                memo["order"] = got
+        order, in_a, both, desc = got
+        q = pts[:, order]
         seg = np.diff(q, axis=1)
-        # C order: each row is reduced on its own, pairwise, as a 1-D array's sum
-        return (np.ascontiguousarray(seg[:, in_a]).sum(axis=1),
-                np.ascontiguousarray(seg[:, both]).sum(axis=1))
+        # finite times: seg < 0 iff q[j+1] < q[j], seg == 0 iff equal (IEEE subtraction is exact at 0)
+        good = ~((seg < 0) | ((seg == 0) & desc)).any(axis=1)
+        if good.all():
+            # C order: each row is reduced on its own, pairwise, as a 1-D array's sum
+            return (np.ascontiguousarray(seg[:, in_a]).sum(axis=1),
+                    np.ascontiguousarray(seg[:, both]).sum(axis=1))
+        if attempt == 0 and memo is not None and memo.get("order") is not None and not good[0]:
+            continue   # the kept permutation fails the first run: try the first run's own sort
+        break
     for k in range(s_count):
         if good[k]:
-            seg = np.diff(q[k])
-            tot[k], hid[k] = seg[in_a].sum(), seg[both].sum()
+            tot[k], hid[k] = seg[k][in_a].sum(), seg[k][both].sum()
         else:
             tot[k], hid[k] = _covered_s(a_start[k], a_end[k], b_start[k], b_end[k])
     return tot, hid
 
 
-def h2d_busy_hidden_rows(groups, start_s, end_s) -> tuple[np.ndarray, np.ndarray]:
+def h2d_busy_hidden_rows(groups, start_s, end_s, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`h2d_busy_hidden_s` of S runs of one plan at once.
 
     Args:
         groups: :func:`transfer_groups` of the plan (n ops).
         start_s, end_s: (S, n) start and end times, seconds (any memory layout).
+        memo: a dict kept by the caller across calls on the same plan (what
+            :func:`_covered_rows` keeps per GPU), or None.
 
     Returns:
         ``(H2D busy seconds, of which hidden)``, (S,) float64 each; row ``k`` equals
@@ -363,8 +381,9 @@ def h2d_busy_hidden_rows(groups, start_s, end_s) -> tuple[np.ndarray, np.ndarray
     end_s = np.asarray(end_s, dtype=np.float64)
     total = np.zeros(start_s.shape[0])
     hidden = np.zeros(start_s.shape[0])
-    for a, b in groups:
-        t, h = _covered_rows(start_s[:, a], end_s[:, a], start_s[:, b], end_s[:, b])
+    for g, (a, b) in enumerate(groups):
+        t, h = _covered_rows(start_s[:, a], end_s[:, a], start_s[:, b], end_s[:, b],
+                             None if memo is None else memo.setdefault(g, {}))
         total += t
         hidden += h
     return total, hidden

@@ -235,3 +235,46 @@ def test_busy_hidden_of_many_runs_equals_each_run(pd_, s_count, same_order):
         for k in range(s_count):
             t1, h1 = trace.h2d_busy_hidden_s(groups, np.ascontiguousarray(start[k]), np.ascontiguousarray(end[k]))
             assert (tot[k], hid[k]) == (t1, h1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans_with_durations(zeros=True), st.integers(1, 5), st.booleans())
+def test_busy_hidden_with_kept_permutation_equals_each_run(pd_, s_count, same_order):
+    """h2d_busy_hidden_rows with a memo kept across calls (the permutation of the first call
+    tried first on the next: it fits runs that sort alike, and must be dropped for runs that do
+    not) gives each run's h2d_busy_hidden_s to the bit on every call."""
+    plan, dur = pd_
+    rng = np.random.default_rng(s_count)
+    groups = trace.plan_transfer_groups(plan)
+    memo: dict = {}
+    for call in range(3):
+        rows = [dur * (1.0 + 0.5 * k + call) if same_order else dur * rng.random(dur.size) for k in range(s_count)]
+        sched = analytic.run(plan, np.stack(rows))
+        start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
+        tot, hid = trace.h2d_busy_hidden_rows(groups, start, end, memo)
+        for k in range(s_count):
+            t1, h1 = trace.h2d_busy_hidden_s(groups, np.ascontiguousarray(start[k]), np.ascontiguousarray(end[k]))
+            assert (tot[k], hid[k]) == (t1, h1)
+    if groups and any(a.size for a, _b in groups):
+        assert any("order" in m for m in memo.values())
+
+
+@settings(max_examples=80, deadline=None)
+@given(plans_with_durations(zeros=True), st.integers(1, 5))
+def test_host_edges_at_queue_ends_equal_extrema_over_every_op(pd_, s_count):
+    """template_host_edges and template_makespans read the first/last op of each queue
+    (sim.overlap._queue_ends); they equal the straightforward extrema over every op (the
+    reference below) exactly, for random plans and durations (zeros included)."""
+    from sim.overlap import _edge_masks, template_host_edges, template_makespans
+
+    plan, dur = pd_
+    rng = np.random.default_rng(s_count)
+    sched = analytic.run(plan, np.stack([dur * rng.random(dur.size) for _ in range(s_count)]))
+    start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
+    gpu, busy = _edge_masks(plan)
+    g0, g1 = start.min(axis=1), end.max(axis=1)
+    H_ref = start[:, gpu].min(axis=1) - g0 if gpu.any() else np.zeros(s_count)
+    F_ref = np.maximum(g1 - end[:, busy].max(axis=1), 0.0) if busy.any() else np.zeros(s_count)
+    H, F = template_host_edges(plan, start, end)
+    assert H.tolist() == H_ref.tolist() and F.tolist() == F_ref.tolist()
+    assert template_makespans(plan, end).tolist() == g1.tolist()
