@@ -256,6 +256,21 @@ def _str_list(text: str) -> tuple[str, ...]:
     return out
 
 
+def variant_names(text: str) -> list[str]:
+    """``--variant``'s value: a comma list of variant names (``baseline,slots3``), as llama-bench
+    takes its list flags; each name is checked later (:func:`sim.specs.parse_variant`, naming
+    ``--variant``). With ``action="extend"`` a repeated flag adds its names.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty name (``a,,b``, a trailing ``,``, ``''``).
+    """
+    out = [x.strip() for x in text.split(",")]
+    if any(not x for x in out):
+        raise argparse.ArgumentTypeError(f"empty variant name in '{text}' (expected names separated by ',', "
+                                         "e.g. baseline,slots3)")
+    return out
+
+
 def _nonneg_list(text: str) -> tuple[int, ...]:
     out = []
     for v in text.split(","):
@@ -473,10 +488,10 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
                    help=f"refuse a run that would build more than N graph-layers (graphs x layers x repetitions "
                         f"x variants x settings; default {WORK_MAX:,}, a few minutes)")
-    p.add_argument("--variant", action="append",
-                   help="variant to run (repeatable): baseline, prefetch_ungated, prefetch_gated_<N>, "
-                        "slots<N>, cache_lru, cache_lfu, cache_fit, baseline_without_selective_copy, or a+b "
-                        "(e.g. slots3+cache_lru)")
+    p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
+                   help="variants to run, a comma list (repeatable: a repeated flag adds, as llama-bench's list "
+                        "flags): baseline, prefetch_ungated, prefetch_gated_<N>, slots<N>, cache_lru, cache_lfu, "
+                        "cache_fit, baseline_without_selective_copy, or a+b (e.g. slots3+cache_lru)")
     p.add_argument("--skip-unmodelled", dest="skip_unmodelled", action="store_true",
                    help="leave out, with a note, the -pw/-pwg/-pes combinations the simulator does not model "
                         "(-pw 1 with -pes N > 0) instead of refusing the run (their rows are not printed)")
@@ -627,6 +642,94 @@ class BenchParams:
         return [FLAG_OF[k] for k in LOOP_ORDER if len(self.values[k]) > 1]
 
 
+def given_values(args: argparse.Namespace) -> dict[str, tuple]:
+    """The values of the llama-bench list flags given on a command line (:data:`_LIST_FLAGS`'
+    ``dest`` -> the values, lists flattened, a repeated flag's values added; flags not given are
+    left out), for :func:`check_values` without a scenario (the grid loader,
+    :mod:`calibrate.llamacpp.grid`)."""
+    out = {}
+    for dest, *_ in _LIST_FLAGS:
+        v = _flat(args, dest)
+        if v is not None:
+            out[dest] = tuple(v)
+    return out
+
+
+def asked_row_values(args: argparse.Namespace) -> dict[str, tuple[str, tuple]]:
+    """What a llama-bench command line (parsed by :func:`add_bench_flags`' flags) asks its rows to
+    be: llama-bench row field -> ``(flag, the values it may print)``, in llama-bench's printed
+    form (:func:`bench_values`: ``flash_attn`` -1/0/1, ``load_mode`` a name, ``-mmp 1`` as
+    ``mmap``, ``tensor_split`` ``1.00/1.00``, ``tensor_buft_overrides`` ``pattern=BUFFER;...`` or
+    ``none``, ``no_op_offload`` 0/1), for the flags given only: a flag left out takes
+    llama-bench's default, which changes between versions (``-ngl`` 99, then -1). The tests:
+    ``n_prompt`` (``-p``), ``n_gen`` (``-n``), ``n_depth`` (``-d``) and ``n_pg`` (``-pg``: the
+    ``(pp, tg)`` pairs; a row with both a prompt and a generation is a ``-pg`` test, whatever
+    ``-p``/``-n`` say). Used to check a run folder's rows against the invocation they are
+    attributed to (:mod:`calibrate.llamacpp.compare`)."""
+    out: dict[str, tuple[str, tuple]] = {}
+    for dest, opts, *_ in _LIST_FLAGS:
+        v = _flat(args, dest)
+        if v is None or dest in ("model", "mmap", "overrides", "overrides_cli", "load_mode"):
+            continue
+        if dest == "tensor_split":
+            v = [tensor_split_text(x) for x in v]
+        elif dest == "no_op_offload":
+            v = [int(x) for x in v]
+        out[dest] = (opts[0], tuple(v))
+    lm, mmp = _flat(args, "load_mode"), _flat(args, "mmap")
+    if lm is not None or mmp is not None:
+        out["load_mode"] = ("-lm" if lm is not None else "-mmp",
+                            tuple(lm or ()) + tuple("mmap" if x else "none" for x in mmp or ()))
+    ot, otc = _flat(args, "overrides"), _flat(args, "overrides_cli")
+    if ot is not None or otc is not None:
+        sets = list(ot or []) + ([tuple(otc)] if otc else [])
+        out["tensor_buft_overrides"] = ("-ot", tuple(overrides_text(st) for st in sets))
+    for dest, opts, *_ in PREFETCH_FLAGS:
+        v = _flat(args, dest)
+        if v is not None:
+            out[dest] = (opts[0], tuple(v))
+    return out
+
+
+def check_values(values: dict[str, Sequence], *, repetitions: int | None = None, max_work: int | None = None) -> None:
+    """The range checks of llama-bench's flags (``-b``, ``-ub``, ``-t`` >= 1; ``-b``, ``-ub``,
+    ``-fitc``, ``-p``, ``-n``, ``-d``, ``-pg`` and depth + tokens within
+    :data:`sim.bounds.TOKENS_MAX`; ``-fitt`` within 1 PB; ``-r`` 1 to
+    :data:`sim.bounds.REPETITIONS_MAX`; ``--max-work`` >= 1) on ``values`` (:class:`Setting`
+    field or test -> its values; a field left out is not checked): the one place ``prefetch-sim
+    run`` (:func:`params_from_args`) and a grid's runs (:func:`calibrate.llamacpp.grid.check_bench_args`)
+    check them. What the argument types check (integers, >= 0, a C int) is done when parsing.
+
+    Raises:
+        ScenarioError: a value out of range (``-b 0``, ``-ub 0``, ``-r 0``), naming the flag.
+    """
+    from .bounds import REPETITIONS_MAX, TOKENS_MAX, check_tokens
+
+    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
+                       ("n_threads", "-t/--threads")):
+        bad = [v for v in values.get(dest, ()) if v < 1]
+        if bad:
+            raise ScenarioError(f"must be >= 1, got {bad[0]}", field=flag)
+    if repetitions is not None and not 1 <= repetitions <= REPETITIONS_MAX:
+        raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX} (as the TOML's repetitions), got "
+                            f"{repetitions}", field="-r/--repetitions")
+    if max_work is not None and max_work < 1:
+        raise ScenarioError(f"must be >= 1, got {max_work}", field="--max-work")
+    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
+                       ("fit_min_ctx", "-fitc/--fit-ctx")):
+        check_tokens(values.get(dest, ()), flag)
+    if any(v > TOKENS_MAX * 64 for v in values.get("fit_target", ())):  # MiB: 64 x 16 Mi MiB = 1 PB (BYTES_MAX)
+        raise ScenarioError(f"must be at most {TOKENS_MAX * 64} MiB", field="-fitt/--fit-target")
+    n_prompt, n_gen = values.get("n_prompt", ()), values.get("n_gen", ())
+    n_depth, n_pg = values.get("n_depth", ()), values.get("n_pg", ())
+    check_tokens(n_prompt, "-p/--n-prompt")
+    check_tokens(n_gen, "-n/--n-gen")
+    check_tokens(n_depth, "-d/--n-depth")
+    check_tokens([x for pg in n_pg for x in pg], "-pg")
+    longest = max([*n_prompt, *n_gen, *(a + b for a, b in n_pg), 0])
+    check_tokens([max(n_depth, default=0) + longest], "-p/-n/-d (depth + tokens, the context)")
+
+
 def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     """The parameters of a command line over a scenario's defaults.
 
@@ -680,35 +783,13 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     vals["no_kv_offload"] = pick("no_kv_offload", [False])
     vals["flash_attn"] = pick("flash_attn", [-1])
     vals["n_threads"] = pick("n_threads", [default_threads()])
-    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
-                       ("n_threads", "-t/--threads")):
-        bad = [v for v in vals[dest] if v < 1]
-        if bad:
-            raise ScenarioError(f"must be >= 1, got {bad[0]}", field=flag)
-    from .bounds import REPETITIONS_MAX, TOKENS_MAX, check_tokens
-
     reps = getattr(args, "repetitions", None)
-    if reps is not None and not 1 <= reps <= REPETITIONS_MAX:
-        raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX} (as the TOML's repetitions), got {reps}",
-                            field="-r/--repetitions")
-    mw = getattr(args, "max_work", None)
-    if mw is not None and mw < 1:
-        raise ScenarioError(f"must be >= 1, got {mw}", field="--max-work")
-    for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
-                       ("fit_min_ctx", "-fitc/--fit-ctx")):
-        check_tokens(vals[dest], flag)
-    if any(v > TOKENS_MAX * 64 for v in vals["fit_target"]):  # MiB: 64 x 16 Mi MiB = 1 PB (BYTES_MAX)
-        raise ScenarioError(f"must be at most {TOKENS_MAX * 64} MiB", field="-fitt/--fit-target")
     n_prompt = tuple(_flat(args, "n_prompt") or wl.n_prompt)
     n_gen = tuple(_flat(args, "n_gen") or wl.n_gen)
     n_depth = tuple(_flat(args, "n_depth") or wl.n_depth)
     n_pg = tuple(_flat(args, "n_pg") or ())
-    check_tokens(n_prompt, "-p/--n-prompt")
-    check_tokens(n_gen, "-n/--n-gen")
-    check_tokens(n_depth, "-d/--n-depth")
-    check_tokens([x for pg in n_pg for x in pg], "-pg")
-    longest = max([*n_prompt, *n_gen, *(a + b for a, b in n_pg), 0])
-    check_tokens([max(n_depth, default=0) + longest], "-p/-n/-d (depth + tokens, the context)")
+    check_values({**vals, "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": n_depth, "n_pg": n_pg},
+                 repetitions=reps, max_work=getattr(args, "max_work", None))
     for k in ("n_prompt", "n_gen", "n_depth", "n_pg"):
         if _flat(args, k) is not None:
             given.add(k)
@@ -1064,6 +1145,104 @@ def check_fit_target(fit_target_mib: int, hw) -> None:
                         f"profile '{hw.name}': {hw.vram_bytes / 2**20:.0f} MiB{reserved}), so nothing fits, whatever "
                         f"the fit moves to the host; give a smaller -fitt (below {room} MiB, leaving room "
                         "for the weights, KV cache and compute buffer)", field="-fitt/--fit-target")
+
+
+#: the :class:`Setting` fields that size each VRAM component of :class:`sim.vram.VramBreakdown`
+#: (weights: what is on the GPU; KV cache: its layers there and element types, the context is
+#: the tests'; compute buffer: the ubatch's activations; reserved: ``-fitt``'s margin, held as
+#: reserved VRAM), in the order :func:`overflow_in_flags` names them
+VRAM_SIZED_BY: dict[str, tuple[str, ...]] = {
+    "weights": ("model", "n_gpu_layers", "n_cpu_moe", "overrides", "tensor_split", "split_mode", "main_gpu"),
+    "kv": ("model", "n_gpu_layers", "tensor_split", "split_mode", "main_gpu", "type_k", "type_v"),
+    "compute": ("model", "n_ubatch", "n_batch"),
+    "staging": (),
+    "reserved": ("fit_target",),
+}
+#: what to change, per VRAM component, in flag terms
+_VRAM_ADVICE = {
+    "weights": "fewer weights on the GPU (lower -ngl, raise -ncmoe, or -ot ...=CPU rules)",
+    "kv": "a smaller KV cache (a shorter context: -d plus -p/-n, fewer layers on the GPU, or -ctk/-ctv q8_0)",
+    "compute": "a smaller compute buffer (a smaller -ub)",
+    "staging": "fewer staging slots or no prefetch",
+    "reserved": "a smaller -fitt margin",
+}
+#: a flag's option strings (``-d/--n-depth``) by :class:`Setting` field or test
+_OPTS_OF = {dest: "/".join(opts) for dest, opts, *_ in _LIST_FLAGS}
+
+
+def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, base_ctx_size: int,
+                      variant_flag: tuple[str, str] | None = None, *, test_flags: Sequence[tuple[str, str]] = (),
+                      where: str = "") -> Exception:
+    """A VRAM overflow (:class:`sim.errors.VramOverflowError` of :func:`sim.vram.account`) of one
+    setting in the terms of the command line: the error names the flags given that size the
+    component(s) that overflow, with their values, and says what to change in flag terms.
+
+    The components that overflow are those whose removal alone would make the GPU fit (when
+    none would, the largest ones that together would): weights, KV cache, compute buffer,
+    staging, and with ``-fitt`` the reserved VRAM it adds to. The flags that size each are
+    :data:`VRAM_SIZED_BY`'s (with ``-fitt``/``-fitc``, llama-bench's fit
+    replaces ``-ngl``, ``-ncmoe``, ``-ot``, ``-ts``: those are named instead); the KV cache's
+    also ``-d``/``-p``/``-n``/``-pg`` (and ``test_flags``: ``(flag, value)`` of other options
+    that set the tests, ``check --test``) when the tests raised the context above the
+    scenario's ``base_ctx_size``; staging's ``variant_flag`` (``(flag, value as given)`` of
+    the variant's ``-pes``/``-pw``/``--variant``; None: the scenario's own variant).
+
+    Returns:
+        A :class:`sim.errors.PlacementError` whose field is the flag(s) (``-d/--n-depth``, or
+        ``-m/-ngl/-ncmoe`` for several) and whose message starts with their values (then
+        ``where``, e.g. the setting); ``exc`` itself when it is no VRAM overflow or no flag
+        given sizes what overflows (the scenario's field stays named).
+    """
+    from .errors import PlacementError, VramOverflowError
+
+    b = getattr(exc, "breakdown", None)
+    if not isinstance(exc, VramOverflowError) or b is None:
+        return exc
+    comps = {"weights": b.weights_bytes, "kv": b.kv_bytes, "compute": b.compute_bytes, "staging": b.staging_bytes}
+    if setting.fit_target:  # the profile's own reserved VRAM is no flag's; -fitt's margin is
+        comps["reserved"] = b.reserved_bytes
+    excess = b.total_bytes - b.capacity_bytes
+    over = [k for k, v in comps.items() if v > 0 and v >= excess]
+    if not over:  # no one component: the largest ones that together would
+        for k in sorted(comps, key=comps.get, reverse=True):
+            over.append(k)
+            if sum(comps[c] for c in over) >= excess:
+                break
+    fit = bool(setting.fit_target or setting.fit_min_ctx)
+    raised = exc.ctx_size > base_ctx_size
+    named: list[tuple[str, str, str]] = []  # (field, short flag, text with the value)
+
+    def add(key: str, short: str, text: str) -> None:
+        if all(n[0] != key for n in named):
+            named.append((key, short, text))
+
+    for comp in over:
+        for dest in VRAM_SIZED_BY[comp]:
+            if fit and dest in ("n_gpu_layers", "n_cpu_moe", "overrides", "tensor_split"):
+                dest = "fit_target" if setting.fit_target else "fit_min_ctx"
+            if dest not in params.given:
+                continue
+            v = getattr(setting, dest)
+            text = overrides_text(v) if dest == "overrides" else tensor_split_text(v) if dest == "tensor_split" else v
+            add(dest, FLAG_OF[dest], f"{FLAG_OF[dest]} {text}")
+        if comp == "kv" and raised:
+            for dest in ("n_depth", "n_prompt", "n_gen", "n_pg"):
+                vals = getattr(params, dest)
+                if dest in params.given and any(vals):
+                    text = ",".join(str(x) for x in vals) if dest != "n_pg" else " -pg ".join(f"{a},{c}" for a, c in vals)
+                    add(dest, FLAG_OF[dest], f"{FLAG_OF[dest]} {text}")
+            for flag, value in test_flags:
+                add(flag, flag, f"{flag} {value}")
+        if comp == "staging" and variant_flag is not None:
+            flag, value = variant_flag
+            add("variant", flag.split("/")[0], value)
+    if not named:
+        return exc
+    field = _OPTS_OF.get(named[0][0], named[0][1]) if len(named) == 1 else "/".join(n[1] for n in named)
+    if len(named) == 1 and named[0][0] == "variant":
+        field = variant_flag[0]
+    advice = ", or ".join(_VRAM_ADVICE[c] for c in over)
+    return PlacementError(f"{' '.join(n[2] for n in named)}{where}: {exc.needs}; to fit: {advice}", field=field)
 
 
 def sim_tests(instances: Sequence[Instance]) -> list:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .atomic import check_output_path, write_atomic
-from .errors import PrefetchSimError, ScenarioError
+from .errors import PlacementError, PrefetchSimError, ScenarioError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCENARIO = "scenarios/default.toml"
@@ -130,6 +130,22 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     _say_notes(notes)
     wl = replace(sscn.workload, n_prompt=params.n_prompt, n_gen=params.n_gen, n_depth=params.n_depth)
     return fit_context_to_tests(sscn.with_(workload=wl))
+
+
+def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=None, test_flags=()) -> Exception:
+    """``exc`` (a :class:`sim.errors.PlacementError` of the one setting ``trace``/``check`` simulate,
+    :func:`load_scenario_with_overrides`, under ``variant``) in the command line's terms: a VRAM
+    overflow that flags given cause names them (:func:`sim.benchflags.overflow_in_flags`;
+    ``test_flags``: other options that set the tests, ``(flag, value)``); else ``exc``."""
+    from .benchflags import overflow_in_flags, params_from_args
+    from .errors import VramOverflowError
+
+    if not isinstance(exc, VramOverflowError):
+        return exc
+    scn = _base_scenario(args)
+    params = params_from_args(args, scn)
+    flag = required_variants(args, params).get(variant.name) if variant is not None else None
+    return overflow_in_flags(exc, params, params.settings()[0], scn.placement.ctx_size, flag, test_flags=test_flags)
 
 
 def check_plan_work(scn, tests, args) -> None:
@@ -374,12 +390,13 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         every :class:`sim.metrics.TestResult`.
 
     Raises:
-        PlacementError: no setting fits at all (the first one's reason).
+        PlacementError: no setting fits at all (the first one's reason; a VRAM overflow names the
+            flags given that size what overflows, :func:`sim.benchflags.overflow_in_flags`).
         ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file), a required variant
             that does not fit (naming its flag), or a run over the work budget (naming
             ``--max-work``).
     """
-    from .benchflags import Notes, load_models, setting_scenario, sim_tests
+    from .benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests
     from .bounds import LIST_VALUES_MAX, check_work
     from .builder import make_context
     from .errors import PlacementError
@@ -420,8 +437,10 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                     ok.append(v)
                 except PlacementError as e:
                     bad.append((v, e))
-            if not ok:  # the setting itself does not fit: one reason, said once
-                err = bad[0][1] if bad else exc
+            if not ok:  # the setting itself does not fit: one reason, said once (in flags when they cause it)
+                v0, err = bad[0] if bad else (None, exc)
+                err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
+                                        required.get(v0.name) if v0 is not None else None)
                 first_err = first_err or err
                 unfit.append(f"{label}: left out, no variant fits: {err.reason}")
                 continue
@@ -429,6 +448,10 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 if v.name in required:
                     flag, value = required[v.name]
                     where = f" ({label})" if len(settings) > 1 else ""
+                    mapped = overflow_in_flags(e, params, setting, scn.placement.ctx_size, required[v.name],
+                                               where=where)
+                    if mapped is not e:
+                        raise mapped from None
                     raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
                 notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
@@ -535,7 +558,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     frames, lines = [], []
     for variant in scn.variants:  # every variant asked for, one timeline each, in one file
-        ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
+        try:
+            ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
+        except PlacementError as exc:  # in the flags' terms when they cause it
+            raise placement_error_in_flags(exc, args, variant) from None
         plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
         sched = time_plan(plan, scn, args.engine)
         frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
@@ -561,11 +587,14 @@ _PLUGINS = (
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse as llama-bench reads its flags: multi-letter single-dash flags (``-ngl``,
-    ``-ub``, ``-ot``, ``-pg``) are whole flags, never an abbreviation or a short flag with its
-    value glued on (``allow_abbrev=False``; a token such as ``-dev`` that is not a flag of the
-    command but starts with one, ``-d``, is an error, not ``-d ev``); an error is one line and
-    exit status 2."""
+    """argparse as llama-bench reads its flags: each flag is a word of its own, matched whole
+    (``argv[i] == "-d"``), its value the next word. Multi-letter single-dash flags (``-ngl``,
+    ``-ub``, ``-ot``, ``-pg``) are never an abbreviation (``allow_abbrev=False``), and no
+    single-dash flag takes its value glued on: ``-d8192``, ``-ngl99``, ``-d=8192`` are errors
+    that say to write ``-d 8192`` (argparse alone reads ``-d8192`` as ``-d 8192`` but ``-ngl99``
+    as ``-n gl99``), as are short flags run together (``-vq``) and a word that is no flag but
+    starts with one (``-bogus``: not ``-b ogus``). ``--long=value`` stays. An error is one line
+    and exit status 2."""
 
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
@@ -590,21 +619,50 @@ class Parser(argparse.ArgumentParser):
                 continue
             joined.append(tok)
             i += 1
-        args = joined
-        for tok in args:
+        self._refuse_glued(args)
+        return super().parse_known_args(joined, namespace)
+
+    def _refuse_glued(self, args: list[str]) -> None:
+        """Refuse (:meth:`error`) a single-dash word that is not a flag of this parser but starts
+        with one: a value glued on (``-d8192``, ``-d=8192``: "write -d 8192"), short flags run
+        together (``-vq``) or an unknown flag (``-bogus``). A flag's value (the word after a flag
+        that takes one, ``-ngl -1``) and what follows ``--`` are not looked at; in a parser with
+        subcommands, neither is anything from the subcommand on (its own parser checks it)."""
+        acts = self._option_string_actions
+        shorts = sorted((o for o in acts if o[:1] == "-" and o[1:2] != "-"), key=len, reverse=True)
+        i = 0
+        while i < len(args):
+            tok = args[i]
+            i += 1
             if tok == "--":
-                break
-            if len(tok) > 2 and tok[0] == "-" and tok[1] != "-" and tok[1].isalpha() and tok[2].isalpha():
-                name, short = tok.split("=", 1)[0], tok[:2]
-                act = acts.get(short)
-                if name in acts or act is None or act.nargs == 0 or act.type in (None, str):
-                    continue
-                try:  # '-dev' is not '-d ev': letters glued to a flag that takes numbers
-                    act.type(tok[2:])
-                except (argparse.ArgumentTypeError, TypeError, ValueError):
-                    self.error(f"unrecognized flag '{name}' (not a flag of '{self.prog}', nor {short} with a "
-                               f"value)")
-        return super().parse_known_args(args, namespace)
+                return
+            act = acts.get(tok)
+            if act is not None:
+                if act.nargs is None or act.nargs == 1:
+                    i += 1  # its value, whatever it looks like
+                continue
+            if tok[:1] != "-" and self._subparsers is not None:
+                return  # the subcommand: its parser checks the rest
+            if tok[:1] != "-" or tok[1:2] in ("", "-") or self._negative_number_matcher.match(tok):
+                continue  # a positional, '-', a long flag ('--out=x'), a negative number
+            name, _, value = tok.partition("=")
+            flag = name if name in acts else next((o for o in shorts if tok.startswith(o)), None)
+            if flag is None:
+                continue  # not like any flag of ours: argparse says it is unrecognized
+            act = acts[flag]
+            rest = value if flag == name else tok[len(flag):].removeprefix("=")
+            if act.nargs == 0 or not rest or not self._takes(act, rest):
+                self.error(f"unrecognized flag '{name if flag == name else tok}' (not a flag of '{self.prog}')")
+            self.error(f"{tok}: write {flag} {rest}; llama-bench takes a flag and its value as two words")
+
+    @staticmethod
+    def _takes(act: argparse.Action, text: str) -> bool:
+        """Whether ``text`` is a value ``act`` takes (its type and choices)."""
+        try:
+            v = act.type(text) if callable(act.type) else text
+        except (argparse.ArgumentTypeError, TypeError, ValueError):
+            return False
+        return act.choices is None or v in act.choices
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -1247,7 +1247,10 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
                                                "--figure: the figure's own)")
     p.add_argument("--axis", action=_Once, help="NAME=V1,V2,... (ranges as llama-bench: 32-2048*2); NAME one of " + ", ".join(AXES))
     p.add_argument("--axis2", action=_Once, help="second axis: a heatmap of speedup vs baseline")
-    p.add_argument("--variant", action="append", help="variant (repeatable; default: the scenario's variants)")
+    from .benchflags import variant_names
+
+    p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
+                   help="variants, a comma list (repeatable: a repeated flag adds; default: the scenario's variants)")
     p.add_argument("--test", help="base test, e.g. pp512, tg128, 'pp512 @ d8192' (default: the scenario's first)")
     p.add_argument("--baseline", default="baseline",
                    help="the variant the others are compared against: one of the variants, or 'baseline' (the "

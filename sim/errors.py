@@ -34,6 +34,27 @@ class PlacementError(ScenarioError):
     """A placement that cannot run: VRAM overflow, impossible layer counts, bad override rule."""
 
 
+class VramOverflowError(PlacementError):
+    """A placement whose VRAM on one GPU exceeds the GPU's memory (:func:`sim.vram.account`).
+
+    Attributes:
+        breakdown: that GPU's :class:`sim.vram.VramBreakdown` (bytes by component: what the
+            command line maps back to the flags that size each component,
+            :func:`sim.benchflags.overflow_in_flags`); None when not known (an error rebuilt
+            from its text).
+        ctx_size: the context (tokens) the KV cache is sized for.
+        needs: the overflow without the advice (``does not fit on GPU 0: needs 56.02 GiB (weights
+            ...) of 24.00 GiB``), for a caller that words the advice in its own terms.
+    """
+
+    def __init__(self, message: str, *, file: str | Path | None = None, field: str | None = None,
+                 breakdown=None, ctx_size: int = 0, needs: str = ""):
+        super().__init__(message, file=file, field=field)
+        self.breakdown = breakdown
+        self.ctx_size = ctx_size
+        self.needs = needs or message
+
+
 class GPUUnavailableError(PrefetchSimError):
     """No CUDA GPU, or CuPy is not installed (``pip install -e '.[gpu]'`` in the checkout, CUDA 13;
     ``'.[gpu-cuda12]'`` for CUDA 12)."""

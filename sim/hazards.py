@@ -321,10 +321,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     status 1 if any hazard, else 0. A variant that does not fit in VRAM is reported and skipped.
 
     Raises:
-        PlacementError: no variant fits.
+        PlacementError: no variant fits (naming the flags that cause a VRAM overflow, else the
+            scenario's placement).
     """
     from .builder import build_plan, make_context
-    from .cli import check_plan_work, load_scenario_with_overrides
+    from .cli import check_plan_work, load_scenario_with_overrides, placement_error_in_flags
     from .crossover import parse_test
     from .metrics import fit_context_to_tests, rep_rng
 
@@ -344,10 +345,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     check_plan_work(scn, [t for _, t in chosen], args)
     total = 0
     built = 0
+    first_err = None
+    test_flags = [("--test", ",".join(args.test))] if args.test else []
     for variant in scn.variants:
         try:
             ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
         except PlacementError as exc:
+            exc = placement_error_in_flags(exc, args, variant, test_flags)  # the flags that cause it, if any
+            first_err = first_err or exc
             print(f"{variant.name}: skipped, {exc}")
             continue
         built += 1
@@ -363,6 +368,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             if found:
                 print(format_hazards(found, args.max_rows))
     if not built:
+        if first_err is not None and first_err.file is None:  # caused by flags: name them
+            raise PlacementError(f"no variant fits in VRAM, nothing to check: {first_err.reason}",
+                                 field=first_err.field)
         raise PlacementError("no variant fits in VRAM: nothing to check", file=scn.file, field="placement")
     return 1 if total else 0
 

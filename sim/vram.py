@@ -24,7 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import PlacementError
+from .errors import PlacementError, VramOverflowError
 from .specs import ModelSpec, Placement, Scenario, Tensor, Variant
 from .units import GiB
 
@@ -211,8 +211,9 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
         when that is a count.
 
     Raises:
-        PlacementError: the placement does not fit (names ``placement`` in the scenario file); a
-            fitted cache has no room for one entry on any GPU (names ``placement.fit_target_mib``).
+        VramOverflowError: the placement does not fit (names ``placement`` in the scenario file;
+            carries the GPU's breakdown); PlacementError: a fitted cache has no room for one entry
+            on any GPU (names ``placement.fit_target_mib``).
     """
     model, hw = scn.model, scn.hardware
     pl = placement or scn.placement
@@ -265,15 +266,17 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))
     for b in out:
         if b.total_bytes > b.capacity_bytes:
-            raise PlacementError(
-                f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU {b.device}: needs {b.total_bytes / GiB:.2f} GiB "
-                f"(weights {b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute "
-                f"{b.compute_bytes / GiB:.2f}, staging {b.staging_bytes / GiB:.2f}, reserved "
-                f"{b.reserved_bytes / GiB:.2f}) of {b.capacity_bytes / GiB:.2f} GiB; "
+            needs = (f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU "
+                     f"{b.device}: needs {b.total_bytes / GiB:.2f} GiB (weights {b.weights_bytes / GiB:.2f}, KV "
+                     f"{b.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute {b.compute_bytes / GiB:.2f}, staging "
+                     f"{b.staging_bytes / GiB:.2f}, reserved {b.reserved_bytes / GiB:.2f}) of "
+                     f"{b.capacity_bytes / GiB:.2f} GiB")
+            raise VramOverflowError(
+                f"{needs}; "
                 + ("use fewer staging slots or no prefetch, or " if b.staging_bytes else "")
                 + "raise placement.n_cpu_moe, lower placement.ngl, the context (ctx_size, or the "
                 "tests' depth + tokens), or add placement.override_tensor rules (llama.cpp's -ot)",
-                file=scn.file, field="placement")
+                file=scn.file, field="placement", breakdown=b, ctx_size=pl.ctx_size, needs=needs)
     # expert cache pool: what is left (minus the fit target for a fitted pool), split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:
         want = pl.expert_cache_experts

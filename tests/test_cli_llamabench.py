@@ -106,12 +106,35 @@ def test_ub_takes_a_list(capsys):
 def test_no_abbreviations_and_no_glued_letters(capsys):
     for argv, words in ((["--n-pr", "64"], "unrecognized arguments: --n-pr"),
                         (["-nope", "1"], "unrecognized flag '-nope'"),
-                        (["-ngl99x"], "unrecognized flag '-ngl99x'")):
+                        (["-ngl99x"], "unrecognized flag '-ngl99x'"),
+                        (["-vq"], "unrecognized flag '-vq'")):  # short flags are not run together either
         with pytest.raises(SystemExit) as info:
             main(["run", TINY, *QUICK, *argv])
         err = capsys.readouterr().err
         assert info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
-    assert args_of("-p512").n_prompt == [(512,)]  # a number glued to a short flag is still a value
+
+
+@pytest.mark.parametrize("glued, spaced", [
+    ("-d8192", "-d 8192"), ("-ngl99", "-ngl 99"), ("-p512", "-p 512"), ("-ub0", "-ub 0"), ("-ncmoe4", "-ncmoe 4"),
+    ("-d=8192", "-d 8192"), ("-ngl=-1,99", "-ngl -1,99"), ("-r1", "-r 1"), ("-ojson", "-o json"),
+    ("-ctkq8_0", "-ctk q8_0"), ("-devCUDA0", "-dev CUDA0"), ("-pes2", "-pes 2"),
+])
+def test_a_value_glued_to_a_flag_is_refused_as_llama_bench_refuses_it(capsys, glued, spaced):
+    """llama-bench matches each flag whole (argv[i] == "-d") and takes the next word as its value:
+    -d8192 is no flag there. argparse alone took -d8192 as -d 8192 but -ngl99 as -n gl99 (refused):
+    now every glued form is refused alike, in one line saying how to write it (exit 2, no output)."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, *QUICK, "-p", "16", "-n", "0", glued])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"error: {glued}: write {spaced}; llama-bench takes a flag and its value as two words" in err
+    if not glued.startswith("-o"):  # trace and check share the parser (not run's -o)
+        with pytest.raises(SystemExit):
+            args_of(glued)
+        assert f"{glued}: write {spaced}" in capsys.readouterr().err
+    # the spaced forms, a flag's negative value and a long flag with '=' are read as before
+    assert args_of("-d", "8192").n_depth == [(8192,)] and args_of("-ngl", "-1,99").n_gpu_layers == [(-1, 99)]
+    assert args_of("--n-depth=64").n_depth == [(64,)]
 
 
 # --------------------------------------------------------------------------------------
@@ -397,6 +420,74 @@ def test_a_requested_variant_that_does_not_fit_is_an_error(capsys):
     assert "--skip-unmodelled" in err
     rc, _, err = run(capsys, *base, "-pw", "1", "-pes", "3", "--skip-unmodelled")
     assert rc == 2 and "no combination" in err
+
+
+def test_a_vram_overflow_names_the_flags_that_cause_it(capsys, tmp_path):
+    """A VRAM overflow caused by flags names them (their values, what to change in flag terms),
+    not the scenario file; one line, exit 2, nothing printed. Without a flag that sizes what
+    overflows, the scenario's field is named as before."""
+    base = ("-r", "1", "-q", "-p", "16", "-n", "0")
+
+    def one_error(*argv) -> str:
+        rc, out, err = run(capsys, *argv)
+        lines = err.splitlines()
+        assert rc == 2 and out == "" and err.count("error:") == 1 and lines[-1].startswith("prefetch-sim: error:"), err
+        assert all(ln.startswith("prefetch-sim: note:") for ln in lines[:-1]), err  # notes, then the one error
+        return lines[-1]
+
+    # the KV cache of a -d too deep: -d and -p set the context
+    err = one_error("run", TINY, *base, "--variant", "baseline", "-d", "16000000")
+    assert "error: field '-d/-p': -d 16000000 -p 16: does not fit on GPU 0: needs" in err
+    assert "KV 3.81 for 16000016 tokens" in err and "a shorter context: -d plus -p/-n" in err
+    assert "tiny.toml" not in err and "placement" not in err
+    # weights: -m, -ngl, -ncmoe
+    err = one_error("run", TINY, *base, "--variant", "baseline", "-m", "qwen3-30b-a3b", "-ngl", "99", "-ncmoe", "0")
+    assert "field '-m/-ngl/-ncmoe': -m qwen3-30b-a3b -ngl 99 -ncmoe 0: does not fit on GPU 0" in err
+    assert "lower -ngl, raise -ncmoe" in err and "placement.n_cpu_moe" not in err
+    # one flag: its whole name, as other flag errors
+    err = one_error("run", TINY, "-r", "1", "-q", "--variant", "baseline", "-d", "16000000", "-p", "0", "-n", "4")
+    assert "field '-d/-n': -d 16000000 -n 4: does not fit" in err  # -p 0 adds nothing to the context
+    err = one_error("run", TINY, "-r", "1", "-q", "--variant", "baseline", "-d", "16000000")  # the scenario's tests
+    assert "field '-d/--n-depth': -d 16000000: does not fit" in err
+    # staging slots of a -pes that the baseline beside it fits
+    err = one_error("run", TINY, *base, "-pes", "100000")
+    assert "field '-pes/--prefetch-experts-slots': -pes 100000: does not fit with variant 'slots100000'" in err
+    assert "fewer staging slots or no prefetch" in err
+    # trace and check: the same flags named
+    err = one_error("trace", TINY, "-p", "16", "-n", "0", "--variant", "baseline", "-d", "16000000", "--out",
+                    str(tmp_path / "t.json"))
+    assert "field '-d/-p': -d 16000000 -p 16: does not fit" in err and not (tmp_path / "t.json").exists()
+    rc, out, err = run(capsys, "check", TINY, "-p", "16", "-n", "0", "-d", "16000000")
+    assert rc == 2 and err.count("\n") == 1 and "field '-d/-p': no variant fits in VRAM, nothing to check: -d " \
+        "16000000 -p 16: does not fit" in err
+    assert out.count("skipped, field '-d/-p'") == 3  # each variant's line says it too
+    # the scenario's own depth: no flag sizes the KV cache, the scenario file and field are named
+    deep = tmp_path / "deep.toml"
+    deep.write_text((ROOT / "scenarios" / "tiny" / "tiny.toml").read_text()
+                    .replace('model = "tiny-moe.toml"', f'model = "{TINY_MOE}"')
+                    .replace('hardware = "tiny-gpu.toml"', f'hardware = "{ROOT / "scenarios/tiny/tiny-gpu.toml"}"')
+                    .replace("n_depth = [0]", "n_depth = [16000000]"))
+    for extra in ((), ("-ub", "32")):  # a flag that does not size what overflows changes nothing
+        err = one_error("run", str(deep), "-r", "1", "-q", "--variant", "baseline", *extra)
+        assert f"{deep}: field 'placement': does not fit on GPU 0" in err and "raise placement.n_cpu_moe" in err
+
+
+def test_variant_takes_a_comma_list_and_repeats(capsys):
+    """--variant a,b as llama-bench's list flags (a repeated flag adds), each name checked as
+    one --variant is."""
+    rows = jsonl(capsys, "-p", "16", "-n", "0", "--variant", "prefetch_ungated,slots2", "--variant", "cache_lru")
+    assert [r["variant"] for r in rows] == ["baseline", "prefetch_ungated", "slots2", "cache_lru"]
+    assert [v.name for v in scn_of("--variant", "baseline, slots2").variants] == ["baseline", "slots2"]
+    for argv, words in ((["--variant", "baseline,nope"], "field '--variant': unknown variant 'nope'"),
+                        (["--variant", "slots2,slots2"], "field '--variant': variant given more than once: slots2"),
+                        (["--variant", "slots2", "--variant", "cache_lru,slots2"], "more than once: slots2"),
+                        (["--variant", "baseline,"], "argument --variant: empty variant name in 'baseline,'"),
+                        (["--variant", "slots100000,slots2"], "field '--variant': --variant slots100000: does not fit")):
+        try:
+            rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "16", "-n", "0", *argv)
+        except SystemExit as exc:
+            rc, (out, err) = exc.code, capsys.readouterr()
+        assert rc == 2 and out == "" and err.count("\n") == 1 and words in err, (argv, err)
 
 
 def test_a_fit_target_beyond_the_gpu_is_one_error_asking_for_a_smaller_one(capsys):

@@ -19,6 +19,7 @@ import pytest
 
 from calibrate.llamacpp import compare as cmp
 from sim.errors import ScenarioError
+from sim.llamabench import read_llama_bench
 from sim.metrics import run_scenario
 from sim.routing import RoutingSpec
 from sim.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
@@ -211,9 +212,16 @@ def test_parallel_equals_serial(tmp_path, result):
     assert list(df.predicted_ts) == list(result.predicted_ts.iloc[[5, 8, 9]])
 
 
+def _invocations_without_args() -> list[dict]:
+    """The test folder's invocations without their row counts and command lines (nothing to
+    check a row against: every row is taken as asked for)."""
+    return [{k: v for k, v in json.loads(x).items() if k not in ("rows", "args")}
+            for x in (RUN / "invocations.jsonl").read_text().splitlines() if x.strip()]
+
+
 def test_rows_that_do_not_fit_or_map_are_noted(tmp_path):
     rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
-    run = subset(tmp_path, [9])
+    run = subset(tmp_path, [9], _invocations_without_args())  # the rows added below: no invocation's args
     big = rows[2].replace('"n_gen": 0, "n_depth": 0', '"n_gen": 0, "n_depth": 100000000')  # 400 GB of KV
     other = rows[0].replace("qwen3-30b-a3b-2l.gguf", "unknown.gguf")
     with open(run / "llama-bench.jsonl", "a") as fh:
@@ -358,3 +366,117 @@ def test_cli_refuses_a_folder_of_which_no_row_simulates(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "none of the 31 rows" in err and "does not fit" in err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------
+# rows that their invocation's command line did not ask for
+# --------------------------------------------------------------------------------------
+
+
+def _mixed_up(tmp_path: Path, changes: dict[int, tuple[str, str]]) -> Path:
+    """The whole test folder (row counts kept: rows attributed by order) with some rows edited
+    (1-based line -> (old text, new text)): rows that no longer are what their invocation ran."""
+    run = subset(tmp_path, list(range(1, 11)))
+    bench = run / "llama-bench.jsonl"
+    rows = bench.read_text().splitlines()
+    for line, (old, new) in changes.items():
+        assert old in rows[line - 1]
+        rows[line - 1] = rows[line - 1].replace(old, new)
+    bench.write_text("\n".join(rows) + "\n")
+    return run
+
+
+def test_a_row_its_invocation_did_not_ask_for_is_reported_and_not_predicted(tmp_path, result):
+    """llama-bench's rows say what ran; a row whose n_cpu_moe / load_mode / flash_attn is not among
+    the values its invocation's args asked for (a mixed-up folder) is not simulated (no prediction
+    of a configuration never asked for), its note says why, and the other rows are predicted as
+    before. A flag the invocation left out is not checked (llama-bench's defaults vary)."""
+    run = _mixed_up(tmp_path, {2: ('"n_cpu_moe": 48', '"n_cpu_moe": 12'),      # qwen3-ncmoe48: -ncmoe 48
+                               5: ('"load_mode": "mmap"', '"load_mode": "none"'),  # gemma3-ffn-cpu: -lm mmap
+                               7: ('"flash_attn": 0', '"flash_attn": 1'),        # gemma3-ngl1-fa0: -fa 0
+                               8: ('"n_ubatch": 512', '"n_ubatch": 256')})       # gemma3-cuda1: no -ub given
+    df = cmp.compare(run, HW, jobs=1)
+    bad = [2, 5, 7]
+    assert df.predicted_ts.isna().tolist() == [ln in bad or ln == 8 for ln in range(1, 11)]  # 8: CUDA1, as before
+    assert sorted(df.attrs["disagreements"]) == bad
+    ok = [ln not in bad + [8] for ln in range(1, 11)]
+    assert list(df.predicted_ts[ok]) == list(result.predicted_ts[ok])
+    assert list(df.invocation) == list(result.invocation)  # still attributed by order
+    d = df.attrs["disagreements"]
+    assert f"{run / 'llama-bench.jsonl'}: field 'n_cpu_moe, line 2': the row ran n_cpu_moe 12, which its " \
+        "invocation 'qwen3-ncmoe48' (invocations.jsonl line 1) did not ask for (-ncmoe 48)" in d[2]
+    assert "field 'load_mode, line 5'" in d[5] and "(-lm mmap)" in d[5]
+    assert "field 'flash_attn, line 7'" in d[7] and "(-fa 0)" in d[7]
+    assert df.note[1].startswith("not simulated: the row ran n_cpu_moe 12") and df.regime[1] == "unknown"
+
+
+def test_cli_reports_each_such_row_in_one_line(tmp_path, capsys):
+    run = _mixed_up(tmp_path, {2: ('"n_cpu_moe": 48', '"n_cpu_moe": 12'), 9: ('"n_ubatch": 64', '"n_ubatch": 32')})
+    out = tmp_path / "o.csv"
+    assert cmp.main([str(run), "--hardware", str(ROOT / "scenarios/hardware/h200.toml"), "--out", str(out), "-q",
+                     "--jobs", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if "did not ask for" in ln]
+    assert len(lines) == 2 and all(ln.startswith(f"compare: {run / 'llama-bench.jsonl'}: field '") for ln in lines)
+    assert "field 'n_cpu_moe, line 2'" in lines[0] and "field 'n_ubatch, line 9'" in lines[1]
+    assert "(-ub 64)" in lines[1] and "'tiny-ot-exps' (invocations.jsonl line 6)" in lines[1]
+    assert err[-1].startswith("compare: 3 of 10 rows not simulated")  # those two and the CUDA1 row (line 8)
+    assert sum("line 2" in ln for ln in err) == 1  # said once, not again among the other rows not simulated
+    assert pd.read_csv(out).predicted_ts.isna().sum() == 3
+
+
+def test_every_row_disagreeing_is_one_error_and_writes_nothing(tmp_path, capsys):
+    run = subset(tmp_path, [1, 2])
+    (run / "invocations.jsonl").write_text(json.dumps(
+        {"id": "q", "model_toml": "scenarios/models/qwen3-30b-a3b.toml", "gguf": "qwen3-30b-a3b-2l.gguf",
+         "n_layer": 2, "args": ["-ncmoe", "24", "-p", "512", "-n", "32"], "rows": 2}) + "\n")
+    out = tmp_path / "o.csv"
+    assert cmp.main([str(run), "--out", str(out), "-q", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none of the 2 rows" in err and "the row ran n_cpu_moe 48" in err
+    assert not out.exists()
+
+
+def test_rows_of_a_gguf_with_several_invocations_are_attributed_by_their_args(tmp_path):
+    """Without row counts, a row of a GGUF that several invocations name goes to the one whose
+    command line asked for it (before: to none); a row none of them asked for is reported,
+    naming the closest."""
+    rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
+    run = subset(tmp_path, [1, 2, 3, 4])  # qwen3-ncmoe48 (-ncmoe 48 -n 32) and qwen3-resident (-n 0 -d 0,4096)
+    with open(run / "llama-bench.jsonl", "a") as fh:  # decode with -ncmoe 12: neither asked for it
+        fh.write(rows[1].replace('"n_cpu_moe": 48', '"n_cpu_moe": 12') + "\n")
+    bench = read_llama_bench(run / "llama-bench.jsonl")
+    owners = cmp._attribute(bench, cmp.read_invocations(run / "invocations.jsonl"))
+    # line 1 (pp512 @ d0, -ncmoe 48): both could have run it (resident gives no -ncmoe): not known
+    assert [o and o["id"] for o in owners] == [None, "qwen3-ncmoe48", "qwen3-resident", "qwen3-resident", None]
+    df = cmp.compare(run, HW, jobs=1)
+    assert list(df.attrs["disagreements"]) == [5] and df.predicted_ts.isna().tolist() == [False] * 4 + [True]
+    assert df.attrs["disagreements"][5].endswith(
+        "field 'n_cpu_moe, line 5': the row ran n_cpu_moe 12, which none of the 2 invocations of its GGUF (the "
+        "closest: 'qwen3-ncmoe48' (invocations.jsonl line 1)) did not ask for (-ncmoe 48): not simulated "
+        "(llama-bench's rows say what ran: a corrupt or mixed-up run folder?)")
+
+
+def test_invocation_args_must_be_llama_bench_flags(tmp_path):
+    for i, (args, words) in enumerate(((["-p", "512", 3], "expected a list of strings"),
+                                       ("-p 512", "expected a list of strings"),
+                                       (["--frobnicate", "3"], "not a llama-bench command line"),
+                                       (["-ngl99"], "-ngl99: write -ngl 99"))):
+        run = subset(tmp_path / str(i), [9], [
+            {"id": "t", "model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf", "args": args}])
+        with pytest.raises(ScenarioError) as ei:
+            cmp.compare(run, HW, jobs=1)
+        assert ei.value.field == "args, line 1" and "invocations.jsonl" in str(ei.value) and words in str(ei.value)
+
+
+def test_committed_rows_all_agree_with_their_invocations():
+    """Every committed run folder's rows are what their invocations asked for (the check raises
+    no false alarm on llama-bench's own printing of -fa, -lm, -ot, -ts, -pw...)."""
+    for run in sorted((ROOT / "data" / "llamacpp").iterdir()):
+        if not (run / "llama-bench.jsonl").is_file():
+            continue
+        bench = read_llama_bench(run / "llama-bench.jsonl")
+        invs = cmp.read_invocations(run / "invocations.jsonl")
+        owners = cmp._attribute(bench, invs)
+        assert all(o is not None and o["_asked"] for o in owners), run
+        assert not [ln for (ln, row), o in zip(bench.iterrows(), owners) if cmp.row_disagreements(row, o)], run

@@ -304,6 +304,54 @@ def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
     assert "'ogus'" not in str(ei.value) and "'gl99'" not in str(ei.value)  # not read as -b ogus, -n gl99
 
 
+@pytest.mark.parametrize("args, flag, words", [
+    ("-ngl 99 -ub 0 -p 512 -n 0", "-ub/--ubatch-size", "must be >= 1, got 0"),
+    ("-b 0 -p 512", "-b/--batch-size", "must be >= 1, got 0"),
+    ("-t 0 -p 512", "-t/--threads", "must be >= 1, got 0"),
+    ("-p 20000000 -n 0", "-p/--n-prompt", "more than the simulator's limit"),
+    ("-n 20000000", "-n/--n-gen", "more than the simulator's limit"),
+    ("-d 16777216 -p 512", "-p/-n/-d (depth + tokens, the context)", "more than the simulator's limit"),
+    ("-pg 512,20000000", "-pg", "more than the simulator's limit"),
+    ("-ub 64,20000000 -p 512", "-ub/--ubatch-size", "more than the simulator's limit"),
+    ("-ncmoe -1 -p 512", "-ncmoe/--n-cpu-moe", "values must be >= 0"),
+    ("-ngl 99999999999 -p 512", "-ngl/--n-gpu-layers", "at most 2147483647"),
+    ("-ub0 -p 512", "-ub0", "write -ub 0"),
+])
+def test_grid_args_are_range_checked_as_prefetch_sim_run_checks_them(tmp_path, capsys, args, flag, words):
+    """A grid run's llama-bench flags get prefetch-sim run's own range checks (one implementation,
+    sim.benchflags.check_values): the error names the grid file, the run's id and the flag, as
+    `plan --grid` prints it in one line (before: -ub 0 was listed as a run)."""
+    from calibrate.llamacpp.__main__ import main
+
+    p = _write_grid(tmp_path, f'[[run]]\nid = "good"\nmodel = "m"\nargs = "-p 64 -n 0"\n\n'
+                              f'[[run]]\nid = "bad-one"\nmodel = "m"\nargs = "{args}"\n')
+    with pytest.raises(ScenarioError) as ei:
+        G.load_grid(p)
+    msg = str(ei.value)
+    assert ei.value.field == "run[1].args" and str(p) in msg and "run 'bad-one'" in msg
+    assert flag in msg and words in msg, msg
+    assert main(["plan", "--grid", str(p)]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1 and "run 'bad-one'" in cap.err and flag in cap.err
+
+
+def test_grid_and_run_refuse_an_out_of_range_flag_with_the_same_words(tmp_path, capsys):
+    from sim.cli import main as sim_main
+
+    p = _write_grid(tmp_path, '[[run]]\nid = "a"\nmodel = "m"\nargs = "-ub 0 -p 64"\n')
+    with pytest.raises(ScenarioError) as ei:
+        G.load_grid(p)
+    assert sim_main(["run", str(REPO / "scenarios/tiny/tiny.toml"), "-q", "-ub", "0", "-p", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "field '-ub/--ubatch-size': must be >= 1, got 0" in err
+    assert str(ei.value).endswith("run 'a': -ub/--ubatch-size: must be >= 1, got 0")
+
+
+def test_every_shipped_grid_loads():
+    for g in sorted((REPO / "calibrate" / "llamacpp" / "grids").glob("*.toml")):
+        assert G.load_grid(g).runs, g
+
+
 # ---- grid runner with a stand-in llama-bench -----------------------------------------------------
 
 ROW = {"build_commit": "unknown", "model_filename": "", "model_type": "qwen3moe 30B.A3B Q4_K - Medium",

@@ -133,13 +133,20 @@ def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:
 def read_invocations(path: str | Path) -> list[dict]:
     """Read ``invocations.jsonl``: one JSON object per line (blank lines skipped), each with a
     string ``gguf`` and ``model_toml`` and, if present, an integer ``n_layer >= 0`` (0, as the
-    grid runner writes it, and absent both mean every layer of the model). Other keys
-    are kept. Each object gets ``_line`` (its 1-based line).
+    grid runner writes it, and absent both mean every layer of the model) and ``args`` (a list
+    of strings: llama-bench's flags, as the runner records them, or a whole command line with
+    ``-m``/``-r``/``-o``; an ``identity`` run's are ``psim-decode``'s). Other keys are kept.
+    Each object gets ``_line`` (its 1-based line) and ``_asked``: what its llama-bench flags ask
+    the rows to be (:func:`calibrate.llamacpp.grid.asked_values`; None without ``args`` and for
+    an identity run).
 
     Raises:
         ScenarioError: (``file`` the path, ``field`` ``<key>, line N``) a missing or unreadable
-            file, a malformed line, a missing or mistyped key, no invocation.
+            file, a malformed line, a missing or mistyped key, ``args`` that are not llama-bench
+            flags, no invocation.
     """
+    from .grid import asked_values
+
     p = Path(path)
     out = []
     for i, rec in jsonl_objects(p, "one JSON object per llama-bench invocation"):
@@ -151,7 +158,17 @@ def read_invocations(path: str | Path) -> list[dict]:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ScenarioError(f"expected an integer >= 0 (0: every layer), got {n!r}", file=p,
                                 field=f"n_layer, line {i}")
-        out.append({**rec, "n_layer": n or None, "_line": i})
+        args = rec.get("args")
+        if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) for a in args)):
+            raise ScenarioError(f"expected a list of strings (llama-bench's flags), got {args!r}", file=p,
+                                field=f"args, line {i}")
+        asked = None
+        if args is not None and rec.get("kind", "bench") != "identity":
+            try:
+                asked = asked_values(args)
+            except ValueError as exc:
+                raise ScenarioError(f"not a llama-bench command line: {exc}", file=p, field=f"args, line {i}") from None
+        out.append({**rec, "n_layer": n or None, "_line": i, "_asked": asked})
     if not out:
         raise ScenarioError("no invocations", file=p)
     return out
@@ -229,8 +246,9 @@ def check_row_counts(bench: pd.DataFrame, invocations: Sequence[dict], run: Path
 def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | None]:
     """The invocation of each bench row: by order when every invocation other than the routing
     runs (``kind = "routing"``) reports its ``rows`` and they add up to the
-    file's rows with matching GGUFs; else the one invocation of the row's GGUF (None when there
-    are several or none)."""
+    file's rows with matching GGUFs; else the one invocation of the row's GGUF, or of several
+    the one whose command line asked for the row (:func:`row_disagreements`); None when there
+    are none or several such. Identity runs write no llama-bench row."""
     names = [Path(str(f)).name for f in bench["model_filename"]]
     # routing runs write routing.jsonl, not llama-bench.jsonl (calibrate.llamacpp.grid)
     invocations = [inv for inv in invocations if inv.get("kind", "bench") != "routing"]
@@ -239,10 +257,127 @@ def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | 
         seq = [inv for inv, c in zip(invocations, counts) for _ in range(c)]
         if all(Path(inv["gguf"]).name == n for inv, n in zip(seq, names)):
             return seq
-    by_gguf: dict[str, list[dict]] = {}
+    by_gguf = _bench_invocations_by_gguf(invocations)
+    out: list[dict | None] = []
+    for (_, row), n in zip(bench.iterrows(), names):
+        cands = by_gguf.get(n, [])
+        if len(cands) > 1:
+            cands = [inv for inv in cands if not row_disagreements(row, inv)]
+        out.append(cands[0] if len(cands) == 1 else None)
+    return out
+
+
+def _bench_invocations_by_gguf(invocations: Sequence[dict]) -> dict[str, list[dict]]:
+    """GGUF basename -> the invocations that may have written its llama-bench rows (not the
+    routing or identity runs), in file order."""
+    out: dict[str, list[dict]] = {}
     for inv in invocations:
-        by_gguf.setdefault(Path(inv["gguf"]).name, []).append(inv)
-    return [by_gguf[n][0] if len(by_gguf.get(n, [])) == 1 else None for n in names]
+        if inv.get("kind", "bench") not in ("routing", "identity"):
+            out.setdefault(Path(inv["gguf"]).name, []).append(inv)
+    return out
+
+
+def _row_field(row: Mapping[str, Any], name: str) -> Any:
+    """A row's field as llama-bench printed it (None when the row lacks it: another version);
+    ``load_mode`` from an older row's ``use_mmap``."""
+    v = row.get(name) if hasattr(row, "get") else None
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        if name == "load_mode":
+            mm = row.get("use_mmap") if hasattr(row, "get") else None
+            if mm is not None and not (isinstance(mm, float) and math.isnan(mm)):
+                return "mmap" if mm else "none"
+        return None
+    return v
+
+
+def _same(name: str, value: Any, asked: Any) -> bool:
+    """Whether a row's ``value`` of field ``name`` is the ``asked`` value (llama-bench's printed
+    form, :func:`sim.benchflags.asked_row_values`)."""
+    from sim.llamabench import BOOL, FIELD_BY_NAME, INT
+
+    typ = FIELD_BY_NAME[name].type if name in FIELD_BY_NAME else None
+    try:
+        if typ == INT:
+            return int(value) == int(asked)
+        if typ == BOOL:
+            return bool(value) == bool(asked)
+        if name == "tensor_split":
+            def shares(x):
+                v = [round(float(t), 2) for t in str(x).split("/") if t.strip()]
+                while v and v[-1] == 0:
+                    v.pop()
+                return v
+            return shares(value) == shares(asked)
+    except (TypeError, ValueError):
+        return False
+    return str(value).strip().lower() == str(asked).strip().lower()
+
+
+def _shown(v: Any) -> str:
+    return str(int(v)) if isinstance(v, (bool, np.bool_)) else f"{v[0]},{v[1]}" if isinstance(v, tuple) else str(v)
+
+
+def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The fields of a llama-bench row that its invocation's command line did not ask for:
+    ``(field, the row's value, what was asked: flag and values)`` for each field whose flag the
+    invocation's ``args`` give (``_asked`` of :func:`read_invocations`) and whose value is none
+    of the flag's; the test as ``n_prompt`` (a pp row and ``-p``), ``n_gen`` (tg, ``-n``) or
+    ``n_prompt+n_gen`` (a pp+tg row: one of the ``-pg`` pairs, none when no ``-pg`` is given).
+    Fields the row lacks (another llama-bench version) and flags not given (llama-bench's
+    defaults change between versions) are not compared. [] for an invocation without ``args``."""
+    asked = (inv or {}).get("_asked")
+    if not asked:
+        return []
+    out = []
+    n_prompt, n_gen = int(row["n_prompt"]), int(row["n_gen"])
+    if n_gen == 0 or n_prompt == 0:
+        name, value = ("n_prompt", n_prompt) if n_gen == 0 else ("n_gen", n_gen)
+        if name in asked and value not in asked[name][1]:
+            out.append((name, str(value), f"{asked[name][0]} {','.join(map(str, asked[name][1]))}"))
+    else:
+        flag, pairs = asked.get("n_pg", ("-pg", ()))
+        if (n_prompt, n_gen) not in pairs:
+            out.append(("n_prompt+n_gen", f"{n_prompt}+{n_gen}",
+                        " ".join(f"-pg {a},{b}" for a, b in pairs) or "no -pg test"))
+    for name, (flag, values) in asked.items():
+        if name in ("n_prompt", "n_gen", "n_pg"):
+            continue
+        v = _row_field(row, name)
+        if v is not None and not any(_same(name, v, a) for a in values):
+            out.append((name, _shown(v), f"{flag} {','.join(_shown(a) for a in values)}"))
+    return out
+
+
+def _invocation_label(inv: Mapping[str, Any]) -> str:
+    return (f"'{inv['id']}' ({INVOCATIONS_FILE} line {inv['_line']})" if inv.get("id") is not None
+            else f"{INVOCATIONS_FILE} line {inv['_line']}")
+
+
+def disagreement_error(row: Mapping[str, Any], line: int, inv: Mapping[str, Any] | None,
+                       candidates: Sequence[Mapping[str, Any]], bench_file: Path) -> ScenarioError | None:
+    """The one-line report of a row that its invocation (``inv``; None: not known, then each of
+    ``candidates``, the invocations of the row's GGUF) did not ask for (:func:`row_disagreements`),
+    naming ``llama-bench.jsonl``, the line and the first field that disagrees; None when the
+    invocation (or, with several candidates, one of them) asked for the row or none has ``args``."""
+    if inv is not None:
+        dis, who = row_disagreements(row, inv), f"its invocation {_invocation_label(inv)}"
+    else:
+        cands = [c for c in candidates if c.get("_asked")]
+        if not cands or len(cands) < len(candidates):
+            return None  # one without args may have run it
+        found = [(row_disagreements(row, c), c) for c in cands]
+        if any(not d for d, _ in found):
+            return None
+        dis, closest = min(found, key=lambda t: len(t[0]))
+        who = (f"none of the {len(cands)} invocations of its GGUF (the closest: {_invocation_label(closest)})"
+               if len(cands) > 1 else f"its GGUF's one invocation {_invocation_label(closest)}")
+    if not dis:
+        return None
+    name, value, asked = dis[0]
+    more = f" (and {', '.join(d[0] for d in dis[1:])})" if len(dis) > 1 else ""
+    return ScenarioError(f"the row ran {name} {value}, which {who} did not ask for ({asked}){more}: not simulated "
+                         "(llama-bench's rows say what ran: a corrupt or mixed-up run folder?)",
+                         file=bench_file, field=f"{name}, line {line}")
 
 
 # --------------------------------------------------------------------------------------
@@ -411,7 +546,10 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     """Read a run folder and build every row's case.
 
     Returns:
-        ``(bench, invocation per row (or None), case per row (None: no model), extra notes per row)``.
+        ``(bench, invocation per row (or None), case per row (None: no model, or a row its
+        invocation's command line did not ask for), extra notes per row)``; ``bench.attrs
+        ["disagreements"]``: line -> the one-line report of each row that disagrees with its
+        invocation's ``args`` (:func:`disagreement_error`; not simulated).
 
     Raises:
         ScenarioError: a missing or malformed ``llama-bench.jsonl`` or ``invocations.jsonl``, row
@@ -427,12 +565,20 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     refs = model_map(invs, run, inv_file)
     check_row_counts(bench, invs, run, "each row's model and configuration come from its invocation")
     owners = _attribute(bench, invs)
+    by_gguf = _bench_invocations_by_gguf(invs)
     models: dict[tuple, ModelSpec] = {}
     cases: list[RowCase | None] = []
     extra: list[str] = []
+    disagree: dict[int, str] = {}
     for (line, row), inv in zip(bench.iterrows(), owners):
         gguf = Path(str(row["model_filename"])).name
         ref = refs.get(gguf)
+        bad = disagreement_error(row, line, inv, by_gguf.get(gguf, []), bench_file)
+        if bad is not None:  # not what the command line asked for: reported, not predicted
+            disagree[line] = str(bad)
+            cases.append(None)
+            extra.append(f"not simulated: {bad.reason}")
+            continue
         if str(row.get("devices", "auto")) == "none":
             cases.append(None)
             extra.append("not simulated: -dev none (no GPU) is not modelled")
@@ -453,6 +599,7 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
         extra.append(f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "")
+    bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
 
 
@@ -515,7 +662,9 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         ``predicted_vram_mib`` and ``predicted_staging_mib`` (GPU 0's VRAM and the variant's
         staging buffers as :func:`sim.vram.account` sizes them, MiB; NaN when not simulated) and
         ``note`` (``; ``-joined; what the simulator did not represent). ``attrs``: ``meta``
-        (``meta.json``, or {}), ``hardware`` (profile name), ``engine``, ``run_dir``.
+        (``meta.json``, or {}), ``hardware`` (profile name), ``engine``, ``run_dir``,
+        ``disagreements`` (line -> the one-line report of each row that its invocation's
+        ``args`` did not ask for: not simulated, :func:`disagreement_error`).
 
     Raises:
         ScenarioError: a missing or malformed run file or model/hardware file (one line,
@@ -526,6 +675,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         raise ValueError(f"engine must be 'analytic' or 'des', got {engine!r}")
     hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(resolve(hardware))
     bench, owners, cases, extra = build_cases(run_dir, hw, repetitions=repetitions)
+    disagree = dict(bench.attrs.get("disagreements", {}))
     if lines is not None:
         keep = [ln in set(lines) for ln in bench.index]
         bench = bench[keep]
@@ -607,7 +757,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions)
+                    repetitions=repetitions,
+                    disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
 
 
@@ -948,9 +1099,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"(line {first['line']}: {first['note']})", file=sys.stderr)
             return 2
         write_outputs(args, prog, df, md, plot_compare)
+        disagree = df.attrs.get("disagreements", {})
+        for ln in sorted(disagree):  # each row the command line did not ask for, one line each
+            print(f"{prog}: {disagree[ln]}", file=sys.stderr)
         n_bad = int(df.predicted_ts.isna().sum())
         if n_bad:
-            bad = df[df.predicted_ts.isna()]
+            bad = df[df.predicted_ts.isna() & ~df.line.isin(list(disagree))]
             for _, r in bad.head(5).iterrows():
                 note = str(r["note"])
                 print(f"{prog}: line {r['line']} ({r['test']}) "

@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +125,9 @@ def load_grid(path: str | Path) -> GridSpec:
 
     Raises:
         ScenarioError: naming the file and field of a missing/invalid value, a duplicate id, a
-            run of an unknown model, or a run that sets a flag the runner sets (``-m -o -r``).
+            run of an unknown model, a run that sets a flag the runner sets (``-m -o -r``), or a
+            bench run's flag that ``prefetch-sim run`` would refuse (:func:`check_bench_args`:
+            naming the run's id and the flag, ``-ub 0``).
     """
     data = load_toml(path)
     f = Fields(data, path)
@@ -174,7 +177,7 @@ def load_grid(path: str | Path) -> GridSpec:
             try:
                 check_bench_args(args)
             except ValueError as exc:
-                raise rf.error("args", str(exc)) from None
+                raise rf.error("args", f"run '{rid}': {exc}") from None
         if kind == "identity":
             from .identity import check_args, variant_env
 
@@ -231,14 +234,17 @@ def _refusing_parser() -> argparse.ArgumentParser:
 
 
 def check_bench_args(args: tuple[str, ...]) -> None:
-    """Check a run's llama-bench flags as ``prefetch-sim run`` parses them (llama-bench's flags,
-    lists and ranges, the prefetch patch's ``-pw 0|1 -pwg N -pes N``, its harness flags), so a
-    grid that llama-bench would refuse is refused here, before a lease.
+    """Check a run's llama-bench flags as ``prefetch-sim run`` parses and range-checks them
+    (llama-bench's flags, lists and ranges, glued values such as ``-ub0`` refused, the prefetch
+    patch's ``-pw 0|1 -pwg N -pes N``, its harness flags; ``-b``/``-ub``/``-t`` >= 1 and
+    ``-p``/``-n``/``-d``/``-pg``/``-b``/``-ub`` within the simulator's token bound, by
+    :func:`sim.benchflags.check_values`), so a grid that llama-bench would refuse, or that
+    the simulator could not predict, is refused here, before a lease.
 
     Raises:
-        ValueError: an unknown flag, a bad value (naming the flag), a stray word.
+        ValueError: an unknown flag, a bad or out-of-range value (naming the flag), a stray word.
     """
-    from sim.benchflags import add_bench_flags
+    from sim.benchflags import add_bench_flags, check_values, given_values, prefetch_combos
 
     ap = _refusing_parser()
     add_bench_flags(ap)
@@ -247,12 +253,31 @@ def check_bench_args(args: tuple[str, ...]) -> None:
         raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
     if ns.scenario is not None:
         raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
-    from sim.benchflags import prefetch_combos
-
     try:
+        check_values(given_values(ns))  # -ub 0, -b 0, -t 0, -p 2**30...: as prefetch-sim run checks them
         prefetch_combos(ns)  # -pw 0|1, as prefetch-sim run checks it
     except ScenarioError as exc:
         raise ValueError(f"{exc.field}: {exc.reason}") from None
+
+
+def asked_values(args: Sequence[str]) -> dict[str, tuple[str, tuple]]:
+    """What a recorded llama-bench command line (an invocation's ``args``, as the runner writes
+    them, or a whole command with ``-m``, ``-r``, ``-o``) asks its rows to be: row field ->
+    ``(flag, values)`` for the flags it gives (:func:`sim.benchflags.asked_row_values`), parsed
+    as :func:`check_bench_args` parses a grid's.
+
+    Raises:
+        ValueError: an unknown flag, a bad value (naming the flag), a stray word.
+    """
+    from sim.benchflags import add_bench_flags, asked_row_values
+
+    ap = _refusing_parser()
+    add_bench_flags(ap)
+    ap.add_argument("-o", "--output")  # in a whole command line (the runner sets it)
+    ns, rest = ap.parse_known_args(list(args))
+    if rest or ns.scenario is not None:
+        raise ValueError(f"unknown llama-bench flag or stray value {(rest or [ns.scenario])[0]!r}")
+    return asked_row_values(ns)
 
 
 def _values(text: str) -> list[str]:
