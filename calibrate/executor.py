@@ -357,6 +357,10 @@ class ExecResult:
         host_op_s: (n,) full host time of each host op (NaN for GPU ops); an ISSUE op's
             trace interval may be shorter (see :func:`execute`).
         device: GPU name.
+        notes: the runtime's log lines.
+        align_s: how well the reported run placed the GPU's event clock on the host clock
+            (seconds: half the host-time window around the reference event's record); a host
+            op and a GPU op it depends on are ordered to within it.
     """
 
     trace: pd.DataFrame
@@ -374,6 +378,7 @@ class ExecResult:
     host_op_s: np.ndarray | None = None
     device: str = ""
     notes: list[str] = field(default_factory=list)
+    align_s: float = 0.0
 
 
 class _Runtime:
@@ -1017,7 +1022,8 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         outputs=outs, probes_checked=n_checked, byte_scale=byte_scale, h2d_bytes=int(scaled.sum()),
         h2d_busy_s=busy, h2d_bytes_per_s=float(scaled.sum() / busy) if busy > 0 else float("nan"),
         h2d_op_bytes_per_s=float(np.median(per_op)) if per_op.size else float("nan"),
-        host_op_s=aux["host_dur"], device=rt.device_name, notes=list(rt.g.log))
+        host_op_s=aux["host_dur"], device=rt.device_name, notes=list(rt.g.log),
+        align_s=float(aux["align_s"]))
 
 
 def check_lossless(results: dict[str, ExecResult]) -> str:
