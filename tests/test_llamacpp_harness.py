@@ -316,6 +316,10 @@ def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
     ("-ncmoe -1 -p 512", "-ncmoe/--n-cpu-moe", "values must be >= 0"),
     ("-ngl 99999999999 -p 512", "-ngl/--n-gpu-layers", "at most 2147483647"),
     ("-ub0 -p 512", "-ub0", "write -ub 0"),
+    ("-p 512 --variant slots3", "--variant", "not of llama-bench"),
+    ("-p 512 --engine=des", "--engine", "not of llama-bench"),
+    ("-p 512 --max-work 5", "--max-work", "not of llama-bench"),
+    ("-p 512 --skip-unmodelled", "--skip-unmodelled", "not of llama-bench"),
 ])
 def test_grid_args_are_range_checked_as_prefetch_sim_run_checks_them(tmp_path, capsys, args, flag, words):
     """A grid run's llama-bench flags get prefetch-sim run's own range checks (one implementation,
@@ -809,3 +813,20 @@ def test_mapped_h2d_probe_copies_from_a_file_mapping_and_cleans_up(tmp_path, mon
     assert [(r["memory"], r["nbytes"], r["n"]) for r in recs] == [("mapped", 4096, 3), ("mapped", 3 * 4096, 3)]
     assert all(r["gb_per_s"] > 0 for r in recs) and len(copies) == 6 and {k for _, k in copies} == {1}
     assert not list(tmp_path.glob("psim-mapped-*"))
+
+
+@pytest.mark.parametrize("where", ["grid", "run"])
+def test_grid_repetitions_are_bounded(tmp_path, where):
+    """A grid's ``repetitions`` (the grid's and a run's) is bounded as ``-r`` is
+    (sim.bounds.REPETITIONS_MAX), naming the field."""
+    from sim.bounds import REPETITIONS_MAX
+
+    big = REPETITIONS_MAX + 1
+    grid = f"repetitions = {big}\n" if where == "grid" else ""
+    run = f"repetitions = {big}\n" if where == "run" else ""
+    p = tmp_path / "g.toml"
+    p.write_text(f'[grid]\nname = "t"\n{grid}\n[[model]]\nkey = "m"\ntoml = "scenarios/models/qwen3-30b-a3b.toml"\n\n'
+                 f'[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 64"\n{run}')
+    with pytest.raises(ScenarioError) as ei:
+        G.load_grid(p)
+    assert "repetitions" in str(ei.value.field) and str(p) in str(ei.value)

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.bounds import REPETITIONS_MAX
 from sim.errors import ScenarioError
 from sim.tomlio import Fields, load_toml
 
@@ -133,7 +134,7 @@ def load_grid(path: str | Path) -> GridSpec:
     f = Fields(data, path)
     g = f.sub("grid", required=True)
     name = g.str("name")
-    reps = g.int("repetitions", 5, min=1)
+    reps = g.int("repetitions", 5, min=1, max=REPETITIONS_MAX)
     timeout = g.float("timeout_s", 600.0, positive=True)
     from .lease import PERF_RUNS  # (lease imports this module)
 
@@ -204,7 +205,8 @@ def load_grid(path: str | Path) -> GridSpec:
         if kind == "bench" and not expand(args):
             raise rf.error("args", "no llama-bench test (every -p, -n and -pg is 0)")
         runs.append(GridRun(id=rid, model=model, args=args, kind=kind,
-                            repetitions=rf.int("repetitions", 0, min=0), env=tuple(sorted(env_raw.items())),
+                            repetitions=rf.int("repetitions", 0, min=0, max=REPETITIONS_MAX),
+                            env=tuple(sorted(env_raw.items())),
                             variants=variants))
         rf.check_unknown()
     ids = [r.id for r in runs]
@@ -233,6 +235,10 @@ def _refusing_parser() -> argparse.ArgumentParser:
     return _Refuse(add_help=False, prog="llama-bench")
 
 
+#: flags ``prefetch-sim run`` adds to llama-bench's: refused in a grid's args
+SIM_ONLY_FLAGS = ("--variant", "--engine", "--max-work", "--skip-unmodelled")
+
+
 def check_bench_args(args: tuple[str, ...]) -> None:
     """Check a run's llama-bench flags as ``prefetch-sim run`` parses and range-checks them
     (llama-bench's flags, lists and ranges, glued values such as ``-ub0`` refused, the prefetch
@@ -253,6 +259,10 @@ def check_bench_args(args: tuple[str, ...]) -> None:
         raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
     if ns.scenario is not None:
         raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
+    ours = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SIM_ONLY_FLAGS]
+    if ours:
+        raise ValueError(f"{ours[0]} is a flag of prefetch-sim run, not of llama-bench (it would refuse it in the "
+                         "lease)")
     try:
         check_values(given_values(ns))  # -ub 0, -b 0, -t 0, -p 2**30...: as prefetch-sim run checks them
         prefetch_combos(ns)  # -pw 0|1, as prefetch-sim run checks it
