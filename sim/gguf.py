@@ -290,6 +290,8 @@ def _open(path: Path) -> Any:
     try:
         if path.is_dir():
             raise ScenarioError("is a folder, expected a GGUF file", file=path)
+        if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+            raise ScenarioError("is not a regular file (a FIFO, socket or device), expected a GGUF file", file=path)
         return open(path, "rb")
     except FileNotFoundError:
         raise ScenarioError("file not found", file=path) from None

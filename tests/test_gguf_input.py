@@ -538,3 +538,16 @@ def test_full_dimension_two_block_file_round_trips(qwen3_2_blocks, monkeypatch):
     assert g.nbytes == read_gguf_index(path).tensor_bytes == 1237483520     # CPU llama-bench's model_size
     assert g.n_params == 1868573184 and g.name == "qwen3moe ?B Q4_K - Medium"
     assert (g.moe.n_expert, g.moe.n_expert_used, g.moe.n_ff_exp, g.n_ff) == (128, 8, 768, 6144)
+
+
+def test_a_fifo_given_as_a_gguf_is_refused_not_read(tmp_path):
+    """A FIFO named like a GGUF would block the reader forever: refused, naming the file."""
+    import os
+
+    from sim.errors import ScenarioError
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ScenarioError, match="not a regular file") as ei:
+        read_gguf_index(fifo)
+    assert str(fifo) in str(ei.value)

@@ -830,3 +830,16 @@ def test_grid_repetitions_are_bounded(tmp_path, where):
     with pytest.raises(ScenarioError) as ei:
         G.load_grid(p)
     assert "repetitions" in str(ei.value.field) and str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("cmd", ["lease", "start"])
+def test_a_missing_source_archive_is_refused_before_anything_is_written(tmp_path, capsys, cmd):
+    """lease/start with a --src that does not exist stop at once (before the GGUFs, tens of GB),
+    in one line naming --src, and create no work folder."""
+    from calibrate.llamacpp.__main__ import main
+
+    work = tmp_path / "w"
+    assert main([cmd, "--src", str(tmp_path / "nope.tgz"), "--work", str(work)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--src" in err and "nope.tgz" in err
+    assert not work.exists()

@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sim.errors import PrefetchSimError
+from sim.errors import PrefetchSimError, ScenarioError
 
 from .grid import REPO  # the repository root (grids' model paths and the lease read from it)
 DEFAULT_GRID = Path(__file__).resolve().parent / "grids" / "h200.toml"
@@ -92,14 +92,27 @@ def _grid(args) -> int:
     return 1 if bad else 0
 
 
+def _check_src(src: str) -> None:
+    """Refuse a missing ``--src`` archive before a lease writes anything (the GGUFs are tens of GB).
+
+    Raises:
+        ScenarioError: the archive is missing or not a file (naming ``--src``).
+    """
+    if not Path(src).is_file():
+        raise ScenarioError("no such archive (make one with 'python -m calibrate.llamacpp prepare --out FILE')",
+                            file=src, field="--src")
+
+
 def _lease(args) -> int:
     from .lease import run_lease
 
+    _check_src(args.src)
     return run_lease(args.src, args.grid, args.work, deadline_s=args.deadline_s, repo=REPO, jobs=args.jobs,
                      command=" ".join(sys.argv))
 
 
 def _start(args) -> int:
+    _check_src(args.src)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "calibrate.llamacpp", "lease", "--src", str(Path(args.src).resolve()),
