@@ -310,6 +310,28 @@ def h2d_busy_hidden_s(groups, start_s, end_s) -> tuple[float, float]:
     return total, hidden
 
 
+def _boundary_sort(first: np.ndarray, na: int, nb: int) -> tuple:
+    """``(order, in_a, both, desc)`` of one run's boundaries ``first`` (A's starts and ends, then
+    B's): their stable sort, which segments between consecutive sorted boundaries lie in ∪A and
+    in (∪A) ∩ (∪B), and where consecutive positions of the order go down (a tie there would
+    break the stable order)."""
+    order = np.argsort(first, kind="stable")
+    da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
+    db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
+    in_a = np.cumsum(da[order])[:-1] > 0
+    both = in_a & (np.cumsum(db[order])[:-1] > 0)
+    return order, in_a, both, order[1:] < order[:-1]
+
+
+def _sorted_segments(pts: np.ndarray, got: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``(segment lengths (S, k-1), which runs the permutation sorts stably (S,))`` of ``pts``
+    (S, k) under :func:`_boundary_sort`'s ``got``. Finite times: ``seg < 0`` iff the later
+    boundary is smaller, ``seg == 0`` iff equal (IEEE subtraction is exact at 0)."""
+    order, _in_a, _both, desc = got
+    seg = np.diff(pts[:, order], axis=1)
+    return seg, ~((seg < 0) | ((seg == 0) & desc)).any(axis=1)
+
+
 def _covered_rows(a_start, a_end, b_start, b_end, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_covered_s` of S runs at once (each argument (S, k) seconds): ``(measure of ∪A,
     of (∪A) ∩ (∪B))``, (S,) each, every row to the bit of :func:`_covered_s` on it.
@@ -333,29 +355,19 @@ def _covered_rows(a_start, a_end, b_start, b_end, memo: dict | None = None) -> t
     if size == 0 or s_count == 0:
         return tot, hid
     na, nb = a_start.shape[1], b_start.shape[1]
-    got = memo.get("order") if memo is not None else None
-    for attempt in (0, 1):
-        if got is None or got[0].size != size or attempt:
-            order = np.argsort(pts[0], kind="stable")
-            da = np.concatenate([np.ones(na), -np.ones(na), np.zeros(2 * nb)])
-            db = np.concatenate([np.zeros(2 * na), np.ones(nb), -np.ones(nb)])
-            in_a = np.cumsum(da[order])[:-1] > 0
-            both = in_a & (np.cumsum(db[order])[:-1] > 0)
-            got = (order, in_a, both, order[1:] < order[:-1])   # where a tie breaks the order
-            if memo is not None:
-                memo["order"] = got
-        order, in_a, both, desc = got
-        q = pts[:, order]
-        seg = np.diff(q, axis=1)
-        # finite times: seg < 0 iff q[j+1] < q[j], seg == 0 iff equal (IEEE subtraction is exact at 0)
-        good = ~((seg < 0) | ((seg == 0) & desc)).any(axis=1)
-        if good.all():
-            # C order: each row is reduced on its own, pairwise, as a 1-D array's sum
-            return (np.ascontiguousarray(seg[:, in_a]).sum(axis=1),
-                    np.ascontiguousarray(seg[:, both]).sum(axis=1))
-        if attempt == 0 and memo is not None and memo.get("order") is not None and not good[0]:
-            continue   # the kept permutation fails the first run: try the first run's own sort
-        break
+    kept = memo.get("order") if memo is not None else None
+    got = kept if kept is not None and kept[0].size == size else _boundary_sort(pts[0], na, nb)
+    seg, good = _sorted_segments(pts, got)
+    if not good[0] and got is kept:  # the kept permutation fails the first run: its own sort
+        got = _boundary_sort(pts[0], na, nb)
+        seg, good = _sorted_segments(pts, got)
+    if memo is not None:
+        memo["order"] = got
+    _order, in_a, both, _desc = got
+    if good.all():
+        # C order: each row is reduced on its own, pairwise, as a 1-D array's sum
+        return (np.ascontiguousarray(seg[:, in_a]).sum(axis=1),
+                np.ascontiguousarray(seg[:, both]).sum(axis=1))
     for k in range(s_count):
         if good[k]:
             tot[k], hid[k] = seg[k][in_a].sum(), seg[k][both].sum()

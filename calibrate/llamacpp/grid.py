@@ -250,15 +250,9 @@ def check_bench_args(args: tuple[str, ...]) -> None:
     Raises:
         ValueError: an unknown flag, a bad or out-of-range value (naming the flag), a stray word.
     """
-    from sim.benchflags import add_bench_flags, check_values, given_values, prefetch_combos
+    from sim.benchflags import check_values, given_values, prefetch_combos
 
-    ap = _refusing_parser()
-    add_bench_flags(ap)
-    ns, rest = ap.parse_known_args(list(args))
-    if rest:
-        raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
-    if ns.scenario is not None:
-        raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
+    ns = _parse_bench_args(args)
     ours = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SIM_ONLY_FLAGS]
     if ours:
         raise ValueError(f"{ours[0]} is a flag of prefetch-sim run, not of llama-bench (it would refuse it in the "
@@ -279,15 +273,30 @@ def asked_values(args: Sequence[str]) -> dict[str, tuple[str, tuple]]:
     Raises:
         ValueError: an unknown flag, a bad value (naming the flag), a stray word.
     """
-    from sim.benchflags import add_bench_flags, asked_row_values
+    from sim.benchflags import asked_row_values
+
+    return asked_row_values(_parse_bench_args(args, output=True))
+
+
+def _parse_bench_args(args: Sequence[str], *, output: bool = False) -> argparse.Namespace:
+    """llama-bench flags parsed by ``prefetch-sim run``'s flag set (:func:`_refusing_parser`);
+    ``output``: ``-o`` accepted too (a whole recorded command line).
+
+    Raises:
+        ValueError: an unknown flag, a bad value (naming the flag), a stray word.
+    """
+    from sim.benchflags import add_bench_flags
 
     ap = _refusing_parser()
     add_bench_flags(ap)
-    ap.add_argument("-o", "--output")  # in a whole command line (the runner sets it)
+    if output:
+        ap.add_argument("-o", "--output")  # in a whole command line (the runner sets it)
     ns, rest = ap.parse_known_args(list(args))
-    if rest or ns.scenario is not None:
-        raise ValueError(f"unknown llama-bench flag or stray value {(rest or [ns.scenario])[0]!r}")
-    return asked_row_values(ns)
+    if rest:
+        raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
+    if ns.scenario is not None:
+        raise ValueError(f"stray value {ns.scenario!r} (not a flag's value)")
+    return ns
 
 
 def _values(text: str) -> list[str]:
