@@ -480,3 +480,41 @@ def test_committed_rows_all_agree_with_their_invocations():
         owners = cmp._attribute(bench, invs)
         assert all(o is not None and o["_asked"] for o in owners), run
         assert not [ln for (ln, row), o in zip(bench.iterrows(), owners) if cmp.row_disagreements(row, o)], run
+
+
+def test_within_run_repeats_pair_each_load_with_the_other_loads():
+    """A configuration measured by two invocations (two model loads) gets the other load's mean;
+    one measured once gets none; rows of one invocation are never paired with each other."""
+    a = _repro_rows([100.0, 80.0, 50.0, 52.0], [110.0, 80.0, 55.0, 55.0], ["tg"] * 4, ["heldout"] * 4,
+                    invs=["a-x", "b-x", "a-y", "a-y"])
+    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
+    a.loc[2:3, "n_gen"] = [128, 128]         # the two a-y rows: one configuration, one invocation
+    a.loc[0:1, "n_gen"] = [64, 64]           # a-x and b-x: one configuration, two invocations
+    m = cmp.attach_within_repeat(a)
+    assert m.repeat_ts.iloc[0] == 80.0 and m.repeat_ts.iloc[1] == 100.0
+    assert m.repeat_ts.iloc[2:].isna().all()
+    r = cmp.reproducibility(m).set_index("group")
+    assert r.loc["all", "n_matched"] == 2
+    assert r.loc["all", "median_abs_repeat_diff"] == pytest.approx(((100 / 80 - 1) + (1 - 80 / 100)) / 2)
+    # another model with the same fields is another configuration
+    b = a.copy()
+    b.loc[1, "model"] = "other"
+    assert cmp.attach_within_repeat(b).repeat_ts.isna().all()
+
+
+def test_repeat_key_is_the_configuration_when_the_grids_differ():
+    a = _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])
+    assert cmp.repeat_key(a, _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])) == cmp.REPEAT_KEY
+    assert cmp.repeat_key(a, _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["gt-x"])) == cmp.CONFIG_KEY
+    assert "invocation" not in cmp.CONFIG_KEY and "model" in cmp.CONFIG_KEY
+
+
+@pytest.mark.slow
+def test_the_decode_ground_truth_prints_its_repeatability_between_model_loads(tmp_path, capsys):
+    """data/llamacpp/h200-20261203-tg measures every configuration in two invocations: compare
+    prints the within-run table, each of its 36 rows paired with the other load."""
+    md = tmp_path / "s.md"
+    assert cmp.main(["data/llamacpp/h200-20261203-tg", "-q", "--jobs", "1", "--summary", str(md)]) == 0
+    text = md.read_text()
+    assert "Repeatability within data/llamacpp/h200-20261203-tg" in text
+    assert "| all | 36 |" in text.split("Repeatability within")[1]

@@ -864,24 +864,63 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 REPEAT_KEY = ("invocation", "test", "n_prompt", "n_gen", "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot",
               "load_mode", "flash_attn", "type_k", "type_v", "variant")
 
+#: the columns that identify a configuration whatever the invocation that measured it: the
+#: model and :data:`REPEAT_KEY` less ``invocation`` (a run that measures one configuration in
+#: separate invocations, i.e. separate model loads; a repeat from another grid)
+CONFIG_KEY = ("model", "model_toml", "n_layer") + tuple(k for k in REPEAT_KEY if k != "invocation")
+
 #: columns of :func:`reproducibility`
 REPRO_COLUMNS = ("group", "n_matched", "median_abs_repeat_diff", "p90_abs_repeat_diff", "median_abs_rel_error",
                  "p90_abs_rel_error", "median_abs_pooled_error", "p90_abs_pooled_error")
 
 
-def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (:func:`compare` of one run folder) with ``repeat_ts``: the measured t/s of the
-    same configuration (:data:`REPEAT_KEY`) in ``repeat`` (the same grid run on another machine,
-    read the same way), NaN where it has none. A configuration the repeat measured twice (a
-    duplicated key) is matched to the mean of its rows."""
-    def keys(frame: pd.DataFrame) -> pd.Series:
-        # the configuration as one string (missing values alike whatever the column's dtype)
-        return frame[list(REPEAT_KEY)].astype(object).where(frame[list(REPEAT_KEY)].notna(), "").astype(str).agg(
-            "\x1f".join, axis=1)
+def _config_keys(frame: pd.DataFrame, key: Sequence[str]) -> pd.Series:
+    """Each row's configuration (the columns ``key``) as one string, missing values alike
+    whatever the column's dtype."""
+    cols = frame[list(key)].astype(object)
+    return cols.where(cols.notna(), "").astype(str).agg("\x1f".join, axis=1)
 
-    means = repeat.groupby(keys(repeat))["measured_ts"].mean() if len(repeat) else pd.Series(dtype=float)
+
+def repeat_key(df: pd.DataFrame, repeat: pd.DataFrame) -> tuple[str, ...]:
+    """The key :func:`attach_repeat` matches on: :data:`REPEAT_KEY` when the two frames share an
+    invocation id (runs of one grid), else :data:`CONFIG_KEY` (runs of different grids: the
+    configuration alone)."""
+    shared = set(df.get("invocation", pd.Series(dtype=str))) & set(repeat.get("invocation", pd.Series(dtype=str)))
+    return REPEAT_KEY if shared else CONFIG_KEY
+
+
+def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame, key: Sequence[str] = REPEAT_KEY) -> pd.DataFrame:
+    """``df`` (:func:`compare` of one run folder) with ``repeat_ts``: the measured t/s of the
+    same configuration (the columns ``key``, default :data:`REPEAT_KEY`) in ``repeat`` (the same
+    grid run on another machine, read the same way), NaN where it has none. A configuration the
+    repeat measured twice (a duplicated key) is matched to the mean of its rows."""
+    means = (repeat.groupby(_config_keys(repeat, key))["measured_ts"].mean() if len(repeat)
+             else pd.Series(dtype=float))
     out = df.copy()
-    out["repeat_ts"] = keys(df).map(means).astype(float) if len(df) else pd.Series(dtype=float)
+    out["repeat_ts"] = _config_keys(df, key).map(means).astype(float) if len(df) else pd.Series(dtype=float)
+    return out
+
+
+def attach_within_repeat(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (:func:`compare` of one run folder) with ``repeat_ts``: for a configuration
+    (:data:`CONFIG_KEY`) that the run measured in more than one invocation, i.e. after separate
+    model loads, the mean measured t/s of its rows from the *other* invocations; NaN for a
+    configuration measured by one invocation only. :func:`reproducibility` then gives how well
+    llama-bench repeats itself on one machine between loads, the floor under any prediction's
+    error on that machine (llama-bench's own ``stddev_ts`` spans one load's repetitions only)."""
+    out = df.copy()
+    out["repeat_ts"] = math.nan
+    if not len(df):
+        return out
+    keys = _config_keys(df, CONFIG_KEY)
+    for _k, idx in df.groupby(keys).groups.items():
+        g = df.loc[idx]
+        if g["invocation"].nunique() < 2:
+            continue
+        for i in idx:
+            other = g[g["invocation"] != df.at[i, "invocation"]]["measured_ts"].dropna()
+            if len(other):
+                out.at[i, "repeat_ts"] = float(other.mean())
     return out
 
 
@@ -1087,12 +1126,20 @@ def main(argv: list[str] | None = None) -> int:
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
         md = summary_markdown(summarize(df), title)
+        within = attach_within_repeat(df)
+        if within.repeat_ts.notna().any():
+            md += "\n" + repro_markdown(
+                reproducibility(within), f"Repeatability within {args.run_dir}: each configuration measured in "
+                "separate invocations (model loads) against the mean of its other invocations")
         if args.repeat:
             rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                           progress=progress, max_work=args.max_work)
-            df = attach_repeat(df, rep)
+            key = repeat_key(df, rep)
+            df = attach_repeat(df, rep, key)
+            how = "invocation and configuration" if key == REPEAT_KEY else "configuration (the grids differ)"
             md += "\n" + repro_markdown(reproducibility(df), f"Reproducibility: {args.run_dir} against its repeat "
-                                                              f"{args.repeat} (|error| on the rows both have)")
+                                                              f"{args.repeat} (|error| on the rows both have, "
+                                                              f"matched by {how})")
         if len(df) and df.predicted_ts.isna().all():  # nothing to compare: no table, no files
             first = df.iloc[0]
             print(f"{prog}: error: none of the {len(df)} rows of {args.run_dir} could be simulated on this profile "

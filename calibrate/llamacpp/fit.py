@@ -199,24 +199,44 @@ def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndar
         return np.array(list(ex.map(_one, work)))
 
 
-def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print):
-    """Non-negative Gauss-Newton on ``pred / meas - 1`` over :data:`FITTED`; returns
+def select_fitted(names: str | None) -> tuple:
+    """The rows of :data:`FITTED` named in the comma list ``names`` (``[ggml]`` keys), in
+    :data:`FITTED`'s order; all of them for None.
+
+    Raises:
+        PrefetchSimError: an unknown or repeated name, or an empty list.
+    """
+    if names is None:
+        return FITTED
+    want = [n.strip() for n in names.split(",")]
+    known = [k for k, *_ in FITTED]
+    bad = [n for n in want if n not in known]
+    if bad or not want or len(set(want)) != len(want):
+        raise PrefetchSimError(f"--params {names!r}: a comma list of distinct names among {', '.join(known)}"
+                               + (f" ({', '.join(repr(b) for b in bad)} unknown)" if bad else ""))
+    return tuple(row for row in FITTED if row[0] in want)
+
+
+def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print, fitted=None):
+    """Non-negative Gauss-Newton on ``pred / meas - 1`` over ``fitted`` (rows of :data:`FITTED`,
+    default all; the other ``[ggml]`` numbers stay those of ``hw``); returns
     ``(values, relative errors)``."""
-    p = {f: start for _k, f, _s, start, _d in FITTED}
+    rows = FITTED if fitted is None else tuple(fitted)
+    p = {f: start for _k, f, _s, start, _d in rows}
     err = None
     for it in range(iterations):
         t0 = predict_times(cases, hw, p, jobs)
         err = t0 / t_meas - 1
         say(f"  iteration {it}: median |err| {np.median(np.abs(err)) * 100:.2f}%, "
-            + ", ".join(f"{k}={p[f] / s:.4g}" for k, f, s, _st, _d in FITTED))
+            + ", ".join(f"{k}={p[f] / s:.4g}" for k, f, s, _st, _d in rows))
         J = []
-        for _k, f, _s, _st, d in FITTED:
+        for _k, f, _s, _st, d in rows:
             q = dict(p)
             q[f] = p[f] + d
             J.append((predict_times(cases, hw, q, jobs) - t0) / d / t_meas)
         J = np.array(J).T
-        free = list(range(len(FITTED)))
-        x0 = np.array([p[f] for _k, f, _s, _st, _d in FITTED])
+        free = list(range(len(rows)))
+        x0 = np.array([p[f] for _k, f, _s, _st, _d in rows])
         while True:  # active set: drop parameters that would go negative
             A = J[:, free]
             step, *_ = np.linalg.lstsq(A, -err, rcond=None)
@@ -228,8 +248,8 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
             for j in neg:
                 x0[j] = 0.0
                 free.remove(j)
-            err = predict_times(cases, hw, {f: x0[i] for i, (_k, f, _s, _st, _d) in enumerate(FITTED)}, jobs) / t_meas - 1
-        p = {f: float(max(x[i], 0.0)) for i, (_k, f, _s, _st, _d) in enumerate(FITTED)}
+            err = predict_times(cases, hw, {f: x0[i] for i, (_k, f, _s, _st, _d) in enumerate(rows)}, jobs) / t_meas - 1
+        p = {f: float(max(x[i], 0.0)) for i, (_k, f, _s, _st, _d) in enumerate(rows)}
     t = predict_times(cases, hw, p, jobs)
     return p, t / t_meas - 1
 
@@ -257,14 +277,16 @@ def link_numbers(run_dir: str | Path) -> dict[str, tuple[float, str]]:
             "h2d_pageable_gb_per_s": (pageable / 1e9, src.format("pageable"))}
 
 
-def write_values(profile: str | Path, values: dict[str, tuple[float, str]], table: str = "ggml") -> None:
-    """Rewrite the ``key = { value = ..., source = "..." }`` lines of ``[table]`` in ``profile``."""
-    from sim.atomic import write_atomic
+def set_values(text: str, values: dict[str, tuple[float, str]], table: str = "ggml", where: str = "profile") -> str:
+    """``text`` (a profile) with the ``key = { value = ..., source = "..." }`` lines of ``[table]``
+    rewritten to ``values`` (``{key: (value, source)}``).
 
-    text = Path(profile).read_text()
+    Raises:
+        PrefetchSimError: naming ``where``: no ``[table]``, or a key not on exactly one line of it.
+    """
     at = text.find(f"\n[{table}]\n")
     if at < 0:
-        raise PrefetchSimError(f"{profile}: no [{table}] table")
+        raise PrefetchSimError(f"{where}: no [{table}] table")
     end = text.find("\n[", at + 1)
     end = len(text) if end < 0 else end
     head, sect, tail = text[:at], text[at:end], text[end:]
@@ -272,9 +294,33 @@ def write_values(profile: str | Path, values: dict[str, tuple[float, str]], tabl
         line = f'{key} = {{ value = {v:.6g}, source = "{src}" }}'
         new, n = re.subn(rf"(?m)^{re.escape(key)} = .*$", line.replace("\\", "\\\\"), sect)
         if n != 1:
-            raise PrefetchSimError(f"{profile}: expected one line '{key} = ...' in [{table}], found {n}")
+            raise PrefetchSimError(f"{where}: expected one line '{key} = ...' in [{table}], found {n}")
         sect = new
-    write_atomic(profile, head + sect + tail)
+    return head + sect + tail
+
+
+def write_values(profile: str | Path, values: dict[str, tuple[float, str]], table: str = "ggml") -> None:
+    """Rewrite the ``key = { value = ..., source = "..." }`` lines of ``[table]`` in ``profile``
+    (:func:`set_values`), atomically."""
+    from sim.atomic import write_atomic
+
+    write_atomic(profile, set_values(Path(profile).read_text(), values, table, str(profile)))
+
+
+def rebase_profile(text: str, src: str | Path, dst: str | Path) -> str:
+    """A profile's text with its kernel-table paths (``gpu_kernels``, ``cpu_kernels``: relative to
+    the profile's folder) rewritten so the copy at ``dst`` reads the tables ``src`` reads."""
+    src_dir, dst_dir = Path(src).resolve().parent, Path(dst).resolve().parent
+
+    def fix(m: re.Match) -> str:
+        p = Path(m.group(2))
+        if p.is_absolute():
+            return m.group(0)
+        import os
+
+        return f'{m.group(1)}"{Path(os.path.relpath(src_dir / p, dst_dir)).as_posix()}"'
+
+    return re.sub(r'(?m)^((?:gpu|cpu)_kernels = )"([^"]*)"', fix, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,11 +339,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="phase-timing lease folder (llama.cpp's host work around each graph)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
+    ap.add_argument("--params", metavar="NAMES", default=None,
+                    help="fit only these (comma list of " + ", ".join(k for k, *_ in FITTED) + "); the others "
+                         "keep the profile's values (default: all)")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
+    ap.add_argument("--out", metavar="TOML", default=None,
+                    help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
+                         "profile's tables)")
     args = ap.parse_args(argv)
     from sim.specs import load_hardware
 
     try:
+        fitted_rows = select_fitted(args.params)
+        if args.write and args.out:
+            raise PrefetchSimError("--write and --out: give one (--write rewrites --profile, --out writes a copy)")
+        if args.out:
+            from sim.atomic import check_output_path
+
+            check_output_path(args.out, "--out")
         hw = load_hardware(args.profile)
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
@@ -327,23 +386,30 @@ def main(argv: list[str] | None = None) -> int:
         for k, (v, s) in {**links, **measured}.items():
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas, rows = fit_rows(args.run, hw)
-        if len(cases) < MIN_ROWS_PER_PARAMETER * len(FITTED):
-            raise PrefetchSimError(f"--run {args.run}: {len(cases)} fit rows for {len(FITTED)} parameters (at least "
-                                   f"{MIN_ROWS_PER_PARAMETER * len(FITTED)}: calibrate/llamacpp/split.py names the "
-                                   "fit rows of a ground-truth grid)")
-        print(f"fitting {', '.join(k for k, *_ in FITTED)} on {len(cases)} fit rows of {args.run}")
-        p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs)
+        if len(cases) < MIN_ROWS_PER_PARAMETER * len(fitted_rows):
+            raise PrefetchSimError(f"--run {args.run}: {len(cases)} fit rows for {len(fitted_rows)} parameters (at "
+                                   f"least {MIN_ROWS_PER_PARAMETER * len(fitted_rows)}: calibrate/llamacpp/split.py "
+                                   "names the fit rows of a ground-truth grid)")
+        print(f"fitting {', '.join(k for k, *_ in fitted_rows)} on {len(cases)} fit rows of {args.run}")
+        p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs, fitted=fitted_rows)
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
+        only = "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
         fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
                       f"{args.run} (calibrate/llamacpp/split.py), median |err| {med:.2f}%, p90 {p90:.2f}% "
-                      "(python -m calibrate.llamacpp.fit)") for k, f, s, _st, _d in FITTED}
+                      f"(python -m calibrate.llamacpp.fit{only})") for k, f, s, _st, _d in fitted_rows}
         for k, (v, _s) in fitted.items():
             print(f"{k} = {v:.6g}")
         print(f"fit rows: median |err| {med:.2f}%, p90 {p90:.2f}% (time per test)")
-        if args.write:
-            write_values(args.profile, links, table="hardware")
-            write_values(args.profile, {**measured, **fitted})
-            print(f"wrote {args.profile}")
+        if args.write or args.out:
+            from sim.atomic import write_atomic
+
+            target = args.out or args.profile
+            text = Path(args.profile).read_text()
+            if args.out:
+                text = rebase_profile(text, args.profile, args.out)
+            text = set_values(text, links, "hardware", args.profile)
+            write_atomic(target, set_values(text, {**measured, **fitted}, "ggml", args.profile))
+            print(f"wrote {target}")
     except PrefetchSimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

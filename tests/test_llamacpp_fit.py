@@ -1,0 +1,30 @@
+"""calibrate.llamacpp.fit: the choice of fitted numbers and the profile copy it writes."""
+
+from pathlib import Path
+
+import pytest
+
+from sim.errors import PrefetchSimError
+
+
+def test_select_fitted_names_a_subset_in_table_order_and_refuses_unknown_names():
+    from calibrate.llamacpp import fit as F
+
+    assert F.select_fitted(None) == F.FITTED
+    assert [r[0] for r in F.select_fitted("cpu_rate_scale,split_us")] == ["split_us", "cpu_rate_scale"]
+    for bad in ("split_us,bogus", "", "split_us,split_us"):
+        with pytest.raises(PrefetchSimError, match="--params"):
+            F.select_fitted(bad)
+
+
+def test_a_rebased_profile_copy_reads_the_same_kernel_tables(tmp_path):
+    from calibrate.llamacpp import fit as F
+    from sim.specs import load_hardware
+
+    src = Path("scenarios/hardware/h200-llamacpp.toml")
+    dst = tmp_path / "deep" / "copy.toml"
+    dst.parent.mkdir()
+    dst.write_text(F.rebase_profile(src.read_text(), src, dst))
+    a, b = load_hardware(src), load_hardware(dst)
+    assert a.ggml.cpu.equals(b.ggml.cpu) and a.ggml.gpu.equals(b.ggml.gpu)
+    assert dst.read_text() != src.read_text()
