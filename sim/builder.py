@@ -271,6 +271,11 @@ def draw_masks_graphs(ctx: BuildContext, graphs: Sequence[tuple[int, int, int]])
 #: (the reference path the tests compare them with)
 ENABLE_BULK = True
 
+#: :meth:`Emitter.launch_items` and :meth:`Emitter.h2d_pieces` append a run of fewer launches or
+#: copies than this op by op (:meth:`Emitter.launch`, :meth:`Emitter.h2d`): on a few ops, a column
+#: at a time costs more than it saves
+BULK_MIN = 6
+
 #: :func:`build_graph` reuses the items and splits of an earlier graph of its context with the
 #: same tokens and used-expert counts (:func:`graph_splits`); False calls :func:`graph_items` and
 #: :func:`cut_splits` for every graph (the reference path the tests compare it with)
@@ -437,6 +442,9 @@ class Emitter:
         #: share of a CUDA-graph capture this graph pays (1 / llama-bench's repetitions on a
         #: test's first reused graph, else 0: :func:`graph_call`)
         self.capture_share = 0.0
+        #: id of the last graph's host-overhead op (``graph_overhead``: the only op that reads
+        #: ``call_tokens`` and ``capture_share``), -1 without one
+        self.overhead_op = -1
         #: ``(op id, role, layer or flag)`` of the ops whose cost depends on the graph's KV
         #: length: ``"attn"`` (an attention and its launch), ``"cpu_attn"`` (attention on the
         #: CPU backend), ``"kq_mask"`` (the mask fill; flag: the masks are copied to a GPU)
@@ -500,11 +508,11 @@ class Emitter:
         """``launch(it.kind, stream, device, it.name, deps, nbytes=it.weight_bytes,
         shape=it.shape)`` for each item in order, with ``layer`` set to the item's, ``deps`` =
         ``first_deps`` for the first item and none for the others: the same ops, appended to the
-        plan's columns a column at a time (a first launch with extra deps or pending host
-        dependencies goes through :meth:`launch`)."""
+        plan's columns a column at a time (from :data:`BULK_MIN` items; a first launch with extra
+        deps or pending host dependencies goes through :meth:`launch`)."""
         if not items:
             return
-        if not ENABLE_BULK:
+        if not ENABLE_BULK or len(items) < BULK_MIN:
             for j, it in enumerate(items):
                 self.layer = it.layer
                 self.launch(it.kind, stream, device, it.name, first_deps if j == 0 else (), nbytes=it.weight_bytes,
@@ -583,8 +591,9 @@ class Emitter:
         """``h2d(name, device, nbytes, stream=stream, tag=tag)`` for each ``(name, nbytes)`` in
         order; returns the last copy's id (None without pieces). Async copies (pinned, or a
         pageable link that does not block the host) are appended to the plan's columns a
-        column at a time."""
-        if not ENABLE_BULK or not (self.pinned or not self.ctx.scn.hardware.h2d_pageable.host_blocking):
+        column at a time (from :data:`BULK_MIN` pieces)."""
+        if (not ENABLE_BULK or len(pieces) < BULK_MIN
+                or not (self.pinned or not self.ctx.scn.hardware.h2d_pageable.host_blocking)):
             last = None
             for name, nb in pieces:
                 last = self.h2d(name, device, nb, stream=stream, tag=tag)
@@ -653,6 +662,14 @@ def cpu_attn_args(item_shape: tuple) -> tuple[int, tuple]:
     return int(kv_read), (1, int(2 * pairs), 1, 1, "attn", item_shape)
 
 
+def overhead_shape(n_kernels: int, n_tokens: int, rebuilt: bool, call_tokens: int, n_layer: int,
+                   capture_share: float) -> tuple:
+    """Shape of a graph's host-overhead op (``graph_overhead``, priced by
+    :func:`sim.costs.ggml_duration_s`): ``(kernels, tokens, rebuilt 0/1, call tokens, layers,
+    capture share)``; ``rebuilt``, ``call_tokens`` and ``capture_share`` as :func:`graph_call`."""
+    return (n_kernels, n_tokens, int(rebuilt), int(call_tokens), n_layer, capture_share)
+
+
 def kq_mask_shape(model, n_tokens: int, kv_len: int, flash_attn: bool, on_gpu: bool) -> tuple[int, int]:
     """Shape of a graph's KQ-mask host op: ``(entries the host fills, bytes copied to the GPU)``,
     the bytes 0 when no attention runs on a GPU."""
@@ -710,8 +727,9 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     copy_of: dict[int, int] = {}       # split -> H2D op into its staging buffer
     consumer_of: dict[int, int] = {}   # split -> compute op reading the staging buffer
     issued_upto = -1                   # index into staged_order of the last issued copy
-    ids_read: set[int] = set()         # layers whose router ids were read back this graph
-    miss_masks: dict[int, np.ndarray] = {}  # layer -> experts the cache missed (copied)
+    # layers whose router ids were read back this graph -> the runs of the experts their copies
+    # move (the used ones, or the cache's misses)
+    ids_read: dict[int, list[tuple[int, int]]] = {}
 
     def issue_staged_copy(k: int) -> None:
         si = staged_order[k]
@@ -751,8 +769,11 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         # a graph it does not reuse the graph build and the scheduler's allocation (its kernels
         # then run without a CUDA graph: sim.costs.direct_launch_s prices that on its GPU ops),
         # for a reused one its share of the CUDA-graph capture
-        em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
-                shape=(n_kernels, n_tokens, int(em.rebuilt), int(em.call_tokens), model.n_layer, em.capture_share))
+        em.overhead_op = em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
+                                 shape=overhead_shape(n_kernels, n_tokens, em.rebuilt, em.call_tokens, model.n_layer,
+                                                      em.capture_share))
+    else:
+        em.overhead_op = -1
     if ggml is not None and ggml.mask_s > 0:
         # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
         # the GPU when some attention runs there
@@ -803,7 +824,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
                 em.host(OpKind.EVENT_WAIT, f"wait ready {t.name}")
                 deps_first.append(ready)
             else:
-                _emit_sync_copy(em, ctx, s, n_tokens, ids_read, miss_masks)
+                _emit_sync_copy(em, ctx, s, n_tokens, ids_read)
         rest = s.items
         if s.host_input is not None and si in staged:
             em.layer = first.layer
@@ -875,11 +896,14 @@ def _launch_split_items(em: Emitter, items: Sequence[Item], dev: int, first_deps
     em.launch_items(items[j0:], Stream.COMPUTE, dev, deps)
 
 
-def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids_read: set,
-                    miss_masks: dict) -> None:
+def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int,
+                    ids_read: dict[int, list[tuple[int, int]]]) -> None:
     """Baseline (one graph copy) handling of a split's host input: sync, ids readback for
     the first expert split of a layer, selective or whole copy, wait (the split's compute is
-    then ordered after the copies by the stream, or by the host for pageable copies)."""
+    then ordered after the copies by the stream, or by the host for pageable copies).
+    ``ids_read``: the graph's layers whose ids were read back -> the runs ``(first, count)`` of
+    the experts their selective copies move (:func:`_runs` of the used experts, or of the
+    cache's misses), filled here."""
     var, model = ctx.variant, ctx.scn.model
     t = s.host_input
     assert t is not None
@@ -887,21 +911,19 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int, ids
     em.sync(dev, f"sync before {t.name}")
     tensor = t.tensors[0]
     if t.expert and var.selective_copy:
-        mask = ctx.stats["used_masks"][t.layer]
-        if t.layer not in ids_read:
-            ids_read.add(t.layer)
+        runs = ids_read.get(t.layer)
+        if runs is None:
             d2h = em.launch(OpKind.D2H, Stream.COMPUTE, dev, f"blk.{t.layer}.ffn_moe_topk ids",
                             nbytes=n_tokens * model.moe.n_expert_used * ID_BYTES, tag="ids")
             em.host(OpKind.HOST_SYNC, f"wait ids blk.{t.layer}", (d2h,))
             em.host(OpKind.HOST_WORK, f"build expert runs blk.{t.layer}",
                     shape=(n_tokens * model.moe.n_expert_used,))
+            copy_mask = ctx.stats["used_masks"][t.layer]
             if ctx.cache is not None:
-                res = ctx.cache.access(t.layer, np.flatnonzero(mask))
-                miss = np.zeros_like(mask)
-                miss[np.asarray(res.misses, dtype=int)] = True
-                miss_masks[t.layer] = miss
-        copy_mask = miss_masks.get(t.layer, mask)
-        runs = _runs(copy_mask)
+                res = ctx.cache.access(t.layer, np.flatnonzero(copy_mask))
+                copy_mask = np.zeros_like(copy_mask)
+                copy_mask[np.asarray(res.misses, dtype=int)] = True
+            runs = ids_read[t.layer] = _runs(copy_mask)
         pieces = [(f"{t.name}[{a}:{a + c}]", c * tensor.bytes_per_mat) for a, c in runs]
         tag = "cache_miss" if ctx.cache is not None else "selective"
     else:

@@ -19,13 +19,17 @@ A test is then evaluated as (:func:`time_test`):
    bytes; where the runs sit changes only the ops' names) or only the count of used experts
    (everything else prices experts by count);
 3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`), priced with
-   :func:`sim.costs.plan_durations` and compiled once;
+   :func:`sim.costs.plan_durations` and compiled once; a graph that differs from one built in
+   the same call only in its ``llama_decode`` call (the first ubatch of a call carries the call's
+   tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.builder.graph_call`)
+   gets that template with its host-overhead op re-priced (:func:`derive_template`), the same
+   structure;
 4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
    fill: ``Emitter.kv_ops``), not the structure: each graph's duration row is the template's
-   with those ops re-priced, identical rows are evaluated once, the others as one (S, n) batch
-   of the analytic engine (summed along the critical tree of one of them,
-   :func:`sim.engines.analytic._run_tree`; transfer statistics of all rows at once,
-   :func:`sim.trace.h2d_busy_hidden_rows`) or one DES run each;
+   with those ops re-priced, identical rows are evaluated once, the others (with those of the
+   templates derived from the same one) as one (S, n) batch of the analytic engine (summed
+   along the critical tree of one of them, :func:`sim.engines.analytic._run_tree`; transfer
+   statistics of all rows at once, :func:`sim.trace.h2d_busy_hidden_rows`) or one DES run each;
 5. sum makespans, H2D bytes and the H2D busy/hidden seconds over the graphs.
 
 Not memoised (the full plan is built instead, :func:`memo_eligible`): plans with an expert
@@ -42,7 +46,7 @@ import numpy as np
 
 from . import engines
 from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
-                      draw_masks_graphs, graph_call, kq_mask_shape, test_graphs)
+                      draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
 from .costs import direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
@@ -71,10 +75,12 @@ class GraphTemplate:
         groups: :func:`sim.trace.transfer_groups` of its ops.
         rows: distinct duration rows seen so far, (n,) each; ``row_of`` maps a KV length to its
             row, ``row_key`` the re-priced durations to a row.
-        results: row index -> (makespan, H2D busy s, hidden s), once timed.
+        results: row index -> (makespan, H2D busy s, hidden s, host prefix s, host idle tail s)
+            (:func:`sim.overlap.template_host_edges`), once timed.
         kv_ops: the ops whose price depends on the KV length (``Emitter.kv_ops``);
             kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`).
         launch: :func:`sim.costs.direct_launch_s` of the plan (added to a re-priced op).
+        overhead_op: id of the graph's host-overhead op (``Emitter.overhead_op``), -1 without one.
     """
 
     plan: Plan
@@ -88,10 +94,11 @@ class GraphTemplate:
     rows: list = field(default_factory=list)
     row_of: dict = field(default_factory=dict)
     row_key: dict = field(default_factory=dict)
-    results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden)
+    results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden, H, F)
     kv_ops: list = field(default_factory=list)
     kv_groups: list | None = None
     launch: np.ndarray | float = 0.0
+    overhead_op: int = -1
 
 
 @dataclass(frozen=True)
@@ -240,8 +247,47 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
         end_device = int(plan.devices[int(on_compute[-1])])
     dur = plan_durations(plan, hw)
     tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
-                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=direct_launch_s(plan, hw))
+                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=direct_launch_s(plan, hw),
+                        overhead_op=em.overhead_op)
     _row_at(tpl, ctx, kv_len)
+    return tpl
+
+
+#: :func:`time_test` makes the template of a graph that differs from one it has only in its
+#: ``llama_decode`` call (:func:`sim.builder.graph_call`'s call tokens and capture share) from
+#: that one (:func:`derive_template`); False builds every template (the reference path the tests
+#: compare it with)
+ENABLE_DERIVE = True
+
+
+def derive_template(src: GraphTemplate, ctx: BuildContext, call: tuple[bool, int, float]) -> GraphTemplate:
+    """The template :func:`build_template` would build, at ``src.kv_len``, for the graph of
+    ``src`` with another ``call`` (:func:`sim.builder.graph_call`) of the same ``rebuilt`` flag:
+    such graphs differ only in the shape, hence the duration, of their host-overhead op (the
+    only op that reads the call tokens and the capture share), so the template is ``src``'s with
+    that op re-shaped and re-priced (:meth:`sim.plan.Plan.with_shapes`, sharing the compiled
+    plan and the transfer groups). Its rows are made anew, from its own durations.
+
+    Raises:
+        ValueError: ``call`` is of another ``rebuilt`` flag than ``src``'s graph.
+    """
+    plan = src.plan
+    rebuilt = plan.meta.get("rebuilt_graphs", [False])[0]
+    if bool(call[0]) != bool(rebuilt):
+        raise ValueError("derive_template: a graph llama.cpp rebuilds and a reused one differ beyond their call")
+    oid = src.overhead_op
+    if oid < 0:
+        new_plan, dur = plan.with_shapes({}), src.durations.copy()
+    else:
+        kernels, n_tok, _rebuilt, _call, n_layer, _share = plan.shapes[oid]
+        sh = overhead_shape(kernels, n_tok, call[0], call[1], n_layer, call[2])
+        new_plan = plan.with_shapes({oid: sh})
+        dur = src.durations.copy()
+        dur[oid] = _price(ctx, src, oid, plan.nbytes[oid], sh)
+    tpl = GraphTemplate(new_plan, src.comp, dur, src.n_tokens, src.kv_len, src.end_device, src.h2d_bytes,
+                        src.groups, kv_ops=list(src.kv_ops), kv_groups=src.kv_groups, launch=src.launch,
+                        overhead_op=oid)
+    _row_at(tpl, ctx, src.kv_len)
     return tpl
 
 
@@ -269,39 +315,45 @@ def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
     return tpl.kv_groups
 
 
+def _price(ctx: BuildContext, tpl: GraphTemplate, oid: int, nbytes: int, shape: tuple) -> float:
+    """Seconds of the template's op ``oid`` with ``nbytes`` and ``shape`` instead of its own:
+    what :func:`sim.costs.plan_durations` would price it at (kept in ``ctx.price_cache`` on
+    what it keys its prices on), plus the op's launch share (``tpl.launch``)."""
+    plan = tpl.plan
+    cache = ctx.price_cache
+    if len(cache) > 65536:
+        cache.clear()
+    key = (plan.kinds[oid], nbytes, shape, plan.pinned[oid], plan.tags[oid])
+    d = cache.get(key)
+    if d is None:
+        d = cache[key] = op_duration_s(replace(plan.op(oid), nbytes=nbytes, shape=shape), ctx.scn.hardware)
+    if not isinstance(tpl.launch, float):  # a rebuilt graph's GPU op: its launch share
+        d += float(tpl.launch[oid])
+    return d
+
+
 def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     """Index of the duration row of ``tpl`` at ``kv_len`` (the template's ops with the
     KV-dependent ones re-priced), created on first use."""
     got = tpl.row_of.get(kv_len)
     if got is not None:
         return got
-    hw = ctx.scn.hardware
     model = ctx.scn.model
     n = tpl.n_tokens
-    plan = tpl.plan
     groups = _kv_groups(tpl, ctx)
     fa = ctx.scn.placement.flash_attn
-    cache = ctx.price_cache
-    if len(cache) > 65536:
-        cache.clear()
     if kv_len == tpl.kv_len:
         vals = [float(tpl.durations[oids[0]]) for _key, oids in groups]
     else:
         vals = []
-        for (role, arg, kind, nb, pinned, tag), oids in groups:
+        for (role, arg, _kind, nb, _pinned, _tag), oids in groups:
             if role == "kq_mask":
                 sh = kq_mask_shape(model, n, kv_len, fa, bool(arg))
             else:
                 sh = ctx.attn_shape(oids[1], n, kv_len)  # equal for every layer of the signature
                 if role == "cpu_attn":
                     nb, sh = cpu_attn_args(sh)
-            key = (kind, nb, sh, pinned, tag)  # what plan_durations keys its prices on
-            d = cache.get(key)
-            if d is None:
-                d = cache[key] = op_duration_s(replace(plan.op(oids[0]), nbytes=nb, shape=sh), hw)
-            if not isinstance(tpl.launch, float):  # a rebuilt graph's GPU op: its launch share
-                d += float(tpl.launch[oids[0]])
-            vals.append(d)
+            vals.append(_price(ctx, tpl, oids[0], nb, sh))
     rk = tuple(vals)
     idx = tpl.row_key.get(rk)
     if idx is None:
@@ -324,27 +376,36 @@ def _new_memo(_plan) -> dict:
     return {}
 
 
-def _evaluate(tpl: GraphTemplate, rows: list[int], engine: str) -> None:
-    """Time the template's rows ``rows`` not timed yet: ``tpl.results[row] = (makespan,
-    H2D busy s, hidden s)``."""
-    todo = [r for r in rows if r not in tpl.results]
-    if not todo:
+def _evaluate(batch: list[tuple[GraphTemplate, list[int]]], engine: str) -> None:
+    """Time the rows not timed yet of each ``(template, rows)`` of ``batch``:
+    ``tpl.results[row] = (makespan, H2D busy s, hidden s, host prefix s, host idle tail s)``.
+    With the analytic engine, the rows of templates that share a compiled plan (derived ones,
+    :func:`derive_template`) are timed as one batch (the same numbers, to the bit)."""
+    if engine != "analytic":
+        for tpl, rows in batch:
+            for r in rows:
+                if r in tpl.results:
+                    continue
+                sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
+                tot, hid = h2d_busy_hidden_s(tpl.groups, sched.start_s, sched.end_s)
+                h, f = template_host_edges(tpl.plan, np.asarray(sched.start_s), np.asarray(sched.end_s))
+                tpl.results[r] = (float(sched.makespan_s), tot, hid, float(h[0]), float(f[0]))
         return
-    if engine == "analytic":
-        d = np.stack([tpl.rows[r] for r in todo]) if len(todo) > 1 else tpl.rows[todo[0]]
+    by_comp: dict[int, list[tuple[GraphTemplate, int]]] = {}
+    for tpl, rows in batch:
+        by_comp.setdefault(id(tpl.comp), []).extend((tpl, r) for r in rows if r not in tpl.results)
+    for todo in by_comp.values():
+        if not todo:
+            continue
+        tpl = todo[0][0]   # what the templates of one compiled plan share: their structure
+        d = np.stack([t.rows[r] for t, r in todo]) if len(todo) > 1 else tpl.rows[todo[0][1]]
         sched = engines.analytic.run(tpl.comp, d)
         start, end = np.atleast_2d(sched.start_s), np.atleast_2d(sched.end_s)
         tot, hid = h2d_busy_hidden_rows(tpl.groups, start, end, tpl.plan.derived(_COVER_KEY, _new_memo))
         mk = template_makespans(tpl.plan, end).tolist()
         h, f = template_host_edges(tpl.plan, start, end)
-        for k, r in enumerate(todo):
-            tpl.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[k]), float(f[k]))
-    else:
-        for r in todo:
-            sched = engines.run(tpl.plan, tpl.rows[r], engine=engine)
-            tot, hid = h2d_busy_hidden_s(tpl.groups, sched.start_s, sched.end_s)
-            h, f = template_host_edges(tpl.plan, np.asarray(sched.start_s), np.asarray(sched.end_s))
-            tpl.results[r] = (float(sched.makespan_s), tot, hid, float(h[0]), float(f[0]))
+        for k, (t, r) in enumerate(todo):
+            t.results[r] = (mk[k], float(tot[k]), float(hid[k]), float(h[k]), float(f[k]))
 
 
 def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engine: str = "analytic",
@@ -410,16 +471,23 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     start_dev = 0
     built = 0
     kept_ops = memo.get("_kept_ops", 0)
+    family: dict = {}        # (tokens, start device, mask key, rebuilt) -> a template of this call
     for g, (n, kv, off) in enumerate(graphs):
         call = graph_call(scn, test, len(graphs), off, ctx.rep)
         key = (n, start_dev, mkeys[g], call)
+        fkey = (n, start_dev, mkeys[g], call[0])
         tpl = work.get(key) or memo.get(key)
         if tpl is None:
-            m = masks[g]
-            if not isinstance(m, dict):
-                m = {} if m is None else dict(zip(ctx.moe_layers, m))
-            tpl = build_template(ctx, n, kv, off, m, start_dev, call)
+            src = family.get(fkey) if ENABLE_DERIVE else None
+            if src is not None:
+                tpl = derive_template(src, ctx, call)
+            else:
+                m = masks[g]
+                if not isinstance(m, dict):
+                    m = {} if m is None else dict(zip(ctx.moe_layers, m))
+                tpl = build_template(ctx, n, kv, off, m, start_dev, call)
             built += 1
+        family.setdefault(fkey, tpl)
         work[key] = tpl
         pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
         h2d += tpl.h2d_bytes
@@ -428,10 +496,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         remaining[b] -= 1
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
-            for k in [k for k in work if (k[0], k[2]) == b]:
-                t = work.pop(k)
-                lst = pending.pop(k)
-                _evaluate(t, sorted({r for _g, r in lst}), engine)
+            done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2]) == b]]
+            _evaluate([(t, sorted({r for _g, r in lst})) for _k, t, lst in done], engine)
+            for k, t, lst in done:
                 for gg, r in lst:
                     res[gg] = t.results[r]
                 if k not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
@@ -445,5 +512,5 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                       len(graphs), built)
 
 
-__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "time_test", "KEEP_OPS",
-           "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS"]
+__all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "derive_template",
+           "time_test", "KEEP_OPS", "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS", "ENABLE_DERIVE"]

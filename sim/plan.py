@@ -173,6 +173,10 @@ def _prev_in_group(group: np.ndarray, member: np.ndarray | None = None) -> np.nd
 
 _ARRAYS_KEY = "_plan_arrays"
 
+#: the per-op columns of a :class:`Plan` (``dep_ptr`` has one more element)
+_COLUMNS = ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers", "splits",
+            "graphs", "slots", "slot_bytes", "pinned", "tags")
+
 
 class Plan:
     """An ordered list of ops plus what the builder knows about them, stored by column.
@@ -363,8 +367,10 @@ class Plan:
 
     def derived(self, key: str, build):
         """``build(self)``, kept on the plan until an op is added: what depends only on the
-        plan's structure (a compiled recurrence, the DES's waits, transfer groups, op masks).
-        ``key`` names it (start it with ``_``: derived state is not pickled)."""
+        plan's structure (a compiled recurrence, the DES's waits, transfer groups, op masks),
+        read from :attr:`arrays` and the other columns but never from :attr:`shapes`
+        (:meth:`with_shapes` shares it with a copy whose shapes differ). ``key`` names it
+        (start it with ``_``: derived state is not pickled)."""
         arrays = self.arrays
         cached = self.__dict__.get(key)
         if cached is not None and cached[0] is arrays:
@@ -372,6 +378,34 @@ class Plan:
         value = build(self)
         self.__dict__[key] = (arrays, value)
         return value
+
+    def with_shapes(self, shapes: dict[int, tuple]) -> Plan:
+        """A copy of the plan with the shapes of some ops replaced (``shapes``: op id -> new
+        shape); every column and ``meta`` list is copied, and what the plan keeps of
+        :attr:`arrays` and :meth:`derived` is shared with the copy (none of it reads shapes; a
+        mutable one, such as a compiled plan's caches, is then the same object for both, until
+        an op is added to either).
+
+        Raises:
+            IndexError: an op id outside the plan.
+        """
+        new = Plan(label=self.label, graph_tokens=list(self.graph_tokens), graph_last_op=list(self.graph_last_op),
+                   meta={k: v.copy() if isinstance(v, list) else v for k, v in self.meta.items()})
+        for col in _COLUMNS:
+            setattr(new, col, getattr(self, col).copy())
+        new._bind()
+        n = len(self.names)
+        for i, sh in shapes.items():
+            if not 0 <= i < n:
+                raise IndexError(f"op {i} outside a plan of {n} ops")
+            new.shapes[i] = sh
+        arrays = self.__dict__.get(_ARRAYS_KEY)
+        if arrays is not None and arrays.n == n:
+            new.__dict__[_ARRAYS_KEY] = arrays
+            for k, v in self.__dict__.items():
+                if type(v) is tuple and len(v) == 2 and v[0] is arrays:  # kept by derived()
+                    new.__dict__[k] = v
+        return new
 
     @property
     def arrays(self) -> PlanArrays:

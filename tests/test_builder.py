@@ -564,6 +564,7 @@ def _built(scn, v, t, fast: bool, monkeypatch):
 
     monkeypatch.setattr(B, "ITEM_MEMO", fast)
     monkeypatch.setattr(B, "ENABLE_BULK", fast)
+    monkeypatch.setattr(B, "BULK_MIN", 1)  # every run of launches or copies a column at a time
     ctx = make_context(scn, v, np.random.default_rng(7))
     build_plan(scn, v, t, np.random.default_rng(8), ctx)  # a warm-up (an expert cache carries over)
     return build_plan(scn, v, t, np.random.default_rng(9), ctx)
@@ -573,7 +574,8 @@ def _built(scn, v, t, fast: bool, monkeypatch):
                                   for p in SHIPPED], ids=[p.stem for p in SHIPPED])
 def test_fast_builder_paths_build_the_reference_plan(path, monkeypatch):
     """Items and splits reused across graphs (builder.graph_splits), launches and selective
-    copies appended a column at a time (Emitter.launch_items, Emitter.h2d_pieces) and masks
+    copies appended a column at a time (Emitter.launch_items, Emitter.h2d_pieces, here for runs
+    of any length: BULK_MIN 1) and masks
     drawn for all layers at once build, column for column, the plan of the straightforward
     path (graph_items and cut_splits per graph, masks drawn layer by layer inside graph_items,
     one Emitter.launch per op), on every shipped scenario, variant and an expert cache."""

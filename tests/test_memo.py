@@ -291,3 +291,129 @@ def test_first_repetition_pays_the_cuda_graph_capture():
         s = run_variant_test(spread, v, test, 0, 3, memo=True)
         assert s.tps[0] == pytest.approx(s.tps[1], rel=1e-9)
         assert np.mean(s.makespan_s) == pytest.approx(np.mean(r.makespan_s), rel=1e-9)
+
+
+_PLAN_COLUMNS = ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers",
+                 "splits", "graphs", "slots", "slot_bytes", "pinned", "tags")
+
+
+def _same_template(a, b) -> None:
+    """Two graph templates hold the same graph: every plan column, the priced durations (to the
+    bit), compiled predecessors, transfer groups, KV-dependent ops and launch shares."""
+    for c in _PLAN_COLUMNS:
+        assert getattr(a.plan, c) == getattr(b.plan, c), c
+    assert (a.plan.graph_tokens, a.plan.graph_last_op) == (b.plan.graph_tokens, b.plan.graph_last_op)
+    assert a.plan.meta == b.plan.meta
+    assert a.durations.tolist() == b.durations.tolist()
+    assert a.comp.pred_ptr.tolist() == b.comp.pred_ptr.tolist()
+    assert a.comp.pred_idx.tolist() == b.comp.pred_idx.tolist()
+    assert len(a.groups) == len(b.groups)
+    for (h_a, c_a), (h_b, c_b) in zip(a.groups, b.groups):
+        assert h_a.tolist() == h_b.tolist() and c_a.tolist() == c_b.tolist()
+    assert a.kv_ops == b.kv_ops
+    assert np.asarray(a.launch).tolist() == np.asarray(b.launch).tolist()
+    assert (a.n_tokens, a.kv_len, a.end_device, a.h2d_bytes, a.overhead_op) == \
+        (b.n_tokens, b.kv_len, b.end_device, b.h2d_bytes, b.overhead_op)
+
+
+@pytest.mark.parametrize("name", ["default.toml", "h200x2-qwen3-30b-a3b.toml", "gemma3-27b-ffn-cpu.toml"])
+def test_a_derived_template_is_the_template_built_for_its_call(name):
+    """derive_template makes, from a graph's template, the template of the same graph in another
+    llama_decode call (call tokens, capture share: only the host-overhead op's shape and price
+    change): column by column, duration by duration (to the bit) and row by row at other KV
+    lengths, the template build_template makes for that call; the source is left as it was, and a
+    call of the other ``rebuilt`` flag is refused. On llama.cpp profiles (the overhead op) and one
+    without it (a copy), prompt and decode graphs, every variant."""
+    from sim.builder import draw_masks
+    from sim.memo import _row_at, build_template, derive_template
+
+    scn = load_scenario(ROOT / "scenarios" / name)
+    scn = fit_context_to_tests(scn, [BenchTest(4096, 0, 0)])
+    calls = {True: [(True, 2048, 0.0), (True, 0, 0.0), (True, 700, 0.0)],
+             False: [(False, 1, 1.0), (False, 1, 0.0), (False, 512, 0.25)]}
+    checked = 0
+    for v in scn.variants:
+        try:
+            ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+        except PlacementError:
+            continue
+        if not memo_eligible(ctx):
+            continue
+        for n, kv, start in ((scn.workload.n_ubatch, 512, 0), (1, 300, scn.hardware.n_gpu - 1)):
+            ctx.rng = rep_rng(scn.seed, 0, 0)
+            masks = draw_masks(ctx, n, 0)
+            for rebuilt, (first, *others) in calls.items():
+                src = build_template(ctx, n, kv, 0, masks, start, first)
+                before = list(src.plan.shapes), src.durations.tolist()
+                for call in others:
+                    got = derive_template(src, ctx, call)
+                    ref = build_template(ctx, n, kv, 0, masks, start, call)
+                    _same_template(got, ref)
+                    assert got.comp is src.comp  # the structure is shared
+                    for at in (kv, kv + 777, 3 * kv + 5):
+                        assert got.rows[_row_at(got, ctx, at)].tolist() == ref.rows[_row_at(ref, ctx, at)].tolist()
+                    ggml = ctx.scn.hardware.ggml
+                    if ggml is not None and ggml.has_graph_host_work:
+                        oid = got.overhead_op
+                        assert oid >= 0 and got.plan.shapes[oid] != src.plan.shapes[oid]
+                    with pytest.raises(ValueError, match="rebuild"):
+                        derive_template(src, ctx, calls[not rebuilt][0])
+                assert (list(src.plan.shapes), src.durations.tolist()) == before
+                checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("name", ["default.toml", "h200x2-qwen3-30b-a3b.toml"])
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_time_test_with_derived_templates_times_as_with_built_ones(name, engine, monkeypatch):
+    """time_test deriving the templates of graphs that differ only in their llama_decode call
+    (ENABLE_DERIVE; the analytic engine then times the rows of templates that share a compiled
+    plan as one batch) gives, to the bit, the timing of building every template: prompts of
+    several calls (n_batch) and ubatches, a partial last ubatch, decode with the CUDA-graph
+    capture of the first repetition and of a later one."""
+    import sim.memo as memo
+
+    scn = load_scenario(ROOT / "scenarios" / name)
+    ub, nb = scn.workload.n_ubatch, scn.workload.n_batch
+    tests = [BenchTest(2 * nb + 3 * ub + 100, 0, 0), BenchTest(0, 4, 10)]
+    scn = fit_context_to_tests(scn, tests)
+    v = parse_variant("baseline")
+    for t in tests:
+        for rep in (0, 1):
+            got = {}
+            for derive in (True, False):
+                monkeypatch.setattr(memo, "ENABLE_DERIVE", derive)
+                ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+                ctx.rep = rep
+                got[derive] = time_test(ctx, t, rep_rng(scn.seed, 0, rep), engine, {})
+            assert got[True] == got[False], f"{name} {t.name} rep {rep}"
+            assert got[True].n_templates == got[False].n_templates
+
+
+def test_a_plan_with_other_shapes_shares_its_structure_only():
+    """Plan.with_shapes copies every column with the shapes given replaced, shares what the plan
+    keeps of its structure (arrays, compiled predecessors, transfer groups) and nothing else: the
+    original is unchanged, an op appended to the copy is the copy's alone (and its structure is
+    then computed anew); an op id outside the plan is refused."""
+    from sim.engines.analytic import compile_plan
+    from sim.plan import OpKind, Stream
+    from sim.trace import plan_transfer_groups
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    plan = build_plan(scn, parse_variant("baseline"), BenchTest(600, 0, 0), np.random.default_rng(1))
+    comp, groups = compile_plan(plan), plan_transfer_groups(plan)
+    i = len(plan) // 2
+    copy = plan.with_shapes({i: ("other",)})
+    assert copy.shapes[i] == ("other",) and plan.shapes[i] != ("other",)
+    for c in _PLAN_COLUMNS:
+        if c != "shapes":
+            assert getattr(copy, c) == getattr(plan, c) and getattr(copy, c) is not getattr(plan, c), c
+    assert [s for k, s in enumerate(copy.shapes) if k != i] == [s for k, s in enumerate(plan.shapes) if k != i]
+    assert copy.meta == plan.meta and copy.meta["rebuilt_graphs"] is not plan.meta["rebuilt_graphs"]
+    assert compile_plan(copy) is comp and plan_transfer_groups(copy) is groups and copy.arrays is plan.arrays
+    n = len(plan)
+    copy.append(OpKind.HOST_WORK, Stream.HOST, -1, "extra", (n - 1,))
+    assert len(plan) == n and len(copy) == n + 1
+    assert compile_plan(copy) is not comp and compile_plan(copy).n == n + 1 and compile_plan(plan) is comp
+    with pytest.raises(IndexError):
+        plan.with_shapes({n: ()})
