@@ -1,5 +1,7 @@
 import sys
 
+from sim.interrupt import run_interruptible
+
 from .cli import main
 
-sys.exit(main())
+sys.exit(run_interruptible("calibrate", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

@@ -514,8 +514,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
                                   max_work=args.max_work, required=required_variants(args, params))
-    finally:
+    except KeyboardInterrupt:  # interrupted: only the one line that says so
+        raise
+    except BaseException:
         _say_notes(notes)
+        raise
+    _say_notes(notes)
     text = format_rows(rows, args.output, n_threads_default=default_threads())
     if args.vram:
         if args.output == "md":
@@ -720,6 +724,13 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr is not None:
             print("prefetch-sim: error: standard output is closed (redirect it, e.g. > /dev/null)", file=sys.stderr)
         return 2
+    from .interrupt import run_interruptible
+
+    # Ctrl-C or SIGTERM: one line, status 130/143, worker processes stopped, nothing half-written
+    return run_interruptible("prefetch-sim", _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
@@ -731,9 +742,6 @@ def main(argv: list[str] | None = None) -> int:
         where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
         print(f"prefetch-sim: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("prefetch-sim: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

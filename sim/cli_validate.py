@@ -71,7 +71,7 @@ def _grid(name: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from calibrate._gpu import require_cupy  # noqa: PLC0415
 
-    from .atomic import write_atomic
+    from .atomic import write_atomic_many
     from .specs import load_hardware
     from .validation import plot_validation, run_grid, summarize
 
@@ -161,18 +161,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "host_probe_spread": {c: float(probe_df[c].max() / probe_df[c].min() - 1.0)
                               for c in probe_df.columns[2:] if len(probe_df) and probe_df[c].min() > 0},
     }
-    write_atomic(out / f"{args.name}_validation.csv", df.to_csv(index=False))
-    write_atomic(out / f"{args.name}_per_kind.csv", kinds.to_csv(index=False))
+    # every file rendered first, then all moved into place together: an interruption or a failed
+    # write leaves the folder's earlier files of those names as they were
+    files: dict[Path, str | bytes] = {
+        out / f"{args.name}_validation.csv": df.to_csv(index=False),
+        out / f"{args.name}_per_kind.csv": kinds.to_csv(index=False)}
     if trace is not None:
-        write_atomic(out / f"{args.name}_timeline.csv", trace.to_csv(index=False))
-    write_atomic(out / f"{args.name}_traces.csv.gz", gzip.compress(traces.to_csv(index=False).encode(), mtime=0))
-    write_atomic(out / f"{args.name}_host_probes.csv", probe_df.to_csv(index=False))
+        files[out / f"{args.name}_timeline.csv"] = trace.to_csv(index=False)
+    files[out / f"{args.name}_traces.csv.gz"] = gzip.compress(traces.to_csv(index=False).encode(), mtime=0)
+    files[out / f"{args.name}_host_probes.csv"] = probe_df.to_csv(index=False)
     if cost_log:
         import pandas as pd  # noqa: PLC0415
 
-        write_atomic(out / f"{args.name}_executor_costs.csv", pd.DataFrame(cost_log).to_csv(index=False))
-    plot_validation(df, out / f"{args.name}_validation.png", trace)
-    write_atomic(out / f"{args.name}_meta.json", json.dumps(meta, indent=2) + "\n")
+        files[out / f"{args.name}_executor_costs.csv"] = pd.DataFrame(cost_log).to_csv(index=False)
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="prefetch-sim-figure.") as tmp:
+        plot_validation(df, Path(tmp) / "validation.png", trace)
+        files[out / f"{args.name}_validation.png"] = (Path(tmp) / "validation.png").read_bytes()
+    files[out / f"{args.name}_meta.json"] = json.dumps(meta, indent=2) + "\n"
+    write_atomic_many(files)
     show = df[["case", "predicted_s", "measured_s", "rel_error", "pass_spread"]].copy()
     show["predicted_ms"] = (show.pop("predicted_s") * 1e3).round(3)
     show["measured_ms"] = (show.pop("measured_s") * 1e3).round(3)

@@ -29,8 +29,9 @@ kv       ``-ctk``/``-ctv``: the KV cache type of K and V, by name (``f16,q8_0,q4
 ``ctx_size`` is raised to ``depth + tokens`` of the test when a point needs more (llama-bench
 sizes its context to the test), which adds KV bytes to the VRAM accounting.
 
-Sweep points run in parallel in worker processes (:class:`concurrent.futures.ProcessPoolExecutor`,
-one task per point and variant). Every cell is a pure function of its inputs (routing draws from
+Sweep points run in parallel in worker processes (:class:`sim.interrupt.WorkerPool`, a
+:class:`concurrent.futures.ProcessPoolExecutor` that Ctrl-C stops at once, one task per point and
+variant). Every cell is a pure function of its inputs (routing draws from
 :func:`sim.metrics.rep_rng` of the scenario seed), so a parallel sweep is identical to a serial
 one. A point where a variant does not fit in VRAM is kept as a row with NaN metrics and the
 placement error in ``error``.
@@ -49,7 +50,7 @@ import re
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import PlacementError, ScenarioError
+from .interrupt import WorkerPool
 from .resources import shipped
 from .specs import BenchTest, LinkSpec, Scenario, Variant, load_scenario, parse_variant
 from .units import GB, GiB
@@ -697,7 +699,8 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
             _SHARED_JOBS = work if fork else None
             wait_plotting()  # no fork while an earlier sweep's import thread runs
             try:
-                with ProcessPoolExecutor(max_workers=min(n_jobs, len(todo))) as pool:
+                # an interruption (or a failed cell) drops the rest and stops the workers at once
+                with WorkerPool(max_workers=min(n_jobs, len(todo))) as pool:
                     # largest cells first, so that the last ones to finish are short
                     order = sorted(todo, key=lambda k: -cell_cost(work[k]))
                     futs = {(pool.submit(_run_shared_cell, k) if fork else pool.submit(_run_cell, work[k])): k

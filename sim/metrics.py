@@ -272,7 +272,9 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
         PlacementError: a variant's placement does not fit (names the scenario file).
     """
     import os
-    from concurrent.futures import ProcessPoolExecutor
+
+    from .interrupt import WorkerPool
+    from .progress import closed_after
 
     variants = list(variants or scn.variants)
     tests = list(tests or scn.workload.tests())
@@ -284,17 +286,17 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
     ctxs = [make_context(scn, v, rep_rng(scn.seed, -1, -1)) for v in variants]
     if jobs <= 1:
         pairs = list(zip(variants, ctxs))
-        it = progress(pairs) if progress else pairs
-        per = [_run_variant(scn, v, tests, reps, engine, ctx) for v, ctx in it]
+        with closed_after(progress(pairs) if progress else pairs) as it:
+            per = [_run_variant(scn, v, tests, reps, engine, ctx) for v, ctx in it]
     else:
         del ctxs  # the workers build their own
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
+        with WorkerPool(max_workers=jobs) as ex:  # an interruption stops the workers at once
             # largest first: a variant with an expert cache builds every graph (not memoised)
             order = sorted(range(len(variants)), key=lambda k: variants[k].expert_cache == "none")
             by_k = {k: ex.submit(_run_variant, scn, variants[k], tests, reps, engine) for k in order}
             futs = [by_k[k] for k in range(len(variants))]
-            it = progress(futs) if progress else futs
-            per = [f.result() for f in it]
+            with closed_after(progress(futs) if progress else futs) as it:
+                per = [f.result() for f in it]
     return [r for rs in per for r in rs]
 
 

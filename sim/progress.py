@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -21,3 +22,16 @@ def bar(iterable=None, *, desc: str, unit: str, total: int | None = None, quiet:
 
     return tqdm(iterable, desc=desc, unit=unit, total=total, file=sys.stderr,
                 disable=not progress_enabled(quiet))
+
+
+@contextlib.contextmanager
+def closed_after(iterable):
+    """``with closed_after(bar) as it:`` yields ``iterable`` and closes it afterwards when it can
+    be closed (a tqdm bar), also when the loop is left by an exception: the bar's last line is
+    drawn before what follows (an error, an interruption's message), not when it is collected."""
+    try:
+        yield iterable
+    finally:
+        close = getattr(iterable, "close", None)
+        if close is not None:
+            close()

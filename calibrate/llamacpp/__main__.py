@@ -19,7 +19,9 @@ Subcommands:
   ``[ggml]`` table, else the profile's file stem);
 * ``plan [--grid TOML]`` — the grid's runs and row counts.
 
-Errors print one line and exit 2.
+Errors print one line and exit 2. Ctrl-C or SIGTERM prints one line and exits 130 / 143, after
+killing what the command started (the build's cmake, ninja and compilers, a lease's GGUF writers;
+:mod:`sim.interrupt`).
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def _report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m calibrate.llamacpp``; returns the exit status (module docstring)."""
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
 
@@ -241,6 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_plan)
 
     args = ap.parse_args(argv)
+    from sim.interrupt import run_interruptible
+
+    return run_interruptible("calibrate.llamacpp", _run, args)
+
+
+def _run(args) -> int:
     try:
         return args.fn(args)
     except PrefetchSimError as exc:

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sim.errors import PrefetchSimError
+from sim.interrupt import run_group
 
 #: the pinned source distribution whose ``vendor/llama.cpp`` is the default source
 SDIST = "llama-cpp-python==0.3.36"
@@ -128,7 +129,7 @@ def fetch_sdist_tree(cache_dir: str | Path, spec: str = SDIST) -> Path:
     dl = cache / "dl"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", spec, "-d", str(dl)]
     with open(log, "w") as fh:
-        r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        r = run_group(cmd, stdout=fh, stderr=subprocess.STDOUT)  # interrupted: pip is killed
     archives = sorted(dl.glob("*.tar.gz")) if dl.is_dir() else []
     if r.returncode != 0 or not archives:
         raise BuildError(f"pip download {spec} failed (exit {r.returncode}); log: {log}")
@@ -304,13 +305,16 @@ def build(tree: str | Path, build_root: str | Path, *, cuda: bool = True, cuda_a
         for step, cmd in zip(("configure", "build"), steps):
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()
-            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            # in a process group of its own: an interruption kills cmake, ninja and the compilers
+            r = run_group(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
             if r.returncode != 0:
                 raise BuildError(f"llama.cpp {step} failed (exit {r.returncode}); log: {log}")
     res = BuildResult(source=source or str(tree), source_hash=h, build_dir=str(bdir), cuda=cuda,
                       cuda_arch=cuda_arch if cuda else "", targets=tuple(targets), cmake_args=args,
                       build_s=round(time.monotonic() - t0, 1), cached=False, patches=tuple(patches))
-    stamp.write_text(json.dumps(asdict(res), indent=1))
+    from sim.atomic import write_atomic
+
+    write_atomic(stamp, json.dumps(asdict(res), indent=1))  # the build is complete only with it
     return res
 
 

@@ -693,24 +693,28 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             todo.setdefault(_case_key(c), c)
     order = sorted(todo, key=lambda k: -_cost(todo[k]))
     from sim.bounds import check_work
+    from sim.progress import closed_after
 
     check_work(int(sum(_cost(todo[k]) for k in order)), max_work)  # before any work: a clear refusal, not hours
     results: dict[tuple, tuple] = {}
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(order)))
     if jobs == 1:
-        it = progress(order) if progress else order
-        for k in it:
-            c = todo[k]
-            results[k] = _predict_task(c.scenario, c.tests, engine, c.repetitions)
+        with closed_after(progress(order) if progress else order) as it:
+            for k in it:
+                c = todo[k]
+                results[k] = _predict_task(c.scenario, c.tests, engine, c.repetitions)
     else:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
+        from sim.interrupt import WorkerPool
+
+        with WorkerPool(max_workers=jobs) as ex:  # an interruption stops the workers at once
             futs = {ex.submit(_predict_task, todo[k].scenario, todo[k].tests, engine, todo[k].repetitions): k
                     for k in order}
             done = _Sized(as_completed(futs), len(futs))
-            for f in (progress(done) if progress else done):
-                results[futs[f]] = f.result()
+            with closed_after(progress(done) if progress else done) as it:
+                for f in it:
+                    results[futs[f]] = f.result()
 
     rows = []
     for (line, row), inv, case, ex_note, (fit_note, vram_mib, staging_mib) in zip(bench.iterrows(), owners, cases,
@@ -1073,33 +1077,53 @@ def check_common_args(args: argparse.Namespace):
 
 def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot) -> None:
     """Write ``--out`` (the table), ``--summary`` (``md``) and ``--figure`` (``plot(df, path)``; a
-    figure that cannot be drawn is a warning), then print ``md``."""
-    from sim.atomic import write_atomic
+    figure that cannot be drawn is a warning), then print ``md``. All or none: the figure is
+    drawn first (into a temporary folder), then the files are moved into place together
+    (:func:`sim.atomic.write_atomic_many`), so an interruption or a failed write leaves every
+    earlier file of those names as it was."""
+    import tempfile
 
+    from sim.atomic import write_atomic, write_atomic_many
+
+    files: dict[str, str | bytes] = {}
     if args.out:
-        write_atomic(args.out, df.to_csv(index=False))
+        files[args.out] = df.to_csv(index=False)
     if args.summary:
-        write_atomic(args.summary, md)
+        files[args.summary] = md
     if args.figure:
-        try:
-            plot(df, args.figure)
-        except ValueError as exc:
-            print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="prefetch-sim-figure.") as tmp:
+            drawn = Path(tmp) / "figure.png"
+            try:
+                plot(df, drawn)
+                files[args.figure] = drawn.read_bytes()
+            except ValueError as exc:
+                print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
+    # a device or FIFO (/dev/stdout) is written in place, after the files (write_atomic)
+    special = {p: d for p, d in files.items() if os.path.exists(p) and not os.path.isfile(os.path.realpath(p))}
+    write_atomic_many({p: d for p, d in files.items() if p not in special})
+    for p, d in special.items():
+        write_atomic(p, d)
     sys.stdout.write(md)
 
 
 def run_cli(prog: str, body) -> int:
     """Run ``body()`` (returns the exit status); a bad input or an unwritable output is one line
-    on stderr and exit status 2."""
-    try:
-        return body()
-    except PrefetchSimError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
-        print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+    on stderr and exit status 2; Ctrl-C or SIGTERM stops the worker processes and is one line
+    and exit status 130 / 143 (:func:`sim.interrupt.run_interruptible`)."""
+    from sim.interrupt import run_interruptible
+
+    def guarded() -> int:
+        try:
+            return body()
+        except PrefetchSimError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+            print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+
+    return run_interruptible(prog, guarded)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,13 +189,13 @@ def _one(args):
 
 def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndarray:
     """Predicted test times (s) of ``cases`` on ``hw`` with its ``[ggml]`` fields set to ``values``."""
-    from concurrent.futures import ProcessPoolExecutor
+    from sim.interrupt import WorkerPool
 
     hw2 = hw.with_(ggml=replace(hw.ggml, **values))
     work = [(c.scenario, tuple(c.tests), hw2) for c in cases]
     if jobs <= 1:
         return np.array([_one(w) for w in work])
-    with ProcessPoolExecutor(jobs) as ex:
+    with WorkerPool(jobs) as ex:  # an interruption stops the workers at once
         return np.array(list(ex.map(_one, work)))
 
 
@@ -323,7 +323,7 @@ def rebase_profile(text: str, src: str | Path, dst: str | Path) -> str:
     return re.sub(r'(?m)^((?:gpu|cpu)_kernels = )"([^"]*)"', fix, text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.fit",
                                  description="Fill the [ggml] numbers of a llama.cpp-calibrated hardware profile: "
                                              "measured ones from the kernel lease, fitted ones on the fit rows only.",
@@ -414,6 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m calibrate.llamacpp.fit``; returns the exit status (2 with a one-line message on
+    a bad input; 130 / 143 on Ctrl-C / SIGTERM, the worker processes stopped and the profile
+    left as it was)."""
+    from sim.interrupt import run_interruptible
+
+    return run_interruptible("fit", _main, argv)
 
 
 if __name__ == "__main__":

@@ -820,7 +820,14 @@ def predicted_router_ids(gguf_path: str | Path, tokens: Sequence[int] | np.ndarr
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m calibrate.llamacpp.gguf_writer``; returns the exit status (2 on errors,
-    reported as one line on stderr)."""
+    reported as one line on stderr; 130 / 143 on Ctrl-C / SIGTERM, the partial ``OUT.tmp``
+    removed)."""
+    from sim.interrupt import run_interruptible
+
+    return run_interruptible("gguf_writer", _main, argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.gguf_writer",
                                  description="Write a synthetic GGUF (real names, shapes, types; random "
                                              "zero-mean weights, diverse routing) for a model TOML.")

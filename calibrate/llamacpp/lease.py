@@ -28,6 +28,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from sim.interrupt import kill_group
+
 from .build import TARGETS, BuildError, build, unpack_patched
 from .grid import load_grid, run_grid
 
@@ -101,15 +103,17 @@ def machine_info() -> dict:
     return info
 
 
-def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.Popen, Path, float]]:
+def start_writers(lease: Lease, spec, repo: Path,
+                  procs: list | None = None) -> list[tuple[str, subprocess.Popen, Path, float]]:
     """Start one GGUF writer process per grid model (``python -m calibrate.llamacpp.gguf_writer``);
     returns ``(key, process, log, start, stamp)``, process None for a GGUF kept from an earlier lease in
     the same work folder (same model TOML, writer source, seed and layers: ``models/<key>.json``).
-    A model whose estimated size does not fit the free disk is skipped and recorded."""
+    A model whose estimated size does not fit the free disk is skipped and recorded. ``procs``: the
+    list to append to as each starts (an interruption half-way knows which to stop)."""
     from sim.specs import load_model
 
     lease.models.mkdir(parents=True, exist_ok=True)
-    procs = []
+    procs = [] if procs is None else procs
     free = shutil.disk_usage(lease.models).free - DISK_RESERVE_BYTES
     for m in spec.models:
         out = lease.models / m.gguf_name
@@ -144,7 +148,8 @@ def start_writers(lease: Lease, spec, repo: Path) -> list[tuple[str, subprocess.
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
         stamp_file.unlink(missing_ok=True)
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=repo)
+        # a session of its own: an interrupted lease kills it (kill_group), a terminal's Ctrl-C does not
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=repo, start_new_session=True)
         procs.append((m.key, proc, log, time.monotonic(), stamp))  # stamp: written when the writer succeeds
         lease.say(f"gguf {m.key}: writing {out}")
     return procs
@@ -237,7 +242,20 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.copy2(grid_path, lease.run_dir / "grid.toml")
     lease.status("writing+building")
-    procs = start_writers(lease, spec, repo)
+    procs: list = []
+    try:
+        start_writers(lease, spec, repo, procs)
+        return _after_writers(lease, spec, procs, src_archive, deadline_at, repo, jobs, meta)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (sim.interrupt): stop what the lease started
+        for _key, proc, *_ in procs:
+            if proc is not None and proc.poll() is None:
+                kill_group(proc)  # the writer removes its partial GGUF (OUT.tmp)
+        lease.say(f"lease interrupted ({exc or 'SIGINT'}); GGUF writers stopped")
+        lease.status("failed", error="interrupted")
+        raise
+
+
+def _after_writers(lease: Lease, spec, procs, src_archive, deadline_at: float, repo: Path, jobs, meta) -> int:
     try:
         tree, label, patches = unpack_patched(src_archive, lease.work / "src")
         lease.say(f"build: source {label}, patches {', '.join(patches)}")

@@ -344,4 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.interrupt import run_interruptible
+
+    sys.exit(run_interruptible("perf_cases", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

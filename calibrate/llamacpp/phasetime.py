@@ -368,4 +368,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.interrupt import run_interruptible
+
+    sys.exit(run_interruptible("phasetime", main))  # Ctrl-C / SIGTERM: one line, 130 / 143
