@@ -59,15 +59,17 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     written as PNG under another name would mislead).
 
     Raises:
-        ScenarioError: naming ``flag``: the path is a folder (for a file output), a file (for a
-            folder output), its folder cannot be created or written, or it does not end in
-            ``suffix``.
+        ScenarioError: naming ``flag``: the path is empty or ``-`` (not standard output), a folder
+            (for a file output), a file (for a folder output), its folder cannot be created or
+            written, or it does not end in ``suffix``.
     """
     from .errors import ScenarioError
 
     p = Path(path)
     if str(path) == "":
         raise ScenarioError("empty path", field=flag)
+    if str(path) == "-":
+        raise ScenarioError("'-' would be a file named '-', not standard output; give a file name", field=flag)
     if suffix is not None and p.suffix.lower() != suffix.lower():
         raise ScenarioError(f"'{p}' does not end in {suffix} (the file is written as {suffix.lstrip('.').upper()})",
                             field=flag)

@@ -117,6 +117,17 @@ def expert_bytes(model: ModelSpec, layer: int) -> int:
     return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
 
 
+def host_experts(model: ModelSpec, placement: Placement) -> int:
+    """Experts (an expert: gate+up+down of one layer) whose weights ``placement`` leaves on the
+    host: ``n_expert`` for each MoE layer with a host-resident expert tensor. An expert cache
+    never holds more entries than this (there is nothing else to cache)."""
+    if model.moe is None:
+        return 0
+    flags = host_flags(model, placement)
+    layers = {t.layer for t, host in zip(model.tensors, flags) if host and t.is_expert}
+    return len(layers) * model.moe.n_expert
+
+
 #: per model (by id, holding the model so that the id stays its own): its weight groups, and
 #: per placement the host residency of its tensors; a few models at a time
 _MODEL_CACHE: dict[int, tuple[ModelSpec, dict]] = {}
@@ -208,6 +219,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
         GPU (:attr:`VramBreakdown.cache_pool_bytes`), minus the fit target with
         ``expert_cache = "fit"``; the cache holds whole entries of it (an entry: one expert of one
         layer, the largest layer's, :func:`expert_bytes`), at most ``placement.expert_cache_experts``
+        and at most the host-resident experts (:func:`host_experts`)
         when that is a count.
 
     Raises:
@@ -289,7 +301,8 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
             raise PlacementError(_nothing_left(out, eb, variant, pl), file=scn.file, field="placement.fit_target_mib")
         if eb:
             caps = [int(b.cache_pool_bytes // eb) for b in out]
-            n_cache = sum(caps) if want in (-1, 0) else min(want, sum(caps))
+            # never more entries than there are host-resident experts to hold
+            n_cache = min(sum(caps) if want in (-1, 0) else min(want, sum(caps)), host_experts(model, pl))
             per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out

@@ -518,3 +518,16 @@ def test_the_decode_ground_truth_prints_its_repeatability_between_model_loads(tm
     text = md.read_text()
     assert "Repeatability within data/llamacpp/h200-20261203-tg" in text
     assert "| all | 36 |" in text.split("Repeatability within")[1]
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--out", "{t}/same", "--summary", "{t}/same"], "is also --out's file"),
+    (["--out", "-"], "not standard output"),
+    (["--repeat", "data/llamacpp/h200-20261203-tg"], "is the run folder itself"),
+])
+def test_compare_refuses_outputs_that_would_clobber_each_other(tmp_path, extra, what, capsys):
+    args = [a.format(t=tmp_path) for a in extra]
+    assert cmp.main(["data/llamacpp/h200-20261203-tg", "-q", "--jobs", "1"] + args) == 2
+    err = capsys.readouterr().err
+    assert what in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

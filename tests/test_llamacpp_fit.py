@@ -28,3 +28,19 @@ def test_a_rebased_profile_copy_reads_the_same_kernel_tables(tmp_path):
     a, b = load_hardware(src), load_hardware(dst)
     assert a.ggml.cpu.equals(b.ggml.cpu) and a.ggml.gpu.equals(b.ggml.gpu)
     assert dst.read_text() != src.read_text()
+
+
+@pytest.mark.parametrize("extra, what", [
+    (["--iterations", "0"], "--iterations must be >= 1"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--out", "scenarios/hardware/h200-llamacpp.toml"], "is --profile itself"),
+    (["--out", "-"], "not standard output"),
+])
+def test_fit_refuses_bad_arguments_before_any_work(extra, what, capsys):
+    from calibrate.llamacpp import fit as F
+
+    before = Path("scenarios/hardware/h200-llamacpp.toml").read_bytes()
+    assert F.main(["--run", "data/llamacpp/h200-20261203-tg", "--params", "split_us"] + extra) == 2
+    err = capsys.readouterr().err
+    assert what in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert Path("scenarios/hardware/h200-llamacpp.toml").read_bytes() == before

@@ -55,8 +55,8 @@ def by_hand(scn, staging_bytes: float) -> dict:
     ("prefetch_ungated+cache_fit", lambda e: 2 * e)])
 def test_fit_pool_is_capacity_minus_weights_kv_compute_staging_and_the_fit_target(variant, staging):
     """A hand-computed example: pool = VRAM − reserved − weights − KV − compute − staging − fit
-    target; the cache holds ⌊pool / entry⌋ whole entries and leaves the target (and less than an
-    entry) free. Staging: 3 slots of the largest expert tensor, or the 2 buffers of weight
+    target; the cache holds ⌊pool / entry⌋ whole entries, at most the host's experts, and leaves
+    the target (and, when the pool is the limit, less than an entry) free. Staging: 3 slots of the largest expert tensor, or the 2 buffers of weight
     prefetch, each the largest host weight (an expert tensor: 8 x 32 x 64 x 2 B)."""
     scn = toy()
     exp_tensor = 8 * 32 * 64 * 2
@@ -66,8 +66,14 @@ def test_fit_pool_is_capacity_minus_weights_kv_compute_staging_and_the_fit_targe
     assert b.staging_bytes == staging(exp_tensor)
     assert b.cache_fit and b.fit_margin_bytes == want["margin"]
     assert b.cache_pool_bytes == want["pool"] > 0
-    assert b.cache_experts == int(want["pool"] // want["entry"]) and b.cache_bytes == b.cache_experts * want["entry"]
-    assert want["margin"] <= b.free_bytes < want["margin"] + want["entry"]
+    from sim.vram import host_experts
+
+    n_host = host_experts(scn.model, scn.placement)
+    assert b.cache_experts == min(int(want["pool"] // want["entry"]), n_host)
+    assert b.cache_bytes == b.cache_experts * want["entry"]
+    assert want["margin"] <= b.free_bytes
+    if b.cache_experts < n_host:  # a pool that holds fewer than the host's experts is filled
+        assert b.free_bytes < want["margin"] + want["entry"]
     # the builder's cache gets that capacity
     ctx = make_context(scn, parse_variant(variant), np.random.default_rng(0))
     assert ctx.cache.capacity_experts == b.cache_experts and ctx.cache.policy == "lru"
@@ -86,7 +92,9 @@ def test_fit_pool_with_prefetch_is_smaller_by_exactly_the_staging(prefetch, scen
     for a, b in zip(plain, pre):
         assert a.staging_bytes == 0
         assert a.cache_pool_bytes - b.cache_pool_bytes == b.staging_bytes
-        assert b.cache_experts <= a.cache_experts
+    # fewer entries in all (per GPU the share may move: entries beyond the host's experts are
+    # not held, and the held ones are spread by each GPU's room)
+    assert sum(b.cache_experts for b in pre) <= sum(a.cache_experts for a in plain)
     if prefetch.startswith("prefetch_gated"):
         ung = account(scn, parse_variant("prefetch_ungated+cache_fit"))
         assert [b.cache_pool_bytes for b in pre] == [b.cache_pool_bytes for b in ung]
@@ -94,7 +102,8 @@ def test_fit_pool_with_prefetch_is_smaller_by_exactly_the_staging(prefetch, scen
 
 def test_fit_target_defaults_to_llama_cpp_and_only_the_fitted_pool_leaves_it():
     """llama.cpp's default fit target (common.h: 1024 MiB per device) when the scenario gives
-    none; an LRU cache not sized by the fit still takes every free byte (unchanged)."""
+    none; an LRU cache not sized by the fit still takes every free byte, up to the host's
+    experts."""
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     assert scn.placement.fit_target_mib == ()
     fit = account(scn, parse_variant("cache_fit"))
@@ -103,7 +112,12 @@ def test_fit_target_defaults_to_llama_cpp_and_only_the_fitted_pool_leaves_it():
     for f, r in zip(fit, lru):
         assert f.fit_margin_bytes == 1024 * MiB and r.fit_margin_bytes == 0 and not r.cache_fit
         assert r.cache_pool_bytes - f.cache_pool_bytes == 1024 * MiB
-        assert f.free_bytes >= 1024 * MiB > r.free_bytes
+        assert f.free_bytes >= 1024 * MiB
+        # the LRU pool takes every free byte, up to the host's experts (then both hold them all)
+        from sim.vram import host_experts
+
+        n_host = host_experts(scn.model, scn.placement)
+        assert 1024 * MiB > r.free_bytes or r.cache_experts == n_host == f.cache_experts
 
 
 def test_fit_target_per_gpu_as_llama_cpp_parses_it():
@@ -209,3 +223,18 @@ def test_cache_fit_variant_spellings():
     assert (v.expert_cache, v.cache_policy, v.expert_slots) == ("fit", "lru", 2)
     assert parse_variant("cache_lfu").cache_policy == "lfu"
     assert not v.is_baseline
+
+
+def test_an_expert_cache_never_holds_more_experts_than_the_host_has():
+    """A pool with room for more entries than there are host-resident experts holds exactly the
+    host-resident experts (n_expert per host MoE layer), not the pool's worth."""
+    from sim.vram import host_experts
+
+    scn = load_scenario("scenarios/default.toml")
+    n_host = host_experts(scn.model, scn.placement)
+    assert n_host == scn.placement.n_cpu_moe * scn.model.moe.n_expert > 0
+    b = account(scn, parse_variant("cache_lru"))[0]
+    assert b.cache_experts == n_host and b.cache_pool_bytes > 2 * b.cache_bytes
+    resident = replace(scn.placement, n_cpu_moe=0)
+    assert host_experts(scn.model, resident) == 0
+    assert account(scn, parse_variant("cache_lru"), resident)[0].cache_experts == 0

@@ -1065,9 +1065,15 @@ def check_common_args(args: argparse.Namespace):
         raise ScenarioError(f"must be 1 to {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
+    seen: dict[str, str] = {}
     for flag, suffix in (("out", None), ("figure", ".png"), ("summary", None)):
         if getattr(args, flag):
             check_output_path(getattr(args, flag), f"--{flag}", **({"suffix": suffix} if suffix else {}))
+            real = os.path.realpath(getattr(args, flag))
+            if real in seen:
+                raise ScenarioError(f"'{getattr(args, flag)}' is also {seen[real]}'s file; give each output its own",
+                                    field=f"--{flag}")
+            seen[real] = f"--{flag}"
     if args.quiet:
         return None
     from tqdm import tqdm
@@ -1147,7 +1153,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = check_common_args(args)
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress, max_work=args.max_work)
-        title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' "
+        title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
         md = summary_markdown(summarize(df), title)
         within = attach_within_repeat(df)
@@ -1156,6 +1162,9 @@ def main(argv: list[str] | None = None) -> int:
                 reproducibility(within), f"Repeatability within {args.run_dir}: each configuration measured in "
                 "separate invocations (model loads) against the mean of its other invocations")
         if args.repeat:
+            if os.path.realpath(args.repeat) == os.path.realpath(args.run_dir):
+                raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "
+                                    "another machine", field="--repeat")
             rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                           progress=progress, max_work=args.max_work)
             key = repeat_key(df, rep)

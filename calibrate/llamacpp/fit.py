@@ -340,8 +340,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--params", metavar="NAMES", default=None,
-                    help="fit only these (comma list of " + ", ".join(k for k, *_ in FITTED) + "); the others "
-                         "keep the profile's values (default: all)")
+                    help="fit only these (comma list of " + ", ".join(k for k, *_ in FITTED) + "); every other "
+                         "number, the measured ones and the H2D rates too, keeps the profile's value (default: "
+                         "all fitted, the measured ones and --run's H2D rates refreshed)")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
     ap.add_argument("--out", metavar="TOML", default=None,
                     help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
@@ -353,36 +354,49 @@ def _main(argv: list[str] | None) -> int:
         fitted_rows = select_fitted(args.params)
         if args.write and args.out:
             raise PrefetchSimError("--write and --out: give one (--write rewrites --profile, --out writes a copy)")
+        if args.iterations < 1:
+            raise PrefetchSimError(f"--iterations must be >= 1, got {args.iterations}")
+        if args.jobs < 1:
+            raise PrefetchSimError(f"--jobs must be >= 1, got {args.jobs}")
         if args.out:
+            import os
+
             from sim.atomic import check_output_path
 
             check_output_path(args.out, "--out")
+            if os.path.realpath(args.out) == os.path.realpath(args.profile):
+                raise PrefetchSimError(f"--out {args.out} is --profile itself; --write rewrites the profile, "
+                                       "--out writes a copy elsewhere")
         hw = load_hardware(args.profile)
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
-        rate, rate_src = ew_rate(args.kernels)
-        from .splittime import rows_rates
+        links: dict = {}
+        measured: dict = {}
+        if args.params is None:  # a subset keeps every number not named, the measured ones and H2D too
+            rate, rate_src = ew_rate(args.kernels)
+            from .splittime import rows_rates
 
-        rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
-        kv_rate, kv_src = kv_cold_rate(args.depth, hw)
-        rows["attn_kv_cold_gb_per_s"] = (kv_rate / 1e9, kv_src)
-        from .phasetime import call_table, host_figures
+            rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
+            kv_rate, kv_src = kv_cold_rate(args.depth, hw)
+            rows["attn_kv_cold_gb_per_s"] = (kv_rate / 1e9, kv_src)
+            from .phasetime import call_table, host_figures
 
-        phases = host_figures(call_table(args.phases), args.phases)
-        measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows, **phases}
-        hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
-                                   mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
-                                   call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
-                                   apply_per_token_s=phases["apply_ns_per_token"][0] * 1e-9,
-                                   build_per_layer_s=phases["build_us_per_layer"][0] * 1e-6,
-                                   capture_per_layer_s=phases["capture_us_per_layer"][0] * 1e-6,
-                                   cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
-                                   cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
-                                   cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
-                                   attn_kv_cold_bytes_per_s=kv_rate))
-        links = link_numbers(args.run)
-        hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
-                      h2d_pageable=replace(hw.h2d_pageable, bytes_per_s=links["h2d_pageable_gb_per_s"][0] * 1e9))
+            phases = host_figures(call_table(args.phases), args.phases)
+            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows, **phases}
+            hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
+                                       mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
+                                       call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
+                                       apply_per_token_s=phases["apply_ns_per_token"][0] * 1e-9,
+                                       build_per_layer_s=phases["build_us_per_layer"][0] * 1e-6,
+                                       capture_per_layer_s=phases["capture_us_per_layer"][0] * 1e-6,
+                                       cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
+                                       cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
+                                       cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
+                                       attn_kv_cold_bytes_per_s=kv_rate))
+            links = link_numbers(args.run)
+            hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
+                          h2d_pageable=replace(hw.h2d_pageable,
+                                               bytes_per_s=links["h2d_pageable_gb_per_s"][0] * 1e9))
         for k, (v, s) in {**links, **measured}.items():
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas, rows = fit_rows(args.run, hw)
@@ -407,7 +421,8 @@ def _main(argv: list[str] | None) -> int:
             text = Path(args.profile).read_text()
             if args.out:
                 text = rebase_profile(text, args.profile, args.out)
-            text = set_values(text, links, "hardware", args.profile)
+            if links:
+                text = set_values(text, links, "hardware", args.profile)
             write_atomic(target, set_values(text, {**measured, **fitted}, "ggml", args.profile))
             print(f"wrote {target}")
     except PrefetchSimError as exc:
