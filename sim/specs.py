@@ -1281,7 +1281,7 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
             kw["expert_cache"] = mt["cache"]
         elif mt["nosel"]:
             kw["selective_copy"] = False
-    return Variant(name=text.strip(), **kw)
+    return Variant(name=text.strip().lower(), **kw)  # the canonical label: tokens are case-blind
 
 
 def variant_from_fields(v: Fields) -> Variant:

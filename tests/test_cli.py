@@ -210,3 +210,11 @@ def test_a_closed_stdout_is_one_line_not_a_traceback():
                         "from sim.cli import main; sys.exit(main(['run', '-q']))"], capture_output=False,
                        stderr=subprocess.PIPE, text=True, cwd=str(__import__('pathlib').Path(__file__).resolve().parent.parent))
     assert r.returncode == 2 and "standard output is closed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_with_a_capitalised_baseline_prints_one_baseline(capsys):
+    from sim.cli import main
+
+    assert main(["run", "--variant", "Baseline", "-p", "64", "-n", "0", "-r", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| baseline ") == 1 and "Baseline" not in out

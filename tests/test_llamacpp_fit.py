@@ -44,3 +44,27 @@ def test_fit_refuses_bad_arguments_before_any_work(extra, what, capsys):
     err = capsys.readouterr().err
     assert what in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert Path("scenarios/hardware/h200-llamacpp.toml").read_bytes() == before
+
+
+def test_a_row_the_fit_leaves_out_is_said(tmp_path, capsys):
+    """A fit row edited to a placement its invocation did not ask for is not fitted on, and the
+    fit says which line and why (compare's note), not only a smaller count."""
+    import json
+    import shutil
+
+    from calibrate.llamacpp import fit as F
+    from sim.specs import load_hardware
+
+    run = tmp_path / "run"
+    shutil.copytree("data/llamacpp/h200-20261203-tg", run)
+    lines = (run / "llama-bench.jsonl").read_text().splitlines()
+    row = json.loads(lines[1])
+    assert row["n_cpu_moe"] == 48
+    row["n_cpu_moe"] = 7
+    lines[1] = json.dumps(row)
+    (run / "llama-bench.jsonl").write_text("\n".join(lines) + "\n")
+    hw = load_hardware("scenarios/hardware/h200-llamacpp.toml")
+    cases, t, _rows = F.fit_rows(run, hw)
+    assert len(cases) == len(t) == 15
+    err = capsys.readouterr().err
+    assert "row at line 2 not used" in err and "n_cpu_moe 7" in err

@@ -456,3 +456,11 @@ def test_a_hardware_profile_can_derive_from_a_base_in_its_folder(tmp_path):
     (tmp_path / "d.toml").write_text('[hardware]\nbase = "missing.toml"\n')
     with pytest.raises(ScenarioError, match="not found"):
         load_hardware(tmp_path / "d.toml")
+
+
+def test_a_variant_label_is_case_blind_and_printed_in_its_canonical_form():
+    """``--variant Baseline`` is the baseline (one row, not a second 'Baseline' beside it)."""
+    from sim.specs import parse_variant
+
+    assert parse_variant("Baseline").name == "baseline"
+    assert parse_variant(" Prefetch_Gated_512+SLOTS3 ") == parse_variant("prefetch_gated_512+slots3")

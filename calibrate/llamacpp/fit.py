@@ -163,14 +163,23 @@ def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
 
 
 def fit_rows(run_dir: str | Path, hw, repetitions: int = 1):
-    """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``."""
+    """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``. A fit row
+    that cannot be simulated, and a row its invocation's command line did not ask for, are left
+    out with one line each on stderr."""
     from .compare import build_cases
     from .split import label
 
-    bench, _inv, cases, _notes = build_cases(run_dir, hw, repetitions=repetitions)
+    bench, _inv, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
     lab = label(bench)
     keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
             and cases[i].scenario is not None]
+    disagree = bench.attrs.get("disagreements", {})
+    for i in range(len(bench)):  # a row left out (a fit row, or one its invocation did not ask for) is said
+        line = bench.index[i]  # llama-bench.jsonl's line, as compare's ``line`` column
+        if line in disagree or (lab.iloc[i] == "fit" and i not in keep):
+            why = (disagree.get(line) or notes[i] or ("; ".join(cases[i].notes) if cases[i] is not None else "")
+                   or "no model for the row")
+            print(f"fit: {run_dir}: row at line {line} not used: {why}", file=sys.stderr)
     t_meas = []
     for i in keep:
         r = bench.iloc[i]
