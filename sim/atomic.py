@@ -94,6 +94,20 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     return p
 
 
+def drawn_bytes(draw, name: str = "figure.png") -> bytes:
+    """The bytes of a file that ``draw(path)`` writes (a figure: matplotlib writes by path),
+    drawn into a temporary folder, so that it can go into place with the other outputs of a
+    command (:func:`write_atomic_many`) instead of half-way through them.
+
+    Raises:
+        whatever ``draw`` raises (nothing is left behind).
+    """
+    with tempfile.TemporaryDirectory(prefix="prefetch-sim-figure.") as tmp:
+        path = Path(tmp) / name
+        draw(path)
+        return path.read_bytes()
+
+
 def write_atomic_many(files: dict[str | Path, str | bytes]) -> list[Path]:
     """Write several files as one: every payload goes to a temporary file beside its target
     first; only when all are written are they moved into place. A failed write (a full disk)

@@ -71,7 +71,7 @@ def _grid(name: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from calibrate._gpu import require_cupy  # noqa: PLC0415
 
-    from .atomic import write_atomic_many
+    from .atomic import drawn_bytes, write_atomic_many
     from .specs import load_hardware
     from .validation import plot_validation, run_grid, summarize
 
@@ -174,11 +174,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         import pandas as pd  # noqa: PLC0415
 
         files[out / f"{args.name}_executor_costs.csv"] = pd.DataFrame(cost_log).to_csv(index=False)
-    import tempfile  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory(prefix="prefetch-sim-figure.") as tmp:
-        plot_validation(df, Path(tmp) / "validation.png", trace)
-        files[out / f"{args.name}_validation.png"] = (Path(tmp) / "validation.png").read_bytes()
+    files[out / f"{args.name}_validation.png"] = drawn_bytes(lambda path: plot_validation(df, path, trace))
     files[out / f"{args.name}_meta.json"] = json.dumps(meta, indent=2) + "\n"
     write_atomic_many(files)
     show = df[["case", "predicted_s", "measured_s", "rel_error", "pass_spread"]].copy()

@@ -301,8 +301,8 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
             raise PlacementError(_nothing_left(out, eb, variant, pl), file=scn.file, field="placement.fit_target_mib")
         if eb:
             caps = [int(b.cache_pool_bytes // eb) for b in out]
-            # never more entries than there are host-resident experts to hold
-            n_cache = min(sum(caps) if want in (-1, 0) else min(want, sum(caps)), host_experts(model, pl))
+            limit = host_experts(model, pl)  # nothing beyond the host-resident experts to hold
+            n_cache = min(sum(caps), limit if want in (-1, 0) else min(want, limit))
             per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out

@@ -1087,9 +1087,7 @@ def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str
     drawn first (into a temporary folder), then the files are moved into place together
     (:func:`sim.atomic.write_atomic_many`), so an interruption or a failed write leaves every
     earlier file of those names as it was."""
-    import tempfile
-
-    from sim.atomic import write_atomic, write_atomic_many
+    from sim.atomic import drawn_bytes, write_atomic, write_atomic_many
 
     files: dict[str, str | bytes] = {}
     if args.out:
@@ -1097,13 +1095,10 @@ def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str
     if args.summary:
         files[args.summary] = md
     if args.figure:
-        with tempfile.TemporaryDirectory(prefix="prefetch-sim-figure.") as tmp:
-            drawn = Path(tmp) / "figure.png"
-            try:
-                plot(df, drawn)
-                files[args.figure] = drawn.read_bytes()
-            except ValueError as exc:
-                print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
+        try:
+            files[args.figure] = drawn_bytes(lambda path: plot(df, path))
+        except ValueError as exc:
+            print(f"{prog}: warning: no figure: {exc}", file=sys.stderr)
     # a device or FIFO (/dev/stdout) is written in place, after the files (write_atomic)
     special = {p: d for p, d in files.items() if os.path.exists(p) and not os.path.isfile(os.path.realpath(p))}
     write_atomic_many({p: d for p, d in files.items() if p not in special})

@@ -43,6 +43,7 @@ Without ``--write`` it prints the values; with it, it rewrites those lines of th
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from dataclasses import replace
@@ -325,8 +326,6 @@ def rebase_profile(text: str, src: str | Path, dst: str | Path) -> str:
         p = Path(m.group(2))
         if p.is_absolute():
             return m.group(0)
-        import os
-
         return f'{m.group(1)}"{Path(os.path.relpath(src_dir / p, dst_dir)).as_posix()}"'
 
     return re.sub(r'(?m)^((?:gpu|cpu)_kernels = )"([^"]*)"', fix, text)
@@ -368,8 +367,6 @@ def _main(argv: list[str] | None) -> int:
         if args.jobs < 1:
             raise PrefetchSimError(f"--jobs must be >= 1, got {args.jobs}")
         if args.out:
-            import os
-
             from sim.atomic import check_output_path
 
             check_output_path(args.out, "--out")
