@@ -107,6 +107,8 @@ class GridSpec:
         perf: the ``test-backend-ops perf`` runs made after the grid, in order (names of
             :data:`calibrate.llamacpp.lease.PERF_RUNS`); all of them (None) when the TOML does
             not say.
+        perf_first: make the perf runs before the grid instead (after the GGUF writers ended,
+            so the CPU is quiet), where the kernel tables matter more than the grid's last rows.
     """
 
     name: str
@@ -116,6 +118,7 @@ class GridSpec:
     runs: tuple[GridRun, ...]
     file: str = ""
     perf: tuple[str, ...] | None = None
+    perf_first: bool = False
 
     def model(self, key: str) -> GridModel:
         return next(m for m in self.models if m.key == key)
@@ -143,6 +146,7 @@ def load_grid(path: str | Path) -> GridSpec:
     if (not isinstance(perf_raw, list) or not all(isinstance(x, str) and x in names for x in perf_raw)
             or len(set(perf_raw)) != len(perf_raw)):
         raise g.error("perf", f"expected a list of distinct names from {list(names)}, got {perf_raw!r}")
+    perf_first = g.bool("perf_first", False)
     g.check_unknown()
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
@@ -215,7 +219,7 @@ def load_grid(path: str | Path) -> GridSpec:
         raise ScenarioError(f"duplicate run ids: {dup}", file=path, field="run")
     f.check_unknown()
     return GridSpec(name=name, repetitions=reps, timeout_s=timeout, models=tuple(models), runs=tuple(runs),
-                    file=str(path), perf=tuple(perf_raw))
+                    file=str(path), perf=tuple(perf_raw), perf_first=perf_first)
 
 
 # --------------------------------------------------------------------------------------

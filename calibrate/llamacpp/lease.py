@@ -283,11 +283,15 @@ def _after_writers(lease: Lease, spec, procs, src_archive, deadline_at: float, r
     if len(failed) == len(spec.models):
         lease.status("failed", error="every GGUF writer failed")
         return 2
+    has_perf = "test-backend-ops" in res.targets
+    if has_perf and spec.perf_first:  # the CPU is quiet now: the writers have ended
+        lease.status("perf")
+        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
     lease.status("grid")
     run_grid(spec, res.program("llama-bench"), lease.models, lease.run_dir, deadline_at=deadline_at - 60,
              say=lease.say)
-    lease.status("perf")
-    if "test-backend-ops" in res.targets:
+    if has_perf and not spec.perf_first:
+        lease.status("perf")
         run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
     meta["ended_at"] = _now()
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
