@@ -502,6 +502,64 @@ def test_within_run_repeats_pair_each_load_with_the_other_loads():
     assert cmp.attach_within_repeat(b).repeat_ts.isna().all()
 
 
+def test_mean_over_loads_merges_each_configurations_loads_into_one_row():
+    """Rows of one configuration from separate invocations become one row whose measured t/s is
+    their mean and whose error is recomputed from it; a configuration measured once keeps its
+    row; another model is another configuration."""
+    a = _repro_rows([100.0, 80.0, 50.0, 52.0], [110.0, 80.0, 55.0, 55.0], ["tg"] * 4, ["heldout"] * 4,
+                    invs=["a-x", "b-x", "a-y", "a-z"])
+    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
+    a.loc[0:1, "n_gen"] = [64, 64]           # a-x and b-x: one configuration, two loads
+    a.loc[2:3, "n_gen"] = [128, 256]         # two configurations, one load each
+    a["predicted_ts"] = [90.0, 90.0, 50.0, 40.0]
+    a["rel_error"] = a.predicted_ts / a.measured_ts - 1
+    m = cmp.mean_over_loads(a)
+    assert len(m) == 3 and list(m.n_loads) == [2, 1, 1]
+    assert m.measured_ts.iloc[0] == 90.0 and m.rel_error.iloc[0] == 0.0
+    assert m.measured_stddev_ts.iloc[0] == pytest.approx(np.std([100.0, 80.0], ddof=1))
+    assert m.invocation.iloc[0] == "a-x+b-x"
+    assert m.rel_error.iloc[1] == a.rel_error.iloc[2] and m.rel_error.iloc[2] == a.rel_error.iloc[3]
+    s = cmp.summarize(m).set_index("group")
+    assert s.loc["all", "n_rows"] == 3
+    b = a.copy()
+    b.loc[1, "model"] = "other"
+    assert list(cmp.mean_over_loads(b).n_loads) == [1, 1, 1, 1]
+    assert len(cmp.mean_over_loads(a.iloc[:0])) == 0
+
+
+def test_canary_rates_join_rows_by_invocation_and_correlate(tmp_path):
+    a = _repro_rows([100.0, 80.0, 50.0, 40.0], [90.0] * 4, ["tg"] * 4, ["heldout"] * 4,
+                    invs=["a-x", "b-x", "a-y", "b-y"])
+    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
+    a["regime"] = "host_expert_decode"
+    a.loc[0:1, "n_gen"] = [64, 64]
+    a.loc[2:3, "n_gen"] = [128, 128]
+    assert cmp.attach_canary(a, tmp_path) is a and cmp.canary_line(a) == ""   # no canary file
+    (tmp_path / "canary.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"before": "a-x", "rc": 0, "gb_per_s": 100.0}, {"before": "b-x", "rc": 0, "gb_per_s": 80.0},
+        {"before": "a-y", "rc": 0, "gb_per_s": 110.0}, {"before": "b-y", "rc": 2, "error": "x"}]) + "\n")
+    m = cmp.attach_canary(a, tmp_path)
+    assert list(m.host_read_gb_per_s.iloc[:3]) == [100.0, 80.0, 110.0] and math.isnan(m.host_read_gb_per_s.iloc[3])
+    line = cmp.canary_line(m)
+    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45], [100.0, 80.0, 110.0])[0, 1]  # t/s over the configuration's mean
+    assert "median 100.0 GB/s, 80.0..110.0 over 3 invocations" in line and f"r = {r:+.2f} (3 rows)" in line
+    (tmp_path / "canary.jsonl").write_text("not json\n")
+    with pytest.raises(ScenarioError, match="canary"):
+        cmp.attach_canary(a, tmp_path)
+
+
+def test_committed_tg4_run_averages_three_or_four_loads_per_configuration():
+    """data/llamacpp/h200-20261203-tg4 measures each of its 18 tg configurations in 3 or 4
+    separate invocations (the passes a..d); its load-averaged table has one row each."""
+    bench = read_llama_bench(ROOT / "data/llamacpp/h200-20261203-tg4/llama-bench.jsonl")
+    invs = cmp.read_invocations(ROOT / "data/llamacpp/h200-20261203-tg4/invocations.jsonl")
+    assert len(bench) == sum(int(i["rows"]) for i in invs) == 63
+    passes = {}
+    for i in invs:
+        passes.setdefault(i["id"][2:], set()).add(i["id"][0])
+    assert len(passes) == 13 and all(len(p) >= 3 for p in passes.values())
+
+
 def test_repeat_key_is_the_configuration_when_the_grids_differ():
     a = _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])
     assert cmp.repeat_key(a, _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])) == cmp.REPEAT_KEY

@@ -68,3 +68,39 @@ def test_a_row_the_fit_leaves_out_is_said(tmp_path, capsys):
     assert len(cases) == len(t) == 15
     err = capsys.readouterr().err
     assert "row at line 2 not used" in err and "n_cpu_moe 7" in err
+
+
+def test_fit_cpu_table_needs_out_and_an_existing_table(tmp_path, capsys):
+    from calibrate.llamacpp import fit as F
+
+    base = ["--run", "data/llamacpp/h200-20261203-tg", "--params", "split_us"]
+    assert F.main(base + ["--cpu-table", "data/llamacpp/h200-20261203-tg4/kernels-cpu.csv"]) == 2
+    assert "give --out" in capsys.readouterr().err
+    assert F.main(base + ["--cpu-table", str(tmp_path / "none.csv"), "--out", str(tmp_path / "p.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("backend,op\ncpu,MUL_MAT\n")
+    assert F.main(base + ["--cpu-table", str(bad), "--out", str(tmp_path / "p.toml")]) == 2
+    err = capsys.readouterr().err
+    assert f"--cpu-table {bad}" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists() and not list(tmp_path.glob(".fit-*"))
+
+
+def test_a_profile_with_another_cpu_table_prices_the_cpu_from_it(tmp_path):
+    """with_cpu_table + load_profile_text: the copy reads the given CPU table (and the profile's
+    GPU table), and cpu_numbers name that table in their sources."""
+    from calibrate.llamacpp import fit as F
+    from sim.specs import load_hardware
+
+    src = Path("scenarios/hardware/h200-llamacpp.toml")
+    table = Path("data/llamacpp/h200-20261203-tg4/kernels-cpu.csv")
+    dst = tmp_path / "p.toml"
+    text = F.with_cpu_table(F.rebase_profile(src.read_text(), src, dst), table, dst)
+    hw = F.load_profile_text(text, dst, table)
+    ship = load_hardware(src)
+    assert hw.ggml.gpu.equals(ship.ggml.gpu) and not hw.ggml.cpu.equals(ship.ggml.cpu)
+    assert list(tmp_path.iterdir()) == []
+    nums = F.cpu_numbers(hw, table)
+    assert table.as_posix() in nums["cpu_op_us"][1] and nums["cpu_op_us"][0] != F.cpu_numbers(ship)["cpu_op_us"][0]
+    dst.write_text(text)
+    assert load_hardware(dst).ggml.cpu.equals(hw.ggml.cpu)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import stat
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -215,6 +217,26 @@ def test_shipped_grid_has_the_issue_coverage():
     assert any("-ot" in c for r, c in combos if r.model == "gemma3-27b")
     ubs = {int(c["-ub"]) for r, c in combos}
     assert min(ubs) <= 128 and max(ubs) >= 4096
+
+
+def test_tg4_grid_times_the_cpu_kernels_first_and_repeats_every_tg_run_four_times():
+    """grids/h200-tg4.toml: the CPU kernel table before the grid (perf_first), then the 13 tg
+    runs of h200-tg.toml in four passes with the same flags."""
+    spec = G.load_grid(REPO / "calibrate/llamacpp/grids/h200-tg4.toml")
+    tg = G.load_grid(REPO / "calibrate/llamacpp/grids/h200-tg.toml")
+    assert spec.perf == ("cpu",) and spec.perf_first and not tg.perf_first
+    base = {r.id[2:]: r.args for r in tg.runs if r.id.startswith("a-")}
+    assert len(base) == 13 and len(spec.runs) == 52
+    for p in "abcd":
+        assert {r.id[2:]: r.args for r in spec.runs if r.id.startswith(p + "-")} == base
+
+
+def test_perf_first_must_be_a_boolean(tmp_path):
+    f = tmp_path / "g.toml"
+    f.write_text('[grid]\nname = "g"\nperf_first = "yes"\n[[model]]\nkey = "q"\n'
+                 'toml = "scenarios/models/qwen3-30b-a3b.toml"\n')
+    with pytest.raises(ScenarioError, match="perf_first"):
+        G.load_grid(f)
 
 
 def test_prefetch_grid_pairs_every_prefetch_row_with_a_baseline_in_its_own_run():
@@ -428,6 +450,74 @@ env = { FAKE_MODE = "copylog" }
     assert G.done_ids(out) == {"ok", "route"}
     again = G.run_grid(spec, fake_bench(tmp_path), models, out, say=said.append, only={"ok", "route"})
     assert again == []  # resumed: nothing left to do among those
+
+
+def test_runner_calls_before_for_bench_runs_only(tmp_path):
+    """The canary hook runs before each bench invocation, not before a routing run."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf").write_bytes(b"GGUF")
+    spec = G.load_grid(_write_grid(tmp_path, """
+[[run]]
+id = "b1"
+model = "m"
+args = "-p 512 -n 0"
+[[run]]
+id = "route"
+model = "m"
+kind = "routing"
+repetitions = 1
+args = "-p 512"
+[[run]]
+id = "b2"
+model = "m"
+args = "-p 64 -n 0"
+"""))
+    seen: list[str] = []
+    G.run_grid(spec, fake_bench(tmp_path), models, tmp_path / "run", say=lambda s: None,
+               before=lambda run: seen.append(run.id))
+    assert seen == ["b1", "b2"]
+
+
+def test_canary_records_the_probe_line_or_its_failure(tmp_path):
+    from calibrate.llamacpp import lease as L
+
+    lease = L.Lease(tmp_path)
+    (lease.run_dir).mkdir(parents=True)
+    good = tmp_path / "good"
+    good.write_text('#!/bin/sh\necho "warming"\necho \'{"threads": 4, "gb_per_s": 81.5, "best_gb_per_s": 90.0}\'\n')
+    bad = tmp_path / "bad"
+    bad.write_text('#!/bin/sh\necho "psim-membw: cannot allocate 1024 MiB" >&2\nexit 2\n')
+    for p in (good, bad):
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    run = G.GridRun(id="a-x", model="m", args=("-p", "1"))
+    L.make_canary(lease, good)(run)
+    L.make_canary(lease, bad)(run)
+    L.make_canary(lease, tmp_path / "missing")(run)
+    recs = [json.loads(ln) for ln in (lease.run_dir / "canary.jsonl").read_text().splitlines()]
+    assert [r["before"] for r in recs] == ["a-x"] * 3
+    assert recs[0]["rc"] == 0 and recs[0]["gb_per_s"] == 81.5
+    assert recs[1]["rc"] == 2 and "cannot allocate" in recs[1]["error"]
+    assert recs[2]["rc"] is None and "error" in recs[2]
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_membw_probe_compiles_runs_and_refuses_bad_arguments(tmp_path):
+    from calibrate.llamacpp import lease as L
+
+    lease = L.Lease(tmp_path)
+    exe = L.compile_canary(lease, tmp_path / "psim-membw")
+    assert exe is not None
+    r = subprocess.run([str(exe), "--threads", "2", "--mib", "8", "--seconds", "0.01"], capture_output=True,
+                       text=True, timeout=60)
+    rec = json.loads(r.stdout)
+    assert r.returncode == 0 and rec["threads"] == 2 and rec["bytes"] == 8 * 2**20 and rec["passes"] >= 1
+    assert rec["gb_per_s"] > 0 and rec["best_gb_per_s"] >= rec["gb_per_s"] * 0.999
+    for bad in (["--threads", "0"], ["--mib", "x"], ["--seconds"], ["--what", "1"]):
+        r = subprocess.run([str(exe), *bad], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith("psim-membw: ") and not r.stdout
+    assert L.compile_canary(lease, tmp_path / "x", compiler=str(tmp_path / "no-such-c++")) is None
+    assert "canary: not compiled" in (tmp_path / "progress.log").read_text()
 
 
 def test_runner_records_a_missing_gguf(tmp_path):

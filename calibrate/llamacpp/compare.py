@@ -928,6 +928,89 @@ def attach_within_repeat(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def mean_over_loads(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (:func:`compare` of one run folder) with the rows of each configuration
+    (:data:`CONFIG_KEY`) that the run measured in separate invocations (model loads) merged into
+    one row: ``measured_ts`` the mean of their t/s, ``measured_stddev_ts`` the standard deviation
+    between the loads (ddof 1), ``predicted_ts`` the mean of their predictions (one configuration
+    is predicted alike but for the routing draws), ``rel_error`` recomputed, ``n_loads`` the
+    number of invocations, ``invocation`` their ids joined by ``+``; a configuration measured
+    once keeps its row (``n_loads`` 1). The rows keep ``df``'s order (first occurrence).
+
+    A llama-bench t/s moves between model loads by more than between the repetitions of one
+    load (``data/llamacpp/README.md``, ``h200-20261203-tg4``): the mean over loads is the
+    quantity a prediction of the configuration is a prediction of.
+    """
+    if not len(df):
+        out = df.copy()
+        out["n_loads"] = pd.Series(dtype=int)
+        return out
+    keys = _config_keys(df, CONFIG_KEY)
+    rows = []
+    for _k, idx in df.groupby(keys, sort=False).groups.items():
+        g = df.loc[idx]
+        r = g.iloc[0].copy()
+        r["n_loads"] = int(g["invocation"].nunique())
+        if len(g) > 1:
+            r["invocation"] = "+".join(dict.fromkeys(g["invocation"].astype(str)))
+            r["measured_ts"] = float(g["measured_ts"].mean())
+            r["measured_stddev_ts"] = float(g["measured_ts"].std(ddof=1))
+            r["n_samples"] = int(g["n_samples"].sum()) if "n_samples" in g else r.get("n_samples")
+            pred = g["predicted_ts"].dropna()
+            r["predicted_ts"] = float(pred.mean()) if len(pred) else math.nan
+            r["rel_error"] = (r["predicted_ts"] / r["measured_ts"] - 1 if len(pred) and r["measured_ts"] > 0
+                              else math.nan)
+        rows.append(r)
+    out = pd.DataFrame(rows).reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def attach_canary(df: pd.DataFrame, run_dir: str | Path) -> pd.DataFrame:
+    """``df`` with ``host_read_gb_per_s``: the host's DRAM read rate that the lease measured just
+    before each row's invocation (``run_dir/canary.jsonl``, written by a grid with ``canary =
+    true``: :func:`calibrate.llamacpp.lease.make_canary`); NaN where none was measured. ``df``
+    unchanged when the run has no canary file.
+
+    Raises:
+        ScenarioError: a line of the file is not a JSON object (naming the file and line).
+    """
+    path = Path(run_dir) / "canary.jsonl"
+    if not path.is_file():
+        return df
+    rate = {}
+    for _line, rec in jsonl_objects(path, "canary"):
+        v = rec.get("gb_per_s")
+        if rec.get("rc") == 0 and isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+            rate[str(rec.get("before"))] = float(v)
+    out = df.copy()
+    out["host_read_gb_per_s"] = out["invocation"].astype(str).map(rate).astype(float) if len(out) else math.nan
+    return out
+
+
+def canary_line(df: pd.DataFrame) -> str:
+    """One markdown line on :func:`attach_canary`'s column: the rate's median and range over
+    the invocations, and the Pearson correlation of each host-side row's measured t/s (relative to
+    its configuration's mean over loads) with the rate (relative to its median); '' without the
+    column or with fewer than 3 such rows."""
+    if "host_read_gb_per_s" not in df.columns or df.host_read_gb_per_s.notna().sum() == 0:
+        return ""
+    per_inv = df.groupby("invocation")["host_read_gb_per_s"].first().dropna()
+    text = (f"Host DRAM read rate before each invocation (psim-membw, canary.jsonl): median "
+            f"{per_inv.median():.1f} GB/s, {per_inv.min():.1f}..{per_inv.max():.1f} over {len(per_inv)} invocations")
+    host = df[df.regime.isin(("host_expert_decode", "dense_partial_offload")) & df.measured_ts.notna()].copy()
+    host["rel_ts"] = host.measured_ts / host.groupby(_config_keys(host, CONFIG_KEY))["measured_ts"].transform("mean")
+    host = host[host.host_read_gb_per_s.notna()]
+    if len(host) >= 3:
+        rel_ts = host.rel_ts
+        rel_bw = host.host_read_gb_per_s / per_inv.median()
+        if rel_ts.std() > 0 and rel_bw.std() > 0:
+            r = float(np.corrcoef(rel_ts, rel_bw)[0, 1])
+            text += (f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r:+.2f} "
+                     f"({len(host)} rows)")
+    return text + "\n"
+
+
 def reproducibility(df: pd.DataFrame) -> pd.DataFrame:
     """How well llama-bench reproduces itself on another machine, beside the simulator's error on
     the same rows, in :func:`summarize`'s groups: rows of ``df`` (:func:`attach_repeat`) with a
@@ -1150,12 +1233,22 @@ def main(argv: list[str] | None = None) -> int:
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
+        df = attach_canary(df, args.run_dir)
         md = summary_markdown(summarize(df), title)
+        canary = canary_line(df)
+        if canary:
+            md += "\n" + canary
         within = attach_within_repeat(df)
         if within.repeat_ts.notna().any():
             md += "\n" + repro_markdown(
                 reproducibility(within), f"Repeatability within {args.run_dir}: each configuration measured in "
                 "separate invocations (model loads) against the mean of its other invocations")
+            means = mean_over_loads(df)
+            loads = means.n_loads
+            md += "\n" + summary_markdown(
+                summarize(means), f"Averaged over model loads: {args.run_dir}, one row per configuration, "
+                f"measured t/s the mean of its invocations ({int(loads.min())}..{int(loads.max())} loads, "
+                f"{len(means)} configurations)")
         if args.repeat:
             if os.path.realpath(args.repeat) == os.path.realpath(args.run_dir):
                 raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "

@@ -145,9 +145,12 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
                   f"{table_s * 1e6:.1f} us at {pad_cells(keys)} cells; {nbytes / 2**20:.1f} MiB of K/V over the "
                   "difference (calibrate.llamacpp.fit.kv_cold_rate)")
 
-def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
-    """``cpu_op_us`` and ``cpu_ew_gb_per_s`` from the CPU table (module docstring)."""
+def cpu_numbers(hw, table: str | Path | None = None) -> dict[str, tuple[float, str]]:
+    """``cpu_op_us`` and ``cpu_ew_gb_per_s`` from the CPU table (module docstring); ``table``:
+    the table's file, named in the sources (None: "the CPU table", the profile's own)."""
     from sim.quant import ggml_nbytes
+
+    name = f"the CPU table {Path(table).as_posix()}" if table else "the CPU table"
 
     tab = hw.ggml.cpu
     t = tab[(tab["op"] == "MUL_MAT") & (tab["bs"].fillna(1) == 1) & (tab["n"] == 1)]
@@ -156,11 +159,53 @@ def cpu_numbers(hw) -> dict[str, tuple[float, str]]:
     keep = b <= 16 * 2**20
     slope, icpt = np.polyfit(b[keep], y[keep], 1)
     cold = [v for (bk, _ty), v in hw.ggml._cold.items() if bk == "cpu"]
-    return {"cpu_op_us": (max(icpt, 0.0) * 1e6, f"measured: intercept of a line through the CPU table's "
+    return {"cpu_op_us": (max(icpt, 0.0) * 1e6, f"measured: intercept of a line through {name}'s "
                           f"{int(keep.sum())} single matvecs up to 16 MiB (rate {1 / slope / 1e9:.0f} GB/s)"),
-            "cpu_ew_gb_per_s": (float(np.median(cold)) / 1e9, "measured: median of the CPU backend's cold "
+            "cpu_ew_gb_per_s": (float(np.median(cold)) / 1e9, f"measured: median of {name}'s cold "
                                 f"matvec rates ({len(cold)} types, cold cases over 2 GiB): a DRAM stream, as "
                                 "the elementwise ops of a CPU layer are")}
+
+
+def with_cpu_table(text: str, table: str | Path, dst: str | Path) -> str:
+    """A profile's text whose ``cpu_kernels`` reads ``table`` from a copy written at ``dst``
+    (a path relative to ``dst``'s folder).
+
+    Raises:
+        PrefetchSimError: ``table`` is not a file, or the profile has no ``cpu_kernels`` line.
+    """
+    if not Path(table).is_file():
+        raise PrefetchSimError(f"--cpu-table {table}: no such file")
+    rel = Path(os.path.relpath(Path(table).resolve(), Path(dst).resolve().parent)).as_posix()
+    out, n = re.subn(r'(?m)^(cpu_kernels = )"[^"]*"', lambda m: f'{m.group(1)}"{rel}"', text)
+    if n != 1:
+        raise PrefetchSimError("--cpu-table: the profile has no [ggml] cpu_kernels line to point at it")
+    return out
+
+
+def load_profile_text(text: str, dst: str | Path, table: str | Path):
+    """The hardware profile ``text`` as it will read once written at ``dst`` (loaded from a
+    temporary file in ``dst``'s folder, removed again).
+
+    Raises:
+        PrefetchSimError: the profile, with the table ``table``, does not load (the message of
+            :func:`sim.specs.load_hardware`, after the name of ``table``).
+    """
+    import tempfile
+
+    from sim.specs import load_hardware
+
+    folder = Path(dst).resolve().parent
+    if not folder.is_dir():
+        raise PrefetchSimError(f"--out {dst}: no such folder")
+    fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return load_hardware(tmp)
+    except PrefetchSimError as exc:
+        raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+    finally:
+        os.unlink(tmp)
 
 
 def fit_rows(run_dir: str | Path, hw, repetitions: int = 1):
@@ -355,6 +400,10 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--out", metavar="TOML", default=None,
                     help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
                          "profile's tables)")
+    ap.add_argument("--cpu-table", dest="cpu_table", metavar="CSV", default=None,
+                    help="price the CPU backend from this kernel table (python -m calibrate.llamacpp.perf_cases "
+                         "table, e.g. from the same lease as --run) instead of the profile's; cpu_op_us and "
+                         "cpu_ew_gb_per_s are measured from it; needs --out")
     args = ap.parse_args(argv)
     from sim.specs import load_hardware
 
@@ -373,11 +422,24 @@ def _main(argv: list[str] | None) -> int:
             if os.path.realpath(args.out) == os.path.realpath(args.profile):
                 raise PrefetchSimError(f"--out {args.out} is --profile itself; --write rewrites the profile, "
                                        "--out writes a copy elsewhere")
-        hw = load_hardware(args.profile)
+        if args.cpu_table and not args.out:
+            raise PrefetchSimError("--cpu-table writes a copy of the profile: give --out TOML")
+        text = Path(args.profile).read_text()
+        if args.out:
+            text = rebase_profile(text, args.profile, args.out)
+        if args.cpu_table:
+            text = with_cpu_table(text, args.cpu_table, args.out)
+            hw = load_profile_text(text, args.out, args.cpu_table)
+        else:
+            hw = load_hardware(args.profile)
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
         links: dict = {}
         measured: dict = {}
+        if args.cpu_table:
+            measured = cpu_numbers(hw, args.cpu_table)
+            hw = hw.with_(ggml=replace(hw.ggml, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
+                                       cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9))
         if args.params is None:  # a subset keeps every number not named, the measured ones and H2D too
             rate, rate_src = ew_rate(args.kernels)
             from .splittime import rows_rates
@@ -388,7 +450,7 @@ def _main(argv: list[str] | None) -> int:
             from .phasetime import call_table, host_figures
 
             phases = host_figures(call_table(args.phases), args.phases)
-            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw), **rows, **phases}
+            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw, args.cpu_table), **rows, **phases}
             hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                        mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
                                        call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
@@ -414,6 +476,8 @@ def _main(argv: list[str] | None) -> int:
         p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs, fitted=fitted_rows)
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
         only = "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
+        if args.cpu_table:
+            only += f" --cpu-table {Path(args.cpu_table).as_posix()}"
         fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
                       f"{args.run} (calibrate/llamacpp/split.py), median |err| {med:.2f}%, p90 {p90:.2f}% "
                       f"(python -m calibrate.llamacpp.fit{only})") for k, f, s, _st, _d in fitted_rows}
@@ -424,9 +488,6 @@ def _main(argv: list[str] | None) -> int:
             from sim.atomic import write_atomic
 
             target = args.out or args.profile
-            text = Path(args.profile).read_text()
-            if args.out:
-                text = rebase_profile(text, args.profile, args.out)
             if links:
                 text = set_values(text, links, "hardware", args.profile)
             write_atomic(target, set_values(text, {**measured, **fitted}, "ggml", args.profile))

@@ -109,6 +109,9 @@ class GridSpec:
             not say.
         perf_first: make the perf runs before the grid instead (after the GGUF writers ended,
             so the CPU is quiet), where the kernel tables matter more than the grid's last rows.
+        canary: measure the host's DRAM read rate (``psim-membw``, about 1 s) before each
+            llama-bench invocation, into ``run/canary.jsonl``: the CPU side of a decode with
+            host-resident weights follows it, and on a shared host it moves between loads.
     """
 
     name: str
@@ -119,6 +122,7 @@ class GridSpec:
     file: str = ""
     perf: tuple[str, ...] | None = None
     perf_first: bool = False
+    canary: bool = False
 
     def model(self, key: str) -> GridModel:
         return next(m for m in self.models if m.key == key)
@@ -147,6 +151,7 @@ def load_grid(path: str | Path) -> GridSpec:
             or len(set(perf_raw)) != len(perf_raw)):
         raise g.error("perf", f"expected a list of distinct names from {list(names)}, got {perf_raw!r}")
     perf_first = g.bool("perf_first", False)
+    canary = g.bool("canary", False)
     g.check_unknown()
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
@@ -219,7 +224,8 @@ def load_grid(path: str | Path) -> GridSpec:
         raise ScenarioError(f"duplicate run ids: {dup}", file=path, field="run")
     f.check_unknown()
     return GridSpec(name=name, repetitions=reps, timeout_s=timeout, models=tuple(models), runs=tuple(runs),
-                    file=str(path), perf=tuple(perf_raw), perf_first=perf_first)
+                    file=str(path), perf=tuple(perf_raw), perf_first=perf_first,
+                    canary=canary)
 
 
 # --------------------------------------------------------------------------------------
@@ -539,10 +545,11 @@ def run_one(run: GridRun, spec: GridSpec, bench: str | Path, models_dir: str | P
 
 def run_grid(spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir: str | Path, *,
              only: set[str] | None = None, deadline_at: float | None = None, say=print,
-             repetitions: int | None = None) -> list[dict]:
+             repetitions: int | None = None, before=None) -> list[dict]:
     """Run every run of ``spec`` not yet done (routing runs first, then in spec order), until
     ``deadline_at`` (``time.monotonic()``) if given (a run started before it is cut at it, with
-    at least 30 s); returns the new records."""
+    at least 30 s); returns the new records. ``before(run)``, if given, is called before each
+    bench run (the lease's host-rate canary); it must not raise."""
     done = done_ids(out_dir)
     order = [r for r in spec.runs if r.kind == "routing"] + [r for r in spec.runs if r.kind != "routing"]
     recs = []
@@ -559,5 +566,7 @@ def run_grid(spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir:
             recs.append(run_identity(run, spec, Path(bench).with_name("psim-decode"), models_dir, out_dir, say=say,
                                      timeout_s=limit))
             continue
+        if before is not None and run.kind == "bench":
+            before(run)
         recs.append(run_one(run, spec, bench, models_dir, out_dir, say=say, repetitions=repetitions, timeout_s=limit))
     return recs

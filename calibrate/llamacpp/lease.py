@@ -224,6 +224,50 @@ def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path,
         lease.say(f"perf {name}: {n} cases, exit {rc} in {time.monotonic() - t0:.0f} s")
 
 
+#: the host-rate canary's source (:attr:`calibrate.llamacpp.grid.GridSpec.canary`)
+CANARY_SRC = Path(__file__).with_name("src") / "psim-membw.cpp"
+
+
+def compile_canary(lease: Lease, out: Path, compiler: str = "c++") -> Path | None:
+    """Compile ``psim-membw`` (:data:`CANARY_SRC`) to ``out``; None (said in the progress log)
+    when the compiler is missing or fails: the grid then runs without the canary."""
+    cmd = [compiler, "-O3", "-march=native", "-pthread", "-std=c++17", "-o", str(out), str(CANARY_SRC)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        lease.say(f"canary: not compiled ({exc.__class__.__name__}: {exc}); the grid runs without it")
+        return None
+    if r.returncode != 0:
+        lease.say(f"canary: not compiled (exit {r.returncode}): {r.stderr.strip()[-300:]}")
+        return None
+    return out
+
+
+def make_canary(lease: Lease, program: Path, timeout_s: float = 30):
+    """``before(run)`` for :func:`calibrate.llamacpp.grid.run_grid`: run ``program``
+    (``psim-membw`` with every hardware thread, llama-bench's count) and append its JSON line to
+    ``run/canary.jsonl`` as ``{"before": run id, "at": UTC time, "rc": exit status, ...}``
+    (``error`` instead of the figures when it failed). Never raises."""
+    threads = os.cpu_count() or 1
+
+    def before(run) -> None:
+        rec: dict = {"before": run.id, "at": _now()}
+        try:
+            r = subprocess.run([str(program), "--threads", str(threads)], capture_output=True, text=True,
+                               timeout=timeout_s)
+            rec["rc"] = r.returncode
+            if r.returncode == 0:
+                rec.update(json.loads(r.stdout.strip().splitlines()[-1]))
+            else:
+                rec["error"] = r.stderr.strip()[-300:]
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            rec.update(rc=None, error=f"{exc.__class__.__name__}: {exc}")
+        with open(lease.run_dir / "canary.jsonl", "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    return before
+
+
 def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, *, deadline_s: float,
               repo: str | Path, jobs: int | None = None, command: str = "") -> int:
     """The whole lease (module docstring). Returns 0 when the grid ran (failed invocations are
@@ -287,9 +331,13 @@ def _after_writers(lease: Lease, spec, procs, src_archive, deadline_at: float, r
     if has_perf and spec.perf_first:  # the CPU is quiet now: the writers have ended
         lease.status("perf")
         run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
+    before = None
+    if spec.canary:
+        exe = compile_canary(lease, lease.work / "psim-membw")
+        before = make_canary(lease, exe) if exe is not None else None
     lease.status("grid")
     run_grid(spec, res.program("llama-bench"), lease.models, lease.run_dir, deadline_at=deadline_at - 60,
-             say=lease.say)
+             say=lease.say, before=before)
     if has_perf and not spec.perf_first:
         lease.status("perf")
         run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
