@@ -576,6 +576,8 @@ def test_the_decode_ground_truth_prints_its_repeatability_between_model_loads(tm
     text = md.read_text()
     assert "Repeatability within data/llamacpp/h200-20261203-tg" in text
     assert "| all | 36 |" in text.split("Repeatability within")[1]
+    averaged = text.split("Averaged over model loads")[1]
+    assert "(2..2 loads, 18 configurations)" in averaged and "| all | 18 | 18 |" in averaged
 
 
 @pytest.mark.parametrize("extra, what", [
