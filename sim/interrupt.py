@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 #: the signals handled: Ctrl-C and ``kill``'s default
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -98,7 +99,9 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
     and SIGTERM raising :class:`Interrupted` in it. On an interruption (also when another
     exception, such as a :class:`~concurrent.futures.process.BrokenProcessPool` from workers
     killed by the same SIGTERM, arrives with it) print ``<prog>: interrupted`` (and the signal's
-    name unless SIGINT) on stderr and return ``128 + signal``. Other exceptions propagate.
+    name unless SIGINT) on stderr and return ``128 + signal``. A worker process that died without
+    a signal to this process (``BrokenProcessPool``: killed from outside, e.g. out of memory) is
+    one line on stderr and exit status 2. Other exceptions propagate.
 
     The previous handlers are restored on return. Outside the main thread no handler can be
     installed: only a :class:`KeyboardInterrupt` is caught. Nested calls (a command running
@@ -124,6 +127,13 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
         return status
     except KeyboardInterrupt as exc:
         return _say(prog, _state.received or getattr(exc, "signum", signal.SIGINT))
+    except BrokenProcessPool:
+        if _state.received is not None:
+            return _say(prog, _state.received)
+        print(f"{prog}: error: a worker process died (killed from outside, e.g. by the kernel's out-of-memory "
+              "killer); nothing was written: run again, with --jobs 1 or a smaller sweep if memory is short",
+              file=sys.stderr)
+        return 2
     except BaseException:
         if _state.received is not None:
             return _say(prog, _state.received)

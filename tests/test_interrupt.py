@@ -445,3 +445,19 @@ def test_run_group_times_out_as_subprocess_run_does():
     assert r.returncode == 0 and r.stdout == "hi\n"
     with pytest.raises(subprocess.CalledProcessError):
         I.run_group([sys.executable, "-c", "raise SystemExit(3)"], check=True)
+
+
+def _die_by_sigkill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_from_outside_is_one_line_and_status_2(capsys):
+    """A worker that dies of a signal this process never received (the out-of-memory killer's
+    SIGKILL) breaks the pool: one line naming it, exit status 2, no traceback."""
+    def body():
+        with I.WorkerPool(max_workers=1) as pool:
+            return pool.submit(_die_by_sigkill).result()
+
+    assert I.run_interruptible("prog", body) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prog: error: a worker process died") and len(err.strip().splitlines()) == 1

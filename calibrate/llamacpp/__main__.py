@@ -253,7 +253,7 @@ def _run(args) -> int:
     try:
         return args.fn(args)
     except PrefetchSimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"calibrate.llamacpp: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr = open(os.devnull, "w")

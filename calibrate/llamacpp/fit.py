@@ -493,7 +493,7 @@ def _main(argv: list[str] | None) -> int:
             write_atomic(target, set_values(text, {**measured, **fitted}, "ggml", args.profile))
             print(f"wrote {target}")
     except PrefetchSimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"fit: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

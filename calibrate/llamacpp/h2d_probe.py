@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rec = probe(argv[0])
     except PrefetchSimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"h2d_probe: error: {exc}", file=sys.stderr)
         return 2
     for m in rec["medians"] + rec.get("mapped", []):
         print(f"{m['direction']} {m['memory']:8s} {m['nbytes'] / 2**20:6.0f} MiB: {m['gb_per_s']:.2f} GB/s (n={m['n']})")

@@ -333,10 +333,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_atomic(args.out, df.to_csv(index=False))
             print(df.to_string(index=False) if not df.empty else "no timed cases")
     except PrefetchSimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"perf_cases: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: cannot write '{exc.filename or args.out}': {exc.strerror or exc}", file=sys.stderr)
+        print(f"perf_cases: error: cannot write '{exc.filename or args.out}': {exc.strerror or exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # pragma: no cover - output piped into head
         return 0

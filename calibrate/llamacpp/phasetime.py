@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, (v, src) in figures.items():
             print(f"{k} = {v:.4g}   ({src})")
     except (PrefetchSimError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"phasetime: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

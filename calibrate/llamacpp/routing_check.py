@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         bw, where = h2d_bandwidth(args.run_dir, str(resolve(args.hardware)))
         t = timed(args.run_dir, bw)
     except PrefetchSimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"routing_check: error: {exc}", file=sys.stderr)
         return 2
     pd.set_option("display.width", 200)
     print("Counted by the scheduler (copy-log), per graph:")

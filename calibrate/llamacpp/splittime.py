@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, (v, src) in rows_rates(args.run_dir).items():
             print(f"{k} = {v / 1e9:.4g}   ({src})")
     except (PrefetchSimError, OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"splittime: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
