@@ -591,3 +591,18 @@ def test_compare_refuses_outputs_that_would_clobber_each_other(tmp_path, extra, 
     err = capsys.readouterr().err
     assert what in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_warnings_name_another_gpu_and_each_invocation_with_another_model_size():
+    df = pd.DataFrame({"invocation": ["a-x", "a-x", "b-y", None], "line": [1, 2, 3, 4],
+                       "note": ["model_size 1.00 GiB differs from the model file's 2.00 GiB: trimmed",
+                                "flash_attn on; model_size 1.00 GiB differs from the model file's 2.00 GiB: trimmed",
+                                math.nan, "model_size 3.00 GiB differs: x"]})
+    df.attrs.update(gpu_name="NVIDIA H200", hardware="H200 (llama.cpp kernels)",
+                    gpu_info=["NVIDIA H200", "NVIDIA GeForce RTX 4090"])
+    w = cmp.warnings(df)
+    assert len(w) == 3
+    assert "NVIDIA GeForce RTX 4090" in w[0] and "NVIDIA H200" in w[0] and "--hardware" in w[0]
+    assert w[1].startswith("invocation a-x: model_size 1.00 GiB") and w[2].startswith("line 4: model_size 3.00")
+    df.attrs["gpu_info"] = ["NVIDIA H200/NVIDIA H200"]
+    assert len(cmp.warnings(df)) == 2

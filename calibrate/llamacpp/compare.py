@@ -760,10 +760,34 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
+    gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions,
+                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus,
                     disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
+
+
+def warnings(df: pd.DataFrame) -> list[str]:
+    """What a user should know about :func:`compare`'s result before reading its errors, one line
+    each: the rows were measured on another GPU than the profile's (``gpu_info`` against the
+    profile's ``gpu_name``), and each invocation whose rows' ``model_size`` differs from the model
+    file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
+    out = []
+    name = str(df.attrs.get("gpu_name") or "")
+    other = [g for g in df.attrs.get("gpu_info", []) if name and name.lower() not in g.lower()]
+    if other:
+        out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
+                   f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
+    if len(df) and "note" in df.columns:
+        seen = set()
+        for _, r in df.iterrows():
+            note = next((n for n in str(r["note"] or "").split("; ") if n.startswith("model_size ")), None)
+            key = (r["invocation"], note)
+            if note and key not in seen:
+                seen.add(key)
+                where = f"invocation {r['invocation']}" if isinstance(r["invocation"], str) else f"line {r['line']}"
+                out.append(f"{where}: {note}")
+    return out
 
 
 class _Sized:
@@ -1267,6 +1291,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(line {first['line']}: {first['note']})", file=sys.stderr)
             return 2
         write_outputs(args, prog, df, md, plot_compare)
+        for w in warnings(df):
+            print(f"{prog}: warning: {w}", file=sys.stderr)
         disagree = df.attrs.get("disagreements", {})
         for ln in sorted(disagree):  # each row the command line did not ask for, one line each
             print(f"{prog}: {disagree[ln]}", file=sys.stderr)
