@@ -302,7 +302,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
      f"K cache type ({', '.join(KV_TYPES)}): its bytes per element size the KV cache"),
     ("type_v", ("-ctv", "--cache-type-v"), _choice_list(KV_TYPES, "KV cache type"), "TYPE", "V cache type"),
     ("n_threads", ("-t", "--threads"), int_list, "N", "CPU threads (reported; not modelled: the profile's host "
-                                                       "figures price CPU ops)"),
+                                                       "figures price CPU ops; default the profile's host_cpus)"),
     ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (-1 or >= layers + 1: all)"),
     ("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), int_list, "N", "keep the experts of the first N blocks on the host"),
     ("split_mode", ("-sm", "--split-mode"), _choice_list(SPLIT_MODES, "split mode"), "MODE",
@@ -512,9 +512,17 @@ def _flat(args: argparse.Namespace, dest: str) -> list | None:
 # --------------------------------------------------------------------------------------
 
 
-def default_threads() -> int:
-    """``-t``'s default: the CPUs of this machine (llama-bench: its math cores)."""
-    return os.cpu_count() or 1
+def default_threads(hw=None) -> int:
+    """``-t``'s default: llama-bench's on the machine simulated, its math cores. The host CPU
+    count a calibrated profile records (``[measured] host_cpus``: the machine whose CPU figures
+    price the CPU ops, measured with all its threads) when ``hw`` has one, else this machine's
+    CPUs."""
+    raw = (getattr(hw, "measured", None) or {}).get("host_cpus") if hw is not None else None
+    try:
+        n = int(str(raw))
+    except (TypeError, ValueError):
+        n = 0
+    return n if n > 0 else (os.cpu_count() or 1)
 
 
 #: kinds of tests (llama-bench's order within one setting: prompts, generations, pairs)
@@ -782,7 +790,7 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     vals["type_v"] = pick("type_v", [kv])
     vals["no_kv_offload"] = pick("no_kv_offload", [False])
     vals["flash_attn"] = pick("flash_attn", [-1])
-    vals["n_threads"] = pick("n_threads", [default_threads()])
+    vals["n_threads"] = pick("n_threads", [default_threads(scn.hardware)])
     reps = getattr(args, "repetitions", None)
     n_prompt = tuple(_flat(args, "n_prompt") or wl.n_prompt)
     n_gen = tuple(_flat(args, "n_gen") or wl.n_gen)

@@ -520,7 +520,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say_notes(notes)
         raise
     _say_notes(notes)
-    text = format_rows(rows, args.output, n_threads_default=default_threads())
+    text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware))
     if args.vram:
         if args.output == "md":
             text = text.rstrip("\n") + "\n\n" + vram_table(results)

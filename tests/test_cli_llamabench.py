@@ -787,3 +787,20 @@ def test_a_list_starting_with_a_negative_number_is_a_flag_value_as_in_llama_benc
 def test_another_backends_buffer_is_refused(capsys):
     rc, _, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-ot", "attn_q=ROCm0")
     assert rc == 2 and "unrecognized buffer type 'ROCm0'" in err and "CUDA0" in err
+
+
+def test_default_threads_are_the_simulated_hosts(capsys, monkeypatch):
+    """Without -t a row prints llama-bench's default on the machine simulated: the profile's
+    recorded host_cpus (the H200 profile's 16, whatever this machine has), else this machine's
+    CPUs; the markdown table then has no threads column."""
+    from sim.benchflags import default_threads
+    from sim.specs import load_hardware
+
+    monkeypatch.setattr("os.cpu_count", lambda: 3)
+    assert default_threads(load_hardware("scenarios/hardware/h200-llamacpp.toml")) == 16
+    assert default_threads(load_hardware("scenarios/hardware/rtx3090.toml")) == 3 == default_threads()
+    assert {r["n_threads"] for r in jsonl(capsys, "-p", "64", "-n", "0")} == {3}   # tiny: a datasheet profile
+    rc, out, _ = run(capsys, "run", *QUICK, "-p", "64", "-n", "0", "-o", "jsonl")   # the default: the H200's
+    assert rc == 0 and {json.loads(ln)["n_threads"] for ln in out.splitlines()} == {16}
+    rc, out, _ = run(capsys, "run", "-q", "-p", "64", "-n", "0")
+    assert rc == 0 and "threads" not in out.splitlines()[0]
