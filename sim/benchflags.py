@@ -433,9 +433,11 @@ def prefetch_flag_variants(args: argparse.Namespace) -> tuple | None:
     off = [c for c in combos if c.variant is None]
     if off and not getattr(args, "skip_unmodelled", False):
         c = off[0]
-        raise ScenarioError(f"{c.flags}: the simulator does not model -pw 1 together with -pes "
-                            f"{c.prefetch_expert_slots} (weight prefetch and expert slots at once), so it has no row "
-                            "to print for it; drop one of the two, or give --skip-unmodelled to leave those rows out",
+        n = c.prefetch_expert_slots
+        raise ScenarioError(f"{c.flags}: with -pw 1 the patch's -pes {n} stages every host weight in max(2, {n}) "
+                            "slots, which the simulator does not model, so it has no row to print for it (--variant "
+                            f"prefetch_ungated+slots{n} is another design: weights in two slots, experts in {n} of "
+                            "their own); drop one of the two, or give --skip-unmodelled to leave those rows out",
                             field="-pw/-pes")
     names = list(dict.fromkeys(c.variant for c in combos if c.variant is not None))
     if not names:

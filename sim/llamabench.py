@@ -171,8 +171,10 @@ def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefet
     if pwg < 0 or pes < 0:
         raise ValueError(f"prefetch_gate {pwg} / prefetch_expert_slots {pes}: expected >= 0 (-pwg, -pes)")
     if pw and pes:
-        raise ValueError(f"prefetch_weights 1 with prefetch_expert_slots {pes} (-pw 1 -pes {pes}): weight prefetch "
-                         "and expert slots together are not modelled by the simulator")
+        raise ValueError(f"prefetch_weights 1 with prefetch_expert_slots {pes} (-pw 1 -pes {pes}): the patch then "
+                         f"stages every host weight in max(2, {pes}) slots, which the simulator does not model (its "
+                         f"prefetch_ungated+slots{pes} is another design: weights in two slots, experts in {pes} "
+                         "slots of their own)")
     if pw:
         return f"prefetch_gated_{pwg}" if pwg > 0 else "prefetch_ungated"
     return f"slots{pes}" if pes else "baseline"

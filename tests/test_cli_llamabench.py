@@ -416,7 +416,8 @@ def test_a_requested_variant_that_does_not_fit_is_an_error(capsys):
     # -pw 1 with -pes N is not modelled: no row can be printed for it
     rc, out, err = run(capsys, *base, "-pw", "0,1", "-pes", "0,2")
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert "-pw 1 -pwg 512 -pes 2: the simulator does not model -pw 1 together with -pes 2" in err
+    assert "-pw 1 -pwg 512 -pes 2: with -pw 1 the patch's -pes 2 stages every host weight in max(2, 2) slots" in err
+    assert "prefetch_ungated+slots2 is another design" in err
     assert "--skip-unmodelled" in err
     rc, _, err = run(capsys, *base, "-pw", "1", "-pes", "3", "--skip-unmodelled")
     assert rc == 2 and "no combination" in err

@@ -117,7 +117,7 @@ def test_prefetch_fields_name_the_simulator_variant():
     assert prefetch_variant(1, 0, 0) == "prefetch_ungated"
     assert prefetch_variant(1, 512, 0) == "prefetch_gated_512"
     assert prefetch_variant(0, 512, 3) == prefetch_variant(0, 0, 3) == "slots3"
-    with pytest.raises(ValueError, match="not modelled"):
+    with pytest.raises(ValueError, match="which the simulator does not model"):
         prefetch_variant(1, 512, 2)
     with pytest.raises(ValueError, match="0 or 1"):
         prefetch_variant(2, 0, 0)
