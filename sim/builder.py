@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
@@ -135,9 +136,8 @@ class BuildContext:
         """Per layer, everything of the layer that :func:`attn_item_shape` reads (window,
         linear or full attention, elementwise kernels, on a GPU or not, norm weights): layers
         with equal signatures have equal attention shapes at every (tokens, KV length)."""
-        model = self.scn.model
-        return [(model.attn_window(i), model.is_full_attn_layer(i), layer_elementwise(model, i),
-                 self.layer_dev[i] >= 0, layer_norm_weights(model, i)) for i in range(model.n_layer)]
+        parts = layer_attn_parts(self.scn.model)
+        return [(w, full, ew, d >= 0, nw) for (w, full, ew, nw), d in zip(parts, self.layer_dev)]
 
     def attn_shape(self, layer: int, n_tokens: int, kv_len: int) -> tuple:
         """:func:`attn_item_shape`, computed once per layer signature (:attr:`attn_layer_sig`),
@@ -175,16 +175,47 @@ class BuildContext:
         return {}
 
     @cached_property
+    def column_cache(self) -> dict:
+        """What :mod:`sim.fastgraph` derives once per context (the residency and devices of
+        the model's items)."""
+        return {}
+
+    @cached_property
     def moe_layers(self) -> list[int]:
         """The model's MoE layers, in order."""
         model = self.scn.model
-        return [i for i in range(model.n_layer) if model.is_moe_layer(i)]
+        if model.moe is None:
+            return []
+        # ModelSpec.is_moe_layer: the layers from the dense lead on
+        return list(range(max(model.moe.n_layer_dense_lead, 0), model.n_layer))
 
     @cached_property
     def tensor_by_name(self) -> dict[str, Tensor]:
         """GGUF name -> tensor of the model's blocks and ``token_embd`` (built once per
         context; the output head is ``model.output_tensor``)."""
         return {t.name: t for t in self.scn.model.tensors if not t.duplicate}
+
+
+#: per model (by id, holding the model so that the id stays its own): :func:`layer_attn_parts`
+_ATTN_PARTS: dict[int, tuple] = {}
+
+
+def layer_attn_parts(model) -> list[tuple]:
+    """Per layer of ``model``, the part of :attr:`BuildContext.attn_layer_sig` that depends on
+    the model alone: ``(window, full attention, elementwise kernels and elements, norm
+    weights)`` (:meth:`~sim.specs.ModelSpec.attn_window`,
+    :meth:`~sim.specs.ModelSpec.is_full_attn_layer`, :func:`sim.ggmlcost.layer_elementwise`,
+    :func:`sim.ggmlcost.layer_norm_weights`), computed once per model (a list of
+    ``n_layer`` tuples, not to be modified)."""
+    got = _ATTN_PARTS.get(id(model))
+    if got is not None and got[0] is model:
+        return got[1]
+    parts = [(model.attn_window(i), model.is_full_attn_layer(i), layer_elementwise(model, i),
+              layer_norm_weights(model, i)) for i in range(model.n_layer)]
+    if len(_ATTN_PARTS) >= 8:
+        _ATTN_PARTS.clear()
+    _ATTN_PARTS[id(model)] = (model, parts)
+    return parts
 
 
 def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> BuildContext:
@@ -205,7 +236,7 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.cache_policy)
-    host = frozenset(id(t) for t, h in zip(model.tensors, host_flags(model, placement)) if h)
+    host = frozenset(map(id, compress(model.tensors, host_flags(model, placement))))
     return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
                         layer_devices(model, placement, scn.hardware.n_gpu))
 
@@ -449,6 +480,9 @@ class Emitter:
         #: length: ``"attn"`` (an attention and its launch), ``"cpu_attn"`` (attention on the
         #: CPU backend), ``"kq_mask"`` (the mask fill; flag: the masks are copied to a GPU)
         self.kv_ops: list[tuple[int, str, int]] = []
+        #: ``(class of each op, an op of each class)`` of ops with equal prices, when the graph
+        #: was built by :func:`sim.fastgraph.build_graph_columns` (:func:`sim.costs.class_durations`)
+        self.price_classes: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- primitives ------------------------------------------------------------------
     # (op and launch append to the plan's columns directly: they run once or twice per op)

@@ -476,6 +476,33 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
     return out
 
 
+def class_durations(plan: Plan, hw: HardwareProfile, classes: np.ndarray, first: np.ndarray, *,
+                    launch: np.ndarray | float | None = None) -> np.ndarray:
+    """:func:`plan_durations` of a plan whose ops come partitioned into price classes by the
+    builder (:func:`sim.fastgraph.build_graph_columns`): ``classes`` (n,) int the class of each
+    op, ``first`` (C,) int an op of each class; the ops of a class have equal ``(kind, bytes,
+    shape, pinned, tag)``, so one :func:`op_duration_s` per class prices them all (the same
+    numbers). ``launch``: :func:`direct_launch_s` of the plan when the caller has it. In
+    ``executor_mode`` (busy-host prices depend on the op's position): :func:`plan_durations`.
+
+    Returns:
+        (n,) float64 seconds.
+
+    Raises:
+        ValueError: ``classes`` does not have one entry per op.
+    """
+    n = len(plan)
+    if classes.shape != (n,):
+        raise ValueError(f"classes: {classes.shape} entries for a plan of {n} ops")
+    if hw.executor_mode or not n:
+        return plan_durations(plan, hw)
+    op_at = plan.op
+    prices = np.array([op_duration_s(op_at(i), hw) for i in first.tolist()], dtype=np.float64)
+    out = prices[classes]
+    out += direct_launch_s(plan, hw) if launch is None else launch
+    return out
+
+
 def prefixed_points(costs: dict, prefix: str) -> list[tuple[int, float]]:
     """``(x, value)`` of the keys ``<prefix><x>`` of ``costs`` (measured points such as
     ``loop_t_<bytes>`` or ``host_work_t_<ids>``), sorted by ``x``."""

@@ -18,8 +18,11 @@ A test is then evaluated as (:func:`time_test`):
    experts (when a selective copy of host experts reads it: one copy per run, priced by its
    bytes; where the runs sit changes only the ops' names) or only the count of used experts
    (everything else prices experts by count);
-3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`), priced with
-   :func:`sim.costs.plan_durations` and compiled once; a graph that differs from one built in
+3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`: a column at a
+   time by :func:`sim.fastgraph.build_graph_columns` where that covers the graph, priced once
+   per class of equal ops with :func:`sim.costs.class_durations`; else op by op by
+   :func:`sim.builder.build_graph`, priced with :func:`sim.costs.plan_durations`; the same
+   plan and prices either way) and compiled once; a graph that differs from one built in
    the same call only in its ``llama_decode`` call (the first ubatch of a call carries the call's
    tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.builder.graph_call`)
    gets that template with its host-overhead op re-priced (:func:`derive_template`), the same
@@ -40,16 +43,17 @@ Traces and timelines always use the full plan (:func:`sim.builder.build_plan`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import engines
 from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
-from .costs import direct_launch_s, op_duration_s, plan_durations
+from .costs import class_durations, direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
+from .fastgraph import build_graph_columns
 from .overlap import template_host_edges, template_makespans, ubatch_overlap_s
 from .plan import STREAM_CODE, Plan, Stream
 from .specs import BenchTest
@@ -78,7 +82,9 @@ class GraphTemplate:
         results: row index -> (makespan, H2D busy s, hidden s, host prefix s, host idle tail s)
             (:func:`sim.overlap.template_host_edges`), once timed.
         kv_ops: the ops whose price depends on the KV length (``Emitter.kv_ops``);
-            kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`).
+            kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`);
+            kv_index: the op ids of each group, an int64 array per group (made with the
+            first row that re-prices them).
         launch: :func:`sim.costs.direct_launch_s` of the plan (added to a re-priced op).
         overhead_op: id of the graph's host-overhead op (``Emitter.overhead_op``), -1 without one.
     """
@@ -97,6 +103,7 @@ class GraphTemplate:
     results: dict = field(default_factory=dict)   # row index -> (makespan, h2d busy, hidden, H, F)
     kv_ops: list = field(default_factory=list)
     kv_groups: list | None = None
+    kv_index: list | None = None
     launch: np.ndarray | float = 0.0
     overhead_op: int = -1
 
@@ -126,17 +133,28 @@ def memo_eligible(ctx: BuildContext) -> bool:
     return ctx.cache is None and not ctx.scn.hardware.executor_mode
 
 
+#: per model (by id, holding the model so that the id stays its own): :func:`_expert_tensors`
+_EXPERT_TENSORS: dict[int, tuple] = {}
+
+
+def _expert_tensors(model) -> list[tuple[int, object]]:
+    """``(layer, tensor)`` of the model's expert tensors by name (``blk.<i>.<name>.weight`` for
+    the names of :data:`_EXPERT_NAMES`, as ``BuildContext.tensor_by_name`` holds them: not the
+    duplicates), computed once per model."""
+    got = _EXPERT_TENSORS.get(id(model))
+    if got is None or got[0] is not model:
+        tens = {t.name: t for t in model.tensors if not t.duplicate}
+        found = [(i, tens.get(f"blk.{i}.{nm}.weight")) for i in range(model.n_layer) for nm in _EXPERT_NAMES]
+        if len(_EXPERT_TENSORS) >= 8:
+            _EXPERT_TENSORS.clear()
+        got = _EXPERT_TENSORS[id(model)] = (model, [(i, t) for i, t in found if t is not None])
+    return got[1]
+
+
 def _host_expert_layers(ctx: BuildContext) -> frozenset[int]:
     """MoE layers with a host-resident expert tensor."""
-    model = ctx.scn.model
-    tens = ctx.tensor_by_name
-    out = set()
-    for i in range(model.n_layer):
-        for nm in _EXPERT_NAMES:
-            t = tens.get(f"blk.{i}.{nm}.weight")
-            if t is not None and id(t) in ctx.host_ids:
-                out.add(i)
-    return frozenset(out)
+    host = ctx.host_ids
+    return frozenset(i for i, t in _expert_tensors(ctx.scn.model) if id(t) in host)
 
 
 def _masks_matter(ctx: BuildContext, n_tokens: int, host_layers: frozenset[int]) -> bool:
@@ -227,10 +245,12 @@ def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
 
 
 def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
-                   masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0)
-                   ) -> GraphTemplate:
+                   masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0),
+                   block: np.ndarray | None = None) -> GraphTemplate:
     """Build, price and compile one graph on its own (see :class:`GraphTemplate`); ``call``:
-    :func:`sim.builder.graph_call` of the graph."""
+    :func:`sim.builder.graph_call` of the graph; ``block``: optionally the masks as the (L, E)
+    bool array whose rows ``masks`` holds (layers ``ctx.moe_layers``: what
+    :func:`sim.builder.draw_masks_graphs` draws), read by the column builder in one piece."""
     hw = ctx.scn.hardware
     plan = Plan(label="graph")
     em = Emitter(plan, ctx)
@@ -240,14 +260,19 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
     em.rebuilt, em.call_tokens, em.capture_share = call
     ctx.stats["used_masks"] = {}
     em.cache_split = {}
-    build_graph(em, n_tokens, kv_len, token_offset, masks)
+    if not build_graph_columns(em, n_tokens, kv_len, token_offset, masks, block):
+        build_graph(em, n_tokens, kv_len, token_offset, masks)
     end_device = start_device
     on_compute = np.flatnonzero(plan.arrays.stream == STREAM_CODE[Stream.COMPUTE])
     if on_compute.size:
         end_device = int(plan.devices[int(on_compute[-1])])
-    dur = plan_durations(plan, hw)
+    launch = direct_launch_s(plan, hw)
+    if em.price_classes is None:
+        dur = plan_durations(plan, hw)
+    else:
+        dur = class_durations(plan, hw, *em.price_classes, launch=launch)
     tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
-                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=direct_launch_s(plan, hw),
+                        plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=launch,
                         overhead_op=em.overhead_op)
     _row_at(tpl, ctx, kv_len)
     return tpl
@@ -285,7 +310,8 @@ def derive_template(src: GraphTemplate, ctx: BuildContext, call: tuple[bool, int
         dur = src.durations.copy()
         dur[oid] = _price(ctx, src, oid, plan.nbytes[oid], sh)
     tpl = GraphTemplate(new_plan, src.comp, dur, src.n_tokens, src.kv_len, src.end_device, src.h2d_bytes,
-                        src.groups, kv_ops=list(src.kv_ops), kv_groups=src.kv_groups, launch=src.launch,
+                        src.groups, kv_ops=list(src.kv_ops), kv_groups=src.kv_groups, kv_index=src.kv_index,
+                        launch=src.launch,
                         overhead_op=oid)
     _row_at(tpl, ctx, src.kv_len)
     return tpl
@@ -326,7 +352,7 @@ def _price(ctx: BuildContext, tpl: GraphTemplate, oid: int, nbytes: int, shape: 
     key = (plan.kinds[oid], nbytes, shape, plan.pinned[oid], plan.tags[oid])
     d = cache.get(key)
     if d is None:
-        d = cache[key] = op_duration_s(replace(plan.op(oid), nbytes=nbytes, shape=shape), ctx.scn.hardware)
+        d = cache[key] = op_duration_s(plan.op_with(oid, nbytes, shape), ctx.scn.hardware)
     if not isinstance(tpl.launch, float):  # a rebuilt graph's GPU op: its launch share
         d += float(tpl.launch[oid])
     return d
@@ -358,10 +384,10 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     idx = tpl.row_key.get(rk)
     if idx is None:
         row = tpl.durations.copy()
-        for (_key, oids), d in zip(groups, vals):
-            row[oids[0]] = d
-            for oid in oids[2:]:
-                row[oid] = d
+        if tpl.kv_index is None:   # each group's ops: its first and the others (_kv_groups)
+            tpl.kv_index = [np.array([oids[0], *oids[2:]], dtype=np.int64) for _key, oids in groups]
+        for at, d in zip(tpl.kv_index, vals):
+            row[at] = d
         idx = tpl.row_key[rk] = len(tpl.rows)
         tpl.rows.append(row)
     tpl.row_of[kv_len] = idx
@@ -482,10 +508,11 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
             if src is not None:
                 tpl = derive_template(src, ctx, call)
             else:
-                m = masks[g]
+                m = blk = masks[g]
                 if not isinstance(m, dict):
                     m = {} if m is None else dict(zip(ctx.moe_layers, m))
-                tpl = build_template(ctx, n, kv, off, m, start_dev, call)
+                tpl = build_template(ctx, n, kv, off, m, start_dev, call,
+                                     blk if isinstance(blk, np.ndarray) else None)
             built += 1
         family.setdefault(fkey, tpl)
         work[key] = tpl

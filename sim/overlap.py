@@ -45,9 +45,18 @@ def _edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 def _build_edge_masks(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     a = plan.arrays
     stream = np.asarray(a.stream)
-    gpu = np.isin(stream, _GPU_STREAMS)
-    busy = np.isin(stream, _HOST_STREAMS) & ~np.isin(np.asarray(a.kind), _WAITS)
+    kind = np.asarray(a.kind)
+    gpu = _any_of(stream, _GPU_STREAMS)
+    busy = _any_of(stream, _HOST_STREAMS) & ~_any_of(kind, _WAITS)
     return gpu, busy
+
+
+def _any_of(codes: np.ndarray, values: tuple[int, ...]) -> np.ndarray:
+    """``np.isin(codes, values)`` for a few values: one comparison per value."""
+    out = np.zeros(codes.shape, dtype=bool)
+    for v in values:
+        out |= codes == v
+    return out
 
 
 _ENDS_KEY = "_sim_overlap_queue_ends"

@@ -171,6 +171,33 @@ def _prev_in_group(group: np.ndarray, member: np.ndarray | None = None) -> np.nd
     return out
 
 
+def _plan_arrays(n: int, kind: np.ndarray, stream: np.ndarray, device: np.ndarray, ptr: np.ndarray,
+                 idx: np.ndarray) -> PlanArrays:
+    """:class:`PlanArrays` of ``n`` ops from their kind and stream codes (int8), devices,
+    dependency pointers and ids (int64)."""
+    i64 = np.int64
+    host_like = (stream == STREAM_CODE[Stream.HOST]) | (stream == STREAM_CODE[Stream.CPU])
+    qdev = np.where(host_like, -1, device)
+    key = stream.astype(i64) * (1 << 33) + (qdev + 1)
+    names: list[str] = []
+    if n:
+        _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")      # queues in order of first appearance
+        rank = np.empty(order.size, dtype=i64)
+        rank[order] = np.arange(order.size, dtype=i64)
+        queue = rank[inv.reshape(-1)]
+        for u in order.tolist():
+            s = STREAMS[int(stream[first[u]])].value
+            d = int(qdev[first[u]])
+            names.append(f"{s}{d}" if d >= 0 else s)
+    else:
+        queue = np.zeros(0, dtype=i64)
+    is_h2d = kind == KIND_CODE[OpKind.H2D]
+    link = np.where(is_h2d, np.maximum(device, 0), -1).astype(i64)
+    return PlanArrays(n, queue, link, ptr, idx, _prev_in_group(queue), _prev_in_group(link, is_h2d), names,
+                      kind, stream, device)
+
+
 _ARRAYS_KEY = "_plan_arrays"
 
 #: the per-op columns of a :class:`Plan` (``dep_ptr`` has one more element)
@@ -354,6 +381,21 @@ class Plan:
         _s_tag(op, self.tags[i])
         return op
 
+    def op_with(self, i: int, nbytes: int, shape: tuple) -> Op:
+        """Op ``i`` with its ``nbytes`` and ``shape`` replaced (``dataclasses.replace(self.op(i),
+        nbytes=nbytes, shape=shape)``, made from the columns directly: what :mod:`sim.memo`
+        prices at another KV length).
+
+        Raises:
+            IndexError: ``i`` outside the plan.
+        """
+        if not 0 <= i < len(self.names):
+            raise IndexError(f"op {i} outside a plan of {len(self.names)} ops")
+        op = self._make_op(i)
+        _s_nbytes(op, nbytes)
+        _s_shape(op, shape)
+        return op
+
     @property
     def ops(self) -> list[Op]:
         """The ops in program order as :class:`Op` objects (made from the columns on first use
@@ -421,26 +463,31 @@ class Plan:
         device = np.array(self.devices, dtype=i64) if n else np.zeros(0, i64)
         ptr = np.array(self.dep_ptr, dtype=i64)
         idx = np.array(self.dep_idx, dtype=i64) if self.dep_idx else np.zeros(0, i64)
-        host_like = (stream == STREAM_CODE[Stream.HOST]) | (stream == STREAM_CODE[Stream.CPU])
-        qdev = np.where(host_like, -1, device)
-        key = stream.astype(i64) * (1 << 33) + (qdev + 1)
-        names: list[str] = []
-        if n:
-            _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")      # queues in order of first appearance
-            rank = np.empty(order.size, dtype=i64)
-            rank[order] = np.arange(order.size, dtype=i64)
-            queue = rank[inv.reshape(-1)]
-            for u in order.tolist():
-                s = STREAMS[int(stream[first[u]])].value
-                d = int(qdev[first[u]])
-                names.append(f"{s}{d}" if d >= 0 else s)
-        else:
-            queue = np.zeros(0, dtype=i64)
-        is_h2d = kind == KIND_CODE[OpKind.H2D]
-        link = np.where(is_h2d, np.maximum(device, 0), -1).astype(i64)
-        arrays = PlanArrays(n, queue, link, ptr, idx, _prev_in_group(queue), _prev_in_group(link, is_h2d), names,
-                            kind, stream, device)
+        arrays = _plan_arrays(n, kind, stream, device, ptr, idx)
+        self.__dict__[_ARRAYS_KEY] = arrays
+        return arrays
+
+    def set_arrays(self, kind: np.ndarray, stream: np.ndarray, device: np.ndarray, dep_ptr: np.ndarray,
+                   dep_idx: np.ndarray) -> PlanArrays:
+        """Make :attr:`arrays` from numpy copies of the plan's ``kinds``, ``streams``,
+        ``devices``, ``dep_ptr`` and ``dep_idx`` columns that the caller already has (a builder
+        that fills the columns from arrays), instead of converting the lists: the same
+        :class:`PlanArrays`. The arrays must equal the columns ((n,) each, ``dep_ptr`` (n+1,));
+        they are converted to the dtypes :attr:`arrays` uses (int8 kinds and streams, int64 the
+        others).
+
+        Raises:
+            ValueError: an array's length does not fit the plan.
+        """
+        n = len(self.names)
+        if not (len(kind) == len(stream) == len(device) == n and len(dep_ptr) == n + 1
+                and len(dep_idx) == len(self.dep_idx)):
+            raise ValueError(f"set_arrays: arrays of lengths {len(kind)}, {len(stream)}, {len(device)}, "
+                             f"{len(dep_ptr)}, {len(dep_idx)} for a plan of {n} ops and {len(self.dep_idx)} deps")
+        i64 = np.int64
+        arrays = _plan_arrays(n, np.asarray(kind, dtype=np.int8), np.asarray(stream, dtype=np.int8),
+                              np.asarray(device, dtype=i64), np.asarray(dep_ptr, dtype=i64),
+                              np.asarray(dep_idx, dtype=i64))
         self.__dict__[_ARRAYS_KEY] = arrays
         return arrays
 

@@ -814,15 +814,22 @@ class Router:
             u = rng.random((h - g) * L * E).reshape(h - g, L, E)
             stacks = self._used_p_stacks
             lk = tuple(layers)
-            for k in range(g, h):
+            k = g
+            while k < h:
                 nk = graphs[k][0]
                 p = stacks.get((lk, nk))
                 if p is None:
                     if len(stacks) > 256:
                         stacks.clear()
-                    p = stacks[(lk, nk)] = np.stack([self._used_p_cached(i, nk) for i in layers])
+                    # the rows of _used_p_cached(i, nk), computed together (element by element the
+                    # same operations)
+                    p = stacks[(lk, nk)] = -np.expm1(nk * self._log1m[list(layers)])
                     p.flags.writeable = False
-                out.append(u[k - g] < p)
+                r = k + 1
+                while r < h and graphs[r][0] == nk:
+                    r += 1
+                out.extend(u[k - g:r - g] < p)   # graphs k .. r-1 of nk tokens, compared at once
+                k = r
             g = h
         return out
 

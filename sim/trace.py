@@ -287,7 +287,9 @@ def _build_transfer_groups(plan: Plan) -> list[tuple[np.ndarray, np.ndarray]]:
     a = plan.arrays
     kind, stream, device = a.kind, a.stream, a.device
     is_h2d = kind == KIND_CODE[OpKind.H2D]
-    is_comp = np.isin(kind, COMPUTE_CODES)
+    is_comp = np.zeros(kind.shape, dtype=bool)
+    for c in COMPUTE_CODES:   # np.isin(kind, COMPUTE_CODES), one comparison per code
+        is_comp |= kind == c
     cpu_comp = is_comp & (stream == STREAM_CODE[Stream.CPU])
     gpu_comp = is_comp & (stream == STREAM_CODE[Stream.COMPUTE])
     out = []

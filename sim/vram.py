@@ -102,14 +102,9 @@ def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[in
         raise PlacementError(f"{len(ts)} shares for {n_gpu} GPU(s)", field="placement.tensor_split")
     ts += [0.0] * (n_gpu - len(ts))
     cum = np.cumsum(ts) / sum(ts)
-    out = []
-    for i in range(model.n_layer):
-        if i < first:
-            out.append(-1)
-        else:
-            frac = (i - first) / max(n_act, 1)
-            out.append(int(min(np.searchsorted(cum, frac, side="right"), n_gpu - 1)))
-    return out
+    # block i (>= first) at fraction (i - first) / n_act of the offloaded layers
+    frac = (np.arange(first, model.n_layer, dtype=np.int64) - first) / max(n_act, 1)
+    return [-1] * first + np.minimum(np.searchsorted(cum, frac, side="right"), n_gpu - 1).tolist()
 
 
 def expert_bytes(model: ModelSpec, layer: int) -> int:
@@ -140,6 +135,29 @@ def _model_cache(model: ModelSpec) -> dict:
             _MODEL_CACHE.clear()
         got = _MODEL_CACHE[id(model)] = (model, {})
     return got[1]
+
+
+def _tensor_table(model: ModelSpec) -> tuple[np.ndarray, np.ndarray, list, np.ndarray, np.ndarray] | None:
+    """Per model (kept): its tensors' bytes and layers ((T,) int64 each), and its weight groups
+    (:func:`weight_groups`) with their tensors' positions in ``model.tensors`` ((G, width)
+    int64, -1 pad) and bytes ((G,) int64); None when a tensor object appears twice in
+    ``model.tensors`` (positions would not name it) or the bytes could not be summed exactly
+    as floats (2**53 or more)."""
+    cache = _model_cache(model)
+    if "tensor_table" not in cache:
+        tensors = model.tensors
+        pos = {id(t): i for i, t in enumerate(tensors)}
+        nb = np.array([t.nbytes for t in tensors], dtype=np.int64)
+        got = None
+        if len(pos) == len(tensors) and sum(t.nbytes for t in tensors) < 2**53:
+            groups = weight_groups(model)
+            width = max((len(g) for g in groups), default=1)
+            gpos = np.array([[pos[id(t)] for t in g] + [-1] * (width - len(g)) for g in groups],
+                            dtype=np.int64).reshape(len(groups), width)
+            gbytes = np.array([sum(t.nbytes for t in g) for g in groups], dtype=np.int64)
+            got = (nb, np.array([t.layer for t in tensors], dtype=np.int64), groups, gpos, gbytes)
+        cache["tensor_table"] = got
+    return cache["tensor_table"]
 
 
 def host_flags(model: ModelSpec, placement: Placement) -> tuple[bool, ...]:
@@ -232,26 +250,49 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     devs = layer_devices(model, pl, hw.n_gpu)
     # host residency per tensor, by position (a tied output head shares token_embd's name)
     on_host = host_flags(model, pl)
-    host_ids = {id(t) for t, h in zip(model.tensors, on_host) if h}
-    # host weight groups whose ops may be offloaded (token_embd is read by get_rows on the CPU;
-    # a host-resident output head has a batch of one row and runs on the CPU)
-    host_groups = [g for g in weight_groups(model)
-                   if g[0].layer >= 0 and any(id(t) in host_ids for t in g)]
+    table = _tensor_table(model)
+    if table is not None:
+        # the same, from the model's arrays: a group is host when one of its tensors is; the
+        # weights of a GPU an integer sum (every partial float sum of the loop is exact)
+        nb, t_layer, groups, gpos, gbytes = table
+        flags = np.zeros(nb.size + 1, dtype=bool)     # [-1]: padding
+        flags[:-1] = on_host
+        g_host = flags[gpos].any(axis=1) & (t_layer[gpos[:, 0]] >= 0) if gpos.size else np.zeros(0, dtype=bool)
+        at = np.flatnonzero(g_host)
+        host_groups = [groups[k] for k in at.tolist()]
+        dev_arr = np.asarray(devs + [-1], dtype=np.int64)
+        t_dev = np.where(t_layer >= 0, dev_arr[np.where(t_layer >= 0, t_layer, -1)], -2)   # -2: outside blocks
+        resident = ~flags[:-1]
+        host_gpu = np.maximum(t_dev[gpos[at, 0]], 0).tolist()   # gpu_of: the group's layer's GPU
+        host_bytes = gbytes[at].tolist()
+    else:
+        host_ids = {id(t) for t, h in zip(model.tensors, on_host) if h}
+        # host weight groups whose ops may be offloaded (token_embd is read by get_rows on the
+        # CPU; a host-resident output head has a batch of one row and runs on the CPU)
+        host_groups = [g for g in weight_groups(model)
+                       if g[0].layer >= 0 and any(id(t) in host_ids for t in g)]
 
     def gpu_of(group: tuple[Tensor, ...]) -> int:
         return max(devs[group[0].layer], 0)  # the layer's GPU (GPU 0 if the layer is not offloaded)
+    if table is None:
+        host_gpu = [gpu_of(grp) for grp in host_groups]
+        host_bytes = [sum(t.nbytes for t in grp) for grp in host_groups]
     out = []
     n_ub = scn.workload.n_ubatch
     for g in range(hw.n_gpu):
         w = 0.0
         kv = 0.0
-        for t, h in zip(model.tensors, on_host):
-            if h:
-                continue
-            if t.layer >= 0 and devs[t.layer] == g:
-                w += t.nbytes
-            elif t.layer < 0 and g == hw.n_gpu - 1:
-                w += t.nbytes
+        if table is not None:
+            on_g = (t_dev == g) | ((t_dev == -2) & (g == hw.n_gpu - 1))
+            w = float(nb[resident & on_g].sum())
+        else:
+            for t, h in zip(model.tensors, on_host):
+                if h:
+                    continue
+                if t.layer >= 0 and devs[t.layer] == g:
+                    w += t.nbytes
+                elif t.layer < 0 and g == hw.n_gpu - 1:
+                    w += t.nbytes
         for i in range(model.n_layer):
             if devs[i] == g:
                 ctx = pl.ctx_size
@@ -267,12 +308,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                 widest = max(widest, model.moe.n_ff_exp * model.moe.n_expert_used, model.moe.n_ff_shexp)
             widest = max(widest, model.n_ff, model.n_head * model.head_dim)
             comp = 4.0 * n_ub * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
-            offl = [sum(t.nbytes for t in grp) for grp in host_groups if gpu_of(grp) == g]
+            offl = [b for b, gg in zip(host_bytes, host_gpu) if gg == g]
             if offl:
                 comp += max(offl)  # a copy of the largest host weight group offloaded to this GPU
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
         # layers that are not offloaded)
-        here = [grp for grp in host_groups if gpu_of(grp) == g]
+        here = [grp for grp, gg in zip(host_groups, host_gpu) if gg == g]
         stg = staging_bytes(variant, here)
         slot = expert_slot_bytes(t for grp in here for t in grp) if variant.expert_slots else 0
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))

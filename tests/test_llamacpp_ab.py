@@ -199,7 +199,7 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     # -pw 1 -pes 2: measured, not simulated (and noted)
     n = df.iloc[2]
     assert n.measured_gain_pct == pytest.approx(22.0) and math.isnan(n.predicted_gain_pct) and pd.isna(n.sign_agree)
-    assert "not simulated" in n.note and "not modelled" in n.note
+    assert "not simulated" in n.note and "which the simulator does not model" in n.note
     # no baseline at -ub 32
     u = df.iloc[3]
     assert math.isnan(u.measured_gain_pct) and "no baseline row" in u.note and not math.isnan(u.predicted_prefetch_ts)

@@ -244,11 +244,17 @@ def run(plan: Plan | CompiledPlan, durations) -> Schedule:
     return Schedule(start, end, ENGINE_NAME)
 
 
-def _run_one(comp: CompiledPlan, dur: list[float]) -> tuple[list[float], list[float]]:
+def _run_one(comp: CompiledPlan, dur: list[float], choice: bool = False):
     """One scenario: :func:`_run_three` when no op has more than three predecessors, else
-    :func:`_run_scalar`."""
+    :func:`_run_scalar`: ``(start, end)``, lists of ``n`` floats. ``choice``: also each op's
+    critical predecessor, ``(start, end, choice)`` with ``choice`` an (n,) int64 array or None
+    (:func:`_run_three_choice`; None when some op has more than three predecessors)."""
     if comp.p0 is None:
-        return _run_scalar(comp.preds, dur)
+        got = _run_scalar(comp.preds, dur)
+        return (*got, None) if choice else got
+    if choice:
+        s, e, ch = _run_three_choice(comp.p0, comp.p1, comp.p2, dur)
+        return s, e, np.array(ch, dtype=np.int64)
     return _run_three(comp.p0, comp.p1, comp.p2, dur)
 
 
@@ -271,6 +277,34 @@ def _run_three(p0: list[int], p1: list[int], p2: list[int], dur: list[float]) ->
         end[i] = s + d
     del end[n]
     return start, end
+
+
+def _run_three_choice(p0: list[int], p1: list[int], p2: list[int], dur: list[float]
+                      ) -> tuple[list[float], list[float], list[int]]:
+    """:func:`_run_three` that also records each op's critical predecessor: the one whose end
+    is its start, the lowest id among equal ends, -1 without predecessors (what
+    :func:`_critical_choice` finds in the end times: the same strict comparisons in the same
+    order)."""
+    n = len(dur)
+    start = [0.0] * n
+    end = [0.0] * (n + 1)
+    choice = [-1] * n
+    for i, a, b, c, d in zip(range(n), p0, p1, p2, dur):
+        s = end[a]
+        w = a
+        e = end[b]
+        if e > s:
+            s = e
+            w = b
+        e = end[c]
+        if e > s:
+            s = e
+            w = c
+        start[i] = s
+        end[i] = s + d
+        choice[i] = w
+    del end[n]
+    return start, end, choice
 
 
 def _run_scalar(preds, dur: list[float]) -> tuple[list[float], list[float]]:
@@ -361,29 +395,25 @@ def _tree_of(comp: CompiledPlan, choice: np.ndarray) -> _Tree:
             if si > best[p]:
                 best[p] = si
                 heavy[p] = i
-    # chain heads: roots and light children; a chain follows heavy children from its head
-    level = [0] * n
-    heads = []
+    # chain heads: roots and light children; a chain follows heavy children from its head (ids
+    # grow along a chain, so appending the ops in id order builds each chain in order; chains
+    # are numbered by their heads' ids)
+    chain_of = [0] * n
+    chains: list[list[int]] = []
+    level: list[int] = []       # per chain
     for i in range(n):
         p = par[i]
-        if p < 0:
-            heads.append(i)
-        elif heavy[p] != i:
-            level[i] = level[p] + 1
-            heads.append(i)
+        if p >= 0 and heavy[p] == i:
+            c = chain_of[p]
+            chain_of[i] = c
+            chains[c].append(i)
         else:
-            level[i] = level[p]
-    chains = []
-    for h in heads:
-        c = [h]
-        x = heavy[h]
-        while x >= 0:
-            c.append(x)
-            x = heavy[x]
-        chains.append(c)
+            chain_of[i] = len(chains)
+            level.append(level[chain_of[p]] + 1 if p >= 0 else 0)
+            chains.append([i])
     by_group: dict = {}
-    for c in chains:
-        by_group.setdefault((level[c[0]], (len(c) - 1).bit_length()), []).append(c)
+    for c, lev in zip(chains, level):
+        by_group.setdefault((lev, (len(c) - 1).bit_length()), []).append(c)
     groups = []
     for key in sorted(by_group):
         cs = by_group[key]
@@ -454,10 +484,12 @@ def _tree_ends(comp: CompiledPlan, tree: _Tree, dt: np.ndarray) -> tuple[np.ndar
     return st, ez[:n], bad
 
 
-def _tree_for(comp: CompiledPlan, end: np.ndarray) -> _Tree:
+def _tree_for(comp: CompiledPlan, end: np.ndarray, choice: np.ndarray | None = None) -> _Tree:
     """The chain decomposition of the critical tree of one scenario's ``end`` (n,) times,
-    cached on ``comp`` (a few trees) and remembered as the one to try first next time."""
-    choice = _critical_choice(comp, end)
+    cached on ``comp`` (a few trees) and remembered as the one to try first next time.
+    ``choice``: :func:`_critical_choice` of ``end`` when the caller has it."""
+    if choice is None:
+        choice = _critical_choice(comp, end)
     key = choice.tobytes()
     tree = comp._trees.get(key)
     if tree is None:
@@ -494,9 +526,9 @@ def _run_tree(comp: CompiledPlan, d: np.ndarray) -> tuple[np.ndarray, np.ndarray
     for attempt in range(2):
         if tree is None or attempt:
             k = int(todo[0])
-            s_k, e_k = _run_one(comp, d[k].tolist())
+            s_k, e_k, ch = _run_one(comp, d[k].tolist(), True)
             start[:, k], end[:, k] = s_k, e_k
-            tree = _tree_for(comp, end[:, k])
+            tree = _tree_for(comp, end[:, k], ch)
             todo = todo[1:]
         if todo.size == 0:
             break
