@@ -811,7 +811,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     if ggml is not None and ggml.mask_s > 0:
         # the host fills the KQ masks, then the scheduler copies them (graph inputs, pinned) to
         # the GPU when some attention runs there
-        on_gpu = any(it.kind is OpKind.ATTN for it in items)
+        on_gpu = any(it.kind is OpKind.ATTN and not it.cpu for it in items)
         oid = em.host(OpKind.HOST_WORK, f"graph {em.graph} KQ mask", tag="kq_mask",
                       shape=kq_mask_shape(model, n_tokens, kv_len, scn.placement.flash_attn, on_gpu))
         em.kv_ops.append((oid, "kq_mask", int(on_gpu)))

@@ -649,3 +649,21 @@ def test_plan_durations_equal_op_duration_s_of_each_op():
             # plus the launch share of a graph llama.cpp rebuilds (sim.costs.direct_launch_s)
             ref = np.asarray(_durations_loop(plan, h)) + direct_launch_s(plan, h)
             assert plan_durations(plan, h).tolist() == ref.tolist(), name
+
+
+def test_the_kq_mask_is_copied_to_the_gpu_only_when_some_attention_runs_there():
+    """llama.cpp copies the KQ masks (graph inputs) to a GPU only for attention that runs there:
+    with every layer on the CPU (-ngl 0, decode below the op-offload batch) the mask op moves no
+    bytes; with the layers offloaded it moves the mask's."""
+    from sim.specs import load_model
+
+    scn = load_scenario("scenarios/default.toml")    # the llama.cpp-calibrated H200 profile
+    scn = scn.with_(model=load_model("scenarios/models/gemma3-27b.toml"))
+    def mask_bytes(ngl: int) -> int:
+        s = scn.with_(placement=replace(scn.placement, ngl=ngl, n_cpu_moe=0, override_tensor=()))
+        plan = build_plan(s, parse_variant("baseline"), BenchTest(0, 2, 0), np.random.default_rng(0))
+        ops = [i for i in range(len(plan.tags)) if plan.tags[i] == "kq_mask"]
+        assert ops
+        return int(plan.shapes[ops[0]][1])
+
+    assert mask_bytes(0) == 0 and mask_bytes(999) > 0
