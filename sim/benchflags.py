@@ -339,7 +339,8 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
 
 
 #: llama-bench flags that set up the benchmark harness, not what is run: accepted (a copied
-#: llama-bench command line works) and noted as not modelled. (flags, takes a value)
+#: llama-bench command line works) and noted as not modelled, but ``--no-warmup`` (it drops the
+#: warm-up run an expert cache keeps: :attr:`BenchParams.warmup`). (flags, takes a value)
 HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("-v", "--verbose"), False), (("--progress",), False), (("--no-warmup",), False),
     (("--delay",), True), (("--prio",), True), (("--poll",), True), (("-C", "--cpu-mask"), True),
@@ -462,7 +463,7 @@ def harness_notes(args: argparse.Namespace) -> list[str]:
     out = []
     for opts, _ in HARNESS_FLAGS:
         v = getattr(args, "harness_" + opts[-1].lstrip("-").replace("-", "_"), None)
-        if v not in (None, False):
+        if v not in (None, False) and opts[0] != "--no-warmup":  # modelled: BenchParams.warmup
             out.append(f"{opts[0]}: accepted, not modelled (a llama-bench harness setting)")
     return out
 
@@ -471,7 +472,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     """llama-bench's flags (lists and ranges; a repeated flag adds values), the prefetch patch's
     ``-pw``/``-pwg``/``-pes`` (:data:`PREFETCH_FLAGS`), the scenario, and
     ``--variant``/``--engine``/``--max-work``."""
-    from .bounds import REPETITIONS_MAX, WORK_MAX
+    from .bounds import MEMO_WORK_DIVISOR, REPETITIONS_MAX, WORK_MAX
 
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
@@ -488,12 +489,14 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--repetitions", dest="repetitions", type=int,
                    help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
-                   help=f"refuse a run that would build more than N graph-layers (graphs x layers x repetitions "
-                        f"x variants x settings; default {WORK_MAX:,}, a few minutes)")
+                   help=f"refuse a run that would cost more than N graph-layers of work (graphs x layers x "
+                        f"repetitions x settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per "
+                        f"other variant; default {WORK_MAX:,}, about half a minute)")
     p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
                    help="variants to run, a comma list (repeatable: a repeated flag adds, as llama-bench's list "
                         "flags): baseline, prefetch_ungated, prefetch_gated_<N>, slots<N>, cache_lru, cache_lfu, "
-                        "cache_fit, baseline_without_selective_copy, or a+b (e.g. slots3+cache_lru)")
+                        "cache_fit, baseline_without_selective_copy, or a+b (e.g. slots3+cache_lru); run adds "
+                        "baseline when it is not listed (vs_base compares against it)")
     p.add_argument("--skip-unmodelled", dest="skip_unmodelled", action="store_true",
                    help="leave out, with a note, the -pw/-pwg/-pes combinations the simulator does not model "
                         "(-pw 1 with -pes N > 0) instead of refusing the run (their rows are not printed)")
@@ -621,6 +624,8 @@ class BenchParams:
             once per combination (innermost, as the patched llama-bench), those the simulator
             does not model left out (``--skip-unmodelled``); None: not given (the rows are the
             scenario's or ``--variant``'s variants).
+        warmup: llama-bench's untimed warm-up run before each test (False: ``--no-warmup``;
+            only an expert cache keeps anything of it, :func:`sim.metrics.run_variant_test`).
     """
 
     values: dict[str, tuple]
@@ -631,6 +636,7 @@ class BenchParams:
     repetitions: int
     given: frozenset[str]
     prefetch: tuple[PrefetchCombo, ...] | None = None
+    warmup: bool = True
 
     def settings(self) -> list[Setting]:
         """Every combination, in llama-bench's loop order."""
@@ -808,7 +814,8 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     combos = prefetch_combos(args)
     if combos is not None:
         combos = tuple(c for c in combos if c.variant is not None)
-    return BenchParams(vals, n_prompt, n_gen, n_depth, n_pg, reps or wl.repetitions, frozenset(given), combos)
+    return BenchParams(vals, n_prompt, n_gen, n_depth, n_pg, reps or wl.repetitions, frozenset(given), combos,
+                       warmup=not getattr(args, "harness_no_warmup", False))
 
 
 # --------------------------------------------------------------------------------------
@@ -1128,12 +1135,15 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         pl = replace(pl, flash_attn=base.flash_attn)
     if "n_threads" in given:
         notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures)")
+    if "tensor_split" in given and hw.n_gpu > 1:
+        notes.add("-ts: sets each GPU's layers (placement, VRAM); the activations crossing between the GPUs are "
+                  "not priced")
     insts = params.instances(setting)
     wl = Workload(
         n_prompt=tuple(dict.fromkeys(i.n_prompt for i in insts if i.n_prompt)) or (0,),
         n_gen=tuple(dict.fromkeys(i.n_gen for i in insts if i.n_gen)) or (0,),
         n_depth=tuple(dict.fromkeys(i.n_depth for i in insts)) or (0,),
-        n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions)
+        n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions, warmup=params.warmup)
     return scn.with_(model=m, hardware=hw, placement=pl, workload=wl, routing=_routing_for(scn, m, notes))
 
 

@@ -75,10 +75,16 @@ TEXT_INPUT_MAX_BYTES = 256 * 2**20
 #: deepest nesting of arrays/tables in a TOML input; shipped files nest 3 deep
 TOML_DEPTH_MAX = 32
 
-#: default work budget: graphs x layers x repetitions x variants x settings that one command
-#: builds (the default scenario's run builds ~80,000; the analytic engine builds ~1,000-3,000
-#: per second per core, so the budget is a few minutes); raised with --max-work
+#: default work budget: graphs x layers x repetitions x settings that one command builds, one
+#: per variant with an expert cache (or a profile in executor mode: built op by op, ~16,000
+#: graph-layers/s on one core, measured with `prefetch-sim run -n 1024 -p 0 --variant cache_lru`
+#: on the 2-core CI machine, 2026-12-03), 1/MEMO_WORK_DIVISOR per other variant (timed graph by
+#: graph, sim.memo: > 2,000,000/s, `-n 4096 -p 0 --engine des`); the budget is then about half a
+#: minute either way; raised with --max-work
 WORK_MAX = 500_000
+#: how much cheaper a memoised variant's graph-layer is than one built op by op (see WORK_MAX;
+#: the measured ratio is above 100)
+MEMO_WORK_DIVISOR = 100
 
 
 def check_kind(value: float, kind: str, *, zero_ok: bool = False, file=None, field: str | None = None) -> float:
@@ -182,7 +188,16 @@ def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: in
     ub = max(1, min(n_ubatch, n_batch))
     per_rep = sum((-(-t.n_prompt // ub) if t.n_prompt else t.n_gen) * max(1, n_layer) + PLAN_OVERHEAD_UNITS
                   for t in tests)
-    return (per_rep * max(1, repetitions) + PLAN_OVERHEAD_UNITS) * max(1, n_variants)
+    return int(math.ceil((per_rep * max(1, repetitions) + PLAN_OVERHEAD_UNITS) * max(0.0, n_variants)))
+
+
+def variant_work(variants, hardware) -> float:
+    """The variants' share of a setting's work, for :func:`work_units`' ``n_variants``: 1 for a
+    variant built op by op (an expert cache, or a profile in executor mode: not memoised,
+    :func:`sim.memo.memo_eligible`), ``1 / MEMO_WORK_DIVISOR`` for any other."""
+    if getattr(hardware, "executor_mode", False):
+        return float(len(variants))
+    return sum(1.0 if getattr(v, "expert_cache", "none") != "none" else 1.0 / MEMO_WORK_DIVISOR for v in variants)
 
 
 def check_work(work: int, budget: int | None, flag: str = "--max-work") -> None:
@@ -193,6 +208,7 @@ def check_work(work: int, budget: int | None, flag: str = "--max-work") -> None:
     """
     budget = WORK_MAX if budget is None else budget
     if work > budget:
-        raise ScenarioError(f"this run would build {work:,} graph-layers (graphs x layers x repetitions x "
-                            f"variants x settings), over the budget of {budget:,}; shorten the tests or "
-                            f"raise {flag}", field=flag)
+        raise ScenarioError(f"this run would cost {work:,} graph-layers of work (graphs x layers x repetitions x "
+                            f"settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per other "
+                            f"variant), over the budget of {budget:,}; shorten the tests or raise {flag}",
+                            field=flag)

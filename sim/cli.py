@@ -154,11 +154,11 @@ def check_plan_work(scn, tests, args) -> None:
     Raises:
         ScenarioError: over the budget, naming ``--max-work``.
     """
-    from .bounds import check_work, work_units
+    from .bounds import check_work, variant_work, work_units
 
     wl = scn.workload
-    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants)),
-               getattr(args, "max_work", None))
+    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1,
+                          variant_work(scn.variants, scn.hardware)), getattr(args, "max_work", None))
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -359,14 +359,14 @@ def _setting_label(params, setting) -> str:
 def bench_work(scn, params, models) -> int:
     """The work of a run (:func:`sim.bounds.work_units` summed over its settings)."""
     from .benchflags import sim_tests
-    from .bounds import work_units
+    from .bounds import variant_work, work_units
 
     total = 0
+    share = variant_work(scn.variants, scn.hardware)
     for setting in params.settings():
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
-        total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions,
-                            len(scn.variants))
+        total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share)
     return total
 
 
@@ -511,6 +511,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress = lambda it, desc: bar(it, desc=desc, unit="variant")  # noqa: E731
     notes = Notes()
     notes.extend(harness_notes(args) + unmodelled_notes(args) + ot_notes(args))
+    for v in scn.variants:
+        if v.prefetch_weights and v.expert_slots:
+            notes.add(f"variant {v.name}: weight prefetch (two slots) with {v.expert_slots} expert slots of its own "
+                      f"is a design of the simulator; its rows print -pw 1 -pes {v.expert_slots}, which the prefetch "
+                      f"patch runs as weight prefetch in max(2, {v.expert_slots}) slots")
     try:
         rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
                                   max_work=args.max_work, required=required_variants(args, params))

@@ -666,10 +666,10 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         for var in v2:
             work.append(_Job(idx, point, s2, var, t2, repetitions, engine))
     if max_work is not None:
-        from .bounds import check_work, work_units
+        from .bounds import check_work, variant_work, work_units
 
         check_work(sum(work_units([j.test], j.scn.model.n_layer, j.scn.workload.n_ubatch, j.scn.workload.n_batch,
-                                  repetitions, 1) for j in work), max_work)
+                                  repetitions, variant_work([j.variant], j.scn.hardware)) for j in work), max_work)
     n_jobs = default_jobs() if jobs is None else max(1, int(jobs))
     results: list[CellResult | None] = [None] * len(work)
     # a cell whose inputs are those of an earlier one (an axis that leaves a variant as it is,
@@ -1265,9 +1265,10 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--figure", help="build a built-in figure: " + ", ".join(FIGURES) + ", their names, or all")
     p.add_argument("--out", default="out/crossover", help="output directory (default out/crossover)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    from .bounds import WORK_MAX
+    from .bounds import MEMO_WORK_DIVISOR, WORK_MAX
 
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
-                   help=f"refuse a sweep that would build more than N graph-layers (default {WORK_MAX:,})")
+                   help=f"refuse a sweep that would cost more than N graph-layers of work (x1 per variant with an "
+                        f"expert cache, x1/{MEMO_WORK_DIVISOR} per other; default {WORK_MAX:,})")
     p.set_defaults(func=cmd_crossover)
     return p

@@ -194,7 +194,7 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     """Build, time and summarise ``repetitions`` runs of one test under one variant.
 
     With an expert cache, llama-bench's warm-up run (:func:`warmup_test`) is built first on the
-    same context (its hits are not counted); the cache then carries over the repetitions, as
+    same context (its hits are not counted; not with ``scn.workload.warmup`` False: ``--no-warmup``); the cache then carries over the repetitions, as
     in llama-bench's context, and over the tests of the variant that share ``ctx``.
 
     Args:
@@ -214,7 +214,7 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     if ctx is None:
         ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
                else make_context(scn, variant, rep_rng(scn.seed, test_index, -1)))
-    if ctx.cache is not None:
+    if ctx.cache is not None and scn.workload.warmup:
         # llama-bench's untimed warm-up run (warmup_test); it also warms the expert cache
         build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
         ctx.cache.reset_stats()

@@ -1145,6 +1145,9 @@ class Workload:
             (a comparison against a llama-bench file draws 3 routings of a row measured at
             ``-r 5``); 0: ``repetitions``. It spreads the cost that only llama-bench's first
             repetition pays (capturing the CUDA graph, :mod:`sim.ggmlcost`). Not a TOML field.
+        warmup: llama-bench's untimed warm-up run before a test's repetitions
+            (:func:`sim.metrics.warmup_test`; False: ``--no-warmup``). Only an expert cache keeps
+            anything of it. Not a TOML field.
     """
 
     n_prompt: tuple[int, ...] = (512,)
@@ -1154,6 +1157,7 @@ class Workload:
     n_batch: int = 2048
     repetitions: int = 5
     bench_repetitions: int = 0
+    warmup: bool = True
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]

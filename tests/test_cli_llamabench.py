@@ -751,8 +751,9 @@ def test_harness_flags_of_a_copied_llama_bench_command_are_accepted_with_a_note(
     assert main(["run", TINY, *QUICK, "-v", "--no-warmup", "--delay", "1", "-dev", "CUDA0", "--poll", "50",
                  "-o", "jsonl"]) == 0
     cap = capsys.readouterr()
-    for flag in ("-v", "--no-warmup", "--delay", "-dev", "--poll"):
+    for flag in ("-v", "--delay", "-dev", "--poll"):
         assert f"note: {flag}: accepted, not modelled" in cap.err
+    assert "--no-warmup: accepted" not in cap.err   # modelled (an expert cache starts cold)
     assert cap.out.count("\n") >= 1 and cap.out.lstrip().startswith("{")
 
 
@@ -805,3 +806,51 @@ def test_default_threads_are_the_simulated_hosts(capsys, monkeypatch):
     assert rc == 0 and {json.loads(ln)["n_threads"] for ln in out.splitlines()} == {16}
     rc, out, _ = run(capsys, "run", "-q", "-p", "64", "-n", "0")
     assert rc == 0 and "threads" not in out.splitlines()[0]
+
+
+def test_the_work_budget_counts_memoised_variants_at_a_hundredth(capsys):
+    """A variant timed graph by graph (no expert cache) costs 1/MEMO_WORK_DIVISOR of one built op
+    by op: a 16k-token decode of the baseline is within the default budget, the same with an
+    expert cache is refused, naming --max-work and the estimate."""
+    from sim.bounds import MEMO_WORK_DIVISOR, WORK_MAX, variant_work, work_units
+    from sim.specs import BenchTest, load_hardware, parse_variant
+
+    hw = load_hardware("scenarios/hardware/h200-llamacpp.toml")
+    base, lru = parse_variant("baseline"), parse_variant("cache_lru")
+    assert variant_work([base, lru], hw) == 1 + 1 / MEMO_WORK_DIVISOR
+    assert variant_work([base], hw.with_(executor_mode=True)) == 1.0
+    tg = [BenchTest(0, 16384)]
+    assert work_units(tg, 48, 512, 2048, 3, variant_work([base], hw)) < WORK_MAX
+    assert work_units(tg, 48, 512, 2048, 3, variant_work([lru], hw)) > WORK_MAX
+    rc, _, err = run(capsys, "run", "-n", "16384", "-p", "0", "-r", "1", "-q", "--variant", "cache_lru")
+    assert rc == 2 and "field '--max-work'" in err and "x1/100 per other variant" in err
+    assert err.count("\n") == 1
+
+
+def test_no_warmup_drops_the_warm_up_an_expert_cache_keeps(capsys):
+    """--no-warmup is modelled: an expert cache starts cold (llama-bench's warm-up run no longer
+    fills it), the baseline (which keeps nothing of the warm-up) is unchanged, and no
+    'not modelled' note is printed for it."""
+    def rows(*extra):
+        rc, out, err = run(capsys, "run", "-p", "512", "-n", "0", "-r", "1", "-q", "-o", "jsonl",
+                           "--variant", "baseline,cache_lru", *extra)
+        assert rc == 0, err
+        return {json.loads(ln)["build_commit"]: json.loads(ln)["avg_ns"] for ln in out.splitlines()}, err
+
+    warm, _ = rows()
+    cold, err = rows("--no-warmup")
+    assert "--no-warmup" not in err
+    base = next(k for k in warm if "baseline" in k)
+    lru = next(k for k in warm if "cache" in k)
+    assert cold[base] == warm[base] and cold[lru] > warm[lru]
+
+
+def test_notes_say_what_ts_and_a_composite_prefetch_variant_do_not_mean(capsys):
+    rc, _, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "-p", "64", "-n", "0", "-r", "1", "-q",
+                     "--variant", "baseline", "-ts", "3/1")
+    assert rc == 0 and "note: -ts: sets each GPU's layers" in err and "not priced" in err
+    rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "prefetch_ungated+slots2")
+    assert rc == 0 and "variant prefetch_ungated+slots2: weight prefetch (two slots) with 2 expert slots" in err
+    assert "max(2, 2) slots" in err
+    rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "slots2")
+    assert rc == 0 and "design of the simulator" not in err
