@@ -184,10 +184,7 @@ class BuildContext:
     def moe_layers(self) -> list[int]:
         """The model's MoE layers, in order."""
         model = self.scn.model
-        if model.moe is None:
-            return []
-        # ModelSpec.is_moe_layer: the layers from the dense lead on
-        return list(range(max(model.moe.n_layer_dense_lead, 0), model.n_layer))
+        return [i for i in range(model.n_layer) if model.is_moe_layer(i)]
 
     @cached_property
     def tensor_by_name(self) -> dict[str, Tensor]:
@@ -196,7 +193,25 @@ class BuildContext:
         return {t.name: t for t in self.scn.model.tensors if not t.duplicate}
 
 
-#: per model (by id, holding the model so that the id stays its own): :func:`layer_attn_parts`
+#: most models a per-model store (:func:`per_model`) holds before it is emptied
+PER_MODEL_MAX = 8
+
+
+def per_model(store: dict, model, make):
+    """``make(model)``, computed once per model and kept in ``store`` (keyed by ``id(model)``,
+    holding the model so that the id stays its own; emptied when it holds
+    :data:`PER_MODEL_MAX` models). The value is shared: not to be modified."""
+    got = store.get(id(model))
+    if got is not None and got[0] is model:
+        return got[1]
+    value = make(model)
+    if len(store) >= PER_MODEL_MAX:
+        store.clear()
+    store[id(model)] = (model, value)
+    return value
+
+
+#: :func:`layer_attn_parts` per model (:func:`per_model`)
 _ATTN_PARTS: dict[int, tuple] = {}
 
 
@@ -207,15 +222,9 @@ def layer_attn_parts(model) -> list[tuple]:
     :meth:`~sim.specs.ModelSpec.is_full_attn_layer`, :func:`sim.ggmlcost.layer_elementwise`,
     :func:`sim.ggmlcost.layer_norm_weights`), computed once per model (a list of
     ``n_layer`` tuples, not to be modified)."""
-    got = _ATTN_PARTS.get(id(model))
-    if got is not None and got[0] is model:
-        return got[1]
-    parts = [(model.attn_window(i), model.is_full_attn_layer(i), layer_elementwise(model, i),
-              layer_norm_weights(model, i)) for i in range(model.n_layer)]
-    if len(_ATTN_PARTS) >= 8:
-        _ATTN_PARTS.clear()
-    _ATTN_PARTS[id(model)] = (model, parts)
-    return parts
+    return per_model(_ATTN_PARTS, model, lambda m: [
+        (m.attn_window(i), m.is_full_attn_layer(i), layer_elementwise(m, i), layer_norm_weights(m, i))
+        for i in range(m.n_layer)])
 
 
 def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> BuildContext:

@@ -30,7 +30,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from .builder import ACT_BYTES, ID_BYTES, kq_mask_shape, layer_attn_parts, overhead_shape
+from .builder import ACT_BYTES, ID_BYTES, kq_mask_shape, layer_attn_parts, overhead_shape, per_model
 from .ggmlcost import MMVQ_MAX_BATCH
 from .plan import KIND_CODE, STREAM_CODE, OpKind, Stream
 
@@ -45,7 +45,7 @@ _S = STREAM_CODE
 _HOST, _COMPUTE = _S[Stream.HOST], _S[Stream.COMPUTE]
 _ROLE_KIND = (OpKind.GEMM, OpKind.ATTN, OpKind.MOE)
 
-#: per model (by id, holding the model so that the id stays its own): :func:`_static_items`
+#: :func:`_static_items` per model (:func:`sim.builder.per_model`)
 _MODELS: dict[int, tuple] = {}
 
 
@@ -76,17 +76,13 @@ class _Static:
 def _static_items(model) -> _Static | None:
     """:class:`_Static` of ``model``, made once per model; None when a tensor
     :func:`sim.builder.graph_items` reads is missing (that function then raises)."""
-    got = _MODELS.get(id(model))
-    if got is not None and got[0] is model:
-        return got[1]
-    try:
-        st = _make_static(model)
-    except KeyError:
-        st = None
-    if len(_MODELS) >= 8:
-        _MODELS.clear()
-    _MODELS[id(model)] = (model, st)
-    return st
+    def make(m) -> _Static | None:
+        try:
+            return _make_static(m)
+        except KeyError:
+            return None
+
+    return per_model(_MODELS, model, make)
 
 
 def _make_static(model) -> _Static:

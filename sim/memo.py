@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import engines
-from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks,
+from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
 from .costs import class_durations, direct_launch_s, op_duration_s, plan_durations
 from .engines.analytic import CompiledPlan, compile_plan
@@ -133,7 +133,7 @@ def memo_eligible(ctx: BuildContext) -> bool:
     return ctx.cache is None and not ctx.scn.hardware.executor_mode
 
 
-#: per model (by id, holding the model so that the id stays its own): :func:`_expert_tensors`
+#: :func:`_expert_tensors` per model (:func:`sim.builder.per_model`)
 _EXPERT_TENSORS: dict[int, tuple] = {}
 
 
@@ -141,14 +141,12 @@ def _expert_tensors(model) -> list[tuple[int, object]]:
     """``(layer, tensor)`` of the model's expert tensors by name (``blk.<i>.<name>.weight`` for
     the names of :data:`_EXPERT_NAMES`, as ``BuildContext.tensor_by_name`` holds them: not the
     duplicates), computed once per model."""
-    got = _EXPERT_TENSORS.get(id(model))
-    if got is None or got[0] is not model:
-        tens = {t.name: t for t in model.tensors if not t.duplicate}
-        found = [(i, tens.get(f"blk.{i}.{nm}.weight")) for i in range(model.n_layer) for nm in _EXPERT_NAMES]
-        if len(_EXPERT_TENSORS) >= 8:
-            _EXPERT_TENSORS.clear()
-        got = _EXPERT_TENSORS[id(model)] = (model, [(i, t) for i, t in found if t is not None])
-    return got[1]
+    def make(m) -> list:
+        tens = {t.name: t for t in m.tensors if not t.duplicate}
+        found = [(i, tens.get(f"blk.{i}.{nm}.weight")) for i in range(m.n_layer) for nm in _EXPERT_NAMES]
+        return [(i, t) for i, t in found if t is not None]
+
+    return per_model(_EXPERT_TENSORS, model, make)
 
 
 def _host_expert_layers(ctx: BuildContext) -> frozenset[int]:

@@ -435,9 +435,8 @@ def _main(argv: list[str] | None) -> int:
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
         links: dict = {}
-        measured: dict = {}
-        if args.cpu_table:
-            measured = cpu_numbers(hw, args.cpu_table)
+        measured: dict = cpu_numbers(hw, args.cpu_table) if args.cpu_table else {}
+        if measured:
             hw = hw.with_(ggml=replace(hw.ggml, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                        cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9))
         if args.params is None:  # a subset keeps every number not named, the measured ones and H2D too
@@ -450,7 +449,7 @@ def _main(argv: list[str] | None) -> int:
             from .phasetime import call_table, host_figures
 
             phases = host_figures(call_table(args.phases), args.phases)
-            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **cpu_numbers(hw, args.cpu_table), **rows, **phases}
+            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **(measured or cpu_numbers(hw)), **rows, **phases}
             hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                        mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
                                        call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
