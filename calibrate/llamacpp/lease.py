@@ -11,7 +11,8 @@ Everything is written under a work folder outside the repository:
 * ``progress.log`` — one line per step and per grid invocation;
 * ``run/`` — the data: ``meta.json`` (provenance), ``build.json``, ``gguf.jsonl`` (one record
   per written model), ``llama-bench.jsonl``, ``routing.jsonl``, ``invocations.jsonl``,
-  ``logs/``, ``perf/`` (``test-backend-ops perf`` output);
+  ``logs/``, ``perf/`` (``test-backend-ops perf`` output), ``host_state.jsonl`` (the host's
+  load, clock, memory and huge pages every 5 s, :func:`start_host_sampler`);
 * ``models/`` — the GGUFs (not packed).
 """
 
@@ -101,6 +102,96 @@ def machine_info() -> dict:
     except OSError:
         pass
     return info
+
+
+#: seconds between two samples of :func:`start_host_sampler`
+HOST_SAMPLE_S = 5.0
+#: the /proc/meminfo fields a host sample keeps (kB)
+MEMINFO_KEYS = ("MemFree", "Cached", "AnonHugePages", "HugePages_Total", "HugePages_Free", "Mlocked")
+#: the /proc/<pid>/smaps_rollup fields kept for each running llama-bench (kB)
+SMAPS_KEYS = ("Rss", "AnonHugePages", "Locked", "Shared_Hugetlb", "Private_Hugetlb")
+
+
+def _kv_kb(text: str, keys) -> dict:
+    out = {}
+    for ln in text.splitlines():
+        k, _, v = ln.partition(":")
+        if k.strip() in keys:
+            try:
+                out[k.strip()] = int(v.split()[0])
+            except (IndexError, ValueError):
+                pass
+    return out
+
+
+def host_sample(program: str = "llama-bench") -> dict:
+    """One sample of the host's state: UTC time, ``/proc/loadavg``, the ``cpu`` line of
+    ``/proc/stat`` (jiffies: user nice system idle iowait irq softirq steal), the median CPU
+    clock of ``/proc/cpuinfo`` (MHz), :data:`MEMINFO_KEYS` of ``/proc/meminfo`` (kB) and, for
+    each running ``program``, :data:`SMAPS_KEYS` of its ``smaps_rollup`` (kB: how much of the
+    process's memory, the CPU-resident weights included, is backed by transparent huge pages).
+    Fields that cannot be read are left out; never raises."""
+    rec: dict = {"at": _now()}
+    try:
+        rec["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
+        rec["stat_cpu"] = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    except (OSError, ValueError):
+        pass
+    try:
+        mhz = sorted(float(ln.split(":", 1)[1]) for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("cpu MHz"))
+        if mhz:
+            rec["cpu_mhz"] = mhz[len(mhz) // 2]
+    except (OSError, ValueError):
+        pass
+    try:
+        rec["meminfo"] = _kv_kb(Path("/proc/meminfo").read_text(), MEMINFO_KEYS)
+    except OSError:
+        pass
+    procs = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "comm").read_text().strip() != program[:15]:
+                continue
+            procs[d.name] = _kv_kb((d / "smaps_rollup").read_text(), SMAPS_KEYS)
+        except OSError:
+            continue
+    if procs:
+        rec[program] = procs
+    return rec
+
+
+def start_host_sampler(path: Path, period_s: float = HOST_SAMPLE_S):
+    """Append :func:`host_sample` as one JSON line to ``path`` every ``period_s`` seconds from a
+    daemon thread (it ends with the lease process), after one line of the transparent-huge-page
+    settings (``/sys/kernel/mm/transparent_hugepage``). Returns a :class:`threading.Event`
+    that stops it when set."""
+    import threading
+
+    stop = threading.Event()
+
+    def thp() -> dict:
+        out = {}
+        for k in ("enabled", "defrag", "shmem_enabled"):
+            try:
+                out[k] = (Path("/sys/kernel/mm/transparent_hugepage") / k).read_text().strip()
+            except OSError:
+                pass
+        return out
+
+    def loop() -> None:
+        try:
+            with open(path, "a") as fh:
+                fh.write(json.dumps({"at": _now(), "transparent_hugepage": thp()}) + "\n")
+            while not stop.is_set():
+                with open(path, "a") as fh:
+                    fh.write(json.dumps(host_sample()) + "\n")
+                stop.wait(period_s)
+        except OSError:
+            return
+
+    threading.Thread(target=loop, name="host-sampler", daemon=True).start()
+    return stop
 
 
 def start_writers(lease: Lease, spec, repo: Path,
@@ -285,6 +376,7 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
             "code_version": code_version(repo), "machine": machine_info()}
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.copy2(grid_path, lease.run_dir / "grid.toml")
+    start_host_sampler(lease.run_dir / "host_state.jsonl")
     lease.status("writing+building")
     procs: list = []
     try:
