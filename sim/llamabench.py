@@ -112,6 +112,15 @@ REQUIRED_FIELDS: tuple[str, ...] = (
     "n_depth", "avg_ts",
 )
 
+#: largest t/s a row may report (``avg_ts``, ``stddev_ts``, each of ``samples_ts``): 1e9 t/s, one token
+#: per nanosecond. llama-bench times a test with a nanosecond clock (``get_time_ns``) around at
+#: least one graph launch per ubatch (microseconds on any GPU or CPU backend), so a real row stays
+#: orders of magnitude below it: the fastest committed row (data/llamacpp/*/llama-bench.jsonl:
+#: gpt-oss-20b pp4096 on an H200, data/llamacpp/h200-20261201) reports 1.4e4 t/s, its fastest
+#: sample 1.45e4. A larger value is a corrupt or hand-edited row (1e300 overflows the error
+#: statistics: numpy's "overflow encountered in square").
+TS_MAX = 1e9
+
 #: ``llama_flash_attn_type`` as llama-bench prints it (``(int) flash_attn``)
 FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
 #: ``llama_load_mode_name`` values whose weights are mmap'd (``llama_model_loader``: use_mmap
@@ -271,6 +280,13 @@ def _check_row(rec: dict, err) -> dict:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
     if "stddev_ts" in out and out["stddev_ts"] < 0:
         raise err("stddev_ts", f"must be >= 0, got {out['stddev_ts']!r}")
+    for k in ("avg_ts", "stddev_ts", "samples_ts"):  # physically absurd rates (TS_MAX)
+        vals = out.get(k)
+        vals = vals if isinstance(vals, list) else [] if vals is None else [vals]
+        big = next((x for x in vals if x >= TS_MAX), None)
+        if big is not None:
+            raise err(k, f"{big:g} t/s is not physical: a llama-bench row reports below {TS_MAX:g} t/s (one token per "
+                         "nanosecond); a corrupt or edited row?")
     if out.get("prefetch_weights", 0) not in (0, 1):
         raise err("prefetch_weights", f"must be 0 or 1 (-pw), got {out['prefetch_weights']}")
     for k in ("prefetch_gate", "prefetch_expert_slots"):
@@ -288,7 +304,8 @@ def read_llama_bench(path: str | Path):
 
     Every known field (:data:`FIELDS`) is type-checked as llama-bench prints it; unknown extra
     fields (other llama-bench versions, a wrapper's own keys) are kept unchecked. Required:
-    :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``n_prompt + n_gen > 0``. The patch's
+    :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``avg_ts``, ``stddev_ts`` and each of
+    ``samples_ts`` below :data:`TS_MAX` (1e9 t/s); ``n_prompt + n_gen > 0``. The patch's
     fields (:data:`PATCH_FIELDS`) are optional, as every other one: ``prefetch_weights`` 0 or 1,
     ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present.
 

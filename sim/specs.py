@@ -821,6 +821,8 @@ def _load_ggml(g: Fields):
             return read_table(p)
         except FileNotFoundError:
             raise g.error(key, f"table file not found: {p}") from None
+        except ScenarioError as exc:  # a folder, a FIFO, a file too large (sim.bounds.check_text_input)
+            raise g.error(key, f"kernel table {p}: {exc.reason}") from None
         except (ValueError, OSError) as exc:
             raise g.error(key, f"cannot read kernel table {p}: {exc}") from None
 
@@ -1094,7 +1096,8 @@ def _tensor_split(p: Fields) -> tuple[float, ...]:
     raw = p.raw("tensor_split", [])
     if not isinstance(raw, list) or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)
                                         or x < 0 for x in raw):
-        raise p.error("tensor_split", f"expected a list of finite non-negative numbers (as -ts 3,2), got {raw!r}")
+        raise p.error("tensor_split", "expected a list of finite non-negative numbers, one share per GPU "
+                                      f"([3, 2] is llama-bench's -ts 3/2), got {raw!r}")
     if raw and sum(raw) <= 0:
         raise p.error("tensor_split", "at least one share must be > 0")
     return tuple(float(x) for x in raw)

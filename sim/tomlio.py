@@ -52,6 +52,23 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+#: unit prefixes of the scales the loaders read numbers with (``_us``: 1e-6, ``_gb``: 1e9, ``l2_mb``: 2**20)
+_PREFIXES = {1e-9: "n", 1e-6: "µ", 1e-3: "m", 1.0: "", 1e3: "k", 1e6: "M", 1e9: "G", 1e12: "T", 2.0**20: "Mi",
+             2.0**30: "Gi"}
+#: the SI units of :data:`sim.bounds.KINDS` as a prefix takes them
+_UNIT_SYMBOLS = {"bytes": "B", "bytes/s": "B/s", "FLOP/s": "FLOP/s", "s": "s", "": ""}
+
+
+def _unit_as_written(scale: float, si_unit: str) -> str | None:
+    """The unit a number read with ``scale`` into ``si_unit`` was written in (`` µs`` for 1e-6 s,
+    `` GB/s`` for 1e9 bytes/s, ``""`` for a dimensionless one); None when the scale has no prefix."""
+    prefix = _PREFIXES.get(float(scale))
+    symbol = _UNIT_SYMBOLS.get(si_unit)
+    if prefix is None or symbol is None or (prefix and not symbol):
+        return None
+    return f" {prefix}{symbol}" if prefix + symbol else ""
+
+
 class Fields:
     """A read-only view of one TOML table that remembers where it came from.
 
@@ -68,6 +85,9 @@ class Fields:
         self.file = file
         self.prefix = prefix
         self._used: set[str] = set()
+        # keys a loader asked for with has() (optional tables such as [moe], [ggml]): known here
+        # even when absent, so an unknown key's message lists them too
+        self._asked: set[str] = set()
 
     def name(self, key: str) -> str:
         """The dotted name of ``key`` in the file (``placement.ngl``)."""
@@ -78,7 +98,8 @@ class Fields:
         return ScenarioError(message, file=self.file, field=self.name(key))
 
     def has(self, key: str) -> bool:
-        """True if the table has ``key``."""
+        """True if the table has ``key`` (``key`` counts as a known field of the table)."""
+        self._asked.add(key)
         return key in self.table
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
@@ -209,13 +230,26 @@ class Fields:
         if not math.isfinite(num):
             raise sub.error("value", f"must be a finite number, got {num}")
         if kind is not None:
-            from .bounds import check_kind
+            from .bounds import KINDS, check_kind
 
             si = num * scale
+            lo, hi, si_unit = KINDS[kind]
+            u = _unit_as_written(scale, si_unit)
+            # the value as the user wrote it, in the unit of the key (split_us = -84 µs), not in SI
+            shown = f"{key} = {num:g}{u}" if u is not None else f"{key} = {num:g} ({si:g} {si_unit})"
+            if num < 0 and not positive:
+                raise self.error(key, f"{shown}: must be >= 0 (a cost; 0 when there is none)")
             if num != 0 and si == 0:  # 1e-320 us underflows to 0 s: a non-zero, non-physical value
-                raise self.error(key, f"{num:g} underflows to 0 after unit scaling: not physical (give 0, or a "
+                raise self.error(key, f"{shown} underflows to 0 after unit scaling: not physical (give 0, or a "
                                       "value within the physical range)")
-            check_kind(si, kind, zero_ok=not positive, file=self.file, field=self.name(key))
+            try:
+                check_kind(si, kind, zero_ok=not positive, file=self.file, field=self.name(key))
+            except ScenarioError:
+                zero = "" if positive else "0 or "
+                if u is None:
+                    raise
+                raise self.error(key, f"{shown} is not physical: must be {zero}{lo / scale:g}{u} to "
+                                      f"{hi / scale:g}{u}") from None
         src = sub.str("source")
         if not src.strip():
             raise sub.error("source", "must say where the number comes from")
@@ -226,4 +260,5 @@ class Fields:
         """Raise on keys nobody read (typos such as ``n_cpu_mo``)."""
         unknown = sorted(set(self.table) - self._used)
         if unknown:
-            raise self.error(unknown[0], f"unknown field (known here: {', '.join(sorted(self._used)) or 'none'})")
+            known = sorted(self._used | self._asked)
+            raise self.error(unknown[0], f"unknown field (known here: {', '.join(known) or 'none'})")

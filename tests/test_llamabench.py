@@ -242,6 +242,11 @@ def _bad(lines: list[str], i: int, old: str, new: str) -> list[str]:
     (lambda L: _bad(L, 1, '"load_mode": "none"', '"load_mode": 0'), "load_mode, line 2", "string"),
     (lambda L: _bad(L, 0, '"samples_ts": [ 8361.29', '"samples_ts": [ "8361.29"'), "samples_ts, line 1", "number"),
     (lambda L: _bad(L, 0, '"n_prompt": 512', '"n_prompt": 0'), "n_prompt, line 1", "n_gen > 0"),
+    # physically absurd rates (TS_MAX): 1e300 t/s overflowed the comparison's statistics
+    (lambda L: _bad(L, 0, '"avg_ts": 8372.540517', '"avg_ts": 1e300'), "avg_ts, line 1", "not physical"),
+    (lambda L: _bad(L, 1, '"avg_ts": ', '"avg_ts": 1e9, "x": '), "avg_ts, line 2", "1e+09 t/s"),
+    (lambda L: _bad(L, 0, '"samples_ts": [ 8361.29', '"samples_ts": [ 8e12'), "samples_ts, line 1", "not physical"),
+    (lambda L: _bad(L, 0, '"stddev_ts": ', '"stddev_ts": 1e200, "y": '), "stddev_ts, line 1", "not physical"),
     (lambda L: L[:5] + [L[5][:300]] + L[6:], "line 6", "malformed"),
     (lambda L: L[:2] + ["[1, 2]"], "line 3", "object"),
 ])
@@ -252,6 +257,15 @@ def test_bad_jsonl_is_one_line_error(tmp_path, edit, field, words):
     msg = str(ei.value)
     assert "\n" not in msg and str(p) in msg and f"'{field}'" in msg and words in msg, msg
     assert ei.value.file == str(p) and ei.value.field == field
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "data" / "llamacpp").glob("*/llama-bench.jsonl")),
+                         ids=lambda p: p.parent.name)
+def test_no_committed_row_exceeds_the_rate_bound(path):
+    from sim.llamabench import TS_MAX
+
+    df = read_llama_bench(path)  # refuses a row at or above TS_MAX
+    assert len(df) and df.avg_ts.max() < TS_MAX / 1e4  # the bound leaves four orders of magnitude
 
 
 @pytest.mark.parametrize("text, words", [("", "empty"), ("  \n\n", "empty"), ("[\n]\n", "no llama-bench rows"),

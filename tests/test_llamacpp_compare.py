@@ -606,3 +606,83 @@ def test_warnings_name_another_gpu_and_each_invocation_with_another_model_size()
     assert w[1].startswith("invocation a-x: model_size 1.00 GiB") and w[2].startswith("line 4: model_size 3.00")
     df.attrs["gpu_info"] = ["NVIDIA H200/NVIDIA H200"]
     assert len(cmp.warnings(df)) == 2
+
+
+def _one_line(err: str) -> str:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_file_given_for_the_run_folder_says_to_give_its_folder(tmp_path, capsys):
+    """Each tool that takes a run folder (compare, ab, fit --run, report) refuses the run's
+    llama-bench.jsonl given instead, naming the folder to give, in one line, before any work."""
+    from calibrate.llamacpp import ab
+    from calibrate.llamacpp import fit as F
+    from calibrate.llamacpp.__main__ import main as harness
+
+    bench = RUN / "llama-bench.jsonl"
+    for call in (lambda: cmp.main([str(bench), "-q"]), lambda: ab.main([str(bench), "-q"]),
+                 lambda: F.main(["--run", str(bench), "--params", "split_us"]), lambda: harness(["report", str(bench)])):
+        assert call() == 2
+        err = _one_line(capsys.readouterr().err)
+        assert f"{bench}: " in err and "is a file, not a run folder" in err and f"give its folder {RUN}" in err
+        assert "llama-bench.jsonl and invocations.jsonl" in err and "not found" not in err
+    assert F.main(["--run", str(tmp_path / "none")]) == 2
+    assert "field '--run': run folder not found" in _one_line(capsys.readouterr().err)
+    with pytest.raises(ScenarioError, match="is a file, not a run folder"):
+        cmp.compare(bench, HW)
+    # --repeat is checked before the (long) first comparison
+    assert cmp.main([str(RUN), "--repeat", str(bench), "-q"]) == 2
+    assert "field '--repeat'" in _one_line(capsys.readouterr().err)
+
+
+def test_hardware_takes_the_built_in_names_of_the_rest_of_the_tool(tmp_path, capsys, monkeypatch):
+    """--hardware h200 is the shipped profile, as in a scenario file (sim.resources); an unknown
+    name lists the known ones; compare, ab, report and fit --profile alike."""
+    from calibrate.llamacpp import ab
+    from calibrate.llamacpp import fit as F
+    from calibrate.llamacpp.__main__ import main as harness
+    from sim.resources import builtin_names
+
+    monkeypatch.chdir(tmp_path)  # from any folder
+    assert cmp.hardware_path("h200") == ROOT / "scenarios" / "hardware" / "h200.toml"
+    assert cmp.hardware_path("tiny-gpu") == ROOT / "scenarios" / "tiny" / "tiny-gpu.toml"
+    run = subset(tmp_path, [9])
+    df = cmp.compare(run, "h200", jobs=1)
+    assert df.attrs["hardware"] == HW.name and df.predicted_ts.notna().all()
+    names = builtin_names("hardware")
+    assert "h200" in names and "h200-llamacpp" in names
+    for call in (lambda: cmp.main([str(run), "--hardware", "h20", "-q"]),
+                 lambda: ab.main([str(run), "--hardware", "h20", "-q"]),
+                 lambda: harness(["report", str(run), "--hardware", "h20"]),
+                 lambda: F.main(["--profile", "h20", "--run", str(run), "--params", "split_us"])):
+        assert call() == 2
+        err = _one_line(capsys.readouterr().err)
+        assert "unknown hardware 'h20'" in err and f"built-in hardware names: {', '.join(names)}" in err
+        assert "file not found" not in err
+    assert not (run / "compare_llamacpp.csv").exists() and not (run / "routing_check.txt").exists()
+    # fit --profile by name is the shipped file (so --out onto it is refused as the profile itself)
+    assert F.main(["--profile", "h200-llamacpp", "--out", str(ROOT / "scenarios/hardware/h200-llamacpp.toml"),
+                   "--run", str(run), "--params", "split_us"]) == 2
+    assert "is --profile itself" in _one_line(capsys.readouterr().err)
+    assert F.main(["--profile", str(tmp_path / "none.toml"), "--run", str(run)]) == 2
+    assert "none.toml: field '--profile': file not found" in _one_line(capsys.readouterr().err)
+
+
+def test_an_absurd_rate_is_refused_before_any_statistics(tmp_path, capsys):
+    """avg_ts = 1e300 (a corrupt or edited row) is one line naming the file, line and field, not
+    numpy's overflow warning."""
+    import warnings
+
+    run = subset(tmp_path, [9, 10])
+    bench = run / "llama-bench.jsonl"
+    rows = bench.read_text().splitlines()
+    r = json.loads(rows[1])
+    r["avg_ts"] = 1e300
+    rows[1] = json.dumps(r)
+    bench.write_text("\n".join(rows) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would fail here
+        assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"{bench}: field 'avg_ts, line 2': 1e+300 t/s is not physical" in err

@@ -933,3 +933,70 @@ def test_a_missing_source_archive_is_refused_before_anything_is_written(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--src" in err and "nope.tgz" in err
     assert not work.exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _report_run(tmp_path: Path) -> Path:
+    """Two rows (tiny MoE) of the compare tests' run folder, with a plain logs/ folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    src = REPO / "tests" / "data" / "llamacpp" / "h200-test"
+    rows = (src / "llama-bench.jsonl").read_text().splitlines()
+    (run / "llama-bench.jsonl").write_text(rows[8] + "\n" + rows[9] + "\n")
+    invs = [{k: v for k, v in json.loads(x).items() if k != "rows"}
+            for x in (src / "invocations.jsonl").read_text().splitlines() if x.strip()]
+    (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invs))
+    (run / "logs").mkdir()
+    (run / "logs" / "tiny-ot-exps.log").write_text("a log\n")
+    return run
+
+
+@pytest.mark.parametrize("edit, words", [
+    # a malformed row: read before anything is packed (it used to fail in the routing check, logs/ gone)
+    (lambda run: (run / "llama-bench.jsonl").write_text(
+        (run / "llama-bench.jsonl").read_text().replace('"n_prompt"', '"n_promptx"', 1)),
+     "field 'n_prompt, line 1': missing required field"),
+    (lambda run: (run / "invocations.jsonl").write_text("{not json\n"), "invocations.jsonl: field 'line 1': malformed"),
+    (lambda run: (run / "llama-bench.jsonl").write_text(
+        (run / "llama-bench.jsonl").read_text().replace('"avg_ts": ', '"avg_ts": 1e300, "x": ')),
+     "field 'avg_ts, line 1'"),
+])
+def test_a_failing_report_leaves_the_run_folder_as_it_was(tmp_path, capsys, edit, words):
+    from calibrate.llamacpp.__main__ import main
+
+    run = _report_run(tmp_path)
+    edit(run)
+    before = _tree(run)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert _tree(run) == before and (run / "logs").is_dir() and not (run / "logs.tar.gz").exists()
+
+
+def test_a_report_whose_comparison_fails_writes_nothing(tmp_path, capsys, monkeypatch):
+    """The last step failing (here: no row can be simulated on the profile) leaves no routing check
+    files and logs/ unpacked: the logs are packed only once everything else is written."""
+    from calibrate.llamacpp import compare as cmp
+    from calibrate.llamacpp.__main__ import main
+
+    run = _report_run(tmp_path)
+    before = _tree(run)
+    monkeypatch.setattr(cmp, "main", lambda argv: 2)
+    assert main(["report", str(run)]) == 2
+    assert _tree(run) == before and (run / "logs").is_dir()
+
+
+def test_a_report_writes_its_files_then_packs_the_logs(tmp_path, capsys):
+    from calibrate.llamacpp.__main__ import main
+
+    run = _report_run(tmp_path)
+    assert main(["report", str(run), "--hardware", "h200-llamacpp"]) == 0
+    names = {p.name for p in run.iterdir()}
+    assert {"compare_llamacpp.csv", "compare_llamacpp.md", "compare_llamacpp.png", "routing_check.txt",
+            "routing_check_counted.csv", "routing_check_timed.csv", "logs.tar.gz"} <= names
+    assert not (run / "logs").exists() and G.read_log(run, "logs/tiny-ot-exps.log") == "a log\n"
+    out = capsys.readouterr().out
+    assert "Counted by the scheduler" in out and (run / "routing_check.txt").read_text() in out

@@ -23,3 +23,29 @@ def test_the_readme_table_is_what_prefetch_sim_run_prints(tmp_path, monkeypatch)
     out = tmp_path / "table.md"
     assert main(["run", "-q", "--out", str(out)]) == 0
     assert out.read_text() == block.group(1)
+
+
+def _readme_text() -> str:
+    """The README with its line breaks as spaces (its sentences wrap anywhere)."""
+    return re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+
+
+def test_the_readme_lists_every_built_in_scenario_name():
+    from sim.resources import builtin_names
+
+    m = re.search(r"then of the shipped files \(((?:`[^`]+`(?:, )?)+)\)", _readme_text())
+    assert m, "README: no list of built-in scenario names under 'Scenarios by name'"
+    assert tuple(re.findall(r"`([^`]+)`", m.group(1))) == builtin_names("scenario")
+
+
+def test_the_readme_names_the_default_variants_build_ids_as_the_code_makes_them():
+    """``build_commit``: ``sim<i>-`` and each name cut to the shortest name's length
+    (sim.cli.variant_ids), every id of the default four as the README spells them."""
+    from sim.cli import variant_ids
+    from sim.specs import DEFAULT_VARIANTS, parse_variant
+
+    text = _readme_text()
+    ids = [i for i, _ in variant_ids([parse_variant(v) for v in DEFAULT_VARIANTS]).values()]
+    assert ", ".join(f"`{i}`" for i in ids) + " for the default four variants" in text
+    assert "as short as keeps them distinct" not in text
+    assert "cut to the length of the shortest variant name" in text

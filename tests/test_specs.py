@@ -464,3 +464,74 @@ def test_a_variant_label_is_case_blind_and_printed_in_its_canonical_form():
 
     assert parse_variant("Baseline").name == "baseline"
     assert parse_variant(" Prefetch_Gated_512+SLOTS3 ") == parse_variant("prefetch_gated_512+slots3")
+
+
+def test_tensor_split_errors_word_one_split_as_llama_bench_writes_it():
+    """One split's shares are ``/``-separated on llama-bench's command line (``-ts 3/2``);
+    ``-ts 3,2`` would be two tests."""
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(BAD / "scenario_tensor_split_inf.toml")
+    msg = str(info.value)
+    assert "-ts 3/2" in msg and "-ts 3,2" not in msg and info.value.field == "placement.tensor_split"
+
+
+def test_an_unknown_table_lists_every_known_one(tmp_path):
+    """A typo for an optional table (``[mo]`` for ``[moe]``) lists the optional tables too, also
+    when the file does not have them."""
+    p = tmp_path / "m.toml"
+    p.write_text('[model]\nname = "m"\nn_layer = 2\nd_model = 64\nn_head = 4\nn_vocab = 100\nn_ff = 128\n'
+                 '[mo]\nn_expert = 4\nn_expert_used = 2\nn_ff_exp = 32\n')
+    with pytest.raises(ScenarioError) as info:
+        load_model(p)
+    assert info.value.field == "mo" and "known here: model, moe, quant" in str(info.value)
+    hw = (SCEN / "tiny" / "tiny-gpu.toml").read_text() + "\n[ggm]\n"
+    (tmp_path / "hw.toml").write_text(hw)
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(tmp_path / "hw.toml")
+    assert info.value.field == "ggm" and "ggml" in str(info.value) and "measured" in str(info.value)
+
+
+def _llamacpp_profile(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the shipped h200-llamacpp profile (beside its kernel tables) with one line edited."""
+    import shutil
+
+    src = SCEN / "hardware" / "h200-llamacpp.toml"
+    shutil.copytree(SCEN / "hardware" / "h200-llamacpp", tmp_path / "h200-llamacpp")
+    text = src.read_text()
+    assert old in text, old
+    dst = tmp_path / "h200-llamacpp.toml"
+    dst.write_text(text.replace(old, new, 1))
+    return dst
+
+
+def test_a_kernel_table_that_is_a_folder_names_the_field_and_the_profile(tmp_path):
+    p = _llamacpp_profile(tmp_path, 'gpu_kernels = "h200-llamacpp/kernels-cuda.csv"', 'gpu_kernels = "h200-llamacpp"')
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(p)
+    err = info.value
+    assert err.file == str(p) and err.field == "ggml.gpu_kernels"
+    assert str(p) in str(err) and "'ggml.gpu_kernels'" in str(err) and "is a directory" in str(err)
+    assert "\n" not in str(err)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("-84", "split_us = -84 µs: must be >= 0"),
+    ("1e12", "split_us = 1e+12 µs is not physical: must be 0 or 1e-06 µs to 3.6e+09 µs"),
+])
+def test_a_bad_cost_is_reported_as_written_with_its_unit(tmp_path, value, words):
+    p = _llamacpp_profile(tmp_path, "split_us = { value = 84.7571,", f"split_us = {{ value = {value},")
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(p)
+    assert info.value.field == "ggml.split_us" and words in str(info.value), str(info.value)
+    assert "after unit scaling" not in str(info.value) and "e-05 s" not in str(info.value)
+
+
+def test_an_out_of_range_rate_is_reported_in_the_unit_of_its_key(tmp_path):
+    base = (SCEN / "tiny" / "tiny-gpu.toml").read_text()
+    lines = [ln for ln in base.splitlines() if not ln.startswith("hbm_gb_per_s ")]
+    p = tmp_path / "hw.toml"
+    p.write_text("\n".join(lines).replace("[hardware]", "[hardware]\nhbm_gb_per_s = {value = 1e9, source = 'x'}", 1))
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(p)
+    assert info.value.field == "hardware.hbm_gb_per_s"
+    assert "hbm_gb_per_s = 1e+09 GB/s is not physical: must be 1e-06 GB/s to 100000 GB/s" in str(info.value)

@@ -150,37 +150,42 @@ def _plan(args) -> int:
 
 
 def _report(args) -> int:
+    """Pack the logs, run the routing check and the comparison, write their files. Everything is
+    read and computed before anything is written: a report that fails (a malformed row, a bad
+    profile, nothing that can be simulated) leaves the run folder as it was; ``logs/`` is packed
+    into ``logs.tar.gz`` (and removed) last, once the rest is written."""
     from . import compare, routing_check
     from .grid import pack_logs
 
-    from sim.resources import builtin, is_bare_name
+    from sim.llamabench import read_llama_bench
     from sim.specs import load_hardware
 
-    run = Path(args.run_dir)
-    if not (run / "llama-bench.jsonl").is_file():
-        raise PrefetchSimError(f"{run}: no llama-bench.jsonl (not a grid run folder)")
-    if not Path(args.hardware).is_file() and is_bare_name(args.hardware):
-        found = builtin("hardware", args.hardware.strip(), cwd_first=True)
-        args.hardware = str(found) if found else args.hardware
-    args.hardware = str(compare.resolve(args.hardware))  # from any folder, as compare and ab
+    run = compare.check_run_dir(args.run_dir)
+    if not (run / compare.BENCH_FILE).is_file():
+        raise PrefetchSimError(f"{run}: no {compare.BENCH_FILE} (not a grid run folder)")
+    # a built-in name (h200-llamacpp) or a file, from any folder, as compare and ab take it
+    args.hardware = str(compare.hardware_path(args.hardware))
     hw = load_hardware(args.hardware)  # a bad profile fails here, before anything is written
-    if (run / "logs").is_dir():
-        print(f"packed {pack_logs(run)}")
+    # the run's own files, checked before any step (each names the file, line and field)
+    read_llama_bench(run / compare.BENCH_FILE)
+    compare.read_invocations(run / compare.INVOCATIONS_FILE)
     # the committed run folders' names: compare_llamacpp.* for a llama.cpp-calibrated profile
     label = args.label or ("llamacpp" if hw.ggml is not None else Path(args.hardware).stem)
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = routing_check.main([str(run), "--hardware", args.hardware, "--out", str(run / "routing_check")])
+    text, counted, timed = routing_check.check(run, args.hardware)  # reads logs/ (or logs.tar.gz)
+    print(text)
+    out = run / f"compare_{label}"
+    # compare writes its three files together, and only when it succeeds (write_outputs)
+    rc = compare.main([str(run), "--hardware", args.hardware, "--out", f"{out}.csv", "--summary", f"{out}.md",
+                       "--figure", f"{out}.png", "-q"])
     if rc:
         return rc
-    (run / "routing_check.txt").write_text(buf.getvalue())
-    print(buf.getvalue())
-    out = run / f"compare_{label}"
-    return compare.main([str(run), "--hardware", args.hardware, "--out", f"{out}.csv", "--summary", f"{out}.md",
-                         "--figure", f"{out}.png", "-q"])
+    from sim.atomic import write_atomic
+
+    routing_check.write_tables(run / "routing_check", counted, timed)
+    write_atomic(run / "routing_check.txt", text)
+    if (run / "logs").is_dir():
+        print(f"packed {pack_logs(run)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="pack a run's logs, routing check, comparison with the simulator")
     p.add_argument("run_dir")
     p.add_argument("--hardware", default="scenarios/hardware/h200-llamacpp.toml",
-                   help="profile to predict with (default: the llama.cpp-calibrated H200, as compare; "
-                        "scenarios/hardware/h200.toml is the CuPy profile)")
+                   help="profile to predict with, a TOML or a built-in name such as h200 (default: the "
+                        "llama.cpp-calibrated H200, as compare; scenarios/hardware/h200.toml is the CuPy profile)")
     p.add_argument("--label", help="suffix of the comparison files (default: the profile's file stem)")
     p.set_defaults(fn=_report)
 

@@ -464,9 +464,7 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
     """
     if uncertainty not in ("sem", "sd"):
         raise ValueError(f"uncertainty must be 'sem' or 'sd', got {uncertainty!r}")
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise ScenarioError("run folder not found", file=run)
+    run = cmp.check_run_dir(run_dir)
     bench_file = run / cmp.BENCH_FILE
     bench = read_llama_bench(bench_file)
     check_patch_fields(bench, bench_file)
@@ -481,7 +479,7 @@ def ab(run_dir: str | Path, hardware: str | Path | HardwareProfile = cmp.DEFAULT
         raise ScenarioError("no prefetch row has a baseline row of its configuration (prefetch_weights 0, "
                             "prefetch_expert_slots 0): run -pw 0,1 / -pes 0,N", file=bench_file)
     ident = read_identity(run / IDENTITY_FILE)
-    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(cmp.resolve(hardware))
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(cmp.hardware_path(hardware))
     wanted = sorted({ln for p in pairs for ln in p if ln is not None})
     pred = cmp.compare(run, hw, engine, repetitions=repetitions, jobs=jobs, progress=progress, lines=wanted,
                        max_work=max_work)
@@ -738,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
         progress = cmp.check_common_args(args)
         if not (math.isfinite(args.min_effect) and args.min_effect >= 0):
             raise ScenarioError(f"must be a number >= 0, got {args.min_effect}", field="--min-effect")
+        cmp.check_run_dir(args.run_dir)
+        cmp.hardware_path(args.hardware)
         df = ab(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                 progress=progress, uncertainty=args.uncertainty, min_effect_pts=args.min_effect, max_work=args.max_work)
         title = (f"Prefetch A/B: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.engine} engine, "

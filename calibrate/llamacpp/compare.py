@@ -99,6 +99,54 @@ def resolve(path: str | Path, *bases: Path) -> Path:
     return next((c for c in cands if c.exists()), p)
 
 
+def check_run_dir(run_dir: str | Path, *, field: str | None = None) -> Path:
+    """``run_dir`` as a run folder: an existing folder (it should hold ``llama-bench.jsonl`` and
+    ``invocations.jsonl``; their readers report a missing one). A file given instead (say the run's
+    ``llama-bench.jsonl``) is refused with the advice to give its folder.
+
+    Raises:
+        ScenarioError: (``file`` the path, ``field`` as given: ``--run``...) a missing path, a
+            file, something else that is not a folder.
+    """
+    run = Path(run_dir)
+    if run.is_dir():
+        return run
+    if not run.exists():
+        raise ScenarioError("run folder not found", file=run, field=field)
+    if run.is_file():
+        parent = run.parent
+        hint = (f"give its folder {parent.as_posix() or '.'}, " if (parent / BENCH_FILE).is_file() or
+                run.name in (BENCH_FILE, INVOCATIONS_FILE, META_FILE) else "give ")
+        raise ScenarioError(f"is a file, not a run folder: {hint}the run folder that holds {BENCH_FILE} and "
+                            f"{INVOCATIONS_FILE}", file=run, field=field)
+    raise ScenarioError(f"not a folder: give the run folder that holds {BENCH_FILE} and {INVOCATIONS_FILE}",
+                        file=run, field=field)
+
+
+def hardware_path(hardware: str | Path, field: str = "--hardware") -> Path:
+    """The hardware profile file a command line names, as ``prefetch-sim`` and scenario files name
+    one: a path (absolute, else relative to the current folder or the repository root:
+    :func:`resolve`) that is a file, else a bare built-in name (``h200``, ``h200-llamacpp``: no
+    ``/``, no ``.toml``; :func:`sim.resources.builtin`). A path that is neither is returned as given
+    (its loader reports the missing file).
+
+    Raises:
+        ScenarioError: (``field``) a bare name that is no file and no built-in profile, listing
+            the built-in names.
+    """
+    from sim.resources import builtin, is_bare_name, unknown_name_message
+
+    p = resolve(hardware)
+    if p.is_file() or not is_bare_name(str(hardware)):
+        return p
+    name = str(hardware).strip()
+    found = builtin("hardware", name, cwd_first=True)
+    if found is None:
+        what = "a folder, not a file" if p.is_dir() else "no such file"
+        raise ScenarioError(f"{what}, and {unknown_name_message('hardware', name)}", field=field)
+    return found
+
+
 def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:
     """The JSON objects of a JSONL file with their 1-based lines (blank lines skipped); ``what``
     says what a line holds (in the message of a missing file or a line that is no object).
@@ -556,9 +604,7 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
             counts of the invocations that do not add up to the file's (:func:`check_row_counts`), a
             model TOML that is missing or malformed, an ``n_layer`` above its TOML's.
     """
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise ScenarioError("run folder not found", file=run)
+    run = check_run_dir(run_dir)
     bench_file, inv_file = run / BENCH_FILE, run / INVOCATIONS_FILE
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
@@ -637,7 +683,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     Args:
         run_dir: the run folder (``llama-bench.jsonl``, ``invocations.jsonl``, ``meta.json``).
         hardware: a hardware profile TOML (relative to the current folder or the repository
-            root) or a loaded profile.
+            root), a built-in profile name (``h200``: :func:`hardware_path`) or a loaded profile.
         engine: ``analytic`` or ``des`` (the same schedule; des is slower).
         repetitions: routing draws per row of a MoE model (the predicted t/s is their mean; a
             dense model's rows are simulated once: they draw nothing).
@@ -673,7 +719,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     """
     if engine not in ("analytic", "des"):
         raise ValueError(f"engine must be 'analytic' or 'des', got {engine!r}")
-    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(resolve(hardware))
+    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware_path(hardware))
     bench, owners, cases, extra = build_cases(run_dir, hw, repetitions=repetitions)
     disagree = dict(bench.attrs.get("disagreements", {}))
     if lines is not None:
@@ -1144,7 +1190,8 @@ def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: 
     """The arguments ``compare`` and ``ab`` share: the run folder, the profile, the engine, routing
     draws, jobs, the three outputs and ``-q``."""
     ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
-    ap.add_argument("--hardware", default=DEFAULT_HARDWARE, help=f"hardware profile (default {DEFAULT_HARDWARE})")
+    ap.add_argument("--hardware", default=DEFAULT_HARDWARE,
+                    help=f"hardware profile: a TOML or a built-in name such as h200 (default {DEFAULT_HARDWARE})")
     ap.add_argument("--engine", choices=("analytic", "des"), default="analytic")
     ap.add_argument("--repetitions", type=int, default=3, help="routing draws per row (default 3)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
@@ -1253,6 +1300,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         progress = check_common_args(args)
+        # the inputs first (a --repeat folder is read only after the whole first comparison)
+        check_run_dir(args.run_dir)
+        if args.repeat:
+            check_run_dir(args.repeat, field="--repeat")
+            if os.path.realpath(args.repeat) == os.path.realpath(args.run_dir):
+                raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "
+                                    "another machine", field="--repeat")
+        hardware_path(args.hardware)
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
@@ -1274,9 +1329,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"measured t/s the mean of its invocations ({int(loads.min())}..{int(loads.max())} loads, "
                 f"{len(means)} configurations)")
         if args.repeat:
-            if os.path.realpath(args.repeat) == os.path.realpath(args.run_dir):
-                raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "
-                                    "another machine", field="--repeat")
             rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                           progress=progress, max_work=args.max_work)
             key = repeat_key(df, rep)

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.errors import PrefetchSimError
+from sim.errors import PrefetchSimError, ScenarioError
 
 #: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
 EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
@@ -381,7 +381,8 @@ def _main(argv: list[str] | None) -> int:
                                  description="Fill the [ggml] numbers of a llama.cpp-calibrated hardware profile: "
                                              "measured ones from the kernel lease, fitted ones on the fit rows only.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml", help="the profile to fill")
+    ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml",
+                    help="the profile to fill: a TOML or a built-in name such as h200-llamacpp")
     ap.add_argument("--run", default="data/llamacpp/h200-20261201", help="ground-truth run folder (fit rows only)")
     ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
     ap.add_argument("--splits", default="data/llamacpp/h200-20261201-splits",
@@ -408,7 +409,16 @@ def _main(argv: list[str] | None) -> int:
     from sim.specs import load_hardware
 
     try:
+        from .compare import check_run_dir, hardware_path
+
         fitted_rows = select_fitted(args.params)
+        # the profile as the other tools name one (a file or a built-in name: h200-llamacpp), and
+        # --run a run folder, before any work
+        args.profile = str(hardware_path(args.profile, "--profile"))
+        if not Path(args.profile).is_file():
+            what = "is a folder, expected a hardware profile TOML" if Path(args.profile).is_dir() else "file not found"
+            raise ScenarioError(what, file=args.profile, field="--profile")
+        check_run_dir(args.run, field="--run")
         if args.write and args.out:
             raise PrefetchSimError("--write and --out: give one (--write rewrites --profile, --out writes a copy)")
         if args.iterations < 1:

@@ -33,10 +33,18 @@ from .patches import parse_copy_log
 
 
 def _invocations(run_dir: Path) -> list[dict]:
+    """The objects of the run folder's ``invocations.jsonl``.
+
+    Raises:
+        PrefetchSimError: the file is missing (not a grid run folder); ScenarioError (naming the
+            file and line) a malformed line.
+    """
+    from .compare import jsonl_objects
+
     p = run_dir / "invocations.jsonl"
     if not p.is_file():
         raise PrefetchSimError(f"{p}: not found (not a grid run folder)")
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    return [rec for _, rec in jsonl_objects(p, "one JSON object per llama-bench invocation")]
 
 
 def _model_path(toml: str, repo: str | Path | None) -> Path:
@@ -144,31 +152,53 @@ def h2d_bandwidth(run_dir: str | Path, hardware: str | Path) -> tuple[float, str
     return hw.h2d_pinned.bytes_per_s, f"{hardware} h2d_pinned_gb_per_s"
 
 
+def check(run_dir: str | Path, hardware: str | Path = "scenarios/hardware/h200.toml"
+          ) -> tuple[str, pd.DataFrame, pd.DataFrame]:
+    """Both measurements of a run folder, nothing written: ``(the report's text, counted, timed)``;
+    ``hardware`` a profile file or built-in name (for the pinned H2D rate when the folder has no
+    ``h2d.json``).
+
+    Raises:
+        PrefetchSimError: a missing or malformed run file, model or profile (one line).
+    """
+    from .compare import check_run_dir, hardware_path
+
+    check_run_dir(run_dir)
+    c = counted(run_dir)
+    bw, where = h2d_bandwidth(run_dir, str(hardware_path(hardware)))
+    t = timed(run_dir, bw)
+    with pd.option_context("display.width", 200):
+        text = "\n".join([
+            "Counted by the scheduler (copy-log), per graph:",
+            c.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not c.empty else "  (no routing runs)",
+            f"\nImplied by llama-bench's time (pinned H2D {bw / 1e9:.2f} GB/s from {where}):",
+            t.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not t.empty else "  (no matching rows)",
+        ]) + "\n"
+    return text, c, t
+
+
+def write_tables(out: str | Path, c: pd.DataFrame, t: pd.DataFrame) -> None:
+    """Write both tables of :func:`check` as ``<out>_counted.csv`` and ``<out>_timed.csv``."""
+    from sim.atomic import write_atomic_many
+
+    write_atomic_many({f"{out}_counted.csv": c.to_csv(index=False), f"{out}_timed.csv": t.to_csv(index=False)})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.routing_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
-    ap.add_argument("--hardware", default="scenarios/hardware/h200.toml")
+    ap.add_argument("--hardware", default="scenarios/hardware/h200.toml",
+                    help="profile for the pinned H2D rate when the run has no h2d.json: a TOML or a built-in name")
     ap.add_argument("--out", help="write both tables as CSV (<out>_counted.csv, <out>_timed.csv)")
     args = ap.parse_args(argv)
     try:
-        c = counted(args.run_dir)
-        from .compare import resolve
-
-        bw, where = h2d_bandwidth(args.run_dir, str(resolve(args.hardware)))
-        t = timed(args.run_dir, bw)
+        text, c, t = check(args.run_dir, args.hardware)
     except PrefetchSimError as exc:
         print(f"routing_check: error: {exc}", file=sys.stderr)
         return 2
-    pd.set_option("display.width", 200)
-    print("Counted by the scheduler (copy-log), per graph:")
-    print(c.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not c.empty else "  (no routing runs)")
-    print(f"\nImplied by llama-bench's time (pinned H2D {bw / 1e9:.2f} GB/s from {where}):")
-    print(t.to_string(index=False, float_format=lambda v: f"{v:.4g}") if not t.empty else "  (no matching rows)")
+    sys.stdout.write(text)
     if args.out:
-        from sim.atomic import write_atomic
-
-        write_atomic(f"{args.out}_counted.csv", c.to_csv(index=False))
-        write_atomic(f"{args.out}_timed.csv", t.to_csv(index=False))
+        write_tables(args.out, c, t)
     return 0
 
 
