@@ -839,8 +839,11 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         em.split = si
         em.layer = s.items[0].layer
         if ggml is not None and ggml.split_s > 0:
-            # the scheduler's host work per split (inputs, events, backend switch)
-            em.host(OpKind.HOST_WORK, f"split {si} host overhead", tag="split_overhead")
+            # the scheduler's host work per split (inputs, events, backend switch); a split on
+            # the CPU backend has its own price ([ggml] cpu_split_us: ggml-cpu's graph plan and
+            # thread-pool start on top of the scheduler's work)
+            em.host(OpKind.HOST_WORK, f"split {si} host overhead",
+                    tag="cpu_split_overhead" if s.cpu else "split_overhead")
         # prefetch lookahead: issue the staged copies whose issue point has come
         while issued_upto + 1 < len(staged_order) and issue_at[staged_order[issued_upto + 1]] <= si:
             issue_staged_copy(issued_upto + 1)

@@ -380,8 +380,12 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         return t
     if k is OpKind.HOST_WORK and op.tag == "split_overhead":
         return g.split_s
+    if k is OpKind.HOST_WORK and op.tag == "cpu_split_overhead":
+        return g.cpu_split_host_s
     if k is OpKind.HOST_WORK and op.tag == "kv_moved":  # sim.builder._launch_split_items
-        return kv_copies_s(sh, hw) + (sh[13] * g.split_s if len(sh) > 13 else 0.0)
+        # the layer's extra splits: one on the CPU (the KV store's SET_ROWS), the rest on the GPU
+        n = sh[13] if len(sh) > 13 else 0
+        return kv_copies_s(sh, hw) + (((n - 1) * g.split_s + g.cpu_split_host_s) if n else 0.0)
     if k is OpKind.HOST_WORK and op.tag == "kq_mask":
         entries = sh[0] if sh else 0
         copy = hw.h2d(True).time_s(sh[1]) if len(sh) > 1 and sh[1] else 0.0

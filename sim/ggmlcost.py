@@ -121,7 +121,16 @@ class GgmlKernels:
             call with unchanged properties: llama-bench's warm-up runs it directly, its first
             repetition captures it, the later ones replay it. Priced on a test's first graph,
             spread over llama-bench's repetitions.
-        split_s: host time per split (s), fitted.
+        split_s: host time per split (s), fitted: the scheduler's work per split (its inputs'
+            copy calls, events, the backend switch) and, for a split on a GPU, the launch of its
+            graph.
+        cpu_split_s: host time per split on the CPU backend (s), fitted, or None: ``split_s``
+            (:attr:`cpu_split_host_s`). Besides the scheduler's work, ggml-cpu plans the split's
+            graph and wakes its thread pool, whose threads meet at a barrier after every node
+            (``ggml_graph_compute``), so a CPU split's fixed cost is not a GPU split's: the split
+            timing of llama-bench shows GPU splits' host time at 11-36 us in decode and prefill
+            (``data/llamacpp/h200-20261201-splits``), while the decode rows with every layer's
+            experts on the CPU need more per CPU split.
         cpu_rate_scale: CPU matvec throughput in a llama-bench graph relative to the cold
             rates of the CPU table (dimensionless), fitted; 1 when the profile does not say.
         cpu_get_rows_bytes_per_s: one-thread GET_ROWS rate (f32 bytes out per s), measured; 0:
@@ -153,7 +162,13 @@ class GgmlKernels:
     cpu_get_rows_bytes_per_s: float = 0.0
     cpu_set_rows_bytes_per_s: float = 0.0
     attn_kv_cold_bytes_per_s: float = 0.0
+    cpu_split_s: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cpu_split_host_s(self) -> float:
+        """Host time of one split on the CPU backend (s): ``cpu_split_s``, else ``split_s``."""
+        return self.split_s if self.cpu_split_s is None else self.cpu_split_s
 
     @property
     def has_graph_host_work(self) -> bool:

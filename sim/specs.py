@@ -850,6 +850,7 @@ def _load_ggml(g: Fields):
         ew_bytes_per_s=num("ew_gb_per_s", GB, kind="bytes_per_s"), cpu_op_s=num("cpu_op_us", 1e-6, positive=False),
         cpu_ew_bytes_per_s=num("cpu_ew_gb_per_s", GB, kind="bytes_per_s"), graph_s=num("graph_us", 1e-6, positive=False),
         split_s=num("split_us", 1e-6, positive=False),
+        cpu_split_s=num("cpu_split_us", 1e-6, positive=False) if g.has("cpu_split_us") else None,
         mask_s=num("mask_ns", 1e-9, positive=False) if g.has("mask_ns") else 0.0,
         launch_s=num("launch_us", 1e-6, positive=False) if g.has("launch_us") else 0.0,
         call_s=num("call_us", 1e-6, positive=False) if g.has("call_us") else 0.0,

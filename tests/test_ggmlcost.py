@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.errors import ScenarioError
+from sim.errors import PrefetchSimError, ScenarioError
 from sim.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_bytes, mask_entries,
                           read_table, table_from_perf)
-from sim.specs import load_hardware, load_model
+from sim.specs import BenchTest, load_hardware, load_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "scenarios/hardware/h200-llamacpp.toml"
@@ -272,11 +272,11 @@ def test_fit_refuses_fewer_rows_than_it_needs(capsys):
     from calibrate.llamacpp.fit import main
 
     # the kernel lease's drift check has 4 rows that are fit rows: too few for the fitted numbers
-    from calibrate.llamacpp.fit import FITTED
+    from calibrate.llamacpp.fit import select_fitted
 
     assert main(["--run", str(REPO / "data/llamacpp/h200-20261201-kernels"),
                  "--kernels", str(REPO / "data/llamacpp/h200-20261201-kernels"), "--profile", str(PROFILE)]) == 2
-    assert f"fit rows for {len(FITTED)} parameters" in capsys.readouterr().err
+    assert f"fit rows for {len(select_fitted(None))} parameters" in capsys.readouterr().err
     assert main(["--kernels", "/nonexistent", "--profile", str(PROFILE)]) == 2
     assert "--kernels /nonexistent: no ncu/" in capsys.readouterr().err
 
@@ -400,7 +400,7 @@ def test_a_moved_attentions_kv_work_blocks_the_host_so_prefetch_fires_after_it()
         assert len(kv) == cpu_layers and all(op.stream.value == "host" for op in kv)
         for op in kv:
             sh = op.shape
-            assert dur[op.id] == pytest.approx(kv_copies_s(sh, hw) + sh[13] * hw.ggml.split_s)
+            assert dur[op.id] == pytest.approx(kv_copies_s(sh, hw) + (sh[13] - 1) * hw.ggml.split_s + hw.ggml.cpu_split_host_s)
             attn = next(o for o in ops if o.kind is OpKind.ATTN and o.layer == op.layer)
             assert attn.id > op.id  # launched after the host work
             assert dur[attn.id] < dur[op.id]  # the GPU op is the attention alone
@@ -434,3 +434,76 @@ def test_a_datasheet_profile_prices_the_moved_attentions_host_work_as_its_copies
     assert len(kv) == scn.model.n_layer + 1 - 31
     for op in kv:
         assert dur[op.id] == pytest.approx(kv_copies_s(op.shape, hw)) and dur[op.id] > 0
+
+
+def test_a_split_on_the_cpu_backend_pays_cpu_split_us_and_one_on_the_gpu_split_us():
+    """Each split's host overhead by its backend: a CPU split (ggml-cpu's graph plan, thread
+    pool) ``cpu_split_us``, a GPU split ``split_us``; a moved attention's extra splits are one CPU
+    split (the KV store) and the rest GPU splits. Without ``cpu_split_us`` a CPU split costs
+    ``split_us`` (older profiles price as before)."""
+    from sim.builder import build_plan
+    from sim.costs import plan_durations
+
+    hw = load_hardware(PROFILE)
+    g = hw.ggml
+    assert g.cpu_split_s is not None and g.cpu_split_s != g.split_s
+    for ngl, n in ((31, 1), (31, 512)):  # decode: CPU layers run on the CPU; prefill: moved to the GPU
+        scn = _scenario("gemma3-27b", ngl, n)
+        plan = build_plan(scn, scn.variants[0], BenchTest(n_prompt=n, n_gen=0), np.random.default_rng(0))
+        d = plan_durations(plan, hw)
+        cpu_ov = [op for op in plan.ops if op.tag == "cpu_split_overhead"]
+        gpu_ov = [op for op in plan.ops if op.tag == "split_overhead"]
+        assert gpu_ov and all(d[op.id] == pytest.approx(g.split_s) for op in gpu_ov)
+        assert all(d[op.id] == pytest.approx(g.cpu_split_s) for op in cpu_ov)
+        assert bool(cpu_ov) == (n == 1)  # at 512 tokens the op-offload rule moves every CPU layer's ops
+        moved = [op for op in plan.ops if op.tag == "kv_moved"]
+        assert bool(moved) == (n == 512)
+        for op in moved:
+            extra = op.shape[13]
+            assert d[op.id] == pytest.approx(kv_copies_for(op, hw) + (extra - 1) * g.split_s + g.cpu_split_s)
+        old = hw.with_(ggml=replace(g, cpu_split_s=None))
+        d0 = plan_durations(plan, old)
+        assert all(d0[op.id] == pytest.approx(g.split_s) for op in cpu_ov)
+        assert all(d0[op.id] == pytest.approx(kv_copies_for(op, old) + op.shape[13] * g.split_s) for op in moved)
+
+
+def kv_copies_for(op, hw):
+    from sim.costs import kv_copies_s
+
+    return kv_copies_s(op.shape, hw)
+
+
+def test_the_profile_split_us_is_the_committed_split_timings_gpu_split_host_time():
+    from calibrate.llamacpp.splittime import gpu_split_host
+
+    got, src = gpu_split_host(REPO / "data/llamacpp/h200-20261201-splits")
+    assert load_hardware(PROFILE).ggml.split_s == pytest.approx(got, rel=1e-5)
+    assert "median of" in src and "splits" in src
+
+
+def test_gpu_split_host_takes_gpu_splits_of_decode_graphs_only(tmp_path):
+    """The median compute call of GPU splits in one-token graphs with enough splits: CPU splits,
+    prompt graphs and graphs of few splits (a resident model's one CUDA graph) are left out; a
+    folder without such splits is refused in one message naming it."""
+    import gzip
+    import json
+
+    from calibrate.llamacpp.splittime import gpu_split_host
+
+    def line(ne1, splits):
+        body = ",".join(f"{i}:{b}:1:64:0:0:{us}" for i, (b, us) in enumerate(splits))
+        return f"prefetch-sim split-time: graph=0 ne1={ne1} n_splits={len(splits)} gap_us=1 total_us=9 splits={body}\n"
+
+    dec = [("CUDA0", 10), ("CPU", 900)] * 5 + [("CUDA0", 14)] * 2  # 7 GPU splits: 10 x5, 14 x2
+    log = line(1, dec) + line(512, [("CUDA0", 5000)] * 12) + line(1, [("CUDA0", 99), ("CUDA0", 99)])
+    (tmp_path / "st").mkdir()
+    with gzip.open(tmp_path / "st" / "a.err.gz", "wt") as f:
+        f.write(log)
+    inv = {"id": "a", "gguf": "m.gguf", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}, "args": [], "model_toml": "m.toml"}
+    (tmp_path / "invocations.jsonl").write_text(json.dumps(inv) + "\n")
+    got, src = gpu_split_host(tmp_path)
+    assert got == pytest.approx(10e-6) and "7 splits in 1 invocations" in src
+    with gzip.open(tmp_path / "st" / "a.err.gz", "wt") as f:
+        f.write(line(512, [("CUDA0", 5000)] * 12))
+    with pytest.raises(PrefetchSimError, match=str(tmp_path)):
+        gpu_split_host(tmp_path)

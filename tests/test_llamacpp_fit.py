@@ -10,7 +10,9 @@ from sim.errors import PrefetchSimError
 def test_select_fitted_names_a_subset_in_table_order_and_refuses_unknown_names():
     from calibrate.llamacpp import fit as F
 
-    assert F.select_fitted(None) == F.FITTED
+    # a full fill measures split_us (the split timing) and fits the rest, cpu_split_us among them
+    assert [r[0] for r in F.select_fitted(None)] == [r[0] for r in F.FITTED if r[0] != "split_us"]
+    assert "cpu_split_us" in [r[0] for r in F.select_fitted(None)]
     assert [r[0] for r in F.select_fitted("cpu_rate_scale,split_us")] == ["split_us", "cpu_rate_scale"]
     for bad in ("split_us,bogus", "", "split_us,split_us"):
         with pytest.raises(PrefetchSimError, match="--params"):
@@ -104,3 +106,24 @@ def test_a_profile_with_another_cpu_table_prices_the_cpu_from_it(tmp_path):
     assert table.as_posix() in nums["cpu_op_us"][1] and nums["cpu_op_us"][0] != F.cpu_numbers(ship)["cpu_op_us"][0]
     dst.write_text(text)
     assert load_hardware(dst).ggml.cpu.equals(hw.ggml.cpu)
+
+
+def test_set_values_adds_a_number_older_profiles_lack_after_its_neighbour_and_refuses_others():
+    from calibrate.llamacpp import fit as F
+
+    text = '# a profile\n[ggml]\nsplit_us = { value = 84, source = "x" }\nlaunch_us = { value = 3, source = "y" }\n\n[other]\n'
+    out = F.set_values(text, {"cpu_split_us": (158.0, "fitted"), "split_us": (13.0, "measured")})
+    lines = out.splitlines()
+    assert lines[2].startswith("split_us = { value = 13,") and lines[3].startswith("cpu_split_us = { value = 158,")
+    assert lines[4].startswith("launch_us") and out.endswith("\n\n[other]\n")
+    with pytest.raises(PrefetchSimError, match="graph_us"):  # not optional: a profile must have it
+        F.set_values(text, {"graph_us": (1.0, "fitted")})
+
+
+def test_the_fit_writes_a_round_off_above_zero_as_zero():
+    """The active set's round-off (8e-14 us seen) is written as 0: a profile refuses such a value."""
+    from calibrate.llamacpp import fit as F
+
+    step = 20e-6
+    assert F.clamp_fitted(8.5e-20, step) == 0.0 and F.clamp_fitted(-1e-3, step) == 0.0
+    assert F.clamp_fitted(158e-6, step) == 158e-6

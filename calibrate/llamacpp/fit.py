@@ -15,6 +15,9 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
   - ``cpu_ew_gb_per_s``: the median of the CPU's cold matvec rates (streaming through DRAM);
   - ``attn_kv_cold_gb_per_s``: the cold K/V read of attention in a graph, from ``ncu`` of
     llama-bench decode at depth (``--depth``: :func:`kv_cold_rate`);
+  - ``split_us``: the host time of a split on the GPU, its compute call in decode graphs timed
+    split by split in llama-bench (``--splits``: :func:`calibrate.llamacpp.splittime.gpu_split_host`;
+    ``--params split_us`` fits it instead);
   - ``cpu_get_rows_gb_per_s`` and ``cpu_set_rows_gb_per_s``: ggml-cpu's one-thread GET_ROWS (the
     token embedding) and SET_ROWS (a CPU layer's KV store) timed split by split in llama-bench
     itself (a split-timing lease, ``--splits``: :func:`calibrate.llamacpp.splittime.rows_rates`);
@@ -27,7 +30,7 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
 
 * **fitted** on the fit rows of the ground truth only (:mod:`calibrate.llamacpp.split`):
   ``kernel_floor_us`` (one small kernel in a graph), ``graph_us`` (host time per graph),
-  ``split_us`` (host time per split) and ``launch_us`` (host time per kernel of a graph llama.cpp
+  ``cpu_split_us`` (host time per split on the CPU backend) and ``launch_us`` (host time per kernel of a graph llama.cpp
   builds anew, run without a CUDA graph) and
   ``cpu_rate_scale`` (the CPU backend's matvec throughput in a llama-bench graph relative to the
   CPU table's cold cases: the split-timing lease shows decode's CPU splits 1.6-2.1x slower than
@@ -57,11 +60,15 @@ from sim.errors import PrefetchSimError, ScenarioError
 #: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
 EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
               "moe_weighted_reduction_f32", "topk_moe_cuda", "k_set_rows")
+#: numbers of FITTED that a full fill (no --params) measures instead (split_us: the split timing)
+MEASURED_BY_DEFAULT = ("split_us",)
+#: [ggml] numbers a profile may lack (set_values adds their line after the named one's)
+OPTIONAL_KEYS = {"cpu_split_us": "split_us"}  # key -> the line it goes after
 #: fit rows needed per fitted number (fewer: the fit is refused)
 MIN_ROWS_PER_PARAMETER = 3
 #: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
 FITTED = (("kernel_floor_us", "floor_s", 1e-6, 2e-6, 0.5e-6), ("graph_us", "graph_s", 1e-6, 100e-6, 50e-6),
-          ("split_us", "split_s", 1e-6, 50e-6, 20e-6),
+          ("split_us", "split_s", 1e-6, 50e-6, 20e-6), ("cpu_split_us", "cpu_split_s", 1e-6, 50e-6, 20e-6),
           ("launch_us", "launch_s", 1e-6, 2e-6, 1e-6), ("cpu_rate_scale", "cpu_rate_scale", 1.0, 0.6, 0.05))
 
 
@@ -256,13 +263,14 @@ def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndar
 
 def select_fitted(names: str | None) -> tuple:
     """The rows of :data:`FITTED` named in the comma list ``names`` (``[ggml]`` keys), in
-    :data:`FITTED`'s order; all of them for None.
+    :data:`FITTED`'s order; for None, all but :data:`MEASURED_BY_DEFAULT` (measured in a full
+    fill, fitted only when named).
 
     Raises:
         PrefetchSimError: an unknown or repeated name, or an empty list.
     """
     if names is None:
-        return FITTED
+        return tuple(row for row in FITTED if row[0] not in MEASURED_BY_DEFAULT)
     want = [n.strip() for n in names.split(",")]
     known = [k for k, *_ in FITTED]
     bad = [n for n in want if n not in known]
@@ -270,6 +278,12 @@ def select_fitted(names: str | None) -> tuple:
         raise PrefetchSimError(f"--params {names!r}: a comma list of distinct names among {', '.join(known)}"
                                + (f" ({', '.join(repr(b) for b in bad)} unknown)" if bad else ""))
     return tuple(row for row in FITTED if row[0] in want)
+
+
+def clamp_fitted(value: float, step: float) -> float:
+    """A fitted value as written: 0 when within ``1e-6 * step`` of zero or below (the active
+    set's round-off: a profile refuses e.g. 8e-14 us as unphysical), else ``value``."""
+    return float(value) if value > 1e-6 * step else 0.0
 
 
 def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print, fitted=None):
@@ -304,7 +318,7 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
                 x0[j] = 0.0
                 free.remove(j)
             err = predict_times(cases, hw, {f: x0[i] for i, (_k, f, _s, _st, _d) in enumerate(rows)}, jobs) / t_meas - 1
-        p = {f: float(max(x[i], 0.0)) for i, (_k, f, _s, _st, _d) in enumerate(rows)}
+        p = {f: clamp_fitted(x[i], d) for i, (_k, f, _s, _st, d) in enumerate(rows)}
     t = predict_times(cases, hw, p, jobs)
     return p, t / t_meas - 1
 
@@ -348,6 +362,9 @@ def set_values(text: str, values: dict[str, tuple[float, str]], table: str = "gg
     for key, (v, src) in values.items():
         line = f'{key} = {{ value = {v:.6g}, source = "{src}" }}'
         new, n = re.subn(rf"(?m)^{re.escape(key)} = .*$", line.replace("\\", "\\\\"), sect)
+        if n == 0 and key in OPTIONAL_KEYS:  # a number older profiles lack: added after its neighbour
+            new, n = re.subn(rf"(?m)^({re.escape(OPTIONAL_KEYS[key])} = .*)$",
+                             lambda m: m.group(1) + "\n" + line, sect, count=1)
         if n != 1:
             raise PrefetchSimError(f"{where}: expected one line '{key} = ...' in [{table}], found {n}")
         sect = new
@@ -396,7 +413,8 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--params", metavar="NAMES", default=None,
                     help="fit only these (comma list of " + ", ".join(k for k, *_ in FITTED) + "); every other "
                          "number, the measured ones and the H2D rates too, keeps the profile's value (default: "
-                         "all fitted, the measured ones and --run's H2D rates refreshed)")
+                         "all but " + ", ".join(MEASURED_BY_DEFAULT) + " fitted, the measured ones (split_us "
+                         "from --splits) and --run's H2D rates refreshed)")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
     ap.add_argument("--out", metavar="TOML", default=None,
                     help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
@@ -451,15 +469,17 @@ def _main(argv: list[str] | None) -> int:
                                        cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9))
         if args.params is None:  # a subset keeps every number not named, the measured ones and H2D too
             rate, rate_src = ew_rate(args.kernels)
-            from .splittime import rows_rates
+            from .splittime import gpu_split_host, rows_rates
 
             rows = {k: (v / 1e9, src) for k, (v, src) in rows_rates(args.splits).items()}
+            split_s, split_src = gpu_split_host(args.splits)
             kv_rate, kv_src = kv_cold_rate(args.depth, hw)
             rows["attn_kv_cold_gb_per_s"] = (kv_rate / 1e9, kv_src)
             from .phasetime import call_table, host_figures
 
             phases = host_figures(call_table(args.phases), args.phases)
-            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **(measured or cpu_numbers(hw)), **rows, **phases}
+            measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **(measured or cpu_numbers(hw)), **rows, **phases,
+                        "split_us": (split_s * 1e6, split_src)}
             hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                        mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
                                        call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
@@ -469,7 +489,7 @@ def _main(argv: list[str] | None) -> int:
                                        cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
                                        cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
                                        cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
-                                       attn_kv_cold_bytes_per_s=kv_rate))
+                                       attn_kv_cold_bytes_per_s=kv_rate, split_s=split_s))
             links = link_numbers(args.run)
             hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
                           h2d_pageable=replace(hw.h2d_pageable,

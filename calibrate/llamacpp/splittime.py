@@ -194,6 +194,42 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
                                       f"of {len(set_r)} KV-store splits")}
 
 
+def gpu_split_host(run_dir: str | Path, min_splits: int = 10) -> tuple[float, str]:
+    """The host time of one split on a GPU backend (s) from a split-timing lease, and its source.
+
+    The median, over every GPU split of every decode graph (one token) with at least
+    ``min_splits`` splits, of the split's compute call (``compute_s``: ggml-cuda's graph compute
+    of the split, i.e. launching its kernels or replaying its CUDA graph). At one token the GPU
+    is idle when the host launches, so the call is host time only; in prompt graphs it may block
+    on a full launch queue behind large kernels. The split's input copies are not in it (the
+    simulator prices them as copies). On data/llamacpp/h200-20261201-splits: 13 us over 13,264
+    splits (per invocation 12-15 us).
+
+    Raises:
+        PrefetchSimError: no invocation record, or no such split in the folder's logs.
+    """
+    from .compare import read_invocations
+
+    run = Path(run_dir)
+    vals: list[float] = []
+    n_inv = 0
+    for inv in read_invocations(run / "invocations.jsonl"):
+        log = run / "st" / f"{inv['id']}.err.gz"
+        if not log.is_file() or "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
+            continue
+        got = [sp.compute_s for g in read_log(log) if g.ne1 == 1 and len(g.splits) >= min_splits
+               for sp in g.splits if not sp.backend.startswith("CPU")]
+        n_inv += bool(got)
+        vals.extend(got)
+    if not vals:
+        raise PrefetchSimError(f"{run}: no GPU split of a decode graph with >= {min_splits} splits in the split-time "
+                               "logs (st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
+    return float(np.median(vals)), (
+        f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime): the "
+        f"compute call of a GPU split in decode graphs of >= {min_splits} splits (host time: the GPU idle), median "
+        f"of {len(vals)} splits in {n_inv} invocations")
+
+
 def summary(run_dir: str | Path) -> pd.DataFrame:
     """Per split-timed invocation and ubatch size, the median per graph of :func:`graph_table`'s
     columns (ms), skipping each invocation's first two graphs (llama-bench's warm-up)."""
