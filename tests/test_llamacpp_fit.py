@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.errors import PrefetchSimError
@@ -127,3 +128,33 @@ def test_the_fit_writes_a_round_off_above_zero_as_zero():
     step = 20e-6
     assert F.clamp_fitted(8.5e-20, step) == 0.0 and F.clamp_fitted(-1e-3, step) == 0.0
     assert F.clamp_fitted(158e-6, step) == 158e-6
+
+
+def test_fit_refuses_a_run_folder_given_twice_before_any_work(capsys):
+    from calibrate.llamacpp import fit as F
+
+    run = "data/llamacpp/h200-20261203-tg"
+    assert F.main(["--run", run, run, "--params", "cpu_split_us"]) == 2
+    err = capsys.readouterr().err
+    assert "given twice" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_pools_the_fit_rows_of_several_run_folders(monkeypatch, capsys):
+    """Several --run folders: their fit rows are fitted together (the count is their sum) and the
+    written source names every folder."""
+    from calibrate.llamacpp import fit as F
+
+    runs = ["data/llamacpp/h200-20261203-tg5a", "data/llamacpp/h200-20261203-tg5b"]
+    n = {r: len(F.fit_rows(r, __import__("sim.specs", fromlist=["load_hardware"]).load_hardware(
+        "scenarios/hardware/h200-llamacpp.toml"))[0]) for r in runs}
+    seen = {}
+
+    def fake_gauss_newton(cases, t_meas, hw, iterations, jobs, fitted=None, say=print):
+        seen["n"] = len(cases)
+        assert len(t_meas) == len(cases)
+        return {f: 1e-6 for _k, f, *_ in fitted}, np.zeros(len(cases))
+
+    monkeypatch.setattr(F, "gauss_newton", fake_gauss_newton)
+    assert F.main(["--run", *runs, "--params", "cpu_split_us"]) == 0
+    out = capsys.readouterr().out
+    assert seen["n"] == sum(n.values()) and "2 run folders (" + ", ".join(runs) + ")" in out

@@ -1186,10 +1186,15 @@ def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
 # --------------------------------------------------------------------------------------
 
 
-def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: str, summary_help: str) -> None:
-    """The arguments ``compare`` and ``ab`` share: the run folder, the profile, the engine, routing
-    draws, jobs, the three outputs and ``-q``."""
-    ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
+def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: str, summary_help: str,
+                    many: bool = False) -> None:
+    """The arguments ``compare``, ``ab`` and ``pool`` share: the run folder (``many``: one or more,
+    ``args.run_dirs``), the profile, the engine, routing draws, jobs, the three outputs and ``-q``."""
+    if many:
+        ap.add_argument("run_dirs", metavar="RUN_DIR", nargs="+",
+                        help="run folders with llama-bench.jsonl and invocations.jsonl")
+    else:
+        ap.add_argument("run_dir", metavar="RUN_DIR", help="run folder with llama-bench.jsonl and invocations.jsonl")
     ap.add_argument("--hardware", default=DEFAULT_HARDWARE,
                     help=f"hardware profile: a TOML or a built-in name such as h200 (default {DEFAULT_HARDWARE})")
     ap.add_argument("--engine", choices=("analytic", "des"), default="analytic")

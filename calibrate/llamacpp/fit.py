@@ -400,7 +400,9 @@ def _main(argv: list[str] | None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--profile", default="scenarios/hardware/h200-llamacpp.toml",
                     help="the profile to fill: a TOML or a built-in name such as h200-llamacpp")
-    ap.add_argument("--run", default="data/llamacpp/h200-20261201", help="ground-truth run folder (fit rows only)")
+    ap.add_argument("--run", nargs="+", default=["data/llamacpp/h200-20261201"], metavar="RUN",
+                    help="ground-truth run folder(s) (fit rows only); several: their fit rows pooled, every row "
+                         "(model load) alike, the H2D rates of a full fill from the first")
     ap.add_argument("--kernels", default="data/llamacpp/h200-20261201-kernels", help="kernel lease folder (ncu/)")
     ap.add_argument("--splits", default="data/llamacpp/h200-20261201-splits",
                     help="split-timing lease folder (one-thread GET_ROWS / SET_ROWS rates)")
@@ -436,7 +438,13 @@ def _main(argv: list[str] | None) -> int:
         if not Path(args.profile).is_file():
             what = "is a folder, expected a hardware profile TOML" if Path(args.profile).is_dir() else "file not found"
             raise ScenarioError(what, file=args.profile, field="--profile")
-        check_run_dir(args.run, field="--run")
+        seen_runs: set[str] = set()
+        for run in args.run:
+            check_run_dir(run, field="--run")
+            if os.path.realpath(run) in seen_runs:
+                raise PrefetchSimError(f"--run {run}: given twice; each run folder once")
+            seen_runs.add(os.path.realpath(run))
+        runs_text = args.run[0] if len(args.run) == 1 else f"{len(args.run)} run folders ({', '.join(args.run)})"
         if args.write and args.out:
             raise PrefetchSimError("--write and --out: give one (--write rewrites --profile, --out writes a copy)")
         if args.iterations < 1:
@@ -490,25 +498,31 @@ def _main(argv: list[str] | None) -> int:
                                        cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
                                        cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
                                        attn_kv_cold_bytes_per_s=kv_rate, split_s=split_s))
-            links = link_numbers(args.run)
+            links = link_numbers(args.run[0])
             hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
                           h2d_pageable=replace(hw.h2d_pageable,
                                                bytes_per_s=links["h2d_pageable_gb_per_s"][0] * 1e9))
         for k, (v, s) in {**links, **measured}.items():
             print(f"{k} = {v:.6g}   ({s})")
-        cases, t_meas, rows = fit_rows(args.run, hw)
+        cases, t_meas = [], []
+        for run in args.run:
+            c, t, _rows = fit_rows(run, hw)
+            cases += c
+            t_meas.append(t)
+        t_meas = np.concatenate(t_meas)
         if len(cases) < MIN_ROWS_PER_PARAMETER * len(fitted_rows):
-            raise PrefetchSimError(f"--run {args.run}: {len(cases)} fit rows for {len(fitted_rows)} parameters (at "
+            raise PrefetchSimError(f"--run {' '.join(args.run)}: {len(cases)} fit rows for {len(fitted_rows)} parameters (at "
                                    f"least {MIN_ROWS_PER_PARAMETER * len(fitted_rows)}: calibrate/llamacpp/split.py "
                                    "names the fit rows of a ground-truth grid)")
-        print(f"fitting {', '.join(k for k, *_ in fitted_rows)} on {len(cases)} fit rows of {args.run}")
+        print(f"fitting {', '.join(k for k, *_ in fitted_rows)} on {len(cases)} fit rows of {runs_text}")
         p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs, fitted=fitted_rows)
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
-        only = "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
+        only = "" if args.run == ap.get_default("run") else f" --run {' '.join(args.run)}"
+        only += "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
         if args.cpu_table:
             only += f" --cpu-table {Path(args.cpu_table).as_posix()}"
         fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
-                      f"{args.run} (calibrate/llamacpp/split.py), median |err| {med:.2f}%, p90 {p90:.2f}% "
+                      f"{runs_text} (calibrate/llamacpp/split.py), median |err| {med:.2f}%, p90 {p90:.2f}% "
                       f"(python -m calibrate.llamacpp.fit{only})") for k, f, s, _st, _d in fitted_rows}
         for k, (v, _s) in fitted.items():
             print(f"{k} = {v:.6g}")
