@@ -499,7 +499,7 @@ def test_gpu_split_host_takes_gpu_splits_of_decode_graphs_only(tmp_path):
     (tmp_path / "st").mkdir()
     with gzip.open(tmp_path / "st" / "a.err.gz", "wt") as f:
         f.write(log)
-    inv = {"id": "a", "gguf": "m.gguf", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}, "args": [], "model_toml": "m.toml"}
+    inv = {"id": "a", "gguf": "m.gguf", "model_toml": "m.toml", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}, "args": [], "model_toml": "m.toml"}
     (tmp_path / "invocations.jsonl").write_text(json.dumps(inv) + "\n")
     got, src = gpu_split_host(tmp_path)
     assert got == pytest.approx(10e-6) and "7 splits in 1 invocations" in src
@@ -507,3 +507,31 @@ def test_gpu_split_host_takes_gpu_splits_of_decode_graphs_only(tmp_path):
         f.write(line(512, [("CUDA0", 5000)] * 12))
     with pytest.raises(PrefetchSimError, match=str(tmp_path)):
         gpu_split_host(tmp_path)
+
+
+def test_split_time_records_are_read_from_the_invocations_own_log_or_its_packed_copy(tmp_path):
+    """A lease keeps each invocation's stderr as logs/<id>.log (packed into logs.tar.gz by
+    report): the split-time reader finds its lines there as in st/<id>.err.gz; an invocation
+    run without the timing has none."""
+    import json
+    import tarfile
+
+    from calibrate.llamacpp.splittime import gpu_split_host, invocation_graphs
+
+    body = ",".join(f"{i}:{b}:1:64:0:0:{us}" for i, (b, us) in enumerate([("CUDA0", 12), ("CPU", 500)] * 6))
+    log = f"noise\nprefetch-sim split-time: graph=0 ne1=1 n_splits=12 gap_us=1 total_us=9 splits={body}\n"
+    invs = [{"id": "t", "gguf": "m.gguf", "model_toml": "m.toml", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}},
+            {"id": "p", "gguf": "m.gguf", "model_toml": "m.toml", "env": {}}]
+    (tmp_path / "invocations.jsonl").write_text("".join(json.dumps(i) + "\n" for i in invs))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "t.log").write_text(log)
+    (tmp_path / "logs" / "p.log").write_text(log)
+    g = invocation_graphs(tmp_path, invs[0])
+    assert len(g) == 1 and len(g[0].splits) == 12
+    assert invocation_graphs(tmp_path, invs[1]) is None and invocation_graphs(tmp_path, invs[1], timed_only=False)
+    assert gpu_split_host(tmp_path)[0] == pytest.approx(12e-6)
+    with tarfile.open(tmp_path / "logs.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "logs", arcname="logs")
+    shutil.rmtree(tmp_path / "logs")
+    assert len(invocation_graphs(tmp_path, invs[0])) == 1
+    assert invocation_graphs(tmp_path, {"id": "gone", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}}) is None

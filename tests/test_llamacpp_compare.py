@@ -548,6 +548,49 @@ def test_canary_rates_join_rows_by_invocation_and_correlate(tmp_path):
         cmp.attach_canary(a, tmp_path)
 
 
+def test_steal_time_joins_rows_by_their_invocations_window_and_correlates(tmp_path):
+    """Each invocation's steal share of the CPU time between the host samples inside its window
+    (started_at .. + wall_s, padded); an invocation with fewer than two samples there has none;
+    a packed host_state.jsonl.gz reads alike; a bad line names the file."""
+    import gzip
+
+    a = _repro_rows([100.0, 80.0, 50.0, 40.0], [90.0] * 4, ["tg"] * 4, ["heldout"] * 4,
+                    invs=["a-x", "b-x", "a-y", "b-y"])
+    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
+    a["regime"] = "host_expert_decode"
+    a.loc[0:1, "n_gen"] = [64, 64]
+    a.loc[2:3, "n_gen"] = [128, 128]
+    assert cmp.attach_steal(a, tmp_path) is a and cmp.steal_line(a) == ""   # no host sampler
+    starts = {"a-x": "2026-12-04T19:00:00Z", "b-x": "2026-12-04T19:01:00Z", "a-y": "2026-12-04T19:02:00Z",
+              "b-y": "2026-12-04T19:03:00Z"}
+    (tmp_path / "invocations.jsonl").write_text("\n".join(json.dumps({"id": k, "started_at": v, "wall_s": 10.0})
+                                                          for k, v in starts.items()) + "\n")
+    # samples every 5 s; the cumulative steal grows by 1 jiffy per 1000 (0.1 %) in a-x, 10 (1 %) in b-x, 0 in a-y
+    recs, stat, t0 = [], [0] * 8, 1796410800  # 2026-12-04T19:00:00Z
+    import datetime as dt
+    for k, share in (("a-x", 1), ("b-x", 10), ("a-y", 0)):
+        base = dt.datetime.strptime(starts[k], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+        for step in range(3):
+            at = dt.datetime.fromtimestamp(base + 5 * step, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            recs.append({"at": at, "stat_cpu": list(stat)})
+            stat[0] += 1000 - share
+            stat[7] += share
+    recs.insert(0, {"at": "2026-12-04T18:59:00Z", "transparent_hugepage": {}})  # a line without stat_cpu
+    (tmp_path / "host_state.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    m = cmp.attach_steal(a, tmp_path)
+    assert m.host_steal_pct.iloc[:3].tolist() == pytest.approx([0.1, 1.0, 0.0]) and math.isnan(m.host_steal_pct.iloc[3])
+    line = cmp.steal_line(m)
+    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45], [0.1, 1.0, 0.0])[0, 1]
+    assert "median 0.10 % of the CPU time, 0.00..1.00 % over 3 invocations" in line and f"r = {r:+.2f} (3 rows)" in line
+    packed = tmp_path / "host_state.jsonl.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "host_state.jsonl").read_bytes()))
+    (tmp_path / "host_state.jsonl").unlink()
+    assert cmp.attach_steal(a, tmp_path).host_steal_pct.iloc[:3].tolist() == pytest.approx([0.1, 1.0, 0.0])
+    packed.write_bytes(gzip.compress(b"not json\n"))
+    with pytest.raises(ScenarioError, match="host_state.jsonl.gz"):
+        cmp.attach_steal(a, tmp_path)
+
+
 def test_committed_tg4_run_averages_three_or_four_loads_per_configuration():
     """data/llamacpp/h200-20261203-tg4 measures each of its 18 tg configurations in 3 or 4
     separate invocations (the passes a..d); its load-averaged table has one row each."""

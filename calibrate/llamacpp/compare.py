@@ -161,8 +161,20 @@ def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:
         raise ScenarioError(f"file not found ({what})", file=p)
     check_text_input(p)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        if p.suffix == ".gz":  # a packed record (host_state.jsonl.gz), its text bounded as a plain file's
+            import gzip
+
+            from sim.bounds import TEXT_INPUT_MAX_BYTES
+
+            with gzip.open(p, "rb") as f:
+                raw = f.read(TEXT_INPUT_MAX_BYTES + 1)
+            if len(raw) > TEXT_INPUT_MAX_BYTES:
+                raise ScenarioError(f"more than the {TEXT_INPUT_MAX_BYTES // 2**20} MiB limit of a text input once "
+                                    "unpacked", file=p)
+            text = raw.decode("utf-8")
+        else:
+            text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=p) from None
     out = []
     for i, line in enumerate(text.splitlines(), 1):
@@ -1058,6 +1070,93 @@ def attach_canary(df: pd.DataFrame, run_dir: str | Path) -> pd.DataFrame:
     return out
 
 
+#: /proc/stat's first line, the fields the lease's host sampler keeps (``stat_cpu``, in order)
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _utc_seconds(text: Any) -> float:
+    """An ISO-8601 UTC time (``2026-12-04T19:00:57Z``) as POSIX seconds; NaN when unreadable."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return math.nan
+
+
+def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> pd.DataFrame:
+    """``df`` with ``host_steal_pct``: the share of the guest's CPU time that the hypervisor gave
+    to others (``/proc/stat``'s steal, percent of all CPU time) while each row's invocation ran,
+    from the lease's host sampler (``run_dir/host_state.jsonl`` or its ``.gz``, every 5 s:
+    :func:`calibrate.llamacpp.lease.start_host_sampler`) between the samples within ``pad_s`` of
+    the invocation's start and end (``invocations.jsonl``: ``started_at``, ``wall_s``); NaN where
+    fewer than two samples fall there. ``df`` unchanged without the file.
+
+    ggml-cpu's threads meet at a barrier after every graph node, so one vCPU taken away stalls
+    them all: on ``data/llamacpp/h200-20261204-tg6`` the loads with 0.3-1.1 % steal decoded 3-18 %
+    slower than their configuration's mean, those with 0.02-0.04 % 0-10 % faster (r = -0.60).
+
+    Raises:
+        ScenarioError: a line of either file is not a JSON object (naming the file and line).
+    """
+    path = Path(run_dir) / "host_state.jsonl"
+    if not path.is_file():
+        path = path.with_name("host_state.jsonl.gz")  # as a data folder packs it
+        if not path.is_file():
+            return df
+    samples = []
+    for _line, rec in jsonl_objects(path, "host state"):
+        stat = rec.get("stat_cpu")
+        at = _utc_seconds(rec.get("at"))
+        if isinstance(stat, list) and len(stat) == len(STAT_FIELDS) and math.isfinite(at):
+            samples.append((at, [float(x) for x in stat]))
+    window = {}
+    inv_file = Path(run_dir) / INVOCATIONS_FILE
+    if inv_file.is_file():
+        for _line, inv in jsonl_objects(inv_file, "invocation"):
+            t0, wall = _utc_seconds(inv.get("started_at")), inv.get("wall_s")
+            if math.isfinite(t0) and isinstance(wall, (int, float)) and math.isfinite(wall):
+                window[str(inv.get("id"))] = (t0 - pad_s, t0 + float(wall) + pad_s)
+    steal = {}
+    for inv_id, (a, b) in window.items():
+        inside = [s for at, s in samples if a <= at <= b]
+        if len(inside) >= 2:
+            d = np.subtract(inside[-1], inside[0])
+            if d.sum() > 0:
+                steal[inv_id] = float(100.0 * d[STAT_FIELDS.index("steal")] / d.sum())
+    out = df.copy()
+    out["host_steal_pct"] = out["invocation"].astype(str).map(steal).astype(float) if len(out) else math.nan
+    return out
+
+
+def _host_side_r(df: pd.DataFrame, col: str) -> tuple[float, int] | None:
+    """Pearson r of each host-side row's measured t/s over its configuration's mean
+    (:data:`CONFIG_KEY`) against ``df[col]``, and the rows used; None with fewer than 3 rows or
+    no spread."""
+    host = df[df.regime.isin(("host_expert_decode", "dense_partial_offload")) & df.measured_ts.notna()].copy()
+    if host.empty:
+        return None
+    host["rel_ts"] = host.measured_ts / host.groupby(_config_keys(host, CONFIG_KEY))["measured_ts"].transform("mean")
+    host = host[host[col].notna()]
+    if len(host) < 3 or not (host.rel_ts.std() > 0 and host[col].std() > 0):
+        return None
+    return float(np.corrcoef(host.rel_ts, host[col])[0, 1]), len(host)
+
+
+def steal_line(df: pd.DataFrame) -> str:
+    """One markdown line on :func:`attach_steal`'s column: its median and range over the
+    invocations and :func:`_host_side_r`; '' without the column or any value."""
+    if "host_steal_pct" not in df.columns or df.host_steal_pct.notna().sum() == 0:
+        return ""
+    per_inv = df.groupby("invocation")["host_steal_pct"].first().dropna()
+    text = (f"Steal time while each invocation ran (/proc/stat, host_state.jsonl): median {per_inv.median():.2f} % "
+            f"of the CPU time, {per_inv.min():.2f}..{per_inv.max():.2f} % over {len(per_inv)} invocations")
+    r = _host_side_r(df, "host_steal_pct")
+    if r is not None:
+        text += f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r[0]:+.2f} ({r[1]} rows)"
+    return text + "\n"
+
+
 def canary_line(df: pd.DataFrame) -> str:
     """One markdown line on :func:`attach_canary`'s column: the rate's median and range over
     the invocations, and the Pearson correlation of each host-side row's measured t/s (relative to
@@ -1317,11 +1416,11 @@ def main(argv: list[str] | None = None) -> int:
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
-        df = attach_canary(df, args.run_dir)
+        df = attach_steal(attach_canary(df, args.run_dir), args.run_dir)
         md = summary_markdown(summarize(df), title)
-        canary = canary_line(df)
-        if canary:
-            md += "\n" + canary
+        for line in (canary_line(df), steal_line(df)):
+            if line:
+                md += "\n" + line
         within = attach_within_repeat(df)
         if within.repeat_ts.notna().any():
             md += "\n" + repro_markdown(

@@ -2,7 +2,7 @@
 measure from them what llama.cpp's CPU backend costs inside a llama-bench graph.
 
 ``python -m calibrate.llamacpp.splittime RUN_DIR`` prints, per invocation of a split-timing lease
-(``calibrate/llamacpp/grids/h200-splits.toml``; stderr logs ``st/<id>.err.gz``), the median per
+(``calibrate/llamacpp/grids/h200-splits.toml``; stderr logs ``logs/<id>.log``, or ``st/<id>.err.gz``), the median per
 graph of: the CPU splits' compute, the GPU splits' input copies and drains, the host gap
 between graphs, and the one-thread ops (the token embedding's ``GET_ROWS``, a CPU layer's KV
 ``SET_ROWS``), with the rates the profile takes from them (:func:`rows_rates`).
@@ -108,6 +108,31 @@ def read_log(path: str | Path) -> list[GraphRecord]:
     return parse_split_time(read_text(path), str(path))
 
 
+def invocation_graphs(run_dir: str | Path, inv: dict, *, timed_only: bool = True) -> list[GraphRecord] | None:
+    """The split-time records of one invocation of a run folder, or None when it has no log:
+    ``st/<id>.err.gz`` (a rerun's stderr, as the first split-timing lease kept it), else its
+    stderr log ``logs/<id>.log`` (:func:`calibrate.llamacpp.logs.read_run_log`: the file or its
+    member of ``logs.tar.gz``). ``timed_only``: None for an invocation run without
+    ``PREFETCH_SIM_SPLIT_TIME`` in its environment (its log has no timing lines).
+
+    Raises:
+        ValueError: a malformed split-time line (:func:`parse_split_time`).
+    """
+    from .logs import read_run_log
+
+    run = Path(run_dir)
+    if timed_only and "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
+        return None
+    st = run / "st" / f"{inv['id']}.err.gz"
+    if st.is_file():
+        return read_log(st)
+    try:
+        text = read_run_log(run, f"logs/{inv['id']}.log")
+    except FileNotFoundError:
+        return None
+    return parse_split_time(text, f"{run.as_posix()}/logs/{inv['id']}.log")
+
+
 def graph_table(graphs: list[GraphRecord]) -> pd.DataFrame:
     """One row per graph: tokens, splits, gap and total, and per backend class the sums of
     compute / drain / copy (seconds) and of input bytes; ``embd_s`` is split 0's compute when it
@@ -170,10 +195,9 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
     invs = read_invocations(run / "invocations.jsonl")
     get_r, set_r = [], []
     for inv in invs:
-        log = run / "st" / f"{inv['id']}.err.gz"
-        if not log.is_file() or "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
+        graphs = invocation_graphs(run, inv)
+        if not graphs:
             continue
-        graphs = read_log(log)
         tab = graph_table(graphs)
         big = tab[(tab["n_tokens"] >= min_tokens) & tab["embd_s"].notna() & (tab["embd_s"] > 0)]
         if not big.empty:
@@ -184,7 +208,7 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
         set_r.extend((kv["input_bytes"] / kv["compute_s"]).tolist())
     if not get_r or not set_r:
         raise PrefetchSimError(f"{run}: no split-time GET_ROWS ({len(get_r)}) or SET_ROWS ({len(set_r)}) "
-                               "measurements (st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
+                               "measurements (logs/<id>.log or st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
     src = f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime)"
     return {"cpu_get_rows_gb_per_s": (float(np.median(get_r)),
                                       f"{src}: the token embedding's one-thread GET_ROWS (CPU split 0) of graphs "
@@ -214,16 +238,16 @@ def gpu_split_host(run_dir: str | Path, min_splits: int = 10) -> tuple[float, st
     vals: list[float] = []
     n_inv = 0
     for inv in read_invocations(run / "invocations.jsonl"):
-        log = run / "st" / f"{inv['id']}.err.gz"
-        if not log.is_file() or "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
+        graphs = invocation_graphs(run, inv)
+        if not graphs:
             continue
-        got = [sp.compute_s for g in read_log(log) if g.ne1 == 1 and len(g.splits) >= min_splits
+        got = [sp.compute_s for g in graphs if g.ne1 == 1 and len(g.splits) >= min_splits
                for sp in g.splits if not sp.backend.startswith("CPU")]
         n_inv += bool(got)
         vals.extend(got)
     if not vals:
         raise PrefetchSimError(f"{run}: no GPU split of a decode graph with >= {min_splits} splits in the split-time "
-                               "logs (st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
+                               "logs (logs/<id>.log or st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
     return float(np.median(vals)), (
         f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime): the "
         f"compute call of a GPU split in decode graphs of >= {min_splits} splits (host time: the GPU idle), median "
@@ -238,10 +262,7 @@ def summary(run_dir: str | Path) -> pd.DataFrame:
     run = Path(run_dir)
     out = []
     for inv in read_invocations(run / "invocations.jsonl"):
-        log = run / "st" / f"{inv['id']}.err.gz"
-        if not log.is_file():
-            continue
-        graphs = read_log(log)
+        graphs = invocation_graphs(run, inv, timed_only=False)
         if not graphs:
             continue
         tab = graph_table(graphs)
@@ -257,12 +278,13 @@ def summary(run_dir: str | Path) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.splittime", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", help="split-timing lease folder (invocations.jsonl, st/<id>.err.gz)")
+    ap.add_argument("run_dir", help="split-timing lease folder (invocations.jsonl, logs/<id>.log or st/<id>.err.gz)")
     args = ap.parse_args(argv)
     try:
         tab = summary(args.run_dir)
         if tab.empty:
-            raise PrefetchSimError(f"{args.run_dir}: no split-time logs (st/<id>.err.gz)")
+            raise PrefetchSimError(f"{args.run_dir}: no split-time lines in any invocation's log (logs/<id>.log, "
+                                   "st/<id>.err.gz)")
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print(tab.round(2).to_string(index=False))
         for k, (v, src) in rows_rates(args.run_dir).items():
