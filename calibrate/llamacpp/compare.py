@@ -1093,8 +1093,9 @@ def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> p
     fewer than two samples fall there. ``df`` unchanged without the file.
 
     ggml-cpu's threads meet at a barrier after every graph node, so one vCPU taken away stalls
-    them all: on ``data/llamacpp/h200-20261204-tg6`` the loads with 0.3-1.1 % steal decoded 3-18 %
-    slower than their configuration's mean, those with 0.02-0.04 % 0-10 % faster (r = -0.60).
+    them all: on ``data/llamacpp/h200-20261204-tg6`` the six loads with 0.3-1.1 % steal decoded
+    3-18 % below their configuration's mean, the twelve with 0.02-0.10 % before them -0.1..+10 % about
+    it (r = -0.60 over the 20 loads).
 
     Raises:
         ScenarioError: a line of either file is not a JSON object (naming the file and line).
