@@ -527,13 +527,20 @@ def test_mean_over_loads_merges_each_configurations_loads_into_one_row():
     assert len(cmp.mean_over_loads(a.iloc[:0])) == 0
 
 
-def test_canary_rates_join_rows_by_invocation_and_correlate(tmp_path):
+def _host_side_loads() -> pd.DataFrame:
+    """Four host-expert decode rows: two configurations (tg64, tg128), each in two loads
+    (invocations a-x / b-x and a-y / b-y), measured 100, 80, 50 and 40 t/s, predicted 90."""
     a = _repro_rows([100.0, 80.0, 50.0, 40.0], [90.0] * 4, ["tg"] * 4, ["heldout"] * 4,
                     invs=["a-x", "b-x", "a-y", "b-y"])
     a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
     a["regime"] = "host_expert_decode"
     a.loc[0:1, "n_gen"] = [64, 64]
     a.loc[2:3, "n_gen"] = [128, 128]
+    return a
+
+
+def test_canary_rates_join_rows_by_invocation_and_correlate(tmp_path):
+    a = _host_side_loads()
     assert cmp.attach_canary(a, tmp_path) is a and cmp.canary_line(a) == ""   # no canary file
     (tmp_path / "canary.jsonl").write_text("\n".join(json.dumps(r) for r in [
         {"before": "a-x", "rc": 0, "gb_per_s": 100.0}, {"before": "b-x", "rc": 0, "gb_per_s": 80.0},
@@ -554,12 +561,7 @@ def test_steal_time_joins_rows_by_their_invocations_window_and_correlates(tmp_pa
     a packed host_state.jsonl.gz reads alike; a bad line names the file."""
     import gzip
 
-    a = _repro_rows([100.0, 80.0, 50.0, 40.0], [90.0] * 4, ["tg"] * 4, ["heldout"] * 4,
-                    invs=["a-x", "b-x", "a-y", "b-y"])
-    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
-    a["regime"] = "host_expert_decode"
-    a.loc[0:1, "n_gen"] = [64, 64]
-    a.loc[2:3, "n_gen"] = [128, 128]
+    a = _host_side_loads()
     assert cmp.attach_steal(a, tmp_path) is a and cmp.steal_line(a) == ""   # no host sampler
     starts = {"a-x": "2026-12-04T19:00:00Z", "b-x": "2026-12-04T19:01:00Z", "a-y": "2026-12-04T19:02:00Z",
               "b-y": "2026-12-04T19:03:00Z"}
