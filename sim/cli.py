@@ -167,20 +167,37 @@ def _add_bench_flags(p: argparse.ArgumentParser) -> None:
     add_bench_flags(p)
 
 
+#: characters of the variant's name in its build id (``slots3``: the shortest shipped name)
+VARIANT_ID_NAME_CHARS = 6
+
+
+def variant_id(name: str) -> str:
+    """A variant's ``build_commit``, 14 characters: ``s``, six hex digits of the SHA-1 of its full
+    name, ``-``, the name's first :data:`VARIANT_ID_NAME_CHARS` characters (``-``-padded):
+    ``sc028c3-prefet`` for ``prefetch_ungated``. The same in every run, whatever the other
+    variants."""
+    import hashlib
+
+    digest = hashlib.sha1(name.encode()).hexdigest()[:6]
+    return f"s{digest}-{name[:VARIANT_ID_NAME_CHARS].ljust(VARIANT_ID_NAME_CHARS, '-')}"
+
+
 def variant_ids(variants) -> dict[str, tuple[str, int]]:
     """``build_commit`` and ``build_number`` of each variant: where llama-bench writes the build,
     our rows name the variant, so that llama.cpp's ``scripts/compare-llama-bench.py`` compares
-    variants as it compares builds (``-b sim0-baseli -c sim1-prefet``).
+    variants as it compares builds (``-b s01bada-baseli -c sc028c3-prefet``).
 
-    That script cuts every ``build_commit`` of its data to the shortest one's length, so the ids
-    all have one length (``sim<i>-`` and the names cut to the shortest name's length) and differ
-    in their first characters: distinct however far they are cut, also beside real llama.cpp
-    commit hashes (7 or more characters). ``build_number`` is the variant's position.
+    ``build_commit`` is :func:`variant_id`: fixed by the variant alone, so runs written into one
+    sqlite file or concatenated JSONL keep each variant's rows apart and never merge two variants
+    under one id (ids made from a variant's position did: two runs' second variants shared one).
+    That script cuts every ``build_commit`` of its data to the shortest one's length and matches
+    ``-b``/``-c`` against the cut ids: every id has one length, so beside other variants alone
+    nothing is cut and the id printed is the one to give; beside a real llama.cpp commit (7 or
+    more hex digits) they are cut to its length and stay distinct in their first seven characters
+    (the ``s`` marks a simulated build: a git hash has no ``s``). ``build_number`` is the
+    variant's position in the run.
     """
-    names = [v.name for v in variants]
-    k = min((len(n) for n in names), default=0)
-    width = len(str(max(len(names) - 1, 0)))
-    return {n: (f"sim{i:0{width}d}-{n[:k]}", i) for i, n in enumerate(names)}
+    return {v.name: (variant_id(v.name), i) for i, v in enumerate(variants)}
 
 
 def bench_time() -> str:

@@ -313,7 +313,7 @@ def test_json_and_jsonl_carry_llama_bench_s_fields_with_its_types(capsys, tmp_pa
             assert all(type(x) in want for x in vals), (f.name, d[f.name])
         assert len(d["samples_ns"]) == 2 and d["avg_ns"] == sum(d["samples_ns"]) // 2
     assert re.search(r'\n    "avg_ts": \d+\.\d{6},\n', out)
-    assert data[0]["build_commit"] == "sim0-baseline" and data[0]["variant"] == "baseline"
+    assert data[0]["build_commit"] == "s01bada-baseli" and data[0]["variant"] == "baseline"
     # our reader takes it as a llama-bench file
     p = tmp_path / "r.json"
     p.write_text(out)
@@ -544,7 +544,7 @@ def test_ot_trailing_comma_and_empty_value_as_llama_bench(capsys):
 def test_csv_and_sql_layouts(capsys):
     rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "csv")
     assert rc == 0 and out.splitlines()[0] == ",".join(COLUMNS)
-    assert all(line.startswith('"sim0-baseline","0",') for line in out.splitlines()[1:])
+    assert all(line.startswith('"s01bada-baseli","0",') for line in out.splitlines()[1:])
     df = pd.read_csv(io.StringIO(out))
     assert list(df.test) == ["pp64", "tg4"]
     rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "sql")
@@ -709,7 +709,7 @@ def test_variant_ids_stay_distinct_beside_real_builds(bench_outputs):
     assert len(load.compare("4b3f1a9c", builds[0] if builds[0] != "4b3f1a9c" else builds[1])) == 2
 
 
-def test_variant_ids_are_equal_length_and_distinct_when_cut():
+def test_variant_ids_are_equal_length_distinct_when_cut_and_fixed_by_the_variant():
     names = ["baseline", "prefetch_ungated", "prefetch_gated_512", "prefetch_gated_32", "slots3", "slots3+cache_lru",
              "cache_lru", "cache_lfu", "slots2", "slots4", "prefetch_ungated+cache_lru",
              "baseline_without_selective_copy"]
@@ -718,7 +718,12 @@ def test_variant_ids_are_equal_length_and_distinct_when_cut():
     assert sorted(n for _, n in ids.values()) == list(range(len(names)))
     for cut in range(6, 20):
         assert len({b[:cut] for b, _ in ids.values()}) == len(names)
-    assert variant_ids([parse_variant("baseline")]) == {"baseline": ("sim0-baseline", 0)}
+    # an id is the variant's own: the same alone, in another set or in another order
+    alone = variant_ids([parse_variant("baseline")])
+    assert alone["baseline"][0] == ids["baseline"][0] and alone["baseline"][1] == 0
+    again = variant_ids([parse_variant(n) for n in reversed(names)])
+    assert {k: b for k, (b, _) in again.items()} == {k: b for k, (b, _) in ids.items()}
+    assert all(b.startswith("s") and b[7] == "-" for b, _ in ids.values())
 
 
 def test_the_real_compare_llama_bench_script_when_given(bench_outputs, tmp_path):
@@ -835,7 +840,7 @@ def test_no_warmup_drops_the_warm_up_an_expert_cache_keeps(capsys):
         rc, out, err = run(capsys, "run", "-p", "512", "-n", "0", "-r", "1", "-q", "-o", "jsonl",
                            "--variant", "baseline,cache_lru", *extra)
         assert rc == 0, err
-        return {json.loads(ln)["build_commit"]: json.loads(ln)["avg_ns"] for ln in out.splitlines()}, err
+        return {json.loads(ln)["variant"]: json.loads(ln)["avg_ns"] for ln in out.splitlines()}, err
 
     warm, _ = rows()
     cold, err = rows("--no-warmup")

@@ -48,3 +48,27 @@ def test_sweep_cells_cost_more_with_more_graphs():
     assert cell_cost(large) > cell_cost(small)
     cached = _Job((0,), (0,), scn, parse_variant("cache_lru"), BenchTest(0, 128), 1, "analytic")
     assert cell_cost(cached) > cell_cost(_Job((0,), (0,), scn, v, BenchTest(0, 128), 1, "analytic"))
+
+
+def test_the_llamacpp_tools_draw_no_bar_off_a_terminal(monkeypatch):
+    """compare, ab, pool and report take their progress wrapper from check_common_args: none with
+    -q, none when stderr is a pipe or a file (hundreds of carriage-return updates in a log)."""
+    import argparse
+    import io
+
+    from calibrate.llamacpp.compare import check_common_args
+
+    args = argparse.Namespace(repetitions=3, jobs=None, out=None, figure=None, summary=None, quiet=False)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert check_common_args(args) is None
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    wrap = check_common_args(args)
+    assert wrap is not None and list(wrap(range(2))) == [0, 1] and "simulating" in tty.getvalue()
+    args.quiet = True
+    assert check_common_args(args) is None

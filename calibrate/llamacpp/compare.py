@@ -1311,7 +1311,7 @@ def add_common_args(ap: argparse.ArgumentParser, *, out_help: str, figure_help: 
 
 def check_common_args(args: argparse.Namespace):
     """Check :func:`add_common_args`' values before any work; returns the progress wrapper (None
-    with ``-q``).
+    with ``-q`` or when stderr is not a terminal).
 
     Raises:
         ScenarioError: ``--repetitions`` or ``--jobs`` below 1, an output path that cannot be
@@ -1333,11 +1333,11 @@ def check_common_args(args: argparse.Namespace):
                 raise ScenarioError(f"'{getattr(args, flag)}' is also {seen[real]}'s file; give each output its own",
                                     field=f"--{flag}")
             seen[real] = f"--{flag}"
-    if args.quiet:
-        return None
-    from tqdm import tqdm
+    from sim.progress import bar, progress_enabled
 
-    return lambda it: tqdm(it, desc="simulating", unit="scenario", file=sys.stderr)
+    if not progress_enabled(args.quiet):  # -q, or stderr not a terminal (a pipe, a file, a CI log)
+        return None
+    return lambda it: bar(it, desc="simulating", unit="scenario")
 
 
 def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot) -> None:
