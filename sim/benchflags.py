@@ -485,7 +485,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(*opts, dest=dest, metavar="X", help="llama-bench harness setting: accepted, not modelled")
         else:
             p.add_argument(*opts, dest=dest, action="store_true",
-                           help="llama-bench harness setting: accepted, not modelled")
+                           help=("skip llama-bench's untimed warm-up run before each test (modelled: an expert "
+                                 "cache then starts cold)" if opts[0] == "--no-warmup"
+                                 else "llama-bench harness setting: accepted, not modelled"))
     p.add_argument("-r", "--repetitions", dest="repetitions", type=int,
                    help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",

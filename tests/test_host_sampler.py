@@ -33,3 +33,26 @@ def test_sampler_writes_the_settings_then_samples(tmp_path):
     lines = [json.loads(x) for x in path.read_text().splitlines()[:3]]
     assert "transparent_hugepage" in lines[0]
     assert all("meminfo" in x for x in lines[1:])
+
+
+def test_a_lease_without_cmake_nvcc_or_a_gpu_stops_before_writing_anything(tmp_path):
+    """preflight: each missing tool is one line; run_lease calls it before it makes its folder."""
+    import pytest
+
+    from calibrate.llamacpp.build import BuildError
+    from calibrate.llamacpp.lease import preflight, run_lease
+
+    have = {"cmake": "/usr/bin/cmake", "nvcc": "/usr/bin/nvcc", "nvidia-smi": "/usr/bin/nvidia-smi"}
+    gpu = lambda cmd: "GPU 0: NVIDIA H200 (UUID: GPU-x)"  # noqa: E731
+    preflight(which=have.get, cmd=gpu)  # all there: no error
+    for missing, words in (("cmake", "cmake not found"), ("nvidia-smi", "no NVIDIA GPU visible")):
+        with pytest.raises(BuildError, match=words):
+            preflight(which={k: v for k, v in have.items() if k != missing}.get, cmd=gpu)
+    with pytest.raises(BuildError, match="no NVIDIA GPU visible"):
+        preflight(which=have.get, cmd=lambda cmd: "")
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:  # this host: run_lease refuses before any file
+        with pytest.raises(BuildError):
+            run_lease("none.tgz", "none.toml", tmp_path / "w", deadline_s=1, repo=".")
+        assert not (tmp_path / "w").exists()

@@ -284,6 +284,7 @@ def writers(lease, spec, repo, procs=None):  # one long stand-in GGUF writer
 L.start_writers = writers
 L.unpack_patched = lambda archive, dest: (tree, "stand-in", ())
 L.machine_info = lambda: {}
+L.preflight = lambda: None  # no GPU on this host: the stand-in build runs all the same
 from calibrate.llamacpp.__main__ import main
 sys.exit(main(["lease", "--src", sys.argv[3], "--work", str(work)]))
 """

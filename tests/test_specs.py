@@ -247,7 +247,7 @@ def test_default_scenario():
     assert scn.model.name.startswith("qwen3moe 30B.A3B")
     assert scn.placement.n_cpu_moe == 24 and scn.placement.pinned
     assert [v.name for v in scn.variants] == ["baseline", "prefetch_ungated", "prefetch_gated_512", "slots3"]
-    assert scn.workload.repetitions == 3
+    assert scn.workload.repetitions == 5  # llama-bench's default -r
     assert {"pp64", "pp512", "tg128", "pp2048"} <= {t.name for t in scn.workload.tests()}
 
 

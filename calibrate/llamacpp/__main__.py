@@ -114,7 +114,10 @@ def _lease(args) -> int:
 
 
 def _start(args) -> int:
+    from .lease import preflight
+
     _check_src(args.src)
+    preflight()  # no CMake, nvcc or GPU: said here, not in the background lease's log
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "calibrate.llamacpp", "lease", "--src", str(Path(args.src).resolve()),

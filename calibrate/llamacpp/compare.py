@@ -6,7 +6,7 @@ A run folder (``data/llamacpp/h200-YYYYMMDD/``) holds:
   per test and parameter combination, its ``-r`` repetitions in ``samples_ns``/``samples_ts``);
 * ``invocations.jsonl``: one object per llama-bench invocation, at least ``gguf`` (the GGUF's
   file name) and ``model_toml`` (the simulator's model file; relative to the run folder, the
-  current folder or the repository root), optionally ``n_layer`` (a GGUF trimmed to fewer
+  current folder, the repository root or the shipped files), optionally ``n_layer`` (a GGUF trimmed to fewer
   layers than the TOML), ``id``, ``args``, ``rc``, ``log``, ``rows``;
 * ``meta.json``: provenance (kept in ``attrs["meta"]`` of the result).
 
@@ -90,12 +90,17 @@ COLUMNS = (
 
 
 def resolve(path: str | Path, *bases: Path) -> Path:
-    """``path`` if absolute, else the first of ``base / path`` (in order), the current folder and
-    the repository root that exists (``path`` itself when none does)."""
+    """``path`` if absolute, else the first of ``base / path`` (in order), the current folder, the
+    repository root and the shipped files (:func:`sim.resources.shipped_root`: an installed
+    wheel's copy of ``scenarios/``, so ``scenarios/models/qwen3-30b-a3b.toml`` of a run folder's
+    ``invocations.jsonl`` and the default profile are found from any folder) that exists
+    (``path`` itself when none does)."""
+    from sim.resources import shipped_root
+
     p = Path(path)
     if p.is_absolute():
         return p
-    cands = [b / p for b in bases] + [p, ROOT / p]
+    cands = [b / p for b in bases] + [p, ROOT / p, shipped_root() / p]
     return next((c for c in cands if c.exists()), p)
 
 
@@ -275,7 +280,7 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
         toml = resolve(inv["model_toml"], run_dir)
         if not toml.is_file():
             raise ScenarioError(f"model file not found: {inv['model_toml']} (tried the run folder, the current "
-                                "folder and the repository root)", file=inv_file, field=f"model_toml, line {line}")
+                                "folder, the repository root and the shipped files)", file=inv_file, field=f"model_toml, line {line}")
         toml = toml.resolve()
         if toml not in layers:
             layers[toml] = load_model(toml).n_layer

@@ -359,11 +359,34 @@ def make_canary(lease: Lease, program: Path, timeout_s: float = 30):
     return before
 
 
+def preflight(which=shutil.which, cmd=None) -> None:
+    """What a lease needs before it writes a byte: CMake and nvcc for the CUDA build of llama.cpp
+    and an NVIDIA GPU (``nvidia-smi -L`` lists one) for llama-bench; the GGUF writers it starts
+    beside the build write ~45 GB, useless without them.
+
+    Raises:
+        BuildError: one line naming what is missing.
+    """
+    if not which("cmake"):
+        raise BuildError("cmake not found: the lease builds llama.cpp with CMake (>= 3.14)")
+    if not which("nvcc") and not Path("/usr/local/cuda/bin/nvcc").is_file():
+        raise BuildError("nvcc not found: the lease builds llama.cpp for CUDA (CUDA's compiler is needed)")
+    listed = (cmd or _cmd)(["nvidia-smi", "-L"]) if which("nvidia-smi") else ""
+    if "GPU" not in listed:
+        raise BuildError("no NVIDIA GPU visible (nvidia-smi -L lists none): the lease runs llama-bench on a GPU; "
+                         "nothing was written")
+
+
 def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, *, deadline_s: float,
               repo: str | Path, jobs: int | None = None, command: str = "") -> int:
     """The whole lease (module docstring). Returns 0 when the grid ran (failed invocations are
-    recorded, not fatal), 2 when the build or every GGUF failed."""
+    recorded, not fatal), 2 when the build or every GGUF failed.
+
+    Raises:
+        BuildError: :func:`preflight` (no CMake, nvcc or GPU), before any file is written.
+    """
     repo = Path(repo).resolve()
+    preflight()
     lease = Lease(work)
     lease.work.mkdir(parents=True, exist_ok=True)
     (lease.run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -49,8 +49,8 @@ def _invocations(run_dir: Path) -> list[dict]:
 
 def _model_path(toml: str, repo: str | Path | None) -> Path:
     """A run's model TOML (repository-relative in invocations.jsonl): under ``repo``, or found as
-    :func:`calibrate.llamacpp.compare.resolve` finds it (the current folder, then the repository
-    root), so the check runs from any folder."""
+    :func:`calibrate.llamacpp.compare.resolve` finds it (the current folder, the repository
+    root, the shipped files), so the check runs from any folder."""
     from .compare import resolve
 
     return Path(repo) / toml if repo is not None else resolve(toml)
