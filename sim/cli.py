@@ -317,46 +317,55 @@ def rows_from_results(scn, results, ratios=None) -> list:
 
 
 def vram_table(results) -> str:
-    """Markdown table of peak VRAM by component (GiB) per variant and GPU."""
+    """Markdown table of peak VRAM by component (GiB) per setting, variant and GPU.
+
+    ``results``: ``(setting label, TestResult)`` pairs (:func:`run_bench`); one line per GPU for
+    each setting and variant (its tests share one context, sized for the largest:
+    :func:`sim.metrics.fit_context_to_tests`); a ``setting`` column when there are several."""
+    from .report import md_escape
     from .units import GiB
 
-    lines = ["| variant | GPU | reserved | weights | KV cache | compute | staging | expert cache | total | free |",
-             "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
+    many = len({label for label, _ in results}) > 1
+    lines = [("| setting " if many else "") + "| variant | GPU | reserved | weights | KV cache | compute | staging | "
+             "expert cache | total | free |",
+             ("| --- " if many else "") + "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
     seen = set()
-    for r in results:
-        if r.variant in seen:
+    for label, r in results:
+        if (label, r.variant) in seen:
             continue
-        seen.add(r.variant)
+        seen.add((label, r.variant))
         for b in r.vram:
             vals = (b.reserved_bytes, b.weights_bytes, b.kv_bytes, b.compute_bytes, b.staging_bytes, b.cache_bytes,
                     b.total_bytes, b.free_bytes)
-            from .report import md_escape
-
-            lines.append(f"| {md_escape(r.variant)} | {b.device} | " + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
+            lines.append((f"| {md_escape(label)} " if many else "") + f"| {md_escape(r.variant)} | {b.device} | "
+                         + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
     return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n" + cache_pool_table(results)
 
 
 def cache_pool_table(results) -> str:
-    """Markdown table of the expert-cache pool per variant and GPU (:attr:`sim.vram.VramBreakdown.
-    cache_pool_bytes`: what VRAM leaves for it, minus the fit target for ``expert_cache = "fit"``)
-    and the entries it holds; empty when no variant has an expert cache."""
+    """Markdown table of the expert-cache pool per setting, variant and GPU (:attr:`sim.vram.
+    VramBreakdown.cache_pool_bytes`: what VRAM leaves for it, minus the fit target for
+    ``expert_cache = "fit"``) and the entries it holds; empty when no variant has an expert cache.
+    ``results`` as :func:`vram_table`'s."""
     from .report import md_escape
     from .units import GiB
 
+    many = len({label for label, _ in results}) > 1
     lines = []
     seen = set()
-    for r in results:
-        if r.variant in seen or not any(b.cache_pool_bytes or b.cache_experts for b in r.vram):
+    for label, r in results:
+        if (label, r.variant) in seen or not any(b.cache_pool_bytes or b.cache_experts for b in r.vram):
             continue
-        seen.add(r.variant)
+        seen.add((label, r.variant))
         for b in r.vram:
             how = "fit" if b.cache_fit else "free VRAM"
-            lines.append(f"| {md_escape(r.variant)} | {b.device} | {how} | {b.fit_margin_bytes / 2**20:.0f} | "
+            lines.append((f"| {md_escape(label)} " if many else "")
+                         + f"| {md_escape(r.variant)} | {b.device} | {how} | {b.fit_margin_bytes / 2**20:.0f} | "
                          f"{b.cache_pool_bytes / GiB:.2f} | {b.cache_experts} | {b.cache_bytes / GiB:.2f} |")
     if not lines:
         return ""
-    head = ["| variant | GPU | pool sized by | fit target (MiB) | pool (GiB) | experts held | held (GiB) |",
-            "| --- | --: | --- | --: | --: | --: | --: |"]
+    head = [("| setting " if many else "") + "| variant | GPU | pool sized by | fit target (MiB) | pool (GiB) | "
+            "experts held | held (GiB) |", ("| --- " if many else "") + "| --- | --: | --- | --: | --: | --: | --: |"]
     return "\nExpert cache pool (what VRAM leaves after weights, KV cache, compute buffer and staging):\n\n" + \
         "\n".join(head + lines) + "\n"
 
@@ -404,7 +413,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     Returns:
         ``(rows, results)``: the :class:`sim.report.BenchRow` s in llama-bench's order (setting,
         then variant, then test; with ``-pw``/``-pwg``/``-pes``: setting, test, combination) and
-        every :class:`sim.metrics.TestResult`.
+        every :class:`sim.metrics.TestResult` with its setting's label (``(label, result)``;
+        ``-ncmoe 48``, "the setting" when the flags give one).
 
     Raises:
         PlacementError: no setting fits at all (the first one's reason; a VRAM overflow names the
@@ -473,7 +483,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
-        all_results += results
+        all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                              combos=params.prefetch)
     if not rows:

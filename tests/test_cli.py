@@ -218,3 +218,20 @@ def test_run_with_a_capitalised_baseline_prints_one_baseline(capsys):
     assert main(["run", "--variant", "Baseline", "-p", "64", "-n", "0", "-r", "1", "-q"]) == 0
     out = capsys.readouterr().out
     assert out.count("| baseline ") == 1 and "Baseline" not in out
+
+
+def test_vram_table_has_a_line_for_every_setting_and_variant(capsys):
+    """--vram with a list flag: one line per setting and variant (a setting column names the
+    setting), not only the first setting's."""
+    rc, out, _ = run(capsys, "run", "-r", "1", "-q", "-p", "512", "-n", "0", "-ncmoe", "0,48", "--variant",
+                     "baseline,prefetch_ungated", "--vram")
+    assert rc == 0
+    table = out[out.index("VRAM by component"):].splitlines()
+    assert table[2].startswith("| setting | variant | GPU |")
+    lines = [ln for ln in table if ln.startswith("| -ncmoe")]
+    assert [ln.split("|")[1:3] for ln in lines] == [[" -ncmoe 0 ", " baseline "], [" -ncmoe 0 ", " prefetch_ungated "],
+                                                    [" -ncmoe 48 ", " baseline "], [" -ncmoe 48 ", " prefetch_ungated "]]
+    weights = [float(ln.split("|")[5]) for ln in lines]
+    assert weights[0] > weights[2]  # every expert on the host: fewer weights on the GPU
+    rc, out, _ = run(capsys, "run", "-r", "1", "-q", "-p", "512", "-n", "0", "--variant", "baseline", "--vram")
+    assert rc == 0 and "| setting |" not in out and "| baseline | 0 |" in out
