@@ -42,6 +42,8 @@ BUILTIN_DIRS = {
     "model": ("scenarios/models", "scenarios/tiny"),
     "hardware": ("scenarios/hardware", "scenarios/tiny"),
 }
+#: the shipped folder of each kind a scenario names (``model = "models/NAME.toml"``)
+KIND_FOLDER = {"model": "models", "hardware": "hardware"}
 #: suffixes that make a value a file name rather than a built-in name
 _FILE_SUFFIXES = (".toml", ".gguf")
 
@@ -146,14 +148,26 @@ def resolve_scenario(arg: str) -> Path:
 def resolve_field(kind: str, value: str, beside: Path, *, file: str | Path | None = None,
                   field: str | None = None) -> Path:
     """The file a scenario's ``model =`` or ``hardware =`` (``kind``) names: ``beside`` (the
-    value relative to the scenario's folder) if the value is a path or that file exists, else
-    the built-in file of that bare name.
+    value relative to the scenario's folder) if that file exists; else, for a relative path
+    whose folder is the kind's shipped one (``models/qwen3-30b-a3b.toml``, as the shipped
+    scenarios write it: a copied scenario keeps working), the shipped file of that name when
+    there is one; else, for a bare name, the built-in file of that name; else ``beside`` (its
+    loader reports the missing file).
 
     Raises:
         ScenarioError: a bare name that is neither a file beside the scenario nor built in,
             listing the built-in names (naming ``file`` and ``field``).
     """
-    if beside.is_file() or not is_bare_name(value):
+    if beside.is_file():
+        return beside
+    if not is_bare_name(value):
+        # a shipped scenario's own relative path (models/NAME.toml, hardware/NAME.toml,
+        # ../models/...) when the scenario was copied elsewhere: the shipped file of that name
+        rel = Path(value)
+        if not rel.is_absolute() and rel.parts and rel.parts[-2:-1] == (KIND_FOLDER[kind],):
+            shipped_file = shipped(f"scenarios/{KIND_FOLDER[kind]}/{rel.name}")
+            if shipped_file.is_file():
+                return shipped_file
         return beside
     found = builtin(kind, value.strip())
     if found is None:

@@ -196,3 +196,26 @@ def test_the_wheel_carries_scenarios_data_and_py_typed(tmp_path):
                        cwd=elsewhere, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "tiny-moe" in r.stdout
+
+
+def test_a_shipped_scenario_copied_elsewhere_still_finds_its_model_and_hardware(tmp_path):
+    """The shipped scenarios name ``models/NAME.toml`` and ``hardware/NAME.toml`` beside them; a
+    copy in another folder reads the shipped files of those names, while a name shipped under no
+    such file stays a missing file naming the path tried, and a file beside the copy still wins."""
+    from sim.errors import ScenarioError
+    from sim.specs import load_scenario
+
+    src = Path(__file__).resolve().parent.parent / "scenarios" / "default.toml"
+    copy = tmp_path / "base.toml"
+    copy.write_text(src.read_text())
+    a, b = load_scenario(src), load_scenario(copy)
+    assert a.model == b.model and a.hardware.name == b.hardware.name
+    bad = tmp_path / "bad.toml"
+    bad.write_text(src.read_text().replace("models/qwen3-30b-a3b.toml", "models/nothere.toml"))
+    with pytest.raises(ScenarioError, match="nothere.toml") as info:
+        load_scenario(bad)
+    assert info.value.field == "scenario.model"
+    (tmp_path / "models").mkdir()
+    mine = (Path(__file__).resolve().parent.parent / "scenarios/models/qwen3-30b-a3b.toml").read_text()
+    (tmp_path / "models" / "qwen3-30b-a3b.toml").write_text(mine.replace('name = "', 'name = "mine ', 1))
+    assert load_scenario(copy).model.name.startswith("mine ")
