@@ -513,6 +513,19 @@ def required_variants(args: argparse.Namespace, params) -> dict[str, tuple[str, 
     return out
 
 
+def no_kernel_tables_note(scn) -> str | None:
+    """The note a MoE run on a profile without llama.cpp kernel tables (``[ggml]``) gets: its
+    expert matmuls are priced at the profile's dense GEMM rate and its roofline, not llama.cpp's
+    MUL_MAT_ID kernels; on the H200 the datasheet profile predicts resident Qwen3-30B-A3B at
+    52.8k t/s pp512 and 454 t/s tg128 where llama-bench measured 7.06k and 305
+    (data/llamacpp/h200-20261201). None for a dense model or a profile with ``[ggml]``."""
+    if scn.hardware.ggml is not None or scn.model.moe is None:
+        return None
+    return (f"profile '{scn.hardware.name}' has no llama.cpp kernel tables: expert matmuls are priced at its dense "
+            "GEMM rate, not llama.cpp's MUL_MAT_ID (on the H200 that overstates MoE pp512 about 7x and tg128 1.5x); "
+            "read the variants' ratios, not the absolute t/s")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
     from .report import format_rows
@@ -551,6 +564,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         _say_notes(notes)
         raise
+    kernel_note = no_kernel_tables_note(scn)  # on rows only: an error stays one line
+    if kernel_note:
+        notes.add(kernel_note)
     _say_notes(notes)
     text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware))
     if args.vram:

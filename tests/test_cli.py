@@ -235,3 +235,18 @@ def test_vram_table_has_a_line_for_every_setting_and_variant(capsys):
     assert weights[0] > weights[2]  # every expert on the host: fewer weights on the GPU
     rc, out, _ = run(capsys, "run", "-r", "1", "-q", "-p", "512", "-n", "0", "--variant", "baseline", "--vram")
     assert rc == 0 and "| setting |" not in out and "| baseline | 0 |" in out
+
+
+def test_a_moe_run_on_a_profile_without_llamacpp_kernel_tables_says_what_its_numbers_are(capsys):
+    """No [ggml] tables (a datasheet or CuPy profile) and a MoE model: one note that its expert
+    matmuls are priced at the dense GEMM rate; none on the llama.cpp-calibrated default, none
+    for a dense model."""
+    from sim.cli import no_kernel_tables_note
+    from sim.specs import load_scenario
+
+    rc, _, err = run(capsys, "run", "qwen3-30b-a3b-rtx3090", "-r", "1", "-q", "-p", "64", "-n", "0",
+                     "--variant", "baseline")
+    assert rc == 0 and err.count("no llama.cpp kernel tables") == 1 and "'RTX 3090'" in err
+    rc, _, err = run(capsys, "run", "-r", "1", "-q", "-p", "64", "-n", "0", "--variant", "baseline")
+    assert rc == 0 and "kernel tables" not in err
+    assert no_kernel_tables_note(load_scenario("scenarios/gemma3-27b-ffn-cpu.toml")) is None  # dense
