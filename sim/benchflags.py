@@ -472,7 +472,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     """llama-bench's flags (lists and ranges; a repeated flag adds values), the prefetch patch's
     ``-pw``/``-pwg``/``-pes`` (:data:`PREFETCH_FLAGS`), the scenario, and
     ``--variant``/``--engine``/``--max-work``."""
-    from .bounds import MEMO_WORK_DIVISOR, REPETITIONS_MAX, WORK_MAX
+    from .bounds import EXPANDED_WORK_MAX, MEMO_WORK_DIVISOR, REPETITIONS_MAX, WORK_MAX
 
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
@@ -493,7 +493,8 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
                    help=f"refuse a run that would cost more than N graph-layers of work (graphs x layers x "
                         f"repetitions x settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per "
-                        f"other variant; default {WORK_MAX:,}, about half a minute)")
+                        f"other variant; default {WORK_MAX:,}, about half a minute; trace and check keep every op: "
+                        f"x1 per variant, default {EXPANDED_WORK_MAX:,}, about 1.5 GB)")
     p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
                    help="variants to run, a comma list (repeatable: a repeated flag adds, as llama-bench's list "
                         "flags): baseline, prefetch_ungated, prefetch_gated_<N>, slots<N>, cache_lru, cache_lfu, "

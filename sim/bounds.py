@@ -200,15 +200,24 @@ def variant_work(variants, hardware) -> float:
     return sum(1.0 if getattr(v, "expert_cache", "none") != "none" else 1.0 / MEMO_WORK_DIVISOR for v in variants)
 
 
-def check_work(work: int, budget: int | None, flag: str = "--max-work") -> None:
-    """Refuse a command whose work (:func:`work_units`) exceeds ``budget`` (default :data:`WORK_MAX`).
+#: default budget of ``trace`` and ``check``, which keep every op of every plan (a trace row, a
+#: hazard check's event lists: about 1.2 kB of memory per op, some 25 ops per graph-layer), in
+#: graph-layers counted x1 per variant: tg1000 of a 48-layer model, about 1.2 M ops and 1.5 GB
+#: (`trace -n 10000` took 14 GB and wrote a 2 GB JSON under the run budget); raised with --max-work
+EXPANDED_WORK_MAX = 50_000
+
+
+def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expanded: bool = False) -> None:
+    """Refuse a command whose work (:func:`work_units`) exceeds ``budget`` (default
+    :data:`WORK_MAX`; :data:`EXPANDED_WORK_MAX` for a command that keeps every op, ``expanded``).
 
     Raises:
         ScenarioError: naming ``flag``, the estimate and the budget.
     """
-    budget = WORK_MAX if budget is None else budget
+    budget = (EXPANDED_WORK_MAX if expanded else WORK_MAX) if budget is None else budget
     if work > budget:
-        raise ScenarioError(f"this run would cost {work:,} graph-layers of work (graphs x layers x repetitions x "
-                            f"settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per other "
-                            f"variant), over the budget of {budget:,}; shorten the tests or raise {flag}",
-                            field=flag)
+        how = ("graphs x layers x variants: every op of every plan is kept" if expanded else
+               f"graphs x layers x repetitions x settings, x1 per variant with an expert cache, "
+               f"x1/{MEMO_WORK_DIVISOR} per other variant")
+        raise ScenarioError(f"this run would cost {work:,} graph-layers of work ({how}), over the budget of "
+                            f"{budget:,}; shorten the tests or raise {flag}", field=flag)

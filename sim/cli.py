@@ -149,16 +149,18 @@ def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=N
 
 
 def check_plan_work(scn, tests, args) -> None:
-    """The work budget (``--max-work``) of building one plan per variant and test of ``tests``.
+    """The work budget (``--max-work``, default :data:`sim.bounds.EXPANDED_WORK_MAX`) of building
+    and keeping one whole plan per variant and test of ``tests`` (``trace``, ``check``: every op
+    is kept, so every variant counts in full).
 
     Raises:
         ScenarioError: over the budget, naming ``--max-work``.
     """
-    from .bounds import check_work, variant_work, work_units
+    from .bounds import check_work, work_units
 
     wl = scn.workload
-    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1,
-                          variant_work(scn.variants, scn.hardware)), getattr(args, "max_work", None))
+    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants)),
+               getattr(args, "max_work", None), expanded=True)
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:

@@ -250,3 +250,17 @@ def test_a_moe_run_on_a_profile_without_llamacpp_kernel_tables_says_what_its_num
     rc, _, err = run(capsys, "run", "-r", "1", "-q", "-p", "64", "-n", "0", "--variant", "baseline")
     assert rc == 0 and "kernel tables" not in err
     assert no_kernel_tables_note(load_scenario("scenarios/gemma3-27b-ffn-cpu.toml")) is None  # dense
+
+
+def test_trace_and_check_keep_every_op_so_their_default_budget_counts_every_variant(capsys, tmp_path):
+    """trace/check materialise every op of every plan: a decode trace that run's budget would let
+    through (10,000 graphs of 48 layers, 14 GB seen) is refused in one line naming --max-work,
+    and --max-work raises it."""
+    out = str(tmp_path / "t.json")
+    rc, _, err = run(capsys, "trace", "--test", "tg2000", "-n", "2000", "--variant", "baseline", "--out", out)
+    assert rc == 2 and "--max-work" in err and "every op of every plan is kept" in err
+    assert len(err.strip().splitlines()) == 1 and not Path(out).exists()
+    rc, _, err = run(capsys, "check", "--test", "tg2000", "-n", "2000", "--variant", "slots3")
+    assert rc == 2 and "--max-work" in err
+    rc, _, _ = run(capsys, "trace", TINY, "--test", "tg4", "--out", out)
+    assert rc == 0 and Path(out).stat().st_size > 0
