@@ -60,7 +60,7 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
 
     Raises:
         ScenarioError: naming ``flag``: the path is empty or ``-`` (not standard output), a folder
-            (for a file output), a file (for a folder output), its folder cannot be created or
+            or a name ending in ``/`` (for a file output), a file (for a folder output), its folder cannot be created or
             written, or it does not end in ``suffix``.
     """
     from .errors import ScenarioError
@@ -73,8 +73,9 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     if suffix is not None and p.suffix.lower() != suffix.lower():
         raise ScenarioError(f"'{p}' does not end in {suffix} (the file is written as {suffix.lstrip('.').upper()})",
                             field=flag)
-    if not directory and p.is_dir():
-        raise ScenarioError(f"'{p}' is a folder; give a file name", field=flag)
+    if not directory and (p.is_dir() or str(path).endswith(("/", os.sep))):
+        raise ScenarioError(f"'{path}' is a folder{'' if p.is_dir() else ' name (it ends in /)'}; give a file name",
+                            field=flag)
     if directory and p.exists() and not p.is_dir():
         raise ScenarioError(f"'{p}' exists and is not a folder", field=flag)
     folder = (p if directory else p.parent).absolute()

@@ -264,3 +264,14 @@ def test_trace_and_check_keep_every_op_so_their_default_budget_counts_every_vari
     assert rc == 2 and "--max-work" in err
     rc, _, _ = run(capsys, "trace", TINY, "--test", "tg4", "--out", out)
     assert rc == 0 and Path(out).stat().st_size > 0
+
+
+def test_an_output_name_ending_in_a_slash_is_a_folder_not_a_file(tmp_path):
+    """--out d/ (the folder does not exist) is refused, not written as a file named d."""
+    from sim.atomic import check_output_path
+
+    with pytest.raises(ScenarioError, match="ends in /") as info:
+        check_output_path(str(tmp_path / "d") + "/")
+    assert info.value.field == "--out" and not (tmp_path / "d").exists()
+    assert check_output_path(str(tmp_path / "d" / "t.md")) == tmp_path / "d" / "t.md"
+    assert check_output_path(str(tmp_path / "x") + "/", directory=True) == tmp_path / "x"
