@@ -79,7 +79,7 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
                                              f"them), got '{part.strip()}'")
         first = int(m.group(1))
         if first < 0 and not allow_negative:
-            raise argparse.ArgumentTypeError(f"values must be >= 0, got '{text}'")
+            raise argparse.ArgumentTypeError(f"values cannot be negative, got '{text}'")
         if m.group(2) is None:
             out.append(first)
             continue

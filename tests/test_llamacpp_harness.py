@@ -335,7 +335,7 @@ def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
     ("-d 16777216 -p 512", "-p/-n/-d (depth + tokens, the context)", "more than the simulator's limit"),
     ("-pg 512,20000000", "-pg", "more than the simulator's limit"),
     ("-ub 64,20000000 -p 512", "-ub/--ubatch-size", "more than the simulator's limit"),
-    ("-ncmoe -1 -p 512", "-ncmoe/--n-cpu-moe", "values must be >= 0"),
+    ("-ncmoe -1 -p 512", "-ncmoe/--n-cpu-moe", "values cannot be negative"),
     ("-ngl 99999999999 -p 512", "-ngl/--n-gpu-layers", "at most 2147483647"),
     ("-ub0 -p 512", "-ub0", "write -ub 0"),
     ("-p 512 --variant slots3", "--variant", "not of llama-bench"),
