@@ -1140,7 +1140,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures)")
     if "tensor_split" in given and hw.n_gpu > 1:
         notes.add("-ts: sets each GPU's layers (placement, VRAM); the activations crossing between the GPUs are "
-                  "not priced")
+                  "not priced, nor llama.cpp's pipelining of a batch's ubatches over the GPUs (n_batch > n_ubatch), "
+                  "so with every weight on the GPUs the t/s is the one GPU's whatever the split")
     insts = params.instances(setting)
     wl = Workload(
         n_prompt=tuple(dict.fromkeys(i.n_prompt for i in insts if i.n_prompt)) or (0,),
