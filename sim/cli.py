@@ -173,21 +173,27 @@ def _add_bench_flags(p: argparse.ArgumentParser) -> None:
 VARIANT_ID_NAME_CHARS = 6
 
 
+#: hex digits of the name's SHA-1 in a variant's build id (40 bits: two of a run's variants
+#: sharing them is a chance of about 1e-12; six digits let prefetch_gated_35 and
+#: prefetch_gated_4914 collide)
+VARIANT_ID_HEX = 10
+
+
 def variant_id(name: str) -> str:
-    """A variant's ``build_commit``, 14 characters: ``s``, six hex digits of the SHA-1 of its full
-    name, ``-``, the name's first :data:`VARIANT_ID_NAME_CHARS` characters (``-``-padded):
-    ``sc028c3-prefet`` for ``prefetch_ungated``. The same in every run, whatever the other
-    variants."""
+    """A variant's ``build_commit``, 18 characters: ``s``, :data:`VARIANT_ID_HEX` hex digits of
+    the SHA-1 of its full name, ``-``, the name's first :data:`VARIANT_ID_NAME_CHARS` characters
+    (``-``-padded): ``sc028c3b5c7-prefet`` for ``prefetch_ungated``. The same in every run,
+    whatever the other variants."""
     import hashlib
 
-    digest = hashlib.sha1(name.encode()).hexdigest()[:6]
+    digest = hashlib.sha1(name.encode()).hexdigest()[:VARIANT_ID_HEX]
     return f"s{digest}-{name[:VARIANT_ID_NAME_CHARS].ljust(VARIANT_ID_NAME_CHARS, '-')}"
 
 
 def variant_ids(variants) -> dict[str, tuple[str, int]]:
     """``build_commit`` and ``build_number`` of each variant: where llama-bench writes the build,
     our rows name the variant, so that llama.cpp's ``scripts/compare-llama-bench.py`` compares
-    variants as it compares builds (``-b s01bada-baseli -c sc028c3-prefet``).
+    variants as it compares builds (``-b <baseline's id> -c <variant's id>``, as ``-o jsonl`` prints them).
 
     ``build_commit`` is :func:`variant_id`: fixed by the variant alone, so runs written into one
     sqlite file or concatenated JSONL keep each variant's rows apart and never merge two variants
@@ -195,11 +201,26 @@ def variant_ids(variants) -> dict[str, tuple[str, int]]:
     That script cuts every ``build_commit`` of its data to the shortest one's length and matches
     ``-b``/``-c`` against the cut ids: every id has one length, so beside other variants alone
     nothing is cut and the id printed is the one to give; beside a real llama.cpp commit (7 or
-    more hex digits) they are cut to its length and stay distinct in their first seven characters
-    (the ``s`` marks a simulated build: a git hash has no ``s``). ``build_number`` is the
-    variant's position in the run.
+    more hex digits) they are cut to its length: six hex digits after the ``s`` (which marks a
+    simulated build: a git hash has no ``s``) then tell them apart, and :func:`variant_id_note`
+    says when two of a run's do not. ``build_number`` is the variant's position in the run.
     """
     return {v.name: (variant_id(v.name), i) for i, v in enumerate(variants)}
+
+
+def variant_id_note(variants) -> str | None:
+    """A note when two of ``variants`` share the first seven characters of their build ids
+    (:func:`variant_id`): beside a real llama.cpp commit (seven hex digits), llama.cpp's compare
+    script cuts every id to seven and would merge their rows. None when they are apart."""
+    first: dict[str, str] = {}
+    for v in variants:
+        k = variant_id(v.name)[:7]
+        if k in first and first[k] != v.name:
+            return (f"variants {first[k]} and {v.name} share the first seven characters of their build ids "
+                    f"({k}): beside a real llama.cpp commit, compare-llama-bench.py (which cuts every id to the "
+                    "shortest) would merge them; compare them in files of their own")
+        first[k] = v.name
+    return None
 
 
 def bench_time() -> str:
@@ -566,9 +587,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         _say_notes(notes)
         raise
-    kernel_note = no_kernel_tables_note(scn)  # on rows only: an error stays one line
-    if kernel_note:
-        notes.add(kernel_note)
+    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
+        if note:
+            notes.add(note)
     _say_notes(notes)
     text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware))
     if args.vram:

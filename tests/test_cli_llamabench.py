@@ -313,7 +313,7 @@ def test_json_and_jsonl_carry_llama_bench_s_fields_with_its_types(capsys, tmp_pa
             assert all(type(x) in want for x in vals), (f.name, d[f.name])
         assert len(d["samples_ns"]) == 2 and d["avg_ns"] == sum(d["samples_ns"]) // 2
     assert re.search(r'\n    "avg_ts": \d+\.\d{6},\n', out)
-    assert data[0]["build_commit"] == "s01bada-baseli" and data[0]["variant"] == "baseline"
+    assert data[0]["build_commit"] == "s01bada1524-baseli" and data[0]["variant"] == "baseline"
     # our reader takes it as a llama-bench file
     p = tmp_path / "r.json"
     p.write_text(out)
@@ -544,7 +544,7 @@ def test_ot_trailing_comma_and_empty_value_as_llama_bench(capsys):
 def test_csv_and_sql_layouts(capsys):
     rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "csv")
     assert rc == 0 and out.splitlines()[0] == ",".join(COLUMNS)
-    assert all(line.startswith('"s01bada-baseli","0",') for line in out.splitlines()[1:])
+    assert all(line.startswith('"s01bada1524-baseli","0",') for line in out.splitlines()[1:])
     df = pd.read_csv(io.StringIO(out))
     assert list(df.test) == ["pp64", "tg4"]
     rc, out, _ = run(capsys, "run", TINY, *QUICK, "-o", "sql")
@@ -723,7 +723,16 @@ def test_variant_ids_are_equal_length_distinct_when_cut_and_fixed_by_the_variant
     assert alone["baseline"][0] == ids["baseline"][0] and alone["baseline"][1] == 0
     again = variant_ids([parse_variant(n) for n in reversed(names)])
     assert {k: b for k, (b, _) in again.items()} == {k: b for k, (b, _) in ids.items()}
-    assert all(b.startswith("s") and b[7] == "-" for b, _ in ids.values())
+    assert all(b.startswith("s") and b[11] == "-" for b, _ in ids.values())
+    # two of a run's variants whose first seven characters meet (prefetch_gated_35 and
+    # prefetch_gated_4914) are apart in full and the run says so
+    from sim.cli import variant_id_note
+
+    pair = [parse_variant("prefetch_gated_35"), parse_variant("prefetch_gated_4914")]
+    a, b = (i for i, _ in variant_ids(pair).values())
+    assert a[:7] == b[:7] and a != b
+    assert "share the first seven characters" in variant_id_note(pair)
+    assert variant_id_note([parse_variant(n) for n in names]) is None
 
 
 def test_the_real_compare_llama_bench_script_when_given(bench_outputs, tmp_path):

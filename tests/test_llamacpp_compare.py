@@ -548,8 +548,15 @@ def test_canary_rates_join_rows_by_invocation_and_correlate(tmp_path):
     m = cmp.attach_canary(a, tmp_path)
     assert list(m.host_read_gb_per_s.iloc[:3]) == [100.0, 80.0, 110.0] and math.isnan(m.host_read_gb_per_s.iloc[3])
     line = cmp.canary_line(m)
-    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45], [100.0, 80.0, 110.0])[0, 1]  # t/s over the configuration's mean
-    assert "median 100.0 GB/s, 80.0..110.0 over 3 invocations" in line and f"r = {r:+.2f} (3 rows)" in line
+    # only a-x / b-x are one configuration measured in two loads with a rate: 2 rows, no r
+    assert "median 100.0 GB/s, 80.0..110.0 over 3 invocations" in line and "Pearson" not in line
+    m.loc[3, "host_read_gb_per_s"] = 70.0
+    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45, 40 / 45], [100.0, 80.0, 110.0, 70.0])[0, 1]  # t/s over its mean
+    assert f"r = {r:+.2f} (4 rows)" in cmp.canary_line(m)
+    # a configuration measured once tells nothing of the loads: its row is not counted
+    one = m.copy()
+    one.loc[3, "n_gen"] = 256
+    assert "Pearson" not in cmp.canary_line(one)
     (tmp_path / "canary.jsonl").write_text("not json\n")
     with pytest.raises(ScenarioError, match="canary"):
         cmp.attach_canary(a, tmp_path)
@@ -582,8 +589,10 @@ def test_steal_time_joins_rows_by_their_invocations_window_and_correlates(tmp_pa
     m = cmp.attach_steal(a, tmp_path)
     assert m.host_steal_pct.iloc[:3].tolist() == pytest.approx([0.1, 1.0, 0.0]) and math.isnan(m.host_steal_pct.iloc[3])
     line = cmp.steal_line(m)
-    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45], [0.1, 1.0, 0.0])[0, 1]
-    assert "median 0.10 % of the CPU time, 0.00..1.00 % over 3 invocations" in line and f"r = {r:+.2f} (3 rows)" in line
+    assert "median 0.10 % of the CPU time, 0.00..1.00 % over 3 invocations" in line and "Pearson" not in line
+    m.loc[3, "host_steal_pct"] = 0.5
+    r = np.corrcoef([100 / 90, 80 / 90, 50 / 45, 40 / 45], [0.1, 1.0, 0.0, 0.5])[0, 1]
+    assert f"r = {r:+.2f} (4 rows)" in cmp.steal_line(m)
     packed = tmp_path / "host_state.jsonl.gz"
     packed.write_bytes(gzip.compress((tmp_path / "host_state.jsonl").read_bytes()))
     (tmp_path / "host_state.jsonl").unlink()

@@ -113,3 +113,42 @@ def test_pool_refuses_bad_inputs_in_one_line(tmp_path, capsys):
     (twin / "llama-bench.jsonl").write_text("")
     assert P.main([str(twin), "-q", "--kind", "pp"]) == 2
     assert "pool: error:" in capsys.readouterr().err
+
+
+def test_pool_says_which_rows_it_leaves_out_and_refuses_a_copy_of_a_folder(tmp_path, capsys):
+    """A row compare cannot simulate is named on stderr, folder and line, as compare names it; a
+    folder whose llama-bench.jsonl is another's is refused (its rows are not other loads); two
+    folders of one name stay two runs."""
+    import json
+
+    run = REPO / "data/llamacpp/h200-20261203-tg5b"
+    bad = tmp_path / "bad"
+    shutil.copytree(run, bad)
+    lines = (bad / "llama-bench.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["n_cpu_moe"] = 30
+    lines[0] = json.dumps(row)
+    (bad / "llama-bench.jsonl").write_text("\n".join(lines) + "\n")
+    assert P.main([str(bad), "-q", "--kind", "tg", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"pool: {bad}: " in err and "n_cpu_moe, line 1" in err and f"{bad}: 1 of 12 rows not simulated" in err
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    assert P.main([str(run), str(copy), "-q"]) == 2
+    assert "holds the same llama-bench.jsonl" in capsys.readouterr().err
+    twin = tmp_path / "x" / run.name
+    shutil.copytree(REPO / "data/llamacpp/h200-20261203-tg5a", twin)
+    out = tmp_path / "p.csv"
+    assert P.main([str(run), str(twin), "-q", "--kind", "tg", "--jobs", "1", "--out", str(out)]) == 0
+    got = pd.read_csv(out)
+    assert got.n_runs.max() == 2 and any(r.endswith("#2") for r in got.runs)
+    assert P.main([str(run), "-q", "--out", ""]) == 2 and "empty path" in capsys.readouterr().err
+
+
+def test_a_configuration_with_a_bar_in_its_flags_keeps_the_table_whole():
+    """-ot ffn_(gate|up|down)=CPU: the label's | are escaped, every table line has the header's cells."""
+    a = _rows([60.0, 70.0], [66.0, 66.0], ot="ffn_(gate|up|down)=CPU", n_cpu_moe=0)
+    md = P.pooled_markdown(P.pool([("m", a)]), "T")
+    table = [ln for ln in md.splitlines() if ln.startswith("| qwen3moe")]
+    assert len(table) == 1 and "ffn_(gate\\|up\\|down)" in table[0]
+    assert table[0].replace("\\|", "").count("|") == md.splitlines()[-2].count("|") == 9

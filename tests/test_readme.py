@@ -39,7 +39,7 @@ def test_the_readme_lists_every_built_in_scenario_name():
 
 
 def test_the_readme_names_the_default_variants_build_ids_as_the_code_makes_them():
-    """``build_commit``: ``s``, six hex digits of the name's SHA-1, ``-``, its first six
+    """``build_commit``: ``s``, ten hex digits of the name's SHA-1, ``-``, its first six
     characters (sim.cli.variant_ids), every id of the default four as the README spells them."""
     from sim.cli import variant_ids
     from sim.specs import DEFAULT_VARIANTS, parse_variant
@@ -48,4 +48,4 @@ def test_the_readme_names_the_default_variants_build_ids_as_the_code_makes_them(
     ids = [i for i, _ in variant_ids([parse_variant(v) for v in DEFAULT_VARIANTS]).values()]
     assert ", ".join(f"`{i}`" for i in ids) + " for the default four variants" in text
     assert "as short as keeps them distinct" not in text
-    assert "six hex digits of the SHA-1 of the variant's full name" in text
+    assert "ten hex digits of the SHA-1 of the variant's full name" in text

@@ -1137,13 +1137,19 @@ def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> p
 
 def _host_side_r(df: pd.DataFrame, col: str) -> tuple[float, int] | None:
     """Pearson r of each host-side row's measured t/s over its configuration's mean
-    (:data:`CONFIG_KEY`) against ``df[col]``, and the rows used; None with fewer than 3 rows or
-    no spread."""
-    host = df[df.regime.isin(("host_expert_decode", "dense_partial_offload")) & df.measured_ts.notna()].copy()
+    (:data:`CONFIG_KEY`) against ``df[col]``, and the rows used, over the configurations measured
+    in two or more invocations (model loads); None with fewer than 3 such rows or no spread."""
+    host = df[df.regime.isin(("host_expert_decode", "dense_partial_offload")) & df.measured_ts.notna()
+              & df[col].notna()].copy()
     if host.empty:
         return None
-    host["rel_ts"] = host.measured_ts / host.groupby(_config_keys(host, CONFIG_KEY))["measured_ts"].transform("mean")
-    host = host[host[col].notna()]
+    keys = _config_keys(host, CONFIG_KEY)
+    # only configurations measured in two or more loads: a lone row's t/s over its mean is 1
+    loads = host.groupby(keys)["invocation"].transform("nunique")
+    host, keys = host[loads >= 2], keys[loads >= 2]
+    if host.empty:
+        return None
+    host["rel_ts"] = host.measured_ts / host.groupby(keys)["measured_ts"].transform("mean")
     if len(host) < 3 or not (host.rel_ts.std() > 0 and host[col].std() > 0):
         return None
     return float(np.corrcoef(host.rel_ts, host[col])[0, 1]), len(host)
@@ -1165,24 +1171,17 @@ def steal_line(df: pd.DataFrame) -> str:
 
 def canary_line(df: pd.DataFrame) -> str:
     """One markdown line on :func:`attach_canary`'s column: the rate's median and range over
-    the invocations, and the Pearson correlation of each host-side row's measured t/s (relative to
-    its configuration's mean over loads) with the rate (relative to its median); '' without the
-    column or with fewer than 3 such rows."""
+    the invocations, and :func:`_host_side_r` of the rate (each host-side row's measured t/s
+    relative to its configuration's mean over loads); '' without the column."""
     if "host_read_gb_per_s" not in df.columns or df.host_read_gb_per_s.notna().sum() == 0:
         return ""
     per_inv = df.groupby("invocation")["host_read_gb_per_s"].first().dropna()
     text = (f"Host DRAM read rate before each invocation (psim-membw, canary.jsonl): median "
             f"{per_inv.median():.1f} GB/s, {per_inv.min():.1f}..{per_inv.max():.1f} over {len(per_inv)} invocations")
-    host = df[df.regime.isin(("host_expert_decode", "dense_partial_offload")) & df.measured_ts.notna()].copy()
-    host["rel_ts"] = host.measured_ts / host.groupby(_config_keys(host, CONFIG_KEY))["measured_ts"].transform("mean")
-    host = host[host.host_read_gb_per_s.notna()]
-    if len(host) >= 3:
-        rel_ts = host.rel_ts
-        rel_bw = host.host_read_gb_per_s / per_inv.median()
-        if rel_ts.std() > 0 and rel_bw.std() > 0:
-            r = float(np.corrcoef(rel_ts, rel_bw)[0, 1])
-            text += (f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r:+.2f} "
-                     f"({len(host)} rows)")
+    r = _host_side_r(df, "host_read_gb_per_s")  # the rate's scale does not change r
+    if r is not None:
+        text += (f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r[0]:+.2f} "
+                 f"({r[1]} rows)")
     return text + "\n"
 
 
@@ -1331,7 +1330,7 @@ def check_common_args(args: argparse.Namespace):
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
     seen: dict[str, str] = {}
     for flag, suffix in (("out", None), ("figure", ".png"), ("summary", None)):
-        if getattr(args, flag):
+        if getattr(args, flag) is not None:  # an empty path is refused, not taken as no output
             check_output_path(getattr(args, flag), f"--{flag}", **({"suffix": suffix} if suffix else {}))
             real = os.path.realpath(getattr(args, flag))
             if real in seen:
@@ -1369,6 +1368,25 @@ def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str
     for p, d in special.items():
         write_atomic(p, d)
     sys.stdout.write(md)
+
+
+def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = "") -> None:
+    """On stderr: each row of ``df`` (:func:`compare`'s) its invocation's command line did not ask
+    for, one line each; up to five other rows without a prediction with their note; then the
+    count (``run``: the folder, when a tool reads several)."""
+    of = f"{run}: " if run else ""
+    disagree = df.attrs.get("disagreements", {})
+    for ln in sorted(disagree):  # each row the command line did not ask for, one line each
+        print(f"{prog}: {of}{disagree[ln]}", file=sys.stderr)
+    n_bad = int(df.predicted_ts.isna().sum())
+    if n_bad:
+        bad = df[df.predicted_ts.isna() & ~df.line.isin(list(disagree))]
+        for _, r in bad.head(5).iterrows():
+            note = str(r["note"])
+            print(f"{prog}: {of}line {r['line']} ({r['test']}) "
+                  + (note if note.startswith("not simulated") else f"not simulated: {note}"), file=sys.stderr)
+        more = f"; {n_bad - 5} more" if n_bad > 5 else ""
+        print(f"{prog}: {of}{n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)
 
 
 def run_cli(prog: str, body) -> int:
@@ -1455,19 +1473,8 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args, prog, df, md, plot_compare)
         for w in warnings(df):
             print(f"{prog}: warning: {w}", file=sys.stderr)
-        disagree = df.attrs.get("disagreements", {})
-        for ln in sorted(disagree):  # each row the command line did not ask for, one line each
-            print(f"{prog}: {disagree[ln]}", file=sys.stderr)
-        n_bad = int(df.predicted_ts.isna().sum())
-        if n_bad:
-            bad = df[df.predicted_ts.isna() & ~df.line.isin(list(disagree))]
-            for _, r in bad.head(5).iterrows():
-                note = str(r["note"])
-                print(f"{prog}: line {r['line']} ({r['test']}) "
-                      + (note if note.startswith("not simulated") else f"not simulated: {note}"), file=sys.stderr)
-            more = f"; {n_bad - 5} more" if n_bad > 5 else ""
-            where = f" (the note column of {args.out})" if args.out else " (--out CSV: a note per row)"
-            print(f"{prog}: {n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)
+        say_unsimulated(prog, df, where=f" (the note column of {args.out})" if args.out else
+                        " (--out CSV: a note per row)")
         return 0
 
     return run_cli(prog, body)

@@ -39,8 +39,8 @@ import pandas as pd
 
 from sim.errors import ScenarioError
 
-from .compare import (CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir, compare,
-                      hardware_path, run_cli, summarize, write_outputs)
+from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
+                      compare, hardware_path, run_cli, say_unsimulated, summarize, write_outputs)
 
 #: the columns of a pooled configuration: :data:`CONFIG_KEY` without ``test``, with ``kind``
 POOL_KEY = tuple(k for k in CONFIG_KEY if k != "test") + ("kind",)
@@ -153,10 +153,12 @@ def pooled_markdown(pooled: pd.DataFrame, title: str, min_rows: int = 1) -> str:
         sd, se, n = spread.get(r.group, (math.nan, math.nan, 0))
         lines.append(f"| {r.group} | {r.n_predicted} | {n} | {pct(r.median_abs_rel_error)} | {pct(r.p90_abs_rel_error)} | "
                      f"{pct(r.median_rel_error, True)} | {pct(sd)} | {pct(se)} |")
+    from sim.report import md_escape
+
     lines += ["", "| configuration | split | rows | runs | pooled err | spread | std. error | rows' err min…max |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in use.itertuples(index=False):
-        lines.append(f"| {r.config} | {r.split} | {r.n_rows} | {r.n_runs} | {pct(r.rel_error, True)} | "
+        lines.append(f"| {md_escape(r.config)} | {r.split} | {r.n_rows} | {r.n_runs} | {pct(r.rel_error, True)} | "
                      f"{pct(r.log_ratio_sd)} | {pct(r.log_ratio_sem)} | {pct(r.min_rel_error, True)}…"
                      f"{pct(r.max_rel_error, True)} |")
     return "\n".join(lines) + "\n"
@@ -188,7 +190,7 @@ def plot_pooled(pooled: pd.DataFrame, path) -> None:
         ax.axvline(x, color="tab:green", lw=0.6, ls="--")
     ax.set_yticks(y, p.config, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("pooled error, predicted / measured − 1 (%), ±2 standard errors")
+    ax.set_xlabel("pooled error: predicted / measured − 1 (%), ±2 s.e.")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -219,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         progress = check_common_args(args)
         if args.min_rows < 1:
             raise ScenarioError(f"must be >= 1, got {args.min_rows}", field="--min-rows")
+        import hashlib
+
         seen: dict[str, str] = {}
+        same: dict[str, str] = {}
         for d in args.run_dirs:  # every input before any work
             check_run_dir(d)
             real = os.path.realpath(d)
@@ -227,16 +232,30 @@ def main(argv: list[str] | None = None) -> int:
                 raise ScenarioError(f"'{d}' is given twice (also as '{seen[real]}'); each run folder once",
                                     field="RUN_DIR")
             seen[real] = d
+            bench = os.path.join(d, BENCH_FILE)
+            if os.path.isfile(bench):  # a copy of another folder's rows would count its loads twice
+                with open(bench, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
+                if digest in same:
+                    raise ScenarioError(f"'{d}' holds the same {BENCH_FILE} as '{same[digest]}': its rows would "
+                                        "count as other model loads; give each run once", field="RUN_DIR")
+                same[digest] = d
         hardware_path(args.hardware)
         frames = []
         name = None
+        labels: dict[str, int] = {}
         for d in args.run_dirs:
             df = compare(d, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                          progress=progress, max_work=args.max_work)
             name = df.attrs.get("hardware", name)
+            say_unsimulated(prog, df, run=d)  # left out of the pool: said, as compare says it
             if args.kind != "all":
                 df = df[df.kind == args.kind]
-            frames.append((os.path.basename(os.path.normpath(d)), df))
+            label = os.path.basename(os.path.normpath(d))
+            labels[label] = labels.get(label, 0) + 1
+            if labels[label] > 1:  # two folders of one name stay two runs
+                label = f"{label}#{labels[label]}"
+            frames.append((label, df))
         pooled = pool(frames)
         if pooled.empty:
             raise ScenarioError("no row with a measured and a predicted t/s in these run folders"
