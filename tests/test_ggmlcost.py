@@ -535,3 +535,14 @@ def test_split_time_records_are_read_from_the_invocations_own_log_or_its_packed_
     shutil.rmtree(tmp_path / "logs")
     assert len(invocation_graphs(tmp_path, invs[0])) == 1
     assert invocation_graphs(tmp_path, {"id": "gone", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}}) is None
+
+
+def test_splittime_of_a_decode_only_lease_prints_its_table_and_exits_0(capsys):
+    """A lease without prompt graphs or -ngl CPU layers has no GET_ROWS/SET_ROWS rates: a note,
+    the table and the GPU split's host time, exit 0 (data/llamacpp/README.md gives the command)."""
+    from calibrate.llamacpp.splittime import main
+
+    assert main([str(REPO / "data/llamacpp/h200-20261204-tg6")]) == 0
+    cap = capsys.readouterr()
+    assert "a-st-qwen3-ncmoe48" in cap.out and "split_us = 15" in cap.out
+    assert "splittime: note:" in cap.err and "error" not in cap.err

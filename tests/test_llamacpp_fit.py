@@ -158,3 +158,19 @@ def test_fit_pools_the_fit_rows_of_several_run_folders(monkeypatch, capsys):
     assert F.main(["--run", *runs, "--params", "cpu_split_us"]) == 0
     out = capsys.readouterr().out
     assert seen["n"] == sum(n.values()) and "2 run folders (" + ", ".join(runs) + ")" in out
+
+
+def test_the_measured_numbers_are_found_from_any_folder(tmp_path, monkeypatch):
+    """A full fill's measured numbers read the model TOML and the lease folders through the
+    repository and shipped files, not the working folder: the same values from elsewhere."""
+    from calibrate.llamacpp import fit as F
+    from sim.specs import load_hardware
+
+    repo = Path(__file__).resolve().parent.parent
+    hw = load_hardware(repo / "scenarios/hardware/h200-llamacpp.toml")
+    here = (F.ew_rate(repo / "data/llamacpp/h200-20261201-kernels")[0],
+            F.kv_cold_rate(repo / "data/llamacpp/h200-20261202-depth", hw)[0])
+    monkeypatch.chdir(tmp_path)
+    there = (F.ew_rate(repo / "data/llamacpp/h200-20261201-kernels")[0],
+             F.kv_cold_rate(repo / "data/llamacpp/h200-20261202-depth", hw)[0])
+    assert here == there

@@ -83,7 +83,9 @@ def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-3
     from sim.ggmlcost import layer_elementwise
     from sim.specs import load_model
 
-    model = load_model(model_toml)
+    from .compare import resolve
+
+    model = load_model(resolve(model_toml))  # from any folder: the shipped files too
     path = Path(kernels_dir) / "ncu" / f"{profile}.csv"
     if not path.is_file():
         raise PrefetchSimError(f"--kernels {kernels_dir}: no {path.relative_to(kernels_dir)} (a kernel lease "
@@ -129,6 +131,8 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
     from sim.ggmlcost import attended_keys, kv_cache_bytes, pad_cells
     from sim.specs import load_model
 
+    from .compare import resolve
+
     d = Path(depth_dir)
     try:
         x0 = read_ncu_raw(d / "ncu-qwen3-tg-d0.csv.gz")
@@ -137,7 +141,7 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
         raise PrefetchSimError(f"--depth {d}: cannot read the ncu decode profiles ({exc})") from None
     per_token = len(x0) // n_gen
     last = x8.iloc[-per_token:]
-    m = load_model(model_toml)
+    m = load_model(resolve(model_toml))  # from any folder: the shipped files too
     fa_s = float(last[last["kernel"].str.startswith("flash_attn")]["ns"].sum()) * 1e-9 / m.n_layer
     keys = attended_keys(1, depth + n_gen - 1, 0)
     g = hw.ggml
@@ -432,6 +436,14 @@ def _main(argv: list[str] | None) -> int:
         from .compare import check_run_dir, hardware_path
 
         fitted_rows = select_fitted(args.params)
+        from .compare import resolve
+
+        # the lease folders as given, else under the repository (a checkout's data/, from any folder)
+        for flag in ("kernels", "splits", "depth", "phases"):
+            setattr(args, flag, str(resolve(getattr(args, flag))))
+        default_run = args.run == ap.get_default("run")
+        shown_run = list(args.run)  # as given: the sources written into the profile name these
+        args.run = [str(resolve(r)) if default_run else r for r in args.run]
         # the profile as the other tools name one (a file or a built-in name: h200-llamacpp), and
         # --run a run folder, before any work
         args.profile = str(hardware_path(args.profile, "--profile"))
@@ -444,7 +456,8 @@ def _main(argv: list[str] | None) -> int:
             if os.path.realpath(run) in seen_runs:
                 raise PrefetchSimError(f"--run {run}: given twice; each run folder once")
             seen_runs.add(os.path.realpath(run))
-        runs_text = args.run[0] if len(args.run) == 1 else f"{len(args.run)} run folders ({', '.join(args.run)})"
+        runs_text = (shown_run[0] if len(shown_run) == 1
+                     else f"{len(shown_run)} run folders ({', '.join(shown_run)})")
         if args.write and args.out:
             raise PrefetchSimError("--write and --out: give one (--write rewrites --profile, --out writes a copy)")
         if args.iterations < 1:
@@ -517,7 +530,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"fitting {', '.join(k for k, *_ in fitted_rows)} on {len(cases)} fit rows of {runs_text}")
         p, err = gauss_newton(cases, t_meas, hw, args.iterations, args.jobs, fitted=fitted_rows)
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
-        only = "" if args.run == ap.get_default("run") else f" --run {' '.join(args.run)}"
+        only = "" if default_run else f" --run {' '.join(args.run)}"
         only += "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
         if args.cpu_table:
             only += f" --cpu-table {Path(args.cpu_table).as_posix()}"

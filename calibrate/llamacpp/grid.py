@@ -158,7 +158,10 @@ def load_grid(path: str | Path) -> GridSpec:
         mf = Fields(tbl, path, f"model[{i}]")
         models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
-        if not (REPO / models[-1].toml).is_file():  # the lease reads it from the repository's root
+        from sim.resources import shipped_root
+
+        # the lease reads it from the repository's root; an installed wheel has it in its shipped files
+        if not ((REPO / models[-1].toml).is_file() or (shipped_root() / models[-1].toml).is_file()):
             raise mf.error("toml", f"model file not found: {REPO / models[-1].toml}")
         mf.check_unknown()
     if not models:

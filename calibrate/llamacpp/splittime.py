@@ -207,8 +207,9 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
         kv = kv[kv["compute_s"] > 0]
         set_r.extend((kv["input_bytes"] / kv["compute_s"]).tolist())
     if not get_r or not set_r:
-        raise PrefetchSimError(f"{run}: no split-time GET_ROWS ({len(get_r)}) or SET_ROWS ({len(set_r)}) "
-                               "measurements (logs/<id>.log or st/<id>.err.gz of invocations with PREFETCH_SIM_SPLIT_TIME)")
+        raise PrefetchSimError(f"{run}: split-time GET_ROWS in {len(get_r)} invocations and SET_ROWS in "
+                               f"{len(set_r)} KV-store splits, both needed (logs/<id>.log or st/<id>.err.gz of "
+                               "invocations with PREFETCH_SIM_SPLIT_TIME)")
     src = f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime)"
     return {"cpu_get_rows_gb_per_s": (float(np.median(get_r)),
                                       f"{src}: the token embedding's one-thread GET_ROWS (CPU split 0) of graphs "
@@ -287,8 +288,19 @@ def main(argv: list[str] | None = None) -> int:
                                    "st/<id>.err.gz)")
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print(tab.round(2).to_string(index=False))
-        for k, (v, src) in rows_rates(args.run_dir).items():
+        try:
+            rates = rows_rates(args.run_dir)
+        except PrefetchSimError as exc:  # a decode-only lease: the table is the result
+            print(f"splittime: note: the one-thread GET_ROWS / SET_ROWS rates need prompt graphs and -ngl CPU "
+                  f"layers, not in this folder ({exc})", file=sys.stderr)
+            rates = {}
+        for k, (v, src) in rates.items():
             print(f"{k} = {v / 1e9:.4g}   ({src})")
+        try:
+            split_s, src = gpu_split_host(args.run_dir)
+            print(f"split_us = {split_s * 1e6:.4g}   ({src})")
+        except PrefetchSimError:
+            pass
     except (PrefetchSimError, OSError, ValueError) as exc:
         print(f"splittime: error: {exc}", file=sys.stderr)
         return 2
