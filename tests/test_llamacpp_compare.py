@@ -740,3 +740,16 @@ def test_an_absurd_rate_is_refused_before_any_statistics(tmp_path, capsys):
         assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"{bench}: field 'avg_ts, line 2': 1e+300 t/s is not physical" in err
+
+
+def test_an_invocation_id_given_twice_is_refused_naming_both_lines(tmp_path):
+    """Rows, canary rates and host state join on the invocation id: two invocations of one id
+    would swap one load's host state for another's."""
+    inv = tmp_path / "invocations.jsonl"
+    rec = {"gguf": "m.gguf", "model_toml": "m.toml"}
+    inv.write_text("\n".join(json.dumps({**rec, "id": i}) for i in ("a", "b", "a")) + "\n")
+    with pytest.raises(ScenarioError, match="also line 1") as info:
+        cmp.read_invocations(inv)
+    assert info.value.field == "id, line 3"
+    inv.write_text("\n".join(json.dumps(rec) for _ in range(2)) + "\n")  # no ids at all: fine
+    assert len(cmp.read_invocations(inv)) == 2

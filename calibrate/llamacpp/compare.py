@@ -208,7 +208,7 @@ def read_invocations(path: str | Path) -> list[dict]:
     Raises:
         ScenarioError: (``file`` the path, ``field`` ``<key>, line N``) a missing or unreadable
             file, a malformed line, a missing or mistyped key, ``args`` that are not llama-bench
-            flags, no invocation.
+            flags, an ``id`` an earlier line has, no invocation.
     """
     from .grid import asked_values
 
@@ -233,6 +233,12 @@ def read_invocations(path: str | Path) -> list[dict]:
                 asked = asked_values(args)
             except ValueError as exc:
                 raise ScenarioError(f"not a llama-bench command line: {exc}", file=p, field=f"args, line {i}") from None
+        inv_id = rec.get("id")
+        if inv_id is not None:  # an id names one load: the host state, canary and rows join on it
+            first = next((o["_line"] for o in out if o.get("id") == inv_id), None)
+            if first is not None:
+                raise ScenarioError(f"invocation id {inv_id!r} is also line {first}'s: each invocation's id once",
+                                    file=p, field=f"id, line {i}")
         out.append({**rec, "n_layer": n or None, "_line": i, "_asked": asked})
     if not out:
         raise ScenarioError("no invocations", file=p)
