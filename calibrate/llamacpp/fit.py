@@ -300,7 +300,8 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
     for it in range(iterations):
         t0 = predict_times(cases, hw, p, jobs)
         err = t0 / t_meas - 1
-        say(f"  iteration {it}: median |err| {np.median(np.abs(err)) * 100:.2f}%, "
+        start = " (the fit's start values, not the profile's)" if it == 0 else ""
+        say(f"  iteration {it}{start}: median |err| {np.median(np.abs(err)) * 100:.2f}%, "
             + ", ".join(f"{k}={p[f] / s:.4g}" for k, f, s, _st, _d in rows))
         J = []
         for _k, f, _s, _st, d in rows:
