@@ -25,6 +25,11 @@ The summary is :func:`calibrate.llamacpp.compare.summarize` over configurations 
 configuration: ``rows`` counts configurations), beside the median spread between loads and the
 median standard error of the pooled value in each group. A configuration's fit/held-out label is
 its rows' (:func:`calibrate.llamacpp.split.is_fit_row` reads the configuration, not the machine).
+
+Inputs: every folder is checked before any work; one given twice, or whose ``llama-bench.jsonl``
+is another's byte for byte (a copy: its rows are not other loads), is refused; two folders of
+one name are told apart (``name#2``). The rows a folder cannot simulate are named on stderr as
+``compare`` names them and left out of the pool.
 """
 
 from __future__ import annotations
