@@ -121,9 +121,11 @@ class GgmlKernels:
             call with unchanged properties: llama-bench's warm-up runs it directly, its first
             repetition captures it, the later ones replay it. Priced on a test's first graph,
             spread over llama-bench's repetitions.
-        split_s: host time per split (s), fitted: the scheduler's work per split (its inputs'
-            copy calls, events, the backend switch) and, for a split on a GPU, the launch of its
-            graph.
+        split_s: host time per split (s): the scheduler's work per split (its inputs' copy
+            calls, events, the backend switch) and, for a split on a GPU, the launch of its graph;
+            measured on llama-bench's GPU splits (split timing:
+            :func:`calibrate.llamacpp.splittime.gpu_split_host`) or fitted (``fit --params
+            split_us``). A CPU split's is :attr:`cpu_split_host_s`.
         cpu_split_s: host time per split on the CPU backend (s), fitted, or None: ``split_s``
             (:attr:`cpu_split_host_s`). Besides the scheduler's work, ggml-cpu plans the split's
             graph and wakes its thread pool, whose threads meet at a barrier after every node

@@ -164,7 +164,7 @@ def resolve_field(kind: str, value: str, beside: Path, *, file: str | Path | Non
         # a shipped scenario's own relative path (models/NAME.toml, hardware/NAME.toml,
         # ../models/...) when the scenario was copied elsewhere: the shipped file of that name
         rel = Path(value)
-        if not rel.is_absolute() and rel.parts and rel.parts[-2:-1] == (KIND_FOLDER[kind],):
+        if not rel.is_absolute() and rel.parent.name == KIND_FOLDER[kind]:
             shipped_file = shipped(f"scenarios/{KIND_FOLDER[kind]}/{rel.name}")
             if shipped_file.is_file():
                 return shipped_file

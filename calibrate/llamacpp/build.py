@@ -257,6 +257,12 @@ def cmake_args(cuda: bool, cuda_arch: str = "90", tests: bool = True) -> tuple[s
     return tuple(args)
 
 
+def nvcc_found(which=None) -> bool:
+    """Whether CUDA's compiler is there: on the PATH (``which``, default :func:`shutil.which`) or
+    at ``/usr/local/cuda/bin/nvcc`` (where :func:`build` then puts it on the PATH)."""
+    return bool((which or shutil.which)("nvcc")) or Path("/usr/local/cuda/bin/nvcc").is_file()
+
+
 def _which_or_fail(tool: str, why: str) -> str:
     path = shutil.which(tool)
     if not path:
@@ -276,9 +282,8 @@ def build(tree: str | Path, build_root: str | Path, *, cuda: bool = True, cuda_a
     """
     tree = check_tree(tree, what="source tree")
     _which_or_fail("cmake", "install CMake (>= 3.14) to build llama.cpp")
-    if cuda:
-        if not shutil.which("nvcc") and not Path("/usr/local/cuda/bin/nvcc").is_file():
-            raise BuildError("nvcc not found: a CUDA build of llama.cpp needs CUDA's compiler (or pass --cpu)")
+    if cuda and not nvcc_found():
+        raise BuildError("nvcc not found: a CUDA build of llama.cpp needs CUDA's compiler (or pass --cpu)")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     h = tree_hash(tree)
     bdir = Path(build_root) / f"{h}-{'cuda' + cuda_arch if cuda else 'cpu'}"

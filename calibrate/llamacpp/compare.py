@@ -1081,10 +1081,6 @@ def attach_canary(df: pd.DataFrame, run_dir: str | Path) -> pd.DataFrame:
     return out
 
 
-#: /proc/stat's first line, the fields the lease's host sampler keeps (``stat_cpu``, in order)
-STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
 def _utc_seconds(text: Any) -> float:
     """An ISO-8601 UTC time (``2026-12-04T19:00:57Z``) as POSIX seconds; NaN when unreadable."""
     import datetime as dt
@@ -1111,6 +1107,8 @@ def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> p
     Raises:
         ScenarioError: a line of either file is not a JSON object (naming the file and line).
     """
+    from .lease import STAT_FIELDS
+
     path = Path(run_dir) / "host_state.jsonl"
     if not path.is_file():
         path = path.with_name("host_state.jsonl.gz")  # as a data folder packs it

@@ -153,13 +153,13 @@ def load_grid(path: str | Path) -> GridSpec:
     perf_first = g.bool("perf_first", False)
     canary = g.bool("canary", False)
     g.check_unknown()
+    from sim.resources import shipped_root
+
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
         mf = Fields(tbl, path, f"model[{i}]")
         models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
-        from sim.resources import shipped_root
-
         # the lease reads it from the repository's root; an installed wheel has it in its shipped files
         if not ((REPO / models[-1].toml).is_file() or (shipped_root() / models[-1].toml).is_file()):
             raise mf.error("toml", f"model file not found: {REPO / models[-1].toml}")

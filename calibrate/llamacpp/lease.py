@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sim.interrupt import kill_group
 
-from .build import TARGETS, BuildError, build, unpack_patched
+from .build import TARGETS, BuildError, build, nvcc_found, unpack_patched
 from .grid import load_grid, run_grid
 
 #: disk kept free beside the GGUFs (the llama.cpp build takes ~1.5 GB)
@@ -124,6 +124,10 @@ def _kv_kb(text: str, keys) -> dict:
     return out
 
 
+#: the fields of /proc/stat's first (``cpu``) line a host sample keeps as ``stat_cpu``, in order
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
 def host_sample(program: str = "llama-bench") -> dict:
     """One sample of the host's state: UTC time, ``/proc/loadavg``, the ``cpu`` line of
     ``/proc/stat`` (jiffies: user nice system idle iowait irq softirq steal), the median CPU
@@ -134,7 +138,8 @@ def host_sample(program: str = "llama-bench") -> dict:
     rec: dict = {"at": _now()}
     try:
         rec["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
-        rec["stat_cpu"] = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+        rec["stat_cpu"] = [int(x) for x in
+                           Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(STAT_FIELDS)]]
     except (OSError, ValueError):
         pass
     try:
@@ -369,7 +374,7 @@ def preflight(which=shutil.which, cmd=None) -> None:
     """
     if not which("cmake"):
         raise BuildError("cmake not found: the lease builds llama.cpp with CMake (>= 3.14)")
-    if not which("nvcc") and not Path("/usr/local/cuda/bin/nvcc").is_file():
+    if not nvcc_found(which):
         raise BuildError("nvcc not found: the lease builds llama.cpp for CUDA (CUDA's compiler is needed)")
     listed = (cmd or _cmd)(["nvidia-smi", "-L"]) if which("nvidia-smi") else ""
     if "GPU" not in listed:

@@ -24,6 +24,7 @@ Units: microseconds in the log; seconds and bytes/s in what this module returns.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,19 +119,41 @@ def invocation_graphs(run_dir: str | Path, inv: dict, *, timed_only: bool = True
     Raises:
         ValueError: a malformed split-time line (:func:`parse_split_time`).
     """
-    from .logs import read_run_log
+    from .logs import LOGS_ARCHIVE
 
     run = Path(run_dir)
     if timed_only and "PREFETCH_SIM_SPLIT_TIME" not in (inv.get("env") or {}):
         return None
-    st = run / "st" / f"{inv['id']}.err.gz"
-    if st.is_file():
-        return read_log(st)
+    # the files the log may come from, as they are now: a tool that reads a folder's logs
+    # several times (splittime's table, its rates, fit's full fill) parses each once
+    cands = (run / "st" / f"{inv['id']}.err.gz", run / "logs" / f"{inv['id']}.log",
+             run / "logs" / f"{inv['id']}.log.gz", run / LOGS_ARCHIVE)
+    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(c)) else None for c in cands)
+    got = _parsed_graphs(str(run.resolve()), str(inv["id"]), stamp)
+    return None if got is None else list(got)
+
+
+def _stat(path: Path):
     try:
-        text = read_run_log(run, f"logs/{inv['id']}.log")
+        return path.stat()
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_graphs(run: str, inv_id: str, _stamp: tuple) -> tuple[GraphRecord, ...] | None:
+    """:func:`invocation_graphs`' parse, cached on the folder, the id and the candidate files'
+    modification times and sizes (``_stamp``: a rewritten log is read again)."""
+    from .logs import read_run_log
+
+    st = Path(run) / "st" / f"{inv_id}.err.gz"
+    if st.is_file():
+        return tuple(read_log(st))
+    try:
+        text = read_run_log(run, f"logs/{inv_id}.log")
     except FileNotFoundError:
         return None
-    return parse_split_time(text, f"{run.as_posix()}/logs/{inv['id']}.log")
+    return tuple(parse_split_time(text, f"{Path(run).as_posix()}/logs/{inv_id}.log"))
 
 
 def graph_table(graphs: list[GraphRecord]) -> pd.DataFrame:
