@@ -80,6 +80,11 @@ def _cmd(cmd: list[str], timeout: float = 20) -> str:
         return f"unavailable ({exc.__class__.__name__})"
 
 
+#: the /proc/cpuinfo flags ``meta.json`` keeps: the ones ggml-cpu's kernels depend on (-march=native)
+CPU_FLAGS_KEPT = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+                  "amx_int8", "amx_bf16", "amx_tile", "f16c", "fma", "hypervisor")
+
+
 def machine_info() -> dict:
     """GPU, driver, CUDA, CPU and OS of this machine, for ``meta.json``; never raises."""
     info = {
@@ -91,12 +96,22 @@ def machine_info() -> dict:
         "cxx": _cmd(["c++", "--version"]).splitlines()[:1],
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
+        "lscpu": [ln for ln in _cmd(["lscpu"]).splitlines()
+                  if ln.split(":")[0].strip() in ("Thread(s) per core", "Core(s) per socket", "Socket(s)",
+                                                  "NUMA node(s)", "L3 cache", "L2 cache", "Hypervisor vendor", "Model")],
         "python": sys.version.split()[0],
     }
     try:
         cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                if ln.startswith("model name")]
         info["cpu"] = cpu[0] if cpu else ""
+        # which host a VM landed on: the masked model name is the same on every lent machine
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+        fields = dict((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in first.splitlines()))
+        info["cpu_id"] = {k: fields.get(k, "") for k in ("cpu family", "model", "stepping", "microcode",
+                                                          "cache size", "siblings", "cpu cores")}
+        flags = set(fields.get("flags", "").split())
+        info["cpu_flags"] = sorted(flags & set(CPU_FLAGS_KEPT))
         mem = [ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")]
         info["mem_total"] = mem[0].split(":", 1)[1].strip() if mem else ""
     except OSError:
