@@ -225,6 +225,18 @@ def cpu_s(hw: HardwareProfile, weight_bytes: float, flops: float) -> float:
     return hw.cpu_op_s + max(weight_bytes / hw.cpu_bytes_per_s, flops / hw.cpu_flops_per_s)
 
 
+#: kinds :func:`op_duration_s` prices from the profile alone, outside ``executor_mode``: a
+#: launch, a sync and an event cost the same whatever their shape, bytes and tag
+SHAPE_FREE_KINDS = frozenset({OpKind.ISSUE, OpKind.HOST_SYNC, OpKind.EVENT_RECORD, OpKind.EVENT_WAIT})
+
+
+def price_reads_shape(kind: OpKind, hw: HardwareProfile) -> bool:
+    """Whether :func:`op_duration_s` may price an op of ``kind`` differently for another shape
+    or byte count on ``hw`` (False: the kinds of :data:`SHAPE_FREE_KINDS`, outside
+    ``executor_mode``, where a launch's price reads its tag and the attention table)."""
+    return hw.executor_mode or kind not in SHAPE_FREE_KINDS
+
+
 def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> float:
     """Duration of one op in seconds.
 

@@ -67,6 +67,7 @@ Units: seconds and bytes unless a name says otherwise.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from pathlib import Path
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -424,7 +425,7 @@ def interp_nb_kv(rows: Mapping[int, tuple[np.ndarray, np.ndarray]], nb: int, kv:
         return along(ns[0])
     if nb >= ns[-1]:
         return along(ns[-1]) * nb / ns[-1]
-    i = int(np.searchsorted(ns, nb))
+    i = bisect_left(ns, nb)   # np.searchsorted's index, without making an array of ns
     if ns[i] == nb:
         return along(nb)
     n0, n1 = ns[i - 1], ns[i]

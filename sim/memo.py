@@ -50,12 +50,12 @@ import numpy as np
 from . import engines
 from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
-from .costs import class_durations, direct_launch_s, op_duration_s, plan_durations
+from .costs import class_durations, direct_launch_s, op_duration_s, plan_durations, price_reads_shape
 from .engines.analytic import CompiledPlan, compile_plan
 from .errors import PlacementError
 from .fastgraph import build_graph_columns
 from .overlap import template_host_edges, template_makespans, ubatch_overlap_s
-from .plan import STREAM_CODE, Plan, Stream
+from .plan import KINDS, STREAM_CODE, Plan, Stream
 from .specs import BenchTest
 from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
@@ -320,14 +320,21 @@ def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
     another KV length depends on: the role, the layer's attention signature
     (:attr:`sim.builder.BuildContext.attn_layer_sig`: the attention shape is a function of it,
     the tokens and the KV length) or the mask flag, and the op's kind, bytes, pinned flag and
-    tag. Each group is priced once per KV length. ``[(key, [first op, layer or flag, other
-    ops...]), ...]``, computed once per template."""
+    tag. Each group is priced once per KV length. An op whose kind is priced whatever its
+    shape (:func:`sim.costs.price_reads_shape`: an attention's launch) is left out: its price at
+    any KV length is the template's. ``[(key, [first op, layer or flag, other ops...]), ...]``,
+    computed once per template."""
     if tpl.kv_groups is not None:
         return tpl.kv_groups
     plan = tpl.plan
     sig = ctx.attn_layer_sig
+    hw = ctx.scn.hardware
+    kinds = plan.kinds
+    reads = {k: price_reads_shape(KINDS[k], hw) for k in set(kinds[oid] for oid, _role, _arg in tpl.kv_ops)}
     by_key: dict = {}
     for oid, role, arg in tpl.kv_ops:
+        if not reads[kinds[oid]]:
+            continue
         what = arg if role == "kq_mask" else sig[arg]
         key = (role, what, plan.kinds[oid], plan.nbytes[oid], plan.pinned[oid], plan.tags[oid])
         got = by_key.get(key)

@@ -417,3 +417,22 @@ def test_a_plan_with_other_shapes_shares_its_structure_only():
     assert compile_plan(copy) is not comp and compile_plan(copy).n == n + 1 and compile_plan(plan) is comp
     with pytest.raises(IndexError):
         plan.with_shapes({n: ()})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.stem)
+def test_shape_free_kinds_are_priced_whatever_their_shape(path):
+    """The kinds sim.memo does not re-price at another KV length (price_reads_shape False: a
+    launch, a sync, an event outside executor_mode) cost the same for any shape, bytes and tag,
+    on every shipped scenario's hardware."""
+    from sim.costs import SHAPE_FREE_KINDS, op_duration_s, price_reads_shape
+    from sim.plan import Op, OpKind, Stream
+
+    hw = load_scenario(path).hardware
+    attn_shape = (512, 4096, 32, 4, 128, 0, 0, 0, 1, 10, 1e5, 0, 0, 0)
+    for kind in OpKind:
+        if price_reads_shape(kind, hw):
+            assert hw.executor_mode or kind not in SHAPE_FREE_KINDS
+            continue
+        prices = {op_duration_s(Op(0, kind, Stream.HOST, -1, "x", nbytes=nb, shape=sh, tag=tag), hw)
+                  for nb in (0, 1 << 20) for sh in ((), attn_shape, (7,)) for tag in ("", "attn", "h2d")}
+        assert len(prices) == 1, kind
