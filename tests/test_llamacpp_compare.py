@@ -753,3 +753,31 @@ def test_an_invocation_id_given_twice_is_refused_naming_both_lines(tmp_path):
     assert info.value.field == "id, line 3"
     inv.write_text("\n".join(json.dumps(rec) for _ in range(2)) + "\n")  # no ids at all: fine
     assert len(cmp.read_invocations(inv)) == 2
+
+
+def test_host_flags_name_the_unmodelled_host_settings_and_split_configurations():
+    """``host_flags`` writes llama-bench's non-default host settings and the invocation's
+    environment (not the timing patches' switches); rows that differ there are separate
+    configurations when loads are merged."""
+    base = {"no_host": False, "repack": True, "poll": 50, "cpu_mask": "0x0", "cpu_strict": False}
+    assert cmp.host_flags(base) == ""
+    assert cmp.host_flags(base, {"env": {"PREFETCH_SIM_SPLIT_TIME": "1", "GGML_SCHED_PREFETCH_WEIGHTS": "1"}}) == ""
+    got = cmp.host_flags(base | {"no_host": True, "repack": False, "poll": 0, "cpu_mask": "0xff", "cpu_strict": True},
+                         {"env": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}})
+    assert got == "--no-host 1 --repack 0 --poll 0 -C 0xff --cpu-strict 1 GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
+    a = _repro_rows([40.0, 42.0, 44.0], [37.0, 37.0, 37.0], ["tg"] * 3, ["fit"] * 3, invs=["a-pin", "b-pin", "a-2m"])
+    a["model"], a["model_toml"], a["n_layer"] = "m", "m.toml", 48
+    a["n_threads"], a["host_flags"] = 16, ["", "", "--no-host 1 --repack 0 GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+    m = cmp.mean_over_loads(a)
+    assert list(m.n_loads) == [2, 1] and m.measured_ts.iloc[0] == 41.0
+
+
+def test_rows_note_a_thread_count_and_a_repack_the_tables_do_not_price():
+    df = cmp.read_llama_bench(RUN / "llama-bench.jsonl")
+    q = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), 2)
+    row = df.loc[2].to_dict()
+    plain = "; ".join(cmp.row_case(row, q, HW).notes)
+    assert "n_threads" not in plain and "repack" not in plain
+    notes = "; ".join(cmp.row_case(row | {"n_threads": 8, "no_host": True}, q, HW).notes)
+    assert "n_threads 8" in notes and "16 threads" in notes and "CPU_REPACK" in notes
+    assert "CPU_REPACK" not in "; ".join(cmp.row_case(row | {"no_host": True, "repack": False}, q, HW).notes)

@@ -1000,3 +1000,44 @@ def test_a_report_writes_its_files_then_packs_the_logs(tmp_path, capsys):
     assert not (run / "logs").exists() and G.read_log(run, "logs/tiny-ot-exps.log") == "a log\n"
     out = capsys.readouterr().out
     assert "Counted by the scheduler" in out and (run / "routing_check.txt").read_text() in out
+
+
+def test_cpu_decomposition_splits_a_machines_cpu_side_into_a_cost_per_split_and_a_throughput(capsys, tmp_path):
+    """On the committed tg6 lease (Qwen3 -ncmoe 48: 48 small CPU splits per token; gpt-oss -ncmoe
+    24: 24 large ones) the least squares recovers the per-invocation times it was given within the
+    load-to-load spread, the profile's parts add up to the profile's own price, and one model at
+    several -ncmoe (a single ratio of splits to bytes) is refused."""
+    from calibrate.llamacpp import splittime as ST
+    from sim.specs import load_hardware
+    from calibrate.llamacpp.compare import DEFAULT_HARDWARE
+
+    run = REPO / "data" / "llamacpp" / "h200-20261204-tg6"
+    df, a, scale = ST.cpu_decomposition(run)
+    assert len(df) == 10 and set(df["cpu_splits"]) == {24, 48}
+    assert 0.0 <= a < 50e-6 and 0.6 < scale < 0.9          # this machine: a small cost per split
+    assert df["residual"].abs().max() < 0.15
+    g = load_hardware(DEFAULT_HARDWARE).ggml
+    q = df[df["cpu_splits"] == 48].iloc[0]
+    assert q["profile_ms"] == pytest.approx(48 * g.cpu_split_host_s * 1e3 + q["fixed_ms"] + q["scaled_ms"] / g.cpu_rate_scale)
+    with pytest.raises(ST.PrefetchSimError, match="cannot be told apart"):
+        ST.cpu_decomposition(_only(run, "qwen3", tmp_path))
+    assert ST.main(["--cpu", str(run)]) == 0 and "cpu_split_us" in capsys.readouterr().out
+
+
+def _only(run: Path, key: str, out: Path) -> Path:
+    """``out`` made a copy of ``run`` whose invocations (and their llama-bench rows) are those whose id has ``key``."""
+    for f in ("gguf.jsonl", "meta.json", "logs.tar.gz"):
+        if (run / f).exists():
+            shutil.copy(run / f, out / f)
+    invs = [json.loads(ln) for ln in (run / "invocations.jsonl").read_text().splitlines() if ln.strip()]
+    rows = [ln for ln in (run / "llama-bench.jsonl").read_text().splitlines() if ln.strip()]
+    keep_inv, keep_rows, i = [], [], 0
+    for inv in invs:
+        n = inv.get("rows", 0)
+        if key in inv["id"]:
+            keep_inv.append(json.dumps(inv))
+            keep_rows += rows[i:i + n]
+        i += n
+    (out / "invocations.jsonl").write_text("\n".join(keep_inv) + "\n")
+    (out / "llama-bench.jsonl").write_text("\n".join(keep_rows) + "\n")
+    return out

@@ -51,6 +51,7 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
+from sim.benchflags import default_threads
 from sim.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
 from sim.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
@@ -79,7 +80,7 @@ REGIMES = (
 COLUMNS = (
     "line", "invocation", "model", "model_toml", "n_layer", "regime", "kind", "test", "n_prompt", "n_gen",
     "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot", "load_mode", "pinned", "flash_attn",
-    "type_k", "type_v", "variant", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
+    "type_k", "type_v", "variant", "n_threads", "host_flags", "measured_ts", "measured_stddev_ts", "n_samples", "predicted_ts",
     "predicted_stddev_ts", "rel_error", "predicted_vram_mib", "predicted_staging_mib", "note", "split",
 )
 
@@ -456,6 +457,39 @@ def disagreement_error(row: Mapping[str, Any], line: int, inv: Mapping[str, Any]
 # --------------------------------------------------------------------------------------
 
 
+#: environment variables of an invocation that do not change what llama-bench runs: the timing
+#: patches' switches (:mod:`calibrate.llamacpp.splittime`, ``phasetime``) and the prefetch patch's
+#: settings, which the row's own prefetch fields (the ``variant`` column) already carry
+NEUTRAL_ENV_PREFIXES = ("PREFETCH_SIM_", "GGML_SCHED_PREFETCH_")
+
+
+def host_flags(row: Mapping[str, Any], inv: Mapping[str, Any] | None = None) -> str:
+    """The host-side settings of a row that the simulator does not model but that change its
+    t/s, as llama-bench flags and ``NAME=value`` assignments: ``--no-host 1`` (the CPU weights in
+    a plain CPU buffer instead of the pinned ``CUDA_Host`` one), ``--repack 0``, ``--poll N``
+    (not 50), ``-C MASK``, ``--cpu-strict 1``, and the invocation's environment other than
+    :data:`NEUTRAL_ENV_PREFIXES` (e.g. ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which puts a
+    ``--no-host`` buffer in 2 MiB pages: data/llamacpp/h200-20261204-tg7). ``""`` for
+    llama-bench's defaults. Part of :data:`REPEAT_KEY`: rows that differ here are not repeats."""
+    out = []
+    if str(row.get("no_host", False)).lower() in ("true", "1"):
+        out.append("--no-host 1")
+    if str(row.get("repack", True)).lower() in ("false", "0"):
+        out.append("--repack 0")
+    poll = row.get("poll")
+    if _finite(poll) and int(poll) != 50:
+        out.append(f"--poll {int(poll)}")
+    mask = str(row.get("cpu_mask", "0x0") or "0x0")
+    if mask.lower() not in ("0x0", "0", "nan", "none"):
+        out.append(f"-C {mask}")
+    if str(row.get("cpu_strict", False)).lower() in ("true", "1"):
+        out.append("--cpu-strict 1")
+    env = (inv or {}).get("env") or {}
+    if isinstance(env, Mapping):
+        out += [f"{k}={v}" for k, v in sorted(env.items()) if not str(k).startswith(NEUTRAL_ENV_PREFIXES)]
+    return " ".join(out)
+
+
 def bench_kind(n_prompt: int, n_gen: int) -> str:
     """``pp``, ``tg`` or ``pp+tg`` (``-pg``)."""
     return "pp" if not n_gen else "tg" if not n_prompt else "pp+tg"
@@ -550,6 +584,14 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     if isinstance(size, (int, float)) and size > 0 and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
                      "the GGUF is not the model the invocation names (trimmed or --tiny?)")
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    n_threads, host_cpus = get("n_threads"), default_threads(hardware)
+    if _finite(n_threads) and int(n_threads) > 0 and int(n_threads) != host_cpus:
+        notes.append(f"n_threads {int(n_threads)}: the profile's CPU figures were measured with {host_cpus} "
+                     "threads and are not rescaled")
+    if str(get("no_host", False)).lower() in ("true", "1") and str(get("repack", True)).lower() not in ("false", "0"):
+        notes.append("no_host with repack: the CPU weights are repacked (CPU_REPACK), the CPU tables price "
+                     "ggml-cpu's plain kernels")
     backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")
     if "CUDA" not in backends:
         notes.append(f"backend {backends}: simulated as the profile's GPU")
@@ -811,6 +853,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             pinned=terms.pinned if terms else None, flash_attn=terms.flash_attn if terms else None,
             type_k=_str_or(row.get("type_k"), "f16"), type_v=_str_or(row.get("type_v"), "f16"),
             variant=case.variant if case is not None else _row_variant_or_none(row),
+            n_threads=_int_or(row.get("n_threads"), 0) or None, host_flags=host_flags(row, inv),
             measured_ts=measured, measured_stddev_ts=float(std) if _finite(std) else math.nan,
             n_samples=len(samples) if isinstance(samples, list) else None,
             predicted_ts=pred[0], predicted_stddev_ts=pred[1],
@@ -959,7 +1002,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 #: the columns that identify a row's configuration across run folders of one grid (a repeat on
 #: another machine): :func:`reproducibility` matches rows on them
 REPEAT_KEY = ("invocation", "test", "n_prompt", "n_gen", "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot",
-              "load_mode", "flash_attn", "type_k", "type_v", "variant")
+              "load_mode", "flash_attn", "type_k", "type_v", "variant", "n_threads", "host_flags")
 
 #: the columns that identify a configuration whatever the invocation that measured it: the
 #: model and :data:`REPEAT_KEY` less ``invocation`` (a run that measures one configuration in

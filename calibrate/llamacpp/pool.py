@@ -80,6 +80,9 @@ def config_label(row: pd.Series) -> str:
     var = row.get("variant")
     if isinstance(var, str) and var not in ("", "baseline"):
         parts.append(f"[{var}]")
+    hf = row.get("host_flags")
+    if isinstance(hf, str) and hf:
+        parts.append(hf)
     if row["kind"] == "tg":
         parts.append("tg")
     else:

@@ -300,11 +300,109 @@ def summary(run_dir: str | Path) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _cpu_parts(case, hardware) -> tuple[float, float, int]:
+    """``(fixed, scaled, n_cpu_splits)`` of one decode case's CPU ops per graph (s): the time the
+    profile gives the CPU-stream ops is ``fixed + scaled / cpu_rate_scale`` plus ``n_cpu_splits ·
+    cpu_split_s``; read by pricing its plan at ``cpu_rate_scale`` 1 and 1/2 with no CPU split cost
+    (the bandwidth term of :meth:`sim.ggmlcost.GgmlKernels.matmul_s` dominates at one token)."""
+    from dataclasses import replace
+
+    from sim.builder import build_plan, make_context
+    from sim.costs import plan_durations
+    from sim.metrics import fit_context_to_tests, rep_rng
+
+    scn = fit_context_to_tests(case.scenario, list(case.tests))
+    v, t = scn.variants[0], case.tests[0]
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    graphs = len({o.graph for o in plan.ops})
+    cpu = np.array([o.stream.name == "CPU" for o in plan.ops])
+    n_split = sum(o.tag == "cpu_split_overhead" for o in plan.ops)
+    tot = []
+    for scale in (1.0, 0.5):
+        hw = replace(hardware, ggml=replace(hardware.ggml, cpu_rate_scale=scale, cpu_split_s=0.0))
+        tot.append(float(plan_durations(plan, hw)[cpu].sum()))
+    scaled = tot[1] - tot[0]
+    return (tot[0] - scaled) / graphs, scaled / graphs, round(n_split / graphs)
+
+
+def cpu_decomposition(run_dir: str | Path, hardware=None) -> tuple[pd.DataFrame, float, float]:
+    """The CPU splits' compute per decoded token of a split-timing lease split into a cost per
+    CPU split and a throughput: least squares of ``measured = n_cpu_splits · a + fixed + scaled /
+    s`` over the folder's split-timed decode invocations, ``fixed`` and ``scaled`` from the
+    profile's CPU tables (:func:`_cpu_parts`), ``measured`` the median compute of the CPU splits
+    per one-token graph (:func:`summary`'s ``cpu_compute_ms``). ``a`` and ``s`` are this machine's
+    ``cpu_split_us`` and ``cpu_rate_scale`` as the profile defines them; the table gives each
+    invocation's measured, fitted and profile times (ms) and the fit's residual.
+
+    Returns:
+        ``(table, a in s, s)``.
+
+    Raises:
+        PrefetchSimError: fewer than two split-timed decode invocations, or invocations whose
+            ratio of CPU splits to CPU bytes is the same (``-ncmoe`` of one model: ``a`` and ``s``
+            cannot be told apart), or no hardware profile with llama.cpp kernel tables.
+    """
+    from sim.specs import load_hardware
+
+    from .compare import DEFAULT_HARDWARE, build_cases
+
+    hw = load_hardware(DEFAULT_HARDWARE) if hardware is None else hardware
+    if hw.ggml is None:
+        raise PrefetchSimError(f"profile '{hw.name}' has no llama.cpp kernel tables (ggml): nothing to split")
+    tab = summary(run_dir)
+    if tab.empty:
+        raise PrefetchSimError(f"{run_dir}: no split-time lines in any invocation's log")
+    meas = tab[tab["n_tokens"] == 1].set_index("invocation")["cpu_compute_ms"]
+    bench, owners, cases, _ = build_cases(run_dir, hw, repetitions=1)
+    rows, done = [], set()
+    for (_line, row), inv, case in zip(bench.iterrows(), owners, cases):
+        iid = (inv or {}).get("id")
+        if (case is None or case.scenario is None or iid is None or iid in done or iid not in meas.index
+                or int(row["n_prompt"]) != 0 or int(row["n_gen"]) == 0):
+            continue
+        done.add(iid)
+        fixed, scaled, n_split = _cpu_parts(case, hw)
+        if n_split == 0:
+            continue
+        rows.append({"invocation": iid, "model": str(row["model_type"]).split()[0], "cpu_splits": n_split,
+                     "fixed_ms": fixed * 1e3, "scaled_ms": scaled * 1e3, "measured_ms": float(meas[iid])})
+    df = pd.DataFrame(rows)
+    if len(df) < 2:
+        raise PrefetchSimError(f"{run_dir}: {len(df)} split-timed decode invocation(s) with CPU splits; need two "
+                               "of different models")
+    ratio = df["cpu_splits"] / df["scaled_ms"]
+    if float(ratio.max() / ratio.min()) < 1.05:
+        raise PrefetchSimError(f"{run_dir}: every invocation has the same CPU splits per CPU byte (one model at "
+                               "several -ncmoe?): the cost per split and the throughput cannot be told apart")
+    A = np.c_[df["cpu_splits"], df["scaled_ms"]]
+    (a_ms, inv_s), *_ = np.linalg.lstsq(A, df["measured_ms"] - df["fixed_ms"], rcond=None)
+    g = hw.ggml
+    df["fitted_ms"] = A @ [a_ms, inv_s] + df["fixed_ms"]
+    df["profile_ms"] = df["cpu_splits"] * g.cpu_split_host_s * 1e3 + df["fixed_ms"] + df["scaled_ms"] / g.cpu_rate_scale
+    df["residual"] = df["fitted_ms"] / df["measured_ms"] - 1
+    return df, a_ms * 1e-3, 1.0 / inv_s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.splittime", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="split-timing lease folder (invocations.jsonl, logs/<id>.log or st/<id>.err.gz)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="split the decode CPU splits' compute into a cost per CPU split and a throughput "
+                         "(cpu_split_us, cpu_rate_scale) against the shipped profile's CPU tables")
     args = ap.parse_args(argv)
     try:
+        if args.cpu:
+            df, a, scale = cpu_decomposition(args.run_dir)
+            with pd.option_context("display.width", 200, "display.max_columns", 30):
+                print(df.round(3).to_string(index=False))
+            from .compare import DEFAULT_HARDWARE
+            from sim.specs import load_hardware
+
+            g = load_hardware(DEFAULT_HARDWARE).ggml
+            print(f"this machine: cpu_split_us = {a * 1e6:.4g}, cpu_rate_scale = {scale:.4g}   (the profile: "
+                  f"{g.cpu_split_host_s * 1e6:.4g}, {g.cpu_rate_scale:.4g}; least squares over {len(df)} invocations, "
+                  f"residuals {df['residual'].min():+.1%}..{df['residual'].max():+.1%})")
+            return 0
         tab = summary(args.run_dir)
         if tab.empty:
             raise PrefetchSimError(f"{args.run_dir}: no split-time lines in any invocation's log (logs/<id>.log, "
