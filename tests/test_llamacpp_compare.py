@@ -781,3 +781,6 @@ def test_rows_note_a_thread_count_and_a_repack_the_tables_do_not_price():
     notes = "; ".join(cmp.row_case(row | {"n_threads": 8, "no_host": True}, q, HW).notes)
     assert "n_threads 8" in notes and "16 threads" in notes and "CPU_REPACK" in notes
     assert "CPU_REPACK" not in "; ".join(cmp.row_case(row | {"no_host": True, "repack": False}, q, HW).notes)
+    # a profile that does not record its thread count (a datasheet) says nothing of threads
+    sheet = load_hardware(ROOT / "scenarios" / "hardware" / "h200-datasheet.toml")
+    assert "n_threads" not in "; ".join(cmp.row_case(row | {"n_threads": 8}, q, sheet).notes)

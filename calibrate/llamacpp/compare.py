@@ -585,8 +585,10 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
                      "the GGUF is not the model the invocation names (trimmed or --tiny?)")
     get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    # only a profile that says how many threads its CPU figures were measured with
+    recorded = (getattr(hardware, "measured", None) or {}).get("host_cpus") is not None
     n_threads, host_cpus = get("n_threads"), default_threads(hardware)
-    if _finite(n_threads) and int(n_threads) > 0 and int(n_threads) != host_cpus:
+    if recorded and _finite(n_threads) and int(n_threads) > 0 and int(n_threads) != host_cpus:
         notes.append(f"n_threads {int(n_threads)}: the profile's CPU figures were measured with {host_cpus} "
                      "threads and are not rescaled")
     if str(get("no_host", False)).lower() in ("true", "1") and str(get("repack", True)).lower() not in ("false", "0"):
