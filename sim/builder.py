@@ -11,6 +11,9 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
   tokens (ggml-cuda's offload rule; MUL_MAT_ID counts tokens, not tokens x top-k), and then it
   heads its own split whose input (the weight) is copied H2D first. Below the threshold the
   op runs on the CPU backend (no copy; CPU time, activations cross the bus D2H and back).
+  The rule reads the op's ``ne[1]``, which for the per-head Q/K norm of a layer left on the
+  CPU is the head count: with 32 or more heads that norm (and Q's RoPE after it) runs on the GPU
+  even at one token, a split of its own per CPU layer (:func:`offloaded_head_norms`).
 * **Baseline (one graph copy).** Before a split with host inputs: host sync; for the first
   expert split of a layer, router ids readback (D2H + sync) and building the used-expert runs;
   then the copies (selective: used experts only, contiguous runs merged) and a wait; then the
@@ -364,6 +367,37 @@ def graph_splits(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: in
     return items, [Split(items[a:b], dev, items[a] if head else None) for a, b, dev, head in bounds]
 
 
+#: the per-head norms whose ``MUL`` the op-offload rule looks at, and the head count that is
+#: that op's ``ne[1]``: ``(tensor suffix, ModelSpec attribute)``
+HEAD_NORMS = (("attn_q_norm", "n_head"), ("attn_k_norm", "n_head_kv"))
+
+
+def offloaded_head_norms(ctx: BuildContext, layer: int, n_tokens: int) -> list[Tensor]:
+    """The per-head norm weights of layer ``layer`` whose ``MUL`` ggml's scheduler runs on the
+    GPU although the layer is left on the CPU and the batch is below the op-offload one.
+
+    The rule (``ggml_backend_sched``'s op offload, CUDA's ``offload_op``): an op on a host
+    weight goes to the GPU when its batch, ``op->ne[1]``, is at least ``op_offload_min_batch``.
+    For the norm of Q reshaped to ``(head_dim, n_head, n_tokens)`` that ``ne[1]`` is the head
+    count, not the tokens: at one token, Gemma-3-27B's Q norm (32 heads) runs on the GPU, with
+    Q's ``ROPE`` and ``SCALE`` after it, and Q comes back for the CPU's attention; its K norm (16
+    KV heads) stays on the CPU. Seen in ggml's split assignment (``GGML_SCHED_DEBUG=2``) of a
+    Gemma ``-ngl 31`` decode, ``data/llamacpp/h200-20261204-sched``: two splits per CPU layer.
+    Empty at and above the op-offload batch (the whole layer is offloaded then), for a layer on
+    a GPU, and for a model without those norms."""
+    pl, model = ctx.scn.placement, ctx.scn.model
+    lo = pl.op_offload_min_batch
+    if n_tokens >= lo or ctx.layer_dev[layer] >= 0:
+        return []
+    tens = ctx.tensor_by_name
+    out = []
+    for suffix, heads in HEAD_NORMS:
+        t = tens.get(f"blk.{layer}.{suffix}.weight")
+        if t is not None and getattr(model, heads) >= lo and id(t) in ctx.host_ids:
+            out.append(t)
+    return out
+
+
 def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
                 masks: dict[int, np.ndarray] | None = None) -> list[Item]:
     """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order.
@@ -397,6 +431,13 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         q, k, v, o = (tens[b + n + ".weight"] for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
         # q/k/v projections: one GEMM per tensor group residency (fused when all resident)
         weight_item(OpKind.GEMM, b + "attn_qkv", i, (n_tokens, q.n_out + k.n_out + v.n_out, d), (q, k, v))
+        # a CPU layer's per-head norm the op-offload rule sends to the GPU (offloaded_head_norms):
+        # a split of its own that copies the norm weight, priced as a matmul of head_dim·heads
+        # outputs on one input (the MUL, and the ROPE / SCALE after it, are a few small kernels)
+        for t in offloaded_head_norms(ctx, i, n_tokens):
+            n_out = t.n_in * getattr(model, dict(HEAD_NORMS)[t.name.split(".")[2]])
+            items.append(Item(OpKind.GEMM, t.name, i, (n_tokens, n_out, 1, ((t.ggml_type, n_out, 1, t.nbytes),)),
+                              t.nbytes, (t,), True, False, 0))
         # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU
         # (a layer left on the CPU at an offloaded batch runs it on the GPU: attn_item_shape)
         on_gpu = ctx.layer_dev[i] >= 0

@@ -1041,3 +1041,38 @@ def _only(run: Path, key: str, out: Path) -> Path:
     (out / "invocations.jsonl").write_text("\n".join(keep_inv) + "\n")
     (out / "llama-bench.jsonl").write_text("\n".join(keep_rows) + "\n")
     return out
+
+
+def test_a_cpu_layers_q_norm_runs_on_the_gpu_in_decode_as_llama_cpp_splits_it():
+    """A Gemma -ngl 31 decode: llama.cpp runs two splits per CPU layer (the q-norm MUL, Q's ROPE
+    and SCALE on the GPU: the op-offload rule reads ne[1] = 32 heads; h200-20261204-sched), 66
+    per one-token graph in -splits' timing. The simulator's plan has the same count, one q-norm
+    item per CPU layer, none for the GPU layers, none at an offloaded batch and none with -nopo."""
+    from dataclasses import replace as dc_replace
+
+    from calibrate.llamacpp import splittime as ST
+    from calibrate.llamacpp.compare import DEFAULT_HARDWARE, build_cases
+    from sim.builder import build_plan, graph_items, make_context, offloaded_head_norms
+    from sim.metrics import fit_context_to_tests, rep_rng
+    from sim.specs import load_hardware
+
+    run = REPO / "data" / "llamacpp" / "h200-20261201-splits"
+    tab = ST.summary(run)
+    measured = tab[(tab.invocation == "st-gemma3-ngl31-tg") & (tab.n_tokens == 1)]["n_splits"].iloc[0]
+    hw = load_hardware(DEFAULT_HARDWARE)
+    bench, owners, cases, _ = build_cases(run, hw, repetitions=1)
+    case = next(c for (_l, r), inv, c in zip(bench.iterrows(), owners, cases)
+                if inv and inv["id"] == "st-gemma3-ngl31-tg" and r["n_prompt"] == 0)
+    scn = fit_context_to_tests(case.scenario, list(case.tests))
+    v, t = scn.variants[0], case.tests[0]
+    ctx = make_context(scn, v, rep_rng(0, -1, -1))
+    plan = build_plan(scn, v, t, rep_rng(0, 0, 0), ctx)
+    assert len({o.split for o in plan.ops if o.graph == 0}) == measured == 66
+    cpu_layers = [i for i, d in enumerate(ctx.layer_dev) if d < 0]
+    items = graph_items(ctx, 1, 0, 0)
+    norms = [it for it in items if it.name.endswith("attn_q_norm.weight")]
+    assert [it.layer for it in norms] == cpu_layers and all(it.host and not it.cpu for it in norms)
+    assert not any(it.name.endswith("attn_k_norm.weight") for it in items)   # 16 KV heads < 32
+    assert offloaded_head_norms(ctx, cpu_layers[0], 32) == []               # the whole layer is offloaded
+    nopo = dc_replace(scn, placement=dc_replace(scn.placement, op_offload_min_batch=2**31 - 1))
+    assert offloaded_head_norms(make_context(nopo, v, rep_rng(0, -1, -1)), cpu_layers[0], 1) == []
