@@ -19,8 +19,8 @@ not copied. As there:
   ``-ot`` separates rules by ``,``; ``--override-tensor-cli`` takes that syntax (all its rules,
   however many times it is given, form one set). As in llama-bench, an empty item of the comma
   list (``-ot ''``, a trailing ``,``) is a set without overrides, and a set is read up to its
-  first empty rule (:func:`_ot_sets`). Buffers: ``CPU``, ``CUDA<i>`` / ``ROCm<i>``
-  for the profile's GPUs, ``CUDA_Host`` / ``ROCm_Host`` (host memory);
+  first empty rule (:func:`_ot_sets`). Buffers, spelt exactly as llama-bench lists them:
+  ``CPU``, ``CUDA<i>`` / ``ROCm<i>`` for the profile's GPUs;
 * ``--n-cpu-moe N`` adds, after the ``-ot`` rules, the rules keeping the experts of blocks
   0..N-1 on the host (:func:`sim.llamabench.n_cpu_moe_rules`; the simulator's
   ``Placement.n_cpu_moe``).
@@ -321,7 +321,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
      "share of the layers per GPU, e.g. 3/1"),
     ("overrides", ("-ot", "--override-tensor"), _ot_sets, "PATTERN=BUFFER;...",
      "tensor buffer overrides: rules 'pattern=BUFFER' separated by ';', sets by ',' (each set a test); "
-     "BUFFER: CPU, CUDA0.. (ROCm0..), CUDA_Host"),
+     "BUFFER, exactly as llama-bench spells it: CPU, CUDA0.. (ROCm0..)"),
     ("overrides_cli", ("--override-tensor-cli",), _ot_cli, "PATTERN=BUFFER,...",
      "llama-cli's -ot syntax (rules separated by ','); every rule given this way forms one set"),
     ("no_op_offload", ("-nopo", "--no-op-offload"), _bool_list, "0|1",
@@ -836,34 +836,33 @@ def hardware_backend(hw) -> str:
 
 
 def buffer_names(hw) -> list[str]:
-    """The buffer names ``-ot`` takes on a profile, in its backend's spelling (llama-bench lists
-    the devices' buffer types: ``CPU``, ``CUDA0``...; ``CUDA_Host`` is the GPU backend's pinned
-    host buffer)."""
+    """The buffer names ``-ot`` takes on a profile, in its backend's spelling: llama-bench's
+    (and llama-cli's) list of the devices' buffer types, ``CPU``, ``CUDA0``... (``ROCm0``... on
+    ROCm); the pinned host buffer (``CUDA_Host``) is not a device's and is not in it
+    (``parse_cmd_params``, ``ggml_backend_dev_buffer_type``)."""
     fam = "ROCm" if hardware_backend(hw) == "ROCm" else "CUDA"
-    return ["CPU"] + [f"{fam}{i}" for i in range(hw.n_gpu)] + [f"{fam}_Host"]
+    return ["CPU"] + [f"{fam}{i}" for i in range(hw.n_gpu)]
 
 
 def canonical_buffer(buf: str, hw) -> str:
-    """``buf`` as printed (``cuda0`` -> ``CUDA0``) in the profile's own backend spelling: a CUDA
-    profile takes ``CUDA<i>``/``CUDA_Host``, a ROCm one ``ROCm<i>``/``ROCm_Host`` (llama.cpp knows
-    only the buffer types of the backends it was built with); ``GPU<i>`` stands for either.
+    """``buf`` if it is one of :func:`buffer_names`, matched exactly as llama-bench matches it.
 
     Raises:
-        ScenarioError: a buffer that is none of :func:`buffer_names` (another backend's
-            buffer included).
+        ScenarioError: any other name, with a hint for a name that differs only in case
+            (``cpu``), the pinned host buffer (``CUDA_Host``) and another backend's GPU buffer.
     """
-    b = buf.strip()
     names = buffer_names(hw)
-    fam = "ROCm" if names[-1].startswith("ROCm") else "CUDA"
-    m = re.fullmatch(r"(?i)(cuda|rocm|gpu)(\d+)", b)
-    if b.upper() == "CPU":
-        return "CPU"
-    if b.lower() == f"{fam.lower()}_host":
-        return f"{fam}_Host"
-    if m and int(m.group(2)) < hw.n_gpu and m.group(1).lower() in (fam.lower(), "gpu"):
-        return f"{fam}{int(m.group(2))}"
+    if buf in names:
+        return buf
+    hint = ""
+    exact = {n.lower(): n for n in names}
+    if buf.strip().lower() in exact:
+        hint = f"; llama-bench matches buffer names exactly: '{exact[buf.strip().lower()]}'"
+    elif buf.strip().lower().endswith("_host"):
+        hint = ("; llama-bench's -ot takes the devices' buffer types only: host weights are in the pinned "
+                "host buffer already, unless -lm mmap/auto or --no-host 1")
     raise ScenarioError(f"unrecognized buffer type '{buf}' (available on profile '{hw.name}': "
-                        f"{', '.join(names)})", field="-ot/--override-tensor")
+                        f"{', '.join(names)}){hint}", field="-ot/--override-tensor")
 
 
 def sim_buffer(canon: str) -> str:
@@ -1053,9 +1052,6 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     if "overrides" in given:
         for p, b in canon:
             check_rule(p, b, model, notes)
-            if b.endswith("_Host") and setting.load_mode in ("auto", "mmap", "mmap+mlock"):
-                notes.add(f"-ot ...={b}: simulated as host memory, pageable with -lm {setting.load_mode} like the "
-                          "other host weights (the simulator has one host memory kind per run)")
     moe = model.moe is not None
     ncmoe = setting.n_cpu_moe
     if not moe and ncmoe:

@@ -191,10 +191,10 @@ def test_override_tensor_sets_buffers_and_rules(capsys):
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
     assert not any(n.startswith("blk.0.ffn_") and "_exps" in n for n in host)
     assert any(n.startswith("blk.1.ffn_") and "_exps" in n for n in host)  # --n-cpu-moe's rules come after
-    pl = scn_of("-ot", "attn_q=CUDA_Host").placement
+    pl = scn_of("-ot", "attn_q=CPU").placement
     assert all(pl.host_resident(m, t) for t in m.tensors if "attn_q" in t.name)
     # ';' between the rules of a set, ',' between sets (each a test), an empty set: no override
-    rows = jsonl(capsys, "-ot", r"attn_q=CPU;attn_k=cpu,,blk\.1\.ffn_up_exps=CUDA0", "-p", "64", "-n", "0")
+    rows = jsonl(capsys, "-ot", r"attn_q=CPU;attn_k=CPU,,blk\.1\.ffn_up_exps=CUDA0", "-p", "64", "-n", "0")
     assert [r["tensor_buft_overrides"] for r in rows] == ["attn_q=CPU;attn_k=CPU", "none",
                                                           r"blk\.1\.ffn_up_exps=CUDA0"]
     # llama-cli's ',' between rules: one set
@@ -209,7 +209,17 @@ def test_a_rule_that_matches_nothing_names_the_nearest_tensors(capsys):
     assert r"rule 'blk\.0\.ffn_up_exp\.weight=CPU' matches no tensor" in err
     assert "blk.0.ffn_up_exps" in err.split("nearest:")[1]
     rc, _, err = run(capsys, "run", TINY, *QUICK, "-ot", "exps=CUDA3")
-    assert rc == 2 and "unrecognized buffer type 'CUDA3'" in err and "CPU, CUDA0, CUDA_Host" in err
+    assert rc == 2 and "unrecognized buffer type 'CUDA3'" in err and "CPU, CUDA0)" in err
+
+
+@pytest.mark.parametrize("buf, hint", [("cpu", "exactly: 'CPU'"), ("cuda0", "exactly: 'CUDA0'"),
+                                       ("CUDA_Host", "devices' buffer types only")])
+def test_a_buffer_llama_bench_would_not_recognise_is_refused_with_a_hint(capsys, buf, hint):
+    """llama-bench matches -ot buffer names exactly against the devices' buffer types (CPU,
+    CUDA0...; no host buffer): so does run, saying what it would take."""
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-ot", f"exps={buf}")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert f"unrecognized buffer type '{buf}'" in err and hint in err
 
 
 def test_kv_types_threads_flash_attn_fit_and_split(capsys):

@@ -447,8 +447,10 @@ def test_rows_of_a_gguf_with_several_invocations_are_attributed_by_their_args(tm
         fh.write(rows[1].replace('"n_cpu_moe": 48', '"n_cpu_moe": 12') + "\n")
     bench = read_llama_bench(run / "llama-bench.jsonl")
     owners = cmp._attribute(bench, cmp.read_invocations(run / "invocations.jsonl"))
-    # line 1 (pp512 @ d0, -ncmoe 48): both could have run it (resident gives no -ncmoe): not known
-    assert [o and o["id"] for o in owners] == [None, "qwen3-ncmoe48", "qwen3-resident", "qwen3-resident", None]
+    # line 1 (pp512 @ d0, -ncmoe 48): resident gives no -ncmoe, whose default is 0 in every
+    # llama-bench (STABLE_DEFAULTS): only qwen3-ncmoe48 can have run it
+    assert [o and o["id"] for o in owners] == ["qwen3-ncmoe48", "qwen3-ncmoe48", "qwen3-resident", "qwen3-resident",
+                                               None]
     df = cmp.compare(run, HW, jobs=1)
     assert list(df.attrs["disagreements"]) == [5] and df.predicted_ts.isna().tolist() == [False] * 4 + [True]
     assert df.attrs["disagreements"][5].endswith(
@@ -784,3 +786,21 @@ def test_rows_note_a_thread_count_and_a_repack_the_tables_do_not_price():
     # a profile that does not record its thread count (a datasheet) says nothing of threads
     sheet = load_hardware(ROOT / "scenarios" / "hardware" / "h200-datasheet.toml")
     assert "n_threads" not in "; ".join(cmp.row_case(row | {"n_threads": 8}, q, sheet).notes)
+
+
+def test_a_row_at_a_depth_its_invocation_did_not_give_is_not_simulated(tmp_path):
+    """An invocation without -d ran depth 0 (llama-bench's default in every version): a row of it
+    at another depth is reported and not predicted, as a flag given with other values is."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("logs.tar.gz", "compare_*", "routing*"))
+    lines = (run / "llama-bench.jsonl").read_text().splitlines()
+    invs = cmp.read_invocations(run / "invocations.jsonl")
+    owners = cmp._attribute(read_llama_bench(run / "llama-bench.jsonl"), invs)
+    k = next(i for i, (o, ln) in enumerate(zip(owners, lines))
+             if o and "-d" not in o["args"] and '"n_depth": 0' in ln)
+    lines[k] = lines[k].replace('"n_depth": 0', '"n_depth": 12345')
+    (run / "llama-bench.jsonl").write_text("\n".join(lines) + "\n")
+    inv = owners[k]
+    row = read_llama_bench(run / "llama-bench.jsonl").iloc[k]
+    got = cmp.row_disagreements(row, inv)
+    assert got == [("n_depth", "12345", "no -d, llama-bench's default 0")]

@@ -395,8 +395,9 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
     invocation's ``args`` give (``_asked`` of :func:`read_invocations`) and whose value is none
     of the flag's; the test as ``n_prompt`` (a pp row and ``-p``), ``n_gen`` (tg, ``-n``) or
     ``n_prompt+n_gen`` (a pp+tg row: one of the ``-pg`` pairs, none when no ``-pg`` is given).
-    Fields the row lacks (another llama-bench version) and flags not given (llama-bench's
-    defaults change between versions) are not compared. [] for an invocation without ``args``."""
+    Fields the row lacks (another llama-bench version) are not compared, nor flags not given,
+    whose defaults change between llama-bench versions, except those of :data:`STABLE_DEFAULTS`
+    (the default every version with the field has had). [] for an invocation without ``args``."""
     asked = (inv or {}).get("_asked")
     if not asked:
         return []
@@ -417,7 +418,16 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
         v = _row_field(row, name)
         if v is not None and not any(_same(name, v, a) for a in values):
             out.append((name, _shown(v), f"{flag} {','.join(_shown(a) for a in values)}"))
+    for name, (flag, default) in STABLE_DEFAULTS.items():
+        v = _row_field(row, name) if name not in asked else None
+        if v is not None and not _same(name, v, default):
+            out.append((name, _shown(v), f"no {flag}, llama-bench's default {default}"))
     return out
+
+
+#: llama-bench fields whose default has not changed in any version that has the field: a row
+#: whose invocation did not give the flag must carry it (:func:`row_disagreements`)
+STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0)}
 
 
 def _invocation_label(inv: Mapping[str, Any]) -> str:

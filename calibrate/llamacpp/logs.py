@@ -23,11 +23,18 @@ def read_text(path: str | Path) -> str:
 
     Raises:
         OSError: the file cannot be read (``FileNotFoundError`` when missing).
+        ScenarioError: a ``.gz`` file that is truncated or corrupt (naming it).
     """
     p = Path(path)
     if p.suffix == ".gz":
-        with gzip.open(p, "rt", errors="replace") as f:
-            return f.read()
+        try:
+            with gzip.open(p, "rt", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise
+        except (EOFError, OSError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            why = " ".join(str(exc).split())
+            raise ScenarioError(f"cannot read the gzipped log ({exc.__class__.__name__}: {why})", file=p) from None
     return p.read_text(errors="replace")
 
 

@@ -44,7 +44,7 @@ import pandas as pd
 
 from sim.errors import ScenarioError
 
-from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
+from .compare import (BENCH_FILE, warnings, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
                       compare, hardware_path, run_cli, say_unsimulated, summarize, write_outputs)
 
 #: the columns of a pooled configuration: :data:`CONFIG_KEY` without ``test``, with ``kind``
@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                          progress=progress, max_work=args.max_work)
             name = df.attrs.get("hardware", name)
             say_unsimulated(prog, df, run=d)  # left out of the pool: said, as compare says it
+            for w in warnings(df):  # another GPU than the profile's, another model file: as compare
+                print(f"{prog}: warning: {d}: {w}", file=sys.stderr)
             if args.kind != "all":
                 df = df[df.kind == args.kind]
             label = os.path.basename(os.path.normpath(d))

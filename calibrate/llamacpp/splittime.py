@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(cpu_split_us, cpu_rate_scale) against the shipped profile's CPU tables")
     args = ap.parse_args(argv)
     try:
+        from .compare import check_run_dir
+
+        check_run_dir(args.run_dir, field="run_dir")
         if args.cpu:
             df, a, scale = cpu_decomposition(args.run_dir)
             with pd.option_context("display.width", 200, "display.max_columns", 30):
