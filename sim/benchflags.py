@@ -1294,6 +1294,10 @@ def load_models(params: BenchParams, scn) -> dict[str | None, Any]:
         if p.is_dir():
             raise ScenarioError("is a folder, expected a model TOML or GGUF file", file=p, field="-m/--model")
         if not p.exists():
+            from . import resources
+
+            if resources.is_bare_name(name):  # a name, not a path: say which names there are
+                raise ScenarioError(resources.unknown_name_message("model", name.strip()), field="-m/--model")
             raise ScenarioError("model file not found", file=p, field="-m/--model")
         out[name] = load_model(p)
     return out

@@ -407,6 +407,9 @@ def _is_gguf(p: Path) -> bool:
 def _load_model_toml(path: str | Path) -> ModelSpec:
     data = load_toml(path)
     f = Fields(data, path)
+    if "model" not in data and "scenario" in data:
+        raise ScenarioError("is a scenario TOML ([scenario]), not a model: give it as the scenario, or -m the "
+                            "model file it names", file=path, field="model")
     m = f.sub("model", required=True)
     name = m.str("name")
     from .bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
@@ -1377,6 +1380,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
     data = load_toml(path)
     f = Fields(data, path)
+    if "scenario" not in data and "model" in data:
+        raise ScenarioError("is a model TOML ([model]), not a scenario: give it with -m/--model (the scenario "
+                            "names its hardware and placement)", file=path, field="scenario")
     s = f.sub("scenario", required=True)
     name = s.str("name")
     # a bare name (no .toml/.gguf) with no such file beside the scenario: a shipped file (sim.resources)

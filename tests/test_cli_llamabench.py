@@ -878,3 +878,12 @@ def test_notes_say_what_ts_and_a_composite_prefetch_variant_do_not_mean(capsys):
     assert "max(2, 2) slots" in err
     rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "slots2")
     assert rc == 0 and "design of the simulator" not in err
+
+
+def test_a_model_toml_given_as_the_scenario_and_the_reverse_say_which_is_which(capsys):
+    rc, _, err = run(capsys, "run", "scenarios/tiny/tiny-moe.toml", *QUICK)
+    assert rc == 2 and "is a model TOML" in err and "-m/--model" in err
+    rc, _, err = run(capsys, "run", TINY, "-m", "scenarios/default.toml", *QUICK)
+    assert rc == 2 and "is a scenario TOML" in err
+    rc, _, err = run(capsys, "run", TINY, "-m", "nosuchname", *QUICK)
+    assert rc == 2 and "unknown model 'nosuchname'" in err and "qwen3-30b-a3b" in err

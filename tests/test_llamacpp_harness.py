@@ -1076,3 +1076,31 @@ def test_a_cpu_layers_q_norm_runs_on_the_gpu_in_decode_as_llama_cpp_splits_it():
     assert offloaded_head_norms(ctx, cpu_layers[0], 32) == []               # the whole layer is offloaded
     nopo = dc_replace(scn, placement=dc_replace(scn.placement, op_offload_min_batch=2**31 - 1))
     assert offloaded_head_norms(make_context(nopo, v, rep_rng(0, -1, -1)), cpu_layers[0], 1) == []
+
+
+def test_a_truncated_gzipped_log_is_one_error_naming_it(tmp_path):
+    import gzip as _gzip
+
+    from calibrate.llamacpp.logs import read_text
+
+    p = tmp_path / "x.err.gz"
+    p.write_bytes(_gzip.compress(b"prefetch-sim split-time: line\n" * 200)[:40])
+    with pytest.raises(ScenarioError, match="cannot read the gzipped log") as ei:
+        read_text(p)
+    assert str(p) in str(ei.value)
+
+
+def test_fit_adds_up_repeated_params_and_names_a_bad_cpu_table(tmp_path, capsys):
+    from calibrate.llamacpp import fit as F
+
+    run = str(REPO / "data" / "llamacpp" / "h200-20261203-tg4")
+    rc = F.main(["--run", run, "--params", "cpu_split_us,bogus", "--params", "cpu_rate_scale",
+                 "--out", str(tmp_path / "o.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'cpu_split_us,bogus,cpu_rate_scale'" in err and "'bogus' unknown" in err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2,3\n")
+    rc = F.main(["--run", run, "--cpu-table", str(bad), "--params", "cpu_split_us", "--out", str(tmp_path / "o.toml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and f"--cpu-table {bad}" in err and ".fit-" not in err
+    assert not (tmp_path / "o.toml").exists()

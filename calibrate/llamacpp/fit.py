@@ -205,9 +205,22 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
 
     from sim.specs import load_hardware
 
+    from sim.errors import ScenarioError
+    from sim.ggmlcost import read_table
+
     folder = Path(dst).resolve().parent
     if not folder.is_dir():
         raise PrefetchSimError(f"--out {dst}: no such folder")
+    try:  # the table first, so that a bad one is named as the user gave it
+        read_table(table)
+    except FileNotFoundError:
+        raise PrefetchSimError(f"--cpu-table {table}: file not found") from None
+    except ScenarioError as exc:
+        raise PrefetchSimError(f"--cpu-table {table}: {exc.reason}") from None
+    except (ValueError, OSError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        raise PrefetchSimError(f"--cpu-table {table}: not a kernel table CSV ({exc.__class__.__name__}: {why}); "
+                               "write one with python -m calibrate.llamacpp.perf_cases table") from None
     fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -417,8 +430,8 @@ def _main(argv: list[str] | None) -> int:
                     help="phase-timing lease folder (llama.cpp's host work around each graph)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
-    ap.add_argument("--params", metavar="NAMES", default=None,
-                    help="fit only these (comma list of " + ", ".join(k for k, *_ in FITTED) + "); every other "
+    ap.add_argument("--params", metavar="NAMES", default=None, action="append",
+                    help="fit only these (comma list, repeatable: the lists add up; of " + ", ".join(k for k, *_ in FITTED) + "); every other "
                          "number, the measured ones and the H2D rates too, keeps the profile's value (default: "
                          "all but " + ", ".join(MEASURED_BY_DEFAULT) + " fitted, the measured ones (split_us "
                          "from --splits) and --run's H2D rates refreshed)")
@@ -436,6 +449,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         from .compare import check_run_dir, hardware_path
 
+        if args.params is not None:  # repeated --params add up, as run's repeatable flags do
+            args.params = ",".join(args.params)
         fitted_rows = select_fitted(args.params)
         from .compare import resolve
 
