@@ -229,18 +229,6 @@ def _resident(ctx, st: _Static) -> _Resident:
     return r
 
 
-def _has_offloaded_norms(ctx, n_tokens: int) -> bool:
-    """Whether a layer of ``ctx`` has a per-head norm the op-offload rule sends to the GPU at
-    ``n_tokens`` (:func:`sim.builder.offloaded_head_norms`), kept per context and batch size."""
-    from .builder import offloaded_head_norms
-
-    key = ("_head_norms", n_tokens)
-    got = ctx.column_cache.get(key)
-    if got is None:
-        got = ctx.column_cache[key] = any(offloaded_head_norms(ctx, i, n_tokens) for i in range(ctx.scn.model.n_layer))
-    return got
-
-
 class ItemColumns:
     """The items of one graph as columns (what :func:`sim.builder.graph_items` gives as
     :class:`sim.builder.Item` objects, in the same order).
@@ -275,11 +263,9 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     n_moe = len(ctx.moe_layers) if model.moe is not None else 0
     if n_used.shape != (n_moe,):
         raise ValueError(f"n_used: {n_used.shape} entries for {n_moe} MoE layers")
+    res = _resident(ctx, st)
     pl = ctx.scn.placement
     lo = pl.op_offload_min_batch
-    if n_tokens < lo and any(d < 0 for d in ctx.layer_dev) and _has_offloaded_norms(ctx, n_tokens):
-        return None  # a graph with extra items (sim.builder.offloaded_head_norms): the builder's path
-    res = _resident(ctx, st)
     offload = n_tokens >= lo
     role = st.role
     is_attn = role == _ATTN
