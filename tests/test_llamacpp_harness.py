@@ -1104,3 +1104,11 @@ def test_fit_adds_up_repeated_params_and_names_a_bad_cpu_table(tmp_path, capsys)
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and f"--cpu-table {bad}" in err and ".fit-" not in err
     assert not (tmp_path / "o.toml").exists()
+
+
+def test_fit_names_the_timed_invocations_of_a_run_it_fits_on():
+    from calibrate.llamacpp.fit import timed_invocations
+
+    assert timed_invocations(REPO / "data" / "llamacpp" / "h200-20261201") == []
+    got = timed_invocations(REPO / "data" / "llamacpp" / "h200-20261204-tg6")
+    assert len(got) == 10 and all("-st-" in g for g in got)

@@ -278,6 +278,23 @@ def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndar
         return np.array(list(ex.map(_one, work)))
 
 
+#: the environment switches of the timing patches (calibrate.llamacpp.splittime, phasetime)
+TIMING_ENV = ("PREFETCH_SIM_SPLIT_TIME", "PREFETCH_SIM_PHASE_TIME")
+
+
+def timed_invocations(run_dir: str | Path) -> list[str]:
+    """The ids of a run folder's llama-bench invocations that ran with a timing patch switched on
+    (:data:`TIMING_ENV` in their ``env``); [] when there is none or no readable invocation file."""
+    from .compare import INVOCATIONS_FILE, read_invocations
+
+    try:
+        invs = read_invocations(Path(run_dir) / INVOCATIONS_FILE)
+    except (PrefetchSimError, OSError):
+        return []
+    return [str(i.get("id")) for i in invs
+            if i.get("kind", "bench") == "bench" and any(k in (i.get("env") or {}) for k in TIMING_ENV)]
+
+
 def select_fitted(names: str | None) -> tuple:
     """The rows of :data:`FITTED` named in the comma list ``names`` (``[ggml]`` keys), in
     :data:`FITTED`'s order; for None, all but :data:`MEASURED_BY_DEFAULT` (measured in a full
@@ -472,6 +489,11 @@ def _main(argv: list[str] | None) -> int:
             if os.path.realpath(run) in seen_runs:
                 raise PrefetchSimError(f"--run {run}: given twice; each run folder once")
             seen_runs.add(os.path.realpath(run))
+            timed = timed_invocations(run)
+            if timed:  # their t/s carries the timing's own cost: a fit on them is a fit on that
+                print(f"fit: note: --run {run}: {len(timed)} invocation(s) ran with a timing patch on "
+                      f"({', '.join(timed[:3])}{', ...' if len(timed) > 3 else ''}); their rows are fitted as "
+                      "measured, timing included", file=sys.stderr)
         runs_text = (shown_run[0] if len(shown_run) == 1
                      else f"{len(shown_run)} run folders ({', '.join(shown_run)})")
         if args.write and args.out:
