@@ -866,9 +866,9 @@ def canonical_buffer(buf: str, hw) -> str:
 
 
 def sim_buffer(canon: str) -> str:
-    """A printed buffer name as the simulator's placement has it: host buffers ``CPU``, a GPU's
-    ``CUDA<i>``."""
-    if canon == "CPU" or canon.endswith("_Host"):
+    """A printed buffer name (:func:`canonical_buffer`) as the simulator's placement has it:
+    ``CPU``, a GPU's ``CUDA<i>``."""
+    if canon == "CPU":
         return "CPU"
     return "CUDA" + re.sub(r"\D", "", canon)
 

@@ -372,9 +372,10 @@ def graph_splits(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: in
 HEAD_NORMS = (("attn_q_norm", "n_head"), ("attn_k_norm", "n_head_kv"))
 
 
-def offloaded_head_norms(ctx: BuildContext, layer: int, n_tokens: int) -> list[Tensor]:
+def offloaded_head_norms(ctx: BuildContext, layer: int, n_tokens: int) -> list[tuple[Tensor, int]]:
     """The per-head norm weights of layer ``layer`` whose ``MUL`` ggml's scheduler runs on the
-    GPU although the layer is left on the CPU and the batch is below the op-offload one.
+    GPU although the layer is left on the CPU and the batch is below the op-offload one, each
+    with its head count: ``[(tensor, heads), ...]``.
 
     The rule (``ggml_backend_sched``'s op offload, CUDA's ``offload_op``): an op on a host
     weight goes to the GPU when its batch, ``op->ne[1]``, is at least ``op_offload_min_batch``.
@@ -391,10 +392,11 @@ def offloaded_head_norms(ctx: BuildContext, layer: int, n_tokens: int) -> list[T
         return []
     tens = ctx.tensor_by_name
     out = []
-    for suffix, heads in HEAD_NORMS:
+    for suffix, attr in HEAD_NORMS:
         t = tens.get(f"blk.{layer}.{suffix}.weight")
-        if t is not None and getattr(model, heads) >= lo and id(t) in ctx.host_ids:
-            out.append(t)
+        heads = getattr(model, attr)
+        if t is not None and heads >= lo and id(t) in ctx.host_ids:
+            out.append((t, heads))
     return out
 
 
@@ -434,8 +436,8 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         # a CPU layer's per-head norm the op-offload rule sends to the GPU (offloaded_head_norms):
         # a split of its own that copies the norm weight, priced as a matmul of head_dim·heads
         # outputs on one input (the MUL, and the ROPE / SCALE after it, are a few small kernels)
-        for t in offloaded_head_norms(ctx, i, n_tokens):
-            n_out = t.n_in * getattr(model, dict(HEAD_NORMS)[t.name.split(".")[2]])
+        for t, heads in offloaded_head_norms(ctx, i, n_tokens):
+            n_out = t.n_in * heads
             items.append(Item(OpKind.GEMM, t.name, i, (n_tokens, n_out, 1, ((t.ggml_type, n_out, 1, t.nbytes),)),
                               t.nbytes, (t,), True, False, 0))
         # attention core: KV cache lives with the layer; not-offloaded layers attend on the CPU

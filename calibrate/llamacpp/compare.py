@@ -389,6 +389,11 @@ def _shown(v: Any) -> str:
     return str(int(v)) if isinstance(v, (bool, np.bool_)) else f"{v[0]},{v[1]}" if isinstance(v, tuple) else str(v)
 
 
+#: llama-bench fields whose default has not changed in any version that has the field: a row
+#: whose invocation did not give the flag must carry it (:func:`row_disagreements`)
+STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0)}
+
+
 def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
     """The fields of a llama-bench row that its invocation's command line did not ask for:
     ``(field, the row's value, what was asked: flag and values)`` for each field whose flag the
@@ -424,10 +429,6 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
             out.append((name, _shown(v), f"no {flag}, llama-bench's default {default}"))
     return out
 
-
-#: llama-bench fields whose default has not changed in any version that has the field: a row
-#: whose invocation did not give the flag must carry it (:func:`row_disagreements`)
-STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0)}
 
 
 def _invocation_label(inv: Mapping[str, Any]) -> str:
@@ -482,9 +483,9 @@ def host_flags(row: Mapping[str, Any], inv: Mapping[str, Any] | None = None) -> 
     ``--no-host`` buffer in 2 MiB pages: data/llamacpp/h200-20261204-tg7). ``""`` for
     llama-bench's defaults. Part of :data:`REPEAT_KEY`: rows that differ here are not repeats."""
     out = []
-    if str(row.get("no_host", False)).lower() in ("true", "1"):
+    if _true(row.get("no_host", False)):
         out.append("--no-host 1")
-    if str(row.get("repack", True)).lower() in ("false", "0"):
+    if _false(row.get("repack", True)):
         out.append("--repack 0")
     poll = row.get("poll")
     if _finite(poll) and int(poll) != 50:
@@ -492,12 +493,23 @@ def host_flags(row: Mapping[str, Any], inv: Mapping[str, Any] | None = None) -> 
     mask = str(row.get("cpu_mask", "0x0") or "0x0")
     if mask.lower() not in ("0x0", "0", "nan", "none"):
         out.append(f"-C {mask}")
-    if str(row.get("cpu_strict", False)).lower() in ("true", "1"):
+    if _true(row.get("cpu_strict", False)):
         out.append("--cpu-strict 1")
     env = (inv or {}).get("env") or {}
     if isinstance(env, Mapping):
         out += [f"{k}={v}" for k, v in sorted(env.items()) if not str(k).startswith(NEUTRAL_ENV_PREFIXES)]
     return " ".join(out)
+
+
+def _true(v: Any) -> bool:
+    """A llama-bench boolean field that says true (``true`` in JSON, ``1`` in CSV or SQL); a
+    missing value (None, NaN) is neither :func:`_true` nor :func:`_false`."""
+    return str(v).strip().lower() in ("true", "1")
+
+
+def _false(v: Any) -> bool:
+    """A llama-bench boolean field that says false (``false``, ``0``)."""
+    return str(v).strip().lower() in ("false", "0")
 
 
 def bench_kind(n_prompt: int, n_gen: int) -> str:
@@ -601,7 +613,7 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     if recorded and _finite(n_threads) and int(n_threads) > 0 and int(n_threads) != host_cpus:
         notes.append(f"n_threads {int(n_threads)}: the profile's CPU figures were measured with {host_cpus} "
                      "threads and are not rescaled")
-    if str(get("no_host", False)).lower() in ("true", "1") and str(get("repack", True)).lower() not in ("false", "0"):
+    if _true(get("no_host", False)) and not _false(get("repack", True)):
         notes.append("no_host with repack: the CPU weights are repacked (CPU_REPACK), the CPU tables price "
                      "ggml-cpu's plain kernels")
     backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")

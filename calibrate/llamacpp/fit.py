@@ -203,10 +203,9 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
     """
     import tempfile
 
-    from sim.specs import load_hardware
-
     from sim.errors import ScenarioError
     from sim.ggmlcost import read_table
+    from sim.specs import load_hardware
 
     folder = Path(dst).resolve().parent
     if not folder.is_dir():

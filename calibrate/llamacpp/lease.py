@@ -102,11 +102,11 @@ def machine_info() -> dict:
         "python": sys.version.split()[0],
     }
     try:
-        cpu = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-               if ln.startswith("model name")]
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        cpu = [ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")]
         info["cpu"] = cpu[0] if cpu else ""
         # which host a VM landed on: the masked model name is the same on every lent machine
-        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+        first = cpuinfo.split("\n\n", 1)[0]
         fields = dict((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in first.splitlines()))
         info["cpu_id"] = {k: fields.get(k, "") for k in ("cpu family", "model", "stepping", "microcode",
                                                           "cache size", "siblings", "cpu cores")}

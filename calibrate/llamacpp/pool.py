@@ -44,8 +44,8 @@ import pandas as pd
 
 from sim.errors import ScenarioError
 
-from .compare import (BENCH_FILE, warnings, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
-                      compare, hardware_path, run_cli, say_unsimulated, summarize, write_outputs)
+from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
+                      compare, hardware_path, run_cli, say_unsimulated, summarize, warnings, write_outputs)
 
 #: the columns of a pooled configuration: :data:`CONFIG_KEY` without ``test``, with ``kind``
 POOL_KEY = tuple(k for k in CONFIG_KEY if k != "test") + ("kind",)

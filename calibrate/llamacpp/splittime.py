@@ -395,13 +395,15 @@ def main(argv: list[str] | None = None) -> int:
 
         check_run_dir(args.run_dir, field="run_dir")
         if args.cpu:
-            df, a, scale = cpu_decomposition(args.run_dir)
-            with pd.option_context("display.width", 200, "display.max_columns", 30):
-                print(df.round(3).to_string(index=False))
-            from .compare import DEFAULT_HARDWARE
             from sim.specs import load_hardware
 
-            g = load_hardware(DEFAULT_HARDWARE).ggml
+            from .compare import DEFAULT_HARDWARE
+
+            hw = load_hardware(DEFAULT_HARDWARE)
+            df, a, scale = cpu_decomposition(args.run_dir, hw)
+            with pd.option_context("display.width", 200, "display.max_columns", 30):
+                print(df.round(3).to_string(index=False))
+            g = hw.ggml
             print(f"this machine: cpu_split_us = {a * 1e6:.4g}, cpu_rate_scale = {scale:.4g}   (the profile: "
                   f"{g.cpu_split_host_s * 1e6:.4g}, {g.cpu_rate_scale:.4g}; least squares over {len(df)} invocations, "
                   f"residuals {df['residual'].min():+.1%}..{df['residual'].max():+.1%})")
