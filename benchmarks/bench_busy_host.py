@@ -19,8 +19,8 @@ import numpy as np
 sys.path.insert(0, ".")
 from dataclasses import replace
 from sim.plan import OpKind, Plan, Stream
-from sim.specs import load_hardware
-from sim.costs import plan_durations
+from sim.model.specs import load_hardware
+from sim.model.costs import plan_durations
 from sim.engines import analytic
 from calibrate.executor import execute
 from calibrate import executor_costs as EC

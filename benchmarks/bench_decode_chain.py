@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from calibrate import executor_costs as EC  # noqa: E402
-from sim.costs import plan_durations  # noqa: E402
+from sim.model.costs import plan_durations  # noqa: E402
 from sim.engines import analytic  # noqa: E402
 from sim.plan import OpKind  # noqa: E402
-from sim.specs import load_hardware  # noqa: E402
-from sim.validation import build_case, default_grid, executor_profile  # noqa: E402
+from sim.model.specs import load_hardware  # noqa: E402
+from sim.views.validation import build_case, default_grid, executor_profile  # noqa: E402
 
 DEFAULT_PROFILE = ROOT / "scenarios" / "hardware" / "h200.toml"
 CASES = ("moe-pinned-tg8-d0-baseline", "moe-pinned-tg8-d0-cache_lru-c256", "dense-pinned-tg8-d0-baseline")

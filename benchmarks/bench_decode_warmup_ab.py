@@ -9,8 +9,8 @@ within the noise), so ``validate`` keeps one warm-up run.
 import os, sys, json
 import numpy as np
 sys.path.insert(0, ".")
-from sim.specs import load_hardware
-from sim.validation import default_grid, build_case, executor_profile
+from sim.model.specs import load_hardware
+from sim.views.validation import default_grid, build_case, executor_profile
 from calibrate.executor import execute
 from sim.plan import OpKind
 CP = None

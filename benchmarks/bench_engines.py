@@ -11,7 +11,7 @@ ready/free events in the prefetch flavour):
   S scenarios sharing the plan, e.g. a bandwidth sweep); a split evaluation is one split of
   one scenario;
 * DES: wall time of one run on the same plan (48 layers x 16 ubatches x ~30 ops/layer);
-* if ``sim.builder`` imports and ``scenarios/`` holds a 48-layer MoE scenario: both engines on
+* if ``sim.plan.builder`` imports and ``scenarios/`` holds a 48-layer MoE scenario: both engines on
   the real plan of ``pp8192`` at ubatch 512 (8192 prompt tokens = 16 graphs).
 
 Timings are the best of ``--repeat`` runs (``time.perf_counter``). The analytic and DES
@@ -136,10 +136,10 @@ def bench_plan(label: str, plan: Plan, dur: np.ndarray, n_scen: int, repeat: int
 def find_real_scenario():
     """(scenario, why-not message): a 48-layer MoE scenario under scenarios/, if any."""
     try:
-        from sim import builder  # noqa: F401
-        from sim.specs import load_scenario
+        from sim.plan import builder  # noqa: F401
+        from sim.model.specs import load_scenario
     except Exception as e:  # noqa: BLE001 - any import failure means "not available yet"
-        return None, f"sim.builder does not import ({type(e).__name__}: {e})"
+        return None, f"sim.plan.builder does not import ({type(e).__name__}: {e})"
     found = []
     for path in sorted((ROOT / "scenarios").rglob("*.toml")):
         try:
@@ -160,9 +160,9 @@ def find_real_scenario():
 
 
 def bench_real(scn, n_scen: int, repeat: int, rng) -> list[dict]:
-    from sim.builder import build_plan
-    from sim.costs import plan_durations
-    from sim.specs import BenchTest
+    from sim.plan.builder import build_plan
+    from sim.model.costs import plan_durations
+    from sim.model.specs import BenchTest
 
     wl = replace(scn.workload, n_ubatch=512, n_batch=max(scn.workload.n_batch, 512))
     scn = scn.with_(workload=wl)
@@ -176,7 +176,7 @@ def bench_real(scn, n_scen: int, repeat: int, rng) -> list[dict]:
         dur = plan_durations(plan, scn.hardware)
         label = f"{Path(scn.file).name} ({scn.model.name}): {var.name} pp8192 ub512"
         r = bench_plan(label, plan, dur, n_scen, repeat, rng)
-        r.append(dict(r[0], engine="build_plan", S=0, wall_s=t_build, split_evals_per_s=np.nan, note="sim.builder"))
+        r.append(dict(r[0], engine="build_plan", S=0, wall_s=t_build, split_evals_per_s=np.nan, note="sim.plan.builder"))
         rows += r
     return rows
 

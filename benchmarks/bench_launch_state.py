@@ -45,8 +45,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from calibrate import executor_costs as EC  # noqa: E402
-from sim import validation as V  # noqa: E402
-from sim.specs import load_hardware  # noqa: E402
+from sim.views import validation as V  # noqa: E402
+from sim.model.specs import load_hardware  # noqa: E402
 
 FAKE = len(sys.argv) > 1 and sys.argv[1] == "fake"
 if FAKE:
@@ -86,7 +86,7 @@ CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
 from calibrate import executor_costs as EC
-from sim.specs import load_hardware
+from sim.model.specs import load_hardware
 cp = None
 if {fake!r}:
     import calibrate._fakecupy as cp

@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/bench_routing.py [--repeat 5]``
 
 Prints three tables:
 
-* speed of :meth:`sim.routing.Router.used_mask` for a 48-layer 256-expert top-10 model over a
+* speed of :meth:`sim.model.routing.Router.used_mask` for a 48-layer 256-expert top-10 model over a
   pp8192 prefill (8192 tokens = 16 ubatches of 512, or 4 of 2048: 48 x 16 resp. 48 x 4
   calls), for uniform, skewed and trace routing, and of ``token_experts`` (target of the
   plan builder: < 50 ms per prefill's worth of ``used_mask`` calls);
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import best_of, int_at_least  # noqa: E402
-from sim.routing import (  # noqa: E402
+from sim.model.routing import (  # noqa: E402
     Router,
     RoutingSpec,
     expected_distinct_uniform,

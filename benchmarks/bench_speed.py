@@ -13,7 +13,7 @@ pointing at it. Figures (median of ``--repeat`` runs, wall seconds on this machi
   divided by the wall time of evaluating it end to end (build, price, time, transfer
   statistics: ``run_variant_test`` with one repetition), in one process, after a pp512 call
   (kernel tables). Two figures: the *cold* call, with the contexts kept across calls dropped
-  first (``sim.metrics.clear_shared_contexts``: placement, router, items, prices and graph
+  first (``sim.engines.metrics.clear_shared_contexts``: placement, router, items, prices and graph
   templates built anew, as every call did before they were kept), and the *warm* call, a
   second call on the same scenario object that reuses the previous call's context (its
   structure and prices; the routing draws, the timing of every graph and the transfer
@@ -52,9 +52,17 @@ ROOT = Path(__file__).resolve().parents[1]
 _INNER = r"""
 import json, sys, time
 import numpy as np
-from sim.specs import load_scenario, BenchTest, parse_variant
-from sim.metrics import run_variant_test, fit_context_to_tests, rep_rng
-from sim.builder import build_plan, make_context
+try:  # the layout of sim/ since the subpackages (a reference tree may predate them)
+    from sim.model.specs import load_scenario, BenchTest, parse_variant
+    from sim.engines import metrics as _metrics
+    from sim.plan.builder import build_plan, make_context
+    from sim.model.costs import plan_durations
+except ImportError:
+    from sim.specs import load_scenario, BenchTest, parse_variant
+    from sim import metrics as _metrics
+    from sim.builder import build_plan, make_context
+    from sim.costs import plan_durations
+run_variant_test, fit_context_to_tests, rep_rng = _metrics.run_variant_test, _metrics.fit_context_to_tests, _metrics.rep_rng
 what = sys.argv[1]
 scn = load_scenario("scenarios/default.toml")
 if what == "splits":
@@ -63,9 +71,8 @@ if what == "splits":
     v = parse_variant("baseline")
     plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
     n_splits = len({(o.graph, o.split) for o in plan.ops})
-    import sim.metrics
     # a tree without contexts kept across calls: every call is cold
-    clear = getattr(sim.metrics, "clear_shared_contexts", lambda: None)
+    clear = getattr(_metrics, "clear_shared_contexts", lambda: None)
     run_variant_test(scn, v, BenchTest(512, 0), 0, 1)  # warm the kernel tables
     times, warm = [], []
     for _ in range(int(sys.argv[2])):
@@ -81,7 +88,6 @@ if what == "splits":
                       "warm_s": sorted(warm)[len(warm) // 2]}))
 elif what == "des":
     import simpy
-    from sim.costs import plan_durations
     from sim.engines import des
     v = parse_variant("baseline")
     t = BenchTest(512, 0)

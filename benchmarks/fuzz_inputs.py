@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every failing case")
     args = ap.parse_args(argv)
     import sim.cli  # noqa: F401 - imported once, before forking (each child starts warm)
-    import sim.crossover  # noqa: F401
-    import sim.hazards  # noqa: F401
+    import sim.views.crossover  # noqa: F401
+    import sim.plan.hazards  # noqa: F401
 
     work = Path(tempfile.mkdtemp(prefix="fuzz-inputs-"))
     pending = list(range(args.seed, args.seed + args.cases))

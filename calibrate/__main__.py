@@ -1,6 +1,6 @@
 import sys
 
-from sim.interrupt import run_interruptible
+from sim.cli.interrupt import run_interruptible
 
 from .cli import main
 

@@ -1,5 +1,5 @@
 """Command line of the calibration: ``python -m calibrate --out scenarios/hardware/NAME.toml``
-(also ``prefetch-sim calibrate``, through :mod:`sim.cli_calibrate`)."""
+(also ``prefetch-sim calibrate``, through :mod:`sim.cli.calibrate`)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
         raise
     if not args.quick:
         # the executor's launch cost per op kind, priced with the profile just written
-        from sim.specs import load_hardware  # noqa: PLC0415
+        from sim.model.specs import load_hardware  # noqa: PLC0415
 
         from .executor_costs import measure, rounds_frame, summary, update_profile  # noqa: PLC0415
 

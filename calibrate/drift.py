@@ -161,6 +161,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("calibrate.drift", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

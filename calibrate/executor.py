@@ -18,7 +18,7 @@ Two halves:
   f16 row-softmax kernel, a PV GEMM, on a score buffer per stream); CPU ops as numpy matvecs
   on the host. Every op's start and end is recorded — CUDA events for GPU ops, the host clock
   for host ops — and mapped onto one time axis; the result is a trace with exactly the schema
-  of :mod:`sim.trace` (``engine="executor"``).
+  of :mod:`sim.views.trace` (``engine="executor"``).
 
 Losslessness. Two checks, both schedule-independent by construction:
 
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.costs import attn_keys  # keys attended; shared with the cost model
+from sim.model.costs import attn_keys  # keys attended; shared with the cost model
 from sim.errors import PrefetchSimError
 from sim.plan import COMPUTE_KINDS, OpKind, Plan, Schedule, Stream
 
@@ -341,7 +341,7 @@ class ExecResult:
     """One measured execution of a plan.
 
     Attributes:
-        trace: the trace (:data:`sim.trace.TRACE_COLUMNS`, ``engine="executor"``).
+        trace: the trace (:data:`sim.views.trace.TRACE_COLUMNS`, ``engine="executor"``).
         schedule: the same times as a :class:`sim.plan.Schedule`.
         makespan_s: end of the last op of the reported run (the median-makespan repeat).
         makespans_s: makespan of every timed repeat.
@@ -920,7 +920,7 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
     """Run ``plan`` on GPU 0 and measure it.
 
     Args:
-        plan: the plan (built by :func:`sim.builder.build_plan` or by hand).
+        plan: the plan (built by :func:`sim.plan.builder.build_plan` or by hand).
         test, variant: written to the trace.
         byte_scale: copies move ``nbytes * byte_scale`` bytes (compute is never scaled).
         warmup: untimed runs first (cuBLAS heuristics, kernel compilation, page faults).
@@ -947,7 +947,7 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         cp: the CuPy module (default: imported lazily; ``calibrate._fakecupy`` on a CPU).
 
     Returns:
-        :class:`ExecResult` with a trace of exactly :data:`sim.trace.TRACE_COLUMNS`. GPU ops
+        :class:`ExecResult` with a trace of exactly :data:`sim.views.trace.TRACE_COLUMNS`. GPU ops
         carry their CUDA-event times; host ops their host-clock times, a host op that waited
         on GPU work starting when that work ended. When a GPU op started before the Python
         call issuing it returned (an idle stream runs the first kernels of an op while the
@@ -959,7 +959,7 @@ def execute(plan: Plan, *, test: str = "", variant: str = "", byte_scale: float 
         ExecutorHazardError: a staging probe failed (with ``check``).
         ValueError: an op the executor cannot run.
     """
-    from sim.trace import to_dataframe  # noqa: PLC0415
+    from sim.views.trace import to_dataframe  # noqa: PLC0415
 
     if cp is None:
         from ._gpu import require_cupy  # noqa: PLC0415

@@ -192,9 +192,9 @@ CHAIN_LAYERS, CHAIN_TOKENS = 4, 4
 
 
 def chain_plans(hw) -> dict:
-    """The decode-chain probes: model name -> :func:`sim.validation.decode_probe_plan` of each
-    of :data:`sim.validation.DECODE_PROBE_MODELS` (``CHAIN_LAYERS`` layers, ``tg<CHAIN_TOKENS>``)."""
-    from sim.validation import DECODE_PROBE_MODELS, decode_probe_plan  # noqa: PLC0415
+    """The decode-chain probes: model name -> :func:`sim.views.validation.decode_probe_plan` of each
+    of :data:`sim.views.validation.DECODE_PROBE_MODELS` (``CHAIN_LAYERS`` layers, ``tg<CHAIN_TOKENS>``)."""
+    from sim.views.validation import DECODE_PROBE_MODELS, decode_probe_plan  # noqa: PLC0415
 
     return {m: decode_probe_plan(m, hw, CHAIN_LAYERS, CHAIN_TOKENS) for m in DECODE_PROBE_MODELS}
 
@@ -212,7 +212,7 @@ BUSY_SCALE_FD_STEP = 1e-4
 
 
 def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
-    """The factor ``s`` on the busy-host costs (:func:`sim.costs.busy_mask`) that best predicts
+    """The factor ``s`` on the busy-host costs (:func:`sim.model.costs.busy_mask`) that best predicts
     the decode-chain probes, given the profile ``hw`` (priced with everything else measured,
     ``executor_busy_scale`` 1) and ``measured`` (model -> measured makespan, seconds).
 
@@ -235,8 +235,8 @@ def fit_busy_scale(hw, measured: dict) -> tuple[float, list]:
     Returns:
         (``s``, rows ``(model, measured_s, predicted_s at s = 1, predicted_s at s)``);
         ``(None, [])`` when no probe is usable (no fit: nothing to write)."""
-    from sim.costs import busy_mask, plan_durations  # noqa: PLC0415
-    from sim.validation import predict_s  # noqa: PLC0415
+    from sim.model.costs import busy_mask, plan_durations  # noqa: PLC0415
+    from sim.views.validation import predict_s  # noqa: PLC0415
 
     hw1 = replace(hw, executor_mode=True, executor_busy_scale=1.0)
     plans = chain_plans(hw1)
@@ -294,7 +294,7 @@ def finish_loop(hw, costs: dict) -> dict:
     (each loop probe predicted with every cost in ``costs``, against its ``loop_mk_<bytes>``),
     and with ``chain_mk_<model>`` makespans :func:`fit_busy_scale`'s ``busy_scale`` and
     ``chain_check``."""
-    from sim.costs import fit_matvec_line, plan_durations, prefixed_points  # noqa: PLC0415
+    from sim.model.costs import fit_matvec_line, plan_durations, prefixed_points  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
     out = {k: v for k, v in costs.items() if k not in ("cpu_op", "cpu_bytes_per_s", "busy_scale")}
@@ -323,7 +323,7 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
     ``busy``, also :func:`measure_busy`'s keys, priced with the launch costs measured here.
 
     ``rounds`` > 1 repeats the whole measurement, ``round_gap_s`` apart, and returns the
-    ``statistic`` (:func:`sim.validation.aggregate_costs`: ``"mean"``, the default, or
+    ``statistic`` (:func:`sim.views.validation.aggregate_costs`: ``"mean"``, the default, or
     ``"median"``) of every numeric key over the rounds, the host-work and matvec lines refitted
     through the aggregated points and the loop check redone with them (:func:`finish_loop`):
     one sample of a drifting host is not a measurement (a single 64 MiB loop point once spoiled
@@ -341,7 +341,7 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
     if rounds > 1:
         import time  # noqa: PLC0415
 
-        from sim.validation import aggregate_costs  # noqa: PLC0415
+        from sim.views.validation import aggregate_costs  # noqa: PLC0415
 
         each = []
         for i in range(rounds):
@@ -362,7 +362,7 @@ def measure(hw, *, n: int = 40, cp=None, busy: bool = True, rounds: int = 1,
 
 def _measure_once(hw, *, n: int, cp, busy: bool, gc_off: bool = True) -> dict:
     """One round of :func:`measure`."""
-    from sim.costs import plan_durations  # noqa: PLC0415
+    from sim.model.costs import plan_durations  # noqa: PLC0415
     from sim.engines import analytic  # noqa: PLC0415
 
     from .executor import execute  # noqa: PLC0415
@@ -389,9 +389,9 @@ def _measure_once(hw, *, n: int, cp, busy: bool, gc_off: bool = True) -> dict:
 
 
 def host_work_line(costs: dict) -> dict[str, float]:
-    """:func:`sim.costs.fit_host_work_line` through the ``host_work_t_<ids>`` points of
+    """:func:`sim.model.costs.fit_host_work_line` through the ``host_work_t_<ids>`` points of
     ``costs`` (per-op times at :data:`HOST_WORK_IDS`), or ``{}`` without them."""
-    from sim.costs import fit_host_work_line, prefixed_points  # noqa: PLC0415
+    from sim.model.costs import fit_host_work_line, prefixed_points  # noqa: PLC0415
 
     return fit_host_work_line(prefixed_points(costs, "host_work_t_"))
 
@@ -484,7 +484,7 @@ def rounds_frame(costs: dict):
     keys, for the raw logs."""
     import pandas as pd  # noqa: PLC0415
 
-    from sim.validation import is_cost_number  # noqa: PLC0415
+    from sim.views.validation import is_cost_number  # noqa: PLC0415
 
     each = costs.get("per_round") or []
     if not each:
@@ -535,7 +535,7 @@ def update_profile(path: str | Path, costs: dict, device: str = "") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from sim.errors import PrefetchSimError  # noqa: PLC0415
-    from sim.specs import load_hardware  # noqa: PLC0415
+    from sim.model.specs import load_hardware  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.executor_costs", description=__doc__.split("\n")[0])
     ap.add_argument("--profile", required=True, help="profile TOML to measure with and update")
@@ -565,6 +565,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("calibrate.executor_costs", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

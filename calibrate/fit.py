@@ -5,7 +5,7 @@
   small sizes with that slope fixed (the least-squares intercept with a fixed slope is the
   mean residual).
 * :func:`fit_roofline`: ``t = max(FLOP / P, bytes / W) + K`` — the cost model's GEMM formula
-  (:func:`sim.costs.gemm_s` with ``gemm_efficiency = hbm_efficiency = 1``) — fitted to
+  (:func:`sim.model.costs.gemm_s` with ``gemm_efficiency = hbm_efficiency = 1``) — fitted to
   measured GEMM times by least squares on ``log t`` (times span five decades, so relative
   errors are what matters), with a deterministic coarse-to-fine grid search over
   ``log P, log W, log K``.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: bytes of an f32 activation, as :data:`sim.costs.ACT_BYTES` (kept equal by a test)
+#: bytes of an f32 activation, as :data:`sim.model.costs.ACT_BYTES` (kept equal by a test)
 ACT_BYTES = 4
 
 
@@ -91,7 +91,7 @@ def gemm_flops(m, n, k):
 
 def gemm_bytes(m, n, k, weight_bytes):
     """Bytes the cost model charges a matmul: weights plus f32 activations in and out
-    (:func:`sim.costs.gemm_s`)."""
+    (:func:`sim.model.costs.gemm_s`)."""
     m = np.asarray(m, dtype=float)
     return np.asarray(weight_bytes, dtype=float) + ACT_BYTES * m * (np.asarray(n, dtype=float) + np.asarray(k, dtype=float))
 

@@ -1,4 +1,4 @@
-"""Writing a measured hardware profile: the TOML that :func:`sim.specs.load_hardware` reads,
+"""Writing a measured hardware profile: the TOML that :func:`sim.model.specs.load_hardware` reads,
 its CSV tables beside it, and the raw logs.
 
 Every file is first written to a temporary file in its target folder and then moved into

@@ -3,7 +3,7 @@ write a hardware profile (:mod:`calibrate.profile`).
 
 ``run_calibration`` does the GPU work and returns a :class:`Calibration` (tables and numbers
 in memory); ``build_profile`` turns it into the TOML document that
-:func:`sim.specs.load_hardware` reads; ``write_calibration`` writes the TOML, its CSV tables
+:func:`sim.model.specs.load_hardware` reads; ``write_calibration`` writes the TOML, its CSV tables
 and the raw logs, all or nothing.
 """
 

@@ -60,7 +60,7 @@ class ModelShapes:
 
 
 def from_spec(spec, name: str | None = None) -> ModelShapes:
-    """The shapes of a :class:`sim.specs.ModelSpec` (a shipped model TOML): every distinct
+    """The shapes of a :class:`sim.model.specs.ModelSpec` (a shipped model TOML): every distinct
     ``(n_out, n_in)`` of its weight matrices except ``token_embd`` (a row lookup, not a
     matmul; norms and biases are no matmul either) — attention projections, dense and expert FFNs, shared experts, the router and
     the output head."""
@@ -92,7 +92,7 @@ def shipped_models(models_dir: str = "scenarios/models") -> tuple[ModelShapes, .
         ScenarioError: a malformed model file.
     """
     from sim.resources import cwd_or_shipped  # noqa: PLC0415
-    from sim.specs import load_model  # noqa: PLC0415
+    from sim.model.specs import load_model  # noqa: PLC0415
 
     d = cwd_or_shipped(models_dir)
     if not d.is_dir():

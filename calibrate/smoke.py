@@ -1,11 +1,11 @@
-"""Hand-built plans for smoke-testing the executor, in the patterns of :mod:`sim.builder`.
+"""Hand-built plans for smoke-testing the executor, in the patterns of :mod:`sim.plan.builder`.
 
 * :func:`sequential_plan` — the baseline with one graph copy: per layer, the host syncs,
   copies the layer's host-resident weight on the compute stream, waits for it, then launches
   the GEMM: copy and compute never overlap, layer time ``T + C``.
 * :func:`prefetch_plan` — ``n_slots`` staging slots on a copy stream, one layer ahead of
   the consumer whatever the slot count (the copy for layer i+1 is issued when the host reaches
-  layer i; the slots bound reuse, not depth, as :mod:`sim.builder` stages expert slots); the
+  layer i; the slots bound reuse, not depth, as :mod:`sim.plan.builder` stages expert slots); the
   consumer waits on its copy's ready event, a slot is reused only after its last consumer
   finished (free event). With 2 slots this is the double buffer of ``--prefetch-weights``:
   layer time ``max(C, T)``.
@@ -130,7 +130,7 @@ def analytic_module():
 
 def predict_makespan_s(plan: Plan, hw) -> float:
     """Makespan of ``plan`` on profile ``hw`` from the analytic engine."""
-    from sim.costs import plan_durations  # noqa: PLC0415
+    from sim.model.costs import plan_durations  # noqa: PLC0415
 
     sched = analytic_module().run(plan, plan_durations(plan, hw))
     return float(sched.end_s.max())
@@ -141,7 +141,7 @@ def kind_breakdown(plan: Plan, trace, hw):
     (ms) — where the executor and the model differ. Returns a DataFrame."""
     import pandas as pd  # noqa: PLC0415
 
-    from sim.costs import plan_durations  # noqa: PLC0415
+    from sim.model.costs import plan_durations  # noqa: PLC0415
 
     df = trace[["op_id", "kind", "stream", "dur_s"]].copy()
     df["pred_s"] = plan_durations(plan, hw)[df.op_id.to_numpy()]
@@ -158,8 +158,8 @@ def run_scenario(path: str, hw, tests: list[str], *, repeats: int = 2, byte_scal
     Returns (summary rows, traces)."""
     import numpy as np  # noqa: PLC0415
 
-    from sim.builder import build_plan  # noqa: PLC0415
-    from sim.specs import BenchTest, load_scenario  # noqa: PLC0415
+    from sim.plan.builder import build_plan  # noqa: PLC0415
+    from sim.model.specs import BenchTest, load_scenario  # noqa: PLC0415
 
     from .executor import check_lossless, execute  # noqa: PLC0415
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import pandas as pd  # noqa: PLC0415
 
-    from sim.specs import load_hardware  # noqa: PLC0415
+    from sim.model.specs import load_hardware  # noqa: PLC0415
 
     from .executor import ExecutorHazardError, check_lossless, execute  # noqa: PLC0415
 
@@ -272,6 +272,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("calibrate.smoke", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

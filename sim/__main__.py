@@ -1,6 +1,6 @@
 """``python -m sim``: the ``prefetch-sim`` command line."""
 import sys
 
-from .cli import main
+from sim.cli import main
 
 sys.exit(main())

@@ -63,7 +63,7 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
             or a name ending in ``/`` (for a file output), a file (for a folder output), its folder cannot be created or
             written, or it does not end in ``suffix``.
     """
-    from .errors import ScenarioError
+    from sim.errors import ScenarioError
 
     p = Path(path)
     if str(path) == "":

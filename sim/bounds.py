@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ScenarioError
+from sim.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------
 # physical quantities, in SI units after unit scaling
@@ -79,7 +79,7 @@ TOML_DEPTH_MAX = 32
 #: per variant with an expert cache (or a profile in executor mode: built op by op, ~16,000
 #: graph-layers/s on one core, measured with `prefetch-sim run -n 1024 -p 0 --variant cache_lru`
 #: on the 2-core CI machine, 2026-12-03), 1/MEMO_WORK_DIVISOR per other variant (timed graph by
-#: graph, sim.memo: > 2,000,000/s, `-n 4096 -p 0 --engine des`); the budget is then about half a
+#: graph, sim.plan.memo: > 2,000,000/s, `-n 4096 -p 0 --engine des`); the budget is then about half a
 #: minute either way; raised with --max-work
 WORK_MAX = 500_000
 #: how much cheaper a memoised variant's graph-layer is than one built op by op (see WORK_MAX;
@@ -194,7 +194,7 @@ def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: in
 def variant_work(variants, hardware) -> float:
     """The variants' share of a setting's work, for :func:`work_units`' ``n_variants``: 1 for a
     variant built op by op (an expert cache, or a profile in executor mode: not memoised,
-    :func:`sim.memo.memo_eligible`), ``1 / MEMO_WORK_DIVISOR`` for any other."""
+    :func:`sim.plan.memo.memo_eligible`), ``1 / MEMO_WORK_DIVISOR`` for any other."""
     if getattr(hardware, "executor_mode", False):
         return float(len(variants))
     return sum(1.0 if getattr(v, "expert_cache", "none") != "none" else 1.0 / MEMO_WORK_DIVISOR for v in variants)

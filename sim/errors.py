@@ -35,12 +35,12 @@ class PlacementError(ScenarioError):
 
 
 class VramOverflowError(PlacementError):
-    """A placement whose VRAM on one GPU exceeds the GPU's memory (:func:`sim.vram.account`).
+    """A placement whose VRAM on one GPU exceeds the GPU's memory (:func:`sim.model.vram.account`).
 
     Attributes:
-        breakdown: that GPU's :class:`sim.vram.VramBreakdown` (bytes by component: what the
+        breakdown: that GPU's :class:`sim.model.vram.VramBreakdown` (bytes by component: what the
             command line maps back to the flags that size each component,
-            :func:`sim.benchflags.overflow_in_flags`); None when not known (an error rebuilt
+            :func:`sim.cli.benchflags.overflow_in_flags`); None when not known (an error rebuilt
             from its text).
         ctx_size: the context (tokens) the KV cache is sized for.
         needs: the overflow without the advice (``does not fit on GPU 0: needs 56.02 GiB (weights

@@ -28,7 +28,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from .errors import PrefetchSimError, ScenarioError
+from sim.errors import PrefetchSimError, ScenarioError
 
 #: where a wheel keeps the shipped files, inside the ``sim`` package
 PACKAGED_DIR = "_data"

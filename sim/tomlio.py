@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError
+from sim.errors import ScenarioError
 
 _MISSING = object()
 
@@ -26,7 +26,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         ScenarioError: the file is missing, unreadable, not a regular file, too large, too
             deeply nested or not valid TOML.
     """
-    from .bounds import check_depth, check_text_input
+    from sim.bounds import check_depth, check_text_input
 
     p = Path(path)
     check_text_input(p)
@@ -128,7 +128,7 @@ class Fields:
         if min is not None and val < min:
             raise self.error(key, f"must be >= {min}, got {val}")
         if max is None:
-            from .bounds import INT_MAX
+            from sim.bounds import INT_MAX
 
             max = INT_MAX  # every integer field fits int64 (numpy's and llama.cpp's widest)
         if val > max:
@@ -181,7 +181,7 @@ class Fields:
                  max: int | None = None) -> tuple[int, ...]:
         """A non-empty list of integers (a bare integer is a list of one), each within
         ``min``/``max``, at most :data:`sim.bounds.LIST_VALUES_MAX` long."""
-        from .bounds import LIST_VALUES_MAX
+        from sim.bounds import LIST_VALUES_MAX
 
         val = self.raw(key, default)
         if isinstance(val, int) and not isinstance(val, bool):
@@ -230,7 +230,7 @@ class Fields:
         if not math.isfinite(num):
             raise sub.error("value", f"must be a finite number, got {num}")
         if kind is not None:
-            from .bounds import KINDS, check_kind
+            from sim.bounds import KINDS, check_kind
 
             si = num * scale
             lo, hi, si_unit = KINDS[kind]

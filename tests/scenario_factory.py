@@ -7,8 +7,8 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from sim.routing import RoutingSpec
-from sim.specs import (LinkSpec, MoESpec, ModelSpec, Placement, Scenario, Workload, load_hardware,
+from sim.model.routing import RoutingSpec
+from sim.model.specs import (LinkSpec, MoESpec, ModelSpec, Placement, Scenario, Workload, load_hardware,
                        parse_variant)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim import engines
-from sim.builder import _runs, build_plan, cut_splits, graph_items, make_context
-from sim.costs import plan_durations
+from sim.plan.builder import _runs, build_plan, cut_splits, graph_items, make_context
+from sim.model.costs import plan_durations
 from sim.engines.analytic import pipeline_recurrence
 from sim.errors import PlacementError
 from sim.plan import OpKind, Stream
-from sim.specs import BenchTest, LinkSpec, load_scenario, parse_variant
-from sim.trace import overlap_fraction, to_dataframe
-from sim.vram import account
+from sim.model.specs import BenchTest, LinkSpec, load_scenario, parse_variant
+from sim.views.trace import overlap_fraction, to_dataframe
+from sim.model.vram import account
 
 from scenario_factory import ROOT, make_scenario, scenarios
 
@@ -481,8 +481,8 @@ def test_layer_split_compute_follows_the_other_gpus_work(scenario, variant):
     """-sm layer: a split whose activations come from the other GPU starts only after that GPU's
     compute so far has ended (ggml_backend_tensor_copy_async makes the destination wait), so the
     compute ops of a graph run one after another across the GPUs, in plan order."""
-    from sim.costs import plan_durations
-    from sim.specs import BenchTest, load_scenario
+    from sim.model.costs import plan_durations
+    from sim.model.specs import BenchTest, load_scenario
 
     scn = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / scenario)
     scn = scn.with_(workload=replace(scn.workload, n_ubatch=256))
@@ -502,8 +502,8 @@ def test_rocm_pageable_copies_queue_on_their_stream_and_stream_tail_spares_pinne
     """ROCm pins pageable pages on the fly: a pageable H2D queues on its stream (the host goes
     on) instead of blocking the host thread as on CUDA; the stream-tail event semantics bite
     only pageable copies, so a pinned plan is timed as with record-point events."""
-    from sim.costs import plan_durations
-    from sim.specs import BenchTest, load_hardware, load_scenario
+    from sim.model.costs import plan_durations
+    from sim.model.specs import BenchTest, load_hardware, load_scenario
 
     tiny_dir = Path(__file__).resolve().parent.parent / "scenarios" / "tiny"
     text = (tiny_dir / "tiny-gpu.toml").read_text()
@@ -538,8 +538,8 @@ def test_rocm_pageable_copies_queue_on_their_stream_and_stream_tail_spares_pinne
 def test_attention_shapes_cached_per_layer_signature_equal_the_direct_ones():
     """BuildContext.attn_shape (one computation per layer signature) equals attn_item_shape
     for every layer of every shipped scenario, at prefill and decode sizes."""
-    from sim.builder import attn_item_shape, make_context
-    from sim.specs import load_scenario
+    from sim.plan.builder import attn_item_shape, make_context
+    from sim.model.specs import load_scenario
 
     for path in sorted((ROOT / "scenarios").glob("*.toml")):
         scn = load_scenario(path)
@@ -560,7 +560,7 @@ SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
 
 
 def _built(scn, v, t, fast: bool, monkeypatch):
-    import sim.builder as B
+    import sim.plan.builder as B
 
     monkeypatch.setattr(B, "ITEM_MEMO", fast)
     monkeypatch.setattr(B, "ENABLE_BULK", fast)
@@ -579,7 +579,7 @@ def test_fast_builder_paths_build_the_reference_plan(path, monkeypatch):
     drawn for all layers at once build, column for column, the plan of the straightforward
     path (graph_items and cut_splits per graph, masks drawn layer by layer inside graph_items,
     one Emitter.launch per op), on every shipped scenario, variant and an expert cache."""
-    from sim.metrics import fit_context_to_tests
+    from sim.engines.metrics import fit_context_to_tests
 
     scn = load_scenario(path)
     variants = list(scn.variants)
@@ -606,7 +606,7 @@ def test_fast_builder_paths_build_the_reference_plan(path, monkeypatch):
 
 
 def _busy_loop(plan) -> np.ndarray:
-    """The per-op loop that sim.costs.busy_mask vectorises."""
+    """The per-op loop that sim.model.costs.busy_mask vectorises."""
     out = np.zeros(len(plan.ops), dtype=bool)
     busy = False
     for op in plan.ops:
@@ -619,7 +619,7 @@ def _busy_loop(plan) -> np.ndarray:
 
 def _durations_loop(plan, hw) -> np.ndarray:
     """plan_durations the straightforward way: op_duration_s of every Op."""
-    from sim.costs import op_duration_s
+    from sim.model.costs import op_duration_s
 
     mask = _busy_loop(plan) if hw.executor_mode else np.zeros(len(plan.ops), dtype=bool)
     extras = hw.executor_mode and bool(hw.executor_busy_issue_s_by_kind)
@@ -634,7 +634,7 @@ def test_plan_durations_equal_op_duration_s_of_each_op():
     """plan_durations (priced once per distinct op, read from the plan's columns) and the
     vectorised busy mask equal pricing every Op on its own, on built plans with CPU-backend
     ops, in and out of executor_mode."""
-    from sim.costs import busy_mask, direct_launch_s
+    from sim.model.costs import busy_mask, direct_launch_s
 
     for name, variant, test in (("default.toml", "baseline", BenchTest(600, 2)),
                                 ("gemma3-27b-ffn-cpu.toml", "prefetch_ungated", BenchTest(40, 2, 64)),
@@ -646,7 +646,7 @@ def test_plan_durations_equal_op_duration_s_of_each_op():
         ex = replace(hw, executor_mode=True, executor_busy_scale=1.25,
                      executor_busy_issue_s_by_kind={"gemm": 3e-6, "moe": 1e-6})
         for h in (hw, ex, replace(ex, executor_busy_issue_s_by_kind={})):
-            # plus the launch share of a graph llama.cpp rebuilds (sim.costs.direct_launch_s)
+            # plus the launch share of a graph llama.cpp rebuilds (sim.model.costs.direct_launch_s)
             ref = np.asarray(_durations_loop(plan, h)) + direct_launch_s(plan, h)
             assert plan_durations(plan, h).tolist() == ref.tolist(), name
 
@@ -655,7 +655,7 @@ def test_the_kq_mask_is_copied_to_the_gpu_only_when_some_attention_runs_there():
     """llama.cpp copies the KQ masks (graph inputs) to a GPU only for attention that runs there:
     with every layer on the CPU (-ngl 0, decode below the op-offload batch) the mask op moves no
     bytes; with the layers offloaded it moves the mask's."""
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     scn = load_scenario("scenarios/default.toml")    # the llama.cpp-calibrated H200 profile
     scn = scn.with_(model=load_model("scenarios/models/gemma3-27b.toml"))

@@ -1,4 +1,4 @@
-"""Tests of sim.cache: exact LRU/LFU behaviour on hand-made sequences, invariants (hypothesis)
+"""Tests of sim.plan.cache: exact LRU/LFU behaviour on hand-made sequences, invariants (hypothesis)
 against a naive reference, and LRU's hit rate under independent requests against the exact
 stationary formula."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cache import ExpertCache
+from sim.plan.cache import ExpertCache
 
 
 def ids(*xs):
@@ -211,7 +211,7 @@ def test_lru_hit_rate_matches_king_formula(cap):
 
 def skewed_trace(path, *, n_layer, n_expert, top_k, n_tokens, zipf_s, seed):
     """Write a routing trace (CSV: layer, token, experts) drawn in this test, independently of
-    sim.routing: per layer a random ranking of the experts, popularity ∝ rank^-zipf_s, each token
+    sim.model.routing: per layer a random ranking of the experts, popularity ∝ rank^-zipf_s, each token
     takes top_k distinct experts by popularity. Returns ids (n_layer, n_tokens, top_k)."""
     rng = np.random.default_rng(seed)
     ids = np.empty((n_layer, n_tokens, top_k), dtype=np.int64)
@@ -245,17 +245,17 @@ def replay(ref, ids, graphs, n_layer):
 @pytest.mark.parametrize("test, cap", [((0, 24), 8), ((0, 24), 20), ((0, 24), 40), ((128, 0), 40)],
                          ids=["tg24-cap8", "tg24-cap20", "tg24-cap40", "pp128-cap40"])
 def test_run_hit_rate_matches_a_reference_cache_over_a_skewed_trace(tmp_path, policy, cap, test):
-    """``run``'s expert-cache hit rate (sim.metrics.run_variant_test) equals a naive reference
+    """``run``'s expert-cache hit rate (sim.engines.metrics.run_variant_test) equals a naive reference
     cache (NaiveCache, above) replaying the same skewed routing trace: llama-bench's warm-up run
-    first (one generated token for tg, the whole prompt for pp: sim.metrics.warmup_test; not
+    first (one generated token for tg, the whole prompt for pp: sim.engines.metrics.warmup_test; not
     counted), then the repetitions on the warm cache. At decode, the plan runs exactly the
     reference's hits on the GPU and its misses on the CPU, and copies the misses into the cache."""
     from scenario_factory import make_scenario
-    from sim.builder import build_plan, make_context
-    from sim.metrics import run_variant_test, warmup_test
+    from sim.plan.builder import build_plan, make_context
+    from sim.engines.metrics import run_variant_test, warmup_test
     from sim.plan import OpKind
-    from sim.routing import RoutingSpec
-    from sim.specs import BenchTest, parse_variant
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import BenchTest, parse_variant
 
     n_layer, E, k, T = 3, 16, 2, 40
     ids = skewed_trace(tmp_path / "trace.csv", n_layer=n_layer, n_expert=E, top_k=k, n_tokens=T, zipf_s=1.2, seed=cap)
@@ -306,11 +306,11 @@ def test_run_hit_rate_matches_a_reference_cache_over_a_skewed_trace(tmp_path, po
 
 def test_skew_raises_the_run_hit_rate():
     """At equal capacity a skewed routing keeps more of the decode working set in the cache than
-    a uniform one (sim.routing's own skewed model, the fit of the 256-expert reports)."""
+    a uniform one (sim.model.routing's own skewed model, the fit of the 256-expert reports)."""
     from scenario_factory import make_scenario
-    from sim.metrics import run_variant_test
-    from sim.routing import RoutingSpec
-    from sim.specs import BenchTest, parse_variant
+    from sim.engines.metrics import run_variant_test
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import BenchTest, parse_variant
 
     rates = {}
     for kind in ("uniform", "skewed"):

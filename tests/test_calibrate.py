@@ -19,9 +19,9 @@ from calibrate import fit as F
 from calibrate import shapes as S
 from calibrate.profile import dumps_toml, write_files_atomically
 from calibrate.run import Sweep, run_calibration, summary_table, write_calibration
-from sim.costs import ACT_BYTES, gemm_s
+from sim.model.costs import ACT_BYTES, gemm_s
 from sim.errors import GPUUnavailableError
-from sim.specs import HardwareProfile, LinkSpec, load_hardware
+from sim.model.specs import HardwareProfile, LinkSpec, load_hardware
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ def test_roofline_holdout_error_reflects_noise():
 
 def test_fit_formula_is_the_cost_models_formula():
     """The roofline fitted here, written into a profile with efficiencies 1 and no table,
-    gives sim.costs.gemm_s exactly."""
+    gives sim.model.costs.gemm_s exactly."""
     assert F.ACT_BYTES == ACT_BYTES
     p, w, k_s = 7.1e14, 4.0e12, 6e-6
     link = LinkSpec(50e9, 1e-6)
@@ -131,7 +131,7 @@ def test_gemm_sweep_is_deduplicated_and_covers_the_brief():
 
 
 def test_shipped_models_shapes_match_their_files():
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     models = S.shipped_models(str(REPO / "scenarios/models"))
     if not models:
@@ -346,8 +346,8 @@ def test_attention_table_interpolates_inside_and_fits_outside():
     import numpy as np
     import pandas as pd
 
-    from sim.costs import _attn_table_s
-    from sim.specs import load_hardware
+    from sim.model.costs import _attn_table_s
+    from sim.model.specs import load_hardware
 
     hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
     rows = []
@@ -526,8 +526,8 @@ def test_attention_table_guards_and_sliding_window():
     import numpy as np
     import pandas as pd
 
-    from sim.costs import _attn_table_s
-    from sim.specs import load_hardware
+    from sim.model.costs import _attn_table_s
+    from sim.model.specs import load_hardware
 
     hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
 

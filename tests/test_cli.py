@@ -10,7 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.errors import ScenarioError
-from sim.specs import load_scenario, parse_variant
+from sim.model.specs import load_scenario, parse_variant
 from sim.tomlio import load_toml
 
 from scenario_factory import ROOT
@@ -242,7 +242,7 @@ def test_a_moe_run_on_a_profile_without_llamacpp_kernel_tables_says_what_its_num
     matmuls are priced at the dense GEMM rate; none on the llama.cpp-calibrated default, none
     for a dense model."""
     from sim.cli import no_kernel_tables_note
-    from sim.specs import load_scenario
+    from sim.model.specs import load_scenario
 
     rc, _, err = run(capsys, "run", "qwen3-30b-a3b-rtx3090", "-r", "1", "-q", "-p", "64", "-n", "0",
                      "--variant", "baseline")

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from sim.cli import build_parser, load_scenario_with_overrides, main, variant_ids
-from sim.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms, row_variant
-from sim.report import COLUMNS, JSON_COLUMNS
-from sim.specs import load_model, parse_variant
+from sim.views.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms, row_variant
+from sim.views.report import COLUMNS, JSON_COLUMNS
+from sim.model.specs import load_model, parse_variant
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny" / "tiny.toml")
@@ -153,7 +153,7 @@ def test_the_run_is_the_product_in_llama_bench_s_order(capsys):
 
 
 def test_ranges_and_bad_values_are_one_line_errors(capsys):
-    from sim.benchflags import int_list
+    from sim.cli.benchflags import int_list
 
     assert int_list("1-3") == (1, 2, 3) and int_list("128-1024*2") == (128, 256, 512, 1024)
     assert int_list("-1,8", allow_negative=True) == (-1, 8)
@@ -370,16 +370,16 @@ def test_every_prefetch_combination_is_a_row_printing_its_own_values(capsys, tmp
     """As the patched llama-bench: the full product of -pw x -pwg x -pes, innermost (per test),
     every combination a row with the values it was given (-pw 0 rows print their -pwg too);
     combinations of one variant share one simulation."""
-    import sim.metrics
+    import sim.engines.metrics
 
     simulated = []
-    real = sim.metrics.run_scenario
+    real = sim.engines.metrics.run_scenario
 
     def spy(scn, *, variants=None, **kw):
         simulated.extend(v.name for v in variants)
         return real(scn, variants=variants, **kw)
 
-    monkeypatch.setattr(sim.metrics, "run_scenario", spy)
+    monkeypatch.setattr(sim.engines.metrics, "run_scenario", spy)
 
     def rows(*argv):
         rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "4", "-o", "jsonl", *argv)
@@ -785,7 +785,7 @@ def test_m_says_where_the_placement_comes_from(capsys):
     import tempfile
 
     from calibrate.llamacpp.gguf_writer import tiny_variant, write_gguf
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     with tempfile.TemporaryDirectory() as d:
         g = Path(d) / "q.gguf"
@@ -819,8 +819,8 @@ def test_default_threads_are_the_simulated_hosts(capsys, monkeypatch):
     """Without -t a row prints llama-bench's default on the machine simulated: the profile's
     recorded host_cpus (the H200 profile's 16, whatever this machine has), else this machine's
     CPUs; the markdown table then has no threads column."""
-    from sim.benchflags import default_threads
-    from sim.specs import load_hardware
+    from sim.cli.benchflags import default_threads
+    from sim.model.specs import load_hardware
 
     monkeypatch.setattr("os.cpu_count", lambda: 3)
     assert default_threads(load_hardware("scenarios/hardware/h200-llamacpp.toml")) == 16
@@ -837,7 +837,7 @@ def test_the_work_budget_counts_memoised_variants_at_a_hundredth(capsys):
     by op: a 16k-token decode of the baseline is within the default budget, the same with an
     expert cache is refused, naming --max-work and the estimate."""
     from sim.bounds import MEMO_WORK_DIVISOR, WORK_MAX, variant_work, work_units
-    from sim.specs import BenchTest, load_hardware, parse_variant
+    from sim.model.specs import BenchTest, load_hardware, parse_variant
 
     hw = load_hardware("scenarios/hardware/h200-llamacpp.toml")
     base, lru = parse_variant("baseline"), parse_variant("cache_lru")

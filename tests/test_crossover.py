@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import cli
-from sim.crossover import (
+from sim.views.crossover import (
     AXES, CSV_COLUMNS, FIGURES, apply_point, check_axes, figure_spec, find_crossovers, parse_axis,
     parse_test, sweep,
 )
 from sim.errors import ScenarioError
-from sim.metrics import run_variant_test
-from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.engines.metrics import run_variant_test
+from sim.model.specs import BenchTest, load_scenario, parse_variant
 from sim.units import GB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,7 +163,7 @@ def test_apply_point_sets_each_axis(tiny):
 
 
 def test_placement_axes_parse_and_apply(tiny):
-    from sim.quant import bpw_of
+    from sim.model.quant import bpw_of
 
     ax = parse_axis("kv=q4_0,f16,q8_0")
     assert ax.values == (bpw_of("q4_0") / 8, bpw_of("q8_0") / 8, 2.0)
@@ -204,7 +204,7 @@ def test_placement_axes_refuse_impossible_points_and_cap_ncmoe(tiny):
 
 
 def test_axis_notes_say_what_an_axis_cannot_change(tiny):
-    from sim.crossover import axis_notes
+    from sim.views.crossover import axis_notes
 
     notes = axis_notes([parse_axis("ubatch=32,64,128")], BenchTest(64, 0, 0), tiny)
     assert len(notes) == 1 and "1 values above the pp64 prompt" in notes[0]
@@ -258,10 +258,10 @@ def test_sweep_cell_matches_a_direct_run(tiny):
 
 def test_cells_an_axis_leaves_alone_are_evaluated_once_and_placed_at_every_point(tiny):
     """On a slots axis the baseline's inputs are the same at every point: the sweep evaluates
-    it once (sim.crossover._same_cells) and gives each point that cell with its own index and
+    it once (sim.views.crossover._same_cells) and gives each point that cell with its own index and
     value, in worker processes (which read the jobs from memory) as in this one; every cell is
     a direct run's."""
-    from sim.crossover import _Job, _same_cells, apply_point
+    from sim.views.crossover import _Job, _same_cells, apply_point
 
     axes = [parse_axis("slots=1,2,3")]
     variants = [parse_variant("slots2")]
@@ -394,7 +394,7 @@ def test_outputs_are_written_both_or_neither(tmp_path, monkeypatch):
     import tempfile
 
     import sim.atomic as A
-    import sim.crossover as C
+    import sim.views.crossover as C
 
     scn = load_scenario(TINY)
     res = sweep(scn, [parse_axis("pcie=8,16", "--axis")], [parse_variant("prefetch_ungated")], BenchTest(64, 0, 0))
@@ -418,7 +418,7 @@ def test_outputs_are_written_both_or_neither(tmp_path, monkeypatch):
 
 
 def test_the_fa_axis_takes_llama_benchs_on_off_spelling():
-    from sim.crossover import parse_axis
+    from sim.views.crossover import parse_axis
 
     assert parse_axis("fa=on,off").values == parse_axis("fa=0,1").values
     with pytest.raises(ScenarioError, match="'maybe' is not on, off, 0 or 1"):

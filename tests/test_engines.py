@@ -281,8 +281,8 @@ def test_empty_plan():
 def test_run_scenario_serial_and_parallel_agree_with_a_warm_cache():
     """run_scenario's serial path (which reuses the contexts built for the placement check)
     and its process pool give the same results, expert-cache hit rates included."""
-    from sim.metrics import run_scenario
-    from sim.specs import load_scenario, parse_variant
+    from sim.engines.metrics import run_scenario
+    from sim.model.specs import load_scenario, parse_variant
 
     scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
     variants = [parse_variant("baseline"), parse_variant("cache_lru"), parse_variant("slots2+cache_lru")]
@@ -592,8 +592,8 @@ def test_plan_arrays_equal_the_per_op_loop(plan):
 def test_plan_columns_of_built_plans_equal_their_ops():
     """On built plans (every kind of op, pageable copies on the host queue, two GPUs): the
     arrays equal the loop, and each Op made from the columns holds the fields appended."""
-    from sim.builder import build_plan
-    from sim.specs import BenchTest, load_scenario, parse_variant
+    from sim.plan.builder import build_plan
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
 
     for name in ("default.toml", "h200x2-qwen3-30b-a3b.toml", "gemma3-27b-ffn-cpu.toml"):
         scn = load_scenario(ROOT / "scenarios" / name)
@@ -675,18 +675,18 @@ def test_small_batch_after_a_kept_tree_equals_each_row_run_alone(plan, data):
 
 def test_tree_batch_on_a_memo_template_equals_the_op_by_op_batch(monkeypatch):
     """On a built graph (the default scenario's pp512 graph) timed at 16 KV lengths, as
-    sim.memo does for a pp8192 test: the tree path equals the op-by-op numpy batch to the
+    sim.plan.memo does for a pp8192 test: the tree path equals the op-by-op numpy batch to the
     bit, and fits every row without a fallback."""
-    from sim.builder import make_context
-    from sim.memo import _row_at, build_template
-    from sim.metrics import rep_rng
-    from sim.specs import BenchTest, load_scenario, parse_variant
+    from sim.plan.builder import make_context
+    from sim.plan.memo import _row_at, build_template
+    from sim.engines.metrics import rep_rng
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     v = parse_variant("baseline")
     ctx = make_context(scn, v, rep_rng(scn.seed, 0, -1))
     ctx.rng = np.random.default_rng(0)
-    from sim.builder import draw_masks
+    from sim.plan.builder import draw_masks
     tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0)
     rows = [tpl.rows[_row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)]
     batch = np.stack(rows)

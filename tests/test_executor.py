@@ -11,7 +11,7 @@ from calibrate.executor import (ExecutorHazardError, LosslessnessError, attn_key
                                 fill_pool, moe_rows_per_expert, pool_words, translate, union_s)
 from calibrate.smoke import prefetch_plan, sequential_plan
 from sim.plan import OpKind, Plan, Stream
-from sim.trace import TRACE_COLUMNS, validate_trace
+from sim.views.trace import TRACE_COLUMNS, validate_trace
 
 SHAPE = (16, 64, 32)
 WB = 64 * 1024
@@ -218,8 +218,8 @@ def test_builder_plans_run_and_are_lossless():
     """The shipped tiny scenario through the real plan builder: every test, every variant."""
     from pathlib import Path
 
-    builder = pytest.importorskip("sim.builder")
-    from sim.specs import load_scenario
+    builder = pytest.importorskip("sim.plan.builder")
+    from sim.model.specs import load_scenario
 
     path = Path(__file__).resolve().parent.parent / "scenarios/tiny/tiny.toml"
     if not path.exists():
@@ -268,9 +268,9 @@ def test_executor_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path):
     from pathlib import Path
 
     from calibrate.executor_costs import PROBES, measure, update_profile
-    from sim.costs import HOST_WORK_PER_ITEM_S, op_duration_s
+    from sim.model.costs import HOST_WORK_PER_ITEM_S, op_duration_s
     from sim.plan import OpKind, Plan, Stream
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     root = Path(__file__).resolve().parent.parent
     src = root / "scenarios" / "hardware" / "h200.toml"
@@ -356,8 +356,8 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path, monke
 
     monkeypatch.setattr(EC, "CHAIN_LAYERS", 1)  # the stand-in is slow; the chain's shape is what counts
     monkeypatch.setattr(EC, "CHAIN_TOKENS", 1)
-    from sim.costs import plan_durations
-    from sim.specs import load_hardware
+    from sim.model.costs import plan_durations
+    from sim.model.specs import load_hardware
 
     root = Path(__file__).resolve().parent.parent
     dst = tmp_path / "h200.toml"
@@ -367,7 +367,7 @@ def test_busy_costs_on_the_stand_in_round_trip_through_a_profile(tmp_path, monke
     with pytest.raises(ValueError, match="two matvec sizes"):
         measure_busy(hw, n=1, sizes=(1 << 20,), cp=fakecp)
     costs = measure_busy(hw, n=1, per=1, sizes=(1 << 20, 4 << 20), cp=fakecp, repeats=1)
-    from sim.specs import EXECUTOR_LAUNCH_KINDS
+    from sim.model.specs import EXECUTOR_LAUNCH_KINDS
 
     assert tuple(PROBES) == EXECUTOR_LAUNCH_KINDS  # every probed kind is a profile key the loader reads
     assert {f"busy_{k}" for k in PROBES} <= set(costs) and all(costs[f"busy_{k}"] >= 0 for k in PROBES)
@@ -415,8 +415,8 @@ def test_busy_scale_multiplies_cpu_ops_and_the_launches_after_the_first_cpu_op_i
     from dataclasses import replace
     from pathlib import Path
 
-    from sim.costs import busy_mask, plan_durations
-    from sim.specs import load_hardware
+    from sim.model.costs import busy_mask, plan_durations
+    from sim.model.specs import load_hardware
 
     hw = load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml")
     plan = Plan()
@@ -444,10 +444,10 @@ def test_fit_busy_scale_recovers_a_known_factor_and_lands_in_the_profile(tmp_pat
     from pathlib import Path
 
     import calibrate.executor_costs as EC
-    from sim.costs import plan_durations
+    from sim.model.costs import plan_durations
     from sim.engines import analytic
-    from sim.specs import load_hardware
-    from sim.validation import DECODE_PROBE_MODELS, VALIDATION_MODELS, default_grid, with_executor_costs
+    from sim.model.specs import load_hardware
+    from sim.views.validation import DECODE_PROBE_MODELS, VALIDATION_MODELS, default_grid, with_executor_costs
 
     root = Path(__file__).resolve().parent.parent
     hw = replace(load_hardware(root / "scenarios" / "hardware" / "h200.toml"), executor_mode=True)
@@ -512,9 +512,9 @@ def test_measure_rounds_refit_the_busy_scale_from_the_mean_chain_makespans(monke
     from pathlib import Path
 
     import calibrate.executor_costs as EC
-    from sim.costs import plan_durations
+    from sim.model.costs import plan_durations
     from sim.engines import analytic
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     hw = replace(load_hardware(Path(__file__).resolve().parent.parent / "scenarios" / "hardware" / "h200.toml"),
                  executor_mode=True)
@@ -571,7 +571,7 @@ def test_executor_costs_cli_and_profiles_without_a_measured_table(tmp_path, caps
 
     from calibrate.executor_costs import main as ec_main
     from calibrate.executor_costs import update_profile
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     with pytest.raises(SystemExit) as exc:
         ec_main(["--profile", "x.toml", "-n", "0"])
@@ -590,8 +590,8 @@ def test_measure_rounds_take_medians_and_refit_the_matvec_line(monkeypatch, tmp_
     refitted through the median time per size (not the median of the per-round lines), and the
     loop check redone with the medians."""
     import calibrate.executor_costs as EC
-    from sim.costs import fit_matvec_line
-    from sim.specs import load_hardware
+    from sim.model.costs import fit_matvec_line
+    from sim.model.specs import load_hardware
     from pathlib import Path
 
     b1, b2 = 4 << 20, 16 << 20
@@ -628,8 +628,8 @@ def test_measure_rounds_default_to_the_mean_of_a_two_level_cost(monkeypatch, tmp
     a launch); the host-work and matvec lines go through the mean points; the profile's sources
     say "mean of 3 rounds"; rounds_frame tabulates every round."""
     import calibrate.executor_costs as EC
-    from sim.costs import fit_host_work_line, fit_matvec_line
-    from sim.specs import load_hardware
+    from sim.model.costs import fit_host_work_line, fit_matvec_line
+    from sim.model.specs import load_hardware
     from pathlib import Path
 
     b1, b2 = 4 << 20, 16 << 20
@@ -660,7 +660,7 @@ def test_measure_rounds_default_to_the_mean_of_a_two_level_cost(monkeypatch, tmp
 
 
 def test_aggregate_costs_mean_median_and_bad_statistic():
-    from sim.validation import aggregate_costs, median_costs
+    from sim.views.validation import aggregate_costs, median_costs
 
     rows = [{"a": 1.0, "b": "x", "c": float("nan")}, {"a": 2.0, "c": True}, {"a": 6.0, "d": 4}]
     assert aggregate_costs(rows, "mean") == {"a": 3.0, "d": 4.0}
@@ -670,9 +670,9 @@ def test_aggregate_costs_mean_median_and_bad_statistic():
 
 
 def test_fit_matvec_line_and_the_refit_from_loop_points():
-    import sim.validation as V
-    from sim.costs import fit_matvec_line
-    from sim.specs import load_hardware
+    import sim.views.validation as V
+    from sim.model.costs import fit_matvec_line
+    from sim.model.specs import load_hardware
     from pathlib import Path
 
     pts = [(b, 20e-6 + b / 90e9) for b in (4 << 20, 8 << 20, 64 << 20)]
@@ -692,9 +692,9 @@ def test_fit_matvec_line_and_the_refit_from_loop_points():
 
 
 def test_host_work_line_is_refitted_through_median_points():
-    import sim.validation as V
+    import sim.views.validation as V
     from calibrate.executor_costs import host_work_line
-    from sim.costs import fit_host_work_line
+    from sim.model.costs import fit_host_work_line
 
     line = fit_host_work_line([(64, 10e-6 + 64 * 2e-8), (16384, 10e-6 + 16384 * 2e-8)])
     assert line["host_work"] == pytest.approx(10e-6) and line["host_work_per_id"] == pytest.approx(2e-8)
@@ -778,7 +778,7 @@ def test_executor_cost_probes_pass_the_collector_setting_and_record_it(monkeypat
 
     import calibrate.executor as ex
     import calibrate.executor_costs as EC
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     seen = []
     real = ex.execute

@@ -1,5 +1,5 @@
 """The fast paths of a cold memoised evaluation, each against the straightforward path in the
-same run: graph templates built a column at a time (sim.fastgraph) against the Emitter's
+same run: graph templates built a column at a time (sim.plan.fastgraph) against the Emitter's
 op-by-op graph, their price classes against plan_durations, the analytic engine's recorded
 critical choice, the routing's stacked used-expert probabilities, and the VRAM accounting's
 array sums against its loop."""
@@ -13,18 +13,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sim.memo as memo
+import sim.plan.memo as memo
 from plangen import plans_with_durations
-from sim import fastgraph, vram
-from sim.builder import _runs, draw_masks, graph_call, graph_items, make_context
-from sim.builder import test_graphs as graphs_of
-from sim.costs import class_durations, plan_durations
+from sim.plan import fastgraph
+from sim.model import vram
+from sim.plan.builder import _runs, draw_masks, graph_call, graph_items, make_context
+from sim.plan.builder import test_graphs as graphs_of
+from sim.model.costs import class_durations, plan_durations
 from sim.engines import analytic
 from sim.errors import PlacementError
-from sim.memo import build_template, memo_eligible, time_test
-from sim.metrics import fit_context_to_tests, rep_rng
+from sim.plan.memo import build_template, memo_eligible, time_test
+from sim.engines.metrics import fit_context_to_tests, rep_rng
 from sim.plan import Plan
-from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.model.specs import BenchTest, load_scenario, parse_variant
 
 from scenario_factory import ROOT, make_scenario
 
@@ -198,7 +199,7 @@ def test_item_columns_equal_graph_items(path):
             assert cols.expert.tolist() == [it.expert for it in items]
             assert cols.moved.tolist() == [bool(it.kind.value == "attn" and it.device >= 0 and
                                                 ctx.layer_dev[it.layer] < 0) for it in items]
-            from sim.ggmlcost import graph_kernels
+            from sim.model.ggmlcost import graph_kernels
             assert cols.kernels == graph_kernels(items)
             # equal shapes share their id
             ids = {}
@@ -221,7 +222,7 @@ def test_class_durations_equal_plan_durations_and_refuse_a_wrong_length():
     ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
     ctx.rng = np.random.default_rng(0)
     tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0, (True, 2048, 0.0))
-    from sim.builder import Emitter
+    from sim.plan.builder import Emitter
 
     em = Emitter(Plan(label="graph"), ctx)
     em.rebuilt, em.call_tokens = True, 2048

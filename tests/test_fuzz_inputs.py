@@ -39,7 +39,7 @@ def test_a_mutated_input_is_a_clean_error_or_a_valid_run(seed, tmp_path_factory,
     ("[hardware]\nh2d_pinned_gb_per_s = {value = 1e-300, source = 'x'}", "h2d_pinned_gb_per_s"),
 ])
 def test_non_physical_hardware_numbers_are_refused_naming_the_field(tmp_path, text, label):
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     base = (fuzzgen.SCN / "tiny" / "tiny-gpu.toml").read_text()
     key = label
@@ -59,7 +59,7 @@ def test_non_physical_hardware_numbers_are_refused_naming_the_field(tmp_path, te
     ("[[2, 0.3], [3, 0.31], [4, 0.99]]", "no skewed routing"),
 ])
 def test_impossible_fit_points_are_refused(tmp_path, points, why):
-    from sim.specs import load_scenario
+    from sim.model.specs import load_scenario
 
     case = fuzzgen.Case(0, "invalid", "", [])
     fuzzgen.setup_case(case, tmp_path)

@@ -1,4 +1,4 @@
-"""The llama.cpp kernel-table cost model (sim.ggmlcost) and its profile."""
+"""The llama.cpp kernel-table cost model (sim.model.ggmlcost) and its profile."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_bytes, mask_entries,
+from sim.model.ggmlcost import (GgmlKernels, KV_PAD, graph_kernels, interp_nb_kv, layer_elementwise, mask_bytes, mask_entries,
                           read_table, table_from_perf)
-from sim.specs import BenchTest, load_hardware, load_model
+from sim.model.specs import BenchTest, load_hardware, load_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = REPO / "scenarios/hardware/h200-llamacpp.toml"
@@ -48,7 +48,7 @@ def test_interp_nb_kv_is_linear_in_kv_and_a_power_law_between_token_counts():
 
 def test_matvec_is_two_floors_plus_the_cold_bytes_and_mmq_the_measured_curve():
     k = _kernels()
-    from sim.quant import ggml_nbytes
+    from sim.model.quant import ggml_nbytes
 
     b = ggml_nbytes("Q4_K", 1024 * 1024)
     cold = b * 64 / 64e-6
@@ -89,9 +89,9 @@ def test_elementwise_and_kernel_counts_match_the_ncu_profiles_of_llama_bench():
     """The per-layer kernel list is checked against what ggml-cuda launched in the committed ncu
     profiles of Qwen3-30B-A3B pp512 (ubatch 512, fully resident)."""
     from calibrate.llamacpp.fit import EW_KERNELS
-    from sim.builder import graph_items, make_context
-    from sim.routing import RoutingSpec
-    from sim.specs import Placement, Scenario, Workload, parse_variant
+    from sim.plan.builder import graph_items, make_context
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import Placement, Scenario, Workload, parse_variant
 
     model = load_model(REPO / "scenarios/models/qwen3-30b-a3b.toml")
     prof = pd.read_csv(NCU / "qwen3-pp512-ub512-fa1.csv")
@@ -176,8 +176,8 @@ def test_table_from_perf_normalises_test_backend_ops_output():
 
 
 def test_flash_attention_flag_is_priced_only_by_a_kernel_table_profile():
-    from sim.metrics import run_scenario
-    from sim.specs import BenchTest, Workload, load_scenario
+    from sim.engines.metrics import run_scenario
+    from sim.model.specs import BenchTest, Workload, load_scenario
 
     base = load_scenario(REPO / "scenarios/default.toml")
     wl = Workload(n_prompt=(512,), n_gen=(0,), n_depth=(8192,), n_ubatch=512, n_batch=512, repetitions=1)
@@ -194,9 +194,9 @@ def test_flash_attention_flag_is_priced_only_by_a_kernel_table_profile():
 
 
 def test_a_cpu_layer_attends_on_the_gpu_at_prefill_and_on_the_cpu_at_decode():
-    from sim.builder import graph_items, make_context
-    from sim.routing import RoutingSpec
-    from sim.specs import Placement, Scenario, Workload, parse_variant
+    from sim.plan.builder import graph_items, make_context
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import Placement, Scenario, Workload, parse_variant
 
     model = load_model(REPO / "scenarios/models/gemma3-27b.toml")
     scn = Scenario(name="t", model=model, hardware=load_hardware(PROFILE), placement=Placement(ngl=31),
@@ -243,7 +243,7 @@ def test_a_broken_kernel_table_is_a_one_line_error_naming_the_field(tmp_path):
 
 def test_compare_labels_every_row_with_the_held_out_split():
     from calibrate.llamacpp.split import is_fit_row
-    from sim.llamabench import read_llama_bench
+    from sim.views.llamabench import read_llama_bench
 
     rows = read_llama_bench(REPO / "data/llamacpp/h200-20261201/llama-bench.jsonl")
     cmp = pd.read_csv(REPO / "data/llamacpp/h200-20261201/compare_llamacpp.csv")
@@ -294,8 +294,8 @@ def test_cpu_rate_scale_slows_only_the_cpu_bandwidth_term():
 
 
 def _scenario(model_name: str, ngl: int, n_prompt: int, hw=None):
-    from sim.routing import RoutingSpec
-    from sim.specs import Placement, Scenario, Workload, parse_variant
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import Placement, Scenario, Workload, parse_variant
 
     model = load_model(REPO / f"scenarios/models/{model_name}.toml")
     return Scenario(name="t", model=model, hardware=hw or load_hardware(PROFILE), placement=Placement(ngl=ngl),
@@ -305,10 +305,10 @@ def _scenario(model_name: str, ngl: int, n_prompt: int, hw=None):
 
 
 def test_the_token_embedding_runs_on_one_cpu_thread_each_graph():
-    from sim.builder import build_plan
-    from sim.costs import plan_durations
+    from sim.plan.builder import build_plan
+    from sim.model.costs import plan_durations
     from sim.plan import OpKind
-    from sim.specs import BenchTest
+    from sim.model.specs import BenchTest
 
     hw = load_hardware(PROFILE)
     g = hw.ggml
@@ -332,8 +332,8 @@ def test_the_token_embedding_runs_on_one_cpu_thread_each_graph():
 
 
 def test_a_cpu_layers_kv_comes_in_pageable_and_goes_out_through_one_thread_set_rows():
-    from sim.builder import graph_items, make_context
-    from sim.costs import kv_copies_s
+    from sim.plan.builder import graph_items, make_context
+    from sim.model.costs import kv_copies_s
 
     hw = load_hardware(PROFILE)
     scn = _scenario("gemma3-27b", 31, 512)
@@ -383,10 +383,10 @@ def test_a_moved_attentions_kv_work_blocks_the_host_so_prefetch_fires_after_it()
     as the single attention op priced them before (kv_copies_s + the extra splits); with ungated
     prefetch the copy feeding the split after the attention's (the output projection's successor)
     is issued only once the host is past that work, so it cannot overlap it."""
-    from sim.builder import build_plan
-    from sim.costs import kv_copies_s, plan_durations
+    from sim.plan.builder import build_plan
+    from sim.model.costs import kv_copies_s, plan_durations
     from sim.plan import OpKind
-    from sim.specs import BenchTest, parse_variant
+    from sim.model.specs import BenchTest, parse_variant
 
     hw = load_hardware(PROFILE)
     scn = _scenario("gemma3-27b", 31, 512)
@@ -420,10 +420,10 @@ def test_a_moved_attentions_kv_work_blocks_the_host_so_prefetch_fires_after_it()
 
 def test_a_datasheet_profile_prices_the_moved_attentions_host_work_as_its_copies():
     """Without [ggml] figures (a datasheet profile) the same host op carries the KV copies only."""
-    from sim.builder import build_plan
-    from sim.costs import kv_copies_s, plan_durations
+    from sim.plan.builder import build_plan
+    from sim.model.costs import kv_copies_s, plan_durations
     from sim.plan import OpKind
-    from sim.specs import BenchTest
+    from sim.model.specs import BenchTest
 
     hw = load_hardware(REPO / "scenarios/hardware/rtx5090.toml")
     assert hw.ggml is None
@@ -441,8 +441,8 @@ def test_a_split_on_the_cpu_backend_pays_cpu_split_us_and_one_on_the_gpu_split_u
     pool) ``cpu_split_us``, a GPU split ``split_us``; a moved attention's extra splits are one CPU
     split (the KV store) and the rest GPU splits. Without ``cpu_split_us`` a CPU split costs
     ``split_us`` (older profiles price as before)."""
-    from sim.builder import build_plan
-    from sim.costs import plan_durations
+    from sim.plan.builder import build_plan
+    from sim.model.costs import plan_durations
 
     hw = load_hardware(PROFILE)
     g = hw.ggml
@@ -468,7 +468,7 @@ def test_a_split_on_the_cpu_backend_pays_cpu_split_us_and_one_on_the_gpu_split_u
 
 
 def kv_copies_for(op, hw):
-    from sim.costs import kv_copies_s
+    from sim.model.costs import kv_copies_s
 
     return kv_copies_s(op.shape, hw)
 

@@ -1,7 +1,7 @@
-"""GGUF input (:mod:`sim.gguf`): the header reader, the model spec built from it, and the round
+"""GGUF input (:mod:`sim.model.gguf`): the header reader, the model spec built from it, and the round
 trip through the project's own writer.
 
-* :func:`sim.gguf.read_gguf_index` against files gguf-py's ``GGUFWriter`` writes (every metadata
+* :func:`sim.model.gguf.read_gguf_index` against files gguf-py's ``GGUFWriter`` writes (every metadata
   value type, scalar and array, tensors of several ggml types, a non-default alignment) and
   against ``gguf.GGUFReader``; a 262k-token vocabulary is skipped, not decoded;
 * malformed, truncated and non-GGUF files are one-line ``ScenarioError``s naming the file;
@@ -29,15 +29,15 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from calibrate.llamacpp import gguf_writer as gw  # noqa: E402
-from sim.builder import build_plan  # noqa: E402
+from sim.plan.builder import build_plan  # noqa: E402
 from sim.errors import ScenarioError  # noqa: E402
-from sim.gguf import (GGML_TYPE_ID, ftype_name, load_gguf_model, model_label, read_gguf_index,  # noqa: E402
+from sim.model.gguf import (GGML_TYPE_ID, ftype_name, load_gguf_model, model_label, read_gguf_index,  # noqa: E402
                       size_class, tensor_group)
-from sim.metrics import run_scenario  # noqa: E402
+from sim.engines.metrics import run_scenario  # noqa: E402
 from sim.plan import OpKind  # noqa: E402
-from sim.quant import GGML_BLOCK  # noqa: E402
-from sim.specs import BenchTest, Placement, load_model, load_scenario, parse_variant  # noqa: E402
-from sim.vram import account  # noqa: E402
+from sim.model.quant import GGML_BLOCK  # noqa: E402
+from sim.model.specs import BenchTest, Placement, load_model, load_scenario, parse_variant  # noqa: E402
+from sim.model.vram import account  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "scenarios" / "models"
@@ -138,9 +138,9 @@ def every_type(tmp_path_factory) -> Path:
 
 @contextlib.contextmanager
 def _counting_reads(monkeypatch):
-    """Count what :func:`sim.gguf.read_gguf_index` reads (bytes from the file) and decodes (GGUF
+    """Count what :func:`sim.model.gguf.read_gguf_index` reads (bytes from the file) and decodes (GGUF
     strings), instead of timing it (a test must not depend on the host's speed)."""
-    import sim.gguf as sg
+    import sim.model.gguf as sg
 
     seen = {"bytes": 0, "strings": 0}
 
@@ -360,8 +360,8 @@ def test_per_tensor_types_come_from_the_file_and_set_every_byte(tmp_path):
     assert (m.n_layer, m.d_model, m.n_head, m.n_head_kv, m.head_dim, m.n_ff, m.n_vocab) == (2, 256, 8, 2, 32, 512, 512)
     assert m.moe is None and m.name == "llama ?B Q8_0" and not m.tied_embeddings
     # the FFN of both blocks on the host (llama.cpp's -ot form): whole copies of exactly these bytes
-    from sim.routing import RoutingSpec
-    from sim.specs import Scenario, Workload, load_hardware
+    from sim.model.routing import RoutingSpec
+    from sim.model.specs import Scenario, Workload, load_hardware
     hw = load_hardware(ROOT / "scenarios" / "tiny" / "tiny-gpu.toml")
     pl = Placement(override_tensor=((r"ffn_(gate|up|down)\.weight", "CPU"),), ctx_size=256)
     scn = Scenario(name="mixed", model=m, hardware=hw, placement=pl, workload=Workload(n_prompt=(64,), n_gen=(0,)),

@@ -1,5 +1,5 @@
 """The synthetic GGUF writer (:mod:`calibrate.llamacpp.gguf_writer`) and llama.cpp's type rule
-(:func:`sim.quant.tensor_ggml_type`).
+(:func:`sim.model.quant.tensor_ggml_type`).
 
 * the type rule reproduces the mixed-group bits the model TOMLs give (5.53125 for qwen3moe
   attn_v, ...), and the GGUF's tensors are ``ModelSpec.tensors`` (names, shapes, types, bytes;
@@ -26,9 +26,9 @@ gguf = pytest.importorskip("gguf")
 
 from calibrate.llamacpp import gguf_writer as gw  # noqa: E402
 from sim.errors import ScenarioError  # noqa: E402
-from sim.quant import GGML_BLOCK, LLAMA_FTYPE, ggml_nbytes, tensor_ggml_type, use_more_bits  # noqa: E402
-from sim.routing import expected_distinct_uniform  # noqa: E402
-from sim.specs import load_model  # noqa: E402
+from sim.model.quant import GGML_BLOCK, LLAMA_FTYPE, ggml_nbytes, tensor_ggml_type, use_more_bits  # noqa: E402
+from sim.model.routing import expected_distinct_uniform  # noqa: E402
+from sim.model.specs import load_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "scenarios" / "models"

@@ -12,16 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plangen import pipeline_plan, plans
-from sim import builder, cli
-from sim.builder import build_plan, make_context
+from sim.plan import builder
+from sim import cli
+from sim.plan.builder import build_plan, make_context
 from sim.errors import PlacementError
-from sim.hazards import (
+from sim.plan.hazards import (
     SLOT_FREE, SLOT_REALLOC, HappensBefore, HazardKind, append_slot_frees, check_plan, format_hazards,
     insert_op, replace_op,
 )
-from sim.metrics import rep_rng
+from sim.engines.metrics import rep_rng
 from sim.plan import OpKind, Plan, Stream
-from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.model.specs import BenchTest, load_scenario, parse_variant
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "scenarios" / "tiny" / "tiny.toml"

@@ -1,4 +1,4 @@
-"""Ctrl-C (SIGINT) and SIGTERM end every command cleanly (sim.interrupt): exit status 130 / 143,
+"""Ctrl-C (SIGINT) and SIGTERM end every command cleanly (sim.cli.interrupt): exit status 130 / 143,
 one line on stderr and no traceback (from the parent or a worker), no worker process or build
 tool left alive, no output (or temporary file) written half-way.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import interrupt as I
+from sim.cli import interrupt as I
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG_S = 120  # a guard only: a clean exit takes well under a second

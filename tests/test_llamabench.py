@@ -1,4 +1,4 @@
-"""sim.llamabench: llama-bench's fields, the json/jsonl reader and a row in the simulator's terms."""
+"""sim.views.llamabench: llama-bench's fields, the json/jsonl reader and a row in the simulator's terms."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 from sim.errors import ScenarioError
-from sim.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIELDS, PATCH_FIELDS, PREFETCH_DEFAULTS,
+from sim.views.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIELDS, PATCH_FIELDS, PREFETCH_DEFAULTS,
                             REQUIRED_FIELDS, STRING, UPSTREAM_FIELDS, bench_test_name, flash_attn_label,
                             host_memory_pinned, kv_bytes_per_elem, n_cpu_moe_rules, parse_overrides,
                             prefetch_settings, prefetch_variant, python_regex, read_llama_bench, row_placement,
                             row_terms, row_variant, row_workload, sim_ngl, sim_overrides, sim_regex,
                             variant_fields)
-from sim.specs import load_model
+from sim.model.specs import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"
@@ -130,7 +130,7 @@ def test_prefetch_fields_name_the_simulator_variant():
     assert row_variant(up | {"prefetch_weights": 1}) == "prefetch_gated_512"
     assert row_variant(pd.Series(up | {"prefetch_weights": math.nan, "prefetch_expert_slots": 4.0})) == "slots4"
     # the writer's inverse; every name parses as a simulator variant with those settings
-    from sim.specs import parse_variant
+    from sim.model.specs import parse_variant
 
     for pw, pwg, pes in [(0, 512, 0), (1, 0, 0), (1, 512, 0), (1, 64, 0), (0, 512, 2)]:
         v = parse_variant(prefetch_variant(pw, pwg, pes))
@@ -142,7 +142,7 @@ def test_prefetch_fields_name_the_simulator_variant():
 
 def test_ungated_weight_prefetch_has_one_name_everywhere():
     """-pw 1 -pwg 0 is the variant the default scenario and --variant call prefetch_ungated."""
-    from sim.specs import DEFAULT_VARIANTS, load_scenario, parse_variant
+    from sim.model.specs import DEFAULT_VARIANTS, load_scenario, parse_variant
 
     name = prefetch_variant(1, 0, 0)
     assert name == "prefetch_ungated" and name in DEFAULT_VARIANTS
@@ -262,7 +262,7 @@ def test_bad_jsonl_is_one_line_error(tmp_path, edit, field, words):
 @pytest.mark.parametrize("path", sorted((ROOT / "data" / "llamacpp").glob("*/llama-bench.jsonl")),
                          ids=lambda p: p.parent.name)
 def test_no_committed_row_exceeds_the_rate_bound(path):
-    from sim.llamabench import TS_MAX
+    from sim.views.llamabench import TS_MAX
 
     df = read_llama_bench(path)  # refuses a row at or above TS_MAX
     assert len(df) and df.avg_ts.max() < TS_MAX / 1e4  # the bound leaves four orders of magnitude

@@ -22,8 +22,8 @@ import pytest
 from calibrate.llamacpp import ab as AB
 from calibrate.llamacpp import compare as cmp
 from sim.errors import ScenarioError
-from sim.llamabench import read_llama_bench
-from sim.specs import load_hardware
+from sim.views.llamabench import read_llama_bench
+from sim.model.specs import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"

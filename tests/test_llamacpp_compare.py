@@ -19,10 +19,10 @@ import pytest
 
 from calibrate.llamacpp import compare as cmp
 from sim.errors import ScenarioError
-from sim.llamabench import read_llama_bench
-from sim.metrics import run_scenario
-from sim.routing import RoutingSpec
-from sim.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
+from sim.views.llamabench import read_llama_bench
+from sim.engines.metrics import run_scenario
+from sim.model.routing import RoutingSpec
+from sim.model.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"

@@ -22,7 +22,7 @@ def test_select_fitted_names_a_subset_in_table_order_and_refuses_unknown_names()
 
 def test_a_rebased_profile_copy_reads_the_same_kernel_tables(tmp_path):
     from calibrate.llamacpp import fit as F
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     src = Path("scenarios/hardware/h200-llamacpp.toml")
     dst = tmp_path / "deep" / "copy.toml"
@@ -56,7 +56,7 @@ def test_a_row_the_fit_leaves_out_is_said(tmp_path, capsys):
     import shutil
 
     from calibrate.llamacpp import fit as F
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     run = tmp_path / "run"
     shutil.copytree("data/llamacpp/h200-20261203-tg", run)
@@ -93,7 +93,7 @@ def test_a_profile_with_another_cpu_table_prices_the_cpu_from_it(tmp_path):
     """with_cpu_table + load_profile_text: the copy reads the given CPU table (and the profile's
     GPU table), and cpu_numbers name that table in their sources."""
     from calibrate.llamacpp import fit as F
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     src = Path("scenarios/hardware/h200-llamacpp.toml")
     table = Path("data/llamacpp/h200-20261203-tg4/kernels-cpu.csv")
@@ -145,7 +145,7 @@ def test_fit_pools_the_fit_rows_of_several_run_folders(monkeypatch, capsys):
     from calibrate.llamacpp import fit as F
 
     runs = ["data/llamacpp/h200-20261203-tg5a", "data/llamacpp/h200-20261203-tg5b"]
-    n = {r: len(F.fit_rows(r, __import__("sim.specs", fromlist=["load_hardware"]).load_hardware(
+    n = {r: len(F.fit_rows(r, __import__("sim.model.specs", fromlist=["load_hardware"]).load_hardware(
         "scenarios/hardware/h200-llamacpp.toml"))[0]) for r in runs}
     seen = {}
 
@@ -164,7 +164,7 @@ def test_the_measured_numbers_are_found_from_any_folder(tmp_path, monkeypatch):
     """A full fill's measured numbers read the model TOML and the lease folders through the
     repository and shipped files, not the working folder: the same values from elsewhere."""
     from calibrate.llamacpp import fit as F
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     repo = Path(__file__).resolve().parent.parent
     hw = load_hardware(repo / "scenarios/hardware/h200-llamacpp.toml")

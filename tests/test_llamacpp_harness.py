@@ -345,7 +345,7 @@ def test_bad_grid_specs_name_file_and_field(tmp_path, body, field):
 ])
 def test_grid_args_are_range_checked_as_prefetch_sim_run_checks_them(tmp_path, capsys, args, flag, words):
     """A grid run's llama-bench flags get prefetch-sim run's own range checks (one implementation,
-    sim.benchflags.check_values): the error names the grid file, the run's id and the flag, as
+    sim.cli.benchflags.check_values): the error names the grid file, the run's id and the flag, as
     `plan --grid` prints it in one line (before: -ub 0 was listed as a run)."""
     from calibrate.llamacpp.__main__ import main
 
@@ -546,7 +546,7 @@ def test_collect_packs_the_run_folder(tmp_path):
 
 def test_counted_routing_check_against_uniform(tmp_path):
     from calibrate.llamacpp.routing_check import counted
-    from sim.routing import expected_distinct_uniform
+    from sim.model.routing import expected_distinct_uniform
 
     run = tmp_path / "run"
     (run / "logs").mkdir(parents=True)
@@ -620,7 +620,7 @@ def test_committed_run_reads_and_its_routing_check_holds():
     scheduler's own count of copied experts matches uniform routing (the synthetic GGUFs route
     near-uniformly, which is what the simulator assumes for them)."""
     from calibrate.llamacpp.routing_check import counted
-    from sim.llamabench import read_llama_bench
+    from sim.views.llamabench import read_llama_bench
 
     run = REPO / "data/llamacpp/h200-20261201"
     inv = [json.loads(ln) for ln in (run / "invocations.jsonl").read_text().splitlines()]
@@ -751,7 +751,7 @@ def test_committed_perf_logs_parse():
 
 def test_heldout_split_is_fixed_and_covers_every_regime_on_unseen_configurations():
     from calibrate.llamacpp.split import is_fit_row, label
-    from sim.llamabench import read_llama_bench
+    from sim.views.llamabench import read_llama_bench
 
     df = read_llama_bench(REPO / "data/llamacpp/h200-20261201/llama-bench.jsonl")
     lab = label(df)
@@ -771,7 +771,7 @@ def test_heldout_split_is_fixed_and_covers_every_regime_on_unseen_configurations
 def test_committed_rows_are_attributed_to_their_invocations():
     """Routing runs write routing.jsonl, so they must not count towards llama-bench.jsonl's rows."""
     from calibrate.llamacpp import compare as cmp
-    from sim.llamabench import read_llama_bench
+    from sim.views.llamabench import read_llama_bench
 
     run = REPO / "data/llamacpp/h200-20261201"
     inv = cmp.read_invocations(run / "invocations.jsonl")
@@ -782,8 +782,8 @@ def test_committed_rows_are_attributed_to_their_invocations():
 
 def test_a_gguf_that_is_not_the_named_model_is_noted():
     from calibrate.llamacpp import compare as cmp
-    from sim.llamabench import read_llama_bench
-    from sim.specs import load_hardware, load_model
+    from sim.views.llamabench import read_llama_bench
+    from sim.model.specs import load_hardware, load_model
 
     run = REPO / "data/llamacpp/h200-20261201"
     row = read_llama_bench(run / "llama-bench.jsonl").iloc[0].to_dict()
@@ -1008,7 +1008,7 @@ def test_cpu_decomposition_splits_a_machines_cpu_side_into_a_cost_per_split_and_
     load-to-load spread, the profile's parts add up to the profile's own price, and one model at
     several -ncmoe (a single ratio of splits to bytes) is refused."""
     from calibrate.llamacpp import splittime as ST
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
     from calibrate.llamacpp.compare import DEFAULT_HARDWARE
 
     run = REPO / "data" / "llamacpp" / "h200-20261204-tg6"
@@ -1056,9 +1056,9 @@ def test_a_cpu_layers_q_norm_runs_on_the_gpu_in_decode_as_llama_cpp_splits_it():
 
     from calibrate.llamacpp import splittime as ST
     from calibrate.llamacpp.compare import DEFAULT_HARDWARE, build_cases
-    from sim.builder import build_plan, graph_items, make_context, offloaded_head_norms
-    from sim.metrics import fit_context_to_tests, rep_rng
-    from sim.specs import load_hardware
+    from sim.plan.builder import build_plan, graph_items, make_context, offloaded_head_norms
+    from sim.engines.metrics import fit_context_to_tests, rep_rng
+    from sim.model.specs import load_hardware
 
     run = REPO / "data" / "llamacpp" / "h200-20261201-splits"
     tab = ST.summary(run)

@@ -1,4 +1,4 @@
-"""Graph-level memoisation (sim.memo) against the full plan, on every shipped scenario.
+"""Graph-level memoisation (sim.plan.memo) against the full plan, on every shipped scenario.
 
 The memoised path times each distinct graph once and sums over a test's graphs; the reference
 path builds and times the whole plan of every repetition (``run_variant_test(memo=False)``).
@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.builder import build_plan, make_context
+from sim.plan.builder import build_plan, make_context
 from sim.errors import PlacementError
-from sim.memo import memo_eligible, time_test
-from sim.metrics import fit_context_to_tests, rep_rng, run_variant_test, time_plan, transfer_stats
-from sim.overlap import graph_host_edges, ubatch_overlap_s
-from sim.specs import BenchTest, load_scenario, parse_variant
-from sim.trace import exposed_transfer_s, overlap_fraction, to_dataframe
+from sim.plan.memo import memo_eligible, time_test
+from sim.engines.metrics import fit_context_to_tests, rep_rng, run_variant_test, time_plan, transfer_stats
+from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
+from sim.model.specs import BenchTest, load_scenario, parse_variant
+from sim.views.trace import exposed_transfer_s, overlap_fraction, to_dataframe
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -154,8 +154,8 @@ def test_transfer_stats_on_arrays_equal_the_trace_metrics():
 
 def test_run_lengths_are_the_selective_copy_runs():
     """The memo keys a selective copy on its runs' lengths: those of builder._runs."""
-    from sim.builder import _runs
-    from sim.memo import mask_key, run_lengths
+    from sim.plan.builder import _runs
+    from sim.plan.memo import mask_key, run_lengths
 
     rng = np.random.default_rng(3)
     for _ in range(500):
@@ -180,7 +180,7 @@ def test_graphs_with_shifted_expert_runs_share_a_template_and_match_the_full_pla
     tt = time_test(ctx, t, rep_rng(scn.seed, 0, 0))
     plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
     sched = time_plan(plan, scn)
-    # a prompt's ubatches overlap on a llama.cpp profile (sim.overlap): the full plan less the same credit
+    # a prompt's ubatches overlap on a llama.cpp profile (sim.plan.overlap): the full plan less the same credit
     credit = ubatch_overlap_s(ctx, t, *graph_host_edges(plan, np.asarray(sched.start_s), np.asarray(sched.end_s)))
     assert tt.n_graphs == 4 and tt.n_templates < tt.n_graphs
     assert _rel(tt.makespan_s, float(sched.makespan_s) - credit) <= REL
@@ -193,7 +193,7 @@ def test_masks_drawn_for_all_graphs_at_once_time_as_graph_by_graph(name, monkeyp
     (ENABLE_BATCH_DRAWS) gives, to the bit, the timing of the graph-by-graph draws and keys
     (draw_masks, mask_key), with the same templates built; prompts with a partial last
     ubatch, a short (exact-mask) prompt and decode."""
-    import sim.memo as memo
+    import sim.plan.memo as memo
 
     scn = load_scenario(ROOT / "scenarios" / name)
     tests = [BenchTest(2 * scn.workload.n_ubatch + 100, 0, 0), BenchTest(40, 0, 64), BenchTest(0, 3, 10)]
@@ -218,7 +218,7 @@ def test_masks_drawn_for_all_graphs_at_once_time_as_graph_by_graph(name, monkeyp
 def test_block_keys_are_the_mask_keys():
     """block_keys of (L, E) blocks equal mask_key of the same masks as layer dicts, for
     layers whose run lengths matter and the others, repeated blocks and graphs without experts."""
-    from sim.memo import block_keys, mask_key
+    from sim.plan.memo import block_keys, mask_key
 
     rng = np.random.default_rng(3)
     layers = [1, 2, 5, 7]
@@ -238,8 +238,8 @@ def test_a_kept_context_times_as_a_fresh_one():
     cold one (contexts dropped first) and of the full plan (memo=False), and retimes its graphs
     (no timed result is carried over); another scenario object, even an equal one, or an
     expert-cache variant, gets a context of its own."""
-    import sim.metrics as metrics
-    from sim.memo import GraphTemplate
+    import sim.engines.metrics as metrics
+    from sim.plan.memo import GraphTemplate
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     t = BenchTest(1100, 0, 0)
@@ -277,8 +277,8 @@ def test_first_repetition_pays_the_cuda_graph_capture():
     the mean time is the same either way."""
     from dataclasses import replace
 
-    from sim.metrics import run_variant_test
-    from sim.specs import BenchTest, load_scenario, parse_variant
+    from sim.engines.metrics import run_variant_test
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     v = parse_variant("baseline")
@@ -324,8 +324,8 @@ def test_a_derived_template_is_the_template_built_for_its_call(name):
     lengths, the template build_template makes for that call; the source is left as it was, and a
     call of the other ``rebuilt`` flag is refused. On llama.cpp profiles (the overhead op) and one
     without it (a copy), prompt and decode graphs, every variant."""
-    from sim.builder import draw_masks
-    from sim.memo import _row_at, build_template, derive_template
+    from sim.plan.builder import draw_masks
+    from sim.plan.memo import _row_at, build_template, derive_template
 
     scn = load_scenario(ROOT / "scenarios" / name)
     scn = fit_context_to_tests(scn, [BenchTest(4096, 0, 0)])
@@ -371,7 +371,7 @@ def test_time_test_with_derived_templates_times_as_with_built_ones(name, engine,
     plan as one batch) gives, to the bit, the timing of building every template: prompts of
     several calls (n_batch) and ubatches, a partial last ubatch, decode with the CUDA-graph
     capture of the first repetition and of a later one."""
-    import sim.memo as memo
+    import sim.plan.memo as memo
 
     scn = load_scenario(ROOT / "scenarios" / name)
     ub, nb = scn.workload.n_ubatch, scn.workload.n_batch
@@ -397,7 +397,7 @@ def test_a_plan_with_other_shapes_shares_its_structure_only():
     then computed anew); an op id outside the plan is refused."""
     from sim.engines.analytic import compile_plan
     from sim.plan import OpKind, Stream
-    from sim.trace import plan_transfer_groups
+    from sim.views.trace import plan_transfer_groups
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     plan = build_plan(scn, parse_variant("baseline"), BenchTest(600, 0, 0), np.random.default_rng(1))
@@ -421,10 +421,10 @@ def test_a_plan_with_other_shapes_shares_its_structure_only():
 
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.stem)
 def test_shape_free_kinds_are_priced_whatever_their_shape(path):
-    """The kinds sim.memo does not re-price at another KV length (price_reads_shape False: a
+    """The kinds sim.plan.memo does not re-price at another KV length (price_reads_shape False: a
     launch, a sync, an event outside executor_mode) cost the same for any shape, bytes and tag,
     on every shipped scenario's hardware."""
-    from sim.costs import SHAPE_FREE_KINDS, op_duration_s, price_reads_shape
+    from sim.model.costs import SHAPE_FREE_KINDS, op_duration_s, price_reads_shape
     from sim.plan import Op, OpKind, Stream
 
     hw = load_scenario(path).hardware

@@ -68,7 +68,7 @@ def test_validation_notebook_compares_predicted_and_measured(monkeypatch, tmp_pa
     groups from it (not from anything precomputed)."""
     import pandas as pd
 
-    from sim.validation import CASE_COLUMNS
+    from sim.views.validation import CASE_COLUMNS
 
     rows = []
     for i, (model, mem, test, err) in enumerate([("moe", "pinned", "pp512", 0.02), ("moe", "pinned", "pp2048", -0.04),
@@ -90,7 +90,7 @@ def test_validation_notebook_compares_predicted_and_measured(monkeypatch, tmp_pa
 def test_validation_notebook_reads_the_committed_csv():
     import pandas as pd
 
-    from sim.validation import summarize
+    from sim.views.validation import summarize
 
     text = run_notebook("validation.ipynb")
     s = summarize(pd.read_csv(Path(__file__).resolve().parent.parent / "data" / "validation" / "h200_validation.csv"))

@@ -16,7 +16,7 @@ import pytest
 from sim import resources
 from sim.cli import main, scenario_path
 from sim.errors import ScenarioError
-from sim.specs import load_hardware, load_model, load_scenario
+from sim.model.specs import load_hardware, load_model, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_SCENARIO = (ROOT / "scenarios" / "tiny" / "tiny.toml").read_text()
@@ -58,7 +58,7 @@ def test_a_folder_of_the_name_does_not_hide_a_built_in_scenario(monkeypatch):
 
 
 def test_crossover_figures_take_a_built_in_scenario_name(tmp_path, monkeypatch, capsys):
-    import sim.crossover as X
+    import sim.views.crossover as X
 
     got = []
     monkeypatch.setattr(X, "run_figure", lambda spec, out, *, scenario, **kw: got.append(scenario) or 1 / 0)
@@ -203,7 +203,7 @@ def test_a_shipped_scenario_copied_elsewhere_still_finds_its_model_and_hardware(
     copy in another folder reads the shipped files of those names, while a name shipped under no
     such file stays a missing file naming the path tried, and a file beside the copy still wins."""
     from sim.errors import ScenarioError
-    from sim.specs import load_scenario
+    from sim.model.specs import load_scenario
 
     src = Path(__file__).resolve().parent.parent / "scenarios" / "default.toml"
     copy = tmp_path / "base.toml"

@@ -11,12 +11,12 @@ import pytest
 
 from calibrate.llamacpp import patches as P
 from calibrate.llamacpp import phasetime as PT
-from sim.builder import build_plan, graph_call, make_context
-from sim.costs import plan_durations
+from sim.plan.builder import build_plan, graph_call, make_context
+from sim.model.costs import plan_durations
 from sim.errors import PrefetchSimError
-from sim.metrics import rep_rng, run_variant_test, time_plan
-from sim.overlap import graph_host_edges, ubatch_overlap_s
-from sim.specs import BenchTest, load_scenario
+from sim.engines.metrics import rep_rng, run_variant_test, time_plan
+from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
+from sim.model.specs import BenchTest, load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 PHASE_RUN = REPO / "data/llamacpp/h200-20261202-phase"

@@ -6,7 +6,7 @@ import io
 import sys
 from pathlib import Path
 
-from sim.progress import bar, progress_enabled
+from sim.cli.progress import bar, progress_enabled
 
 
 class _Tty(io.StringIO):
@@ -38,8 +38,8 @@ def test_run_prints_no_bar_when_stderr_is_not_a_terminal(capsys):
 
 
 def test_sweep_cells_cost_more_with_more_graphs():
-    from sim.crossover import _Job, cell_cost
-    from sim.specs import BenchTest, load_scenario, parse_variant
+    from sim.views.crossover import _Job, cell_cost
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
 
     scn = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "default.toml")
     v = parse_variant("baseline")

@@ -42,7 +42,7 @@ def test_the_readme_names_the_default_variants_build_ids_as_the_code_makes_them(
     """``build_commit``: ``s``, ten hex digits of the name's SHA-1, ``-``, its first six
     characters (sim.cli.variant_ids), every id of the default four as the README spells them."""
     from sim.cli import variant_ids
-    from sim.specs import DEFAULT_VARIANTS, parse_variant
+    from sim.model.specs import DEFAULT_VARIANTS, parse_variant
 
     text = _readme_text()
     ids = [i for i, _ in variant_ids([parse_variant(v) for v in DEFAULT_VARIANTS]).values()]

@@ -1,4 +1,4 @@
-"""sim.report: llama-bench's printers (md, csv, json, jsonl, sql) with its field names and types,
+"""sim.views.report: llama-bench's printers (md, csv, json, jsonl, sql) with its field names and types,
 the statistics of its samples, the md layout and labels."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.llamabench import CSV_FIELDS, FIELD_BY_NAME, FIELDS
-from sim.report import (
+from sim.views.llamabench import CSV_FIELDS, FIELD_BY_NAME, FIELDS
+from sim.views.report import (
     COLUMNS, FORMATS, JSON_COLUMNS, PROJECT_FIELD_NAMES, bench_row, format_rows, md_columns, params_label,
     sample_stats, size_label, speedup_label, tps_label,
 )

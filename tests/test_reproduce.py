@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.reproduce import compare, load_reported, to_frame
+from sim.views.reproduce import compare, load_reported, to_frame
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of sim.routing: closed forms against Monte Carlo (with computed standard errors),
+"""Tests of sim.model.routing: closed forms against Monte Carlo (with computed standard errors),
 the fit against the reported points, trace replay and trace validation."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.errors import ScenarioError
-from sim.routing import (
+from sim.model.routing import (
     EXACT_MASK_MAX_TOKENS,
     LAGUNA_COLD_SHARE,
     LAGUNA_ZIPF_S,
@@ -29,7 +29,7 @@ from sim.routing import (
     make_router,
     routing_from_fields,
 )
-from sim.specs import ModelSpec, MoESpec
+from sim.model.specs import ModelSpec, MoESpec
 from sim.tomlio import Fields
 
 # Reported selective-copy fractions (shared/data/reported_measurements.csv, case

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sim.errors import PlacementError, ScenarioError
-from sim.quant import bpw_of
-from sim.specs import ModelSpec, load_hardware, load_model, load_scenario
+from sim.model.quant import bpw_of
+from sim.model.specs import ModelSpec, load_hardware, load_model, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCEN = ROOT / "scenarios"
@@ -68,7 +68,7 @@ def test_model_loads_and_cites_a_source(path):
 
 @pytest.mark.parametrize("path", HARDWARE_FILES, ids=_ids(HARDWARE_FILES))
 def test_hardware_loads_and_every_number_is_sourced(path):
-    from sim.specs import _with_base
+    from sim.model.specs import _with_base
 
     hw = load_hardware(path)
     table = _with_base(tomllib.loads(path.read_text()), path)["hardware"]  # a base profile's numbers too
@@ -242,7 +242,7 @@ def test_gpt_oss_experts_are_mxfp4_and_the_rest_q8_0():
 
 def test_default_scenario():
     scn = _scenario("default")
-    # the H200 priced with llama.cpp's own kernels (sim.ggmlcost)
+    # the H200 priced with llama.cpp's own kernels (sim.model.ggmlcost)
     assert Path(scn.hardware.file).name == "h200-llamacpp.toml" and scn.hardware.ggml is not None
     assert scn.model.name.startswith("qwen3moe 30B.A3B")
     assert scn.placement.n_cpu_moe == 24 and scn.placement.pinned
@@ -284,7 +284,7 @@ def test_gemma_scenario_puts_exactly_the_ffn_on_the_host():
 
 
 def _min_free_bytes(scn, placement=None) -> float:
-    from sim.vram import account
+    from sim.model.vram import account
     return min(min(b.free_bytes for b in account(scn, v, placement)) for v in scn.variants)
 
 
@@ -436,7 +436,7 @@ def test_an_attention_table_accepts_kv_len_zero_but_no_zero_heads(tmp_path):
 
 
 def test_a_hardware_profile_can_derive_from_a_base_in_its_folder(tmp_path):
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     shipped_dir = Path(__file__).resolve().parent.parent / "scenarios" / "hardware"
     one = load_hardware(shipped_dir / "h200-llamacpp.toml")
@@ -460,7 +460,7 @@ def test_a_hardware_profile_can_derive_from_a_base_in_its_folder(tmp_path):
 
 def test_a_variant_label_is_case_blind_and_printed_in_its_canonical_form():
     """``--variant Baseline`` is the baseline (one row, not a second 'Baseline' beside it)."""
-    from sim.specs import parse_variant
+    from sim.model.specs import parse_variant
 
     assert parse_variant("Baseline").name == "baseline"
     assert parse_variant(" Prefetch_Gated_512+SLOTS3 ") == parse_variant("prefetch_gated_512+slots3")

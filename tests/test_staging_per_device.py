@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.builder import build_plan
-from sim.hazards import check_plan
-from sim.specs import BenchTest, load_scenario, parse_variant
+from sim.plan.builder import build_plan
+from sim.plan.hazards import check_plan
+from sim.model.specs import BenchTest, load_scenario, parse_variant
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def test_each_gpu_stages_into_its_own_slots_one_split_ahead_of_its_own_splits(va
 def test_a_slot_read_on_the_other_gpu_is_still_flagged():
     """The checker names a buffer by slot id: re-labelling a GPU-1 consumer's slot with a GPU-0
     slot id is the reported corruption (a slot filled on one device read by a split on another)."""
-    from sim.hazards import HazardKind, replace_op
+    from sim.plan.hazards import HazardKind, replace_op
 
     plan = _x2_plan("prefetch_ungated")
     ops = plan.ops

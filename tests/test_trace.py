@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plangen import golden_plan, pipeline_plan, plans_with_durations
-from sim import engines, trace
+from sim import engines
+from sim.views import trace
 from sim.engines import analytic
 from sim.plan import COMPUTE_KINDS, OpKind, Stream
 
@@ -199,9 +200,9 @@ def test_plan_transfer_groups_equal_the_groups_of_its_ops():
     from dataclasses import replace
     from pathlib import Path
 
-    from sim.builder import build_plan
-    from sim.specs import BenchTest, load_scenario, parse_variant
-    from sim.trace import plan_transfer_groups, transfer_groups
+    from sim.plan.builder import build_plan
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
+    from sim.views.trace import plan_transfer_groups, transfer_groups
 
     root = Path(__file__).resolve().parents[1] / "scenarios"
     for name in ("default.toml", "h200x2-qwen3-30b-a3b.toml", "gemma3-27b-ffn-cpu.toml"):
@@ -263,9 +264,9 @@ def test_busy_hidden_with_kept_permutation_equals_each_run(pd_, s_count, same_or
 @given(plans_with_durations(zeros=True), st.integers(1, 5))
 def test_host_edges_at_queue_ends_equal_extrema_over_every_op(pd_, s_count):
     """template_host_edges and template_makespans read the first/last op of each queue
-    (sim.overlap._queue_ends); they equal the straightforward extrema over every op (the
+    (sim.plan.overlap._queue_ends); they equal the straightforward extrema over every op (the
     reference below) exactly, for random plans and durations (zeros included)."""
-    from sim.overlap import _edge_masks, template_host_edges, template_makespans
+    from sim.plan.overlap import _edge_masks, template_host_edges, template_makespans
 
     plan, dur = pd_
     rng = np.random.default_rng(s_count)

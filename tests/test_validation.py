@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.specs import load_hardware
-from sim.validation import (CASE_COLUMNS, build_case, default_grid, per_kind_errors, plot_validation,
+from sim.model.specs import load_hardware
+from sim.views.validation import (CASE_COLUMNS, build_case, default_grid, per_kind_errors, plot_validation,
                             predict_s, summarize)
 
 from scenario_factory import ROOT
@@ -74,7 +74,7 @@ def test_per_kind_errors_sums_durations():
 
 
 def test_validate_without_gpu_says_so_and_writes_nothing(tmp_path, capsys):
-    pytest.importorskip("sim.cli_validate")
+    pytest.importorskip("sim.cli.validate")
     try:
         import cupy  # noqa: F401
         pytest.skip("CuPy present: this test is for machines without it")
@@ -93,7 +93,7 @@ def test_committed_validation_predictions_are_reproduced_by_this_code():
     host-conditioned diagnostic ``predicted_host_s``, with the committed per-pass host
     measurements of the same run (executor costs, pageable bandwidth). If this fails, the model
     changed: run `prefetch-sim validate` on the GPU again and commit the new results."""
-    from sim.validation import executor_profile, median_costs, resolve_executor_costs, with_host_state
+    from sim.views.validation import executor_profile, median_costs, resolve_executor_costs, with_host_state
 
     val = ROOT / "data" / "validation"
     committed = pd.read_csv(val / "h200_validation.csv").set_index("case")
@@ -127,7 +127,7 @@ def test_earlier_validation_runs_are_reproduced_from_their_own_profiles(run, hos
     the run's own committed calibration (``data/calibration/h200-20261130-runN``); run 16's
     host-conditioned column too (run 15's used the per-pass line medians of its time, see the
     history README), and run 18's. docs/validation.md reports these runs beside the committed one."""
-    from sim.validation import executor_profile, median_costs, with_host_state
+    from sim.views.validation import executor_profile, median_costs, with_host_state
 
     hist = ROOT / "data" / "validation" / "history"
     committed = pd.read_csv(hist / f"run{run}_validation.csv").set_index("case")
@@ -157,7 +157,7 @@ def test_run_22_console_log_is_reproduced_from_its_own_profile():
     profile, and its printed median / p90 follow from the printed times."""
     import re
 
-    from sim.validation import executor_profile
+    from sim.views.validation import executor_profile
 
     text = (ROOT / "data" / "validation" / "history" / "run22_validation_log.txt").read_text()
     rows = re.findall(r"^\s*(\S+)\s+([+-]\d+\.\d)%\s+(\d+\.\d+)\s+(\d+\.\d+)\s+\d+\.\d%\s+[+-]\d+\.\d%$", text, re.M)
@@ -179,9 +179,9 @@ def test_run_grid_passes_probes_and_traces(monkeypatch):
     """run_grid on the numpy stand-in: several passes (alternating order), the median over all
     timed runs, host probes per pass, and both engines' traces of every case."""
     import calibrate._fakecupy as fakecp
-    import sim.validation as V
-    from sim.builder import build_plan
-    from sim.specs import load_scenario
+    import sim.views.validation as V
+    from sim.plan.builder import build_plan
+    from sim.model.specs import load_scenario
 
     scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
     test = scn.workload.tests()[0]
@@ -224,9 +224,9 @@ def test_run_grid_prices_the_host_conditioned_prediction_with_the_per_pass_media
     import dataclasses
 
     import calibrate._fakecupy as fakecp
-    import sim.validation as V
-    from sim.builder import build_plan
-    from sim.specs import load_scenario
+    import sim.views.validation as V
+    from sim.plan.builder import build_plan
+    from sim.model.specs import load_scenario
 
     scn0 = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
     pageable = scn0.with_(placement=dataclasses.replace(scn0.placement, pinned=False))
@@ -277,7 +277,7 @@ def test_run_grid_prices_the_host_conditioned_prediction_with_the_per_pass_media
 
 
 def test_with_host_state_replaces_the_pageable_bandwidth_and_keeps_its_latency():
-    import sim.validation as V
+    import sim.views.validation as V
 
     hw = V.with_host_state(HW, None, 9e9)
     assert hw.h2d_pageable.bytes_per_s == 9e9 and hw.h2d_pageable.latency_s == HW.h2d_pageable.latency_s
@@ -301,10 +301,10 @@ def test_run_grid_reports_lossless_failures_without_losing_the_results(monkeypat
     import dataclasses
 
     import calibrate._fakecupy as fakecp
-    import sim.validation as V
+    import sim.views.validation as V
     from calibrate.executor import LosslessnessError
-    from sim.builder import build_plan
-    from sim.specs import load_scenario
+    from sim.plan.builder import build_plan
+    from sim.model.specs import load_scenario
 
     scn = load_scenario(ROOT / "scenarios" / "tiny" / "tiny.toml")
     test = scn.workload.tests()[0]

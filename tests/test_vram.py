@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.builder import build_plan, make_context
+from sim.plan.builder import build_plan, make_context
 from sim.errors import PlacementError
-from sim.specs import FIT_TARGET_MIB_DEFAULT, BenchTest, load_scenario, parse_variant
-from sim.vram import ACT_ELEMS_FACTOR, account, fit_n_cpu_moe
+from sim.model.specs import FIT_TARGET_MIB_DEFAULT, BenchTest, load_scenario, parse_variant
+from sim.model.vram import ACT_ELEMS_FACTOR, account, fit_n_cpu_moe
 
 from scenario_factory import ROOT, make_scenario
 
@@ -28,7 +28,7 @@ def toy(capacity_bytes: float = 200e6, reserved_bytes: float = 50e6, fit_target_
 
 
 def by_hand(scn, staging_bytes: float) -> dict:
-    """The components of the toy scenario worked out from its geometry, not from sim.vram."""
+    """The components of the toy scenario worked out from its geometry, not from sim.model.vram."""
     m = scn.model
     d, hd, nh, nkv, E, ff = m.d_model, m.head_dim, m.n_head, m.n_head_kv, m.moe.n_expert, m.moe.n_ff_exp
     f16, f32 = 2, 4
@@ -66,7 +66,7 @@ def test_fit_pool_is_capacity_minus_weights_kv_compute_staging_and_the_fit_targe
     assert b.staging_bytes == staging(exp_tensor)
     assert b.cache_fit and b.fit_margin_bytes == want["margin"]
     assert b.cache_pool_bytes == want["pool"] > 0
-    from sim.vram import host_experts
+    from sim.model.vram import host_experts
 
     n_host = host_experts(scn.model, scn.placement)
     assert b.cache_experts == min(int(want["pool"] // want["entry"]), n_host)
@@ -114,7 +114,7 @@ def test_fit_target_defaults_to_llama_cpp_and_only_the_fitted_pool_leaves_it():
         assert r.cache_pool_bytes - f.cache_pool_bytes == 1024 * MiB
         assert f.free_bytes >= 1024 * MiB
         # the LRU pool takes every free byte, up to the host's experts (then both hold them all)
-        from sim.vram import host_experts
+        from sim.model.vram import host_experts
 
         n_host = host_experts(scn.model, scn.placement)
         assert 1024 * MiB > r.free_bytes or r.cache_experts == n_host == f.cache_experts
@@ -228,7 +228,7 @@ def test_cache_fit_variant_spellings():
 def test_an_expert_cache_never_holds_more_experts_than_the_host_has():
     """A pool with room for more entries than there are host-resident experts holds exactly the
     host-resident experts (n_expert per host MoE layer), not the pool's worth."""
-    from sim.vram import host_experts
+    from sim.model.vram import host_experts
 
     scn = load_scenario("scenarios/default.toml")
     n_host = host_experts(scn.model, scn.placement)

@@ -21,7 +21,7 @@ Subcommands:
 
 Errors print one line and exit 2. Ctrl-C or SIGTERM prints one line and exits 130 / 143, after
 killing what the command started (the build's cmake, ninja and compilers, a lease's GGUF writers;
-:mod:`sim.interrupt`).
+:mod:`sim.cli.interrupt`).
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def _report(args) -> int:
     from . import compare, routing_check
     from .grid import pack_logs
 
-    from sim.llamabench import read_llama_bench
-    from sim.specs import load_hardware
+    from sim.views.llamabench import read_llama_bench
+    from sim.model.specs import load_hardware
 
     run = compare.check_run_dir(args.run_dir)
     if not (run / compare.BENCH_FILE).is_file():
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_plan)
 
     args = ap.parse_args(argv)
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     return run_interruptible("calibrate.llamacpp", _run, args)
 

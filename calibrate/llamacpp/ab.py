@@ -5,14 +5,14 @@ The run folder is one :mod:`calibrate.llamacpp.compare` reads (``llama-bench.jso
 ``invocations.jsonl``), measured with a llama-bench that has the project's prefetch patch
 (:mod:`calibrate.llamacpp.prefetch_patch`): its rows carry
 ``prefetch_weights`` (``-pw``), ``prefetch_gate`` (``-pwg``) and ``prefetch_expert_slots``
-(``-pes``) (:data:`sim.llamabench.PATCH_FIELDS`).
+(``-pes``) (:data:`sim.views.llamabench.PATCH_FIELDS`).
 A *prefetch row* has ``prefetch_weights`` 1 or ``prefetch_expert_slots`` > 0; each is paired
 (:func:`pair_rows`) with a *baseline row* (both 0; a row without the fields, from an upstream
 llama-bench, is one) of the same configuration (:data:`CONFIG_FIELDS`: the same GGUF, placement,
 batch sizes, attention, KV types and test), preferably from the same invocation (the same model
 load, measured minutes apart), then one printing the same ``prefetch_gate``, then the nearest
 line. Both rows are predicted by :func:`calibrate.llamacpp.compare.compare` (each with its
-own variant, :func:`sim.llamabench.row_variant`), and per pair (:data:`COLUMNS`):
+own variant, :func:`sim.views.llamabench.row_variant`), and per pair (:data:`COLUMNS`):
 
 * **measured gain** (percent) ``g_m = 100 (on_ts / off_ts - 1)`` of the two rows' ``avg_ts``,
   and its uncertainty ``sigma`` (percentage points), propagated from the rows' ``stddev_ts``:
@@ -37,7 +37,7 @@ pwg=<N> pes=<N> used_mib=<float> staging_mib=<float>
   (``used``: device total minus free on the first GPU, ``staging``: the scheduler's staging
   buffers), matched to rows by invocation, test, ``-ub`` and the three flags (in order where
   several rows share them); NaN where missing; beside them the simulator's staging and VRAM
-  change (:func:`sim.vram.account`, GPU 0).
+  change (:func:`sim.model.vram.account`, GPU 0).
 
 An optional ``identity.jsonl`` in the run folder (one check per line: ``{"model", "config",
 "variant", "tokens", "hash_off", "hash_on", "identical", "first_diff_step"}``: whether the
@@ -65,8 +65,8 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
-from sim.specs import HardwareProfile, load_hardware, load_model
+from sim.views.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
+from sim.model.specs import HardwareProfile, load_hardware, load_model
 
 from . import compare as cmp
 from .logs import read_run_log
@@ -172,7 +172,7 @@ def sign_agrees(measured: float, sigma_pts: float, predicted: float,
 
 
 def is_prefetch_row(row: Mapping[str, Any]) -> bool:
-    """``prefetch_weights`` 1 or ``prefetch_expert_slots`` > 0 (:func:`sim.llamabench.prefetch_settings`)."""
+    """``prefetch_weights`` 1 or ``prefetch_expert_slots`` > 0 (:func:`sim.views.llamabench.prefetch_settings`)."""
     pw, _, pes = prefetch_settings(row)
     return bool(pw or pes)
 
@@ -206,7 +206,7 @@ def invocation_label(inv: Mapping[str, Any] | None) -> str | None:
 
 def pair_rows(bench: pd.DataFrame, owners: Sequence[dict | None]) -> list[tuple[int, int | None]]:
     """``(prefetch line, baseline line or None)`` for every prefetch row of ``bench`` (a
-    :func:`sim.llamabench.read_llama_bench` frame, index = line), in file order. ``owners``: the
+    :func:`sim.views.llamabench.read_llama_bench` frame, index = line), in file order. ``owners``: the
     invocation of each row (:func:`calibrate.llamacpp.compare._attribute`; None unknown).
 
     The baseline: a row with ``prefetch_weights`` 0 and ``prefetch_expert_slots`` 0 and the same
@@ -405,7 +405,7 @@ def _flags(pw: int, pwg: int, pes: int) -> str:
 
 
 def check_patch_fields(bench: pd.DataFrame, file: Path) -> None:
-    """A row has all three of the patch's fields (:data:`sim.llamabench.PATCH_FIELDS`) or none (an
+    """A row has all three of the patch's fields (:data:`sim.views.llamabench.PATCH_FIELDS`) or none (an
     upstream llama-bench's row): the patched llama-bench prints every one, so a partial set is a
     damaged or hand-made row, not one to fill with defaults.
 

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sim.errors import PrefetchSimError
-from sim.interrupt import run_group
+from sim.cli.interrupt import run_group
 
 #: the pinned source distribution whose ``vendor/llama.cpp`` is the default source
 SDIST = "llama-cpp-python==0.3.36"

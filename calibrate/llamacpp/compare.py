@@ -12,11 +12,11 @@ A run folder (``data/llamacpp/h200-YYYYMMDD/``) holds:
 
 :func:`compare` maps each measured row to its model (the basename of ``model_filename`` is an
 invocation's ``gguf``), cuts the model to the GGUF's layers, builds the row's scenario (hardware
-profile as given; placement, workload and test from the row through :mod:`sim.llamabench`;
+profile as given; placement, workload and test from the row through :mod:`sim.views.llamabench`;
 uniform routing; the scheduler variant the row ran: ``baseline`` for an upstream llama-bench, the
-prefetch patch's ``-pw``/``-pwg``/``-pes`` as :func:`sim.llamabench.row_variant` names them),
+prefetch patch's ``-pw``/``-pwg``/``-pes`` as :func:`sim.views.llamabench.row_variant` names them),
 predicts it with
-:func:`sim.metrics.run_scenario` and returns one row per measured row with the relative error
+:func:`sim.engines.metrics.run_scenario` and returns one row per measured row with the relative error
 ``predicted / measured - 1``. Nothing is fitted to the measurements.
 
 CLI::
@@ -51,10 +51,10 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.benchflags import default_threads
-from sim.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
+from sim.cli.benchflags import default_threads
+from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
-from sim.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
+from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
     parse_variant
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -364,8 +364,8 @@ def _row_field(row: Mapping[str, Any], name: str) -> Any:
 
 def _same(name: str, value: Any, asked: Any) -> bool:
     """Whether a row's ``value`` of field ``name`` is the ``asked`` value (llama-bench's printed
-    form, :func:`sim.benchflags.asked_row_values`)."""
-    from sim.llamabench import BOOL, FIELD_BY_NAME, INT
+    form, :func:`sim.cli.benchflags.asked_row_values`)."""
+    from sim.views.llamabench import BOOL, FIELD_BY_NAME, INT
 
     typ = FIELD_BY_NAME[name].type if name in FIELD_BY_NAME else None
     try:
@@ -544,7 +544,7 @@ class RowCase:
         model: the model as simulated (cut to the GGUF's layers, the row's KV type).
         regime: :data:`REGIMES`.
         notes: what the simulator does not represent of the row.
-        variant: the simulator variant of the row's prefetch fields (:func:`sim.llamabench.row_variant`;
+        variant: the simulator variant of the row's prefetch fields (:func:`sim.views.llamabench.row_variant`;
             None when they name none the simulator models).
         repetitions: routing draws to simulate: the requested ones on a MoE model, 1 on a dense
             one (no routing: its repetitions would be identical plans).
@@ -561,7 +561,7 @@ class RowCase:
 
 
 #: relative difference between a row's ``model_size`` and the model spec's bytes above which the
-#: row is flagged (the spec counts exactly the GGUF's tensor bytes: sim.gguf / gguf_writer tests)
+#: row is flagged (the spec counts exactly the GGUF's tensor bytes: sim.model.gguf / gguf_writer tests)
 MODEL_SIZE_TOLERANCE = 0.01
 
 
@@ -569,9 +569,9 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
              name: str = "llama-bench row", file: str | None = None) -> RowCase:
     """The scenario of one llama-bench row on ``model`` (already cut to the GGUF's layers).
 
-    Placement, workload and test from :mod:`sim.llamabench` (``row_terms``, ``row_placement``,
+    Placement, workload and test from :mod:`sim.views.llamabench` (``row_terms``, ``row_placement``,
     ``row_workload``); KV element size from ``type_k``/``type_v``; uniform routing; the variant of
-    the row's prefetch fields (:func:`sim.llamabench.row_variant`: ``baseline`` for a row
+    the row's prefetch fields (:func:`sim.views.llamabench.row_variant`: ``baseline`` for a row
     without them, ``prefetch``, ``prefetch_gated_<N>``, ``slots<N>``; a variant other than
     baseline is noted); seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
     (whose plans draw nothing). A row that cannot be simulated (an unknown ``-ot`` buffer, a pattern
@@ -579,7 +579,7 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     None and says why in ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are
     noted too.
     """
-    from sim.routing import RoutingSpec
+    from sim.model.routing import RoutingSpec
 
     try:
         terms = row_terms(row)
@@ -641,14 +641,14 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
 def predict(scn: Scenario, tests: Sequence[BenchTest], engine: str = "analytic",
             repetitions: int = 3) -> tuple[float, float]:
     """Predicted llama-bench t/s of a row: ``(mean, sample stddev)`` over ``repetitions`` routing
-    draws, from :func:`sim.metrics.run_scenario` (the scenario's one variant, one process). For two tests
+    draws, from :func:`sim.engines.metrics.run_scenario` (the scenario's one variant, one process). For two tests
     (``pp+tg``) each repetition's t/s is their tokens over the sum of their times, as llama-bench
     times a ``-pg`` test.
 
     Raises:
         PlacementError: the placement does not fit in the profile's VRAM.
     """
-    from sim.metrics import run_scenario
+    from sim.engines.metrics import run_scenario
 
     res = run_scenario(scn, tests=list(tests), engine=engine, repetitions=repetitions, jobs=1)
     if len(res) == 1:
@@ -752,9 +752,9 @@ def _case_key(case: RowCase) -> tuple:
 
 def _fit(scn: Scenario) -> tuple[str | None, float, float]:
     """``(note, vram MiB, staging MiB)`` of a row's placement under its variant on GPU 0
-    (:func:`sim.vram.account`, as ``run_scenario`` checks it): note None when it fits the
+    (:func:`sim.model.vram.account`, as ``run_scenario`` checks it): note None when it fits the
     profile's VRAM, else the note saying why not (and NaN MiB)."""
-    from sim.vram import account
+    from sim.model.vram import account
 
     try:
         b = account(scn, scn.variants[0])[0]
@@ -795,7 +795,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
         ``measured_stddev_ts``, ``n_samples``, ``predicted_ts`` and ``predicted_stddev_ts``
         (t/s; NaN when not simulated), ``rel_error`` (``predicted_ts / measured_ts - 1``),
         ``predicted_vram_mib`` and ``predicted_staging_mib`` (GPU 0's VRAM and the variant's
-        staging buffers as :func:`sim.vram.account` sizes them, MiB; NaN when not simulated) and
+        staging buffers as :func:`sim.model.vram.account` sizes them, MiB; NaN when not simulated) and
         ``note`` (``; ``-joined; what the simulator did not represent). ``attrs``: ``meta``
         (``meta.json``, or {}), ``hardware`` (profile name), ``engine``, ``run_dir``,
         ``disagreements`` (line -> the one-line report of each row that its invocation's
@@ -828,7 +828,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
             todo.setdefault(_case_key(c), c)
     order = sorted(todo, key=lambda k: -_cost(todo[k]))
     from sim.bounds import check_work
-    from sim.progress import closed_after
+    from sim.cli.progress import closed_after
 
     check_work(int(sum(_cost(todo[k]) for k in order)), max_work)  # before any work: a clear refusal, not hours
     results: dict[tuple, tuple] = {}
@@ -841,7 +841,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     else:
         from concurrent.futures import as_completed
 
-        from sim.interrupt import WorkerPool
+        from sim.cli.interrupt import WorkerPool
 
         with WorkerPool(max_workers=jobs) as ex:  # an interruption stops the workers at once
             futs = {ex.submit(_predict_task, todo[k].scenario, todo[k].tests, engine, todo[k].repetitions): k
@@ -1408,7 +1408,7 @@ def check_common_args(args: argparse.Namespace):
                 raise ScenarioError(f"'{getattr(args, flag)}' is also {seen[real]}'s file; give each output its own",
                                     field=f"--{flag}")
             seen[real] = f"--{flag}"
-    from sim.progress import bar, progress_enabled
+    from sim.cli.progress import bar, progress_enabled
 
     if not progress_enabled(args.quiet):  # -q, or stderr not a terminal (a pipe, a file, a CI log)
         return None
@@ -1463,8 +1463,8 @@ def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = 
 def run_cli(prog: str, body) -> int:
     """Run ``body()`` (returns the exit status); a bad input or an unwritable output is one line
     on stderr and exit status 2; Ctrl-C or SIGTERM stops the worker processes and is one line
-    and exit status 130 / 143 (:func:`sim.interrupt.run_interruptible`)."""
-    from sim.interrupt import run_interruptible
+    and exit status 130 / 143 (:func:`sim.cli.interrupt.run_interruptible`)."""
+    from sim.cli.interrupt import run_interruptible
 
     def guarded() -> int:
         try:

@@ -9,7 +9,7 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
 
   - ``ew_gb_per_s``: the elementwise kernels of an ``ncu`` profile of llama-bench's pp2048
     (ubatch 2048) on Qwen3-30B-A3B (``ncu/qwen3-pp2048-ub2048-fa1.csv``: :data:`EW_KERNELS`),
-    their f32 bytes (:func:`sim.ggmlcost.layer_elementwise`) over their summed time;
+    their f32 bytes (:func:`sim.model.ggmlcost.layer_elementwise`) over their summed time;
   - ``cpu_op_us``: the intercept of a least-squares line ``t = a + bytes / rate`` through the
     CPU table's single-matrix matvecs up to 16 MiB;
   - ``cpu_ew_gb_per_s``: the median of the CPU's cold matvec rates (streaming through DRAM);
@@ -80,8 +80,8 @@ def read_ncu(path: str | Path) -> pd.DataFrame:
 def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-30b-a3b.toml",
             profile: str = "qwen3-pp2048-ub2048-fa1", n_tokens: int = 2048) -> tuple[float, str]:
     """Measured elementwise rate (bytes/s) and its source text (module docstring)."""
-    from sim.ggmlcost import layer_elementwise
-    from sim.specs import load_model
+    from sim.model.ggmlcost import layer_elementwise
+    from sim.model.specs import load_model
 
     from .compare import resolve
 
@@ -98,7 +98,7 @@ def ew_rate(kernels_dir: str | Path, model_toml: str = "scenarios/models/qwen3-3
     rate = nbytes / t
     return rate, (f"measured: {len(ew)} elementwise kernels ({', '.join(EW_KERNELS)}) of an ncu profile of "
                   f"llama-bench pp{n_tokens} -ub {n_tokens} on {model.name} ({profile}.csv), "
-                  f"{nbytes / 1e9:.2f} GB of f32 in {t * 1e3:.2f} ms (sim.ggmlcost.layer_elementwise)")
+                  f"{nbytes / 1e9:.2f} GB of f32 in {t * 1e3:.2f} ms (sim.model.ggmlcost.layer_elementwise)")
 
 
 
@@ -128,8 +128,8 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
     Raises:
         PrefetchSimError: a profile missing, or the in-graph time not above the table's.
     """
-    from sim.ggmlcost import attended_keys, kv_cache_bytes, pad_cells
-    from sim.specs import load_model
+    from sim.model.ggmlcost import attended_keys, kv_cache_bytes, pad_cells
+    from sim.model.specs import load_model
 
     from .compare import resolve
 
@@ -159,7 +159,7 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
 def cpu_numbers(hw, table: str | Path | None = None) -> dict[str, tuple[float, str]]:
     """``cpu_op_us`` and ``cpu_ew_gb_per_s`` from the CPU table (module docstring); ``table``:
     the table's file, named in the sources (None: "the CPU table", the profile's own)."""
-    from sim.quant import ggml_nbytes
+    from sim.model.quant import ggml_nbytes
 
     name = f"the CPU table {Path(table).as_posix()}" if table else "the CPU table"
 
@@ -199,13 +199,13 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
 
     Raises:
         PrefetchSimError: the profile, with the table ``table``, does not load (the message of
-            :func:`sim.specs.load_hardware`, after the name of ``table``).
+            :func:`sim.model.specs.load_hardware`, after the name of ``table``).
     """
     import tempfile
 
     from sim.errors import ScenarioError
-    from sim.ggmlcost import read_table
-    from sim.specs import load_hardware
+    from sim.model.ggmlcost import read_table
+    from sim.model.specs import load_hardware
 
     folder = Path(dst).resolve().parent
     if not folder.is_dir():
@@ -267,7 +267,7 @@ def _one(args):
 
 def predict_times(cases, hw, values: dict[str, float], jobs: int = 2) -> np.ndarray:
     """Predicted test times (s) of ``cases`` on ``hw`` with its ``[ggml]`` fields set to ``values``."""
-    from sim.interrupt import WorkerPool
+    from sim.cli.interrupt import WorkerPool
 
     hw2 = hw.with_(ggml=replace(hw.ggml, **values))
     work = [(c.scenario, tuple(c.tests), hw2) for c in cases]
@@ -460,7 +460,7 @@ def _main(argv: list[str] | None) -> int:
                          "table, e.g. from the same lease as --run) instead of the profile's; cpu_op_us and "
                          "cpu_ew_gb_per_s are measured from it; needs --out")
     args = ap.parse_args(argv)
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     try:
         from .compare import check_run_dir, hardware_path
@@ -595,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m calibrate.llamacpp.fit``; returns the exit status (2 with a one-line message on
     a bad input; 130 / 143 on Ctrl-C / SIGTERM, the worker processes stopped and the profile
     left as it was)."""
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     return run_interruptible("fit", _main, argv)
 

@@ -3,7 +3,7 @@
 For a model TOML with ``[model] arch`` (``qwen3moe``, ``llama``, ``gemma3``, ``gpt-oss``) this
 writes a GGUF with the real architecture keys, tensor names (``blk.3.ffn_up_exps.weight``),
 shapes and per-tensor ggml types (llama.cpp's ``llama_tensor_get_type`` rule,
-:func:`sim.quant.tensor_ggml_type`), random weights and a "llama" SPM vocabulary. The files are
+:func:`sim.model.quant.tensor_ggml_type`), random weights and a "llama" SPM vocabulary. The files are
 benchmarked with real llama-bench as ground truth for the simulator, so the bytes are those of
 a real GGUF of the model and preset; only the values are synthetic.
 
@@ -45,9 +45,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.gguf import GGML_TYPE_ID, GGUFIndex, read_gguf_index
-from sim.quant import GGML_BLOCK, LLAMA_FTYPE, RULE_PRESETS, bpw_of, ggml_nbytes, tensor_ggml_type
-from sim.specs import ModelSpec, load_model
+from sim.model.gguf import GGML_TYPE_ID, GGUFIndex, read_gguf_index
+from sim.model.quant import GGML_BLOCK, LLAMA_FTYPE, RULE_PRESETS, bpw_of, ggml_nbytes, tensor_ggml_type
+from sim.model.specs import ModelSpec, load_model
 from sim.tomlio import load_toml
 
 __all__ = [
@@ -90,7 +90,7 @@ _ARCH_KV: Mapping[str, Mapping[str, Any]] = {
 #: the norm that feeds each arch's router (its weight multiplies the RMS-normed input)
 _ROUTER_NORM = {"qwen3moe": "ffn_norm", "llama": "ffn_norm", "gpt-oss": "post_attention_norm"}
 
-_GGML_TYPE_ID = GGML_TYPE_ID   # enum ggml_type (ggml/include/ggml.h), from sim.gguf
+_GGML_TYPE_ID = GGML_TYPE_ID   # enum ggml_type (ggml/include/ggml.h), from sim.model.gguf
 
 
 # --------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class TensorPlan:
             ``"small"`` (pool, :data:`SMALL_STD`), ``"ones"`` (norms), ``"zeros"`` (biases,
             attention sinks).
         layer: block index, -1 outside the blocks.
-        group: the :class:`sim.specs.ModelSpec` tensor group, or ``""`` for tensors ModelSpec
+        group: the :class:`sim.model.specs.ModelSpec` tensor group, or ``""`` for tensors ModelSpec
             omits (norms, biases, sinks).
     """
 
@@ -182,7 +182,7 @@ def plan_tensors(spec: ModelSpec, *, n_layer: int | None = None, preset: str | N
 
     Tensor lists follow the loaders in llama.cpp ``src/models/<arch>.cpp``
     (``load_arch_tensors``): ``qwen3moe.cpp``, ``llama.cpp``, ``gemma3.cpp``,
-    ``openai-moe.cpp`` (gpt-oss). Types follow :func:`sim.quant.tensor_ggml_type` with the
+    ``openai-moe.cpp`` (gpt-oss). Types follow :func:`sim.model.quant.tensor_ggml_type` with the
     *full* model's layer count, so the first ``n_layer`` blocks of a trimmed file have the
     bytes they have in the full file. gemma3 has tied embeddings: no ``output.weight``
     (llama.cpp duplicates ``token_embd``), token_embd takes the output type.
@@ -488,7 +488,7 @@ def encode_blocks(ggml_type: str, n_blocks: int, std: float, rng: np.random.Gene
         rng: numpy Generator.
 
     Returns:
-        uint8 array of ``n_blocks * type_size`` bytes (:data:`sim.quant.GGML_BLOCK`).
+        uint8 array of ``n_blocks * type_size`` bytes (:data:`sim.model.quant.GGML_BLOCK`).
 
     Raises:
         KeyError: a type without an encoder; ValueError: a std no block scale can represent.
@@ -759,7 +759,7 @@ def write_gguf(spec: ModelSpec, out: str | Path, *, n_layer: int | None = None, 
 
 
 # --------------------------------------------------------------------------------------
-# Reading back (the header reader is sim.gguf.read_gguf_index) and the routing proof
+# Reading back (the header reader is sim.model.gguf.read_gguf_index) and the routing proof
 # --------------------------------------------------------------------------------------
 
 
@@ -822,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m calibrate.llamacpp.gguf_writer``; returns the exit status (2 on errors,
     reported as one line on stderr; 130 / 143 on Ctrl-C / SIGTERM, the partial ``OUT.tmp``
     removed)."""
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     return run_interruptible("gguf_writer", _main, argv)
 
@@ -843,7 +843,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.seed < 0:
             raise ScenarioError(f"--seed must be >= 0, got {args.seed}")
-        from sim.benchflags import model_path
+        from sim.cli.benchflags import model_path
 
         spec = load_model(model_path(args.model))
         if args.tiny:

@@ -257,13 +257,13 @@ def check_bench_args(args: tuple[str, ...]) -> None:
     (llama-bench's flags, lists and ranges, glued values such as ``-ub0`` refused, the prefetch
     patch's ``-pw 0|1 -pwg N -pes N``, its harness flags; ``-b``/``-ub``/``-t`` >= 1 and
     ``-p``/``-n``/``-d``/``-pg``/``-b``/``-ub`` within the simulator's token bound, by
-    :func:`sim.benchflags.check_values`), so a grid that llama-bench would refuse, or that
+    :func:`sim.cli.benchflags.check_values`), so a grid that llama-bench would refuse, or that
     the simulator could not predict, is refused here, before a lease.
 
     Raises:
         ValueError: an unknown flag, a bad or out-of-range value (naming the flag), a stray word.
     """
-    from sim.benchflags import check_values, given_values, prefetch_combos
+    from sim.cli.benchflags import check_values, given_values, prefetch_combos
 
     ns = _parse_bench_args(args)
     ours = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in SIM_ONLY_FLAGS]
@@ -280,13 +280,13 @@ def check_bench_args(args: tuple[str, ...]) -> None:
 def asked_values(args: Sequence[str]) -> dict[str, tuple[str, tuple]]:
     """What a recorded llama-bench command line (an invocation's ``args``, as the runner writes
     them, or a whole command with ``-m``, ``-r``, ``-o``) asks its rows to be: row field ->
-    ``(flag, values)`` for the flags it gives (:func:`sim.benchflags.asked_row_values`), parsed
+    ``(flag, values)`` for the flags it gives (:func:`sim.cli.benchflags.asked_row_values`), parsed
     as :func:`check_bench_args` parses a grid's.
 
     Raises:
         ValueError: an unknown flag, a bad value (naming the flag), a stray word.
     """
-    from sim.benchflags import asked_row_values
+    from sim.cli.benchflags import asked_row_values
 
     return asked_row_values(_parse_bench_args(args, output=True))
 
@@ -298,7 +298,7 @@ def _parse_bench_args(args: Sequence[str], *, output: bool = False) -> argparse.
     Raises:
         ValueError: an unknown flag, a bad value (naming the flag), a stray word.
     """
-    from sim.benchflags import add_bench_flags
+    from sim.cli.benchflags import add_bench_flags
 
     ap = _refusing_parser()
     add_bench_flags(ap)

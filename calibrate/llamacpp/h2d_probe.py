@@ -117,6 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("h2d_probe", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

@@ -26,17 +26,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from sim.benchflags import PREFETCH_FLAGS
-from sim.llamabench import PREFETCH_DEFAULTS
+from sim.cli.benchflags import PREFETCH_FLAGS
+from sim.views.llamabench import PREFETCH_DEFAULTS
 
 #: llama-bench's prefetch flags (the patch's) -> the scheduler's environment variable
 #: the scheduler's environment variable of each prefetch field (set per test by the patched
 #: llama-bench, read by ``ggml_backend_sched_new``: :mod:`calibrate.llamacpp.prefetch_patch`)
 FIELD_ENV = {"prefetch_weights": "GGML_SCHED_PREFETCH_WEIGHTS", "prefetch_gate": "GGML_SCHED_PREFETCH_GATE",
              "prefetch_expert_slots": "GGML_SCHED_PREFETCH_EXPERT_SLOTS"}
-#: llama-bench's prefetch flags (the patch's, :data:`sim.benchflags.PREFETCH_FLAGS`) -> the variable
+#: llama-bench's prefetch flags (the patch's, :data:`sim.cli.benchflags.PREFETCH_FLAGS`) -> the variable
 FLAG_ENV = {opt: FIELD_ENV[dest] for dest, opts, *_ in PREFETCH_FLAGS for opt in opts}
-#: every variable at its off value (the patch's defaults, :data:`sim.llamabench.PREFETCH_DEFAULTS`)
+#: every variable at its off value (the patch's defaults, :data:`sim.views.llamabench.PREFETCH_DEFAULTS`)
 OFF_ENV = {FIELD_ENV[k]: str(v) for k, v in PREFETCH_DEFAULTS.items()}
 #: psim-decode's flags that take a value
 DECODE_FLAGS = ("-ngl", "-ncmoe", "-lm", "-b", "-ub", "-p", "-n", "-fa", "--seed")

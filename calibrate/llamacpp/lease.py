@@ -29,7 +29,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from sim.interrupt import kill_group
+from sim.cli.interrupt import kill_group
 
 from .build import TARGETS, BuildError, build, nvcc_found, unpack_patched
 from .grid import load_grid, run_grid
@@ -221,7 +221,7 @@ def start_writers(lease: Lease, spec, repo: Path,
     the same work folder (same model TOML, writer source, seed and layers: ``models/<key>.json``).
     A model whose estimated size does not fit the free disk is skipped and recorded. ``procs``: the
     list to append to as each starts (an interruption half-way knows which to stop)."""
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     lease.models.mkdir(parents=True, exist_ok=True)
     procs = [] if procs is None else procs
@@ -425,7 +425,7 @@ def run_lease(src_archive: str | Path, grid_path: str | Path, work: str | Path, 
     try:
         start_writers(lease, spec, repo, procs)
         return _after_writers(lease, spec, procs, src_archive, deadline_at, repo, jobs, meta)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (sim.interrupt): stop what the lease started
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (sim.cli.interrupt): stop what the lease started
         for _key, proc, *_ in procs:
             if proc is not None and proc.poll() is None:
                 kill_group(proc)  # the writer removes its partial GGUF (OUT.tmp)

@@ -10,7 +10,7 @@ KV depths, and parses the program's output into a table.
 file; ``python -m calibrate.llamacpp.perf_cases parse LOG [--out CSV]`` reads a
 ``test-backend-ops perf`` log (the patched list or the fixed one);
 ``python -m calibrate.llamacpp.perf_cases table LOG [LOG ...] --out CSV`` writes the kernel table
-a ``[ggml]`` hardware profile reads (:func:`sim.ggmlcost.table_from_perf`).
+a ``[ggml]`` hardware profile reads (:func:`sim.model.ggmlcost.table_from_perf`).
 
 Case lines (one per case; see the patch)::
 
@@ -26,7 +26,7 @@ head geometry (FlashAttention and the unfused KQ / softmax / KQV of ``-fa 0``), 
 case per weight type: ``MUL_MAT_B`` over enough distinct matrices that their bytes exceed the
 GPU's L2 (or the CPU's last-level cache). ``test-backend-ops perf`` repeats one op on one weight,
 which then sits in the cache; in a model every layer reads other weights, so a matvec is priced
-at no less than its bytes over the cold rate (:mod:`sim.ggmlcost`).
+at no less than its bytes over the cold rate (:mod:`sim.model.ggmlcost`).
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def model_cases(model_toml: str | Path, tokens: Sequence[int] = TOKENS,
     """The distinct cases of one model: weight matmuls ``(type, m, k)`` (ggml's ``ne[1], ne[0]``)
     for every token count, expert tensors as MUL_MAT_ID with the model's ``n_expert``/top-k, and
     FlashAttention at its head geometry (``(n_tokens, kv)`` pairs of ``attn``)."""
-    from sim.benchflags import model_path
-    from sim.specs import load_model
+    from sim.cli.benchflags import model_path
+    from sim.model.specs import load_model
 
     from .gguf_writer import plan_tensors
 
@@ -135,7 +135,7 @@ def _weights(spec) -> tuple[set, set, set]:
 
 def _cold(kind: str, shapes) -> list[Case]:
     """One cold ``MUL_MAT_B`` case per type: its largest matrix, repeated to :data:`COLD_BYTES`."""
-    from sim.quant import ggml_nbytes
+    from sim.model.quant import ggml_nbytes
 
     best: dict[str, tuple[int, int, int]] = {}
     for ty, m, k in shapes:  # the largest matrix up to 64 MiB (quantising random data takes time)
@@ -155,8 +155,8 @@ def gpu_cases(models: Iterable[str | Path] = LEASE_MODELS) -> list[Case]:
     computes the logits of the last token), expert matmuls at the same counts, FlashAttention at
     :data:`GPU_ATTN` and the unfused attention at :data:`GPU_ATTN_UNFUSED` for each head
     geometry, and the cold cases."""
-    from sim.benchflags import model_path
-    from sim.specs import load_model
+    from sim.cli.benchflags import model_path
+    from sim.model.specs import load_model
 
     out: list[Case] = []
     allm: set = set()
@@ -184,8 +184,8 @@ def cpu_cases(models: Iterable[str | Path] = LEASE_MODELS) -> list[Case]:
     every weight, expert and output matmul at 1 token, FlashAttention of dense models at
     :data:`CPU_ATTN` (layers ``-ngl`` leaves on the CPU attend there, at prefill too), and the
     cold cases."""
-    from sim.benchflags import model_path
-    from sim.specs import load_model
+    from sim.cli.benchflags import model_path
+    from sim.model.specs import load_model
 
     out: list[Case] = []
     allm: set = set()
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.out}: {len(cases)} cases ({', '.join(f'{v} {k}' for k, v in n.items())})")
         elif args.cmd == "table":
             from sim.atomic import write_atomic
-            from sim.ggmlcost import table_from_perf
+            from sim.model.ggmlcost import table_from_perf
 
             check_output_path(args.out, "--out")
             frames = []
@@ -344,6 +344,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("perf_cases", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

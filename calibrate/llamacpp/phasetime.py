@@ -276,7 +276,7 @@ def summary(tab: pd.DataFrame) -> pd.DataFrame:
 def host_figures(tab: pd.DataFrame, run_label: str) -> dict[str, tuple[float, str]]:
     """The host figures a profile takes from a phase-timing lease, ``{key: (value, source)}``:
 
-    * ``mask_ns``: ns per KQ-mask entry llama.cpp's host visits (:func:`sim.ggmlcost.mask_entries`
+    * ``mask_ns``: ns per KQ-mask entry llama.cpp's host visits (:func:`sim.model.ggmlcost.mask_entries`
       of the ubatch's model, tokens and KV cells before it): the median over prompt ubatches of at
       least :data:`MIN_MASK_TOKENS` tokens of ``mask_s / entries``;
     * ``call_us``, ``call_ns_per_token``: a ``llama_decode`` call's ``pre`` phase, a least-squares
@@ -294,8 +294,8 @@ def host_figures(tab: pd.DataFrame, run_label: str) -> dict[str, tuple[float, st
     Raises:
         PrefetchSimError: no prompt ubatch to measure a figure on.
     """
-    from sim.ggmlcost import mask_entries
-    from sim.specs import load_model
+    from sim.model.ggmlcost import mask_entries
+    from sim.model.specs import load_model
 
     from .compare import resolve
 
@@ -368,6 +368,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("phasetime", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

@@ -161,7 +161,7 @@ def pooled_markdown(pooled: pd.DataFrame, title: str, min_rows: int = 1) -> str:
         sd, se, n = spread.get(r.group, (math.nan, math.nan, 0))
         lines.append(f"| {r.group} | {r.n_predicted} | {n} | {pct(r.median_abs_rel_error)} | {pct(r.p90_abs_rel_error)} | "
                      f"{pct(r.median_rel_error, True)} | {pct(sd)} | {pct(se)} |")
-    from sim.report import md_escape
+    from sim.views.report import md_escape
 
     lines += ["", "| configuration | split | rows | runs | pooled err | spread | std. error | rows' err min…max |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]

@@ -5,7 +5,7 @@ Every ``[[run]]`` of a grid spec (:mod:`calibrate.llamacpp.grid`) is one ``prefe
 of ``SCENARIO`` with the run's model TOML (``-m``) and its llama-bench arguments, written as
 llama-bench JSONL to ``DIR/<run id>.jsonl`` (the rows the grid will measure, in llama-bench's
 fields). The variants are the ones the run's prefetch-patch flags ask for (``-pw``, ``-pwg``,
-``-pes``: :func:`sim.benchflags.prefetch_combos`, one row per combination and test with its
+``-pes``: :func:`sim.cli.benchflags.prefetch_combos`, one row per combination and test with its
 ``prefetch_*`` fields and ``speedup_vs_baseline``; the combinations the simulator does not model,
 ``-pw 1`` with ``-pes N``, are left out with a note: ``--skip-unmodelled``), else the baseline
 only. Used for grids whose hardware is
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sim.errors import PrefetchSimError
 
-from sim.benchflags import PREFETCH_FLAGS
+from sim.cli.benchflags import PREFETCH_FLAGS
 
 from .grid import load_grid
 
@@ -78,6 +78,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("predict", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

@@ -52,7 +52,7 @@ bytes of all staging slots; the scheduler prints one line per allocation::
 like llama-bench's other flags (each test instance is repeated for every combination, the
 combinations innermost, so off and on alternate within one model load); each sets the variables
 above before the test's context is created. The fields ``prefetch_weights``, ``prefetch_gate``,
-``prefetch_expert_slots`` (INT) are printed before ``n_prompt`` (``sim.llamabench.FIELDS``), and after
+``prefetch_expert_slots`` (INT) are printed before ``n_prompt`` (``sim.views.llamabench.FIELDS``), and after
 each context is created one stderr line::
 
     prefetch-sim vram: model=M test=512/0/0 ub=512 pw=1 pwg=0 pes=0 used_mib=41234.0 staging_mib=226.5

@@ -7,7 +7,7 @@ Two measurements, both reported (``python -m calibrate.llamacpp.routing_check RU
    grid's ``kind = "routing"`` runs (:mod:`calibrate.llamacpp.patches`): per graph, the share of
    (layer, expert tensor, expert) triples the selective copy moved and its bytes, against the
    uniform-routing expectation ``f(B) = 1 - (1 - k/E)^B`` for a ubatch of ``B`` tokens
-   (:func:`sim.routing.expected_distinct_uniform`).
+   (:func:`sim.model.routing.expected_distinct_uniform`).
 2. **Timed** — the bytes llama-bench's time implies: per ubatch of a pp test with every expert on
    the host, ``(t_host - t_resident) * h2d_pinned`` where ``t`` is the ubatch time
    (``n_ubatch / t/s``) at the same ``n_ubatch`` and prompt, and ``h2d_pinned`` the pinned H2D
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import PrefetchSimError
-from sim.routing import expected_distinct_uniform
+from sim.model.routing import expected_distinct_uniform
 
 from .grid import read_log
 from .patches import parse_copy_log
@@ -62,7 +62,7 @@ def counted(run_dir: str | Path, repo: str | Path | None = None) -> pd.DataFrame
     used_share, used_share_sd, uniform_share, expert_gib_copied, expert_gib_total,
     predicted_gib`` (``predicted_gib = uniform_share * expert_gib_total``: the share of whole
     expert tensors; ggml's 512-byte padding tails are not counted there)."""
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     run_dir = Path(run_dir)
     rows = []
@@ -102,8 +102,8 @@ def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path | None =
     time implies per ubatch against the uniform prediction (see the module docstring).
     Columns: ``model, test, n_ubatch, t_host_ms, t_resident_ms, implied_gib, predicted_gib,
     bytes_error``."""
-    from sim.llamabench import read_llama_bench
-    from sim.specs import load_model
+    from sim.views.llamabench import read_llama_bench
+    from sim.model.specs import load_model
 
     run_dir = Path(run_dir)
     df = read_llama_bench(run_dir / "llama-bench.jsonl")
@@ -146,7 +146,7 @@ def h2d_bandwidth(run_dir: str | Path, hardware: str | Path) -> tuple[float, str
         d = json.loads(p.read_text())
         if d.get("pinned_bytes_per_s"):
             return float(d["pinned_bytes_per_s"]), f"{p} (measured in the lease)"
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     hw = load_hardware(hardware)
     return hw.h2d_pinned.bytes_per_s, f"{hardware} h2d_pinned_gb_per_s"
@@ -203,6 +203,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("routing_check", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

@@ -45,5 +45,5 @@ def is_fit_row(row) -> bool:
 
 
 def label(df: pd.DataFrame) -> pd.Series:
-    """``"fit"`` or ``"heldout"`` for every row of a :func:`sim.llamabench.read_llama_bench` frame."""
+    """``"fit"`` or ``"heldout"`` for every row of a :func:`sim.views.llamabench.read_llama_bench` frame."""
     return df.apply(lambda r: "fit" if is_fit_row(r) else "heldout", axis=1)

@@ -195,7 +195,7 @@ def kv_store_splits(graphs: list[GraphRecord], min_tokens: int = 32) -> pd.DataF
 
 
 def _d_model(model_toml: str | Path) -> int:
-    from sim.specs import load_model
+    from sim.model.specs import load_model
 
     return load_model(model_toml).d_model
 
@@ -304,12 +304,12 @@ def _cpu_parts(case, hardware) -> tuple[float, float, int]:
     """``(fixed, scaled, n_cpu_splits)`` of one decode case's CPU ops per graph (s): the time the
     profile gives the CPU-stream ops is ``fixed + scaled / cpu_rate_scale`` plus ``n_cpu_splits ·
     cpu_split_s``; read by pricing its plan at ``cpu_rate_scale`` 1 and 1/2 with no CPU split cost
-    (the bandwidth term of :meth:`sim.ggmlcost.GgmlKernels.matmul_s` dominates at one token)."""
+    (the bandwidth term of :meth:`sim.model.ggmlcost.GgmlKernels.matmul_s` dominates at one token)."""
     from dataclasses import replace
 
-    from sim.builder import build_plan, make_context
-    from sim.costs import plan_durations
-    from sim.metrics import fit_context_to_tests, rep_rng
+    from sim.plan.builder import build_plan, make_context
+    from sim.model.costs import plan_durations
+    from sim.engines.metrics import fit_context_to_tests, rep_rng
 
     scn = fit_context_to_tests(case.scenario, list(case.tests))
     v, t = scn.variants[0], case.tests[0]
@@ -342,7 +342,7 @@ def cpu_decomposition(run_dir: str | Path, hardware=None) -> tuple[pd.DataFrame,
             ratio of CPU splits to CPU bytes is the same (``-ncmoe`` of one model: ``a`` and ``s``
             cannot be told apart), or no hardware profile with llama.cpp kernel tables.
     """
-    from sim.specs import load_hardware
+    from sim.model.specs import load_hardware
 
     from .compare import DEFAULT_HARDWARE, build_cases
 
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_run_dir(args.run_dir, field="run_dir")
         if args.cpu:
-            from sim.specs import load_hardware
+            from sim.model.specs import load_hardware
 
             from .compare import DEFAULT_HARDWARE
 
@@ -434,6 +434,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from sim.interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     sys.exit(run_interruptible("splittime", main))  # Ctrl-C / SIGTERM: one line, 130 / 143

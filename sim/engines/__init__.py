@@ -11,15 +11,15 @@ The real executor (``calibrate/``) produces the same :class:`~sim.plan.Schedule`
 
 from __future__ import annotations
 
-from ..plan import Plan, Schedule
-from . import analytic
+from sim.plan import Plan, Schedule
+from sim.engines import analytic
 
 #: accepted values of ``engine``
 ENGINES: tuple[str, ...] = ("analytic", "des")
 
 
 def _des_run(plan: Plan, durations) -> Schedule:
-    from . import des  # SimPy is imported only when the DES is used
+    from sim.engines import des  # SimPy is imported only when the DES is used
 
     return des.run(plan, durations)
 

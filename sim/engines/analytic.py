@@ -19,7 +19,7 @@ are dropped when the plan is compiled (:func:`compile_plan`). A typical op then 
 predecessors left.
 
 Batches of scenarios that differ only in durations (the KV lengths of a prefill's ubatches,
-:mod:`sim.memo`) mostly share their *critical tree* (each op's start is the end of one
+:mod:`sim.plan.memo`) mostly share their *critical tree* (each op's start is the end of one
 predecessor): :func:`_run_tree` times one scenario op by op and sums the others along its
 tree with numpy, checking that the tree is theirs (exact: the same additions in the same
 order; a scenario it does not fit is timed op by op).
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan import Plan, Schedule
+from sim.plan import Plan, Schedule
 
 ENGINE_NAME = "analytic"
 

@@ -55,8 +55,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from ..plan import Plan, Schedule
-from .analytic import check_durations
+from sim.plan import Plan, Schedule
+from sim.engines.analytic import check_durations
 
 ENGINE_NAME = "des"
 

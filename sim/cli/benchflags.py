@@ -22,12 +22,12 @@ not copied. As there:
   first empty rule (:func:`_ot_sets`). Buffers, spelt exactly as llama-bench lists them:
   ``CPU``, ``CUDA<i>`` / ``ROCm<i>`` for the profile's GPUs;
 * ``--n-cpu-moe N`` adds, after the ``-ot`` rules, the rules keeping the experts of blocks
-  0..N-1 on the host (:func:`sim.llamabench.n_cpu_moe_rules`; the simulator's
+  0..N-1 on the host (:func:`sim.views.llamabench.n_cpu_moe_rules`; the simulator's
   ``Placement.n_cpu_moe``).
 
 What is not given on the command line comes from the scenario (its placement, workload,
 model, hardware and variants; ``-m`` replaces the model only). Each combination becomes a
-llama-bench row (:func:`bench_values`) and, through the row helpers of :mod:`sim.llamabench`
+llama-bench row (:func:`bench_values`) and, through the row helpers of :mod:`sim.views.llamabench`
 (``row_terms``, ``row_placement``, ``model_with_kv``: the same mapping the comparison against
 real llama-bench runs uses), the simulator's placement and workload (:func:`setting_scenario`).
 Flags the simulator does not model (``-t``, ``-fa``, ``-nkvo``, ``-embd``, ``-sm row``...) and
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError
+from sim.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------
 # value syntax
@@ -66,7 +66,7 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
             value (end below start), or one that would never end (a multiplier below 2 or a
             start below 1 with ``*``, a step below 1 with ``+``).
     """
-    from .bounds import INT32_MAX, LIST_VALUES_MAX
+    from sim.bounds import INT32_MAX, LIST_VALUES_MAX
 
     out: list[int] = []
     for part in text.split(","):
@@ -258,7 +258,7 @@ def _str_list(text: str) -> tuple[str, ...]:
 
 def variant_names(text: str) -> list[str]:
     """``--variant``'s value: a comma list of variant names (``baseline,slots3``), as llama-bench
-    takes its list flags; each name is checked later (:func:`sim.specs.parse_variant`, naming
+    takes its list flags; each name is checked later (:func:`sim.model.specs.parse_variant`, naming
     ``--variant``). With ``action="extend"`` a repeated flag adds its names.
 
     Raises:
@@ -368,7 +368,7 @@ PREFETCH_FLAGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
 @dataclass(frozen=True)
 class PrefetchCombo:
     """One combination of ``-pw``/``-pwg``/``-pes``: the values a row prints and the simulator
-    variant that runs it (:func:`sim.llamabench.prefetch_variant`; None: not modelled)."""
+    variant that runs it (:func:`sim.views.llamabench.prefetch_variant`; None: not modelled)."""
 
     prefetch_weights: int
     prefetch_gate: int
@@ -377,7 +377,7 @@ class PrefetchCombo:
 
     @property
     def fields(self) -> dict[str, int]:
-        """The row's fields (:data:`sim.llamabench.PATCH_FIELDS`)."""
+        """The row's fields (:data:`sim.views.llamabench.PATCH_FIELDS`)."""
         return {"prefetch_weights": self.prefetch_weights, "prefetch_gate": self.prefetch_gate,
                 "prefetch_expert_slots": self.prefetch_expert_slots}
 
@@ -398,7 +398,7 @@ def prefetch_combos(args: argparse.Namespace) -> tuple[PrefetchCombo, ...] | Non
     Raises:
         ScenarioError: ``-pw`` other than 0/1.
     """
-    from .llamabench import PREFETCH_DEFAULTS, prefetch_variant
+    from sim.views.llamabench import PREFETCH_DEFAULTS, prefetch_variant
 
     lists = {dest: _flat(args, dest) for dest, *_ in PREFETCH_FLAGS}
     if all(v is None for v in lists.values()):
@@ -426,7 +426,7 @@ def prefetch_flag_variants(args: argparse.Namespace) -> tuple | None:
         ScenarioError: ``-pw`` other than 0/1; a combination that is not modelled (``-pw 1``
             with ``-pes N > 0``) without ``--skip-unmodelled``; none left to simulate.
     """
-    from .specs import parse_variant
+    from sim.model.specs import parse_variant
 
     combos = prefetch_combos(args)
     if combos is None:
@@ -472,7 +472,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     """llama-bench's flags (lists and ranges; a repeated flag adds values), the prefetch patch's
     ``-pw``/``-pwg``/``-pes`` (:data:`PREFETCH_FLAGS`), the scenario, and
     ``--variant``/``--engine``/``--max-work``."""
-    from .bounds import EXPANDED_WORK_MAX, MEMO_WORK_DIVISOR, REPETITIONS_MAX, WORK_MAX
+    from sim.bounds import EXPANDED_WORK_MAX, MEMO_WORK_DIVISOR, REPETITIONS_MAX, WORK_MAX
 
     p.add_argument("scenario", nargs="?", help="scenario TOML (default: scenarios/default.toml)")
     for dest, opts, typ, metavar, help_ in _LIST_FLAGS:
@@ -578,9 +578,9 @@ class Instance:
 
     @property
     def tests(self):
-        """The simulator tests of this test (:class:`sim.specs.BenchTest`): one, or for pp+tg the
+        """The simulator tests of this test (:class:`sim.model.specs.BenchTest`): one, or for pp+tg the
         prompt at the depth then the generation at depth + prompt (one context, as llama-bench)."""
-        from .specs import BenchTest
+        from sim.model.specs import BenchTest
 
         if self.kind == PP:
             return (BenchTest(self.n_prompt, 0, self.n_depth),)
@@ -604,7 +604,7 @@ LOOP_ORDER = ("model", "fit_target", "fit_min_ctx", "n_gpu_layers", "n_cpu_moe",
 
 def kv_type_of(bytes_per_elem: float) -> str:
     """The KV cache type name of a model's ``kv_bytes_per_elem`` (``f16`` when none matches)."""
-    from .quant import bpw_of
+    from sim.model.quant import bpw_of
 
     for t in KV_TYPES:
         if abs(bpw_of(t) / 8 - bytes_per_elem) < 1e-9:
@@ -628,7 +628,7 @@ class BenchParams:
             does not model left out (``--skip-unmodelled``); None: not given (the rows are the
             scenario's or ``--variant``'s variants).
         warmup: llama-bench's untimed warm-up run before each test (False: ``--no-warmup``;
-            only an expert cache keeps anything of it, :func:`sim.metrics.run_variant_test`).
+            only an expert cache keeps anything of it, :func:`sim.engines.metrics.run_variant_test`).
     """
 
     values: dict[str, tuple]
@@ -722,7 +722,7 @@ def check_values(values: dict[str, Sequence], *, repetitions: int | None = None,
     Raises:
         ScenarioError: a value out of range (``-b 0``, ``-ub 0``, ``-r 0``), naming the flag.
     """
-    from .bounds import REPETITIONS_MAX, TOKENS_MAX, check_tokens
+    from sim.bounds import REPETITIONS_MAX, TOKENS_MAX, check_tokens
 
     for dest, flag in (("n_batch", "-b/--batch-size"), ("n_ubatch", "-ub/--ubatch-size"),
                        ("n_threads", "-t/--threads")):
@@ -828,9 +828,9 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
 
 def hardware_backend(hw) -> str:
     """llama-bench's ``backends`` of a profile: its ``backend`` field, else
-    :func:`sim.specs.default_backend` of its GPU (``CUDA`` for NVIDIA, ``ROCm`` for AMD, the
+    :func:`sim.model.specs.default_backend` of its GPU (``CUDA`` for NVIDIA, ``ROCm`` for AMD, the
     profile's name otherwise)."""
-    from .specs import default_backend
+    from sim.model.specs import default_backend
 
     return getattr(hw, "backend", "") or default_backend(hw.gpu_name, hw.name)
 
@@ -875,7 +875,7 @@ def sim_buffer(canon: str) -> str:
 
 def gguf_names(model) -> list[str]:
     """The model's tensor names as a GGUF has them (``blk.3.ffn_up_exps.weight``); a model whose
-    names lack the suffix (an older :class:`sim.specs.Tensor` naming) gets ``.weight`` added."""
+    names lack the suffix (an older :class:`sim.model.specs.Tensor` naming) gets ``.weight`` added."""
     names = [t.name for t in model.tensors]
     if any(n.endswith((".weight", ".bias")) for n in names):
         return names
@@ -900,7 +900,7 @@ def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
         ScenarioError: the pattern does not compile, or matches no tensor (naming the rule and
             the nearest tensor names).
     """
-    from .llamabench import python_regex
+    from sim.views.llamabench import python_regex
 
     try:
         cre = re.compile(python_regex(pattern))
@@ -944,7 +944,7 @@ def model_filename(setting: Setting, model) -> str:
 
 def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequence[Rule] | None = None) -> dict:
     """Every llama-bench field of one test but the build and the timings (``avg_ns``... come from
-    the samples: :func:`sim.report.bench_row`), as llama-bench prints them: ``model_type`` is the
+    the samples: :func:`sim.views.report.bench_row`), as llama-bench prints them: ``model_type`` is the
     model's label, ``backends`` the profile's backend, ``gpu_info`` its GPU per device,
     ``cpu_info`` says the host is simulated; defaults where the simulator has no such setting
     (``cpu_mask 0x0``, ``poll 50``, ``devices auto``, ``lazy_mode auto``, ``repack`` true)."""
@@ -978,7 +978,7 @@ def model_path(text: str) -> Path:
     if p.exists() or p.is_absolute():
         return p
     try:
-        from . import resources
+        from sim import resources
     except ImportError:  # pragma: no cover - older layout
         return p
     if resources.is_bare_name(text):
@@ -1005,7 +1005,7 @@ class Notes:
 
 def _routing_for(scn, model, notes: Notes):
     """The scenario's routing on another model: kept when it fits the model, else uniform (noted)."""
-    from .routing import RoutingSpec, load_trace
+    from sim.model.routing import RoutingSpec, load_trace
 
     r = scn.routing
     if model is scn.model or model.moe is None or getattr(r, "kind", "uniform") == "uniform":
@@ -1026,9 +1026,9 @@ def _routing_for(scn, model, notes: Notes):
 def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: Notes):
     """The simulator scenario of one setting, over the base scenario ``scn`` with ``model``.
 
-    The setting's llama-bench row goes through :func:`sim.llamabench.row_terms`,
-    :func:`~sim.llamabench.model_with_kv` (when ``-ctk``/``-ctv`` are given) and
-    :func:`~sim.llamabench.row_placement`; the scenario's own placement settings that a
+    The setting's llama-bench row goes through :func:`sim.views.llamabench.row_terms`,
+    :func:`~sim.views.llamabench.model_with_kv` (when ``-ctk``/``-ctv`` are given) and
+    :func:`~sim.views.llamabench.row_placement`; the scenario's own placement settings that a
     llama-bench row does not carry stay (``expert_cache_experts``, ``op_offload_min_batch``
     unless ``-nopo 1``, ``fit_experts``, ``fit_target_mib``, its ``ctx_size`` as the least
     context). ``-fitt M``: the fewest host expert layers that fit with M MiB left free per GPU
@@ -1040,8 +1040,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         ScenarioError: an ``-ot`` rule with an unknown buffer, a pattern that does not compile
             or matches no tensor; ``-mg`` beyond the profile's GPUs.
     """
-    from .llamabench import model_with_kv, row_placement, row_terms
-    from .specs import Workload
+    from sim.views.llamabench import model_with_kv, row_placement, row_terms
+    from sim.model.specs import Workload
 
     hw = scn.hardware
     given = params.given
@@ -1167,7 +1167,7 @@ def check_fit_target(fit_target_mib: int, hw) -> None:
                         "for the weights, KV cache and compute buffer)", field="-fitt/--fit-target")
 
 
-#: the :class:`Setting` fields that size each VRAM component of :class:`sim.vram.VramBreakdown`
+#: the :class:`Setting` fields that size each VRAM component of :class:`sim.model.vram.VramBreakdown`
 #: (weights: what is on the GPU; KV cache: its layers there and element types, the context is
 #: the tests'; compute buffer: the ubatch's activations; reserved: ``-fitt``'s margin, held as
 #: reserved VRAM), in the order :func:`overflow_in_flags` names them
@@ -1193,7 +1193,7 @@ _OPTS_OF = {dest: "/".join(opts) for dest, opts, *_ in _LIST_FLAGS}
 def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, base_ctx_size: int,
                       variant_flag: tuple[str, str] | None = None, *, test_flags: Sequence[tuple[str, str]] = (),
                       where: str = "") -> Exception:
-    """A VRAM overflow (:class:`sim.errors.VramOverflowError` of :func:`sim.vram.account`) of one
+    """A VRAM overflow (:class:`sim.errors.VramOverflowError` of :func:`sim.model.vram.account`) of one
     setting in the terms of the command line: the error names the flags given that size the
     component(s) that overflow, with their values, and says what to change in flag terms.
 
@@ -1213,7 +1213,7 @@ def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, bas
         ``where``, e.g. the setting); ``exc`` itself when it is no VRAM overflow or no flag
         given sizes what overflows (the scenario's field stays named).
     """
-    from .errors import PlacementError, VramOverflowError
+    from sim.errors import PlacementError, VramOverflowError
 
     b = getattr(exc, "breakdown", None)
     if not isinstance(exc, VramOverflowError) or b is None:
@@ -1281,7 +1281,7 @@ def load_models(params: BenchParams, scn) -> dict[str | None, Any]:
     Raises:
         ScenarioError: a model file that is missing or not a model (naming it).
     """
-    from .specs import load_model
+    from sim.model.specs import load_model
 
     out: dict[str | None, Any] = {}
     for name in params.values["model"]:
@@ -1294,7 +1294,7 @@ def load_models(params: BenchParams, scn) -> dict[str | None, Any]:
         if p.is_dir():
             raise ScenarioError("is a folder, expected a model TOML or GGUF file", file=p, field="-m/--model")
         if not p.exists():
-            from . import resources
+            from sim import resources
 
             if resources.is_bare_name(name):  # a name, not a path: say which names there are
                 raise ScenarioError(resources.unknown_name_message("model", name.strip()), field="-m/--model")

@@ -1,4 +1,4 @@
-"""Cost model: the duration of each plan op on a :class:`~sim.specs.HardwareProfile`.
+"""Cost model: the duration of each plan op on a :class:`~sim.model.specs.HardwareProfile`.
 
 Pure functions of (op, profile). Formulas:
 
@@ -39,16 +39,16 @@ import math
 
 import numpy as np
 
-from .ggmlcost import attended_keys
-from .plan import KIND_CODE, STREAM_CODE, Op, OpKind, Plan, Stream
-from .specs import HardwareProfile
+from sim.model.ggmlcost import attended_keys
+from sim.plan import KIND_CODE, STREAM_CODE, Op, OpKind, Plan, Stream
+from sim.model.specs import HardwareProfile
 
 #: host time per router id scanned when building the set of used experts and its runs.
 #: Assumption: a few ns per id for a tight C loop; 5 ns keeps it visible but negligible.
 HOST_WORK_PER_ITEM_S = 5e-9
 
 ACT_BYTES = 4  # activations are f32 in ggml graphs
-#: ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH`` default (sim.specs.Placement.op_offload_min_batch)
+#: ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH`` default (sim.model.specs.Placement.op_offload_min_batch)
 OP_OFFLOAD_MIN_BATCH = 32
 
 
@@ -299,7 +299,7 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
         return hw.event_s
     if k is OpKind.HOST_WORK and op.tag == "kv_moved":
         # a profile without [ggml] figures: the copies only (no one-thread SET_ROWS rate, no
-        # per-split host time: sim.builder._launch_split_items)
+        # per-split host time: sim.plan.builder._launch_split_items)
         return kv_copies_s(op.shape, hw)
     if k is OpKind.HOST_WORK:
         n_ids = op.shape[0] if op.shape else 0
@@ -330,7 +330,7 @@ def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
 
 
 def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
-    """Duration of ``op`` from the profile's llama.cpp kernel tables (:mod:`sim.ggmlcost`), or
+    """Duration of ``op`` from the profile's llama.cpp kernel tables (:mod:`sim.model.ggmlcost`), or
     None for an op they do not price (copies, syncs, launches: the generic formulas; a weight
     whose ggml type has no measured kernel: the roofline)."""
     g = hw.ggml
@@ -382,7 +382,7 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
             ew_on = "gpu" if n_tok >= OP_OFFLOAD_MIN_BATCH else "cpu"
             return t + g.elementwise_s(ew_on, ew_k, 4.0 * ew_e * n_tok)
         return None
-    if k is OpKind.HOST_WORK and op.tag == "graph_overhead":  # sim.builder.build_graph
+    if k is OpKind.HOST_WORK and op.tag == "graph_overhead":  # sim.plan.builder.build_graph
         _kernels, n_tok, rebuilt, call_tok, n_layer, capture = sh
         t = g.graph_s + g.apply_per_token_s * n_tok + g.capture_per_layer_s * n_layer * capture
         if rebuilt:
@@ -394,7 +394,7 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         return g.split_s
     if k is OpKind.HOST_WORK and op.tag == "cpu_split_overhead":
         return g.cpu_split_host_s
-    if k is OpKind.HOST_WORK and op.tag == "kv_moved":  # sim.builder._launch_split_items
+    if k is OpKind.HOST_WORK and op.tag == "kv_moved":  # sim.plan.builder._launch_split_items
         # the layer's extra splits: one on the CPU (the KV store's SET_ROWS), the rest on the GPU
         n = sh[13] if len(sh) > 13 else 0
         return kv_copies_s(sh, hw) + (((n - 1) * g.split_s + g.cpu_split_host_s) if n else 0.0)
@@ -422,8 +422,8 @@ def direct_launch_s(plan: Plan, hw: HardwareProfile) -> np.ndarray | float:
     """``(n,)`` seconds each op of ``plan`` pays for being in a graph llama.cpp builds anew
     (0.0 when none is, or without ``[ggml]`` ``launch_s``): such a graph runs without a CUDA
     graph, its kernels launched one by one with the GPU idle between them for ``launch_s`` per
-    kernel (:class:`sim.ggmlcost.GgmlKernels`), paid on the graph's GPU compute ops (the
-    graph's kernels, :func:`sim.ggmlcost.graph_kernels`, spread evenly over its GPU ops: an item
+    kernel (:class:`sim.model.ggmlcost.GgmlKernels`), paid on the graph's GPU compute ops (the
+    graph's kernels, :func:`sim.model.ggmlcost.graph_kernels`, spread evenly over its GPU ops: an item
     of the plan may be several kernels). A reused graph replays its CUDA graph: nothing."""
     rebuilt = plan.meta.get("rebuilt_graphs")
     if hw.ggml is None or hw.ggml.launch_s <= 0 or not rebuilt or not any(rebuilt) or not len(plan):
@@ -495,7 +495,7 @@ def plan_durations(plan: Plan, hw: HardwareProfile) -> np.ndarray:
 def class_durations(plan: Plan, hw: HardwareProfile, classes: np.ndarray, first: np.ndarray, *,
                     launch: np.ndarray | float | None = None) -> np.ndarray:
     """:func:`plan_durations` of a plan whose ops come partitioned into price classes by the
-    builder (:func:`sim.fastgraph.build_graph_columns`): ``classes`` (n,) int the class of each
+    builder (:func:`sim.plan.fastgraph.build_graph_columns`): ``classes`` (n,) int the class of each
     op, ``first`` (C,) int an op of each class; the ops of a class have equal ``(kind, bytes,
     shape, pinned, tag)``, so one :func:`op_duration_s` per class prices them all (the same
     numbers). ``launch``: :func:`direct_launch_s` of the plan when the caller has it. In

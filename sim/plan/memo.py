@@ -11,20 +11,20 @@ window, so the H2D busy time and the hidden part of it add up over graphs.
 A test is then evaluated as (:func:`time_test`):
 
 1. draw the used-expert masks of every graph from the test's rng, in the builder's order
-   (:func:`sim.builder.draw_masks`), so that the draws are those of the full plan (all
-   graphs in one call: :func:`sim.builder.draw_masks_graphs`, the same draws);
+   (:func:`sim.plan.builder.draw_masks`), so that the draws are those of the full plan (all
+   graphs in one call: :func:`sim.plan.builder.draw_masks_graphs`, the same draws);
 2. key each graph on what determines its ops (:func:`graph_key`): tokens, the GPU holding the
    activations when it starts, and per MoE layer either the lengths of the mask's runs of used
    experts (when a selective copy of host experts reads it: one copy per run, priced by its
    bytes; where the runs sit changes only the ops' names) or only the count of used experts
    (everything else prices experts by count);
 3. build each distinct key once as a one-graph plan (a :class:`GraphTemplate`: a column at a
-   time by :func:`sim.fastgraph.build_graph_columns` where that covers the graph, priced once
-   per class of equal ops with :func:`sim.costs.class_durations`; else op by op by
-   :func:`sim.builder.build_graph`, priced with :func:`sim.costs.plan_durations`; the same
+   time by :func:`sim.plan.fastgraph.build_graph_columns` where that covers the graph, priced once
+   per class of equal ops with :func:`sim.model.costs.class_durations`; else op by op by
+   :func:`sim.plan.builder.build_graph`, priced with :func:`sim.model.costs.plan_durations`; the same
    plan and prices either way) and compiled once; a graph that differs from one built in
    the same call only in its ``llama_decode`` call (the first ubatch of a call carries the call's
-   tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.builder.graph_call`)
+   tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.plan.builder.graph_call`)
    gets that template with its host-overhead op re-priced (:func:`derive_template`), the same
    structure;
 4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
@@ -32,13 +32,13 @@ A test is then evaluated as (:func:`time_test`):
    with those ops re-priced, identical rows are evaluated once, the others (with those of the
    templates derived from the same one) as one (S, n) batch of the analytic engine (summed
    along the critical tree of one of them, :func:`sim.engines.analytic._run_tree`; transfer
-   statistics of all rows at once, :func:`sim.trace.h2d_busy_hidden_rows`) or one DES run each;
+   statistics of all rows at once, :func:`sim.views.trace.h2d_busy_hidden_rows`) or one DES run each;
 5. sum makespans, H2D bytes and the H2D busy/hidden seconds over the graphs.
 
 Not memoised (the full plan is built instead, :func:`memo_eligible`): plans with an expert
 cache (its state carries across graphs and its background fills cross the graph end) and
 ``executor_mode`` profiles (a launch's price depends on whether any earlier graph ran a CPU op).
-Traces and timelines always use the full plan (:func:`sim.builder.build_plan`).
+Traces and timelines always use the full plan (:func:`sim.plan.builder.build_plan`).
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import engines
-from .builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
+from sim import engines
+from sim.plan.builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
-from .costs import class_durations, direct_launch_s, op_duration_s, plan_durations, price_reads_shape
-from .engines.analytic import CompiledPlan, compile_plan
-from .errors import PlacementError
-from .fastgraph import build_graph_columns
-from .overlap import template_host_edges, template_makespans, ubatch_overlap_s
-from .plan import KINDS, STREAM_CODE, Plan, Stream
-from .specs import BenchTest
-from .trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
+from sim.model.costs import class_durations, direct_launch_s, op_duration_s, plan_durations, price_reads_shape
+from sim.engines.analytic import CompiledPlan, compile_plan
+from sim.errors import PlacementError
+from sim.plan.fastgraph import build_graph_columns
+from sim.plan.overlap import template_host_edges, template_makespans, ubatch_overlap_s
+from sim.plan import KINDS, STREAM_CODE, Plan, Stream
+from sim.model.specs import BenchTest
+from sim.views.trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
 #: templates kept across the repetitions of a test hold at most this many ops in all
 KEEP_OPS = 200_000
@@ -76,16 +76,16 @@ class GraphTemplate:
         n_tokens, kv_len: the graph it was built from.
         end_device: GPU of its last compute-stream op (where the activations are at its end).
         h2d_bytes: bytes it copies host→device.
-        groups: :func:`sim.trace.transfer_groups` of its ops.
+        groups: :func:`sim.views.trace.transfer_groups` of its ops.
         rows: distinct duration rows seen so far, (n,) each; ``row_of`` maps a KV length to its
             row, ``row_key`` the re-priced durations to a row.
         results: row index -> (makespan, H2D busy s, hidden s, host prefix s, host idle tail s)
-            (:func:`sim.overlap.template_host_edges`), once timed.
+            (:func:`sim.plan.overlap.template_host_edges`), once timed.
         kv_ops: the ops whose price depends on the KV length (``Emitter.kv_ops``);
             kv_groups: the same grouped by what the price depends on (:func:`_kv_groups`);
             kv_index: the op ids of each group, an int64 array per group (made with the
             first row that re-prices them).
-        launch: :func:`sim.costs.direct_launch_s` of the plan (added to a re-priced op).
+        launch: :func:`sim.model.costs.direct_launch_s` of the plan (added to a re-priced op).
         overhead_op: id of the graph's host-overhead op (``Emitter.overhead_op``), -1 without one.
     """
 
@@ -133,7 +133,7 @@ def memo_eligible(ctx: BuildContext) -> bool:
     return ctx.cache is None and not ctx.scn.hardware.executor_mode
 
 
-#: :func:`_expert_tensors` per model (:func:`sim.builder.per_model`)
+#: :func:`_expert_tensors` per model (:func:`sim.plan.builder.per_model`)
 _EXPERT_TENSORS: dict[int, tuple] = {}
 
 
@@ -164,7 +164,7 @@ def _masks_matter(ctx: BuildContext, n_tokens: int, host_layers: frozenset[int])
 
 def run_lengths(mask: np.ndarray) -> tuple[int, ...]:
     """Lengths of the contiguous runs of used experts in ``mask``, in order: the selective copy
-    copies one H2D op of ``length x bytes per expert`` per run (:func:`sim.builder._runs`), so
+    copies one H2D op of ``length x bytes per expert`` per run (:func:`sim.plan.builder._runs`), so
     these lengths, not where the runs sit, determine its ops and their durations."""
     n = mask.shape[0]
     p = np.zeros(n + 2, dtype=np.int8)
@@ -194,8 +194,8 @@ def mask_key(masks: dict[int, np.ndarray], mask_layers: frozenset[int], seen: di
 
 
 #: :func:`time_test` draws the masks of a test's graphs in one call and keys them per graph
-#: (:func:`sim.builder.draw_masks_graphs`, :func:`block_keys`); False draws and keys them graph
-#: by graph (:func:`sim.builder.draw_masks`, :func:`mask_key`: the reference path the tests
+#: (:func:`sim.plan.builder.draw_masks_graphs`, :func:`block_keys`); False draws and keys them graph
+#: by graph (:func:`sim.plan.builder.draw_masks`, :func:`mask_key`: the reference path the tests
 #: compare it with)
 ENABLE_BATCH_DRAWS = True
 
@@ -246,9 +246,9 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
                    masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0),
                    block: np.ndarray | None = None) -> GraphTemplate:
     """Build, price and compile one graph on its own (see :class:`GraphTemplate`); ``call``:
-    :func:`sim.builder.graph_call` of the graph; ``block``: optionally the masks as the (L, E)
+    :func:`sim.plan.builder.graph_call` of the graph; ``block``: optionally the masks as the (L, E)
     bool array whose rows ``masks`` holds (layers ``ctx.moe_layers``: what
-    :func:`sim.builder.draw_masks_graphs` draws), read by the column builder in one piece."""
+    :func:`sim.plan.builder.draw_masks_graphs` draws), read by the column builder in one piece."""
     hw = ctx.scn.hardware
     plan = Plan(label="graph")
     em = Emitter(plan, ctx)
@@ -277,7 +277,7 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
 
 
 #: :func:`time_test` makes the template of a graph that differs from one it has only in its
-#: ``llama_decode`` call (:func:`sim.builder.graph_call`'s call tokens and capture share) from
+#: ``llama_decode`` call (:func:`sim.plan.builder.graph_call`'s call tokens and capture share) from
 #: that one (:func:`derive_template`); False builds every template (the reference path the tests
 #: compare it with)
 ENABLE_DERIVE = True
@@ -285,7 +285,7 @@ ENABLE_DERIVE = True
 
 def derive_template(src: GraphTemplate, ctx: BuildContext, call: tuple[bool, int, float]) -> GraphTemplate:
     """The template :func:`build_template` would build, at ``src.kv_len``, for the graph of
-    ``src`` with another ``call`` (:func:`sim.builder.graph_call`) of the same ``rebuilt`` flag:
+    ``src`` with another ``call`` (:func:`sim.plan.builder.graph_call`) of the same ``rebuilt`` flag:
     such graphs differ only in the shape, hence the duration, of their host-overhead op (the
     only op that reads the call tokens and the capture share), so the template is ``src``'s with
     that op re-shaped and re-priced (:meth:`sim.plan.Plan.with_shapes`, sharing the compiled
@@ -318,10 +318,10 @@ def derive_template(src: GraphTemplate, ctx: BuildContext, call: tuple[bool, int
 def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
     """The template's KV-dependent ops (``Emitter.kv_ops``) grouped by what their price at
     another KV length depends on: the role, the layer's attention signature
-    (:attr:`sim.builder.BuildContext.attn_layer_sig`: the attention shape is a function of it,
+    (:attr:`sim.plan.builder.BuildContext.attn_layer_sig`: the attention shape is a function of it,
     the tokens and the KV length) or the mask flag, and the op's kind, bytes, pinned flag and
     tag. Each group is priced once per KV length. An op whose kind is priced whatever its
-    shape (:func:`sim.costs.price_reads_shape`: an attention's launch) is left out: its price at
+    shape (:func:`sim.model.costs.price_reads_shape`: an attention's launch) is left out: its price at
     any KV length is the template's. ``[(key, [first op, layer or flag, other ops...]), ...]``,
     computed once per template."""
     if tpl.kv_groups is not None:
@@ -348,7 +348,7 @@ def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
 
 def _price(ctx: BuildContext, tpl: GraphTemplate, oid: int, nbytes: int, shape: tuple) -> float:
     """Seconds of the template's op ``oid`` with ``nbytes`` and ``shape`` instead of its own:
-    what :func:`sim.costs.plan_durations` would price it at (kept in ``ctx.price_cache`` on
+    what :func:`sim.model.costs.plan_durations` would price it at (kept in ``ctx.price_cache`` on
     what it keys its prices on), plus the op's launch share (``tpl.launch``)."""
     plan = tpl.plan
     cache = ctx.price_cache
@@ -399,7 +399,7 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     return idx
 
 
-#: what :func:`sim.trace.h2d_busy_hidden_rows` keeps on a template's plan across calls
+#: what :func:`sim.views.trace.h2d_busy_hidden_rows` keeps on a template's plan across calls
 _COVER_KEY = "_memo_h2d_cover"
 
 
@@ -442,8 +442,8 @@ def _evaluate(batch: list[tuple[GraphTemplate, list[int]]], engine: str) -> None
 def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engine: str = "analytic",
               memo: dict | None = None) -> TestTiming:
     """One repetition of ``test`` timed graph by graph (see the module docstring); the same
-    numbers as building the full plan with :func:`sim.builder.build_plan` and timing it
-    (:func:`sim.metrics.time_plan`, :func:`sim.metrics.transfer_stats`), to rounding.
+    numbers as building the full plan with :func:`sim.plan.builder.build_plan` and timing it
+    (:func:`sim.engines.metrics.time_plan`, :func:`sim.engines.metrics.transfer_stats`), to rounding.
 
     Args:
         ctx: the variant's context; must be :func:`memo_eligible`.
@@ -455,7 +455,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
             same dict for the same ``ctx`` and engine (``ctx.graph_memo``).
 
     Raises:
-        PlacementError: no GPU (as :func:`sim.builder.build_plan`).
+        PlacementError: no GPU (as :func:`sim.plan.builder.build_plan`).
         ValueError: ``ctx`` is not eligible, or an unknown engine.
     """
     if not memo_eligible(ctx):

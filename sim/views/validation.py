@@ -1,7 +1,7 @@
 """Validation grid: the same plans predicted by the simulator and measured by the GPU executor.
 
 A *case* is (model, placement, variant, test). For each case the plan is built once with
-:func:`sim.builder.build_plan`; the analytic engine predicts its makespan from a hardware
+:func:`sim.plan.builder.build_plan`; the analytic engine predicts its makespan from a hardware
 profile (the measured H200 one for the committed results); :func:`calibrate.executor.execute`
 runs the same plan on the GPU and measures it. :func:`compare` turns both into one row per
 case (predicted, measured, relative error) and per-op-kind error summaries.
@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .builder import build_plan, make_context
-from .costs import fit_host_work_line, fit_matvec_line, plan_durations, prefixed_points
-from .engines import analytic
-from .plan import Plan
-from .specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
+from sim.plan.builder import build_plan, make_context
+from sim.model.costs import fit_host_work_line, fit_matvec_line, plan_durations, prefixed_points
+from sim.engines import analytic
+from sim.plan import Plan
+from sim.model.specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, Placement, Scenario, Workload, load_model,
                     parse_variant)
-from .resources import shipped_root
-from .routing import RoutingSpec
+from sim.resources import shipped_root
+from sim.model.routing import RoutingSpec
 
 #: the shipped files (scenarios/): the checkout, or a wheel's package data (sim.resources)
 ROOT = shipped_root()
@@ -53,7 +53,7 @@ class Case:
     Attributes:
         name: unique label, e.g. ``moe-pinned-ub512-d0-prefetch_ungated``.
         model: ``"moe"`` or ``"dense"`` (see :func:`case_scenario`).
-        variant: variant label (:func:`sim.specs.parse_variant`).
+        variant: variant label (:func:`sim.model.specs.parse_variant`).
         test: ``pp<N>`` (one ubatch of N tokens) or ``tg<N>``.
         n_depth: KV depth.
         pinned: host weights pinned (else pageable).
@@ -359,7 +359,7 @@ def run_grid(cases: Sequence[Case], hardware: HardwareProfile, *, repeats: int =
         ValueError: ``passes`` or ``repeats`` below 1.
     """
     from calibrate.executor import LosslessnessError, check_lossless, execute  # noqa: PLC0415 - needs CuPy
-    from .trace import to_dataframe
+    from sim.views.trace import to_dataframe
 
     if passes < 1 or repeats < 1:
         raise ValueError(f"passes and repeats must be >= 1, got {passes} and {repeats}")
@@ -509,7 +509,7 @@ def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from .atomic import save_figure
+    from sim.atomic import save_figure
 
     ncols = 2 if trace is not None else 1
     fig = Figure(figsize=(6.5 * ncols, 5.5), dpi=100, layout="constrained")

@@ -176,7 +176,7 @@ class GgmlKernels:
     @property
     def has_graph_host_work(self) -> bool:
         """Whether the profile prices any of llama.cpp's host work per graph (the builder then
-        emits the graph's ``graph_overhead`` op, priced in :func:`sim.costs.ggml_duration_s`)."""
+        emits the graph's ``graph_overhead`` op, priced in :func:`sim.model.costs.ggml_duration_s`)."""
         return any(v > 0 for v in (self.graph_s, self.call_s, self.call_per_token_s, self.apply_per_token_s,
                                    self.build_per_layer_s, self.capture_per_layer_s))
 
@@ -198,7 +198,7 @@ class GgmlKernels:
     @cached_property
     def _cold(self) -> dict:
         """(backend, type) -> bytes/s of a matvec over weights that are not in the cache."""
-        from .quant import ggml_nbytes
+        from sim.model.quant import ggml_nbytes
 
         out = {}
         for name, tab in (("gpu", self.gpu), ("cpu", self.cpu)):
@@ -484,9 +484,9 @@ def graph_kernels(items) -> int:
     expert matmul 4 (ids helper, quantisation, MMQ, stream-k fix-up; 2 as a matvec),
     FlashAttention 1 (unfused: 9 — KQ, softmax, KQV and their copies and conversions, counted in
     the ``-fa 0`` profile), plus the layer's elementwise kernels (:func:`layer_elementwise`,
-    carried in the attention op's shape). ``items``: the graph's :class:`sim.builder.Item` list;
+    carried in the attention op's shape). ``items``: the graph's :class:`sim.plan.builder.Item` list;
     CPU-backend items launch nothing."""
-    from .plan import OpKind
+    from sim.plan import OpKind
 
     n = 0
     for it in items:
@@ -566,7 +566,7 @@ def read_table(path) -> pd.DataFrame:
     Raises:
         ValueError: a missing column, no rows, or a non-positive/non-finite ``t_us``.
     """
-    from .bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
+    from sim.bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
 
     if isinstance(path, (str, Path)):
         if not Path(path).exists():
@@ -599,7 +599,7 @@ def read_table(path) -> pd.DataFrame:
     bad_op = ~df["op"].isin(list(TABLE_OPS))
     if bad_op.any():
         raise ValueError(f"kernel table: op {df['op'][bad_op].iloc[0]!r} is not one of {', '.join(TABLE_OPS)}")
-    from .quant import GGML_BLOCK
+    from sim.model.quant import GGML_BLOCK
 
     typed = df["op"].isin(["MUL_MAT", "MUL_MAT_ID", "MUL_MAT_B"])
     unknown = typed & ~df["type"].isin(list(GGML_BLOCK) + ["F16", "F32", "BF16"])

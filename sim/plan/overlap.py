@@ -11,7 +11,7 @@ GPU, ``n_copies == 1``). llama-bench synchronises once, after the last ubatch of
 patch (``data/llamacpp/h200-20261202-phase``): gpt-oss pp2048 at ``-ub 512`` builds the next
 ubatch (4.6 ms of host work) during the previous one's 40 ms of GPU work.
 
-The simulator times each graph on its own, ending in a full synchronisation (:mod:`sim.memo`).
+The simulator times each graph on its own, ending in a full synchronisation (:mod:`sim.plan.memo`).
 For a prompt on a llama.cpp profile (a ``[ggml]`` table) the test's time is then the sum of the
 graphs' makespans less, for each pair of consecutive ubatches, ``min(F_k, H_{k+1})``
 (:func:`ubatch_overlap_s`): ``H`` is a graph's host prefix, the time from its start to its first
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
+from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
 
 _GPU_STREAMS = (STREAM_CODE[Stream.COMPUTE], STREAM_CODE[Stream.COPY])
 _HOST_STREAMS = (STREAM_CODE[Stream.HOST], STREAM_CODE[Stream.CPU])

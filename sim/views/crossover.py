@@ -29,10 +29,10 @@ kv       ``-ctk``/``-ctv``: the KV cache type of K and V, by name (``f16,q8_0,q4
 ``ctx_size`` is raised to ``depth + tokens`` of the test when a point needs more (llama-bench
 sizes its context to the test), which adds KV bytes to the VRAM accounting.
 
-Sweep points run in parallel in worker processes (:class:`sim.interrupt.WorkerPool`, a
+Sweep points run in parallel in worker processes (:class:`sim.cli.interrupt.WorkerPool`, a
 :class:`concurrent.futures.ProcessPoolExecutor` that Ctrl-C stops at once, one task per point and
 variant). Every cell is a pure function of its inputs (routing draws from
-:func:`sim.metrics.rep_rng` of the scenario seed), so a parallel sweep is identical to a serial
+:func:`sim.engines.metrics.rep_rng` of the scenario seed), so a parallel sweep is identical to a serial
 one. A point where a variant does not fit in VRAM is kept as a row with NaN metrics and the
 placement error in ``error``.
 
@@ -57,11 +57,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import PlacementError, ScenarioError
-from .interrupt import WorkerPool
-from .resources import shipped
-from .specs import BenchTest, LinkSpec, Scenario, Variant, load_scenario, parse_variant
-from .units import GB, GiB
+from sim.errors import PlacementError, ScenarioError
+from sim.cli.interrupt import WorkerPool
+from sim.resources import shipped
+from sim.model.specs import BenchTest, LinkSpec, Scenario, Variant, load_scenario, parse_variant
+from sim.units import GB, GiB
 
 
 # ----------------------------------------------------------------------------------------
@@ -144,8 +144,8 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         raise ScenarioError(f"unknown axis '{name}' (use one of: {', '.join(AXES)})", field=flag)
     values: list[float] = []
     if spec.name == "kv":
-        from .benchflags import KV_TYPES
-        from .llamabench import kv_bytes_per_elem
+        from sim.cli.benchflags import KV_TYPES
+        from sim.views.llamabench import kv_bytes_per_elem
 
         names = [v.strip().lower() for v in vals.split(",") if v.strip()]
         unknown = [n for n in names if n not in KV_TYPES]
@@ -162,7 +162,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, 0 or 1", field=flag)
         values = [words[n] for n in names]
     elif spec.integer:
-        from .cli import _int_list
+        from sim.cli import _int_list
 
         try:
             values = list(_int_list(vals))
@@ -182,7 +182,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         if math.isfinite(spec.max_value):
             lim += f" and <= {spec.max_value:g}"
         raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {bad[0]:g}", field=flag)
-    from .bounds import COUNT_MAX, INT32_MAX, LIST_VALUES_MAX, TOKENS_MAX, check_kind
+    from sim.bounds import COUNT_MAX, INT32_MAX, LIST_VALUES_MAX, TOKENS_MAX, check_kind
 
     if len(values) > LIST_VALUES_MAX:
         raise ScenarioError(f"axis '{name}': {len(values)} values, more than the limit of {LIST_VALUES_MAX}",
@@ -212,7 +212,7 @@ def parse_test(text: str, flag: str = "--test") -> BenchTest:
     if len(m[2]) > 12 or len(m[3] or "") > 12:
         raise ScenarioError(f"'{text}': too many tokens", field=flag)
     n, d = int(m[2]), int(m[3] or 0)
-    from .bounds import check_tokens
+    from sim.bounds import check_tokens
 
     check_tokens([n], flag)
     check_tokens([d], flag)
@@ -552,7 +552,7 @@ class _Job:
 
 def _run_cell(job: _Job) -> CellResult:
     """Evaluate one cell (runs in a worker process; a pure function of ``job``)."""
-    from .metrics import run_variant_test
+    from sim.engines.metrics import run_variant_test
 
     try:
         r = run_variant_test(job.scn, job.variant, job.test, 0, job.repetitions, job.engine)
@@ -666,7 +666,7 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         for var in v2:
             work.append(_Job(idx, point, s2, var, t2, repetitions, engine))
     if max_work is not None:
-        from .bounds import check_work, variant_work, work_units
+        from sim.bounds import check_work, variant_work, work_units
 
         check_work(sum(work_units([j.test], j.scn.model.n_layer, j.scn.workload.n_ubatch, j.scn.workload.n_batch,
                                   repetitions, variant_work([j.variant], j.scn.hardware)) for j in work), max_work)
@@ -1078,7 +1078,7 @@ def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) ->
     csv_bytes = res.to_dataframe().to_csv(index=False).encode()
     buf = io.BytesIO()
     (fig if fig is not None else plot_sweep(res)).savefig(buf, format="png")
-    from .atomic import write_atomic_many
+    from sim.atomic import write_atomic_many
 
     write_atomic_many({csv_path: csv_bytes, png_path: buf.getvalue()})
     return SweepOutput(res, csv_path, png_path, tuple(res.crossovers()))
@@ -1145,9 +1145,9 @@ def _report(out: SweepOutput, file=None) -> None:
 
 def cmd_crossover(args: argparse.Namespace) -> int:
     """``prefetch-sim crossover``: a sweep or a built-in figure. Returns the exit status."""
-    from .cli import scenario_path
+    from sim.cli import scenario_path
 
-    from .bounds import LIST_VALUES_MAX, REPETITIONS_MAX, WORK_MAX
+    from sim.bounds import LIST_VALUES_MAX, REPETITIONS_MAX, WORK_MAX
 
     if args.repetitions is not None and not 1 <= args.repetitions <= REPETITIONS_MAX:
         raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}", field="--repetitions")
@@ -1157,10 +1157,10 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
     # an empty path is an error here too, also with --figure; a built-in name is its file
     scenario = None if args.scenario is None else scenario_path(args.scenario)
-    from .atomic import check_output_path
+    from sim.atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
-    from .progress import progress_enabled
+    from sim.cli.progress import progress_enabled
 
     progress = progress_enabled(args.quiet)
     if args.figure:
@@ -1250,7 +1250,7 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
                                                "--figure: the figure's own)")
     p.add_argument("--axis", action=_Once, help="NAME=V1,V2,... (ranges as llama-bench: 32-2048*2); NAME one of " + ", ".join(AXES))
     p.add_argument("--axis2", action=_Once, help="second axis: a heatmap of speedup vs baseline")
-    from .benchflags import variant_names
+    from sim.cli.benchflags import variant_names
 
     p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
                    help="variants, a comma list (repeatable: a repeated flag adds; default: the scenario's variants)")
@@ -1265,7 +1265,7 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--figure", help="build a built-in figure: " + ", ".join(FIGURES) + ", their names, or all")
     p.add_argument("--out", default="out/crossover", help="output directory (default out/crossover)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    from .bounds import MEMO_WORK_DIVISOR, WORK_MAX
+    from sim.bounds import MEMO_WORK_DIVISOR, WORK_MAX
 
     p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
                    help=f"refuse a sweep that would cost more than N graph-layers of work (x1 per variant with an "

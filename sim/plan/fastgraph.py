@@ -1,17 +1,17 @@
-"""One graph's plan built a column at a time (the templates of :mod:`sim.memo`).
+"""One graph's plan built a column at a time (the templates of :mod:`sim.plan.memo`).
 
-:func:`sim.builder.build_graph` walks a graph's items and splits and appends op after op through
-the :class:`~sim.builder.Emitter`. For the graphs whose ops follow a fixed pattern per item
+:func:`sim.plan.builder.build_graph` walks a graph's items and splits and appends op after op through
+the :class:`~sim.plan.builder.Emitter`. For the graphs whose ops follow a fixed pattern per item
 (every item on a GPU, no staged copies: see :func:`build_graph_columns` for the exact class) the
 same plan is made here without a per-op Python loop:
 
 1. the graph's items as columns (:func:`graph_item_columns`): the model's items are laid out
    once per model (:func:`_static_items`: the order, names, tensors and the shapes' fixed parts
-   that :func:`sim.builder.graph_items` gives them), their residency and devices once per
+   that :func:`sim.plan.builder.graph_items` gives them), their residency and devices once per
    context, and a graph only fills in its tokens, KV length and used-expert counts (shapes are
    shared between the items that have equal ones: equal values, one tuple);
 2. the splits from the items' devices and host residency (``ggml_backend_sched``'s cut, as
-   :func:`sim.builder.cut_splits`);
+   :func:`sim.plan.builder.cut_splits`);
 3. each item's block of ops (the split's host overhead when it opens one, the synchronous copy
    of a host input, its launch and GPU op, the prefetch machinery's done event), its length
    and position from a cumulative sum, and every column filled by position (numeric columns as
@@ -19,7 +19,7 @@ same plan is made here without a per-op Python loop:
    block they point at the op before; a sync waits for the last compute-stream op of its GPU
    (``Emitter.last_gpu``), found by a search over those ops' positions.
 
-The plan is the one :func:`sim.builder.build_graph` builds on an empty plan, column for column
+The plan is the one :func:`sim.plan.builder.build_graph` builds on an empty plan, column for column
 (``tests/test_fastgraph.py`` compares both on every shipped scenario); a graph outside the class
 is left to it.
 """
@@ -30,12 +30,12 @@ from operator import itemgetter
 
 import numpy as np
 
-from .builder import ACT_BYTES, ID_BYTES, kq_mask_shape, layer_attn_parts, overhead_shape, per_model
-from .ggmlcost import MMVQ_MAX_BATCH
-from .plan import KIND_CODE, STREAM_CODE, OpKind, Stream
+from sim.plan.builder import ACT_BYTES, ID_BYTES, kq_mask_shape, layer_attn_parts, overhead_shape, per_model
+from sim.model.ggmlcost import MMVQ_MAX_BATCH
+from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Stream
 
-#: :func:`sim.memo.build_template` builds a graph it covers with :func:`build_graph_columns`;
-#: False builds every graph with :func:`sim.builder.build_graph` (the reference path the tests
+#: :func:`sim.plan.memo.build_template` builds a graph it covers with :func:`build_graph_columns`;
+#: False builds every graph with :func:`sim.plan.builder.build_graph` (the reference path the tests
 #: compare it with)
 ENABLE = True
 
@@ -45,13 +45,13 @@ _S = STREAM_CODE
 _HOST, _COMPUTE = _S[Stream.HOST], _S[Stream.COMPUTE]
 _ROLE_KIND = (OpKind.GEMM, OpKind.ATTN, OpKind.MOE)
 
-#: :func:`_static_items` per model (:func:`sim.builder.per_model`)
+#: :func:`_static_items` per model (:func:`sim.plan.builder.per_model`)
 _MODELS: dict[int, tuple] = {}
 
 
 class _Static:
     """The items of a model's graphs in order, as far as they do not depend on the placement
-    or the graph (:func:`sim.builder.graph_items` without its tokens, KV length and masks).
+    or the graph (:func:`sim.plan.builder.graph_items` without its tokens, KV length and masks).
 
     Attributes:
         role: (J,) int8, 0 GEMM, 1 ATTN, 2 MOE.
@@ -64,9 +64,9 @@ class _Static:
             one expert of a MOE item's tensor; copy: (J,) bytes a whole copy of its tensors moves.
         moe_row: (J,) int64 row of a MOE item's layer in the model's MoE layers (-1 others).
         m_one: (J,) bool, the GEMM computes one row (the output head).
-        kernels: (J,) int64 CUDA kernels of a GEMM (:func:`sim.ggmlcost.graph_kernels`).
+        kernels: (J,) int64 CUDA kernels of a GEMM (:func:`sim.model.ggmlcost.graph_kernels`).
         moe_type: per tail id of a MOE item, its ggml type; topk: experts per token.
-        sig_part: (n_layer,) int64 id of each layer's :func:`sim.builder.layer_attn_parts`.
+        sig_part: (n_layer,) int64 id of each layer's :func:`sim.plan.builder.layer_attn_parts`.
     """
 
     __slots__ = ("role", "names", "layers", "tpos", "tail", "tails", "wb", "bpm", "copy", "moe_row", "m_one",
@@ -75,7 +75,7 @@ class _Static:
 
 def _static_items(model) -> _Static | None:
     """:class:`_Static` of ``model``, made once per model; None when a tensor
-    :func:`sim.builder.graph_items` reads is missing (that function then raises)."""
+    :func:`sim.plan.builder.graph_items` reads is missing (that function then raises)."""
     def make(m) -> _Static | None:
         try:
             return _make_static(m)
@@ -86,7 +86,7 @@ def _static_items(model) -> _Static | None:
 
 
 def _make_static(model) -> _Static:
-    # the loop of sim.builder.graph_items, recording what does not depend on the graph
+    # the loop of sim.plan.builder.graph_items, recording what does not depend on the graph
     tensors = model.tensors
     tens = {t.name: t for t in tensors if not t.duplicate}   # BuildContext.tensor_by_name
     pos = {id(t): i for i, t in enumerate(tensors)}
@@ -199,7 +199,7 @@ class _Resident:
             output head; -1 for a layer left on the CPU).
         attn_layers_on_gpu: every layer is offloaded (its attention runs on its GPU).
         sig: (n_layer,) int64 id of each layer's attention signature
-            (:attr:`sim.builder.BuildContext.attn_layer_sig`); sig_layer: a layer of each id.
+            (:attr:`sim.plan.builder.BuildContext.attn_layer_sig`); sig_layer: a layer of each id.
     """
 
     __slots__ = ("host", "dev", "attn_layers_on_gpu", "sig", "sig_layer")
@@ -230,8 +230,8 @@ def _resident(ctx, st: _Static) -> _Resident:
 
 
 class ItemColumns:
-    """The items of one graph as columns (what :func:`sim.builder.graph_items` gives as
-    :class:`sim.builder.Item` objects, in the same order).
+    """The items of one graph as columns (what :func:`sim.plan.builder.graph_items` gives as
+    :class:`sim.plan.builder.Item` objects, in the same order).
 
     Attributes:
         role: (J,) int8 0 GEMM, 1 ATTN, 2 MOE; names: item names; layers: (J,) int64.
@@ -239,7 +239,7 @@ class ItemColumns:
         wb: (J,) int64 weight bytes; host, cpu, expert: (J,) bool; device: (J,) int64.
         copy: (J,) bytes of a whole copy of the item's tensors; bpm: (J,) bytes of one expert.
         moved: (J,) bool an attention moved to the GPU from a layer left on the CPU.
-        kernels: CUDA kernels of the graph (:func:`sim.ggmlcost.graph_kernels`).
+        kernels: CUDA kernels of the graph (:func:`sim.model.ggmlcost.graph_kernels`).
     """
 
     __slots__ = ("role", "names", "layers", "shapes", "shape_id", "wb", "host", "cpu", "expert", "device", "copy",
@@ -249,7 +249,7 @@ class ItemColumns:
 def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> ItemColumns | None:
     """The items of one graph of ``n_tokens`` on ``kv_len`` cached tokens as columns, ``n_used``
     the used experts of each MoE layer (``ctx.moe_layers`` order; (L,) int): the items of
-    :func:`sim.builder.graph_items` field for field. None when the model lacks a tensor that
+    :func:`sim.plan.builder.graph_items` field for field. None when the model lacks a tensor that
     function reads (it raises then).
 
     Raises:
@@ -342,7 +342,7 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
 
 
 def _runs_rows(block: np.ndarray) -> list[list[tuple[int, int]]]:
-    """:func:`sim.builder._runs` of each row of a (k, E) bool block: per row the ``(first,
+    """:func:`sim.plan.builder._runs` of each row of a (k, E) bool block: per row the ``(first,
     count)`` of its runs of True, in order."""
     k, e = block.shape
     if k == 0:
@@ -369,32 +369,32 @@ def _take(pool: list, idx: np.ndarray) -> list:
 
 def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks: dict | None,
                         block: np.ndarray | None = None) -> bool:
-    """Emit one graph on the empty plan of ``em`` as :func:`sim.builder.build_graph` would
+    """Emit one graph on the empty plan of ``em`` as :func:`sim.plan.builder.build_graph` would
     (the same ops, column for column, the same ``em.kv_ops``, ``em.overhead_op``, graph lists and
     ``meta`` entries, ``ctx.stats["used_masks"]``), when the graph is of the class this module
     covers; else append nothing and return False.
 
     With it, ``em.price_classes``: ``(class of each op, an op of each class)`` for
-    :func:`sim.costs.class_durations` (None when the ops' bytes are too large to key).
+    :func:`sim.model.costs.class_durations` (None when the ops' bytes are too large to key).
 
-    The class: an empty plan (``em`` fresh from :class:`sim.builder.Emitter`: the graph of a
+    The class: an empty plan (``em`` fresh from :class:`sim.plan.builder.Emitter`: the graph of a
     template), no expert cache, every layer offloaded and every item on a GPU (no CPU-backend
     split, no moved attention) and no staged copy (no host input, or neither weight prefetch
     nor expert slots on in this graph). Host inputs are copied synchronously, selectively or
     whole, pinned or pageable (on the host thread where the pageable link blocks it, CUDA, else
     queued on the compute stream). The emitter's tracking state is left as the graph's end
     leaves it (``last_gpu``, ``last_host``, ``layer``, ``split``), but the plan is meant to hold
-    this one graph (:func:`sim.memo.build_template`).
+    this one graph (:func:`sim.plan.memo.build_template`).
 
     ``masks``: the used-expert masks of every MoE layer, layer -> (E,) bool
-    (:func:`sim.builder.draw_masks`; required for a model with experts); ``block``: optionally
+    (:func:`sim.plan.builder.draw_masks`; required for a model with experts); ``block``: optionally
     the same masks as one (L, E) bool array, row ``k`` the mask of ``ctx.moe_layers[k]`` (what
-    :func:`sim.builder.draw_masks_graphs` draws: counted and cut into runs in one piece).
+    :func:`sim.plan.builder.draw_masks_graphs` draws: counted and cut into runs in one piece).
 
     Args:
         em: the emitter (its ``graph``, ``act_device_default``, ``rebuilt``, ``call_tokens`` and
-            ``capture_share`` set as :func:`sim.memo.build_template` sets them).
-        n_tokens, kv_len, token_offset: the graph (:func:`sim.builder.test_graphs`).
+            ``capture_share`` set as :func:`sim.plan.memo.build_template` sets them).
+        n_tokens, kv_len, token_offset: the graph (:func:`sim.plan.builder.test_graphs`).
 
     Returns:
         True when the graph was built here.

@@ -40,7 +40,7 @@ class Stream(str, Enum):
 
 
 class OpKind(str, Enum):
-    """What an op does; the cost model prices each kind (see :mod:`sim.costs`)."""
+    """What an op does; the cost model prices each kind (see :mod:`sim.model.costs`)."""
 
     H2D = "h2d"                    #: host→device copy of ``nbytes`` (one merged run or tensor)
     D2H = "d2h"                    #: device→host copy (router ids readback, activations)
@@ -383,7 +383,7 @@ class Plan:
 
     def op_with(self, i: int, nbytes: int, shape: tuple) -> Op:
         """Op ``i`` with its ``nbytes`` and ``shape`` replaced (``dataclasses.replace(self.op(i),
-        nbytes=nbytes, shape=shape)``, made from the columns directly: what :mod:`sim.memo`
+        nbytes=nbytes, shape=shape)``, made from the columns directly: what :mod:`sim.plan.memo`
         prices at another KV length).
 
         Raises:

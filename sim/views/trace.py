@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plan import COMPUTE_CODES, COMPUTE_KINDS, KIND_CODE, KINDS, STREAM_CODE, STREAMS, OpKind, Plan, Schedule, Stream
+from sim.plan import COMPUTE_CODES, COMPUTE_KINDS, KIND_CODE, KINDS, STREAM_CODE, STREAMS, OpKind, Plan, Schedule, Stream
 
 #: the exact columns of a trace, in order
 TRACE_COLUMNS: tuple[str, ...] = (
@@ -210,7 +210,7 @@ def to_chrome_trace(df: pd.DataFrame, path: str | Path) -> Path:
                      "split": int(split), "graph": int(graph), "slot": int(slot), "tag": tag},
         })
     doc = {"traceEvents": events, "displayTimeUnit": "ms"}
-    from .atomic import write_atomic
+    from sim.atomic import write_atomic
 
     return write_atomic(path, json.dumps(doc))
 

@@ -74,8 +74,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ScenarioError
-from .tomlio import Fields
+from sim.errors import ScenarioError
+from sim.tomlio import Fields
 
 ROUTING_KINDS = ("uniform", "skewed", "trace")
 
@@ -386,7 +386,7 @@ def _load_trace_cached(key, path: str, n_expert: int, top_k: int, n_layer: int,
     def err(field: str, msg: str) -> ScenarioError:
         return ScenarioError(msg, file=p, field=field)
 
-    from .bounds import check_text_input
+    from sim.bounds import check_text_input
 
     if not p.exists():
         raise ScenarioError("routing trace file not found", file=p)
@@ -566,7 +566,7 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
         if not p.exists() or p.is_dir():
             what = "is a folder, not a file" if p.is_dir() else "not found"
             raise f.error("trace_file", f"routing trace {what}: {p}")
-        from .bounds import check_text_input
+        from sim.bounds import check_text_input
 
         check_text_input(p, file=f.file, field=f.name("trace_file"))
         spec = RoutingSpec(kind="trace", trace_file=p)
@@ -606,7 +606,7 @@ def _check_points(f: Fields, key: str, pts: list[tuple[int, float]], n_expert: i
 
 
 def _read_points(f: Fields, key: str) -> list[tuple[int, float]]:
-    from .bounds import LIST_VALUES_MAX, TOKENS_MAX
+    from sim.bounds import LIST_VALUES_MAX, TOKENS_MAX
 
     raw = f.raw(key)
     if not isinstance(raw, list) or not raw:
@@ -958,7 +958,7 @@ def _systematic_used(pi: np.ndarray, top_k: int, n_tokens: int, rng: np.random.G
 
 
 def make_router(spec: RoutingSpec, model, rng: np.random.Generator) -> Router:
-    """Build the :class:`Router` of ``model`` (a :class:`sim.specs.ModelSpec` with experts).
+    """Build the :class:`Router` of ``model`` (a :class:`sim.model.specs.ModelSpec` with experts).
 
     Args:
         spec: the routing (from :func:`routing_from_fields`).

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ScenarioError
-from .provenance import code_version
+from sim.errors import ScenarioError
+from sim.provenance import code_version
 
 GRIDS = ("default", "smoke")
 
@@ -57,7 +57,7 @@ def add_validate_parser(sub) -> None:
 
 
 def _grid(name: str):
-    from .validation import default_grid
+    from sim.views.validation import default_grid
 
     g = default_grid()
     if name == "smoke":
@@ -71,19 +71,19 @@ def _grid(name: str):
 def cmd_validate(args: argparse.Namespace) -> int:
     from calibrate._gpu import require_cupy  # noqa: PLC0415
 
-    from .atomic import drawn_bytes, write_atomic_many
-    from .specs import load_hardware
-    from .validation import plot_validation, run_grid, summarize
+    from sim.atomic import drawn_bytes, write_atomic_many
+    from sim.model.specs import load_hardware
+    from sim.views.validation import plot_validation, run_grid, summarize
 
     if args.repeats < 1:
         raise ScenarioError(f"must be >= 1, got {args.repeats}", field="--repeats")
     if args.passes < 1:
         raise ScenarioError(f"must be >= 1, got {args.passes}", field="--passes")
-    from .atomic import check_output_path
+    from sim.atomic import check_output_path
 
     check_output_path(args.out, "--out", directory=True)
     if args.hardware is None:  # the shipped measured profile, from any working folder
-        from .resources import cwd_or_shipped
+        from sim.resources import cwd_or_shipped
 
         args.hardware = str(cwd_or_shipped("scenarios/hardware/h200.toml"))
     if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name) or args.name in (".", ".."):
@@ -106,7 +106,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if timeline not in {c.name for c in cases}:
         timeline = cases[0].name
     cp = require_cupy()  # clear error, nothing written, when there is no GPU
-    from .progress import bar, progress_enabled
+    from sim.cli.progress import bar, progress_enabled
 
     progress = None
     if progress_enabled(args.quiet):

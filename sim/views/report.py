@@ -1,10 +1,10 @@
 """llama-bench's output, written by the simulator: one row per (variant, test), printed as md, csv,
 json, jsonl or sql with llama-bench's field names, types and layout.
 
-Every row carries every field of :data:`sim.llamabench.FIELDS` (``test::get_fields()`` of
+Every row carries every field of :data:`sim.views.llamabench.FIELDS` (``test::get_fields()`` of
 ``tools/llama-bench/llama-bench.cpp``, plus the project's prefetch patch's ``prefetch_weights``,
 ``prefetch_gate`` and ``prefetch_expert_slots``: the ``-pw``/``-pwg``/``-pes`` values of the row's
-combination as given, else those of its variant, :func:`sim.llamabench.variant_fields`) with
+combination as given, else those of its variant, :func:`sim.views.llamabench.variant_fields`) with
 llama-bench's meaning, then the simulator's own
 fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, ``ttft_ms``,
 ``h2d_bytes`` ...). The printers follow llama-bench's (restated, not copied):
@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PATCH_FIELDS, PREFETCH_DEFAULTS, \
+from sim.views.llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PATCH_FIELDS, PREFETCH_DEFAULTS, \
     STRING, bench_test_name
 
 #: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
@@ -110,7 +110,7 @@ class BenchRow:
     """One result row: a test of a variant under one setting of llama-bench's parameters.
 
     Attributes:
-        values: every field of :data:`sim.llamabench.CSV_FIELDS`, typed as llama-bench's
+        values: every field of :data:`sim.views.llamabench.CSV_FIELDS`, typed as llama-bench's
             ``get_field_type`` says (str, bool, int, float); see :func:`bench_row`.
         samples_ns: the simulated time of each repetition, integer nanoseconds.
         samples_ts: tokens per second of each repetition (``1e9 * tokens / ns``).
@@ -183,8 +183,8 @@ def sample_stats(samples_ns: Sequence[int], n_tokens: int) -> tuple[int, int, fl
 
 
 def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mapping[str, Any] | None = None) -> BenchRow:
-    """A row from llama-bench's fields (all of :data:`sim.llamabench.CSV_FIELDS` but
-    :data:`COMPUTED_FIELDS`; the prefetch patch's, :data:`sim.llamabench.PATCH_FIELDS`, default
+    """A row from llama-bench's fields (all of :data:`sim.views.llamabench.CSV_FIELDS` but
+    :data:`COMPUTED_FIELDS`; the prefetch patch's, :data:`sim.views.llamabench.PATCH_FIELDS`, default
     to no prefetch), the samples (integer ns per repetition) and our fields.
 
     ``avg_ns``, ``stddev_ns``, ``avg_ts`` and ``stddev_ts`` are computed from the samples
@@ -206,7 +206,7 @@ def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mappi
     ex = dict(extra or {})
     bad = [k for k in ex if k not in _PROJECT_TYPE]
     if bad:
-        raise KeyError(f"not project fields: {', '.join(bad)} (see sim.report.PROJECT_FIELDS)")
+        raise KeyError(f"not project fields: {', '.join(bad)} (see sim.views.report.PROJECT_FIELDS)")
     vals = {f: values[f] if f in values else PREFETCH_DEFAULTS[f] for f in CSV_FIELDS if f not in COMPUTED_FIELDS}
     avg_ns, std_ns, avg_ts, std_ts, ts = sample_stats(samples_ns, vals["n_prompt"] + vals["n_gen"])
     vals.update(avg_ns=avg_ns, stddev_ns=std_ns, avg_ts=avg_ts, stddev_ts=std_ts)
@@ -395,7 +395,7 @@ def md_columns(rows: Sequence[BenchRow], n_threads_default: int | None = None) -
     ``variant``, ``test``, ``t/s`` and our ``vs_base``. ``n_threads`` is shown when its values
     are not all ``n_threads_default`` (or on a CPU backend)."""
     if n_threads_default is None:
-        from .benchflags import default_threads
+        from sim.cli.benchflags import default_threads
 
         n_threads_default = default_threads()
     cols = ["model", "size", "params", "backend"]
@@ -454,7 +454,7 @@ def build_line(rows: Sequence[BenchRow]) -> str:
     """llama-bench's ``build:`` footer, saying the rows are simulated and by what:
     ``build: simulated (prefetch-sim 0.1.0, analytic engine, profile 'H200 (measured)'
     scenarios/hardware/h200.toml)``."""
-    from . import __version__
+    from sim import __version__
 
     def distinct(key: str) -> list[str]:
         out: list[str] = []
@@ -502,7 +502,7 @@ def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default:
         rows: the rows, printed in the given order.
         fmt: one of :data:`FORMATS`.
         n_threads_default: the ``-t`` default of the run (llama-bench shows ``threads`` in md
-            only when the values differ from it; None: :func:`sim.benchflags.default_threads`).
+            only when the values differ from it; None: :func:`sim.cli.benchflags.default_threads`).
 
     Returns:
         The text, ending with a newline.

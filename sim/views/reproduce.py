@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .builder import build_plan, make_context
-from .metrics import rep_rng, run_variant_test, time_plan
-from .resources import shipped_root
-from .specs import BenchTest, Scenario, load_scenario, parse_variant
-from .units import MiB
+from sim.plan.builder import build_plan, make_context
+from sim.engines.metrics import rep_rng, run_variant_test, time_plan
+from sim.resources import shipped_root
+from sim.model.specs import BenchTest, Scenario, load_scenario, parse_variant
+from sim.units import MiB
 
 #: the shipped files (scenarios/, data/): the checkout, or a wheel's package data (sim.resources)
 ROOT = shipped_root()
@@ -157,8 +157,8 @@ def _gptoss(repetitions: int) -> dict[tuple[str, str], tuple[float, str]]:
 
 def _decode_bs1() -> dict[tuple[str, str], tuple[float, str]]:
     """One ~1 MB expert on the RTX 3090 (PCIe 4.0) profile: copy time and GPU matvec time."""
-    from .costs import gemm_s
-    from .specs import load_hardware
+    from sim.model.costs import gemm_s
+    from sim.model.specs import load_hardware
 
     hw = load_hardware(ROOT / "scenarios" / "hardware" / "rtx3090.toml")
     nbytes = 2**20
@@ -180,7 +180,7 @@ def compare(repetitions: int = 2, reported: pd.DataFrame | None = None, *, quiet
 
     Returns one :class:`Comparison` per row of the CSV, in its order.
     """
-    from .progress import bar
+    from sim.cli.progress import bar
 
     rep = load_reported() if reported is None else reported
     cases = {"laguna_2x3090": lambda: _laguna(repetitions), "gptoss20b_selective": lambda: _gptoss(repetitions),
@@ -244,8 +244,8 @@ def add_reproduce_parser(sub) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from .atomic import check_output_path, write_atomic
-    from .errors import PrefetchSimError, ScenarioError
+    from sim.atomic import check_output_path, write_atomic
+    from sim.errors import PrefetchSimError, ScenarioError
 
     if args.repetitions < 1:
         raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="-r/--repetitions")

@@ -14,11 +14,11 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import ScenarioError
-from .quant import (AUX_GROUPS, GGML_BLOCK, GGML_TYPE_BPW, RULE_PRESETS, TENSOR_GROUPS, bpw_of,
+from sim.errors import ScenarioError
+from sim.model.quant import (AUX_GROUPS, GGML_BLOCK, GGML_TYPE_BPW, RULE_PRESETS, TENSOR_GROUPS, bpw_of,
                     preset_group_types, tensor_ggml_type)
-from .tomlio import Fields, load_toml
-from .units import GB
+from sim.tomlio import Fields, load_toml
+from sim.units import GB
 
 # --------------------------------------------------------------------------------------
 # Model
@@ -33,9 +33,9 @@ class Tensor:
         name: GGUF tensor name. A tied output head (no ``output.weight`` in the file) is
             ``token_embd.weight`` again, with ``group="output"`` and ``duplicate=True``.
         layer: block index, or -1 for ``token_embd``/``output``/``output_norm``.
-        group: tensor group (see :data:`sim.quant.TENSOR_GROUPS`; ``"other"`` for a GGUF
+        group: tensor group (see :data:`sim.model.quant.TENSOR_GROUPS`; ``"other"`` for a GGUF
             tensor whose role the simulator does not model). Groups in
-            :data:`sim.quant.AUX_GROUPS` (norms, biases) are read by no op of the plan.
+            :data:`sim.model.quant.AUX_GROUPS` (norms, biases) are read by no op of the plan.
         n_in: input features (ggml ``ne[0]``).
         n_out: output features (ggml ``ne[1]``; 1 for a vector).
         n_mat: number of matrices (``ne[2]`` (x ``ne[3]``): experts for ``*_exps``, else 1).
@@ -73,7 +73,7 @@ class Tensor:
     @cached_property
     def bytes_per_mat(self) -> int:
         """Bytes of one matrix (one expert for ``*_exps``): ggml's row size
-        (``ne[0] / block`` blocks of the type's block bytes, :data:`sim.quant.GGML_BLOCK`) times
+        (``ne[0] / block`` blocks of the type's block bytes, :data:`sim.model.quant.GGML_BLOCK`) times
         ``n_out`` rows; rounded from ``bpw`` without a type (or a type whose block does not
         divide ``n_in``)."""
         if self.ggml_type:
@@ -155,8 +155,8 @@ class ModelSpec:
             loader for the arch creates; ``""``: none) and the synthetic GGUF writer
             (:mod:`calibrate.llamacpp.gguf_writer`) reads it.
         quant_preset: the TOML's ``[quant] preset`` (``"Q4_K_M"``); with one of
-            :data:`sim.quant.RULE_PRESETS` every tensor gets the type llama.cpp's quantizer
-            gives it (:func:`sim.quant.tensor_ggml_type`); ``""``: each tensor takes its group's
+            :data:`sim.model.quant.RULE_PRESETS` every tensor gets the type llama.cpp's quantizer
+            gives it (:func:`sim.model.quant.tensor_ggml_type`); ``""``: each tensor takes its group's
             ``group_types`` entry.
         quant_explicit: the TOML's other ``[quant]`` entries: a type name fixes its group's
             type; a number (a mixed group's mean bits) leaves the choice to the rule when the
@@ -167,7 +167,7 @@ class ModelSpec:
             full file's first blocks).
         tied_embeddings: no separate output matrix (``output.weight``): the output head is
             ``token_embd.weight`` duplicated on the output layer's device (gemma3).
-        tensor_table: the tensors as a GGUF lists them (:mod:`sim.gguf`); empty for a TOML
+        tensor_table: the tensors as a GGUF lists them (:mod:`sim.model.gguf`); empty for a TOML
             model, whose tensors are derived from the geometry, ``arch`` and the quant fields.
     """
 
@@ -341,7 +341,7 @@ def _layout(spec: ModelSpec, n_layer: int, ty) -> list[Tensor]:
 
 def _derive_tensors(spec: ModelSpec) -> tuple[Tensor, ...]:
     """The tensors of a TOML model: :func:`_layout` with per-tensor types from
-    :func:`sim.quant.tensor_ggml_type` (preset rule, explicit entries) or from ``group_types``."""
+    :func:`sim.model.quant.tensor_ggml_type` (preset rule, explicit entries) or from ``group_types``."""
     preset = spec.quant_preset.upper()
     rule = preset in RULE_PRESETS
     n_rule = max(spec.quant_n_layer, spec.n_layer)
@@ -385,21 +385,21 @@ def _derive_tensors(spec: ModelSpec) -> tuple[Tensor, ...]:
 
 def load_model(path: str | Path) -> ModelSpec:
     """Read a model: a TOML (``scenarios/models/*.toml``) or a GGUF (by the ``.gguf`` suffix
-    or the GGUF magic; :func:`sim.gguf.load_gguf_model` reads its header only).
+    or the GGUF magic; :func:`sim.model.gguf.load_gguf_model` reads its header only).
 
     Raises:
         ScenarioError: naming the file and field of any missing or invalid value.
     """
     p = Path(path)
     if p.suffix.lower() == ".gguf" or (p.suffix.lower() != ".toml" and p.is_file() and _is_gguf(p)):
-        from .gguf import load_gguf_model
+        from sim.model.gguf import load_gguf_model
 
         return load_gguf_model(p)
     return _load_model_toml(path)
 
 
 def _is_gguf(p: Path) -> bool:
-    from .gguf import is_gguf
+    from sim.model.gguf import is_gguf
 
     return is_gguf(p)
 
@@ -412,7 +412,7 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
                             "model file it names", file=path, field="model")
     m = f.sub("model", required=True)
     name = m.str("name")
-    from .bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
+    from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
 
     n_layer = m.int("n_layer", min=1, max=LAYERS_MAX)
     d_model = m.int("d_model", min=1, max=DIM_MAX)
@@ -484,7 +484,7 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
         group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
         arch=arch, quant_preset=preset.upper(), quant_explicit=explicit, tied_embeddings=tied,
     )
-    from .bounds import check_kind
+    from sim.bounds import check_kind
 
     check_kind(float(sum(t.nbytes for t in spec.tensors)), "bytes", file=path, field="model")
     for t in spec.tensors:
@@ -558,7 +558,7 @@ class HardwareProfile:
         executor_host_work_s, executor_host_work_per_id_s: the executor's host time per
             host-work op (building used-expert runs with numpy) and per router id, seconds,
             measured by ``calibrate.executor_costs``; 0 = the native estimate
-            (:data:`sim.costs.HOST_WORK_PER_ITEM_S`). Used in ``executor_mode`` only.
+            (:data:`sim.model.costs.HOST_WORK_PER_ITEM_S`). Used in ``executor_mode`` only.
         executor_busy_issue_s_by_kind: extra cost of one executor launch per launched op kind
             once the plan has run a CPU-backend op (the host's BLAS worker threads active: on
             the lent H200 VM a launch issued between CPU matvecs took 1.5–4.5× its cost in a
@@ -573,7 +573,7 @@ class HardwareProfile:
         executor_busy_scale: factor on the executor's busy-host costs in a plan (its CPU
             matvecs, and its launches after the first of them, extras included), fitted by
             ``calibrate.executor_costs`` on batch-1 decode plans of held-out models
-            (:data:`sim.validation.DECODE_PROBE_MODELS`): the synthetic decode loop those costs
+            (:data:`sim.views.validation.DECODE_PROBE_MODELS`): the synthetic decode loop those costs
             are measured with ran ≈ 11% faster, against its prediction, than the validation
             grid's decode plans in the same process and minutes
             (``benchmarks/bench_decode_chain.py``). 1 = no correction. Used in ``executor_mode``
@@ -599,8 +599,8 @@ class HardwareProfile:
         measured: metadata of a calibrated profile (device, driver, versions, date, command).
         file: the TOML file.
         ggml: llama.cpp's own kernel tables and scheduler overheads (a
-            :class:`sim.ggmlcost.GgmlKernels`, TOML table ``[ggml]``), or None. With them the
-            compute ops are priced as llama.cpp runs them (:mod:`sim.ggmlcost`).
+            :class:`sim.model.ggmlcost.GgmlKernels`, TOML table ``[ggml]``), or None. With them the
+            compute ops are priced as llama.cpp runs them (:mod:`sim.model.ggmlcost`).
     """
 
     name: str
@@ -807,12 +807,12 @@ def load_hardware(path: str | Path) -> HardwareProfile:
 
 def _load_ggml(g: Fields):
     """The ``[ggml]`` table of a hardware profile: kernel tables (CSV paths relative to the
-    profile) and sourced numbers (:class:`sim.ggmlcost.GgmlKernels`).
+    profile) and sourced numbers (:class:`sim.model.ggmlcost.GgmlKernels`).
 
     Raises:
         ScenarioError: naming the field and file of a missing, unreadable or invalid value.
     """
-    from .ggmlcost import GgmlKernels, read_table
+    from sim.model.ggmlcost import GgmlKernels, read_table
 
     def table(key: str, required: bool):
         if not g.has(key):
@@ -839,7 +839,7 @@ def _load_ggml(g: Fields):
         sources[key] = src
         return v * scale
 
-    from .ggmlcost import check_coverage
+    from sim.model.ggmlcost import check_coverage
 
     gpu = table("gpu_kernels", True)
     cpu = table("cpu_kernels", True)
@@ -894,7 +894,7 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
     import numpy as np
     import pandas as pd
 
-    from .bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
+    from sim.bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
 
     p = g.path(key)
     check_text_input(p, file=g.file, field=g.name(key))
@@ -973,7 +973,7 @@ class Placement:
         pinned: host weights in pinned memory (``--no-mmap`` with pinned host buffers) versus
             pageable (mmap'd, the llama.cpp default).
         expert_cache_experts: capacity of the GPU expert cache in experts per layer-tensor
-            set (0 = no cache; ``-1`` = whatever VRAM is left, see :mod:`sim.vram`).
+            set (0 = no cache; ``-1`` = whatever VRAM is left, see :mod:`sim.model.vram`).
         op_offload_min_batch: batch at and above which an op with a host weight runs on the
             GPU (ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH``, default 32).
         ctx_size: ``-c``: KV cache reserved for this many tokens.
@@ -983,13 +983,13 @@ class Placement:
             equal shares (llama.cpp's default for identical GPUs).
         flash_attn: ``-fa``: FlashAttention (llama.cpp's ``auto`` picks it on CUDA) or the
             unfused KQ / softmax / KQV; priced differently only by a profile with llama.cpp
-            kernel tables (:mod:`sim.ggmlcost`).
+            kernel tables (:mod:`sim.model.ggmlcost`).
         fit_target_mib: llama.cpp's fit target (``-fitt MiB0,MiB1,...``): MiB left free per GPU
             when a variant's expert cache is sized by the fit (``expert_cache = "fit"``, see
-            :func:`sim.vram.account`); one value is broadcast to every GPU, a list sets the
+            :func:`sim.model.vram.account`); one value is broadcast to every GPU, a list sets the
             first GPUs and the others keep the default, :data:`FIT_TARGET_MIB_DEFAULT`.
             Only the fitted cache pool reads it (``fit_experts`` takes its margin from
-            llama-bench's ``-fitt`` flag, :func:`sim.benchflags.setting_scenario`).
+            llama-bench's ``-fitt`` flag, :func:`sim.cli.benchflags.setting_scenario`).
     """
 
     ngl: int = 999
@@ -1054,7 +1054,7 @@ class Placement:
 
 def placement_from_fields(p: Fields) -> Placement:
     """A ``[placement]`` table (llama.cpp's placement flags; sizes bounded by :mod:`sim.bounds`)."""
-    from .bounds import INT32_MAX, TOKENS_MAX
+    from sim.bounds import INT32_MAX, TOKENS_MAX
 
     rules = []
     raw = p.raw("override_tensor", [])
@@ -1151,9 +1151,9 @@ class Workload:
         bench_repetitions: llama-bench's own ``-r`` when the simulated repetitions are fewer
             (a comparison against a llama-bench file draws 3 routings of a row measured at
             ``-r 5``); 0: ``repetitions``. It spreads the cost that only llama-bench's first
-            repetition pays (capturing the CUDA graph, :mod:`sim.ggmlcost`). Not a TOML field.
+            repetition pays (capturing the CUDA graph, :mod:`sim.model.ggmlcost`). Not a TOML field.
         warmup: llama-bench's untimed warm-up run before a test's repetitions
-            (:func:`sim.metrics.warmup_test`; False: ``--no-warmup``). Only an expert cache keeps
+            (:func:`sim.engines.metrics.warmup_test`; False: ``--no-warmup``). Only an expert cache keeps
             anything of it. Not a TOML field.
     """
 
@@ -1174,7 +1174,7 @@ class Workload:
 
 def workload_from_fields(w: Fields) -> Workload:
     """A ``[workload]`` table (llama-bench's test matrix; sizes bounded by :mod:`sim.bounds`)."""
-    from .bounds import REPETITIONS_MAX, TOKENS_MAX
+    from sim.bounds import REPETITIONS_MAX, TOKENS_MAX
 
     n_ubatch = w.int("n_ubatch", 512, min=1, max=TOKENS_MAX)
     n_batch = w.int("n_batch", 2048, min=1, max=TOKENS_MAX)
@@ -1199,7 +1199,7 @@ def workload_from_fields(w: Fields) -> Workload:
 
 #: values of ``Variant.expert_cache``: no cache, an LRU or LFU cache in whatever VRAM is left
 #: (``placement.expert_cache_experts`` may cap it), or ``"fit"``: an LRU cache whose pool is
-#: what llama.cpp's fit leaves, the free VRAM minus the fit target (:func:`sim.vram.account`)
+#: what llama.cpp's fit leaves, the free VRAM minus the fit target (:func:`sim.model.vram.account`)
 CACHE_POLICIES = ("none", "lru", "lfu", "fit")
 
 
@@ -1218,7 +1218,7 @@ class Variant:
         expert_cache: GPU expert cache, ``"none"``, ``"lru"``, ``"lfu"``, or ``"fit"``: an LRU
             cache whose pool is the VRAM left after resident weights, KV cache, compute buffer
             and staging minus the fit target (``placement.fit_target_mib``, llama.cpp's
-            ``-fitt``); see :func:`sim.vram.account`.
+            ``-fitt``); see :func:`sim.model.vram.account`.
         selective_copy: copy only the experts the ubatch uses (upstream ggml behaviour);
             false copies whole expert tensors (the control in docs/DESIGN.md).
     """
@@ -1240,7 +1240,7 @@ class Variant:
 
     @property
     def cache_policy(self) -> str:
-        """The eviction policy of the expert cache (:mod:`sim.cache`): ``"lru"`` for the
+        """The eviction policy of the expert cache (:mod:`sim.plan.cache`): ``"lru"`` for the
         fitted pool, else :attr:`expert_cache`."""
         return "lru" if self.expert_cache == "fit" else self.expert_cache
 
@@ -1297,7 +1297,7 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
 
 def variant_from_fields(v: Fields) -> Variant:
     """A ``[[variant]]`` table: ``spec = "slots3"`` (and a ``name``) or a name with its fields."""
-    from .bounds import COUNT_MAX, TOKENS_MAX
+    from sim.bounds import COUNT_MAX, TOKENS_MAX
 
     if v.has("spec"):
         var = parse_variant(v.str("spec"), file=v.file, field_name=v.name("spec"))
@@ -1347,8 +1347,8 @@ class Scenario:
     """A complete what-if: model, hardware, placement, workload, routing, variants, seed.
 
     Attributes:
-        routing: a :class:`sim.routing.RoutingSpec`.
-        compute_buffer_bytes: per-GPU compute buffer; None = estimated (see :mod:`sim.vram`).
+        routing: a :class:`sim.model.routing.RoutingSpec`.
+        compute_buffer_bytes: per-GPU compute buffer; None = estimated (see :mod:`sim.model.vram`).
     """
 
     name: str
@@ -1373,10 +1373,10 @@ def load_scenario(path: str | Path) -> Scenario:
         ScenarioError: naming the file and field of any missing or invalid value, in the
             scenario or in the files it names.
     """
-    from .resources import resolve_field
-    from .routing import routing_from_fields
+    from sim.resources import resolve_field
+    from sim.model.routing import routing_from_fields
 
-    from .bounds import BYTES_MAX
+    from sim.bounds import BYTES_MAX
 
     data = load_toml(path)
     f = Fields(data, path)

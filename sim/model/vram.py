@@ -24,9 +24,9 @@ from typing import Iterable
 
 import numpy as np
 
-from .errors import PlacementError, VramOverflowError
-from .specs import ModelSpec, Placement, Scenario, Tensor, Variant
-from .units import GiB
+from sim.errors import PlacementError, VramOverflowError
+from sim.model.specs import ModelSpec, Placement, Scenario, Tensor, Variant
+from sim.units import GiB
 
 #: compute buffer activations per ubatch token, in f32 elements per d_model (residual stream,
 #: normed input, q/k/v/attention output, FFN hidden up to top-k experts). An estimate of
@@ -174,10 +174,10 @@ def host_flags(model: ModelSpec, placement: Placement) -> tuple[bool, ...]:
 
 
 def weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
-    """The weights each weight op of a graph reads, grouped as :func:`sim.builder.graph_items`
+    """The weights each weight op of a graph reads, grouped as :func:`sim.plan.builder.graph_items`
     emits them (fused q/k/v, shared-expert gate+up, one group per other matrix): a host split
     copies a whole group, so staging and split-input buffers are sized by groups. Norms, biases
-    and other tensors no op reads (:attr:`sim.specs.Tensor.is_matrix`) are in no group.
+    and other tensors no op reads (:attr:`sim.model.specs.Tensor.is_matrix`) are in no group.
     Computed once per model (a new list each call)."""
     cache = _model_cache(model)
     got = cache.get("groups")
@@ -212,7 +212,7 @@ def expert_slot_bytes(tensors: Iterable[Tensor]) -> int:
     rule). A slot holds any expert tensor it may be asked to stage. 0 without expert tensors.
 
     The one formula for a slot's size: :func:`staging_bytes` reserves N of these and the plan
-    builder (:mod:`sim.builder`) allocates its slots with it (``Op.slot_bytes``), through
+    builder (:mod:`sim.plan.builder`) allocates its slots with it (``Op.slot_bytes``), through
     :attr:`VramBreakdown.expert_slot_bytes`."""
     return max((t.nbytes for t in tensors if t.is_expert and t.is_matrix), default=0)
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError
+from sim.errors import ScenarioError
 
 STRING, BOOL, INT, FLOAT = "STRING", "BOOL", "INT", "FLOAT"
 
@@ -156,7 +156,7 @@ def prefetch_settings(row: Mapping[str, Any]) -> tuple[int, int, int]:
 
 
 def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefetch_expert_slots: int = 0) -> str:
-    """The simulator variant (:func:`sim.specs.parse_variant` label) of the prefetch patch's
+    """The simulator variant (:func:`sim.model.specs.parse_variant` label) of the prefetch patch's
     llama-bench flags:
 
     * ``-pw 0 -pes 0`` (an upstream row too): ``baseline``;
@@ -166,7 +166,7 @@ def prefetch_variant(prefetch_weights: int = 0, prefetch_gate: int = 512, prefet
       ``-pw 0`` (the row still prints it; every such row runs the same variant);
     * ``-pes N`` with ``-pw 0`` (N rotating expert staging slots): ``slots<N>``.
 
-    The names are :func:`sim.specs.parse_variant` labels, the same the scenarios and
+    The names are :func:`sim.model.specs.parse_variant` labels, the same the scenarios and
     ``--variant`` use.
 
     Raises:
@@ -200,9 +200,9 @@ def row_variant(row: Mapping[str, Any]) -> str:
 
 def variant_fields(variant) -> dict[str, int]:
     """The prefetch patch's fields (:data:`PATCH_FIELDS`) a llama-bench row of ``variant`` (a
-    :class:`sim.specs.Variant`) prints: the inverse of :func:`prefetch_variant` (``baseline``
+    :class:`sim.model.specs.Variant`) prints: the inverse of :func:`prefetch_variant` (``baseline``
     -> 0/512/0, ``prefetch_ungated`` -> 1/0/0, ``prefetch_gated_N`` -> 1/N/0, ``slots<N>`` ->
-    0/512/N; a row of ``-pw 0 -pwg N`` prints its own ``N``, :func:`sim.benchflags.prefetch_combos`).
+    0/512/N; a row of ``-pw 0 -pwg N`` prints its own ``N``, :func:`sim.cli.benchflags.prefetch_combos`).
     What the flags cannot say (an expert cache, whole-tensor copies) is not in them; a variant
     with weight prefetch and slots prints both (:func:`prefetch_variant` refuses to simulate
     such a row)."""
@@ -328,7 +328,7 @@ def read_llama_bench(path: str | Path):
     """
     import pandas as pd
 
-    from .bounds import check_text_input
+    from sim.bounds import check_text_input
 
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -473,7 +473,7 @@ def sim_regex(regex: str) -> str:
     """A llama.cpp ``-ot`` pattern as the simulator's ``Placement.override_tensor`` uses it.
 
     The simulator names tensors as GGUF does (``blk.7.ffn_up_exps.weight``,
-    :class:`sim.specs.Tensor`), so a pattern matches (``re.search``, as llama.cpp's
+    :class:`sim.model.specs.Tensor`), so a pattern matches (``re.search``, as llama.cpp's
     ``std::regex_search``) the same tensors in both: only the ECMAScript POSIX classes are
     spelled out (:func:`python_regex`). ``ffn_up_exps$`` matches nothing, in llama.cpp too.
 
@@ -552,13 +552,13 @@ def flash_attn_label(value: Any) -> str:
 
 def kv_bytes_per_elem(type_k: Any = "f16", type_v: Any = "f16") -> float:
     """Mean bytes per K/V cache element of ``type_k``/``type_v`` (ggml type names as printed,
-    ``f16``, ``q8_0``...), from :data:`sim.quant.GGML_TYPE_BPW`: the simulator's
+    ``f16``, ``q8_0``...), from :data:`sim.model.quant.GGML_TYPE_BPW`: the simulator's
     ``ModelSpec.kv_bytes_per_elem``.
 
     Raises:
         KeyError: a type the simulator does not know.
     """
-    from .quant import bpw_of
+    from sim.model.quant import bpw_of
 
     def one(t: Any) -> float:
         if t is None or (isinstance(t, float) and math.isnan(t)):
@@ -618,10 +618,10 @@ class RowTerms:
 
     @property
     def tests(self):
-        """The simulator tests of the row (:class:`sim.specs.BenchTest`): one for ``pp``/``tg``;
+        """The simulator tests of the row (:class:`sim.model.specs.BenchTest`): one for ``pp``/``tg``;
         for ``-pg`` (``pp512+tg128``) the prompt at the row's depth, then the generation at depth
         + prompt, as llama-bench runs them in one context."""
-        from .specs import BenchTest
+        from sim.model.specs import BenchTest
 
         pp = BenchTest(self.n_prompt, 0, self.n_depth)
         if not self.n_gen:
@@ -719,7 +719,7 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
             ``CUDA<n>`` of an existing GPU), or a pattern Python's ``re`` cannot compile; the
             message names the rule.
     """
-    from .specs import Placement
+    from sim.model.specs import Placement
 
     notes: list[str] = []
     for regex, buf in terms.overrides:
@@ -757,7 +757,7 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
 def row_workload(terms: RowTerms, repetitions: int = 3):
     """The simulator ``Workload`` of a row: its ``n_ubatch``/``n_batch`` and its test(s) (see
     :attr:`RowTerms.tests`), ``repetitions`` routing draws."""
-    from .specs import Workload
+    from sim.model.specs import Workload
 
     ts = terms.tests
     return Workload(

@@ -43,14 +43,14 @@ TENSOR_GROUPS = (
 )
 
 #: groups of tensors that are no matrix of a plan op (they count in the model's bytes,
-#: parameters and VRAM only). ``other``: a GGUF tensor :mod:`sim.gguf` gives no role.
+#: parameters and VRAM only). ``other``: a GGUF tensor :mod:`sim.model.gguf` gives no role.
 AUX_GROUPS = ("norm", "bias", "other")
 
 #: llama.cpp file-type presets, simplified to one ggml type per tensor group (a model TOML's
 #: ``group_types``). The mixes follow ``llama_tensor_get_type`` in ``src/llama-quant.cpp``: *_M
 #: presets keep attn_v and ffn_down one step up (llama.cpp does that on a subset of layers).
 #: The bytes of a model's tensors do not come from here but from the per-tensor rule,
-#: :func:`tensor_ggml_type` (see :attr:`sim.specs.ModelSpec.tensors`).
+#: :func:`tensor_ggml_type` (see :attr:`sim.model.specs.ModelSpec.tensors`).
 PRESETS: Mapping[str, Mapping[str, str]] = {
     "F16": {},
     "BF16": {},

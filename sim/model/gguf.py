@@ -3,7 +3,7 @@
 The one module of :mod:`sim` that reads GGUF. :func:`read_gguf_index` parses the header, the
 key/value metadata and the tensor table (the format of llama.cpp's ``ggml/src/gguf.cpp`` and
 gguf-py's ``GGUFReader``), skipping array values (a 262k-token vocabulary is stepped over, not
-decoded); :func:`load_gguf_model` turns that into a :class:`sim.specs.ModelSpec` whose tensors
+decoded); :func:`load_gguf_model` turns that into a :class:`sim.model.specs.ModelSpec` whose tensors
 are the file's, with their real ggml types and bytes.
 
 GGUF layout (little-endian; v2 and v3 have 64-bit counts and lengths)::
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
-from .errors import ScenarioError
-from .quant import GGML_BLOCK, GGML_TYPE_BPW
+from sim.errors import ScenarioError
+from sim.model.quant import GGML_BLOCK, GGML_TYPE_BPW
 
 if TYPE_CHECKING:
-    from .specs import ModelSpec
+    from sim.model.specs import ModelSpec
 
 __all__ = [
     "GGUF_MAGIC", "GGUF_VALUE_TYPES", "GGML_TYPE_ID", "GGML_TYPE_NAME", "LLAMA_FTYPE_NAME",
@@ -52,7 +52,7 @@ GGUF_VALUE_TYPES: Mapping[int, tuple[str, str | None]] = {
     12: ("float64", "<d"),
 }
 
-#: ``enum ggml_type`` ids (``ggml/include/ggml.h``) of the types :data:`sim.quant.GGML_BLOCK` knows
+#: ``enum ggml_type`` ids (``ggml/include/ggml.h``) of the types :data:`sim.model.quant.GGML_BLOCK` knows
 GGML_TYPE_ID: Mapping[str, int] = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
     "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "Q8_K": 15, "IQ2_XXS": 16,
@@ -431,7 +431,7 @@ _BLOCK_GROUPS: Mapping[str, str] = {
 
 def tensor_group(name: str) -> tuple[int, str]:
     """``(layer, group)`` of a GGUF tensor name: the block index (-1 outside the blocks) and
-    the :class:`sim.specs.Tensor` group (:data:`sim.quant.TENSOR_GROUPS`, or ``"other"`` for a
+    the :class:`sim.model.specs.Tensor` group (:data:`sim.model.quant.TENSOR_GROUPS`, or ``"other"`` for a
     role the simulator does not model, e.g. a fused ``attn_qkv``).
 
     ``token_embd.weight`` -> embd, ``output.weight`` -> output, ``*_norm.weight`` -> norm,
@@ -593,7 +593,7 @@ def _need(idx: GGUFIndex, name: str, why: str) -> GGUFTensor:
 
 
 def load_gguf_model(path: str | Path) -> ModelSpec:
-    """A :class:`sim.specs.ModelSpec` from a GGUF's header (no tensor data is read).
+    """A :class:`sim.model.specs.ModelSpec` from a GGUF's header (no tensor data is read).
 
     Geometry from the architecture keys (``general.architecture`` = ``<arch>``):
     ``<arch>.block_count``, ``embedding_length``, ``attention.head_count``,
@@ -609,7 +609,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     (llama and gpt-oss write the expert size there), then 0.
 
     Tensors: every tensor of the file in file order with its ggml type and exact bytes
-    (:class:`sim.specs.Tensor`, groups from :func:`tensor_group`); without ``output.weight`` the
+    (:class:`sim.model.specs.Tensor`, groups from :func:`tensor_group`); without ``output.weight`` the
     output head is ``token_embd.weight`` duplicated (``duplicate=True``: llama.cpp's
     ``TENSOR_DUPLICATED``, offloaded with the output layer, counted once in size and
     parameters). The name is llama-bench's ``model_type`` (:func:`model_label`).
@@ -620,7 +620,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
             tensor layout the plan builder cannot use (fused ``attn_qkv``, no gated FFN, MoE
             layers that are not the last ``n_layer - n_layer_dense_lead`` blocks).
     """
-    from .specs import ModelSpec, MoESpec, Tensor
+    from sim.model.specs import ModelSpec, MoESpec, Tensor
 
     idx = read_gguf_index(path)
     p = idx.path

@@ -23,14 +23,14 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
   ready event; a buffer is overwritten only after its last consumer finished (free event). With
   pageable host memory each copy blocks the host thread.
 * **MoE-batch gate.** In a graph with MoE host splits, prefetch is off when the ubatch has
-  fewer tokens than ``gate_min_batch``; staging stays reserved (see :mod:`sim.vram`).
+  fewer tokens than ``gate_min_batch``; staging stays reserved (see :mod:`sim.model.vram`).
 * **Expert staging slots.** When tokens x top-k >= 2 x n_expert, expert splits are copied
   whole into N rotating slots, one staged split ahead whatever N (the copy feeding staged split
   k+1 is issued when the host reaches staged split k); N bounds reuse, not depth: a slot is
   refilled only after the consumer N staged splits earlier finished (free event). One slot
   cannot be refilled while it is read: with N = 1 each copy is issued at its own split, after
   the previous consumer, and nothing overlaps. A slot holds the largest expert tensor staged on
-  its GPU (:func:`sim.vram.expert_slot_bytes`, per-layer ggml types).
+  its GPU (:func:`sim.model.vram.expert_slot_bytes`, per-layer ggml types).
 * **Expert cache.** Used experts that hit the cache are not copied; misses are copied and
   inserted. At decode, hits run on the GPU and misses on the CPU (their insertion is copied in
   the background on the copy stream).
@@ -50,14 +50,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .cache import ExpertCache
-from .costs import attn_keys, attn_pairs
-from .errors import PlacementError
-from .ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
-from .plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
-from .routing import Router, make_router
-from .specs import BenchTest, Scenario, Tensor, Variant
-from .vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices
+from sim.plan.cache import ExpertCache
+from sim.model.costs import attn_keys, attn_pairs
+from sim.errors import PlacementError
+from sim.model.ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
+from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
+from sim.model.routing import Router, make_router
+from sim.model.specs import BenchTest, Scenario, Tensor, Variant
+from sim.model.vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices
 
 ACT_BYTES = 4  # f32 activations
 _HOST = Stream.HOST
@@ -160,13 +160,13 @@ class BuildContext:
 
     @cached_property
     def price_cache(self) -> dict:
-        """Scratch prices kept by :mod:`sim.memo` for this context (its hardware is fixed):
+        """Scratch prices kept by :mod:`sim.plan.memo` for this context (its hardware is fixed):
         ``(kind, nbytes, shape, pinned, tag) -> seconds``."""
         return {}
 
     @cached_property
     def graph_memo(self) -> dict:
-        """Per engine, the graph templates :func:`sim.memo.time_test` keeps for this context
+        """Per engine, the graph templates :func:`sim.plan.memo.time_test` keeps for this context
         (shared by every test and repetition timed with it: a template is keyed on what
         determines its graph, whatever the test)."""
         return {}
@@ -179,7 +179,7 @@ class BuildContext:
 
     @cached_property
     def column_cache(self) -> dict:
-        """What :mod:`sim.fastgraph` derives once per context (the residency and devices of
+        """What :mod:`sim.plan.fastgraph` derives once per context (the residency and devices of
         the model's items)."""
         return {}
 
@@ -221,9 +221,9 @@ _ATTN_PARTS: dict[int, tuple] = {}
 def layer_attn_parts(model) -> list[tuple]:
     """Per layer of ``model``, the part of :attr:`BuildContext.attn_layer_sig` that depends on
     the model alone: ``(window, full attention, elementwise kernels and elements, norm
-    weights)`` (:meth:`~sim.specs.ModelSpec.attn_window`,
-    :meth:`~sim.specs.ModelSpec.is_full_attn_layer`, :func:`sim.ggmlcost.layer_elementwise`,
-    :func:`sim.ggmlcost.layer_norm_weights`), computed once per model (a list of
+    weights)`` (:meth:`~sim.model.specs.ModelSpec.attn_window`,
+    :meth:`~sim.model.specs.ModelSpec.is_full_attn_layer`, :func:`sim.model.ggmlcost.layer_elementwise`,
+    :func:`sim.model.ggmlcost.layer_norm_weights`), computed once per model (a list of
     ``n_layer`` tuples, not to be modified)."""
     return per_model(_ATTN_PARTS, model, lambda m: [
         (m.attn_window(i), m.is_full_attn_layer(i), layer_elementwise(m, i), layer_norm_weights(m, i))
@@ -301,7 +301,7 @@ def draw_masks_graphs(ctx: BuildContext, graphs: Sequence[tuple[int, int, int]])
     """The used-expert masks of several graphs ``[(n_tokens, kv_len, token_offset), ...]``
     in order, each an (L, E) bool array over ``ctx.moe_layers`` (row ``k``: layer
     ``ctx.moe_layers[k]``): the draws :func:`draw_masks` makes graph after graph, from
-    ``ctx.rng`` (:meth:`sim.routing.Router.used_masks_graphs`); None per graph without
+    ``ctx.rng`` (:meth:`sim.model.routing.Router.used_masks_graphs`); None per graph without
     experts."""
     model = ctx.scn.model
     if model.moe is None or ctx.router is None:
@@ -515,7 +515,7 @@ class Emitter:
         self.fill_of: dict[int, int] = {}    # layer -> last background cache-fill copy
         self.fill_pending = False
         #: GPU holding the activations before this plan's first compute op (a graph built on
-        #: its own by sim.memo starts where the previous graph left them)
+        #: its own by sim.plan.memo starts where the previous graph left them)
         self.act_device_default = 0
         #: the graph is one llama.cpp builds anew (not reused: a prompt of several ubatches,
         #: whose KV length changes the graph from one ubatch to the next)
@@ -533,7 +533,7 @@ class Emitter:
         #: CPU backend), ``"kq_mask"`` (the mask fill; flag: the masks are copied to a GPU)
         self.kv_ops: list[tuple[int, str, int]] = []
         #: ``(class of each op, an op of each class)`` of ops with equal prices, when the graph
-        #: was built by :func:`sim.fastgraph.build_graph_columns` (:func:`sim.costs.class_durations`)
+        #: was built by :func:`sim.plan.fastgraph.build_graph_columns` (:func:`sim.model.costs.class_durations`)
         self.price_classes: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- primitives ------------------------------------------------------------------
@@ -563,7 +563,7 @@ class Emitter:
     def launch(self, kind, stream, device, name, deps=(), **kw) -> int:
         """Host issues an async GPU op; returns the GPU op's id. The ISSUE op carries the
         launched kind in its tag (and an attention's shape: an attention made of several
-        kernels costs the host more than one launch, see :mod:`sim.costs`)."""
+        kernels costs the host more than one launch, see :mod:`sim.model.costs`)."""
         is_attn = kind is _ATTN
         append = self.plan.append
         layer, split, graph = self.layer, self.split, self.graph
@@ -751,7 +751,7 @@ def cpu_attn_args(item_shape: tuple) -> tuple[int, tuple]:
 def overhead_shape(n_kernels: int, n_tokens: int, rebuilt: bool, call_tokens: int, n_layer: int,
                    capture_share: float) -> tuple:
     """Shape of a graph's host-overhead op (``graph_overhead``, priced by
-    :func:`sim.costs.ggml_duration_s`): ``(kernels, tokens, rebuilt 0/1, call tokens, layers,
+    :func:`sim.model.costs.ggml_duration_s`): ``(kernels, tokens, rebuilt 0/1, call tokens, layers,
     capture share)``; ``rebuilt``, ``call_tokens`` and ``capture_share`` as :func:`graph_call`."""
     return (n_kernels, n_tokens, int(rebuilt), int(call_tokens), n_layer, capture_share)
 
@@ -850,10 +850,10 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     ggml = hw.ggml
     n_kernels = graph_kernels(items)
     if ggml is not None and ggml.has_graph_host_work:
-        # llama.cpp's host work per graph before its compute (sim.ggmlcost): the llama_decode
+        # llama.cpp's host work per graph before its compute (sim.model.ggmlcost): the llama_decode
         # call's batch checks and ubatch split (first ubatch of a call), the memory apply, for
         # a graph it does not reuse the graph build and the scheduler's allocation (its kernels
-        # then run without a CUDA graph: sim.costs.direct_launch_s prices that on its GPU ops),
+        # then run without a CUDA graph: sim.model.costs.direct_launch_s prices that on its GPU ops),
         # for a reused one its share of the CUDA-graph capture
         em.overhead_op = em.host(OpKind.HOST_WORK, f"graph {em.graph} host overhead", tag="graph_overhead",
                                  shape=overhead_shape(n_kernels, n_tokens, em.rebuilt, em.call_tokens, model.n_layer,
@@ -869,7 +869,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
         em.kv_ops.append((oid, "kq_mask", int(on_gpu)))
     if ggml is not None and ggml.cpu_get_rows_bytes_per_s > 0:
         # llama.cpp keeps token_embd on the CPU whatever -ngl: its GET_ROWS runs on the CPU
-        # backend (one thread, sim.ggmlcost) and, when the first split is on a GPU, the rows
+        # backend (one thread, sim.model.ggmlcost) and, when the first split is on a GPU, the rows
         # cross to it from the CPU backend's pinned compute buffer as that split's input
         rows = em.op(OpKind.CPU_MATVEC, Stream.CPU, -1, "token_embd get_rows",
                      [em.last_host] if em.last_host >= 0 else [], shape=(n_tokens, model.d_model, 0, 0, "rows", ()),
@@ -962,7 +962,7 @@ def _launch_split_items(em: Emitter, items: Sequence[Item], dev: int, first_deps
     non-weight input the scheduler copies synchronously from the plain (pageable) CPU buffer
     after synchronising the GPU backend, plus the host overhead of the layer's extra splits
     (norm weights, q/k/v apart). One host-blocking op (``HOST_WORK``, tag ``kv_moved``, priced by
-    :func:`sim.costs.kv_copies_s` and, with a llama.cpp-calibrated profile, ``[ggml]``'s
+    :func:`sim.model.costs.kv_copies_s` and, with a llama.cpp-calibrated profile, ``[ggml]``'s
     ``split_us`` and one-thread ``SET_ROWS`` rate); the GPU op then prices the attention alone.
     The host cannot run ahead of it, so a prefetch copy fired one split ahead is issued only once
     the host is past it."""
@@ -1140,7 +1140,7 @@ def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int,
       unchanged properties) and replayed after: the test's first graph pays a whole capture in
       repetition ``rep`` 0 and none in the later ones; every other graph 0. Where the simulated
       repetitions stand for a different number of llama-bench's (``rep`` None, or
-      :attr:`sim.specs.Workload.bench_repetitions` set: ``compare`` draws fewer), every
+      :attr:`sim.model.specs.Workload.bench_repetitions` set: ``compare`` draws fewer), every
       repetition pays ``1 / r`` of it (``r``: llama-bench's repetitions), the same mean time.
     """
     wl = scn.workload
@@ -1173,7 +1173,7 @@ def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.
 
     Returns:
         The plan, with ``meta`` holding ``h2d_bytes``, ``vram`` (list of
-        :class:`~sim.vram.VramBreakdown`), ``n_cpu_moe``, ``cache_hit_rate``.
+        :class:`~sim.model.vram.VramBreakdown`), ``n_cpu_moe``, ``cache_hit_rate``.
 
     Raises:
         PlacementError: the placement does not fit in VRAM.

@@ -1,7 +1,7 @@
 """``prefetch-sim`` command line.
 
-Subcommands: ``run`` (llama-bench's flags and output for every variant: :mod:`sim.benchflags`,
-:mod:`sim.report`), ``trace`` (Chrome trace of one test), ``calibrate`` (measure a GPU), ``validate`` (predicted vs measured on a GPU),
+Subcommands: ``run`` (llama-bench's flags and output for every variant: :mod:`sim.cli.benchflags`,
+:mod:`sim.views.report`), ``trace`` (Chrome trace of one test), ``calibrate`` (measure a GPU), ``validate`` (predicted vs measured on a GPU),
 ``crossover`` (sweeps and crossover plots), ``check`` (hazard checker). Errors in user input
 print one line naming the file and field, and exit with status 2.
 """
@@ -15,10 +15,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .atomic import check_output_path, write_atomic
-from .errors import PlacementError, PrefetchSimError, ScenarioError
+from sim.atomic import check_output_path, write_atomic
+from sim.errors import PlacementError, PrefetchSimError, ScenarioError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "scenarios/default.toml"
 
 
@@ -26,7 +26,7 @@ def default_scenario_path() -> Path:
     """``scenarios/default.toml`` of the working directory if present, else the shipped one
     (the checkout's in a source checkout or editable install, the wheel's package data
     otherwise; :mod:`sim.resources`)."""
-    from .resources import shipped
+    from sim.resources import shipped
 
     here = Path.cwd() / DEFAULT_SCENARIO
     return here if here.exists() else shipped(DEFAULT_SCENARIO)
@@ -46,7 +46,7 @@ def scenario_path(arg: str | None) -> Path:
         return default_scenario_path()
     if not arg.strip():
         raise ScenarioError("empty scenario path (leave it out for the default scenario)", field="scenario")
-    from .resources import resolve_scenario
+    from sim.resources import resolve_scenario
 
     return resolve_scenario(arg)
 
@@ -57,25 +57,25 @@ FORMATS = ("md", "csv", "json", "jsonl", "sql")
 
 def _int_list(text: str) -> tuple[int, ...]:
     """llama-bench list syntax: ``512,1024`` or ``512-2048*2`` (start-end*mult) or ``a-b+s``
-    (start-end+step), as llama-bench parses ``-p``/``-n``/``-d`` (:func:`sim.benchflags.int_list`).
+    (start-end+step), as llama-bench parses ``-p``/``-n``/``-d`` (:func:`sim.cli.benchflags.int_list`).
 
     Raises:
         argparse.ArgumentTypeError: not integers, a negative value, a range that yields no
             value (end below start), or one that would never end (a multiplier below 2 or a
             start of 0 with ``*``, a step below 1 with ``+``).
     """
-    from .benchflags import int_list
+    from sim.cli.benchflags import int_list
 
     return int_list(text)
 
 
 def _base_scenario(args: argparse.Namespace):
     """The scenario named on the command line (or the default) with ``--variant`` (or the prefetch
-    patch's ``-pw``/``-pwg``/``-pes``: :func:`sim.benchflags.prefetch_flag_variants`) applied."""
-    from .specs import load_scenario, parse_variant
+    patch's ``-pw``/``-pwg``/``-pes``: :func:`sim.cli.benchflags.prefetch_flag_variants`) applied."""
+    from sim.model.specs import load_scenario, parse_variant
 
     scn = load_scenario(scenario_path(args.scenario))
-    from .benchflags import prefetch_flag_variants
+    from sim.cli.benchflags import prefetch_flag_variants
 
     flagged = prefetch_flag_variants(args)
     if flagged is not None:
@@ -89,7 +89,7 @@ def _base_scenario(args: argparse.Namespace):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
-        from .specs import check_distinct_variants
+        from sim.model.specs import check_distinct_variants
 
         check_distinct_variants(vs, field="--variant")
         scn = scn.with_(variants=vs)
@@ -110,8 +110,8 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     Raises:
         ScenarioError: a flag given several values (naming it), ``-pg``, or any bad value.
     """
-    from .benchflags import Notes, load_models, ot_notes, params_from_args, setting_scenario, unmodelled_notes
-    from .metrics import fit_context_to_tests
+    from sim.cli.benchflags import Notes, load_models, ot_notes, params_from_args, setting_scenario, unmodelled_notes
+    from sim.engines.metrics import fit_context_to_tests
 
     scn = _base_scenario(args)
     params = params_from_args(args, scn)
@@ -135,10 +135,10 @@ def load_scenario_with_overrides(args: argparse.Namespace):
 def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=None, test_flags=()) -> Exception:
     """``exc`` (a :class:`sim.errors.PlacementError` of the one setting ``trace``/``check`` simulate,
     :func:`load_scenario_with_overrides`, under ``variant``) in the command line's terms: a VRAM
-    overflow that flags given cause names them (:func:`sim.benchflags.overflow_in_flags`;
+    overflow that flags given cause names them (:func:`sim.cli.benchflags.overflow_in_flags`;
     ``test_flags``: other options that set the tests, ``(flag, value)``); else ``exc``."""
-    from .benchflags import overflow_in_flags, params_from_args
-    from .errors import VramOverflowError
+    from sim.cli.benchflags import overflow_in_flags, params_from_args
+    from sim.errors import VramOverflowError
 
     if not isinstance(exc, VramOverflowError):
         return exc
@@ -156,7 +156,7 @@ def check_plan_work(scn, tests, args) -> None:
     Raises:
         ScenarioError: over the budget, naming ``--max-work``.
     """
-    from .bounds import check_work, work_units
+    from sim.bounds import check_work, work_units
 
     wl = scn.workload
     check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants)),
@@ -164,7 +164,7 @@ def check_plan_work(scn, tests, args) -> None:
 
 
 def _add_bench_flags(p: argparse.ArgumentParser) -> None:
-    from .benchflags import add_bench_flags
+    from sim.cli.benchflags import add_bench_flags
 
     add_bench_flags(p)
 
@@ -244,7 +244,7 @@ def display_path(path: str | None) -> str:
     p = Path(path).resolve()
     bases = []
     try:
-        from .resources import shipped_root
+        from sim.resources import shipped_root
 
         bases.append(shipped_root().resolve())
     except Exception:  # noqa: BLE001 - no resources module, or a zip install: use the checkout
@@ -277,14 +277,14 @@ def _combine(parts, n_prompt: int) -> dict:
 
 
 def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str, combos=None) -> list:
-    """The :class:`sim.report.BenchRow` s of one setting, from the simulator's results of its
+    """The :class:`sim.views.report.BenchRow` s of one setting, from the simulator's results of its
     tests; ``speedup_vs_baseline`` against the ``baseline`` variant's result of the same test
     (None where it was not simulated).
 
     Without ``combos``: per variant (in order), per llama-bench test (in order); the prefetch
     patch's fields (``prefetch_weights``, ``prefetch_gate``, ``prefetch_expert_slots``) are the
-    variant's (:func:`sim.llamabench.variant_fields`). With ``combos`` (the ``-pw``/``-pwg``/
-    ``-pes`` combinations, :class:`sim.benchflags.PrefetchCombo`): per test, per combination, as
+    variant's (:func:`sim.views.llamabench.variant_fields`). With ``combos`` (the ``-pw``/``-pwg``/
+    ``-pes`` combinations, :class:`sim.cli.benchflags.PrefetchCombo`): per test, per combination, as
     the patched llama-bench runs them (the combinations innermost), each row printing its
     combination's values and timed by its variant's result (combinations of one variant share
     it); variants no combination names (the baseline added for ``vs base``) print no row."""
@@ -292,9 +292,9 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
 
     import numpy as np
 
-    from .benchflags import bench_values
-    from .llamabench import variant_fields
-    from .report import bench_row
+    from sim.cli.benchflags import bench_values
+    from sim.views.llamabench import variant_fields
+    from sim.views.report import bench_row
 
     by = {(r.variant, r.test): r for r in results}
     built = {}
@@ -323,11 +323,11 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
 
 
 def rows_from_results(scn, results, ratios=None) -> list:
-    """:class:`sim.report.BenchRow` s of a scenario's results (of
-    :func:`sim.metrics.run_scenario` on its own workload), as ``prefetch-sim run`` prints them.
+    """:class:`sim.views.report.BenchRow` s of a scenario's results (of
+    :func:`sim.engines.metrics.run_scenario` on its own workload), as ``prefetch-sim run`` prints them.
     ``ratios`` is not needed (speedups are computed against the ``baseline`` variant) and kept
-    for callers that pass :func:`sim.metrics.speedups`."""
-    from .benchflags import params_from_args
+    for callers that pass :func:`sim.engines.metrics.speedups`."""
+    from sim.cli.benchflags import params_from_args
 
     params = params_from_args(argparse.Namespace(), scn)
     setting = params.settings()[0]
@@ -344,9 +344,9 @@ def vram_table(results) -> str:
 
     ``results``: ``(setting label, TestResult)`` pairs (:func:`run_bench`); one line per GPU for
     each setting and variant (its tests share one context, sized for the largest:
-    :func:`sim.metrics.fit_context_to_tests`); a ``setting`` column when there are several."""
-    from .report import md_escape
-    from .units import GiB
+    :func:`sim.engines.metrics.fit_context_to_tests`); a ``setting`` column when there are several."""
+    from sim.views.report import md_escape
+    from sim.units import GiB
 
     many = len({label for label, _ in results}) > 1
     lines = [("| setting " if many else "") + "| variant | GPU | reserved | weights | KV cache | compute | staging | "
@@ -366,12 +366,12 @@ def vram_table(results) -> str:
 
 
 def cache_pool_table(results) -> str:
-    """Markdown table of the expert-cache pool per setting, variant and GPU (:attr:`sim.vram.
+    """Markdown table of the expert-cache pool per setting, variant and GPU (:attr:`sim.model.vram.
     VramBreakdown.cache_pool_bytes`: what VRAM leaves for it, minus the fit target for
     ``expert_cache = "fit"``) and the entries it holds; empty when no variant has an expert cache.
     ``results`` as :func:`vram_table`'s."""
-    from .report import md_escape
-    from .units import GiB
+    from sim.views.report import md_escape
+    from sim.units import GiB
 
     many = len({label for label, _ in results}) > 1
     lines = []
@@ -394,7 +394,7 @@ def cache_pool_table(results) -> str:
 
 
 def _setting_label(params, setting) -> str:
-    from .benchflags import FLAG_OF, overrides_text, tensor_split_text
+    from sim.cli.benchflags import FLAG_OF, overrides_text, tensor_split_text
 
     parts = []
     for k in ("model",) + tuple(k for k in params.values if k != "model"):
@@ -407,8 +407,8 @@ def _setting_label(params, setting) -> str:
 
 def bench_work(scn, params, models) -> int:
     """The work of a run (:func:`sim.bounds.work_units` summed over its settings)."""
-    from .benchflags import sim_tests
-    from .bounds import variant_work, work_units
+    from sim.cli.benchflags import sim_tests
+    from sim.bounds import variant_work, work_units
 
     total = 0
     share = variant_work(scn.variants, scn.hardware)
@@ -434,23 +434,23 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     rows; when none does, the first setting's reason is the error, said once.
 
     Returns:
-        ``(rows, results)``: the :class:`sim.report.BenchRow` s in llama-bench's order (setting,
+        ``(rows, results)``: the :class:`sim.views.report.BenchRow` s in llama-bench's order (setting,
         then variant, then test; with ``-pw``/``-pwg``/``-pes``: setting, test, combination) and
-        every :class:`sim.metrics.TestResult` with its setting's label (``(label, result)``;
+        every :class:`sim.engines.metrics.TestResult` with its setting's label (``(label, result)``;
         ``-ncmoe 48``, "the setting" when the flags give one).
 
     Raises:
         PlacementError: no setting fits at all (the first one's reason; a VRAM overflow names the
-            flags given that size what overflows, :func:`sim.benchflags.overflow_in_flags`).
+            flags given that size what overflows, :func:`sim.cli.benchflags.overflow_in_flags`).
         ScenarioError: a bad flag value (``-ot`` rule, ``-mg``, a model file), a required variant
             that does not fit (naming its flag), or a run over the work budget (naming
             ``--max-work``).
     """
-    from .benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests
-    from .bounds import LIST_VALUES_MAX, check_work
-    from .builder import make_context
-    from .errors import PlacementError
-    from .metrics import fit_context_to_tests, rep_rng, run_scenario
+    from sim.cli.benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests
+    from sim.bounds import LIST_VALUES_MAX, check_work
+    from sim.plan.builder import make_context
+    from sim.errors import PlacementError
+    from sim.engines.metrics import fit_context_to_tests, rep_rng, run_scenario
 
     notes = notes if notes is not None else Notes()
     required = dict(required or {})
@@ -520,8 +520,8 @@ def required_variants(args: argparse.Namespace, params) -> dict[str, tuple[str, 
     """The variants a ``run`` command line asks for, ``{name: (flag, value as given)}``: each
     ``-pw``/``-pwg``/``-pes`` combination's variant (the flags that differ from the patch's
     defaults, ``-pwg`` only with ``-pw 1``: ``-pes 1000``, ``-pw 1 -pwg 0``) or each ``--variant``."""
-    from .benchflags import PREFETCH_FLAGS
-    from .llamabench import PREFETCH_DEFAULTS
+    from sim.cli.benchflags import PREFETCH_FLAGS
+    from sim.views.llamabench import PREFETCH_DEFAULTS
 
     out: dict[str, tuple[str, str]] = {}
     for c in params.prefetch or ():
@@ -550,9 +550,9 @@ def no_kernel_tables_note(scn) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
-    from .report import format_rows
-    from .specs import parse_variant
+    from sim.cli.benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
+    from sim.views.report import format_rows
+    from sim.model.specs import parse_variant
 
     if args.out is not None:
         check_output_path(args.out)
@@ -567,7 +567,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # "vs base" is always against the upstream scheduler: add it when not asked for
         scn = scn.with_(variants=(parse_variant("baseline"),) + scn.variants)
     params = params_from_args(args, scn)
-    from .progress import bar, progress_enabled
+    from sim.cli.progress import bar, progress_enabled
 
     progress = None
     if progress_enabled(args.quiet):
@@ -607,9 +607,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .builder import build_plan, make_context
-    from .metrics import rep_rng, time_plan
-    from .trace import to_chrome_trace, to_dataframe
+    from sim.plan.builder import build_plan, make_context
+    from sim.engines.metrics import rep_rng, time_plan
+    from sim.views.trace import to_chrome_trace, to_dataframe
 
     out = Path(args.out)
     if out.suffix not in (".json", ".csv"):
@@ -653,11 +653,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 # optional subcommands contributed by other modules: (module, add_parser function name)
 _PLUGINS = (
-    ("sim.cli_calibrate", "add_calibrate_parser"),
-    ("sim.cli_validate", "add_validate_parser"),
-    ("sim.crossover", "add_crossover_parser"),
-    ("sim.hazards", "add_check_parser"),
-    ("sim.reproduce", "add_reproduce_parser"),
+    ("sim.cli.calibrate", "add_calibrate_parser"),
+    ("sim.cli.validate", "add_validate_parser"),
+    ("sim.views.crossover", "add_crossover_parser"),
+    ("sim.plan.hazards", "add_check_parser"),
+    ("sim.views.reproduce", "add_reproduce_parser"),
 )
 
 
@@ -755,7 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(
         prog="prefetch-sim",
         description="What-if simulator for weight and MoE expert prefetching in llama.cpp/ggml.")
-    from . import __version__
+    from sim import __version__
 
     ap.add_argument("--version", action="version", version=f"prefetch-sim {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -795,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stderr is not None:
             print("prefetch-sim: error: standard output is closed (redirect it, e.g. > /dev/null)", file=sys.stderr)
         return 2
-    from .interrupt import run_interruptible
+    from sim.cli.interrupt import run_interruptible
 
     # Ctrl-C or SIGTERM: one line, status 130/143, worker processes stopped, nothing half-written
     return run_interruptible("prefetch-sim", _main, argv)

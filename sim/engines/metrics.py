@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import engines
-from .builder import BuildContext, build_plan, make_context
-from .costs import plan_durations
-from .plan import Plan, Schedule
-from .specs import BenchTest, Scenario, Variant
-from .vram import VramBreakdown
+from sim import engines
+from sim.plan.builder import BuildContext, build_plan, make_context
+from sim.model.costs import plan_durations
+from sim.plan import Plan, Schedule
+from sim.model.specs import BenchTest, Scenario, Variant
+from sim.model.vram import VramBreakdown
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
     Raises:
         ScenarioError: a duration is infinite, NaN or negative (inputs outside any physical range).
     """
-    from .errors import ScenarioError
+    from sim.errors import ScenarioError
 
     dur = plan_durations(plan, scn.hardware)
     arr = np.asarray(dur, dtype=float)
@@ -124,9 +124,9 @@ def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
 
 def transfer_stats(plan: Plan, sched: Schedule) -> tuple[float, float]:
     """(exposed H2D seconds, overlap fraction) of one timed plan: the metrics of
-    :func:`sim.trace.exposed_transfer_s` and :func:`sim.trace.overlap_fraction`, computed on the
+    :func:`sim.views.trace.exposed_transfer_s` and :func:`sim.views.trace.overlap_fraction`, computed on the
     plan's arrays (no DataFrame, no trace validation: the schedule comes from an engine)."""
-    from .trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
+    from sim.views.trace import exposed_from_busy, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
     start = np.asarray(sched.start_s, dtype=np.float64)
     end = np.asarray(sched.end_s, dtype=np.float64)
@@ -154,9 +154,9 @@ def clear_shared_contexts() -> None:
 def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildContext:
     """The context :func:`run_variant_test` uses when given none: the one an earlier call made
     for the same scenario object (``scn`` itself, not an equal copy: a scenario is frozen)
-    and an equal variant, if it was kept, else a new one (:func:`sim.builder.make_context`,
+    and an equal variant, if it was kept, else a new one (:func:`sim.plan.builder.make_context`,
     with the rng of ``(seed, test_index, -1)``), kept when the memoised path can time it
-    (:func:`sim.memo.memo_eligible`: no expert cache, so the context carries no state from
+    (:func:`sim.plan.memo.memo_eligible`: no expert cache, so the context carries no state from
     one test to the next but its caches).
 
     What a kept context carries over is what determines the structure and the prices of a
@@ -168,7 +168,7 @@ def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildCon
     Raises:
         PlacementError: the placement does not fit (a failing context is not kept).
     """
-    from .memo import GraphTemplate, memo_eligible
+    from sim.plan.memo import GraphTemplate, memo_eligible
 
     key = (id(scn), variant)
     got = _SHARED.pop(key, None)
@@ -199,17 +199,17 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
 
     Args:
         ctx: the variant's context; None: :func:`shared_context` (with ``memo``; a new one
-            from :func:`sim.builder.make_context` without, or with
+            from :func:`sim.plan.builder.make_context` without, or with
             :data:`ENABLE_SHARED_CONTEXTS` off).
         memo: time each distinct graph once and sum over the test's graphs
-            (:mod:`sim.memo`; the same numbers to rounding) where that is exact; False builds
+            (:mod:`sim.plan.memo`; the same numbers to rounding) where that is exact; False builds
             and times the full plan of every repetition (the reference path).
 
     Raises:
         PlacementError: the placement does not fit with this variant.
     """
-    from .memo import memo_eligible, time_test
-    from .overlap import graph_host_edges, ubatch_overlap_s
+    from sim.plan.memo import memo_eligible, time_test
+    from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
 
     if ctx is None:
         ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
@@ -273,8 +273,8 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
     """
     import os
 
-    from .interrupt import WorkerPool
-    from .progress import closed_after
+    from sim.cli.interrupt import WorkerPool
+    from sim.cli.progress import closed_after
 
     variants = list(variants or scn.variants)
     tests = list(tests or scn.workload.tests())

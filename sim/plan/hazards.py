@@ -40,8 +40,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from .errors import PlacementError, ScenarioError
-from .plan import Op, OpKind, Plan, Stream
+from sim.errors import PlacementError, ScenarioError
+from sim.plan import Op, OpKind, Plan, Stream
 
 #: op tags of slot lifetime events (host ops with ``slot`` and ``device`` set)
 SLOT_FREE = "slot_free"
@@ -324,10 +324,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         PlacementError: no variant fits (naming the flags that cause a VRAM overflow, else the
             scenario's placement).
     """
-    from .builder import build_plan, make_context
-    from .cli import check_plan_work, load_scenario_with_overrides, placement_error_in_flags
-    from .crossover import parse_test
-    from .metrics import fit_context_to_tests, rep_rng
+    from sim.plan.builder import build_plan, make_context
+    from sim.cli import check_plan_work, load_scenario_with_overrides, placement_error_in_flags
+    from sim.views.crossover import parse_test
+    from sim.engines.metrics import fit_context_to_tests, rep_rng
 
     if args.max_rows < 0:
         raise ScenarioError(f"must be >= 0, got {args.max_rows}", field="--max-rows")
@@ -377,7 +377,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def add_check_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``prefetch-sim check`` on an argparse subparsers object."""
-    from .cli import _add_bench_flags
+    from sim.cli import _add_bench_flags
 
     p = subparsers.add_parser(
         "check", help="hazard checker: staging-slot races, missing waits, use-after-free, cross-GPU slots, overruns",
