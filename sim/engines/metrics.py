@@ -188,6 +188,33 @@ def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildCon
     return ctx
 
 
+def warm_up(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, ctx: BuildContext) -> None:
+    """llama-bench's untimed warm-up run (:func:`warmup_test`) on ``ctx`` when it has an expert
+    cache (the warm-up warms it; its hits are not counted) and ``scn.workload.warmup`` is on."""
+    if ctx.cache is not None and scn.workload.warmup:
+        build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
+        ctx.cache.reset_stats()
+
+
+def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, rep: int,
+                    ctx: BuildContext, engine: str = "analytic") -> tuple[Plan, Schedule, float]:
+    """Repetition ``rep`` of one test built and timed as a whole plan (the reference path of
+    :func:`run_variant_test`): ``(plan, schedule, seconds)``, the seconds as llama-bench times
+    the test (the makespan less the next ubatch's host work that overlaps the GPU's,
+    :func:`sim.plan.overlap.ubatch_overlap_s`). The first timed repetition (``rep`` 0) captures
+    the CUDA graphs (``ctx.rep``, :func:`sim.plan.builder.graph_call`)."""
+    from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
+
+    prev, ctx.rep = ctx.rep, rep
+    try:
+        plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, rep), ctx)
+    finally:
+        ctx.rep = prev
+    sched = time_plan(plan, scn, engine)
+    edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
+    return plan, sched, float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges)
+
+
 def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_index: int,
                      repetitions: int, engine: str = "analytic",
                      ctx: BuildContext | None = None, *, memo: bool = True) -> TestResult:
@@ -209,15 +236,11 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         PlacementError: the placement does not fit with this variant.
     """
     from sim.plan.memo import memo_eligible, time_test
-    from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
 
     if ctx is None:
         ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
                else make_context(scn, variant, rep_rng(scn.seed, test_index, -1)))
-    if ctx.cache is not None and scn.workload.warmup:
-        # llama-bench's untimed warm-up run (warmup_test); it also warms the expert cache
-        build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
-        ctx.cache.reset_stats()
+    warm_up(scn, variant, test, test_index, ctx)
     fast = memo and memo_eligible(ctx)
     templates = ctx.graph_memo.setdefault(engine, {})  # shared by the tests and repetitions of this context
     tps, mk, h2d, exp, ovl = [], [], [], [], []
@@ -228,10 +251,8 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
                 tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
                 t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction
             else:
-                plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, r), ctx)
-                sched = time_plan(plan, scn, engine)
-                edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
-                t, nb = float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges), plan.meta["h2d_bytes"]
+                plan, sched, t = full_repetition(scn, variant, test, test_index, r, ctx, engine)
+                nb = plan.meta["h2d_bytes"]
                 e, o = transfer_stats(plan, sched)
             mk.append(t)
             tps.append(test.n_tokens / t)
