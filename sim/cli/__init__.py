@@ -148,6 +148,26 @@ def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=N
     return overflow_in_flags(exc, params, params.settings()[0], scn.placement.ctx_size, flag, test_flags=test_flags)
 
 
+def pick_tests(names, tests) -> list[tuple[int, object]]:
+    """``(index, test)`` of each test named in ``names`` among the workload's ``tests``
+    (:class:`sim.model.specs.BenchTest`), in the order given: ``'pp512 @ d8192'`` as llama-bench
+    prints it, or without the spaces (as ``compare-llama-bench.py`` writes it).
+
+    Raises:
+        ScenarioError: a name no test has (naming ``--test`` and listing the tests).
+    """
+    out = []
+    for name in names:
+        want = "".join(name.split())
+        match = [t for t in tests if "".join(t.name.split()) == want]
+        if not match:
+            raise ScenarioError(f"no test named '{name}' (have: {', '.join(t.name for t in tests)}; "
+                                "-p, -n and -d set the workload's tests, e.g. -p 512 -d 8192 for 'pp512 @ d8192')",
+                                field="--test")
+        out.append((tests.index(match[0]), match[0]))
+    return out
+
+
 def check_plan_work(scn, tests, args) -> None:
     """The work budget (``--max-work``, default :data:`sim.bounds.EXPANDED_WORK_MAX`) of building
     and keeping one whole plan per variant and test of ``tests`` (``trace``, ``check``: every op
@@ -617,17 +637,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_output_path(out)
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
-    if args.test:
-        # 'pp512 @ d8192' as llama-bench prints it, or without the spaces (compare-llama-bench.py)
-        want = "".join(args.test.split())
-        match = [t for t in tests if "".join(t.name.split()) == want]
-        if not match:
-            raise ScenarioError(f"no test named '{args.test}' (have: {', '.join(t.name for t in tests)}; "
-                                "-p, -n and -d set the workload's tests, e.g. -p 512 -d 8192 for 'pp512 @ d8192')",
-                                field="--test")
-        test, ti = match[0], tests.index(match[0])
-    else:
-        test, ti = tests[0], 0
+    ti, test = pick_tests([args.test], tests)[0] if args.test else (0, tests[0])
     check_plan_work(scn, [test], args)
     import pandas as pd
 
@@ -658,6 +668,7 @@ _PLUGINS = (
     ("sim.views.crossover", "add_crossover_parser"),
     ("sim.plan.hazards", "add_check_parser"),
     ("sim.views.reproduce", "add_reproduce_parser"),
+    ("sim.cli.breakdown", "add_breakdown_parser"),
 )
 
 
