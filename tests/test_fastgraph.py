@@ -306,6 +306,67 @@ def test_tree_chains_equal_the_separate_loops(pd_):
     assert [g[0].tolist() for g in tree.groups] == want
 
 
+def _check_chains(comp, choice, tree):
+    """Every op in exactly one chain of ``tree``; within a row each op's parent is the op
+    before it, a row's first op's parent its head, computed in an earlier group (or none)."""
+    n = comp.n
+    done = np.zeros(n + 1, dtype=bool)
+    done[n] = True            # column n: no parent
+    seen = []
+    for ids, heads in tree.groups:
+        assert done[heads].all()
+        for row, h in zip(ids.tolist(), heads.tolist()):
+            row = [i for i in row if i != n + 1]
+            assert row and (choice[row[0]] if choice[row[0]] >= 0 else n) == h
+            for a, b in zip(row, row[1:]):
+                assert choice[b] == a
+            seen += row
+        done[ids[ids < n]] = True
+    assert sorted(seen) == list(range(n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans_with_durations(zeros=True), st.data())
+def test_first_child_chains_give_the_heavy_path_sums(pd_, data):
+    """_tree_of_first (each op continues its parent's chain when it is the parent's first
+    child) cuts the critical tree into valid chains, and _tree_ends along them gives the end
+    times, start times and rejections of the heavy-path cut (_tree_of) to the bit, on rows
+    that differ from the tree's own in a few durations and on fresh ones; with a level bound
+    it cannot meet it answers None."""
+    plan, dur = pd_
+    comp = analytic.compile_plan(plan)
+    n = comp.n
+    _s, e = analytic._run_one(comp, dur.tolist())
+    choice = analytic._critical_choice(comp, np.asarray(e))
+    first = analytic._tree_of_first(comp, choice, max_level=n + 1)
+    heavy = analytic._tree_of(comp, choice)
+    _check_chains(comp, choice, first)
+    _check_chains(comp, choice, heavy)
+    rows = [dur]
+    for _ in range(4):
+        r = dur.copy()
+        if n:
+            r[data.draw(st.integers(0, n - 1))] = data.draw(st.floats(0.0, 1e-2))
+        rows.append(r)
+    rows.append(np.asarray(data.draw(st.lists(st.floats(0.0, 1e-2), min_size=n, max_size=n)), dtype=float))
+    dt = np.stack(rows).T
+    for a, b in zip(analytic._tree_ends(comp, first, dt), analytic._tree_ends(comp, heavy, dt)):
+        np.testing.assert_array_equal(a, b)
+    deepest = 0
+    lev = {}
+    for i in range(n):   # the first-child cut's deepest level, counted directly
+        p = int(choice[i])
+        if p < 0:
+            lev[i] = 0
+        else:
+            is_first = int(np.flatnonzero(choice == p)[0]) == i
+            lev[i] = lev[p] + (0 if is_first else 1)
+        deepest = max(deepest, lev[i])
+    if deepest > 0:
+        assert analytic._tree_of_first(comp, choice, max_level=deepest - 1) is None
+    assert analytic._tree_of_first(comp, choice, max_level=deepest) is not None
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_stacked_used_probabilities_equal_the_rows(path):
     """used_masks_graphs' (L, E) stack of used-expert probabilities, computed in one call,

@@ -64,7 +64,7 @@ class CompiledPlan:
             :attr:`preds`).
     """
 
-    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns",
+    __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns", "_pred_ops",
                  "_small_batches")
 
     def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
@@ -74,6 +74,7 @@ class CompiledPlan:
         self._last_tree = None      # the _Tree last used (tried first by _run_tree)
         self._small_batches = 0     # batches of 2..ROWS_MAX rows timed row by row (run)
         self._columns = None        # p0, p1, p2 as int64 arrays (columns)
+        self._pred_ops = None       # pred_ops
         cnt = np.diff(pred_ptr)
         if n and cnt.max() > 3:
             self.p0 = self.p1 = self.p2 = None
@@ -93,6 +94,14 @@ class CompiledPlan:
         if self._columns is None:
             self._columns = tuple(np.array(c, dtype=np.int64) for c in (self.p0, self.p1, self.p2))
         return self._columns
+
+    @property
+    def pred_ops(self) -> np.ndarray:
+        """(len(pred_idx),) int64: the op each entry of :attr:`pred_idx` is a predecessor of
+        (made on first use and kept)."""
+        if self._pred_ops is None:
+            self._pred_ops = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(self.pred_ptr))
+        return self._pred_ops
 
     @property
     def preds(self) -> tuple[tuple[int, ...], ...]:
@@ -411,6 +420,62 @@ def _tree_of(comp: CompiledPlan, choice: np.ndarray) -> _Tree:
             chain_of[i] = len(chains)
             level.append(level[chain_of[p]] + 1 if p >= 0 else 0)
             chains.append([i])
+    return _tree_from_chains(comp, choice, chains, level, par)
+
+
+#: :func:`_tree_for` cuts a critical tree into chains along each op's lowest-id child
+#: (:func:`_tree_of_first`: one pass, no subtree sizes) when that leaves at most this many
+#: levels of chains below the roots, else along its heavy child (:func:`_tree_of`)
+FIRST_CHILD_MAX_LEVEL = 8
+
+#: :func:`_tree_for` tries :func:`_tree_of_first` before :func:`_tree_of`; False always cuts
+#: along heavy children (the reference the tests compare it with: the same end times, to the bit)
+ENABLE_FIRST_CHILD = True
+
+
+def _tree_of_first(comp: CompiledPlan, choice: np.ndarray, max_level: int = FIRST_CHILD_MAX_LEVEL) -> _Tree | None:
+    """The tree ``choice`` ((n,) parent per op, -1 for none, ``choice[i] < i``) cut into chains
+    as :func:`_tree_of` cuts it, but each op continuing the chain of its parent when it is the
+    parent's child of the lowest id (one pass in id order: the first child met), else starting
+    a chain one level deeper; the chains of one level grouped by length (powers of two).
+    Any cut into chains gives :func:`_tree_ends` the same sums (each end is its parent's end
+    plus its duration, whatever chain holds it); this one needs no subtree sizes, but its
+    depth is not bounded by O(log n) as the heavy-path cut's is: None when some chain lies
+    more than ``max_level`` levels below a root (the caller then uses :func:`_tree_of`).
+
+    Returns:
+        :class:`_Tree`, or None (too deep).
+    """
+    n = choice.size
+    par = choice.tolist()
+    taken = bytearray(n + 1)    # taken[p]: p's first child continues its chain
+    chain_of = [0] * n
+    chains: list[list[int]] = []
+    level: list[int] = []       # per chain
+    for i, p in enumerate(par):
+        if p >= 0:
+            if not taken[p]:
+                taken[p] = 1
+                c = chain_of[p]
+                chain_of[i] = c
+                chains[c].append(i)
+                continue
+            lev = level[chain_of[p]] + 1
+            if lev > max_level:
+                return None
+        else:
+            lev = 0
+        chain_of[i] = len(chains)
+        level.append(lev)
+        chains.append([i])
+    return _tree_from_chains(comp, choice, chains, level, par)
+
+
+def _tree_from_chains(comp: CompiledPlan, choice: np.ndarray, chains: list[list[int]], level: list[int],
+                      par: list[int]) -> _Tree:
+    """The :class:`_Tree` of the chains ``chains`` (op ids in order, each op's parent the one
+    before it, a chain's first op's parent ``par[first]`` in a chain of a lower ``level``)."""
+    n = choice.size
     by_group: dict = {}
     for c, lev in zip(chains, level):
         by_group.setdefault((lev, (len(c) - 1).bit_length()), []).append(c)
@@ -418,12 +483,12 @@ def _tree_of(comp: CompiledPlan, choice: np.ndarray) -> _Tree:
     for key in sorted(by_group):
         cs = by_group[key]
         width = max(map(len, cs))
-        ids = np.array([c + [n + 1] * (width - len(c)) for c in cs], dtype=np.int64)
+        ids = np.array([c + [n + 1] * (width - len(c)) for c in cs] if width > 1 else cs, dtype=np.int64)
         hp = np.array([par[c[0]] for c in cs], dtype=np.int64)
         hp[hp < 0] = n
         groups.append((ids, hp))
     parent = np.where(choice >= 0, choice, n).astype(np.int64)
-    ops = np.repeat(np.arange(n, dtype=np.int64), np.diff(comp.pred_ptr))
+    ops = comp.pred_ops
     other = comp.pred_idx != parent[ops]
     return _Tree(parent, groups, (ops[other], comp.pred_idx[other]))
 
@@ -469,18 +534,21 @@ def _tree_ends(comp: CompiledPlan, tree: _Tree, dt: np.ndarray) -> tuple[np.ndar
     dz = np.zeros((n + 2, m))
     dz[:n] = dt
     ez = np.zeros((n + 2, m))
+    # rows gathered with take (the same elements as fancy indexing, copied faster)
     for ids, heads in tree.groups:
         if ids.shape[1] == 1:
-            ez[ids[:, 0]] = ez[heads] + dz[ids[:, 0]]
+            col = ids[:, 0]
+            ez[col] = ez.take(heads, axis=0) + dz.take(col, axis=0)
             continue
         acc = np.empty((ids.shape[0], ids.shape[1] + 1, m))
-        acc[:, 0] = ez[heads]
-        acc[:, 1:] = dz[ids]
+        acc[:, 0] = ez.take(heads, axis=0)
+        acc[:, 1:] = dz.take(ids, axis=0)
         np.cumsum(acc, axis=1, out=acc)   # sequential: acc[k] = acc[k - 1] + d, as the recurrence
         ez[ids] = acc[:, 1:]
-    st = ez[tree.parent]
+    st = ez.take(tree.parent, axis=0)
     ops, preds = tree.others
-    bad = (ez[preds] > st[ops]).any(axis=0) if ops.size else np.zeros(m, dtype=bool)
+    late = ez.take(preds, axis=0) > st.take(ops, axis=0)
+    bad = late.any(axis=0) if late.any() else np.zeros(m, dtype=bool)
     return st, ez[:n], bad
 
 
@@ -495,7 +563,10 @@ def _tree_for(comp: CompiledPlan, end: np.ndarray, choice: np.ndarray | None = N
     if tree is None:
         if len(comp._trees) >= 10:
             comp._trees.clear()
-        tree = comp._trees[key] = _tree_of(comp, choice)
+        tree = _tree_of_first(comp, choice) if ENABLE_FIRST_CHILD else None
+        if tree is None:
+            tree = _tree_of(comp, choice)
+        comp._trees[key] = tree
     comp._last_tree = tree
     return tree
 
