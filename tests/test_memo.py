@@ -419,6 +419,95 @@ def test_a_plan_with_other_shapes_shares_its_structure_only():
         plan.with_shapes({n: ()})
 
 
+def _lazy_copy(plan):
+    """A copy of ``plan`` whose LAZY_COLUMNS are left to be made from the original's lists."""
+    import pickle
+    from sim.plan import LAZY_COLUMNS
+
+    lazy = pickle.loads(pickle.dumps(plan))
+    for c in LAZY_COLUMNS:
+        lazy.set_lazy_column(c, (lambda col: lambda: list(col))(getattr(plan, c)))
+    return lazy
+
+
+def test_lazy_columns_read_as_the_columns_they_stand_for():
+    """A plan whose columns are left to be made on first read (Plan.set_lazy_column) reads
+    column for column as the plan it stands for: its length, arrays and ops without making
+    them, each column on its first read, every column after an appended op (which lands at the
+    end of each), after pickling, and in a with_shapes copy (made there from the maker again);
+    a column the engines read cannot be deferred."""
+    import pickle
+    from sim.plan import LAZY_COLUMNS, OpKind, Stream
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    plan = build_plan(scn, parse_variant("baseline"), BenchTest(600, 0, 0), np.random.default_rng(1))
+    n = len(plan)
+    lazy = _lazy_copy(plan)
+    assert len(lazy) == n and all(c not in lazy.__dict__ for c in LAZY_COLUMNS)
+    assert lazy.priced_op(n - 1) == plan.priced_op(n - 1)
+    assert all(c not in lazy.__dict__ for c in LAZY_COLUMNS)
+    assert lazy.names == plan.names and "names" in lazy.__dict__ and "layers" not in lazy.__dict__
+    assert lazy.ops == plan.ops
+    for c in _PLAN_COLUMNS:
+        assert getattr(lazy, c) == getattr(plan, c), c
+    # appending makes what is left and binds the appenders to the columns made
+    for make_first in (False, True):
+        lazy = _lazy_copy(plan)
+        if make_first:
+            lazy.names
+        oid = lazy.append(OpKind.HOST_WORK, Stream.HOST, -1, "extra", (n - 1,), layer=7, split=3, slot=2, slot_bytes=5)
+        assert oid == n and len(lazy) == n + 1
+        for c in _PLAN_COLUMNS:
+            col = getattr(lazy, c)
+            assert len(col) == len(getattr(plan, c)) + 1 and col[:-1] == getattr(plan, c), c
+        assert lazy.op(n) == replace(lazy.op(n), name="extra", layer=7, split=3, slot=2, slot_bytes=5)
+    # pickling and with_shapes
+    back = pickle.loads(pickle.dumps(_lazy_copy(plan)))
+    copy = _lazy_copy(plan).with_shapes({0: ("other",)})
+    assert all(c not in copy.__dict__ for c in LAZY_COLUMNS)
+    for c in _PLAN_COLUMNS:
+        assert getattr(back, c) == getattr(plan, c), c
+        if c != "shapes":
+            assert getattr(copy, c) == getattr(plan, c), c
+    with pytest.raises(ValueError):
+        plan.set_lazy_column("kinds", list)
+
+
+def test_priced_op_prices_as_the_op():
+    """Plan.priced_op carries what the cost model reads (kind, bytes, shape, pinned, tag) of the
+    op, with bytes and shape replaced when given, and prices as the op (and as op_with) on every
+    op of a built plan."""
+    from sim.model.costs import op_duration_s
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    hw = scn.hardware
+    plan = build_plan(scn, parse_variant("prefetch_ungated"), BenchTest(600, 0, 0), np.random.default_rng(1))
+    for i, op in enumerate(plan.ops):
+        p = plan.priced_op(i)
+        assert (p.kind, p.stream, p.device, p.nbytes, p.shape, p.pinned, p.tag) == \
+            (op.kind, op.stream, op.device, op.nbytes, op.shape, op.pinned, op.tag)
+        assert op_duration_s(p, hw) == op_duration_s(op, hw)
+        q = plan.priced_op(i, 4096, op.shape)
+        assert q.nbytes == 4096 and op_duration_s(q, hw) == op_duration_s(plan.op_with(i, 4096, op.shape), hw)
+    with pytest.raises(IndexError):
+        plan.priced_op(len(plan))
+
+
+def test_column_templates_leave_the_names_unmade():
+    """A template built a column at a time leaves the columns nothing of a memoised evaluation
+    reads unmade (Plan.set_lazy_column) through its timing; read, they are the columns."""
+    from sim.plan import LAZY_COLUMNS
+
+    scn = fit_context_to_tests(load_scenario(ROOT / "scenarios" / "default.toml"), [BenchTest(2048, 0)])
+    v = parse_variant("baseline")
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    memo_d: dict = {}
+    time_test(ctx, BenchTest(2048, 0), rep_rng(scn.seed, 0, 0), "analytic", memo_d)
+    tpls = [t for t in memo_d.values() if hasattr(t, "plan")]
+    assert tpls and all(c not in t.plan.__dict__ for t in tpls for c in LAZY_COLUMNS)
+    assert all(len(t.plan.names) == len(t.plan) for t in tpls)
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.stem)
 def test_shape_free_kinds_are_priced_whatever_their_shape(path):
     """The kinds sim.plan.memo does not re-price at another KV length (price_reads_shape False: a

@@ -512,7 +512,7 @@ def class_durations(plan: Plan, hw: HardwareProfile, classes: np.ndarray, first:
         raise ValueError(f"classes: {classes.shape} entries for a plan of {n} ops")
     if hw.executor_mode or not n:
         return plan_durations(plan, hw)
-    op_at = plan.op
+    op_at = plan.priced_op
     prices = np.array([op_duration_s(op_at(i), hw) for i in first.tolist()], dtype=np.float64)
     out = prices[classes]
     out += direct_launch_s(plan, hw) if launch is None else launch

@@ -200,6 +200,13 @@ def _plan_arrays(n: int, kind: np.ndarray, stream: np.ndarray, device: np.ndarra
 
 _ARRAYS_KEY = "_plan_arrays"
 
+#: where a plan keeps the makers of the columns left to be made (:meth:`Plan.set_lazy_column`)
+_LAZY_KEY = "_lazy_columns"
+
+#: the columns :meth:`Plan.set_lazy_column` may defer: none of them is read by the engines or
+#: the cost model
+LAZY_COLUMNS = ("names", "layers", "splits", "slots", "slot_bytes")
+
 #: the per-op columns of a :class:`Plan` (``dep_ptr`` has one more element)
 _COLUMNS = ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers", "splits",
             "graphs", "slots", "slot_bytes", "pinned", "tags")
@@ -259,7 +266,40 @@ class Plan:
             self._ops = list(ops)
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.kinds)
+
+    def __getattr__(self, name: str):
+        # only for an attribute not found: a column left to be made on first read (set_lazy_column)
+        lazy = self.__dict__.get(_LAZY_KEY)
+        if lazy is None or name not in lazy:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = lazy.pop(name)()
+        if not lazy:
+            del self.__dict__[_LAZY_KEY]
+        return value
+
+    def set_lazy_column(self, name: str, make) -> None:
+        """Leave the column ``name`` to be made on its first read: ``make()`` returns the whole
+        column, a new list of one value per op, equal to what the column would hold (a builder
+        that fills the columns from arrays defers those nothing may read: the engines and the
+        cost model read none of :data:`LAZY_COLUMNS`). Appending an op, pickling, and copying
+        with :meth:`with_shapes` see the column as if it had been made (the copy calls
+        ``make`` again for its own list).
+
+        Raises:
+            ValueError: ``name`` is not one of :data:`LAZY_COLUMNS`.
+        """
+        if name not in LAZY_COLUMNS:
+            raise ValueError(f"set_lazy_column: {name!r} is not one of {', '.join(LAZY_COLUMNS)}")
+        self.__dict__.pop(name, None)
+        self.__dict__.setdefault(_LAZY_KEY, {})[name] = make
+        self._appenders = None   # made anew, from the columns made, by the next append
+
+    def _make_lazy(self) -> None:
+        """Make every column left to be made (:meth:`set_lazy_column`) and bind the appenders."""
+        for name in list(self.__dict__.get(_LAZY_KEY, ())):
+            getattr(self, name)
+        self._bind()
 
     def __repr__(self) -> str:
         return f"Plan({self.label!r}, {len(self)} ops, {len(self.graph_tokens)} graphs)"
@@ -272,6 +312,8 @@ class Plan:
                            self.pinned.append, self.tags.append)
 
     def __getstate__(self) -> dict:
+        if _LAZY_KEY in self.__dict__:
+            self._make_lazy()
         d = dict(self.__dict__)
         for k in [k for k in d if k.startswith("_")]:  # derived: Op objects, caches, appenders
             del d[k]
@@ -312,8 +354,7 @@ class Plan:
 
         Raises:
             ValueError: a dependency on this op or a later one."""
-        names = self.names
-        oid = len(names)
+        oid = len(self.kinds)
         dep_idx = self.dep_idx
         if deps:
             if len(deps) == 1:
@@ -328,7 +369,7 @@ class Plan:
                     raise ValueError(f"op {oid} ({name}) depends on a later op {deps[-1]}")
                 dep_idx.extend(deps)
         (a_kind, a_stream, a_device, a_name, a_ptr, a_nbytes, a_shape, a_layer, a_split, a_graph, a_slot,
-         a_slot_bytes, a_pinned, a_tag) = self._appenders
+         a_slot_bytes, a_pinned, a_tag) = self._appenders or self._rebound()
         a_kind(KIND_CODE[kind])
         a_stream(STREAM_CODE[stream])
         a_device(device)
@@ -345,6 +386,10 @@ class Plan:
         a_tag(tag)
         return oid
 
+    def _rebound(self) -> tuple:
+        self._make_lazy()
+        return self._appenders
+
     def deps_of(self, i: int) -> tuple[int, ...]:
         """Dependencies of op ``i`` (ids, ascending for ops appended with :meth:`append`)."""
         p = self.dep_ptr
@@ -354,11 +399,11 @@ class Plan:
         """Op ``i`` as an :class:`Op` (the one in :attr:`ops` if made already)."""
         ops = self._ops
         if i < 0:
-            i += len(self.names)
+            i += len(self.kinds)
         if i < len(ops):
             return ops[i]
-        if not 0 <= i < len(self.names):
-            raise IndexError(f"op {i} outside a plan of {len(self.names)} ops")
+        if not 0 <= i < len(self.kinds):
+            raise IndexError(f"op {i} outside a plan of {len(self.kinds)} ops")
         return self._make_op(i)
 
     def _make_op(self, i: int) -> Op:
@@ -389,19 +434,35 @@ class Plan:
         Raises:
             IndexError: ``i`` outside the plan.
         """
-        if not 0 <= i < len(self.names):
-            raise IndexError(f"op {i} outside a plan of {len(self.names)} ops")
+        if not 0 <= i < len(self.kinds):
+            raise IndexError(f"op {i} outside a plan of {len(self.kinds)} ops")
         op = self._make_op(i)
         _s_nbytes(op, nbytes)
         _s_shape(op, shape)
         return op
+
+    def priced_op(self, i: int, nbytes: int | None = None, shape: tuple | None = None) -> Op:
+        """Op ``i`` as the cost model reads it (:func:`sim.model.costs.op_duration_s` reads its
+        kind, bytes, shape, pinned flag and tag): those fields and its stream and device from
+        the columns, ``nbytes`` and ``shape`` replaced when given; its name, deps, layer, split,
+        graph and slot are left at :class:`Op`'s defaults (no column that
+        :meth:`set_lazy_column` may defer is read).
+
+        Raises:
+            IndexError: ``i`` outside the plan.
+        """
+        if not 0 <= i < len(self.kinds):
+            raise IndexError(f"op {i} outside a plan of {len(self.kinds)} ops")
+        return Op(i, KINDS[self.kinds[i]], STREAMS[self.streams[i]], self.devices[i], "",
+                  nbytes=self.nbytes[i] if nbytes is None else nbytes, shape=self.shapes[i] if shape is None else shape,
+                  pinned=self.pinned[i], tag=self.tags[i])
 
     @property
     def ops(self) -> list[Op]:
         """The ops in program order as :class:`Op` objects (made from the columns on first use
         and kept; do not modify the list)."""
         ops = self._ops
-        n = len(self.names)
+        n = len(self.kinds)
         if len(ops) < n:
             make = self._make_op
             ops.extend(make(i) for i in range(len(ops), n))
@@ -433,10 +494,14 @@ class Plan:
         """
         new = Plan(label=self.label, graph_tokens=list(self.graph_tokens), graph_last_op=list(self.graph_last_op),
                    meta={k: v.copy() if isinstance(v, list) else v for k, v in self.meta.items()})
+        lazy = self.__dict__.get(_LAZY_KEY, {})
         for col in _COLUMNS:
-            setattr(new, col, getattr(self, col).copy())
+            if col not in lazy:
+                setattr(new, col, getattr(self, col).copy())
         new._bind()
-        n = len(self.names)
+        for col, make in lazy.items():
+            new.set_lazy_column(col, make)
+        n = len(self.kinds)
         for i, sh in shapes.items():
             if not 0 <= i < n:
                 raise IndexError(f"op {i} outside a plan of {n} ops")
@@ -454,7 +519,7 @@ class Plan:
         """The plan's :class:`PlanArrays`, from the columns without a per-op Python loop
         (cached until an op is added)."""
         cached = self.__dict__.get(_ARRAYS_KEY)
-        n = len(self.names)
+        n = len(self.kinds)
         if cached is not None and cached.n == n:
             return cached
         i64 = np.int64
@@ -479,7 +544,7 @@ class Plan:
         Raises:
             ValueError: an array's length does not fit the plan.
         """
-        n = len(self.names)
+        n = len(self.kinds)
         if not (len(kind) == len(stream) == len(device) == n and len(dep_ptr) == n + 1
                 and len(dep_idx) == len(self.dep_idx)):
             raise ValueError(f"set_arrays: arrays of lengths {len(kind)}, {len(stream)}, {len(device)}, "
@@ -493,7 +558,7 @@ class Plan:
 
     def h2d_bytes(self) -> int:
         """Bytes of every H2D op."""
-        if not self.names:
+        if not self.kinds:
             return 0
         a = self.arrays
         nb = np.array(self.nbytes, dtype=np.int64)

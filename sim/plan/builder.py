@@ -535,6 +535,10 @@ class Emitter:
         #: ``(class of each op, an op of each class)`` of ops with equal prices, when the graph
         #: was built by :func:`sim.plan.fastgraph.build_graph_columns` (:func:`sim.model.costs.class_durations`)
         self.price_classes: tuple[np.ndarray, np.ndarray] | None = None
+        #: bytes the graph copies host→device, when it was built by
+        #: :func:`sim.plan.fastgraph.build_graph_columns` (what :meth:`sim.plan.Plan.h2d_bytes`
+        #: gives for a one-graph plan), else None
+        self.column_h2d_bytes: int | None = None
 
     # -- primitives ------------------------------------------------------------------
     # (op and launch append to the plan's columns directly: they run once or twice per op)

@@ -26,6 +26,7 @@ is left to it.
 
 from __future__ import annotations
 
+from functools import partial
 from operator import itemgetter
 
 import numpy as np
@@ -357,6 +358,67 @@ def _runs_rows(block: np.ndarray) -> list[list[tuple[int, int]]]:
     return out
 
 
+def _tail_list(prefix: list, tail: np.ndarray) -> list:
+    """``prefix + tail.tolist()``: a column whose first ops were appended one by one."""
+    return prefix + tail.tolist()
+
+
+def _graph_names(prefix: list, n0: int, N: int, names: list, p_i: np.ndarray, split_ops: np.ndarray,
+                 split_ids: np.ndarray, record_ops: np.ndarray, record_splits: np.ndarray, g: int, n_gpu: int,
+                 host) -> list:
+    """The names column of a graph :func:`build_graph_columns` built (``N`` ops, the first
+    ``n0`` appended one by one, named ``prefix``): ``names`` the items' names, ``p_i`` each
+    item's launch (its GPU op after it), ``split_ops`` / ``split_ids`` the splits' host-overhead
+    ops and splits, ``record_ops`` / ``record_splits`` the done events, ``g`` the graph, ``n_gpu``
+    end syncs; ``host``: None without host inputs, else the positions and items of their syncs,
+    waits, copies (and their launches, None when the copies block the host), the pieces' items
+    and selective flags, the selective items' runs of used experts, and the ids readbacks and
+    their layers."""
+    J = len(names)
+    names_pool = ["", *names, *["issue " + nm for nm in names]]
+    nm_src = np.zeros(N, dtype=np.int64)
+    nm_src[p_i + 1] = np.arange(1, J + 1)
+    nm_src[p_i] = np.arange(J + 1, 2 * J + 1)
+    base = len(names_pool)
+    names_pool += [f"split {s} host overhead" for s in split_ids.tolist()]
+    nm_src[split_ops] = np.arange(base, base + split_ops.size)
+    base = len(names_pool)
+    names_pool += [f"record done split{s}" for s in record_splits.tolist()]
+    nm_src[record_ops] = np.arange(base, base + record_ops.size)
+    base = len(names_pool)
+    names_pool += [f"graph {g} end sync{d}" for d in range(n_gpu)]
+    nm_src[N - n_gpu:] = np.arange(base, base + n_gpu)
+    if host is not None:
+        sync_ops, sync_items, wait_ops, wait_items, cp, pp, piece_item, sel_piece, exp_at, runs_at, ids_ops, ids_layers = host
+        hy = sync_items.tolist()
+        base = len(names_pool)
+        names_pool += ["sync before " + names[j] for j in hy]
+        nm_src[sync_ops] = np.arange(base, base + len(hy))
+        base = len(names_pool)
+        hw_ = wait_items.tolist()
+        names_pool += ["wait copy " + names[j] for j in hw_]
+        nm_src[wait_ops] = np.arange(base, base + len(hw_))
+        # a selective copy's pieces are named by their runs, a whole copy's by its tensor
+        it_sel = iter([f"{names[j]}[{a}:{a + cnt}]" for j, runs in zip(exp_at, runs_at) for a, cnt in runs])
+        piece_names = [next(it_sel) if s_ else names[j] for j, s_ in zip(piece_item.tolist(), sel_piece.tolist())]
+        base = len(names_pool)
+        names_pool += piece_names
+        npc = len(piece_names)
+        nm_src[cp] = np.arange(base, base + npc)
+        if pp is not None:
+            names_pool += ["issue " + nm for nm in piece_names]
+            nm_src[pp] = np.arange(base + npc, base + 2 * npc)
+        if ids_ops.size:
+            lays = ids_layers.tolist()
+            base = len(names_pool)
+            for lay in lays:
+                names_pool += [f"issue blk.{lay}.ffn_moe_topk ids", f"blk.{lay}.ffn_moe_topk ids",
+                               f"wait ids blk.{lay}", f"build expert runs blk.{lay}"]
+            for q in range(4):
+                nm_src[ids_ops + q] = np.arange(base + q, base + 4 * len(lays), 4)
+    return prefix + _take(names_pool, nm_src[n0:])
+
+
 def _take(pool: list, idx: np.ndarray) -> list:
     """``[pool[i] for i in idx]`` (C-level gather)."""
     n = idx.size
@@ -583,23 +645,16 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
         stream[cp] = _COMPUTE
         dep1[cp] = pp
         pinned[cp] = em.pinned
-    piece_names: list[str] = []
     sel_piece = np.zeros(piece_item.size, dtype=bool)
     if has_host:
         # a selective copy: one piece per run of used experts (names, bytes); else the whole tensors
-        names = cols.names
         whole = ~exp_h[piece_item]
         sel_piece = ~whole
         nbytes[cp] = np.where(whole, cols.copy[piece_item], 0)
         if exp_at:
-            sel = [(names[j], a, cnt) for j, runs in zip(exp_at, runs_at) for a, cnt in runs]
             k_sel = cp[sel_piece]
-            nbytes[k_sel] = np.array([cnt for _nm, _a, cnt in sel], dtype=np.int64) * cols.bpm[piece_item[sel_piece]]
-            sel_names = [f"{nm}[{a}:{a + cnt}]" for nm, a, cnt in sel]
-        else:
-            sel_names = []
-        it_sel = iter(sel_names)
-        piece_names = [next(it_sel) if s_ else names[j] for j, s_ in zip(piece_item.tolist(), sel_piece.tolist())]
+            nbytes[k_sel] = (np.array([cnt for runs in runs_at for _a, cnt in runs], dtype=np.int64)
+                             * cols.bpm[piece_item[sel_piece]])
     kind[p_r[r_at]] = _K[OpKind.EVENT_RECORD]
     # the compute-stream ops, by position: a sync waits for its GPU's last one; a split whose
     # activations come from another GPU waits for that GPU's last one (Emitter._current_device)
@@ -625,21 +680,7 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     gpu_first = p_i[h_at[change]] + 1
     dep2[gpu_first] = dep1[gpu_first]
     dep1[gpu_first] = prev_op[change]
-    # -- object columns, gathered from pools
-    names_pool = ["", *cols.names, *["issue " + nm for nm in cols.names]]
-    nm_src = np.zeros(N, dtype=np.int64)
-    nm_src[p_i + 1] = np.arange(1, J + 1)
-    nm_src[p_i] = np.arange(J + 1, 2 * J + 1)
-    base = len(names_pool)
-    splits_h = si[s_at].tolist()
-    names_pool += [f"split {s} host overhead" for s in splits_h]
-    nm_src[o[s_at]] = np.arange(base, base + s_at.size)
-    base = len(names_pool)
-    names_pool += [f"record done split{s}" for s in si[r_at].tolist()]
-    nm_src[p_r[r_at]] = np.arange(base, base + r_at.size)
-    base = len(names_pool)
-    names_pool += [f"graph {g} end sync{d}" for d in range(n_gpu)]
-    nm_src[N - n_gpu:] = np.arange(base, base + n_gpu)
+    # -- object columns, gathered from pools (the names when first read: _graph_names)
     tags_pool = ["", *[k.value for k in _ROLE_KIND], OpKind.H2D.value, "selective", "whole", OpKind.D2H.value,
                  "ids", "split_overhead"]
     tg_src = np.zeros(N, dtype=np.int64)
@@ -651,34 +692,15 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     a_at = np.flatnonzero(cols.role == _ATTN)
     sh_src[p_i[a_at]] = 1 + a_at
     shapes_pool += cols.shapes
+    host_names = None
     if has_host:
-        names = cols.names
-        hy = y_at.tolist()
-        base = len(names_pool)
-        names_pool += ["sync before " + names[j] for j in hy]
-        nm_src[p_y[y_at]] = np.arange(base, base + len(hy))
-        base = len(names_pool)
-        hw_ = w_at.tolist()
-        names_pool += ["wait copy " + names[j] for j in hw_]
-        nm_src[p_w[w_at]] = np.arange(base, base + len(hw_))
-        base = len(names_pool)
-        names_pool += piece_names
-        npc = len(piece_names)
-        nm_src[cp] = np.arange(base, base + npc)
         tg_src[cp] = np.where(sel_piece, 5, 6)
         if not blocking:
-            names_pool += ["issue " + nm for nm in piece_names]
-            nm_src[pp] = np.arange(base + npc, base + 2 * npc)
             tg_src[pp] = 4
+        host_names = (p_y[y_at], y_at, p_w[w_at], w_at, cp, None if blocking else pp, piece_item, sel_piece,
+                      exp_at, runs_at if exp_at else [], p_d[d_at], cols.layers[d_at])
         if d_at.size:
-            lays = cols.layers[d_at].tolist()
-            base = len(names_pool)
-            for lay in lays:
-                names_pool += [f"issue blk.{lay}.ffn_moe_topk ids", f"blk.{lay}.ffn_moe_topk ids",
-                               f"wait ids blk.{lay}", f"build expert runs blk.{lay}"]
             pd = p_d[d_at]
-            for q in range(4):
-                nm_src[pd + q] = np.arange(base + q, base + 4 * len(lays), 4)
             tg_src[pd] = 7
             tg_src[pd + 1] = 8
             shapes_pool.append((n_tokens * moe.n_expert_used,))
@@ -711,23 +733,28 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     plan.kinds += kind[n0:].tolist()
     plan.streams += stream[n0:].tolist()
     plan.devices += device[n0:].tolist()
-    plan.names += _take(names_pool, nm_src[n0:])
     plan.dep_ptr += ptr[1:].tolist()
     plan.dep_idx += dep_idx.tolist()
     plan.nbytes += nbytes[n0:].tolist()
     plan.shapes += _take(shapes_pool, sh_src[n0:])
-    plan.layers += layer[n0:].tolist()
-    plan.splits += split[n0:].tolist()
     plan.graphs += [g] * (N - n0)
-    plan.slots += [-1] * (N - n0)
-    plan.slot_bytes += [0] * (N - n0)
     plan.pinned += pinned[n0:].tolist()
     plan.tags += _take(tags_pool, tg_src[n0:])
     plan.graph_last_op.append(N - 1)
     plan.graph_tokens.append(n_tokens)
     plan.meta.setdefault("rebuilt_graphs", []).append(bool(em.rebuilt))
     plan.meta.setdefault("graph_kernels", []).append(cols.kernels)
+    # the columns nothing of a template reads, made when first read (Plan.set_lazy_column)
+    plan.set_lazy_column("names", partial(_graph_names, plan.names, n0, N, cols.names, p_i, o[s_at], si[s_at],
+                                          p_r[r_at], si[r_at], g, n_gpu, host_names))
+    plan.set_lazy_column("layers", partial(_tail_list, plan.layers, layer[n0:]))
+    plan.set_lazy_column("splits", partial(_tail_list, plan.splits, split[n0:]))
+    plan.set_lazy_column("slots", partial(_tail_list, plan.slots, np.full(N - n0, -1, dtype=np.int64)))
+    plan.set_lazy_column("slot_bytes", partial(_tail_list, plan.slot_bytes, np.zeros(N - n0, dtype=np.int64)))
     plan.set_arrays(kind, stream, device, np.concatenate((pre_ptr, ptr[1:])), np.concatenate((pre_idx, dep_idx)))
+    h2d = _K[OpKind.H2D]
+    em.column_h2d_bytes = (int(nbytes[n0:][kind[n0:] == h2d].sum(dtype=np.int64))
+                           + sum(nb for k, nb in zip(plan.kinds[:n0], plan.nbytes[:n0]) if k == h2d))
     # -- the emitter as build_graph leaves it
     a_lay = cols.layers[a_at].tolist()
     a_iss = p_i[a_at].tolist()

@@ -269,7 +269,8 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
         dur = plan_durations(plan, hw)
     else:
         dur = class_durations(plan, hw, *em.price_classes, launch=launch)
-    tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, plan.h2d_bytes(),
+    h2d = plan.h2d_bytes() if em.column_h2d_bytes is None else em.column_h2d_bytes
+    tpl = GraphTemplate(plan, compile_plan(plan), dur, n_tokens, kv_len, end_device, h2d,
                         plan_transfer_groups(plan), kv_ops=list(em.kv_ops), launch=launch,
                         overhead_op=em.overhead_op)
     _row_at(tpl, ctx, kv_len)
@@ -357,7 +358,7 @@ def _price(ctx: BuildContext, tpl: GraphTemplate, oid: int, nbytes: int, shape: 
     key = (plan.kinds[oid], nbytes, shape, plan.pinned[oid], plan.tags[oid])
     d = cache.get(key)
     if d is None:
-        d = cache[key] = op_duration_s(plan.op_with(oid, nbytes, shape), ctx.scn.hardware)
+        d = cache[key] = op_duration_s(plan.priced_op(oid, nbytes, shape), ctx.scn.hardware)
     if not isinstance(tpl.launch, float):  # a rebuilt graph's GPU op: its launch share
         d += float(tpl.launch[oid])
     return d
