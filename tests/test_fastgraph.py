@@ -253,6 +253,24 @@ def test_recorded_critical_choice_equals_the_one_found_from_the_ends(pd_):
         assert ch.tolist() == analytic._critical_choice(comp, np.asarray(e)).tolist()
 
 
+@given(plans_with_durations(zeros=True))
+def test_chains_cut_in_the_run_are_the_first_child_chains(pd_):
+    """_run_three_chains gives _run_three_choice's times and choice, and the chains and levels
+    _tree_of_first cuts from that choice (the same groups)."""
+    plan, dur = pd_
+    comp = analytic.compile_plan(plan)
+    if comp.p0 is None:
+        return
+    s, e, ch = analytic._run_three_choice(comp.p0, comp.p1, comp.p2, dur.tolist())
+    s2, e2, ch2, chains, level = analytic._run_three_chains(comp.p0, comp.p1, comp.p2, dur.tolist())
+    assert (s2, e2, ch2) == (s, e, ch)
+    choice = np.array(ch, dtype=np.int64)
+    want = analytic._tree_of_first(comp, choice, max_level=comp.n + 1)
+    got = analytic._tree_from_chains(comp, choice, chains, level, ch)
+    assert [(g[0].tolist(), g[1].tolist()) for g in got.groups] == [(g[0].tolist(), g[1].tolist()) for g in want.groups]
+    assert got.parent.tolist() == want.parent.tolist()
+
+
 def _tree_of_loops(comp, choice):
     """The heavy-path chains of _tree_of written with separate loops (heads, then chains)."""
     n = choice.size

@@ -316,6 +316,51 @@ def _run_three_choice(p0: list[int], p1: list[int], p2: list[int], dur: list[flo
     return start, end, choice
 
 
+def _run_three_chains(p0: list[int], p1: list[int], p2: list[int], dur: list[float]
+                      ) -> tuple[list[float], list[float], list[int], list[list[int]], list[int]]:
+    """:func:`_run_three_choice` that also cuts the critical tree into the chains of
+    :func:`_tree_of_first` as it goes (each op continues the chain of its critical predecessor
+    when it is that op's first child): ``(start, end, choice, chains, level)``, the chains and
+    their levels as :func:`_tree_of_first` makes them (the same comparisons in the same order
+    as :func:`_run_three_choice`, so the same times and choice)."""
+    n = len(dur)
+    start = [0.0] * n
+    end = [0.0] * (n + 1)
+    choice = [-1] * n
+    taken = bytearray(n + 1)
+    chain_of = [0] * n
+    chains: list[list[int]] = []
+    level: list[int] = []
+    for i, a, b, c, d in zip(range(n), p0, p1, p2, dur):
+        s = end[a]
+        w = a
+        e = end[b]
+        if e > s:
+            s = e
+            w = b
+        e = end[c]
+        if e > s:
+            s = e
+            w = c
+        start[i] = s
+        end[i] = s + d
+        choice[i] = w
+        if w >= 0:
+            if not taken[w]:
+                taken[w] = 1
+                k = chain_of[w]
+                chain_of[i] = k
+                chains[k].append(i)
+                continue
+            level.append(level[chain_of[w]] + 1)
+        else:
+            level.append(0)
+        chain_of[i] = len(chains)
+        chains.append([i])
+    del end[n]
+    return start, end, choice, chains, level
+
+
 def _run_scalar(preds, dur: list[float]) -> tuple[list[float], list[float]]:
     """One scenario with plain Python floats (faster than numpy for S = 1)."""
     n = len(dur)
@@ -552,10 +597,12 @@ def _tree_ends(comp: CompiledPlan, tree: _Tree, dt: np.ndarray) -> tuple[np.ndar
     return st, ez[:n], bad
 
 
-def _tree_for(comp: CompiledPlan, end: np.ndarray, choice: np.ndarray | None = None) -> _Tree:
+def _tree_for(comp: CompiledPlan, end: np.ndarray, choice: np.ndarray | None = None, cut=None) -> _Tree:
     """The chain decomposition of the critical tree of one scenario's ``end`` (n,) times,
     cached on ``comp`` (a few trees) and remembered as the one to try first next time.
-    ``choice``: :func:`_critical_choice` of ``end`` when the caller has it."""
+    ``choice``: :func:`_critical_choice` of ``end`` when the caller has it; ``cut``: the
+    first-child chains of that tree and their levels (``(chains, level, choice list)``, from
+    :func:`_run_three_chains`) when the caller has them."""
     if choice is None:
         choice = _critical_choice(comp, end)
     key = choice.tobytes()
@@ -563,7 +610,14 @@ def _tree_for(comp: CompiledPlan, end: np.ndarray, choice: np.ndarray | None = N
     if tree is None:
         if len(comp._trees) >= 10:
             comp._trees.clear()
-        tree = _tree_of_first(comp, choice) if ENABLE_FIRST_CHILD else None
+        if not ENABLE_FIRST_CHILD:
+            tree = None
+        elif cut is not None:
+            chains, level, par = cut
+            tree = (_tree_from_chains(comp, choice, chains, level, par)
+                    if not level or max(level) <= FIRST_CHILD_MAX_LEVEL else None)
+        else:
+            tree = _tree_of_first(comp, choice)
         if tree is None:
             tree = _tree_of(comp, choice)
         comp._trees[key] = tree
@@ -597,9 +651,14 @@ def _run_tree(comp: CompiledPlan, d: np.ndarray) -> tuple[np.ndarray, np.ndarray
     for attempt in range(2):
         if tree is None or attempt:
             k = int(todo[0])
-            s_k, e_k, ch = _run_one(comp, d[k].tolist(), True)
+            if comp.p0 is not None:   # the critical tree's chains cut in the same pass
+                s_k, e_k, ch_l, chains, level = _run_three_chains(comp.p0, comp.p1, comp.p2, d[k].tolist())
+                cut, ch = (chains, level, ch_l), np.array(ch_l, dtype=np.int64)
+            else:
+                s_k, e_k, ch = _run_one(comp, d[k].tolist(), True)
+                cut = None
             start[:, k], end[:, k] = s_k, e_k
-            tree = _tree_for(comp, end[:, k], ch)
+            tree = _tree_for(comp, end[:, k], ch, cut)
             todo = todo[1:]
         if todo.size == 0:
             break
