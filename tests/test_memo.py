@@ -390,6 +390,59 @@ def test_time_test_with_derived_templates_times_as_with_built_ones(name, engine,
             assert got[True].n_templates == got[False].n_templates
 
 
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_primed_attention_prices_time_as_priced_one_by_one(path, monkeypatch):
+    """time_test pricing a new template's attentions at the test's KV lengths in one call
+    (ENABLE_PRIME, sim.model.costs.attn_durations_s) gives, to the bit, the timing of pricing
+    them one KV length at a time, on every shipped scenario (a prompt over several ubatches at
+    a depth, and decode)."""
+    import sim.plan.memo as memo
+
+    scn = load_scenario(path)
+    ub = scn.workload.n_ubatch
+    tests = [BenchTest(3 * ub + 100, 0, 700), BenchTest(0, 3, 300)]
+    scn = fit_context_to_tests(scn, tests)
+    v = scn.variants[0]
+    try:
+        make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    except PlacementError:
+        pytest.skip("the placement does not fit")
+    for t in tests:
+        got = {}
+        for prime in (True, False):
+            monkeypatch.setattr(memo, "ENABLE_PRIME", prime)
+            ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+            if not memo_eligible(ctx):
+                pytest.skip("not memoised")
+            got[prime] = time_test(ctx, t, rep_rng(scn.seed, 0, 0), "analytic", {})
+        assert got[True] == got[False], f"{path.stem} {t.name}"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_attention_prices_at_once_are_the_op_prices(path):
+    """attn_durations_s prices an attention at many KV lengths as op_duration_s prices each
+    (the same floats), or answers None (then the caller prices one by one): tokens on and off
+    the tables' rows, with and without a window, KV lengths from 0 past the tables."""
+    from sim.model.costs import attn_durations_s, op_duration_s
+    from sim.plan import Op, OpKind, Stream
+
+    scn = load_scenario(path)
+    hw, m = scn.hardware, scn.model
+    kvs = list(range(0, 70000, 997)) + [1, 255, 256, 257, 131072, 400000]
+    for n in (1, 7, 32, 100, 512, 2048, 3000):
+        for win in (0, 1024):
+            for fa in (0, 1):
+                shapes = [(n, kv, m.n_head, m.n_head_kv, m.head_dim, win, 0, 0, fa, 8, 123.0, 0, 0, 0) for kv in kvs]
+                op = Op(0, OpKind.ATTN, Stream.COMPUTE, 0, "attn", shape=shapes[0])
+                got = attn_durations_s(op, hw, shapes)
+                if got is None:
+                    assert hw.ggml is None or not fa
+                    continue
+                assert got.tolist() == [op_duration_s(replace(op, shape=sh), hw) for sh in shapes], (n, win)
+    with pytest.raises(ValueError):
+        attn_durations_s(op, hw, [shapes[0], (n + 1, *shapes[0][1:])])
+
+
 def test_a_plan_with_other_shapes_shares_its_structure_only():
     """Plan.with_shapes copies every column with the shapes given replaced, shares what the plan
     keeps of its structure (arrays, compiled predecessors, transfer groups) and nothing else: the

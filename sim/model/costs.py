@@ -309,6 +309,37 @@ def op_duration_s(op: Op, hw: HardwareProfile, *, host_busy: bool = False) -> fl
     raise ValueError(f"no cost for op kind {k}")
 
 
+def attn_durations_s(op: Op, hw: HardwareProfile, shapes: list[tuple]) -> np.ndarray | None:
+    """:func:`op_duration_s` of the attention op ``op`` with each of ``shapes`` (K shapes that
+    differ from one another only in the KV length, element 1) at once: (K,) float64 seconds,
+    each the float :func:`op_duration_s` gives for ``op`` with that shape (the same operations,
+    :meth:`sim.model.ggmlcost.GgmlKernels.flash_attn_gpu_many`), or None where that path does not
+    price them (no ``[ggml]`` tables, ``executor_mode``, a linear or non-flash attention, no flash
+    table: the caller prices them one by one).
+
+    Raises:
+        ValueError: ``op`` is not an attention, or the shapes differ beyond their KV length.
+    """
+    if op.kind is not OpKind.ATTN:
+        raise ValueError(f"attn_durations_s: op {op.id} is a {op.kind.value}, not an attention")
+    if not shapes:
+        return np.zeros(0)
+    sh0 = shapes[0]
+    if any(len(sh) != len(sh0) or sh[0] != sh0[0] or sh[2:11] != sh0[2:11] for sh in shapes):
+        raise ValueError("attn_durations_s: the shapes differ beyond their KV length")
+    g = hw.ggml
+    if g is None or hw.executor_mode or len(sh0) <= 10 or sh0[6] or not sh0[8]:
+        return None
+    n_tok, _kv, nh, nkv, hd, window = sh0[:6]
+    ew_k, ew_e = sh0[9:11]
+    kv = np.array([sh[1] for sh in shapes], dtype=np.int64)
+    keys = np.minimum(kv + n_tok, window + n_tok) if window else kv + n_tok      # attended_keys
+    t = g.flash_attn_gpu_many(n_tok, keys, nh, nkv, hd)
+    if t is None:
+        return None
+    return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok)
+
+
 def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
     """Copies of an attention op moved to the GPU from a layer on the CPU: elements 11 and 12
     of its shape (bytes); 0 for a layer on the GPU.

@@ -302,6 +302,28 @@ class GgmlKernels:
         perm = 2 * max(self.floor_s, 2 * 4 * n_tokens * n_head * head_dim / self.ew_bytes_per_s)
         return kq + sm + kqv + perm + self.kv_cold_s(kv, n_head_kv, head_dim)
 
+    def flash_attn_gpu_many(self, n_tokens: int, keys: np.ndarray, n_head: int, n_head_kv: int,
+                            head_dim: int) -> np.ndarray | None:
+        """:meth:`attn_s` of a flash attention on the GPU at several key counts at once: ``keys``
+        (K,) int, returns (K,) seconds, each element the float :meth:`attn_s` gives (the same
+        operations: :func:`interp_nb_kv_many`), or None when no table holds a GPU flash
+        attention (as :meth:`attn_s`)."""
+        kv = np.maximum(KV_PAD, -(-np.asarray(keys, dtype=np.int64) // KV_PAD) * KV_PAD)   # pad_cells
+        got = self._attn.get(("gpu", "FA", head_dim, n_head, n_head_kv))
+        scale = 1.0
+        if got is None:
+            cands = [(kk, v) for kk, v in self._attn.items() if kk[:2] == ("gpu", "FA")]
+            if not cands:
+                return None
+            kk, got = min(cands, key=lambda c: (abs(math.log(c[0][3] * c[0][2] / (n_head * head_dim))),
+                                                abs(c[0][4] - n_head_kv)))
+            scale = n_head * head_dim / (kk[3] * kk[2])
+        t = interp_nb_kv_many(got, n_tokens, kv) * scale
+        if self.attn_kv_cold_bytes_per_s <= 0:
+            return t + 0.0
+        nbytes = 2.0 * 2.0 * kv * n_head_kv * head_dim        # kv_cache_bytes, f16
+        return t + np.where(nbytes <= self.l2_bytes, nbytes / self.attn_kv_cold_bytes_per_s, 0.0)
+
     def kv_cold_s(self, cells: int, n_head_kv: int, head_dim: int) -> float:
         """The cold read of one layer's K/V (f16, ``cells`` padded cells) that a repeated
         ``test-backend-ops`` case does not pay: it keeps a layer's K/V in the L2 when they fit,
@@ -432,6 +454,32 @@ def interp_nb_kv(rows: Mapping[int, tuple[np.ndarray, np.ndarray]], nb: int, kv:
     t0, t1 = along(n0), along(n1)
     f = (math.log(nb) - math.log(n0)) / (math.log(n1) - math.log(n0))
     return float(math.exp((1 - f) * math.log(t0) + f * math.log(t1)))
+
+
+def interp_nb_kv_many(rows: Mapping[int, tuple[np.ndarray, np.ndarray]], nb: int, kv: np.ndarray) -> np.ndarray:
+    """:func:`interp_nb_kv` at several key counts ``kv`` ((K,) int) at once: (K,) float64, each
+    element the float :func:`interp_nb_kv` gives (the same IEEE operations element by element,
+    ``np.interp`` on the array; between measured ``nb`` the log-log step is made per element by
+    :func:`interp_nb_kv` itself)."""
+    kv = np.asarray(kv)
+
+    def along(n: int) -> np.ndarray:
+        kvs, ts = rows[n]
+        if len(kvs) == 1:
+            return np.where(kv > kvs[0], ts[0] * np.maximum(kv, 1.0) / kvs[0], ts[0])
+        slope = max((ts[-1] - ts[-2]) / (kvs[-1] - kvs[-2]), 0.0)
+        return np.where(kv > kvs[-1], ts[-1] + slope * (kv - kvs[-1]),
+                        np.where(kv < kvs[0], ts[0], np.interp(kv, kvs, ts)))
+
+    ns = sorted(rows)
+    if nb <= ns[0]:
+        return along(ns[0])
+    if nb >= ns[-1]:
+        return along(ns[-1]) * nb / ns[-1]
+    i = bisect_left(ns, nb)
+    if ns[i] == nb:
+        return along(nb)
+    return np.array([interp_nb_kv(rows, nb, x) for x in kv.tolist()], dtype=np.float64)
 
 
 def layer_elementwise(model, layer: int) -> tuple[int, float]:

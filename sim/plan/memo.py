@@ -50,12 +50,13 @@ import numpy as np
 from sim import engines
 from sim.plan.builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
-from sim.model.costs import class_durations, direct_launch_s, op_duration_s, plan_durations, price_reads_shape
+from sim.model.costs import (attn_durations_s, class_durations, direct_launch_s, op_duration_s, plan_durations,
+                             price_reads_shape)
 from sim.engines.analytic import CompiledPlan, compile_plan
 from sim.errors import PlacementError
 from sim.plan.fastgraph import build_graph_columns
 from sim.plan.overlap import template_host_edges, template_makespans, ubatch_overlap_s
-from sim.plan import KINDS, STREAM_CODE, Plan, Stream
+from sim.plan import KINDS, STREAM_CODE, OpKind, Plan, Stream
 from sim.model.specs import BenchTest
 from sim.views.trace import exposed_from_busy, h2d_busy_hidden_rows, h2d_busy_hidden_s, overlap_from_busy, plan_transfer_groups
 
@@ -364,6 +365,38 @@ def _price(ctx: BuildContext, tpl: GraphTemplate, oid: int, nbytes: int, shape: 
     return d
 
 
+#: :func:`time_test` prices a new template's attentions at the KV lengths of the test's graphs
+#: in one call per layer signature (:func:`_prime_kv_prices`); False prices them one KV length
+#: at a time as :func:`_row_at` needs them (the reference path the tests compare it with)
+ENABLE_PRIME = True
+
+
+def _prime_kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens) -> None:
+    """Put in ``ctx.price_cache`` the prices :func:`_price` would compute for the template's
+    attention groups (:func:`_kv_groups`, role ``"attn"``) at each of ``kv_lens`` (KV lengths
+    of graphs of ``tpl.n_tokens``), computed at once where
+    :func:`sim.model.costs.attn_durations_s` covers them (the same floats as
+    :func:`sim.model.costs.op_duration_s`); prices already kept, and groups it does not cover,
+    are left to :func:`_row_at`."""
+    cache = ctx.price_cache
+    if len(cache) > 65536:
+        cache.clear()
+    plan = tpl.plan
+    n = tpl.n_tokens
+    hw = ctx.scn.hardware
+    kvs = [kv for kv in dict.fromkeys(kv_lens) if kv != tpl.kv_len]
+    for (role, _arg, kind, nb, pinned, tag), oids in _kv_groups(tpl, ctx):
+        if role != "attn" or KINDS[kind] is not OpKind.ATTN:
+            continue
+        keys = [(kind, nb, ctx.attn_shape(oids[1], n, kv), pinned, tag) for kv in kvs]
+        keys = [k for k in keys if k not in cache]
+        if len(keys) < 2:
+            continue
+        vals = attn_durations_s(plan.priced_op(oids[0]), hw, [k[2] for k in keys])
+        if vals is not None:
+            cache.update(zip(keys, vals.tolist()))
+
+
 def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     """Index of the duration row of ``tpl`` at ``kv_len`` (the template's ops with the
     KV-dependent ones re-priced), created on first use."""
@@ -519,6 +552,8 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                     m = {} if m is None else dict(zip(ctx.moe_layers, m))
                 tpl = build_template(ctx, n, kv, off, m, start_dev, call,
                                      blk if isinstance(blk, np.ndarray) else None)
+                if ENABLE_PRIME:
+                    _prime_kv_prices(tpl, ctx, [kv_ for n_, kv_, _o in graphs[g + 1:] if n_ == n])
             built += 1
         family.setdefault(fkey, tpl)
         work[key] = tpl
@@ -546,4 +581,5 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
 
 
 __all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "derive_template",
-           "time_test", "KEEP_OPS", "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS", "ENABLE_DERIVE"]
+           "time_test", "KEEP_OPS", "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS", "ENABLE_DERIVE",
+           "ENABLE_PRIME"]
