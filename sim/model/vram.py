@@ -137,6 +137,17 @@ def _model_cache(model: ModelSpec) -> dict:
     return got[1]
 
 
+def _layer_kv(model: ModelSpec) -> list[tuple[int, float]]:
+    """Per layer of ``model`` (kept per model), ``(attention window, KV bytes per token)``
+    (:meth:`~sim.model.specs.ModelSpec.attn_window`,
+    :meth:`~sim.model.specs.ModelSpec.kv_bytes_per_token`)."""
+    cache = _model_cache(model)
+    got = cache.get("layer_kv")
+    if got is None:
+        got = cache["layer_kv"] = [(model.attn_window(i), model.kv_bytes_per_token(i)) for i in range(model.n_layer)]
+    return got
+
+
 def _tensor_table(model: ModelSpec) -> tuple[np.ndarray, np.ndarray, list, np.ndarray, np.ndarray] | None:
     """Per model (kept): its tensors' bytes and layers ((T,) int64 each), and its weight groups
     (:func:`weight_groups`) with their tensors' positions in ``model.tensors`` ((G, width)
@@ -293,13 +304,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
                     w += t.nbytes
                 elif t.layer < 0 and g == hw.n_gpu - 1:
                     w += t.nbytes
-        for i in range(model.n_layer):
-            if devs[i] == g:
+        for d_i, (win, per_tok) in zip(devs, _layer_kv(model)):
+            if d_i == g:
                 ctx = pl.ctx_size
-                win = model.attn_window(i)
                 if win:
                     ctx = min(ctx, win + n_ub)
-                kv += model.kv_bytes_per_token(i) * ctx
+                kv += per_tok * ctx
         if scn.compute_buffer_bytes is not None:
             comp = scn.compute_buffer_bytes
         else:
