@@ -85,6 +85,24 @@ def test_ngl_99_is_n_gpu_layers_not_n_gen_gl():
     assert scn_of("-ngl", "-1").placement.ngl == 999
 
 
+def test_any_negative_ngl_is_every_layer_as_in_llama_cpp_and_a_negative_range_end_is_refused(capsys):
+    """llama-bench reads -ngl with parse_int_range(allow_negative) and llama_model::n_gpu_layers
+    takes any n_gpu_layers < 0 as n_layer + 1: -ngl -2 is every layer, printed as given (-2);
+    parse_int_range's regex signs only a range's first number, so -5--3 is refused."""
+    assert args_of("-ngl", "-2").n_gpu_layers == [(-2,)]
+    assert scn_of("-ngl", "-2").placement.ngl == scn_of("-ngl", "-1").placement.ngl == 999
+    assert args_of("-ngl", "-2-1").n_gpu_layers == [(-2, -1, 0, 1)]  # llama-bench: -2,-1,0,1
+    rc, out, _ = run(capsys, "run", TINY, *QUICK, "-ngl", "-2,-1", "-o", "json")
+    rows = json.loads(out)
+    assert rc == 0 and sorted({r["n_gpu_layers"] for r in rows}) == [-2, -1]
+    by = {ngl: [r["avg_ts"] for r in rows if r["n_gpu_layers"] == ngl] for ngl in (-2, -1)}
+    assert by[-2] == by[-1]
+    with pytest.raises(SystemExit):
+        args_of("-ngl", "-5--3")
+    err = capsys.readouterr().err
+    assert "'-5--3': its end cannot be negative" in err and len(err.strip().splitlines()) == 1
+
+
 def test_ot_is_override_tensor_not_output_t():
     a = build_parser().parse_args(["run", TINY, "-ot", "exps=CPU"])
     assert a.overrides == [((("exps", "CPU"),),)] and a.output is None

@@ -59,11 +59,11 @@ _RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$
 def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
     """llama-bench list syntax (``parse_int_range``): ``512,1024``, ``512-2048*2`` (first-last*mult)
     or ``a-b+s`` (first-last+step); ``allow_negative``: the first number of an item may be
-    negative (``-ngl -1``).
+    negative (``-ngl -1``); a range's end and step never are (llama-bench's regex refuses them).
 
     Raises:
-        argparse.ArgumentTypeError: not integers, a negative value, a range that yields no
-            value (end below start), or one that would never end (a multiplier below 2 or a
+        argparse.ArgumentTypeError: not integers, a negative value, a negative range end, a
+            range that yields no value (end below start), or one that would never end (a multiplier below 2 or a
             start below 1 with ``*``, a step below 1 with ``+``).
     """
     from sim.bounds import INT32_MAX, LIST_VALUES_MAX
@@ -83,6 +83,11 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
         if m.group(2) is None:
             out.append(first)
             continue
+        if m.group(2).startswith("-"):  # parse_int_range: '-?\d+' for the first number only
+            raise argparse.ArgumentTypeError(
+                f"range '{part.strip()}': its end cannot be negative (llama-bench reads a sign only on a "
+                f"range's first number and refuses this as an invalid range format); list the values "
+                f"instead, e.g. -3,-2")
         last = int(m.group(2))
         op, step = m.group(3) or "+", int(m.group(4)) if m.group(4) is not None else 1
         p = part.strip()
@@ -303,7 +308,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
     ("type_v", ("-ctv", "--cache-type-v"), _choice_list(KV_TYPES, "KV cache type"), "TYPE", "V cache type"),
     ("n_threads", ("-t", "--threads"), int_list, "N", "CPU threads (reported; not modelled: the profile's host "
                                                        "figures price CPU ops; default the profile's host_cpus)"),
-    ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (-1 or >= layers + 1: all)"),
+    ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (any negative value, as llama-bench's default -1, or >= layers + 1: all)"),
     ("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), int_list, "N", "keep the experts of the first N blocks on the host"),
     ("split_mode", ("-sm", "--split-mode"), _choice_list(SPLIT_MODES, "split mode"), "MODE",
      "none (one GPU, -mg), layer (blocks split over GPUs); row/tensor are simulated as layer"),
