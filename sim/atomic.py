@@ -35,7 +35,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:  # name the user's path, not a temporary one
-        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
+        raise _creation_error(exc, path.parent, target) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
@@ -84,15 +84,40 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
         existing = existing.parent
     if not existing.is_dir():
         raise ScenarioError(f"cannot create folder '{folder}': '{existing}' is not a folder", field=flag)
+    what = f"folder '{p}'" if directory else f"'{p}'"
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ScenarioError(f"folder '{existing}' is not writable", field=flag)
+        raise ScenarioError(f"cannot write {what}: folder '{existing}' is not writable (permission denied)",
+                            field=flag)
     try:  # a real probe: /proc or a read-only mount pass os.access for root
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".prefetch-sim-probe.", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise ScenarioError(f"cannot write in folder '{existing}': {exc.strerror or exc}", field=flag) from None
+        raise ScenarioError(f"cannot write {what}: folder '{existing}' {refusal(exc)}", field=flag) from None
     return p
+
+
+def refusal(exc: OSError) -> str:
+    """Why an existing folder refused a new file, from the ``OSError`` of creating one in it:
+    ``does not accept new files (read-only file system)``, ``(permission denied)``, or, for the
+    ``ENOENT`` a virtual file system such as ``/proc`` gives for a folder that does exist,
+    ``(a read-only or virtual file system)`` instead of "No such file or directory"."""
+    import errno
+
+    reason = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+              errno.EPERM: "permission denied", errno.ENOENT: "a read-only or virtual file system",
+              errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}.get(
+        exc.errno, exc.strerror or str(exc))
+    return f"does not accept new files ({reason})"
+
+
+def _creation_error(exc: OSError, folder: Path, target: Path) -> OSError:
+    """The ``OSError`` to raise for a failed temporary-file creation in ``folder``: naming the
+    user's ``target``; where ``folder`` exists, saying it refuses new files (:func:`refusal`)
+    rather than a bare "No such file or directory" from a virtual file system."""
+    if folder.is_dir() and exc.errno is not None:
+        return OSError(exc.errno, f"cannot be written there: folder '{folder}' {refusal(exc)}", str(target))
+    return OSError(exc.errno, exc.strerror or str(exc), str(target))
 
 
 def drawn_bytes(draw, name: str = "figure.png") -> bytes:
@@ -128,6 +153,9 @@ def write_atomic_many(files: dict[str | Path, str | bytes]) -> list[Path]:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            except OSError as exc:
+                raise _creation_error(exc, path.parent, target) from None
+            try:
                 staged.append((tmp, path, target))
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(payload)

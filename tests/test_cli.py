@@ -275,3 +275,42 @@ def test_an_output_name_ending_in_a_slash_is_a_folder_not_a_file(tmp_path):
     assert info.value.field == "--out" and not (tmp_path / "d").exists()
     assert check_output_path(str(tmp_path / "d" / "t.md")) == tmp_path / "d" / "t.md"
     assert check_output_path(str(tmp_path / "x") + "/", directory=True) == tmp_path / "x"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_existing_folder_that_refuses_files_is_named_as_such_not_as_missing(capsys):
+    """/proc exists but takes no new file (mkstemp there says ENOENT): the error names the file
+    and says the folder does not accept it, before any work; not "No such file or directory"."""
+    from sim.atomic import check_output_path, write_atomic
+
+    with pytest.raises(ScenarioError) as info:
+        check_output_path("/proc/x.csv", "--out")
+    msg = str(info.value)
+    assert "'/proc/x.csv'" in msg and "folder '/proc' does not accept new files" in msg
+    assert "No such file" not in msg and info.value.field == "--out"
+    with pytest.raises(OSError) as oinfo:  # a writer that goes straight to the write says the same
+        write_atomic("/proc/x.csv", "a")
+    assert oinfo.value.filename == "/proc/x.csv" and "does not accept new files" in oinfo.value.strerror
+    rc, out, err = run(capsys, "run", "--out", "/proc/x.md")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "'/proc/x.md'" in err and "does not accept new files" in err
+
+
+def test_a_read_only_folder_is_said_to_be_read_only(tmp_path, monkeypatch):
+    """A folder whose file system refuses new files (EROFS; os.access passes, as for root): the
+    message names the file and says read-only file system; nothing is created."""
+    import errno
+    import tempfile
+
+    from sim.atomic import check_output_path
+
+    def refuse(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(ScenarioError, match=r"cannot write '.*t\.csv': folder '.*' does not accept new files "
+                                            r"\(read-only file system\)"):
+        check_output_path(tmp_path / "t.csv", "--out")
+    with pytest.raises(ScenarioError, match=r"cannot write folder '.*sub': .*\(read-only file system\)"):
+        check_output_path(tmp_path / "sub", "--out", directory=True)
+    assert list(tmp_path.iterdir()) == []

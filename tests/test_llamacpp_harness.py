@@ -1116,3 +1116,25 @@ def test_fit_names_the_timed_invocations_of_a_run_it_fits_on():
     assert timed_invocations(REPO / "data" / "llamacpp" / "h200-20261201") == []
     got = timed_invocations(REPO / "data" / "llamacpp" / "h200-20261204-tg6")
     assert len(got) == 10 and all("-st-" in g for g in got)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_harness_writers_refuse_a_folder_that_takes_no_file_before_any_work(capsys):
+    """prepare, collect, routing_check, predict and gguf_writer: an --out in /proc (a folder that
+    exists and refuses new files) is one line naming the file, before the work, no traceback."""
+    from calibrate.llamacpp import __main__ as H
+    from calibrate.llamacpp import gguf_writer, predict, routing_check
+
+    calls = [
+        (H.main, ["prepare", "--out", "/proc/x.tgz"], "'/proc/x.tgz'"),
+        (H.main, ["collect", "--work", "/nonexistent-work", "--out", "/proc/x", "--wait", "0"], "folder '/proc/x'"),
+        (routing_check.main, ["/nonexistent-run", "--out", "/proc/x"], "'/proc/x_counted.csv'"),
+        (predict.main, ["/nonexistent-grid.toml", "--scenario", "s.toml", "--out", "/proc/p"], "folder '/proc/p'"),
+        (gguf_writer.main, ["--model", "qwen3-30b-a3b", "--tiny", "--out", "/proc/x.gguf"], "'/proc/x.gguf'"),
+    ]
+    for fn, argv, named in calls:
+        rc = fn(argv)
+        err = capsys.readouterr().err
+        assert rc == 2, argv
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert named in err and "does not accept new files" in err, err

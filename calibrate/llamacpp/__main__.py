@@ -42,8 +42,11 @@ DEFAULT_CACHE = Path.home() / ".cache" / "prefetch-sim" / "llamacpp"
 
 
 def _prepare(args) -> int:
+    from sim.atomic import check_output_path
+
     from .build import pack, prepare, tree_hash
 
+    check_output_path(args.out, "--out")  # before the sdist is fetched and cut
     with tempfile.TemporaryDirectory() as tmp:
         tree, label, patches = prepare(args.llama_cpp, tmp, args.cache)
         (tree / "prefetch-sim-source.json").write_text(json.dumps({"source": label, "patches": list(patches)}))
@@ -88,6 +91,9 @@ def _grid(args) -> int:
     if missing:
         raise PrefetchSimError(f"--models: {args.models} lacks {', '.join(missing)} (write them with "
                                "python -m calibrate.llamacpp.gguf_writer)")
+    from sim.atomic import check_output_path
+
+    check_output_path(args.out, "--out", directory=True)
     recs = run_grid(spec, args.bench, args.models, args.out, only=only, repetitions=args.repetitions)
     bad = [r for r in recs if r["rc"] != 0]
     print(f"{len(recs)} invocations, {sum(r['rows'] for r in recs if r['rc'] == 0)} rows, {len(bad)} failed")
@@ -108,7 +114,10 @@ def _check_src(src: str) -> None:
 def _lease(args) -> int:
     from .lease import run_lease
 
+    from sim.atomic import check_output_path
+
     _check_src(args.src)
+    check_output_path(args.work, "--work", directory=True)
     return run_lease(args.src, args.grid, args.work, deadline_s=args.deadline_s, repo=REPO, jobs=args.jobs,
                      command=" ".join(sys.argv))
 
@@ -116,7 +125,10 @@ def _lease(args) -> int:
 def _start(args) -> int:
     from .lease import preflight
 
+    from sim.atomic import check_output_path
+
     _check_src(args.src)
+    check_output_path(args.work, "--work", directory=True)
     preflight()  # no CMake, nvcc or GPU: said here, not in the background lease's log
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -133,8 +145,11 @@ def _start(args) -> int:
 
 
 def _collect(args) -> int:
+    from sim.atomic import check_output_path
+
     from .lease import collect
 
+    check_output_path(args.out, "--out", directory=True)
     return collect(args.work, args.out, wait_s=args.wait)
 
 
@@ -266,6 +281,11 @@ def _run(args) -> int:
     except BrokenPipeError:  # output piped into head: not an error
         sys.stderr = open(os.devnull, "w")
         return 0
+    except OSError as exc:  # a file that could not be written after all (a full disk): one line
+        if exc.filename is None:
+            raise
+        print(f"calibrate.llamacpp: error: cannot write '{exc.filename}': {exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

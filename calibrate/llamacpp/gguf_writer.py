@@ -843,8 +843,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.seed < 0:
             raise ScenarioError(f"--seed must be >= 0, got {args.seed}")
+        from sim.atomic import check_output_path
         from sim.cli.benchflags import model_path
 
+        check_output_path(args.out, "--out")  # before tens of GB are generated
         spec = load_model(model_path(args.model))
         if args.tiny:
             spec = tiny_variant(spec)

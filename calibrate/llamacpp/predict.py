@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="routing draws per row (default 3)")
     args = ap.parse_args(argv)
     try:
+        from sim.atomic import check_output_path
+
+        check_output_path(args.out, "--out", directory=True)  # before any prediction
         files = predict_grid(args.grid, args.scenario, args.out, repetitions=args.repetitions)
     except PrefetchSimError as exc:
         print(f"predict: error: {exc}", file=sys.stderr)

@@ -192,13 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write both tables as CSV (<out>_counted.csv, <out>_timed.csv)")
     args = ap.parse_args(argv)
     try:
+        if args.out:  # both files, before any work (a folder that refuses them, a name that is a folder)
+            from sim.atomic import check_output_path
+
+            for suffix in ("_counted.csv", "_timed.csv"):
+                check_output_path(f"{args.out}{suffix}", "--out")
         text, c, t = check(args.run_dir, args.hardware)
+        sys.stdout.write(text)
+        if args.out:
+            write_tables(args.out, c, t)
     except PrefetchSimError as exc:
         print(f"routing_check: error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(text)
-    if args.out:
-        write_tables(args.out, c, t)
+    except OSError as exc:
+        print(f"routing_check: error: cannot write '{exc.filename}': {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 
