@@ -174,3 +174,49 @@ def test_the_measured_numbers_are_found_from_any_folder(tmp_path, monkeypatch):
     there = (F.ew_rate(repo / "data/llamacpp/h200-20261201-kernels")[0],
              F.kv_cold_rate(repo / "data/llamacpp/h200-20261202-depth", hw)[0])
     assert here == there
+
+
+def test_fit_out_writes_a_profile_that_loads_from_its_own_folder(tmp_path, monkeypatch, capsys):
+    """fit --out: the written profile's gpu_kernels / cpu_kernels reach the source profile's
+    tables from the written file's folder, whatever quoting the source used ('...' was left as it
+    was, so the copy looked for the tables beside itself), and it loads from any working folder."""
+    import shutil
+
+    from calibrate.llamacpp import fit as F
+    from sim.model.specs import load_hardware
+
+    root = Path.cwd()
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    shutil.copytree("scenarios/hardware/h200-llamacpp", src_dir / "h200-llamacpp")
+    text = Path("scenarios/hardware/h200-llamacpp.toml").read_text()
+    quoted = text.replace('gpu_kernels = "h200-llamacpp/kernels-cuda.csv"', "gpu_kernels = 'h200-llamacpp/kernels-cuda.csv'")
+    assert quoted != text
+    (src_dir / "p.toml").write_text(quoted)
+    out = tmp_path / "elsewhere" / "deep" / "fitted.toml"
+    argv = ["--profile", str(src_dir / "p.toml"), "--run", str(root / "data/llamacpp/h200-20261203-tg"),
+            "--params", "split_us", "--iterations", "1", "--jobs", "1", "--out", str(out)]
+    assert F.main(argv) == 0, capsys.readouterr().err
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    got, ship = load_hardware(out), load_hardware(root / "scenarios/hardware/h200-llamacpp.toml")
+    assert got.ggml.gpu.equals(ship.ggml.gpu) and got.ggml.cpu.equals(ship.ggml.cpu)
+    lines = [ln for ln in out.read_text().splitlines() if "_kernels = " in ln]
+    assert lines == ['gpu_kernels = "../../src/h200-llamacpp/kernels-cuda.csv"',
+                     'cpu_kernels = "../../src/h200-llamacpp/kernels-cpu.csv"']
+
+
+def test_fit_refuses_a_based_profile_it_could_not_write_before_any_work(tmp_path, capsys):
+    """A profile built on another ([hardware] base, no [ggml] of its own): --out elsewhere would
+    not find the base, and its numbers have no [ggml] table to go in; both said before the fit."""
+    from calibrate.llamacpp import fit as F
+
+    base = ["--profile", "scenarios/hardware/h200x2-llamacpp.toml", "--run", "data/llamacpp/h200-20261203-tg",
+            "--params", "split_us", "--iterations", "1", "--jobs", "1"]
+    before = Path("scenarios/hardware/h200x2-llamacpp.toml").read_bytes()
+    assert F.main(base + ["--out", str(tmp_path / "x.toml")]) == 2
+    out, err = capsys.readouterr()
+    assert "based on h200-llamacpp.toml" in err and len(err.strip().splitlines()) == 1 and "fitting" not in out
+    assert F.main(base + ["--write"]) == 2
+    out, err = capsys.readouterr()
+    assert "no [ggml] table of its own" in err and "fitting" not in out
+    assert list(tmp_path.iterdir()) == [] and Path("scenarios/hardware/h200x2-llamacpp.toml").read_bytes() == before

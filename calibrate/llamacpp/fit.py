@@ -186,8 +186,8 @@ def with_cpu_table(text: str, table: str | Path, dst: str | Path) -> str:
     """
     if not Path(table).is_file():
         raise PrefetchSimError(f"--cpu-table {table}: no such file")
-    rel = Path(os.path.relpath(Path(table).resolve(), Path(dst).resolve().parent)).as_posix()
-    out, n = re.subn(r'(?m)^(cpu_kernels = )"[^"]*"', lambda m: f'{m.group(1)}"{rel}"', text)
+    rel = table_path_from(table, dst)
+    out, n = re.subn(r"""(?m)^(\s*cpu_kernels\s*=\s*)(?:"[^"\\]*"|'[^']*')""", lambda m: f'{m.group(1)}"{rel}"', text)
     if n != 1:
         raise PrefetchSimError("--cpu-table: the profile has no [ggml] cpu_kernels line to point at it")
     return out
@@ -413,18 +413,58 @@ def write_values(profile: str | Path, values: dict[str, tuple[float, str]], tabl
     write_atomic(profile, set_values(Path(profile).read_text(), values, table, str(profile)))
 
 
+def table_path_from(table: str | Path, dst: str | Path) -> str:
+    """``table`` as a profile written at ``dst`` names it: relative to ``dst``'s folder, or
+    absolute where no relative path reaches it (another drive)."""
+    target = Path(table).resolve()
+    try:
+        return Path(os.path.relpath(target, Path(dst).resolve().parent)).as_posix()
+    except ValueError:
+        return target.as_posix()
+
+
+#: a ``gpu_kernels`` / ``cpu_kernels`` line of a profile, its value in either TOML string quoting
+_TABLE_LINE = re.compile(r"""(?m)^(\s*(?:gpu|cpu)_kernels\s*=\s*)(?:"([^"\\]*)"|'([^']*)')""")
+
+
 def rebase_profile(text: str, src: str | Path, dst: str | Path) -> str:
     """A profile's text with its kernel-table paths (``gpu_kernels``, ``cpu_kernels``: relative to
-    the profile's folder) rewritten so the copy at ``dst`` reads the tables ``src`` reads."""
-    src_dir, dst_dir = Path(src).resolve().parent, Path(dst).resolve().parent
+    the profile's folder) rewritten so the copy at ``dst`` reads the tables ``src`` reads
+    (:func:`table_path_from`)."""
+    src_dir = Path(src).resolve().parent
 
     def fix(m: re.Match) -> str:
-        p = Path(m.group(2))
+        p = Path(m.group(2) if m.group(2) is not None else m.group(3))
         if p.is_absolute():
             return m.group(0)
-        return f'{m.group(1)}"{Path(os.path.relpath(src_dir / p, dst_dir)).as_posix()}"'
+        return f'{m.group(1)}"{table_path_from(src_dir / p, dst)}"'
 
-    return re.sub(r'(?m)^((?:gpu|cpu)_kernels = )"([^"]*)"', fix, text)
+    return _TABLE_LINE.sub(fix, text)
+
+
+def check_copyable(text: str, profile: str | Path, out: str | Path | None) -> None:
+    """Refuse, before any work, a profile whose filled copy could not be written or loaded: one
+    without its own ``[ggml]`` table (its numbers are written there), or, for ``--out`` in another
+    folder, one based on another profile (``[hardware] base``, a file name the copy's folder lacks).
+
+    Raises:
+        PrefetchSimError: naming ``--profile`` (or ``--out``) and the file.
+    """
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PrefetchSimError(f"--profile {profile}: not valid TOML ({exc})") from None
+    hw = data.get("hardware")
+    base = hw.get("base") if isinstance(hw, dict) else None
+    if out is not None and base and Path(out).resolve().parent != Path(profile).resolve().parent:
+        raise PrefetchSimError(f"--out {out}: --profile {profile} is based on {base} ([hardware] base, "
+                               "a profile next to it), which a copy in another folder would not find; write the "
+                               "copy beside the profile or fit the base profile")
+    if not isinstance(data.get("ggml"), dict) or "\n[ggml]\n" not in "\n" + text:
+        where = f" (it takes its [ggml] numbers from {base}; fit that profile)" if base else ""
+        raise PrefetchSimError(f"--profile {profile}: no [ggml] table of its own to write the numbers in{where}")
 
 
 def _main(argv: list[str] | None) -> int:
@@ -511,6 +551,8 @@ def _main(argv: list[str] | None) -> int:
         if args.cpu_table and not args.out:
             raise PrefetchSimError("--cpu-table writes a copy of the profile: give --out TOML")
         text = Path(args.profile).read_text()
+        if args.write or args.out:
+            check_copyable(text, args.profile, args.out)
         if args.out:
             text = rebase_profile(text, args.profile, args.out)
         if args.cpu_table:
