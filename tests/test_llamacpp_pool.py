@@ -152,3 +152,15 @@ def test_a_configuration_with_a_bar_in_its_flags_keeps_the_table_whole():
     table = [ln for ln in md.splitlines() if ln.startswith("| qwen3moe")]
     assert len(table) == 1 and "ffn_(gate\\|up\\|down)" in table[0]
     assert table[0].replace("\\|", "").count("|") == md.splitlines()[-2].count("|") == 9
+
+
+def test_configurations_apart_by_their_thread_count_say_minus_t_in_their_labels():
+    """Rows of different n_threads are different configurations (CONFIG_KEY); the label says
+    -t N as llama-bench's flag when N is not the default (given, else the most common)."""
+    a = _rows([60.0, 61.0, 40.0], [66.0, 66.0, 45.0], n_threads=[16, 16, 8])
+    got = P.pool([("m1", a)], default_threads=16)
+    assert list(got.config) == ["qwen3moe -ncmoe 24 tg", "qwen3moe -ncmoe 24 -t 8 tg"]
+    assert list(P.pool([("m1", a)]).config) == list(got.config)  # default: the most common, 16
+    assert list(P.pool([("m1", a)], default_threads=8).config) == ["qwen3moe -ncmoe 24 -t 16 tg",
+                                                                   "qwen3moe -ncmoe 24 tg"]
+    assert P.config_label(a.iloc[2]) == "qwen3moe -ncmoe 24 tg" and P.config_label(a.iloc[2], 16).endswith("-t 8 tg")

@@ -56,9 +56,12 @@ POOL_COLUMNS = ("config", "model", "kind", "regime", "split", "n_rows", "n_runs"
                 "predicted_ts_mean", "rel_error", "log_ratio_sd", "log_ratio_sem", "min_rel_error", "max_rel_error")
 
 
-def config_label(row: pd.Series) -> str:
-    """A configuration as llama-bench flags: ``qwen3moe -ncmoe 24 -d 8192 tg`` (only the flags that
-    differ from llama-bench's defaults, the batch sizes of a prompt test)."""
+def config_label(row: pd.Series, default_threads: int | None = None) -> str:
+    """A configuration as llama-bench flags: ``qwen3moe -ncmoe 24 -d 8192 -t 8 tg`` (only the flags
+    that differ from llama-bench's defaults, the batch sizes of a prompt test). ``-t N``: the row's
+    ``n_threads`` when it is not ``default_threads`` (llama-bench's default, the machine's math
+    cores; :func:`sim.cli.benchflags.default_threads` of the profile); with ``default_threads``
+    None, never."""
     parts = [str(row["model"]).split()[0]]
     ngl = row.get("ngl")
     if pd.notna(ngl) and int(ngl) < 99:
@@ -80,6 +83,9 @@ def config_label(row: pd.Series) -> str:
     var = row.get("variant")
     if isinstance(var, str) and var not in ("", "baseline"):
         parts.append(f"[{var}]")
+    nt = row.get("n_threads")
+    if default_threads is not None and pd.notna(nt) and int(nt) > 0 and int(nt) != int(default_threads):
+        parts.append(f"-t {int(nt)}")
     hf = row.get("host_flags")
     if isinstance(hf, str) and hf:
         parts.append(hf)
@@ -92,12 +98,16 @@ def config_label(row: pd.Series) -> str:
     return " ".join(parts)
 
 
-def pool(frames: Sequence[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+def pool(frames: Sequence[tuple[str, pd.DataFrame]], default_threads: int | None = None) -> pd.DataFrame:
     """Pool :func:`calibrate.llamacpp.compare.compare` results of several run folders.
 
     Args:
         frames: ``(run label, compare's frame)`` per folder; rows without a positive measured
             and predicted t/s are left out.
+        default_threads: ``-t``'s default (the profile's host CPUs): a configuration of another
+            ``n_threads`` says ``-t N`` in its label. None: the most common ``n_threads`` of the
+            pooled rows, so that configurations apart only by their thread count are labelled
+            apart.
 
     Returns:
         One row per configuration (:data:`POOL_COLUMNS`, in first-seen order): its label
@@ -122,6 +132,9 @@ def pool(frames: Sequence[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
         keyed[col] = keyed[col].astype(object)
         keyed.loc[tg, col] = ""
     keys = _config_keys(keyed, POOL_KEY)
+    if default_threads is None and "n_threads" in rows:
+        counts = pd.to_numeric(rows.n_threads, errors="coerce").dropna().astype(int).value_counts()
+        default_threads = int(counts.index[0]) if len(counts) else None
     out = []
     for _k, idx in rows.groupby(keys, sort=False).groups.items():
         g = rows.loc[idx]
@@ -130,7 +143,7 @@ def pool(frames: Sequence[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
         n = len(g)
         sd = float(lr.std(ddof=1)) if n > 1 else math.nan
         err = g.predicted_ts / g.measured_ts - 1
-        out.append(dict(config=config_label(first), model=first["model"], kind=first["kind"], regime=first["regime"],
+        out.append(dict(config=config_label(first, default_threads), model=first["model"], kind=first["kind"], regime=first["regime"],
                         split=first.get("split"), n_rows=n, n_runs=int(g.run.nunique()),
                         runs="+".join(dict.fromkeys(g.run.astype(str))),
                         measured_ts_mean=float(g.measured_ts.mean()), predicted_ts_mean=float(g.predicted_ts.mean()),
@@ -266,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             if labels[label] > 1:  # two folders of one name stay two runs
                 label = f"{label}#{labels[label]}"
             frames.append((label, df))
-        pooled = pool(frames)
+        from sim.model.specs import load_hardware
+
+        # -t's default: the machine the profile's CPU figures come from ([measured] host_cpus,
+        # sim.cli.benchflags.default_threads), else the pooled rows' most common thread count
+        host_cpus = (load_hardware(hardware_path(args.hardware)).measured or {}).get("host_cpus")
+        pooled = pool(frames, int(host_cpus) if str(host_cpus).isdigit() and int(host_cpus) > 0 else None)
         if pooled.empty:
             raise ScenarioError("no row with a measured and a predicted t/s in these run folders"
                                 + (f" (--kind {args.kind})" if args.kind != "all" else ""), field="RUN_DIR")
