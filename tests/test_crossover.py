@@ -423,3 +423,19 @@ def test_the_fa_axis_takes_llama_benchs_on_off_spelling():
     assert parse_axis("fa=on,off").values == parse_axis("fa=0,1").values
     with pytest.raises(ScenarioError, match="'maybe' is not on, off, 0 or 1"):
         parse_axis("fa=on,maybe")
+
+
+def test_a_gate_sweep_may_start_at_0_the_ungated_prefetch(tmp_path, capsys):
+    """gate=0 is the patch's -pwg 0 (ungated; prefetch_gated_0 in run): accepted as a gate axis
+    value, the gated variant there times as prefetch_ungated, and a gate above the ubatch as the
+    baseline (a MoE scenario with host experts, where the gate applies)."""
+    assert parse_axis("gate=0,512").values == (0, 512)
+    with pytest.raises(ScenarioError, match="cannot be negative"):
+        parse_axis("gate=-1,512")
+    rc = cli.main(["crossover", str(ROOT / "scenarios" / "default.toml"), "--axis", "gate=0,1024", "--variant",
+                   "prefetch_gated_512,prefetch_ungated", "--test", "pp512", "--out", str(tmp_path), "-q", "-j", "1"])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(next(tmp_path.glob("*.csv")))
+    tps = {(int(r.gate_min_batch), r.variant): r.tps_mean for r in df.itertuples()}
+    assert tps[(0, "prefetch_gated_512")] == tps[(0, "prefetch_ungated")] > tps[(0, "baseline")]
+    assert tps[(1024, "prefetch_gated_512")] == tps[(1024, "baseline")]

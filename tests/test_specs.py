@@ -535,3 +535,21 @@ def test_an_out_of_range_rate_is_reported_in_the_unit_of_its_key(tmp_path):
         load_hardware(p)
     assert info.value.field == "hardware.hbm_gb_per_s"
     assert "hbm_gb_per_s = 1e+09 GB/s is not physical: must be 1e-06 GB/s to 100000 GB/s" in str(info.value)
+
+
+def test_a_variant_table_may_set_gate_0_the_ungated_prefetch_as_its_label_does(tmp_path):
+    """[[variant]] gate_min_batch = 0 (the patch's -pwg 0: never gated) loads as prefetch_gated_0
+    does; -1 is refused naming the field."""
+    text = (Path("scenarios/tiny/tiny.toml").read_text()
+            + '\n[[variant]]\nname = "g0"\ngate_min_batch = 0\n')
+    p = tmp_path / "s.toml"
+    p.write_text(text.replace('model = "', 'model = "' + str(Path("scenarios/tiny").resolve()) + "/")
+                 .replace('hardware = "', 'hardware = "' + str(Path("scenarios/tiny").resolve()) + "/"))
+    g0 = next(v for v in load_scenario(p).variants if v.name == "g0")
+    from sim.model.specs import parse_variant
+
+    named = parse_variant("prefetch_gated_0")
+    assert (g0.prefetch_weights, g0.gate_min_batch) == (named.prefetch_weights, named.gate_min_batch) == (True, 0)
+    p.write_text(p.read_text().replace("gate_min_batch = 0", "gate_min_batch = -1"))
+    with pytest.raises(ScenarioError, match="gate_min_batch"):
+        load_scenario(p)

@@ -1212,7 +1212,7 @@ class Variant:
         prefetch_weights: ungated weight prefetch (``--prefetch-weights``): the next split's
             whole host weights are copied on a second stream during the current split.
         gate_min_batch: MoE-batch gate: in a graph with MoE ops, prefetch is off when the
-            ubatch has fewer tokens than this (None = ungated).
+            ubatch has fewer tokens than this (None, or 0 as the patch's ``-pwg 0``: ungated).
         expert_slots: staging slots of ``--prefetch-experts-slots N`` (0 = off). Fires when
             tokens * top-k >= 2 * n_expert (prefill only).
         expert_cache: GPU expert cache, ``"none"``, ``"lru"``, ``"lfu"``, or ``"fit"``: an LRU
@@ -1306,7 +1306,8 @@ def variant_from_fields(v: Fields) -> Variant:
         return replace(var, name=name)
     if not v.has("name"):
         raise v.error("spec", "a [[variant]] needs spec (e.g. spec = 'slots3') or a name with its fields")
-    gate = v.int("gate_min_batch", None, min=1, max=TOKENS_MAX) if v.has("gate_min_batch") else None
+    # 0: never gated (ungated prefetch, as prefetch_gated_0 and the patch's -pwg 0)
+    gate = v.int("gate_min_batch", None, min=0, max=TOKENS_MAX) if v.has("gate_min_batch") else None
     var = Variant(
         name=v.str("name"),
         prefetch_weights=v.bool("prefetch_weights", gate is not None),

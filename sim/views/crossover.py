@@ -12,7 +12,8 @@ Axes (:data:`AXES`):
 ubatch   ``-ub``: tokens per ubatch (``n_batch`` is raised to it when smaller)
 depth    ``-d``: tokens already in the KV cache
 prompt   ``-p``: prompt length of a pp test
-gate     MoE-batch gate threshold of the ``prefetch_gated_<N>`` variants (others unchanged)
+gate     MoE-batch gate threshold of the ``prefetch_gated_<N>`` variants (others unchanged); 0 is
+         ungated prefetch (llama-bench's ``-pwg 0``, ``prefetch_gated_0``)
 slots    staging slot count of the ``slots<N>`` variants (others unchanged)
 cache    GPU expert-cache capacity in experts (``placement.expert_cache_experts``) of the
          variants with a cache; 0 runs them without a cache (others unchanged)
@@ -96,7 +97,8 @@ AXES: dict[str, AxisSpec] = {a.name: a for a in (
     AxisSpec("ubatch", "n_ubatch", "ubatch (tokens)"),
     AxisSpec("depth", "n_depth", "KV depth (tokens)", min_value=0),
     AxisSpec("prompt", "n_prompt", "prompt length (tokens)"),
-    AxisSpec("gate", "gate_min_batch", "MoE batch gate threshold (tokens)"),
+    # 0 (and 1): never gated, the ungated prefetch (the patch's -pwg 0), the left end of a gate sweep
+    AxisSpec("gate", "gate_min_batch", "MoE batch gate threshold (tokens)", min_value=0),
     AxisSpec("slots", "expert_slots", "staging slots", log=False),
     AxisSpec("cache", "cache_experts_requested", "expert cache capacity (experts)", min_value=0, log=False),
     AxisSpec("pcie", "h2d_pinned_gb_per_s", "pinned H2D bandwidth (GB/s)", integer=False, min_value=0),
