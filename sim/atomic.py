@@ -78,6 +78,10 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
                             field=flag)
     if directory and p.exists() and not p.is_dir():
         raise ScenarioError(f"'{p}' exists and is not a folder", field=flag)
+    if not directory and p.exists() and not p.is_file():  # a device or FIFO (/dev/null) is written in place
+        if not os.access(p, os.W_OK):
+            raise ScenarioError(f"cannot write '{p}': not writable (permission denied)", field=flag)
+        return p
     folder = (p if directory else p.parent).absolute()
     existing = folder
     while not existing.exists():  # the folder will be created under its nearest ancestor

@@ -314,3 +314,22 @@ def test_a_read_only_folder_is_said_to_be_read_only(tmp_path, monkeypatch):
     with pytest.raises(ScenarioError, match=r"cannot write folder '.*sub': .*\(read-only file system\)"):
         check_output_path(tmp_path / "sub", "--out", directory=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_device_or_fifo_output_is_checked_itself_not_its_folder(tmp_path, monkeypatch):
+    """write_atomic writes a device or FIFO (/dev/null, /dev/stdout) in place, so check_output_path
+    asks whether that file is writable, not its folder (/dev is not writable for a user)."""
+    import os
+
+    from sim.atomic import check_output_path
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real_access(path, mode))
+    assert check_output_path(fifo, "--out") == fifo
+    with pytest.raises(ScenarioError, match="not writable"):
+        check_output_path(tmp_path / "new.csv", "--out")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(ScenarioError, match=r"cannot write '.*pipe': not writable"):
+        check_output_path(fifo, "--out")
