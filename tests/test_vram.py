@@ -238,3 +238,19 @@ def test_an_expert_cache_never_holds_more_experts_than_the_host_has():
     resident = replace(scn.placement, n_cpu_moe=0)
     assert host_experts(scn.model, resident) == 0
     assert account(scn, parse_variant("cache_lru"), resident)[0].cache_experts == 0
+
+
+def test_run_notes_a_kv_cache_sized_past_llama_benchs_context(capsys):
+    """run's VRAM figures size the KV cache to the scenario's ctx_size (16384 in the default
+    scenario); llama-bench sizes it to n_prompt + n_gen + n_depth: a note says so when they differ,
+    and only when the output shows VRAM."""
+    from sim.cli import main
+
+    base = ["run", "--variant", "baseline", "-r", "1", "-q", "-n", "0"]
+    assert main(base + ["-p", "512", "-o", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "placement.ctx_size, 16384 tokens" in err and "at most 512 here" in err
+    assert main(base + ["-p", "512"]) == 0  # md without --vram: no VRAM shown, no note
+    assert "placement.ctx_size" not in capsys.readouterr().err
+    assert main(base + ["-p", "512", "-d", "16000", "-o", "json"]) == 0  # 16512 > 16384: sized as llama-bench
+    assert "placement.ctx_size" not in capsys.readouterr().err

@@ -569,6 +569,25 @@ def no_kernel_tables_note(scn) -> str | None:
             "read the variants' ratios, not the absolute t/s")
 
 
+def kv_context_notes(scn, params) -> list[str]:
+    """A note when the VRAM figures (``peak_vram_bytes``, ``--vram``) size the KV cache to the
+    scenario's ``placement.ctx_size`` while llama-bench would size it smaller: llama-bench makes
+    each test's context ``n_prompt + n_gen + n_depth`` tokens (``cmd_params_instance::to_llama_cparams``),
+    the simulator the larger of that and ``ctx_size`` (a what-if of a server's context). ``params``:
+    the run's :class:`sim.cli.benchflags.BenchParams`."""
+    sizes = [p for p in params.n_prompt if p] + [g for g in params.n_gen if g] + [p + g for p, g in params.n_pg]
+    if not sizes:
+        return []
+    need = max(sizes) + max(params.n_depth or (0,))
+    ctx = scn.placement.ctx_size
+    if ctx <= need:
+        return []
+    where = f" ({scn.file})" if getattr(scn, "file", None) else ""
+    return [f"peak_vram_bytes: the KV cache is sized to the scenario's placement.ctx_size, {ctx} tokens{where}; "
+            f"llama-bench sizes it to each test's n_prompt + n_gen + n_depth (at most {need} here), which needs "
+            "less VRAM"]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.cli.benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
     from sim.views.report import format_rows
@@ -607,6 +626,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         _say_notes(notes)
         raise
+    if args.vram or args.output != "md":
+        notes.extend(kv_context_notes(scn, params))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)
