@@ -686,9 +686,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 _PLUGINS = (
     ("sim.cli.calibrate", "add_calibrate_parser"),
     ("sim.cli.validate", "add_validate_parser"),
-    ("sim.views.crossover", "add_crossover_parser"),
-    ("sim.plan.hazards", "add_check_parser"),
-    ("sim.views.reproduce", "add_reproduce_parser"),
+    ("sim.cli.crossover", "add_crossover_parser"),
+    ("sim.cli.check", "add_check_parser"),
+    ("sim.cli.reproduce", "add_reproduce_parser"),
     ("sim.cli.breakdown", "add_breakdown_parser"),
 )
 

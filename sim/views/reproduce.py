@@ -11,7 +11,6 @@ Rows the model cannot address from the scenario alone are listed with the reason
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,34 +234,3 @@ def to_frame(rows: list[Comparison]) -> pd.DataFrame:
     return pd.DataFrame([r.__dict__ for r in rows])
 
 
-def add_reproduce_parser(sub) -> None:
-    p = sub.add_parser("reproduce", help="simulate the published A/B figures (data/reported_measurements.csv)")
-    p.add_argument("-r", "--repetitions", type=int, default=2, help="routing draws per test (default 2)")
-    p.add_argument("--out", help="also write the comparison as CSV here (missing folders are created)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_reproduce)
-
-
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    from sim.atomic import check_output_path, write_atomic
-    from sim.errors import PrefetchSimError, ScenarioError
-
-    if args.repetitions < 1:
-        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="-r/--repetitions")
-    if args.out:
-        check_output_path(args.out)
-    if not REPORTED_CSV.is_file():
-        raise PrefetchSimError(f"{REPORTED_CSV} not found: `reproduce` needs the source checkout "
-                               "(pip install -e . from a clone)")
-
-    df = to_frame(compare(args.repetitions, quiet=getattr(args, "quiet", False)))
-    if args.out:
-        write_atomic(args.out, df.to_csv(index=False))
-    show = df[["case", "metric", "variant", "reported", "simulated", "unit", "rel_error", "sign_ok", "status"]].copy()
-    show["rel_error"] = show["rel_error"].map(lambda x: "" if x != x else f"{x:+.1%}")
-    show["simulated"] = show["simulated"].map(lambda x: "" if x != x else f"{x:.4g}")
-    print(show.to_string(index=False))
-    n = df.sign_ok.notna().sum()
-    print(f"\nsign of the difference to baseline agrees on {int(df.sign_ok.fillna(False).sum())} of {n} rows; "
-          f"within 10%: {int((df.status == 'ok').sum())} of {int((df.status != 'not modelled').sum())} modelled rows")
-    return 0
