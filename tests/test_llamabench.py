@@ -458,3 +458,58 @@ def test_tensor_split_as_llamabench_prints_it(ts, shares):
     m = _cut("qwen3-30b-a3b", 4)
     pl, _ = row_placement(row_terms(json.loads(LINES[0]) | {"tensor_split": ts}), m, n_gpu=2)
     assert pl.tensor_split == shares
+
+
+H200_BENCH = ROOT / "data" / "llamacpp" / "h200-20261201" / "llama-bench.jsonl"
+
+
+@pytest.mark.parametrize("old, new, field, words", [
+    # the fresh-user test's edit: avg_ts x10, its samples untouched (was scored as a -90 % error)
+    ('"avg_ts": 320.638570', '"avg_ts": 3206.38570', "avg_ts, line 1", "not the mean of samples_ts (320.638570"),
+    ('"avg_ts": 320.638570', '"avg_ts": 320.638572', "avg_ts, line 1", "not the mean"),  # past %f rounding
+    ('"samples_ts": [ 303.044, 323.969, 325.063, 325.849, 325.268 ]', '"samples_ts": [ 1.0, 2.0 ]',
+     "samples_ts, line 1", "2 samples_ts for 5 samples_ns"),
+    ('323.969', '323.970', "samples_ts, line 1", "sample 2 is 323.97 t/s but (n_prompt + n_gen) * 1e9 / samples_ns"),
+    ('"avg_ns": 199759200', '"avg_ns": 199759201', "avg_ns, line 1", "integer mean of samples_ns (199759200"),
+    ('"n_prompt": 64', '"n_prompt": 65', "samples_ts, line 1", "65 * 1e9 / 211190140"),
+])
+def test_samples_and_averages_must_agree(tmp_path, old, new, field, words):
+    lines = _bad(H200_BENCH.read_text().splitlines(), 0, old, new)
+    p = write(tmp_path, "\n".join(lines) + "\n")
+    with pytest.raises(ScenarioError) as ei:
+        read_llama_bench(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(p) in msg and f"'{field}'" in msg and words in msg, msg
+
+
+def test_samples_check_allows_print_rounding_only(tmp_path):
+    rec = json.loads(H200_BENCH.read_text().splitlines()[0])
+    ns = rec["samples_ns"]
+    exact = [1e9 * 64 / t for t in ns]
+    # llama-bench's own digits: %g samples, %f avg_ts, floor-mean avg_ns
+    rec.update(samples_ts=[float(f"{x:g}") for x in exact], avg_ts=float(f"{sum(exact) / 5:f}"), avg_ns=sum(ns) // 5)
+    assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == rec["avg_ts"]
+    # half a last %g digit is the allowance: one full digit off is refused
+    rec["samples_ts"] = [float(f"{exact[0]:g}") + 1e-3] + rec["samples_ts"][1:]
+    with pytest.raises(ScenarioError, match="sample 1 is"):
+        read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
+    # rows without the arrays (csv-like sources) are not checked; samples_ts alone: its mean
+    rec = {k: v for k, v in json.loads(H200_BENCH.read_text().splitlines()[0]).items() if not k.startswith("samples")}
+    rec["avg_ts"] = 1234.5
+    assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == 1234.5
+    rec["samples_ts"] = [1000.0, 2000.0]
+    with pytest.raises(ScenarioError, match="not the mean of samples_ts .1500.000000"):
+        read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
+    rec["avg_ts"] = 1500.0
+    assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == 1500.0
+
+
+#: every committed llama-bench -o jsonl file (measured runs and the h200x2-predicted ones)
+COMMITTED_BENCH = [p for p in sorted(ROOT.glob("data/llamacpp/*/*.jsonl"))
+                   if p.read_text().startswith('{"build_commit"')]
+
+
+@pytest.mark.parametrize("path", COMMITTED_BENCH, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_bench_rows_agree_with_their_samples(path):
+    assert len(COMMITTED_BENCH) >= 30
+    assert len(read_llama_bench(path))  # refuses a row whose samples and averages disagree

@@ -33,6 +33,15 @@ HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
 TINY_INV = {"model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf"}
 
 
+def ts_of(ts: float) -> float:
+    """The avg_ts :func:`row` writes for ``ts``: derived from whole-nanosecond samples, as llama-bench does."""
+    return 64e9 / round(64e9 / ts)
+
+
+#: the measured gain of ``row(pw=1, pwg=0, ts=60000.0)`` over ``row()`` (ts 50000): 20 % to 2e-6 pts
+GAIN = 100 * (ts_of(60000.0) / ts_of(50000.0) - 1)
+
+
 def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, ts: float = 50000.0,
         sd: float = 500.0, **over) -> dict:
     """The tiny row with the patch's fields and t/s: all three left out (as upstream prints it)
@@ -42,8 +51,8 @@ def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, t
     if (pw, pwg, pes) != (None, None, None):
         r.update(prefetch_weights=0 if pw is None else pw, prefetch_gate=512 if pwg is None else pwg,
                  prefetch_expert_slots=0 if pes is None else pes)
-    r.update(avg_ts=ts, stddev_ts=sd, avg_ns=int(64e9 / ts), samples_ns=[int(64e9 / ts)] * 5,
-             samples_ts=[ts] * 5)
+    ns = round(64e9 / ts)  # five equal samples; t/s and the averages derived as llama-bench does
+    r.update(avg_ts=ts_of(ts), stddev_ts=sd, avg_ns=ns, samples_ns=[ns] * 5, samples_ts=[float(f"{64e9 / ns:g}")] * 5)
     r.update(over)
     return r
 
@@ -182,7 +191,7 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     assert list(df.prefetch_flags) == ["-pw 1 -pwg 0 -pes 0", "-pw 0 -pwg 512 -pes 2", "-pw 1 -pwg 0 -pes 2",
                               "-pw 1 -pwg 0 -pes 0"]
     r = df.iloc[0]
-    assert r.measured_gain_pct == pytest.approx(20.0)
+    assert r.measured_gain_pct == pytest.approx(GAIN) and GAIN == pytest.approx(20.0, abs=1e-4)
     # standard error of 5 samples: 100 * 1.2 * sqrt((600/sqrt5/60000)^2 + (500/sqrt5/50000)^2)
     assert r.measured_gain_sigma_pts == pytest.approx(120 * math.hypot(0.01, 0.01) / math.sqrt(5))
     assert r.measured_effect == "gain"
@@ -191,14 +200,14 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     assert r.predicted_baseline_ts == full.loc[1, "predicted_ts"]
     assert full.loc[2, "variant"] == "prefetch_ungated" and full.loc[1, "variant"] == "baseline"
     assert r.predicted_gain_pct == pytest.approx(100 * (full.loc[2, "predicted_ts"] / full.loc[1, "predicted_ts"] - 1))
-    assert r.gain_error_pts == pytest.approx(r.predicted_gain_pct - 20.0)
-    assert r.prefetch_ts_error_pct == pytest.approx(100 * (full.loc[2, "predicted_ts"] / 60000.0 - 1))
-    assert bool(r.sign_agree) == AB.sign_agrees(20.0, r.measured_gain_sigma_pts, r.predicted_gain_pct)
+    assert r.gain_error_pts == pytest.approx(r.predicted_gain_pct - GAIN)
+    assert r.prefetch_ts_error_pct == pytest.approx(100 * (full.loc[2, "predicted_ts"] / ts_of(60000.0) - 1))
+    assert bool(r.sign_agree) == AB.sign_agrees(GAIN, r.measured_gain_sigma_pts, r.predicted_gain_pct)
     # slots2: +0.2 % measured, inside the band
     assert df.iloc[1].measured_effect == "none"
     # -pw 1 -pes 2: measured, not simulated (and noted)
     n = df.iloc[2]
-    assert n.measured_gain_pct == pytest.approx(22.0) and math.isnan(n.predicted_gain_pct) and pd.isna(n.sign_agree)
+    assert n.measured_gain_pct == pytest.approx(100 * (ts_of(61000.0) / ts_of(50000.0) - 1)) and math.isnan(n.predicted_gain_pct) and pd.isna(n.sign_agree)
     assert "not simulated" in n.note and "which the simulator does not model" in n.note
     # no baseline at -ub 32
     u = df.iloc[3]
@@ -288,7 +297,7 @@ def test_cli_writes_csv_summary_and_figure(tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0 and "| all | 1 | 1 |" in cap.out and "1 of 1 output-identity checks FAILED" in cap.err
     df = pd.read_csv(out)
-    assert list(df.columns) == list(AB.COLUMNS) and len(df) == 1 and df.measured_gain_pct[0] == pytest.approx(20.0)
+    assert list(df.columns) == list(AB.COLUMNS) and len(df) == 1 and df.measured_gain_pct[0] == pytest.approx(GAIN)
     assert md.read_text() == cap.out and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -295,7 +295,55 @@ def _check_row(rec: dict, err) -> dict:
     for k in ("samples_ns", "samples_ts"):
         if k in out and any(x <= 0 for x in out[k]):
             raise err(k, "every sample must be > 0")
+    _check_samples(out, err)
     return out
+
+
+def _half_digit_g(x: float) -> float:
+    """Half a unit in the last digit of ``x`` printed as ``%g`` (6 significant digits: an
+    ``std::ostringstream``'s default, how llama-bench's ``join`` prints ``samples_ts``)."""
+    return 0.5 * 10.0 ** (math.floor(math.log10(abs(x))) - 5) if x else 0.0
+
+
+#: half a unit in the last digit of ``%f`` (``std::to_string``, how llama-bench prints ``avg_ts``)
+_HALF_DIGIT_F = 0.5e-6
+
+
+def _close(printed: float, exact: float, half_digit: float) -> bool:
+    # print rounding only, plus a hair for the double arithmetic's own last bits
+    return abs(printed - exact) <= half_digit * (1 + 1e-6) + 1e-12 * abs(exact)
+
+
+def _check_samples(out: dict, err) -> None:
+    """Refuse a row whose samples and averages contradict each other, as llama-bench derives
+    them (``test::get_ts``, ``avg``): ``samples_ts[i] = 1e9 * (n_prompt + n_gen) / samples_ns[i]``
+    (printed ``%g``), ``avg_ns`` the integer mean of ``samples_ns``, ``avg_ts`` the mean of the
+    unprinted ``samples_ts`` (``%f``). Only the rounding of the printed digits is allowed. A row
+    without the arrays (what llama-bench's csv/md printers write) is not checked."""
+    ns, ts = out.get("samples_ns"), out.get("samples_ts")
+    n_tokens = out["n_prompt"] + out["n_gen"]
+    if ns is not None and ts is not None and len(ns) != len(ts):
+        raise err("samples_ts", f"{len(ts)} samples_ts for {len(ns)} samples_ns: llama-bench writes one t/s per "
+                                "timed run")
+    exact_ts = [1e9 * n_tokens / t for t in ns] if ns else None
+    if exact_ts is not None and ts is not None:
+        for j, (p, x) in enumerate(zip(ts, exact_ts), 1):
+            if not _close(p, x, _half_digit_g(x)):
+                raise err("samples_ts", f"sample {j} is {p:g} t/s but (n_prompt + n_gen) * 1e9 / samples_ns = "
+                                        f"{n_tokens} * 1e9 / {ns[j - 1]} = {x:g} t/s (llama-bench derives it so)")
+    if ns and "avg_ns" in out:
+        mean_ns = sum(ns) // len(ns)
+        if out["avg_ns"] != mean_ns:
+            raise err("avg_ns", f"{out['avg_ns']} is not the integer mean of samples_ns ({mean_ns}, llama-bench's avg)")
+    if exact_ts:
+        mean_ts, slack = sum(exact_ts) / len(exact_ts), _HALF_DIGIT_F
+    elif ts:  # samples_ts without samples_ns: the printed samples' own rounding adds up
+        mean_ts = sum(ts) / len(ts)
+        slack = _HALF_DIGIT_F + sum(_half_digit_g(x) for x in ts) / len(ts)
+    else:
+        return
+    if not _close(out["avg_ts"], mean_ts, slack):
+        raise err("avg_ts", f"{out['avg_ts']:f} is not the mean of samples_ts ({mean_ts:f}, llama-bench's avg)")
 
 
 def read_llama_bench(path: str | Path):
@@ -307,7 +355,9 @@ def read_llama_bench(path: str | Path):
     :data:`REQUIRED_FIELDS`; ``avg_ts`` finite and > 0; ``avg_ts``, ``stddev_ts`` and each of
     ``samples_ts`` below :data:`TS_MAX` (1e9 t/s); ``n_prompt + n_gen > 0``. The patch's
     fields (:data:`PATCH_FIELDS`) are optional, as every other one: ``prefetch_weights`` 0 or 1,
-    ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present.
+    ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present. Where a row carries
+    ``samples_ns``/``samples_ts`` they must agree with each other and with ``avg_ns``/``avg_ts``
+    as llama-bench derives them, to the printed digits' rounding (:func:`_check_samples`).
 
     Args:
         path: the file. Its format is told by its first character (``[``: json, ``{``: jsonl).
@@ -324,7 +374,7 @@ def read_llama_bench(path: str | Path):
         ScenarioError: (one line, ``file`` = the path, ``field`` = ``<field>, line N`` for jsonl or
             ``<field>, row N`` for json) an unreadable or empty file, a malformed line, a row
             that is not an object, a missing required field, a wrongly typed or non-finite
-            value.
+            value, samples or averages that contradict each other.
     """
     import pandas as pd
 
