@@ -31,8 +31,8 @@ gguf = pytest.importorskip("gguf")
 from calibrate.llamacpp import gguf_writer as gw  # noqa: E402
 from sim.plan.builder import build_plan  # noqa: E402
 from sim.errors import ScenarioError  # noqa: E402
-from sim.model.gguf import (GGML_TYPE_ID, ftype_name, load_gguf_model, model_label, read_gguf_index,  # noqa: E402
-                      size_class, tensor_group)
+from sim.model.gguf import (GGML_TYPE_ID, MODELLED_ARCHS, ftype_name, load_gguf_model, model_label,  # noqa: E402
+                            read_gguf_index, size_class, tensor_group)
 from sim.engines.metrics import run_scenario  # noqa: E402
 from sim.plan import OpKind  # noqa: E402
 from sim.model.quant import GGML_BLOCK  # noqa: E402
@@ -84,8 +84,10 @@ def _write(path: Path, arch: str, kv, tensors, *, alignment: int | None = None) 
 
 
 def _llama(path: Path, *, n_layer: int = 2, d: int = 256, n_head: int = 8, n_kv: int = 2, ff: int = 512,
-           vocab: int = 512, types=None, tied: bool = False, extra_kv=(), drop=(), file_type: int | None = 7):
-    """A small dense llama-arch model; ``types(name) -> ggml type`` (default Q8_0 matrices)."""
+           vocab: int = 512, types=None, tied: bool = False, extra_kv=(), drop=(), file_type: int | None = 7,
+           arch: str = "llama"):
+    """A small dense llama-shaped model (``arch``: its general.architecture and key prefix);
+    ``types(name) -> ggml type`` (default Q8_0 matrices)."""
     hd = d // n_head
     ty = types or (lambda name: "Q8_0")
     kv = [(V.UINT32, "llama.block_count", n_layer), (V.UINT32, "llama.embedding_length", d),
@@ -108,7 +110,8 @@ def _llama(path: Path, *, n_layer: int = 2, d: int = 256, n_head: int = 8, n_kv:
     if not tied:
         ts.append(("output.weight", (d, vocab), ty("output.weight")))
     ts = [x for x in ts if x[0] not in drop]
-    return _write(path, "llama", kv, ts)
+    kv = [(vt, arch + key[len("llama"):] if key.startswith("llama.") else key, val) for vt, key, val in kv]
+    return _write(path, arch, kv, ts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -314,6 +317,12 @@ def test_missing_or_inconsistent_architecture_keys_name_the_key(tmp_path):
     raw = p.read_bytes().replace(b"general.architecture", b"general.architectur_")
     (tmp_path / "noarch2.gguf").write_bytes(raw)
     _one_line_error(tmp_path / "noarch2.gguf", "general.architecture", load_gguf_model)
+    # an arch the simulator does not model: refused, not simulated as llama (a llama-shaped file)
+    e = _one_line_error(_llama(tmp_path / "mamba.gguf", arch="mamba"), "general.architecture 'mamba' is not modelled",
+                        load_gguf_model)
+    assert e.field == "general.architecture" and "supported: gemma3, gpt-oss, laguna, llama, qwen3moe" in str(e)
+    for arch in MODELLED_ARCHS:  # the same llama-shaped file under each modelled arch loads
+        assert load_gguf_model(_llama(tmp_path / f"{arch}.gguf", arch=arch)).arch == arch
     _one_line_error(_llama(tmp_path / "nb.gguf", drop=("llama.block_count",)), "llama.block_count", load_gguf_model)
     e = _one_line_error(_llama(tmp_path / "hd.gguf", extra_kv=[(V.UINT32, "llama.attention.key_length", 16)]),
                         "attn_q.weight has shape", load_gguf_model)

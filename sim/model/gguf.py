@@ -477,6 +477,13 @@ _SIZE_BY_LAYERS: Mapping[str, Mapping[int, str]] = {
 }
 
 
+#: the ``general.architecture`` values :func:`load_gguf_model` takes: the llama-shaped archs the
+#: simulator models (attention q/k/v/o and a gated dense or MoE FFN per block; the per-arch
+#: tensor layouts of ``sim.model.specs._layout``, the SWA defaults and the size classes above).
+#: Another arch (mamba, a fused-qkv arch, ...) would be simulated as something it is not.
+MODELLED_ARCHS: tuple[str, ...] = ("gemma3", "gpt-oss", "laguna", "llama", "qwen3moe")
+
+
 def size_class(arch: str, n_layer: int, *, n_expert: int = 0, n_vocab: int = 0, n_head: int = 0,
                n_head_kv: int = 0) -> str:
     """llama.cpp's size class of a model (``llm_type_name(model.type)``): what
@@ -616,7 +623,8 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
 
     Raises:
         ScenarioError: naming the file (and the key) for a file :func:`read_gguf_index` rejects,
-            a missing or invalid architecture key, a geometry the tensors contradict, or a
+            a missing or invalid architecture key, an architecture not in
+            :data:`MODELLED_ARCHS`, a geometry the tensors contradict, or a
             tensor layout the plan builder cannot use (fused ``attn_qkv``, no gated FFN, MoE
             layers that are not the last ``n_layer - n_layer_dense_lead`` blocks).
     """
@@ -627,6 +635,10 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     arch = idx.kv.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ScenarioError("missing or empty general.architecture (not a llama.cpp model file?)", file=p,
+                            field="general.architecture")
+    if arch not in MODELLED_ARCHS:
+        raise ScenarioError(f"general.architecture '{arch}' is not modelled by the simulator (its graph is built as "
+                            f"llama-shaped blocks; supported: {', '.join(MODELLED_ARCHS)})", file=p,
                             field="general.architecture")
     meta = _Meta(idx, arch)
     n_layer = meta.uint("block_count", min_value=1)
