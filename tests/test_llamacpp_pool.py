@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -109,6 +110,15 @@ def test_pool_refuses_bad_inputs_in_one_line(tmp_path, capsys):
         assert P.main(argv + ["-q"]) == 2
         err = capsys.readouterr().err
         assert words in err and err.startswith("pool: error:") and len(err.strip().splitlines()) == 1, err
+    # one folder under other spellings (relative with ./ and a trailing /, absolute with .., a link):
+    # the same run, refused before any work, naming the second spelling
+    link = tmp_path / "link"
+    link.symlink_to(run, target_is_directory=True)
+    rel = "./" + os.path.relpath(run) + "/"
+    for other in (rel, f"{run}/../{run.name}", str(link)):
+        assert P.main([str(run), other, "-q"]) == 2
+        err = capsys.readouterr().err
+        assert f"'{other}' is given twice (also as '{run}')" in err and len(err.strip().splitlines()) == 1, err
     shutil.copytree(run, twin)
     (twin / "llama-bench.jsonl").write_text("")
     assert P.main([str(twin), "-q", "--kind", "pp"]) == 2
