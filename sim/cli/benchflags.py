@@ -897,13 +897,15 @@ def _norm_names(model) -> list[str]:
 
 
 def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
-    """An ``-ot`` rule must compile (as llama.cpp's ECMAScript regex, in Python's ``re``) and match
-    a tensor of the model (llama.cpp's ``regex_search`` on GGUF names); one that matches only norm
-    tensors (which the simulator leaves out) is noted instead.
+    """An ``-ot`` rule must compile (as llama.cpp's ECMAScript regex, in Python's ``re``). One that
+    matches no tensor of the model (llama.cpp's ``regex_search`` on GGUF names) is noted with the
+    nearest tensor names and has no effect, as in llama.cpp, whose loader tries each rule on each
+    tensor and silently skips a rule that matches none (``llama_model_loader::create_tensor``,
+    ``tensor_buft_overrides``); one that matches only norm tensors (which the simulator leaves
+    out) is noted too.
 
     Raises:
-        ScenarioError: the pattern does not compile, or matches no tensor (naming the rule and
-            the nearest tensor names).
+        ScenarioError: the pattern does not compile.
     """
     from sim.views.llamabench import python_regex
 
@@ -919,8 +921,8 @@ def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
         return
     plain = re.sub(r"\\(.)", r"\1", pattern)
     near = difflib.get_close_matches(plain, names, n=3, cutoff=0.0)
-    raise ScenarioError(f"rule '{pattern}={buf}' matches no tensor of model '{model.name}' (nearest: "
-                        f"{', '.join(near)})", field="-ot")
+    notes.add(f"-ot rule '{pattern}={buf}' matches no tensor of model '{model.name}' (nearest: "
+              f"{', '.join(near)}); llama.cpp ignores such a rule, and so does the simulation")
 
 
 # --------------------------------------------------------------------------------------
@@ -1042,8 +1044,9 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     of ``placement.fit_target_mib``. ``-sm none``: every layer on ``-mg``.
 
     Raises:
-        ScenarioError: an ``-ot`` rule with an unknown buffer, a pattern that does not compile
-            or matches no tensor; ``-mg`` beyond the profile's GPUs.
+        ScenarioError: an ``-ot`` rule with an unknown buffer or a pattern that does not
+            compile (one that matches no tensor is noted: :func:`check_rule`); ``-mg`` beyond
+            the profile's GPUs.
     """
     from sim.views.llamabench import model_with_kv, row_placement, row_terms
     from sim.model.specs import Workload
