@@ -7,6 +7,7 @@ from dataclasses import replace
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,7 @@ from sim.views.llamabench import (BOOL, CSV_FIELDS, FIELDS, FLOAT, INT, JSON_FIE
                             host_memory_pinned, kv_bytes_per_elem, n_cpu_moe_rules, parse_overrides,
                             prefetch_settings, prefetch_variant, python_regex, read_llama_bench, row_placement,
                             row_terms, row_variant, row_workload, sim_ngl, sim_overrides, sim_regex,
-                            variant_fields)
+                            stdev_ns, stdev_ts, variant_fields)
 from sim.model.specs import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -472,6 +473,9 @@ H200_BENCH = ROOT / "data" / "llamacpp" / "h200-20261201" / "llama-bench.jsonl"
     ('323.969', '323.970', "samples_ts, line 1", "sample 2 is 323.97 t/s but (n_prompt + n_gen) * 1e9 / samples_ns"),
     ('"avg_ns": 199759200', '"avg_ns": 199759201', "avg_ns, line 1", "integer mean of samples_ns (199759200"),
     ('"n_prompt": 64', '"n_prompt": 65', "samples_ts, line 1", "65 * 1e9 / 211190140"),
+    ('"stddev_ns": 6403429', '"stddev_ns": 6403430', "stddev_ns, line 1", "standard deviation of samples_ns (6403429"),
+    ('"stddev_ts": 9.858958', '"stddev_ts": 9.858960', "stddev_ts, line 1", "standard deviation of samples_ts (9.858958"),
+    ('"stddev_ts": 9.858958', '"stddev_ts": 0.000000', "stddev_ts, line 1", "standard deviation of samples_ts"),
 ])
 def test_samples_and_averages_must_agree(tmp_path, old, new, field, words):
     lines = _bad(H200_BENCH.read_text().splitlines(), 0, old, new)
@@ -502,6 +506,33 @@ def test_samples_check_allows_print_rounding_only(tmp_path):
         read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
     rec["avg_ts"] = 1500.0
     assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == 1500.0
+
+
+def test_stdev_is_llama_benchs_one_pass_formula_with_its_uint64_wrap(tmp_path):
+    """llama-bench's ``stdev`` (``sqrt(sq_sum/(n-1) - mean^2 n/(n-1))``, integer ns in uint64): a
+    row whose samples reach ~1.9 s squares past 2**64 and may print a wrapped value, which the reader
+    takes, as it takes the exact one our own rows print; t/s to the print rounding."""
+    ns = [1_820_000_000, 1_920_000_000, 2_020_000_000, 1_970_000_000, 1_870_000_000]
+    exact = stdev_ns(ns, wrap=False)
+    assert exact == int(math.sqrt(sum(x * x for x in ns) // 4 - (sum(ns) // 5) ** 2 * 5 // 4))
+    assert 79_000_000 < exact < 80_000_000  # sample sd of the five: 79.06 ms
+    wrapped = stdev_ns(ns)
+    # the sum of squares (1.84e19) passes 2**64 where mean^2 * n does not: llama-bench prints 3.7 s
+    u = 2 ** 64
+    sq, mean = sum(x * x for x in ns) % u, sum(ns) // 5
+    assert sq < sum(x * x for x in ns) and mean * mean * 5 < u
+    assert wrapped == int(math.sqrt((sq // 4 - mean * mean * 5 // 4) % u)) and wrapped > 10 ** 9
+    assert stdev_ns([5]) == stdev_ns([]) == 0 and stdev_ns([7, 7, 7]) == 0
+    ts = [1e9 * 64 / x for x in ns]
+    sd, slack = stdev_ts(ts)
+    assert sd == pytest.approx(statistics.stdev(ts), rel=1e-9) and 0 < slack < 1e-6
+    assert stdev_ts([2.5, 2.5, 2.5]) == (0.0, stdev_ts([2.5, 2.5, 2.5])[1])
+    rec = json.loads(H200_BENCH.read_text().splitlines()[0])
+    rec.update(n_prompt=64, n_gen=0, samples_ns=ns, samples_ts=[float(f"{x:g}") for x in ts],
+               avg_ns=sum(ns) // 5, avg_ts=sum(ts) / 5, stddev_ts=float(f"{sd:f}"))
+    for value in (wrapped, exact):  # llama-bench's and ours
+        rec["stddev_ns"] = value
+        assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).stddev_ns.iloc[0] == value
 
 
 #: every committed llama-bench -o jsonl file (measured runs and the h200x2-predicted ones)

@@ -23,6 +23,7 @@ from calibrate.llamacpp import ab as AB
 from calibrate.llamacpp import compare as cmp
 from sim.errors import ScenarioError
 from sim.views.llamabench import read_llama_bench
+from sim.views.report import sample_stats
 from sim.model.specs import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,9 +34,17 @@ HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
 TINY_INV = {"model_toml": "scenarios/tiny/tiny-moe.toml", "gguf": "tiny-moe.gguf"}
 
 
-def ts_of(ts: float) -> float:
-    """The avg_ts :func:`row` writes for ``ts``: derived from whole-nanosecond samples, as llama-bench does."""
-    return 64e9 / round(64e9 / ts)
+def samples_of(ts: float, sd: float | None = None) -> list[int]:
+    """Five whole-nanosecond samples of a 64-token test whose t/s are ``ts + c * (-2, -1, 0, 1, 2)``,
+    ``c`` giving a standard deviation of ``sd`` (default 1 % of ``ts``)."""
+    c = (ts / 100 if sd is None else sd) / math.sqrt(2.5)
+    return [round(64e9 / (ts + c * k)) for k in (-2, -1, 0, 1, 2)]
+
+
+def ts_of(ts: float, sd: float | None = None) -> float:
+    """The avg_ts :func:`row` writes for ``ts`` and ``sd``: derived from its whole-nanosecond samples
+    as llama-bench does."""
+    return sample_stats(samples_of(ts, sd), 64)[2]
 
 
 #: the measured gain of ``row(pw=1, pwg=0, ts=60000.0)`` over ``row()`` (ts 50000): 20 % to 2e-6 pts
@@ -43,7 +52,7 @@ GAIN = 100 * (ts_of(60000.0) / ts_of(50000.0) - 1)
 
 
 def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, ts: float = 50000.0,
-        sd: float = 500.0, **over) -> dict:
+        sd: float | None = None, **over) -> dict:
     """The tiny row with the patch's fields and t/s: all three left out (as upstream prints it)
     when none is given, else the given ones and the patch's defaults for the others (as the
     patched llama-bench prints every one)."""
@@ -51,8 +60,10 @@ def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, t
     if (pw, pwg, pes) != (None, None, None):
         r.update(prefetch_weights=0 if pw is None else pw, prefetch_gate=512 if pwg is None else pwg,
                  prefetch_expert_slots=0 if pes is None else pes)
-    ns = round(64e9 / ts)  # five equal samples; t/s and the averages derived as llama-bench does
-    r.update(avg_ts=ts_of(ts), stddev_ts=sd, avg_ns=ns, samples_ns=[ns] * 5, samples_ts=[float(f"{64e9 / ns:g}")] * 5)
+    ns = samples_of(ts, sd)  # t/s and the averages derived from whole-ns samples as llama-bench does
+    avg_ns, sd_ns, avg_ts, sd_ts, exact = sample_stats(ns, 64)
+    r.update(avg_ns=avg_ns, stddev_ns=sd_ns, avg_ts=avg_ts, stddev_ts=sd_ts, samples_ns=ns,
+             samples_ts=[float(f"{x:g}") for x in exact])
     r.update(over)
     return r
 
@@ -192,8 +203,11 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
                               "-pw 1 -pwg 0 -pes 0"]
     r = df.iloc[0]
     assert r.measured_gain_pct == pytest.approx(GAIN) and GAIN == pytest.approx(20.0, abs=1e-4)
-    # standard error of 5 samples: 100 * 1.2 * sqrt((600/sqrt5/60000)^2 + (500/sqrt5/50000)^2)
-    assert r.measured_gain_sigma_pts == pytest.approx(120 * math.hypot(0.01, 0.01) / math.sqrt(5))
+    # standard error of 5 samples: 100 * on/off * sqrt((sd_on/sqrt5/on)^2 + (sd_off/sqrt5/off)^2), ~ 0.76 pts
+    on, off = row(pw=1, pwg=0, ts=60000.0, sd=600.0), row(ts=50000.0, sd=500.0)
+    assert r.measured_gain_sigma_pts == pytest.approx(100 * on["avg_ts"] / off["avg_ts"] * math.hypot(
+        on["stddev_ts"] / on["avg_ts"], off["stddev_ts"] / off["avg_ts"]) / math.sqrt(5))
+    assert r.measured_gain_sigma_pts == pytest.approx(120 * math.hypot(0.01, 0.01) / math.sqrt(5), rel=1e-3)
     assert r.measured_effect == "gain"
     # the predictions are compare's, each row with its own variant
     assert r.predicted_prefetch_ts == full.loc[2, "predicted_ts"]
@@ -207,7 +221,7 @@ def test_one_row_per_prefetch_row_with_gains_from_compare_s_predictions(tiny_ab)
     assert df.iloc[1].measured_effect == "none"
     # -pw 1 -pes 2: measured, not simulated (and noted)
     n = df.iloc[2]
-    assert n.measured_gain_pct == pytest.approx(100 * (ts_of(61000.0) / ts_of(50000.0) - 1))  # 22 %
+    assert n.measured_gain_pct == pytest.approx(100 * (ts_of(61000.0, 600.0) / ts_of(50000.0) - 1))  # 22 %
     assert math.isnan(n.predicted_gain_pct) and pd.isna(n.sign_agree)
     assert "not simulated" in n.note and "which the simulator does not model" in n.note
     # no baseline at -ub 32

@@ -318,8 +318,10 @@ def _check_samples(out: dict, err) -> None:
     """Refuse a row whose samples and averages contradict each other, as llama-bench derives
     them (``test::get_ts``, ``avg``): ``samples_ts[i] = 1e9 * (n_prompt + n_gen) / samples_ns[i]``
     (printed ``%g``), ``avg_ns`` the integer mean of ``samples_ns``, ``avg_ts`` the mean of the
-    unprinted ``samples_ts`` (``%f``). Only the rounding of the printed digits is allowed. A row
-    without the arrays (what llama-bench's csv/md printers write) is not checked."""
+    unprinted ``samples_ts`` (``%f``), ``stddev_ns`` and ``stddev_ts`` their ``stdev``
+    (:func:`stdev_ns`, exact, wrapped as llama-bench's or not; :func:`stdev_ts`, to the print
+    rounding and the formula's cancellation). Only the rounding of the printed digits is allowed. A row without the arrays
+    (what llama-bench's csv/md printers write) is not checked."""
     ns, ts = out.get("samples_ns"), out.get("samples_ts")
     n_tokens = out["n_prompt"] + out["n_gen"]
     if ns is not None and ts is not None and len(ns) != len(ts):
@@ -344,6 +346,54 @@ def _check_samples(out: dict, err) -> None:
         return
     if not _close(out["avg_ts"], mean_ts, slack):
         raise err("avg_ts", f"{out['avg_ts']:f} is not the mean of samples_ts ({mean_ts:f}, llama-bench's avg)")
+    if ns and "stddev_ns" in out and out["stddev_ns"] not in (stdev_ns(ns), stdev_ns(ns, wrap=False)):
+        raise err("stddev_ns", f"{out['stddev_ns']} is not the standard deviation of samples_ns "
+                               f"({stdev_ns(ns, wrap=False)}, llama-bench's stdev)")
+    if exact_ts and "stddev_ts" in out and math.isfinite(out["stddev_ts"]):
+        sd_ts, cancel = stdev_ts(exact_ts)
+        if math.isfinite(sd_ts) and not _close(out["stddev_ts"], sd_ts, _HALF_DIGIT_F + cancel):
+            raise err("stddev_ts", f"{out['stddev_ts']:f} is not the standard deviation of samples_ts ({sd_ts:f}, "
+                                   "llama-bench's stdev)")
+
+
+_U64 = (1 << 64) - 1
+
+
+def stdev_ns(v: Sequence[int], *, wrap: bool = True) -> int:
+    """llama-bench's ``stdev`` of ``samples_ns`` (integer ns) in its ``uint64_t`` arithmetic:
+    ``sqrt(sq_sum / (n - 1) - mean * mean * n / (n - 1))`` with integer divisions, ``mean`` the
+    integer mean, ``sqrt`` of the value as a double, truncated; 0 for fewer than two samples
+    (``tools/llama-bench/llama-bench.cpp``, ``stdev``). ``wrap``: as llama-bench, modulo 2**64
+    (its sum of squares overflows once the samples reach ~1.9 s at ``-r 5``, and the printed
+    value is then garbage); ``wrap=False``: the exact integers (what our rows print)."""
+    n = len(v)
+    if n <= 1:
+        return 0
+    m = _U64 if wrap else -1
+    mean = (sum(v) & m) // n
+    sq = sum(x * x for x in v) & m
+    x = (sq // (n - 1) - ((mean * mean & m) * n & m) // (n - 1)) & m
+    return int(math.sqrt(float(x)))
+
+
+def stdev_ts(v: Sequence[float]) -> tuple[float, float]:
+    """llama-bench's ``stdev`` of the t/s samples (doubles, the one-pass formula of
+    :func:`stdev_ns`) and how far that formula's cancellation may move it between two correct
+    implementations (t/s): ``sq_sum / (n - 1)`` is exact to a few ulps of itself, and an error
+    ``e`` in the variance moves the root by ``e / (2 sd)`` (``sqrt(e)`` near sd = 0). The
+    standard deviation is NaN when the variance comes out below zero by more than that
+    (llama-bench prints ``nan``), 0 when within it, and 0 for fewer than two samples."""
+    n = len(v)
+    if n <= 1:
+        return 0.0, 0.0
+    mean = sum(v) / n
+    sq = sum(x * x for x in v)
+    var = sq / (n - 1) - mean * mean * n / (n - 1)
+    e = 16 * n * 2.0 ** -52 * sq / (n - 1)
+    if var <= 0:
+        return (math.nan if var < -e else 0.0), math.sqrt(e)
+    sd = math.sqrt(var)
+    return sd, min(math.sqrt(e), e / (2 * sd))
 
 
 def read_llama_bench(path: str | Path):
@@ -356,8 +406,9 @@ def read_llama_bench(path: str | Path):
     ``samples_ts`` below :data:`TS_MAX` (1e9 t/s); ``n_prompt + n_gen > 0``. The patch's
     fields (:data:`PATCH_FIELDS`) are optional, as every other one: ``prefetch_weights`` 0 or 1,
     ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present. Where a row carries
-    ``samples_ns``/``samples_ts`` they must agree with each other and with ``avg_ns``/``avg_ts``
-    as llama-bench derives them, to the printed digits' rounding (:func:`_check_samples`).
+    ``samples_ns``/``samples_ts`` they must agree with each other and with ``avg_ns``,
+    ``avg_ts``, ``stddev_ns`` and ``stddev_ts`` as llama-bench derives them, to the printed
+    digits' rounding (:func:`_check_samples`).
 
     Args:
         path: the file. Its format is told by its first character (``[``: json, ``{``: jsonl).

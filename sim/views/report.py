@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.views.llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PATCH_FIELDS, PREFETCH_DEFAULTS, \
-    STRING, bench_test_name
+    STRING, bench_test_name, stdev_ns, stdev_ts
 
 #: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
@@ -161,8 +161,10 @@ def _check_type(name: str, typ: str, v: Any) -> None:
 def sample_stats(samples_ns: Sequence[int], n_tokens: int) -> tuple[int, int, float, float, tuple[float, ...]]:
     """llama-bench's ``avg_ns``, ``stddev_ns``, ``avg_ts``, ``stddev_ts`` and ``samples_ts`` of
     integer-nanosecond samples, computed as its ``avg``/``stdev`` templates do: integer mean and
-    one-pass integer variance for the nanoseconds, ``1e9 * tokens / ns`` and one-pass double
-    variance for the t/s (a variance a rounding error below zero gives 0, not llama-bench's NaN).
+    one-pass integer variance for the nanoseconds (exact: no 64-bit wrap-around,
+    :func:`sim.views.llamabench.stdev_ns`), ``1e9 * tokens / ns`` and one-pass double variance
+    for the t/s (:func:`sim.views.llamabench.stdev_ts`; a variance below zero gives 0, not
+    llama-bench's NaN).
     """
     ns = [int(x) for x in samples_ns]
     n = len(ns)
@@ -170,16 +172,10 @@ def sample_stats(samples_ns: Sequence[int], n_tokens: int) -> tuple[int, int, fl
     if not n:
         return 0, 0, 0.0, 0.0, ts
     avg_ns = sum(ns) // n
-    std_ns = 0
-    if n > 1:
-        var = sum(x * x for x in ns) // (n - 1) - avg_ns * avg_ns * n // (n - 1)
-        std_ns = int(math.sqrt(max(var, 0)))
+    std_ns = stdev_ns(ns, wrap=False)
     avg_ts = sum(ts) / n
-    std_ts = 0.0
-    if n > 1:
-        var_ts = sum(x * x for x in ts) / (n - 1) - avg_ts * avg_ts * n / (n - 1)
-        std_ts = math.sqrt(var_ts) if var_ts > 0 else 0.0
-    return avg_ns, std_ns, avg_ts, std_ts, ts
+    std_ts = stdev_ts(ts)[0]
+    return avg_ns, std_ns, avg_ts, (0.0 if math.isnan(std_ts) else std_ts), ts
 
 
 def bench_row(values: Mapping[str, Any], samples_ns: Sequence[int], extra: Mapping[str, Any] | None = None) -> BenchRow:
