@@ -885,18 +885,16 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     for si, s in enumerate(splits):
         em.split = si
         em.layer = s.items[0].layer
-        if ggml is not None and ggml.split_s > 0:
-            # the scheduler's host work per split (inputs, events, backend switch); a split on
-            # the CPU backend has its own price ([ggml] cpu_split_us: ggml-cpu's graph plan and
-            # thread-pool start on top of the scheduler's work)
-            em.host(OpKind.HOST_WORK, f"split {si} host overhead",
-                    tag="cpu_split_overhead" if s.cpu else "split_overhead")
+        split_cost = ggml is not None and ggml.split_s > 0
+        if split_cost and not s.cpu:
+            # the scheduler's host work per split (inputs, events, backend switch)
+            em.host(OpKind.HOST_WORK, f"split {si} host overhead", tag="split_overhead")
         # prefetch lookahead: issue the staged copies whose issue point has come
         while issued_upto + 1 < len(staged_order) and issue_at[staged_order[issued_upto + 1]] <= si:
             issue_staged_copy(issued_upto + 1)
             issued_upto += 1
         if s.cpu:
-            _emit_cpu_split(em, s, n_tokens)
+            _emit_cpu_split(em, s, n_tokens, overhead=split_cost)
             continue
         dev = s.device
         first = s.items[0]
@@ -1027,8 +1025,16 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int,
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
 
 
-def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
+def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False) -> None:
     """A split on the CPU backend: activations D2H, CPU compute on the host thread, H2D back.
+
+    ``overhead``: the split's host cost (``[ggml] cpu_split_us``: the scheduler's work and
+    ggml-cpu's graph plan and thread-pool start) comes after the host has waited for the
+    activations, as in ``ggml_backend_sched_compute_splits``: the CPU backend has no async copy,
+    so the input copy synchronises the GPU (``ggml_backend_synchronize(input_backend)``) before
+    ``ggml_backend_graph_compute_async`` plans and runs the split; the GPU work queued before a
+    CPU split is therefore not hidden behind that cost (the split timing's ``cpu_drain``:
+    1.5 ms per gpt-oss ``-ncmoe 24`` token, ``data/llamacpp/h100-20261206-tg9``).
 
     With an expert cache at decode, experts that hit run on the GPU; only misses run on the CPU
     (their insertion into the cache is copied in the background on the copy stream)."""
@@ -1041,6 +1047,8 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int) -> None:
     d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{s.items[0].layer}", nbytes=act + ids,
                     tag="act")
     em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
+    if overhead:
+        em.host(OpKind.HOST_WORK, f"split {em.split} host overhead", tag="cpu_split_overhead")
     cache_gpu_items = []
     fill_reqs: list = []
     last_cpu = None
