@@ -1118,6 +1118,27 @@ def test_fit_names_the_timed_invocations_of_a_run_it_fits_on():
     assert len(got) == 10 and all("-st-" in g for g in got)
 
 
+def test_fit_rows_leave_out_the_invocations_named_with_their_reason(capsys):
+    """fit --untimed: the split-timed loads of a run (their syncs cost Qwen3 up to 20 % of its t/s)
+    are not fit rows; the plain loads of the same configurations are."""
+    from calibrate.llamacpp.fit import fit_rows, timed_invocations
+    from sim.model.specs import load_hardware
+
+    run = REPO / "data" / "llamacpp" / "h100-20261206-tg9"
+    hw = load_hardware(REPO / "scenarios" / "hardware" / "h200-llamacpp.toml")
+    timed = timed_invocations(run)
+    assert sorted(timed) == ["a-st-gemma3-ffn-cpu", "a-st-gptoss-ncmoe24", "a-st-qwen3-ncmoe48",
+                             "b-st-gemma3-ffn-cpu", "b-st-gptoss-ncmoe24", "b-st-qwen3-ncmoe48"]
+    cases, t_all, rows_all = fit_rows(run, hw)
+    capsys.readouterr()
+    cases, t_plain, rows_plain = fit_rows(run, hw, skip_invocations=timed)
+    err = capsys.readouterr().err
+    assert len(rows_all) == 8 and len(rows_plain) == 4 and len(cases) == 4
+    assert err.count("ran with a timing patch on (--untimed)") == 4
+    assert set(t_plain) <= set(t_all)  # the plain loads' test times, unchanged
+    assert set(rows_plain.index) == {line for line in rows_all.index if line not in (1, 2, 23, 24)}
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_harness_writers_refuse_a_folder_that_takes_no_file_before_any_work(capsys):
     """prepare, collect, routing_check, predict and gguf_writer: an --out in /proc (a folder that

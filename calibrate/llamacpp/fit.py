@@ -231,22 +231,25 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
         os.unlink(tmp)
 
 
-def fit_rows(run_dir: str | Path, hw, repetitions: int = 1):
+def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=()):
     """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``. A fit row
     that cannot be simulated, and a row its invocation's command line did not ask for, are left
-    out with one line each on stderr."""
+    out with one line each on stderr; so are the rows of the invocations named in
+    ``skip_invocations`` (ids, e.g. :func:`timed_invocations`)."""
     from .compare import build_cases
     from .split import label
 
-    bench, _inv, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
+    bench, owners, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
     lab = label(bench)
+    skipped = {i for i in range(len(bench)) if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in set(skip_invocations)}
     keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
-            and cases[i].scenario is not None]
+            and cases[i].scenario is not None and i not in skipped]
     disagree = bench.attrs.get("disagreements", {})
     for i in range(len(bench)):  # a row left out (a fit row, or one its invocation did not ask for) is said
         line = bench.index[i]  # llama-bench.jsonl's line, as compare's ``line`` column
         if line in disagree or (lab.iloc[i] == "fit" and i not in keep):
-            why = (disagree.get(line) or notes[i] or ("; ".join(cases[i].notes) if cases[i] is not None else "")
+            why = ("its invocation ran with a timing patch on (--untimed)" if i in skipped else
+                   disagree.get(line) or notes[i] or ("; ".join(cases[i].notes) if cases[i] is not None else "")
                    or "no model for the row")
             print(f"fit: {run_dir}: row at line {line} not used: {why}", file=sys.stderr)
     t_meas = []
@@ -491,6 +494,9 @@ def _main(argv: list[str] | None) -> int:
                          "number, the measured ones and the H2D rates too, keeps the profile's value (default: "
                          "all but " + ", ".join(MEASURED_BY_DEFAULT) + " fitted, the measured ones (split_us "
                          "from --splits) and --run's H2D rates refreshed)")
+    ap.add_argument("--untimed", action="store_true",
+                    help="leave out the rows of invocations that ran with a timing patch on (split-time, "
+                         "phase-time: their syncs and prints cost some configurations 5-20 %% of their t/s)")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
     ap.add_argument("--out", metavar="TOML", default=None,
                     help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
@@ -529,10 +535,10 @@ def _main(argv: list[str] | None) -> int:
                 raise PrefetchSimError(f"--run {run}: given twice; each run folder once")
             seen_runs.add(os.path.realpath(run))
             timed = timed_invocations(run)
-            if timed:  # their t/s carries the timing's own cost: a fit on them is a fit on that
+            if timed and not args.untimed:  # their t/s carries the timing's own cost: a fit on them is a fit on that
                 print(f"fit: note: --run {run}: {len(timed)} invocation(s) ran with a timing patch on "
                       f"({', '.join(timed[:3])}{', ...' if len(timed) > 3 else ''}); their rows are fitted as "
-                      "measured, timing included", file=sys.stderr)
+                      "measured, timing included (--untimed leaves them out)", file=sys.stderr)
         runs_text = (shown_run[0] if len(shown_run) == 1
                      else f"{len(shown_run)} run folders ({', '.join(shown_run)})")
         if args.write and args.out:
@@ -598,7 +604,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas = [], []
         for run in args.run:
-            c, t, _rows = fit_rows(run, hw)
+            c, t, _rows = fit_rows(run, hw, skip_invocations=timed_invocations(run) if args.untimed else ())
             cases += c
             t_meas.append(t)
         t_meas = np.concatenate(t_meas)
@@ -611,6 +617,7 @@ def _main(argv: list[str] | None) -> int:
         med, p90 = np.median(np.abs(err)) * 100, np.percentile(np.abs(err), 90) * 100
         only = "" if default_run else f" --run {' '.join(args.run)}"
         only += "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
+        only += " --untimed" if args.untimed else ""
         if args.cpu_table:
             only += f" --cpu-table {Path(args.cpu_table).as_posix()}"
         fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
