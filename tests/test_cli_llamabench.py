@@ -806,6 +806,60 @@ def test_harness_flags_of_a_copied_llama_bench_command_are_accepted_with_a_note(
     assert cap.out.count("\n") >= 1 and cap.out.lstrip().startswith("{")
 
 
+def test_harness_flags_that_rows_print_carry_the_given_values_in_llama_benchs_loop_order(capsys):
+    """llama-bench loops over -lzm, -dev, --repack, -C, --cpu-strict and --poll
+    (get_cmd_params_instances: ... lm, lzm, mg, devs, ts, ot, noh, rpk, ..., nt, cm, cs, nd, pl) and
+    prints each test's values: so do our rows (a comma list one row per value, -C outside the
+    depths, --poll inside them), with md columns for values other than the defaults; the
+    simulation is the one without the flags."""
+    plain = jsonl(capsys, "-p", "16", "-n", "0", "-d", "0,8")
+    flags = ("-C", "0x3,ff", "--poll", "0,50", "-dev", "cuda0", "--cpu-strict", "1", "--repack", "0", "-lzm", "on")
+    rows = jsonl(capsys, "-p", "16", "-n", "0", "-d", "0,8", *flags)
+    got = [(r["cpu_mask"], r["n_depth"], r["poll"]) for r in rows]
+    assert got == [(m, d, pl) for m in ("0x3", "ff") for d in (0, 8) for pl in (0, 50)]
+    assert {(r["devices"], r["cpu_strict"], r["repack"], r["lazy_mode"]) for r in rows} == {("CUDA0", True, False, "on")}
+    by_depth = {r["n_depth"]: r["avg_ts"] for r in plain}
+    assert all(r["avg_ts"] == by_depth[r["n_depth"]] for r in rows)  # not modelled: the same simulation
+    assert [(r["cpu_mask"], r["poll"], r["devices"], r["repack"]) for r in plain] == [("0x0", 50, "auto", True)] * 2
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", *flags)
+    head = out.splitlines()[0]
+    assert rc == 0 and all(f" {c} " in head for c in ("cpu_mask", "cpu_strict", "poll", "dev", "lazy_mode", "rpk"))
+    assert "note: -C: accepted, not modelled" in err and "note: --poll: accepted, not modelled" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-dev", "none"], "-dev none runs on the CPU only"),
+    (["-dev", "CUDA1"], "invalid device: CUDA1"),
+    (["-dev", "CPU"], "invalid device: CPU"),
+    (["-dev", "CUDA0/"], "invalid device specification"),
+    (["-C", "zz"], "invalid hex character 'z'"),
+    (["--numa", "bogus"], "unknown numa mode 'bogus'"),
+    (["--prio", "high"], "expected an integer"),
+    (["-lzm", "maybe"], "unknown lazy mode 'maybe'"),
+    (["--cpu-strict", "2"], "expected 0 or 1"),
+    (["--poll", "-1"], "cannot be negative"),
+    (["-oe", "xml"], "unknown output format 'xml'"),
+])
+def test_harness_flag_values_llama_bench_refuses_are_refused_in_one_line(capsys, argv, words):
+    """As llama-bench: an unknown device (or the CPU), a CPU mask that parse_cpu_mask refuses,
+    --numa other than distribute/isolate/numactl, --prio that std::stoi cannot read, ...; and
+    -dev none (CPU only), which this GPU simulator cannot run."""
+    try:
+        rc = main(["run", TINY, *QUICK, "-p", "16", "-n", "0", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and words in err and len(err.strip().splitlines()) == 1 and not out, err
+    assert argv[0] in err
+
+
+def test_harness_values_llama_bench_runs_are_accepted(capsys):
+    """llama-bench takes --prio 99 (std::stoi; set_process_priority leaves an unknown level at
+    normal priority), --numa isolate, -C with an 0x prefix and upper-case digits, -dev auto."""
+    rows = jsonl(capsys, "-p", "16", "-n", "0", "--prio", "99", "--numa", "isolate", "-C", "0xFF", "-dev", "auto")
+    assert [(r["cpu_mask"], r["devices"]) for r in rows] == [("0xFF", "auto")]
+
+
 def test_m_says_where_the_placement_comes_from(capsys):
     import tempfile
 

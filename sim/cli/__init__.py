@@ -417,7 +417,7 @@ def _setting_label(params, setting) -> str:
     from sim.cli.benchflags import FLAG_OF, overrides_text, tensor_split_text
 
     parts = []
-    for k in ("model",) + tuple(k for k in params.values if k != "model"):
+    for k in ("model",) + tuple(k for k in params.values if k not in ("model", "poll")):  # poll: each test's
         if len(params.values[k]) > 1:
             v = getattr(setting, k)
             text = (overrides_text(v) if k == "overrides" else tensor_split_text(v) if k == "tensor_split" else v)
@@ -432,7 +432,11 @@ def bench_work(scn, params, models) -> int:
 
     total = 0
     share = variant_work(scn.variants, scn.hardware)
+    seen = set()
     for setting in params.settings():
+        if setting.simulated() in seen:  # simulated once (run_bench)
+            continue
+        seen.add(setting.simulated())
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share)
@@ -451,7 +455,9 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     where another variant fits is an error naming the flag and the value. Any other variant (the
     scenario's own, the baseline added for ``vs base``) that does not fit is left out of the
     setting (noted). A setting where no variant fits is left out (noted) when other settings give
-    rows; when none does, the first setting's reason is the error, said once.
+    rows; when none does, the first setting's reason is the error, said once. Settings that differ
+    only in flags the simulator does not model (``-C``, ``-dev``, ``--repack``...:
+    :meth:`sim.cli.benchflags.Setting.simulated`) are simulated once, each printing its own values.
 
     Returns:
         ``(rows, results)``: the :class:`sim.views.report.BenchRow` s in llama-bench's order (setting,
@@ -486,13 +492,20 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     when = bench_time()
     rows, all_results, first_err, unfit = [], [], None, []
     settings = params.settings()
+    done = {}  # Setting.simulated() -> (scenario, variants, results): settings that differ in unmodelled flags only
     for si, setting in enumerate(settings):
         model = models[setting.model]
-        sscn = setting_scenario(setting, params, scn, model, notes)
         insts = params.instances(setting)
+        label = _setting_label(params, setting)
+        if setting.simulated() in done:
+            sscn, variants, results = done[setting.simulated()]
+            all_results += [(label, r) for r in results]
+            rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
+                                 combos=params.prefetch)
+            continue
+        sscn = setting_scenario(setting, params, scn, model, notes)
         tests = sim_tests(insts)
         sscn = fit_context_to_tests(sscn, tests)
-        label = _setting_label(params, setting)
         prog = None
         if progress is not None:
             prog = (lambda it, _d=f"simulating {si + 1}/{len(settings)}": progress(it, _d))
@@ -526,6 +539,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
+        done[setting.simulated()] = (sscn, variants, results)
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                              combos=params.prefetch)
