@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import build_parser, load_scenario_with_overrides, main, variant_ids
-from sim.views.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms, row_variant
+from sim.views.llamabench import CSV_FIELDS, FIELDS, UPSTREAM_FIELDS, read_llama_bench, row_terms, row_variant
 from sim.views.report import COLUMNS, JSON_COLUMNS
 from sim.model.specs import load_model, parse_variant
 
@@ -586,9 +586,47 @@ def test_csv_and_sql_layouts(capsys):
     assert rc == 0 and out.startswith("CREATE TABLE IF NOT EXISTS llama_bench (\n")
     con = sqlite3.connect(":memory:")
     con.executescript(out)
-    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == list(CSV_FIELDS)
+    upstream = [f for f in CSV_FIELDS if f in UPSTREAM_FIELDS]  # no -pw/-pwg/-pes: upstream's columns
+    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == upstream
     assert con.execute("SELECT COUNT(*) FROM llama_bench b JOIN prefetch_sim s ON s.llama_bench_rowid = b.rowid "
                        "WHERE s.variant = 'baseline'").fetchone() == (2,)
+
+
+def _upstream_db() -> sqlite3.Connection:
+    """A llama_bench table laid out as an upstream llama-bench's -o sql creates it: the columns of
+    a real upstream row (data/llamacpp/h200-20261201, no prefetch fields) in its order, typed as
+    sql_printer types them."""
+    from sim.views.llamabench import FIELD_BY_NAME
+
+    first = json.loads((ROOT / "data/llamacpp/h200-20261201/llama-bench.jsonl").read_text().splitlines()[0])
+    cols = [k for k in first if k not in ("samples_ns", "samples_ts")]
+    assert not any(k.startswith("prefetch_") for k in cols)
+    sql = {"STRING": "TEXT", "BOOL": "INTEGER", "INT": "INTEGER", "FLOAT": "REAL"}
+    con = sqlite3.connect(":memory:")
+    con.execute(f"CREATE TABLE llama_bench ({', '.join(f'{c} {sql[FIELD_BY_NAME[c].type]}' for c in cols)})")
+    return con
+
+
+def test_sql_goes_into_an_upstream_llama_bench_db_unless_the_prefetch_flags_ask_for_the_patch_columns(capsys):
+    """Without -pw/-pwg/-pes the llama_bench table is upstream's (every variant's rows INSERT into a
+    db an upstream llama-bench created; the variant is in prefetch_sim); with them it is the
+    patched llama-bench's, whose prefetch_* columns an upstream db lacks, as the patched
+    llama-bench's own rows would."""
+    rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "--variant", "prefetch_ungated", "-o", "sql")
+    assert rc == 0, err
+    con = _upstream_db()
+    con.executescript(out)
+    got = con.execute("SELECT s.variant, b.n_prompt, b.n_gen FROM llama_bench b JOIN prefetch_sim s "
+                      "ON s.llama_bench_rowid = b.rowid ORDER BY b.rowid").fetchall()
+    assert [g[0] for g in got] == ["baseline"] * 2 + ["prefetch_ungated"] * 2
+    rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-pw", "0,1", "-pwg", "0", "-o", "sql")
+    assert rc == 0, err
+    with pytest.raises(sqlite3.OperationalError, match="no column named prefetch_weights"):
+        _upstream_db().executescript(out)
+    con = sqlite3.connect(":memory:")
+    con.executescript(out)
+    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == list(CSV_FIELDS)
+    assert sorted({r[0] for r in con.execute("SELECT prefetch_weights FROM llama_bench")}) == [0, 1]
 
 
 def test_markdown_is_llama_bench_s_table_with_a_simulated_build_line(capsys):

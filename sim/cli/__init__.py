@@ -646,7 +646,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if note:
             notes.add(note)
     _say_notes(notes)
-    text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware))
+    # sql: upstream's llama_bench columns unless the prefetch patch's flags are given (an upstream db takes the rows)
+    text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware),
+                       prefetch_columns=params.prefetch is not None)
     if args.vram:
         if args.output == "md":
             text = text.rstrip("\n") + "\n\n" + vram_table(results)
