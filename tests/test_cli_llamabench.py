@@ -898,6 +898,30 @@ def test_harness_values_llama_bench_runs_are_accepted(capsys):
     assert [(r["cpu_mask"], r["devices"]) for r in rows] == [("0xFF", "auto")]
 
 
+def test_an_ubatch_above_the_batch_prints_as_given_and_notes_the_clamp_from_a_toml_as_from_flags(capsys, tmp_path):
+    """llama-bench prints the -ub given and llama.cpp clamps it to -b: a scenario's n_ubatch above
+    its n_batch prints and simulates as -ub/-b on the command line do, each noting the clamp."""
+    text = Path(TINY).read_text()
+    ub, b = re.search(r"^n_ubatch = (\d+)", text, re.M).group(1), re.search(r"^n_batch = (\d+)", text, re.M).group(1)
+    big = str(2 * int(b))
+    text = re.sub(r"^n_ubatch = \d+", f"n_ubatch = {big}", text, flags=re.M)
+    text = text.replace('"tiny-moe.toml"', f'"{TINY_MOE}"').replace('"tiny-gpu.toml"',
+                                                                   f'"{ROOT / "scenarios/tiny/tiny-gpu.toml"}"')
+    (tmp_path / "s.toml").write_text(text)
+    rc, toml_out, toml_err = run(capsys, "run", str(tmp_path / "s.toml"), *QUICK, "-o", "jsonl")
+    assert rc == 0, toml_err
+    rc, flag_out, flag_err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-ub", big, "-b", b)
+    assert rc == 0, flag_err
+    key = lambda out: [(r["n_ubatch"], r["n_batch"], r["avg_ts"]) for r in map(json.loads, out.splitlines())]
+    assert key(toml_out) == key(flag_out) and {r[0] for r in key(toml_out)} == {int(big)}
+    assert f"the scenario's n_ubatch {big} is above its n_batch {b}" in toml_err
+    assert f"-ub {big} is above -b {b}" in flag_err
+    for err in (toml_err, flag_err):
+        assert f"so {b}-token ubatches are simulated; the rows print n_ubatch {big}" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-ub", ub, "-b", b)
+    assert "clamps" not in err
+
+
 def test_m_says_where_the_placement_comes_from(capsys):
     import tempfile
 

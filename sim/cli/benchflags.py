@@ -912,7 +912,7 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     vals["embeddings"] = pick("embeddings", [False])
     vals["no_op_offload"] = pick("no_op_offload", [False])
     vals["n_batch"] = pick("n_batch", [wl.n_batch])
-    vals["n_ubatch"] = pick("n_ubatch", [wl.n_ubatch])
+    vals["n_ubatch"] = pick("n_ubatch", [wl.n_ubatch_given or wl.n_ubatch])  # as given: llama.cpp clamps it
     kv = kv_type_of(m.kv_bytes_per_elem)
     vals["type_k"] = pick("type_k", [kv])
     vals["type_v"] = pick("type_v", [kv])
@@ -1225,6 +1225,13 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     }
     terms = row_terms(row)
     notes.extend(terms.notes)
+    if setting.n_ubatch > setting.n_batch:
+        ub = "-ub" if "n_ubatch" in given else "the scenario's n_ubatch"
+        b = "-b" if "n_batch" in given else "its n_batch" if "n_ubatch" not in given else "the scenario's n_batch"
+        where = f" ({scn.file})" if not {"n_ubatch", "n_batch"} <= given and getattr(scn, "file", None) else ""
+        notes.add(f"{ub} {setting.n_ubatch} is above {b} {setting.n_batch}{where}: llama.cpp clamps the ubatch to "
+                  f"the batch, so {terms.n_ubatch}-token ubatches are simulated; the rows print n_ubatch "
+                  f"{setting.n_ubatch}, as llama-bench's")
     m = model_with_kv(model, terms) if ({"type_k", "type_v"} & given) else model
     if setting.fit_target or setting.fit_min_ctx:
         terms = replace(terms, ngl=999, n_cpu_moe=0, overrides=(), tensor_split=())

@@ -1155,6 +1155,10 @@ class Workload:
         warmup: llama-bench's untimed warm-up run before a test's repetitions
             (:func:`sim.engines.metrics.warmup_test`; False: ``--no-warmup``). Only an expert cache keeps
             anything of it. Not a TOML field.
+        n_ubatch_given: the TOML's ``n_ubatch`` as written when it is above ``n_batch`` (llama.cpp
+            clamps the ubatch to the batch, so ``n_ubatch`` is ``n_batch``); what a llama-bench row
+            prints, as for ``-ub 4096 -b 2048`` (:func:`sim.cli.benchflags.params_from_args`). 0:
+            ``n_ubatch``. Not a TOML field.
     """
 
     n_prompt: tuple[int, ...] = (512,)
@@ -1165,6 +1169,7 @@ class Workload:
     repetitions: int = 5
     bench_repetitions: int = 0
     warmup: bool = True
+    n_ubatch_given: int = 0
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]
@@ -1178,15 +1183,14 @@ def workload_from_fields(w: Fields) -> Workload:
 
     n_ubatch = w.int("n_ubatch", 512, min=1, max=TOKENS_MAX)
     n_batch = w.int("n_batch", 2048, min=1, max=TOKENS_MAX)
-    if n_ubatch > n_batch:
-        n_ubatch = n_batch  # llama.cpp clamps ubatch to batch
     wl = Workload(
         n_prompt=w.int_list("n_prompt", (512,), min=0, max=TOKENS_MAX),
         n_gen=w.int_list("n_gen", (128,), min=0, max=TOKENS_MAX),
         n_depth=w.int_list("n_depth", (0,), min=0, max=TOKENS_MAX),
-        n_ubatch=n_ubatch,
+        n_ubatch=min(n_ubatch, n_batch),  # llama.cpp clamps ubatch to batch
         n_batch=n_batch,
         repetitions=w.int("repetitions", 5, min=1, max=REPETITIONS_MAX),
+        n_ubatch_given=n_ubatch if n_ubatch > n_batch else 0,
     )
     if not wl.tests():
         raise w.error("n_prompt", "no test to run: every -p and -n value is 0")
