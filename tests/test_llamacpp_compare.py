@@ -804,3 +804,21 @@ def test_a_row_at_a_depth_its_invocation_did_not_give_is_not_simulated(tmp_path)
     row = read_llama_bench(run / "llama-bench.jsonl").iloc[k]
     got = cmp.row_disagreements(row, inv)
     assert got == [("n_depth", "12345", "no -d, llama-bench's default 0")]
+
+
+def test_a_row_without_load_mode_takes_its_invocations_lm_else_a_noted_default(tmp_path, result):
+    """A row without load_mode (a llama-bench older than -lm) ran the invocation's -lm (line 1:
+    -lm none, pinned, as with the field), else llama-bench's default auto (line 3: no -lm; the
+    note says so); its use_mmap, when it has one, speaks for it."""
+    run = _mixed_up(tmp_path, {1: ('"load_mode": "none", ', ''), 3: ('"load_mode": "auto", ', '')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert list(df.pinned) == list(result.pinned) and list(df.load_mode) == list(result.load_mode)
+    assert df.predicted_ts.equals(result.predicted_ts)  # NaN where not simulated, as before
+    assert "llama-bench's default auto assumed (mmap: pageable host weights)" in df.note[2]
+    assert "default auto assumed" not in df.note[0]
+    run = _mixed_up(tmp_path / "mm", {1: ('"load_mode": "none", ', '"use_mmap": false, ')})
+    invs = [json.loads(x) for x in (run / "invocations.jsonl").read_text().splitlines()]
+    invs[0]["args"] = [a for a in invs[0]["args"] if a not in ("-lm", "none")]  # an older llama-bench: no -lm
+    (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invs))
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.pinned[0] and "assumed" not in df.note[0] and df.predicted_ts[0] == result.predicted_ts[0]

@@ -731,11 +731,48 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
                 raise ScenarioError(f"GGUF '{gguf}': {exc} ({ref.model_toml})", file=inv_file,
                                     field="n_layer") from None
         label = f"{inv['id'] if inv and 'id' in inv else gguf} line {line}: {row['test']}"
+        row, lm_note = row_load_mode(row, inv)
+        if lm_note is not None and lm_note.startswith("not simulated"):
+            cases.append(None)
+            extra.append(lm_note)
+            continue
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
-        extra.append(f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "")
+        extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
+                                          lm_note) if n))
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
+
+
+def row_load_mode(row: pd.Series, inv: Mapping[str, Any] | None) -> tuple[pd.Series, str | None]:
+    """A row with the ``load_mode`` it ran, and a note. A row without the field (a llama-bench
+    older than ``-lm``) takes its invocation's ``-lm`` (one value; ``-mmp`` as ``mmap``/``none``),
+    else its own ``use_mmap`` (:func:`sim.views.llamabench.host_memory_pinned` reads it), else
+    llama-bench's default ``auto`` (mmap: pageable host weights), which the note says was assumed.
+
+    Returns:
+        ``(row, note)``: the row (a copy with ``load_mode`` set when it comes from the invocation)
+        and None, the note of the default assumed, or a note starting ``not simulated`` when the
+        invocation gives several load modes and the row says neither which nor ``use_mmap``.
+    """
+    def has(key: str) -> bool:
+        v = row.get(key) if hasattr(row, "get") else None
+        return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+    if has("load_mode"):
+        return row, None
+    asked = ((inv or {}).get("_asked") or {}).get("load_mode")
+    if asked and len(set(asked[1])) == 1:
+        row = row.copy()
+        row["load_mode"] = asked[1][0]
+        return row, None
+    if has("use_mmap"):
+        return row, None
+    if asked:
+        return row, (f"not simulated: the row has no load_mode (nor use_mmap) and its invocation gives {asked[0]} "
+                     f"{','.join(map(str, asked[1]))}: which one it ran is unknown")
+    return row, ("the row has no load_mode (nor use_mmap) and its invocation no -lm: llama-bench's default auto "
+                 "assumed (mmap: pageable host weights)")
 
 
 def _case_key(case: RowCase) -> tuple:
