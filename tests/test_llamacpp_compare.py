@@ -822,3 +822,15 @@ def test_a_row_without_load_mode_takes_its_invocations_lm_else_a_noted_default(t
     (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invs))
     df = cmp.compare(run, HW, jobs=1)
     assert df.pinned[0] and "assumed" not in df.note[0] and df.predicted_ts[0] == result.predicted_ts[0]
+
+
+def test_a_row_with_overrides_its_invocation_did_not_give_is_not_simulated(tmp_path, result):
+    """llama-bench prints tensor_buft_overrides none without -ot in every version (its -ncmoe rules
+    are not printed): a row of an invocation without -ot that has rules is reported and not
+    predicted, as n_depth and n_cpu_moe are (STABLE_DEFAULTS)."""
+    run = _mixed_up(tmp_path, {1: ('"tensor_buft_overrides": "none"', '"tensor_buft_overrides": "exps=CPU"')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert list(df.attrs["disagreements"]) == [1] and math.isnan(df.predicted_ts[0])
+    assert "field 'tensor_buft_overrides, line 1': the row ran tensor_buft_overrides exps=CPU" in \
+        df.attrs["disagreements"][1] and "(no -ot, llama-bench's default none)" in df.attrs["disagreements"][1]
+    assert df.predicted_ts[1:].equals(result.predicted_ts[1:])

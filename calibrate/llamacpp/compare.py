@@ -390,8 +390,9 @@ def _shown(v: Any) -> str:
 
 
 #: llama-bench fields whose default has not changed in any version that has the field: a row
-#: whose invocation did not give the flag must carry it (:func:`row_disagreements`)
-STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0)}
+#: whose invocation did not give the flag must carry it (:func:`row_disagreements`); no ``-ot``
+#: prints ``none`` (its ``-ncmoe`` rules are never printed)
+STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0), "tensor_buft_overrides": ("-ot", "none")}
 
 
 def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
