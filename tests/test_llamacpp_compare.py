@@ -834,3 +834,17 @@ def test_a_row_with_overrides_its_invocation_did_not_give_is_not_simulated(tmp_p
     assert "field 'tensor_buft_overrides, line 1': the row ran tensor_buft_overrides exps=CPU" in \
         df.attrs["disagreements"][1] and "(no -ot, llama-bench's default none)" in df.attrs["disagreements"][1]
     assert df.predicted_ts[1:].equals(result.predicted_ts[1:])
+
+
+def test_a_main_gpu_the_profile_lacks_is_not_simulated_as_run_refuses_mg(tmp_path, result):
+    """split_mode none, main_gpu 3 on a one-GPU profile: llama.cpp ran it on a fourth GPU, which
+    the profile lacks; reported as prefetch-sim run reports -mg 3 (the same words), not simulated."""
+    from sim.cli.benchflags import check_main_gpu
+
+    run = _mixed_up(tmp_path, {1: ('"split_mode": "layer", "main_gpu": 0', '"split_mode": "none", "main_gpu": 3')})
+    df = cmp.compare(run, HW, jobs=1)
+    with pytest.raises(ScenarioError) as ei:
+        check_main_gpu(3, HW)
+    assert math.isnan(df.predicted_ts[0]) and df.regime[0] == "unknown"
+    assert f"not simulated: main_gpu 3: {ei.value.reason}" in df.note[0] and "has 1 GPU(s)" in df.note[0]
+    assert df.predicted_ts[1:].equals(result.predicted_ts[1:])

@@ -51,7 +51,7 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.cli.benchflags import default_threads
+from sim.cli.benchflags import check_main_gpu, default_threads
 from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
@@ -576,7 +576,8 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     without them, ``prefetch``, ``prefetch_gated_<N>``, ``slots<N>``; a variant other than
     baseline is noted); seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
     (whose plans draw nothing). A row that cannot be simulated (an unknown ``-ot`` buffer, a pattern
-    Python cannot compile, an unknown load mode, ``-pw 1`` with ``-pes N > 0``) gets ``scenario``
+    Python cannot compile, an unknown load mode, ``-pw 1`` with ``-pes N > 0``, a ``main_gpu`` beyond
+    the profile's GPUs, as ``prefetch-sim run`` refuses ``-mg``) gets ``scenario``
     None and says why in ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are
     noted too.
     """
@@ -598,7 +599,11 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     kind = bench_kind(terms.n_prompt, terms.n_gen)
     m = model_with_kv(model, terms)
     try:
+        check_main_gpu(_int_or(row.get("main_gpu") if hasattr(row, "get") else None, 0), hardware)
         pl, pnotes = row_placement(terms, m, hardware.n_gpu)
+    except ScenarioError as exc:  # a main_gpu the profile lacks, as prefetch-sim run refuses -mg
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: main_gpu {row.get('main_gpu')}: {exc.reason}"]), variant=variant)
     except ValueError as exc:
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]),
                        variant=variant)

@@ -1197,9 +1197,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
 
     hw = scn.hardware
     given = params.given
-    if setting.main_gpu >= hw.n_gpu:
-        raise ScenarioError(f"main GPU {setting.main_gpu} does not exist: profile '{hw.name}' has {hw.n_gpu} GPU(s)",
-                            field="-mg/--main-gpu")
+    check_main_gpu(setting.main_gpu, hw)
     canon = tuple((p, canonical_buffer(b, hw)) for p, b in setting.overrides)
     if "overrides" in given:
         for p, b in canon:
@@ -1304,6 +1302,18 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         n_depth=tuple(dict.fromkeys(i.n_depth for i in insts)) or (0,),
         n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions, warmup=params.warmup)
     return scn.with_(model=m, hardware=hw, placement=pl, workload=wl, routing=_routing_for(scn, m, notes))
+
+
+def check_main_gpu(main_gpu: int, hw) -> None:
+    """``-mg`` must name one of the profile's GPUs (``prefetch-sim run``; ``calibrate.llamacpp.compare``
+    refuses a row's ``main_gpu`` alike).
+
+    Raises:
+        ScenarioError: naming ``-mg``, the profile and its GPU count.
+    """
+    if main_gpu >= hw.n_gpu:
+        raise ScenarioError(f"main GPU {main_gpu} does not exist: profile '{hw.name}' has {hw.n_gpu} GPU(s)",
+                            field="-mg/--main-gpu")
 
 
 def check_fit_target(fit_target_mib: int, hw) -> None:
