@@ -848,3 +848,15 @@ def test_a_main_gpu_the_profile_lacks_is_not_simulated_as_run_refuses_mg(tmp_pat
     assert math.isnan(df.predicted_ts[0]) and df.regime[0] == "unknown"
     assert f"not simulated: main_gpu 3: {ei.value.reason}" in df.note[0] and "has 1 GPU(s)" in df.note[0]
     assert df.predicted_ts[1:].equals(result.predicted_ts[1:])
+
+
+def test_rows_of_another_backend_than_the_profiles_are_warned_once(tmp_path, result):
+    """ROCm rows against a CUDA profile: one warning, as for another GPU (gpu_info), and each row's
+    note says it is simulated as the profile's GPU; the rows of the profile's backend get neither."""
+    assert not any("backend" in w for w in cmp.warnings(result))
+    run = _mixed_up(tmp_path, {i: ('"backends": "CUDA"', '"backends": "ROCm"') for i in (1, 2, 3)})
+    df = cmp.compare(run, HW, jobs=1)
+    w = [x for x in cmp.warnings(df) if "backend" in x]
+    assert len(w) == 1 and "the rows ran on backend ROCm, the profile 'H200" in w[0] and "is CUDA" in w[0]
+    assert all("backend ROCm: simulated as the profile's GPU (CUDA)" in n for n in df.note[:3])
+    assert not any("backend" in n for n in df.note[3:])

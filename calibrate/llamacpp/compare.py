@@ -51,7 +51,7 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.cli.benchflags import check_main_gpu, default_threads
+from sim.cli.benchflags import check_main_gpu, default_threads, hardware_backend
 from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
@@ -622,9 +622,10 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     if _true(get("no_host", False)) and not _false(get("repack", True)):
         notes.append("no_host with repack: the CPU weights are repacked (CPU_REPACK), the CPU tables price "
                      "ggml-cpu's plain kernels")
-    backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")
-    if "CUDA" not in backends:
-        notes.append(f"backend {backends}: simulated as the profile's GPU")
+    backend = hardware_backend(hardware)
+    backends = _str_or(row.get("backends") if hasattr(row, "get") else None, backend)
+    if backend not in [b.strip() for b in backends.split(",")]:
+        notes.append(f"backend {backends}: simulated as the profile's GPU ({backend})")
     if kind == "pp+tg":
         a, b = terms.tests
         notes.append(f"pp+tg: simulated as {a.name} then {b.name} in one context")
@@ -940,8 +941,10 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
     gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
+    backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus,
+                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, backend=hardware_backend(hw),
+                    backends=backends,
                     disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
 
@@ -949,7 +952,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
 def warnings(df: pd.DataFrame) -> list[str]:
     """What a user should know about :func:`compare`'s result before reading its errors, one line
     each: the rows were measured on another GPU than the profile's (``gpu_info`` against the
-    profile's ``gpu_name``), and each invocation whose rows' ``model_size`` differs from the model
+    profile's ``gpu_name``), on another backend (``backends`` without the profile's,
+    :func:`sim.cli.benchflags.hardware_backend`: ``ROCm`` rows against a CUDA profile), and each invocation whose rows' ``model_size`` differs from the model
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
     name = str(df.attrs.get("gpu_name") or "")
@@ -957,6 +961,11 @@ def warnings(df: pd.DataFrame) -> list[str]:
     if other:
         out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
                    f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
+    backend = str(df.attrs.get("backend") or "")
+    other = [b for b in df.attrs.get("backends", []) if backend and backend not in [x.strip() for x in b.split(",")]]
+    if other:
+        out.append(f"the rows ran on backend {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
+                   f"{backend}: the errors compare two backends (give --hardware a profile of the rows' backend)")
     if len(df) and "note" in df.columns:
         seen = set()
         for _, r in df.iterrows():
