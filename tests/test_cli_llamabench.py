@@ -132,6 +132,20 @@ def test_no_abbreviations_and_no_glued_letters(capsys):
         assert info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_long_flags_may_spell_dashes_as_underscores_as_in_llama_bench(capsys):
+    """llama-bench's parse_cmd_params replaces '_' by '-' in a word starting with '--':
+    --n_prompt 256 is --n-prompt 256 (with =value too); a value keeps its '_'; a short flag does not
+    change, nor a word after '--'."""
+    dashed = jsonl(capsys, "--n-prompt", "16", "--n-gen", "0", "--cache-type-k", "q8_0", "--no-warmup")
+    under = jsonl(capsys, "--n_prompt", "16", "--n_gen=0", "--cache_type_k", "q8_0", "--no_warmup")
+    assert under == [r | {"test_time": under[0]["test_time"]} for r in dashed] and dashed[0]["type_k"] == "q8_0"
+    a = build_parser().parse_args(["run", TINY, "--override_tensor", "blk_x=CPU"])
+    assert a.overrides == [((("blk_x", "CPU"),),)]  # the value keeps its '_'
+    with pytest.raises(SystemExit):
+        main(["run", TINY, *QUICK, "--n_promp", "16"])
+    assert "unrecognized arguments: --n_promp" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("glued, spaced", [
     ("-d8192", "-d 8192"), ("-ngl99", "-ngl 99"), ("-p512", "-p 512"), ("-ub0", "-ub 0"), ("-ncmoe4", "-ncmoe 4"),
     ("-d=8192", "-d 8192"), ("-ngl=-1,99", "-ngl -1,99"), ("-r1", "-r 1"), ("-ojson", "-o json"),

@@ -728,7 +728,7 @@ class Parser(argparse.ArgumentParser):
     _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,\-+*][-\d.]*)*$")
 
     def parse_known_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
+        args = self._dashes(list(sys.argv[1:] if args is None else args))
         acts = self._option_string_actions
         joined: list[str] = []
         i = 0
@@ -744,6 +744,22 @@ class Parser(argparse.ArgumentParser):
             i += 1
         self._refuse_glued(args)
         return super().parse_known_args(joined, namespace)
+
+    def _dashes(self, args: list[str]) -> list[str]:
+        """Long flags as llama-bench reads them (``parse_cmd_params``: ``_`` replaced by ``-`` in a
+        word starting with ``--``): ``--n_prompt 256`` is ``--n-prompt 256``. Only a word whose
+        name (before a ``=``) is then a flag of this parser changes; nothing after ``--``."""
+        acts = self._option_string_actions
+        out = []
+        for i, tok in enumerate(args):
+            if tok == "--":
+                return out + args[i:]
+            name, eq, value = tok.partition("=")
+            alt = name.replace("_", "-")
+            if tok.startswith("--") and alt != name and alt in acts and name not in acts:
+                tok = alt + eq + value
+            out.append(tok)
+        return out
 
     def _refuse_glued(self, args: list[str]) -> None:
         """Refuse (:meth:`error`) a single-dash word that is not a flag of this parser but starts
