@@ -643,6 +643,18 @@ def test_sql_goes_into_an_upstream_llama_bench_db_unless_the_prefetch_flags_ask_
     assert sorted({r[0] for r in con.execute("SELECT prefetch_weights FROM llama_bench")}) == [0, 1]
 
 
+def test_o_none_runs_and_prints_no_rows_as_llama_bench(capsys, tmp_path):
+    """llama-bench's -o none has no printer: the tests run, stdout stays empty; the flags are
+    still checked. With --out there is nothing to write: refused in one line, no file."""
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none")
+    assert rc == 0 and out == "" and "error" not in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none", "-ub", "0")
+    assert rc == 2 and "-ub" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none", "--out", str(tmp_path / "r.csv"))
+    assert rc == 2 and "field '--out': -o none prints no rows" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_markdown_is_llama_bench_s_table_with_a_simulated_build_line(capsys):
     rc, out, _ = run(capsys, "run", TINY, *QUICK, "-ub", "32")
     lines = out.splitlines()

@@ -608,6 +608,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.model.specs import parse_variant
 
     if args.out is not None:
+        if args.output == "none":
+            raise ScenarioError("-o none prints no rows (as llama-bench's): there is nothing to write to --out; give "
+                                "another -o or leave out --out", field="--out")
         check_output_path(args.out)
         suffix = Path(args.out).suffix.lower().lstrip(".")
         if args.output is None and suffix in FORMATS:
@@ -640,15 +643,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         _say_notes(notes)
         raise
-    if args.vram or args.output != "md":
+    if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)
     _say_notes(notes)
     # sql: upstream's llama_bench columns unless the prefetch patch's flags are given (an upstream db takes the rows)
-    text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware),
-                       prefetch_columns=params.prefetch is not None)
+    text = "" if args.output == "none" else format_rows(  # -o none: no rows, as llama-bench's (no printer)
+        rows, args.output, n_threads_default=default_threads(scn.hardware), prefetch_columns=params.prefetch is not None)
     if args.vram:
         if args.output == "md":
             text = text.rstrip("\n") + "\n\n" + vram_table(results)
@@ -656,7 +659,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             sys.stderr.write(vram_table(results))
     if args.out is not None:
         write_atomic(args.out, text)
-    else:
+    elif text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -829,9 +832,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "is their product, one row per combination, test and variant) over a scenario, printed as "
                     "llama-bench prints (-o md|csv|json|jsonl|sql, its field names).")
     _add_bench_flags(run)
-    run.add_argument("-o", "--output", choices=FORMATS, default=None,
+    run.add_argument("-o", "--output", choices=FORMATS + ("none",), default=None,
                      help="output format, as llama-bench's -o (default md, or the --out file's extension when it is "
-                          "one of these)")
+                          "one of these; none: no rows, as llama-bench's)")
     run.add_argument("--out", type=_out_path, help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
