@@ -121,6 +121,16 @@ def test_ub_takes_a_list(capsys):
     assert [r["n_ubatch"] for r in rows] == [32, 64] and rows[0]["avg_ts"] < rows[1]["avg_ts"]
 
 
+def test_unrecognized_arguments_point_to_the_subcommands_help(capsys):
+    for cmd in (["run", TINY, *QUICK], ["trace", TINY]):
+        with pytest.raises(SystemExit) as info:
+            main([*cmd, "--bogus", "1"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"prefetch-sim {cmd[0]}: error: unrecognized arguments: --bogus 1") and \
+            err.rstrip().endswith(f"(see 'prefetch-sim {cmd[0]} --help')"), err
+
+
 def test_no_abbreviations_and_no_glued_letters(capsys):
     for argv, words in ((["--n-pr", "64"], "unrecognized arguments: --n-pr"),
                         (["-nope", "1"], "unrecognized flag '-nope'"),

@@ -806,6 +806,16 @@ class Parser(argparse.ArgumentParser):
             return False
         return act.choices is None or v in act.choices
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no parser took are reported by the subcommand's parser (its
+        ``--help``: ``prefetch-sim run --help``), not the top-level one."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = next((a.choices.get(getattr(ns, a.dest, None)) for a in self._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
