@@ -958,6 +958,25 @@ def test_an_ubatch_above_the_batch_prints_as_given_and_notes_the_clamp_from_a_to
     assert "clamps" not in err
 
 
+@pytest.mark.parametrize("value, words", [
+    ("/".join(["1"] * 17), "gives 17 shares, more than llama.cpp's 16 devices"),
+    ("1e39/1", "share '1e39' does not fit a C float"),
+    ("1/1e-50", "share '1e-50' does not fit a C float"),
+])
+def test_ts_refuses_what_llama_bench_refuses_in_one_line(capsys, value, words):
+    """llama-bench asserts at most llama_max_devices() (16) shares and reads each with std::stof,
+    which throws out of a float's range."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, *QUICK, "-ts", value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and words in err and "-ts" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ts_takes_what_a_float_holds():
+    assert args_of("-ts", "/".join(["1"] * 16)).tensor_split == [(tuple([1.0] * 16),)]
+    assert args_of("-ts", "3.4028235e38/0").tensor_split == [((3.4028235e38, 0.0),)]  # rounds to FLT_MAX
+
+
 def test_m_says_where_the_placement_comes_from(capsys):
     import tempfile
 

@@ -243,18 +243,37 @@ def _output_format(text: str) -> str:
     return text
 
 
+#: ``llama_max_devices()``: the most ``-ts`` shares llama-bench takes (it asserts no more)
+MAX_DEVICES = 16
+#: the largest finite and the smallest normal C ``float`` (``FLT_MAX``, ``FLT_MIN``)
+FLT_MAX, FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38
+
+
 def _tensor_split_list(text: str) -> tuple[tuple[float, ...], ...]:
-    """``-ts 3/1`` (or ``3;1``): one split per comma-separated item, shares split at ``/`` or ``;``."""
+    """``-ts 3/1`` (or ``3;1``): one split per comma-separated item, shares split at ``/`` or ``;``:
+    at most :data:`MAX_DEVICES` shares (llama-bench asserts it), each a C ``float`` (llama-bench's
+    ``std::stof`` throws on a value out of its range)."""
+    import numpy as np
+
     out = []
     for item in text.split(","):
         shares = []
-        for s in re.split(r"[;/]+", item):
+        parts = re.split(r"[;/]+", item)
+        if len(parts) > MAX_DEVICES:
+            raise argparse.ArgumentTypeError(f"'{item}' gives {len(parts)} shares, more than llama.cpp's "
+                                             f"{MAX_DEVICES} devices (llama_max_devices)")
+        for s in parts:
             try:
                 x = float(s)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"expected shares like 3/1, got '{item}'") from None
             if not math.isfinite(x) or x < 0:
                 raise argparse.ArgumentTypeError(f"shares must be finite and >= 0, got '{item}'")
+            with np.errstate(over="ignore", under="ignore"):
+                f32 = float(np.float32(x))
+            if math.isinf(f32) or (x and abs(f32) < FLT_MIN):
+                raise argparse.ArgumentTypeError(f"share '{s.strip()}' does not fit a C float (at most {FLT_MAX:g}, and 0 "
+                                                 f"or at least {FLT_MIN:g}): llama-bench's std::stof refuses it")
             shares.append(x)
         out.append(tuple(shares))
     return tuple(out)
