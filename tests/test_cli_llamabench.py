@@ -1081,5 +1081,11 @@ def test_a_model_toml_given_as_the_scenario_and_the_reverse_say_which_is_which(c
     assert rc == 2 and "is a model TOML" in err and "-m/--model" in err
     rc, _, err = run(capsys, "run", TINY, "-m", "scenarios/default.toml", *QUICK)
     assert rc == 2 and "is a scenario TOML" in err
+    for hw in ("scenarios/hardware/h200.toml", "scenarios/tiny/tiny-gpu.toml"):  # was "missing required field"
+        rc, _, err = run(capsys, "run", TINY, "-m", hw, *QUICK)
+        assert rc == 2 and f"{hw}: field 'model': is a hardware profile TOML ([hardware]), not a model" in err, err
+        assert len(err.strip().splitlines()) == 1
+        rc, _, err = run(capsys, "run", hw, *QUICK)  # as the scenario: was "field 'scenario': missing required field"
+        assert rc == 2 and f"{hw}: field 'scenario': is a hardware profile TOML ([hardware]), not a scenario" in err
     rc, _, err = run(capsys, "run", TINY, "-m", "nosuchname", *QUICK)
     assert rc == 2 and "unknown model 'nosuchname'" in err and "qwen3-30b-a3b" in err

@@ -410,6 +410,9 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     if "model" not in data and "scenario" in data:
         raise ScenarioError("is a scenario TOML ([scenario]), not a model: give it as the scenario, or -m the "
                             "model file it names", file=path, field="model")
+    if "model" not in data and "hardware" in data:
+        raise ScenarioError("is a hardware profile TOML ([hardware]), not a model: name it as a scenario's hardware, "
+                            "and give -m a model TOML or GGUF", file=path, field="model")
     m = f.sub("model", required=True)
     name = m.str("name")
     from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
@@ -1388,6 +1391,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if "scenario" not in data and "model" in data:
         raise ScenarioError("is a model TOML ([model]), not a scenario: give it with -m/--model (the scenario "
                             "names its hardware and placement)", file=path, field="scenario")
+    if "scenario" not in data and "hardware" in data:
+        raise ScenarioError("is a hardware profile TOML ([hardware]), not a scenario: name it as a scenario's "
+                            "hardware", file=path, field="scenario")
     s = f.sub("scenario", required=True)
     name = s.str("name")
     # a bare name (no .toml/.gguf) with no such file beside the scenario: a shipped file (sim.resources)
