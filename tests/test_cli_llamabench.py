@@ -956,6 +956,17 @@ def test_an_ubatch_above_the_batch_prints_as_given_and_notes_the_clamp_from_a_to
         assert f"so {b}-token ubatches are simulated; the rows print n_ubatch {big}" in err
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-ub", ub, "-b", b)
     assert "clamps" not in err
+    # a workload changed since (a sweep's own ubatch) prints its own n_ubatch, not the TOML's
+    import argparse
+    from dataclasses import replace
+
+    from sim.cli.benchflags import params_from_args
+    from sim.model.specs import load_scenario
+
+    scn = load_scenario(tmp_path / "s.toml")
+    assert params_from_args(argparse.Namespace(), scn).values["n_ubatch"] == (int(big),)
+    swept = scn.with_(workload=replace(scn.workload, n_ubatch=int(b) // 2))
+    assert params_from_args(argparse.Namespace(), swept).values["n_ubatch"] == (int(b) // 2,)
 
 
 @pytest.mark.parametrize("value, words", [

@@ -931,7 +931,9 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     vals["embeddings"] = pick("embeddings", [False])
     vals["no_op_offload"] = pick("no_op_offload", [False])
     vals["n_batch"] = pick("n_batch", [wl.n_batch])
-    vals["n_ubatch"] = pick("n_ubatch", [wl.n_ubatch_given or wl.n_ubatch])  # as given: llama.cpp clamps it
+    # the TOML's n_ubatch as given (llama.cpp clamps it), while the workload is still the one it was clamped in
+    given_ub = wl.n_ubatch_given if wl.n_ubatch_given and min(wl.n_ubatch_given, wl.n_batch) == wl.n_ubatch else 0
+    vals["n_ubatch"] = pick("n_ubatch", [given_ub or wl.n_ubatch])
     kv = kv_type_of(m.kv_bytes_per_elem)
     vals["type_k"] = pick("type_k", [kv])
     vals["type_v"] = pick("type_v", [kv])

@@ -1161,7 +1161,8 @@ class Workload:
         n_ubatch_given: the TOML's ``n_ubatch`` as written when it is above ``n_batch`` (llama.cpp
             clamps the ubatch to the batch, so ``n_ubatch`` is ``n_batch``); what a llama-bench row
             prints, as for ``-ub 4096 -b 2048`` (:func:`sim.cli.benchflags.params_from_args`). 0:
-            ``n_ubatch``. Not a TOML field.
+            ``n_ubatch`` (as when ``n_ubatch`` is no longer ``min(n_ubatch_given, n_batch)``: a
+            workload changed since). Not a TOML field.
     """
 
     n_prompt: tuple[int, ...] = (512,)
