@@ -52,6 +52,11 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     return target
 
 
+#: file name endings that a folder output (``directory=True``) that does not exist yet may not have:
+#: ``--out /tmp/cx.csv`` means a file, and would silently become a folder named ``cx.csv``
+FILE_SUFFIXES = (".csv", ".png", ".json", ".jsonl", ".md", ".txt", ".svg", ".pdf", ".html", ".toml", ".sql", ".gz")
+
+
 def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False,
                       suffix: str | None = None) -> Path:
     """Fail early (before any simulation) on an output path that cannot be written. Creates
@@ -60,8 +65,9 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
 
     Raises:
         ScenarioError: naming ``flag``: the path is empty or ``-`` (not standard output), a folder
-            or a name ending in ``/`` (for a file output), a file (for a folder output), its folder cannot be created or
-            written, or it does not end in ``suffix``.
+            or a name ending in ``/`` (for a file output), a file (for a folder output), a folder output
+            that does not exist yet named like a file (:data:`FILE_SUFFIXES`: ``cx.csv``), its folder
+            cannot be created or written, or it does not end in ``suffix``.
     """
     from sim.errors import ScenarioError
 
@@ -78,6 +84,9 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
                             field=flag)
     if directory and p.exists() and not p.is_dir():
         raise ScenarioError(f"'{p}' exists and is not a folder", field=flag)
+    if directory and not p.exists() and p.suffix.lower() in FILE_SUFFIXES:
+        raise ScenarioError(f"'{p}' ends in {p.suffix}, as a file name does, but {flag} names a folder (the outputs are "
+                            f"written into it): give a folder name, e.g. '{p.with_suffix('')}'", field=flag)
     if not directory and p.exists() and not p.is_file():  # a device or FIFO (/dev/null) is written in place
         if not os.access(p, os.W_OK):
             raise ScenarioError(f"cannot write '{p}': not writable (permission denied)", field=flag)

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from sim.cli import build_parser, load_scenario_with_overrides, main, variant_ids
-from sim.views.llamabench import CSV_FIELDS, FIELDS, read_llama_bench, row_terms, row_variant
+from sim.views.llamabench import CSV_FIELDS, FIELDS, UPSTREAM_FIELDS, read_llama_bench, row_terms, row_variant
 from sim.views.report import COLUMNS, JSON_COLUMNS
 from sim.model.specs import load_model, parse_variant
 
@@ -121,6 +121,16 @@ def test_ub_takes_a_list(capsys):
     assert [r["n_ubatch"] for r in rows] == [32, 64] and rows[0]["avg_ts"] < rows[1]["avg_ts"]
 
 
+def test_unrecognized_arguments_point_to_the_subcommands_help(capsys):
+    for cmd in (["run", TINY, *QUICK], ["trace", TINY]):
+        with pytest.raises(SystemExit) as info:
+            main([*cmd, "--bogus", "1"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"prefetch-sim {cmd[0]}: error: unrecognized arguments: --bogus 1") and \
+            err.rstrip().endswith(f"(see 'prefetch-sim {cmd[0]} --help')"), err
+
+
 def test_no_abbreviations_and_no_glued_letters(capsys):
     for argv, words in ((["--n-pr", "64"], "unrecognized arguments: --n-pr"),
                         (["-nope", "1"], "unrecognized flag '-nope'"),
@@ -130,6 +140,20 @@ def test_no_abbreviations_and_no_glued_letters(capsys):
             main(["run", TINY, *QUICK, *argv])
         err = capsys.readouterr().err
         assert info.value.code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_long_flags_may_spell_dashes_as_underscores_as_in_llama_bench(capsys):
+    """llama-bench's parse_cmd_params replaces '_' by '-' in a word starting with '--':
+    --n_prompt 256 is --n-prompt 256 (with =value too); a value keeps its '_'; a short flag does not
+    change, nor a word after '--'."""
+    dashed = jsonl(capsys, "--n-prompt", "16", "--n-gen", "0", "--cache-type-k", "q8_0", "--no-warmup")
+    under = jsonl(capsys, "--n_prompt", "16", "--n_gen=0", "--cache_type_k", "q8_0", "--no_warmup")
+    assert under == [r | {"test_time": under[0]["test_time"]} for r in dashed] and dashed[0]["type_k"] == "q8_0"
+    a = build_parser().parse_args(["run", TINY, "--override_tensor", "blk_x=CPU"])
+    assert a.overrides == [((("blk_x", "CPU"),),)]  # the value keeps its '_'
+    with pytest.raises(SystemExit):
+        main(["run", TINY, *QUICK, "--n_promp", "16"])
+    assert "unrecognized arguments: --n_promp" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("glued, spaced", [
@@ -586,9 +610,59 @@ def test_csv_and_sql_layouts(capsys):
     assert rc == 0 and out.startswith("CREATE TABLE IF NOT EXISTS llama_bench (\n")
     con = sqlite3.connect(":memory:")
     con.executescript(out)
-    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == list(CSV_FIELDS)
+    upstream = [f for f in CSV_FIELDS if f in UPSTREAM_FIELDS]  # no -pw/-pwg/-pes: upstream's columns
+    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == upstream
     assert con.execute("SELECT COUNT(*) FROM llama_bench b JOIN prefetch_sim s ON s.llama_bench_rowid = b.rowid "
                        "WHERE s.variant = 'baseline'").fetchone() == (2,)
+
+
+def _upstream_db() -> sqlite3.Connection:
+    """A llama_bench table laid out as an upstream llama-bench's -o sql creates it: the columns of
+    a real upstream row (data/llamacpp/h200-20261201, no prefetch fields) in its order, typed as
+    sql_printer types them."""
+    from sim.views.llamabench import FIELD_BY_NAME
+
+    first = json.loads((ROOT / "data/llamacpp/h200-20261201/llama-bench.jsonl").read_text().splitlines()[0])
+    cols = [k for k in first if k not in ("samples_ns", "samples_ts")]
+    assert not any(k.startswith("prefetch_") for k in cols)
+    sql = {"STRING": "TEXT", "BOOL": "INTEGER", "INT": "INTEGER", "FLOAT": "REAL"}
+    con = sqlite3.connect(":memory:")
+    con.execute(f"CREATE TABLE llama_bench ({', '.join(f'{c} {sql[FIELD_BY_NAME[c].type]}' for c in cols)})")
+    return con
+
+
+def test_sql_goes_into_an_upstream_llama_bench_db_unless_the_prefetch_flags_ask_for_the_patch_columns(capsys):
+    """Without -pw/-pwg/-pes the llama_bench table is upstream's (every variant's rows INSERT into a
+    db an upstream llama-bench created; the variant is in prefetch_sim); with them it is the
+    patched llama-bench's, whose prefetch_* columns an upstream db lacks, as the patched
+    llama-bench's own rows would."""
+    rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "--variant", "prefetch_ungated", "-o", "sql")
+    assert rc == 0, err
+    con = _upstream_db()
+    con.executescript(out)
+    got = con.execute("SELECT s.variant, b.n_prompt, b.n_gen FROM llama_bench b JOIN prefetch_sim s "
+                      "ON s.llama_bench_rowid = b.rowid ORDER BY b.rowid").fetchall()
+    assert [g[0] for g in got] == ["baseline"] * 2 + ["prefetch_ungated"] * 2
+    rc, out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-pw", "0,1", "-pwg", "0", "-o", "sql")
+    assert rc == 0, err
+    with pytest.raises(sqlite3.OperationalError, match="no column named prefetch_weights"):
+        _upstream_db().executescript(out)
+    con = sqlite3.connect(":memory:")
+    con.executescript(out)
+    assert [r[1] for r in con.execute("PRAGMA table_info(llama_bench)")] == list(CSV_FIELDS)
+    assert sorted({r[0] for r in con.execute("SELECT prefetch_weights FROM llama_bench")}) == [0, 1]
+
+
+def test_o_none_runs_and_prints_no_rows_as_llama_bench(capsys, tmp_path):
+    """llama-bench's -o none has no printer: the tests run, stdout stays empty; the flags are
+    still checked. With --out there is nothing to write: refused in one line, no file."""
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none")
+    assert rc == 0 and out == "" and "error" not in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none", "-ub", "0")
+    assert rc == 2 and "-ub" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "none", "--out", str(tmp_path / "r.csv"))
+    assert rc == 2 and "field '--out': -o none prints no rows" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_markdown_is_llama_bench_s_table_with_a_simulated_build_line(capsys):
@@ -806,6 +880,114 @@ def test_harness_flags_of_a_copied_llama_bench_command_are_accepted_with_a_note(
     assert cap.out.count("\n") >= 1 and cap.out.lstrip().startswith("{")
 
 
+def test_harness_flags_that_rows_print_carry_the_given_values_in_llama_benchs_loop_order(capsys):
+    """llama-bench loops over -lzm, -dev, --repack, -C, --cpu-strict and --poll
+    (get_cmd_params_instances: ... lm, lzm, mg, devs, ts, ot, noh, rpk, ..., nt, cm, cs, nd, pl) and
+    prints each test's values: so do our rows (a comma list one row per value, -C outside the
+    depths, --poll inside them), with md columns for values other than the defaults; the
+    simulation is the one without the flags."""
+    plain = jsonl(capsys, "-p", "16", "-n", "0", "-d", "0,8")
+    flags = ("-C", "0x3,ff", "--poll", "0,50", "-dev", "cuda0", "--cpu-strict", "1", "--repack", "0", "-lzm", "on")
+    rows = jsonl(capsys, "-p", "16", "-n", "0", "-d", "0,8", *flags)
+    got = [(r["cpu_mask"], r["n_depth"], r["poll"]) for r in rows]
+    assert got == [(m, d, pl) for m in ("0x3", "ff") for d in (0, 8) for pl in (0, 50)]
+    assert {(r["devices"], r["cpu_strict"], r["repack"], r["lazy_mode"]) for r in rows} == {("CUDA0", True, False, "on")}
+    by_depth = {r["n_depth"]: r["avg_ts"] for r in plain}
+    assert all(r["avg_ts"] == by_depth[r["n_depth"]] for r in rows)  # not modelled: the same simulation
+    assert [(r["cpu_mask"], r["poll"], r["devices"], r["repack"]) for r in plain] == [("0x0", 50, "auto", True)] * 2
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", *flags)
+    head = out.splitlines()[0]
+    assert rc == 0 and all(f" {c} " in head for c in ("cpu_mask", "cpu_strict", "poll", "dev", "lazy_mode", "rpk"))
+    assert "note: -C: accepted, not modelled" in err and "note: --poll: accepted, not modelled" in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-dev", "none"], "-dev none runs on the CPU only"),
+    (["-dev", "CUDA1"], "invalid device: CUDA1"),
+    (["-dev", "CPU"], "invalid device: CPU"),
+    (["-dev", "CUDA0/"], "invalid device specification"),
+    (["-C", "zz"], "invalid hex character 'z'"),
+    (["--numa", "bogus"], "unknown numa mode 'bogus'"),
+    (["--prio", "high"], "expected an integer"),
+    (["-lzm", "maybe"], "unknown lazy mode 'maybe'"),
+    (["--cpu-strict", "2"], "expected 0 or 1"),
+    (["--poll", "-1"], "cannot be negative"),
+    (["-oe", "xml"], "unknown output format 'xml'"),
+])
+def test_harness_flag_values_llama_bench_refuses_are_refused_in_one_line(capsys, argv, words):
+    """As llama-bench: an unknown device (or the CPU), a CPU mask that parse_cpu_mask refuses,
+    --numa other than distribute/isolate/numactl, --prio that std::stoi cannot read, ...; and
+    -dev none (CPU only), which this GPU simulator cannot run."""
+    try:
+        rc = main(["run", TINY, *QUICK, "-p", "16", "-n", "0", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and words in err and len(err.strip().splitlines()) == 1 and not out, err
+    assert argv[0] in err
+
+
+def test_harness_values_llama_bench_runs_are_accepted(capsys):
+    """llama-bench takes --prio 99 (std::stoi; set_process_priority leaves an unknown level at
+    normal priority), --numa isolate, -C with an 0x prefix and upper-case digits, -dev auto."""
+    rows = jsonl(capsys, "-p", "16", "-n", "0", "--prio", "99", "--numa", "isolate", "-C", "0xFF", "-dev", "auto")
+    assert [(r["cpu_mask"], r["devices"]) for r in rows] == [("0xFF", "auto")]
+
+
+def test_an_ubatch_above_the_batch_prints_as_given_and_notes_the_clamp_from_a_toml_as_from_flags(capsys, tmp_path):
+    """llama-bench prints the -ub given and llama.cpp clamps it to -b: a scenario's n_ubatch above
+    its n_batch prints and simulates as -ub/-b on the command line do, each noting the clamp."""
+    text = Path(TINY).read_text()
+    ub, b = re.search(r"^n_ubatch = (\d+)", text, re.M).group(1), re.search(r"^n_batch = (\d+)", text, re.M).group(1)
+    big = str(2 * int(b))
+    text = re.sub(r"^n_ubatch = \d+", f"n_ubatch = {big}", text, flags=re.M)
+    text = text.replace('"tiny-moe.toml"', f'"{TINY_MOE}"').replace('"tiny-gpu.toml"',
+                                                                   f'"{ROOT / "scenarios/tiny/tiny-gpu.toml"}"')
+    (tmp_path / "s.toml").write_text(text)
+    rc, toml_out, toml_err = run(capsys, "run", str(tmp_path / "s.toml"), *QUICK, "-o", "jsonl")
+    assert rc == 0, toml_err
+    rc, flag_out, flag_err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-ub", big, "-b", b)
+    assert rc == 0, flag_err
+    key = lambda out: [(r["n_ubatch"], r["n_batch"], r["avg_ts"]) for r in map(json.loads, out.splitlines())]
+    assert key(toml_out) == key(flag_out) and {r[0] for r in key(toml_out)} == {int(big)}
+    assert f"the scenario's n_ubatch {big} is above its n_batch {b}" in toml_err
+    assert f"-ub {big} is above -b {b}" in flag_err
+    for err in (toml_err, flag_err):
+        assert f"so {b}-token ubatches are simulated; the rows print n_ubatch {big}" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-o", "jsonl", "-ub", ub, "-b", b)
+    assert "clamps" not in err
+    # a workload changed since (a sweep's own ubatch) prints its own n_ubatch, not the TOML's
+    import argparse
+    from dataclasses import replace
+
+    from sim.cli.benchflags import params_from_args
+    from sim.model.specs import load_scenario
+
+    scn = load_scenario(tmp_path / "s.toml")
+    assert params_from_args(argparse.Namespace(), scn).values["n_ubatch"] == (int(big),)
+    swept = scn.with_(workload=replace(scn.workload, n_ubatch=int(b) // 2))
+    assert params_from_args(argparse.Namespace(), swept).values["n_ubatch"] == (int(b) // 2,)
+
+
+@pytest.mark.parametrize("value, words", [
+    ("/".join(["1"] * 17), "gives 17 shares, more than llama.cpp's 16 devices"),
+    ("1e39/1", "share '1e39' does not fit a C float"),
+    ("1/1e-50", "share '1e-50' does not fit a C float"),
+])
+def test_ts_refuses_what_llama_bench_refuses_in_one_line(capsys, value, words):
+    """llama-bench asserts at most llama_max_devices() (16) shares and reads each with std::stof,
+    which throws out of a float's range."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, *QUICK, "-ts", value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and words in err and "-ts" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ts_takes_what_a_float_holds():
+    assert args_of("-ts", "/".join(["1"] * 16)).tensor_split == [(tuple([1.0] * 16),)]
+    assert args_of("-ts", "3.4028235e38/0").tensor_split == [((3.4028235e38, 0.0),)]  # rounds to FLT_MAX
+
+
 def test_m_says_where_the_placement_comes_from(capsys):
     import tempfile
 
@@ -910,5 +1092,11 @@ def test_a_model_toml_given_as_the_scenario_and_the_reverse_say_which_is_which(c
     assert rc == 2 and "is a model TOML" in err and "-m/--model" in err
     rc, _, err = run(capsys, "run", TINY, "-m", "scenarios/default.toml", *QUICK)
     assert rc == 2 and "is a scenario TOML" in err
+    for hw in ("scenarios/hardware/h200.toml", "scenarios/tiny/tiny-gpu.toml"):  # was "missing required field"
+        rc, _, err = run(capsys, "run", TINY, "-m", hw, *QUICK)
+        assert rc == 2 and f"{hw}: field 'model': is a hardware profile TOML ([hardware]), not a model" in err, err
+        assert len(err.strip().splitlines()) == 1
+        rc, _, err = run(capsys, "run", hw, *QUICK)  # as the scenario: was "field 'scenario': missing required field"
+        assert rc == 2 and f"{hw}: field 'scenario': is a hardware profile TOML ([hardware]), not a scenario" in err
     rc, _, err = run(capsys, "run", TINY, "-m", "nosuchname", *QUICK)
     assert rc == 2 and "unknown model 'nosuchname'" in err and "qwen3-30b-a3b" in err

@@ -439,3 +439,20 @@ def test_a_gate_sweep_may_start_at_0_the_ungated_prefetch(tmp_path, capsys):
     tps = {(int(r.gate_min_batch), r.variant): r.tps_mean for r in df.itertuples()}
     assert tps[(0, "prefetch_gated_512")] == tps[(0, "prefetch_ungated")] > tps[(0, "baseline")]
     assert tps[(1024, "prefetch_gated_512")] == tps[(1024, "baseline")]
+
+
+def test_out_named_like_a_file_is_refused_as_it_names_a_folder(tmp_path, capsys):
+    """--out is the folder the CSV and PNG go into: '--out cx.csv' (not there yet) would silently
+    become a folder named cx.csv; refused in one line, nothing created. An existing folder of that
+    name is still written into."""
+    for name in ("cx.csv", "cx.PNG", "cx.json"):
+        rc = cli.main(["crossover", str(TINY), "--axis", "pcie=8,16", "--variant", "prefetch_ungated", "-q",
+                       "--out", str(tmp_path / "new" / name)])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "names a folder" in err, err
+        assert f"ends in {Path(name).suffix}" in err and "field '--out'" in err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old.csv").mkdir()
+    rc = cli.main(["crossover", str(TINY), "--axis", "pcie=8,16", "--variant", "prefetch_ungated", "-q",
+                   "--out", str(tmp_path / "old.csv")])
+    assert rc == 0 and any(p.suffix == ".png" for p in (tmp_path / "old.csv").iterdir())

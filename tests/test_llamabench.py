@@ -248,6 +248,11 @@ def _bad(lines: list[str], i: int, old: str, new: str) -> list[str]:
     (lambda L: _bad(L, 1, '"avg_ts": ', '"avg_ts": 1e9, "x": '), "avg_ts, line 2", "1e+09 t/s"),
     (lambda L: _bad(L, 0, '"samples_ts": [ 8361.29', '"samples_ts": [ 8e12'), "samples_ts, line 1", "not physical"),
     (lambda L: _bad(L, 0, '"stddev_ts": ', '"stddev_ts": 1e200, "y": '), "stddev_ts, line 1", "not physical"),
+    # llama-bench writes one sample per repetition (-r >= 1): an empty array is no llama-bench row
+    (lambda L: _bad(L, 2, L[2][L[2].index('"samples_ns": ['):L[2].index("]", L[2].index('"samples_ns": [')) + 1],
+                    '"samples_ns": [ ]'), "samples_ns, line 3", "empty"),
+    (lambda L: _bad(L, 3, L[3][L[3].index('"samples_ts": ['):L[3].index("]", L[3].index('"samples_ts": [')) + 1],
+                    '"samples_ts": []'), "samples_ts, line 4", "one sample per repetition"),
     (lambda L: L[:5] + [L[5][:300]] + L[6:], "line 6", "malformed"),
     (lambda L: L[:2] + ["[1, 2]"], "line 3", "object"),
 ])

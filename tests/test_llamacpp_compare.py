@@ -804,3 +804,59 @@ def test_a_row_at_a_depth_its_invocation_did_not_give_is_not_simulated(tmp_path)
     row = read_llama_bench(run / "llama-bench.jsonl").iloc[k]
     got = cmp.row_disagreements(row, inv)
     assert got == [("n_depth", "12345", "no -d, llama-bench's default 0")]
+
+
+def test_a_row_without_load_mode_takes_its_invocations_lm_else_a_noted_default(tmp_path, result):
+    """A row without load_mode (a llama-bench older than -lm) ran the invocation's -lm (line 1:
+    -lm none, pinned, as with the field), else llama-bench's default auto (line 3: no -lm; the
+    note says so); its use_mmap, when it has one, speaks for it."""
+    run = _mixed_up(tmp_path, {1: ('"load_mode": "none", ', ''), 3: ('"load_mode": "auto", ', '')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert list(df.pinned) == list(result.pinned) and list(df.load_mode) == list(result.load_mode)
+    assert df.predicted_ts.equals(result.predicted_ts)  # NaN where not simulated, as before
+    assert "llama-bench's default auto assumed (mmap: pageable host weights)" in df.note[2]
+    assert "default auto assumed" not in df.note[0]
+    run = _mixed_up(tmp_path / "mm", {1: ('"load_mode": "none", ', '"use_mmap": false, ')})
+    invs = [json.loads(x) for x in (run / "invocations.jsonl").read_text().splitlines()]
+    invs[0]["args"] = [a for a in invs[0]["args"] if a not in ("-lm", "none")]  # an older llama-bench: no -lm
+    (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invs))
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.pinned[0] and "assumed" not in df.note[0] and df.predicted_ts[0] == result.predicted_ts[0]
+
+
+def test_a_row_with_overrides_its_invocation_did_not_give_is_not_simulated(tmp_path, result):
+    """llama-bench prints tensor_buft_overrides none without -ot in every version (its -ncmoe rules
+    are not printed): a row of an invocation without -ot that has rules is reported and not
+    predicted, as n_depth and n_cpu_moe are (STABLE_DEFAULTS)."""
+    run = _mixed_up(tmp_path, {1: ('"tensor_buft_overrides": "none"', '"tensor_buft_overrides": "exps=CPU"')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert list(df.attrs["disagreements"]) == [1] and math.isnan(df.predicted_ts[0])
+    assert "field 'tensor_buft_overrides, line 1': the row ran tensor_buft_overrides exps=CPU" in \
+        df.attrs["disagreements"][1] and "(no -ot, llama-bench's default none)" in df.attrs["disagreements"][1]
+    assert df.predicted_ts[1:].equals(result.predicted_ts[1:])
+
+
+def test_a_main_gpu_the_profile_lacks_is_not_simulated_as_run_refuses_mg(tmp_path, result):
+    """split_mode none, main_gpu 3 on a one-GPU profile: llama.cpp ran it on a fourth GPU, which
+    the profile lacks; reported as prefetch-sim run reports -mg 3 (the same words), not simulated."""
+    from sim.cli.benchflags import check_main_gpu
+
+    run = _mixed_up(tmp_path, {1: ('"split_mode": "layer", "main_gpu": 0', '"split_mode": "none", "main_gpu": 3')})
+    df = cmp.compare(run, HW, jobs=1)
+    with pytest.raises(ScenarioError) as ei:
+        check_main_gpu(3, HW)
+    assert math.isnan(df.predicted_ts[0]) and df.regime[0] == "unknown"
+    assert f"not simulated: main_gpu 3: {ei.value.reason}" in df.note[0] and "has 1 GPU(s)" in df.note[0]
+    assert df.predicted_ts[1:].equals(result.predicted_ts[1:])
+
+
+def test_rows_of_another_backend_than_the_profiles_are_warned_once(tmp_path, result):
+    """ROCm rows against a CUDA profile: one warning, as for another GPU (gpu_info), and each row's
+    note says it is simulated as the profile's GPU; the rows of the profile's backend get neither."""
+    assert not any("backend" in w for w in cmp.warnings(result))
+    run = _mixed_up(tmp_path, {i: ('"backends": "CUDA"', '"backends": "ROCm"') for i in (1, 2, 3)})
+    df = cmp.compare(run, HW, jobs=1)
+    w = [x for x in cmp.warnings(df) if "backend" in x]
+    assert len(w) == 1 and "the rows ran on backend ROCm, the profile 'H200" in w[0] and "is CUDA" in w[0]
+    assert all("backend ROCm: simulated as the profile's GPU (CUDA)" in n for n in df.note[:3])
+    assert not any("backend" in n for n in df.note[3:])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.views.llamabench import CSV_FIELDS, FIELD_BY_NAME, FIELDS
+from sim.views.llamabench import CSV_FIELDS, FIELD_BY_NAME, FIELDS, PATCH_FIELDS, UPSTREAM_FIELDS
 from sim.views.report import (
     COLUMNS, FORMATS, JSON_COLUMNS, PROJECT_FIELD_NAMES, bench_row, format_rows, md_columns, params_label,
     sample_stats, size_label, speedup_label, tps_label,
@@ -120,6 +120,14 @@ def test_sql_is_llama_bench_s_table_plus_ours_linked_by_rowid():
     assert [g[0] for g in got] == ["sim0-baseli", "sim1-prefet"] and got[0][2] == 512
     assert got[0][1] == pytest.approx(rows[0].avg_ts, rel=1e-6)
     assert got[0][4] is None and got[1][4] == pytest.approx(1.147) and got[1][5] == 9_876_543_210
+    # upstream's columns only: the INSERTs name none of the patch's
+    up = format_rows(rows, "sql", prefetch_columns=False)
+    con2 = sqlite3.connect(":memory:")
+    con2.executescript(up)
+    upstream = [f for f in CSV_FIELDS if f in UPSTREAM_FIELDS]
+    assert [r[1] for r in con2.execute("PRAGMA table_info(llama_bench)")] == upstream
+    assert not any(f in up for f in PATCH_FIELDS)
+    assert con2.execute("SELECT COUNT(*) FROM prefetch_sim").fetchone() == (len(rows),)
     # a quote inside a value is doubled, so the statement still parses
     q = bench_row(_values(model_type="it's"), [1000], {"variant": "baseline"})
     con.executescript(format_rows([q], "sql"))

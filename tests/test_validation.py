@@ -287,7 +287,9 @@ def test_with_host_state_replaces_the_pageable_bandwidth_and_keeps_its_latency()
 
 
 @pytest.mark.parametrize("args, field", [(["--passes", "0"], "--passes"), (["--cases", "no-such-case"], "--cases"),
-                                         (["--cases", "("], "--cases")])
+                                         (["--cases", "("], "--cases"),
+                                         (["--hardware", "nonexist"], "unknown hardware 'nonexist' (built-in hardware "
+                                                                      "names: h200")])
 def test_validate_rejects_bad_options_before_touching_the_gpu(tmp_path, capsys, args, field):
     out = tmp_path / "val"
     rc = main(["validate", "--out", str(out), *args])

@@ -51,7 +51,7 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.cli.benchflags import default_threads
+from sim.cli.benchflags import check_main_gpu, default_threads, hardware_backend
 from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
@@ -390,8 +390,9 @@ def _shown(v: Any) -> str:
 
 
 #: llama-bench fields whose default has not changed in any version that has the field: a row
-#: whose invocation did not give the flag must carry it (:func:`row_disagreements`)
-STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0)}
+#: whose invocation did not give the flag must carry it (:func:`row_disagreements`); no ``-ot``
+#: prints ``none`` (its ``-ncmoe`` rules are never printed)
+STABLE_DEFAULTS = {"n_depth": ("-d", 0), "n_cpu_moe": ("-ncmoe", 0), "tensor_buft_overrides": ("-ot", "none")}
 
 
 def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
@@ -575,7 +576,8 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     without them, ``prefetch``, ``prefetch_gated_<N>``, ``slots<N>``; a variant other than
     baseline is noted); seed 0; ``repetitions`` routing draws on a MoE model, one on a dense model
     (whose plans draw nothing). A row that cannot be simulated (an unknown ``-ot`` buffer, a pattern
-    Python cannot compile, an unknown load mode, ``-pw 1`` with ``-pes N > 0``) gets ``scenario``
+    Python cannot compile, an unknown load mode, ``-pw 1`` with ``-pes N > 0``, a ``main_gpu`` beyond
+    the profile's GPUs, as ``prefetch-sim run`` refuses ``-mg``) gets ``scenario``
     None and says why in ``notes``; approximations (``-pg``, ``flash_attn``, quantised KV...) are
     noted too.
     """
@@ -597,7 +599,11 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     kind = bench_kind(terms.n_prompt, terms.n_gen)
     m = model_with_kv(model, terms)
     try:
+        check_main_gpu(_int_or(row.get("main_gpu") if hasattr(row, "get") else None, 0), hardware)
         pl, pnotes = row_placement(terms, m, hardware.n_gpu)
+    except ScenarioError as exc:  # a main_gpu the profile lacks, as prefetch-sim run refuses -mg
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: main_gpu {row.get('main_gpu')}: {exc.reason}"]), variant=variant)
     except ValueError as exc:
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]),
                        variant=variant)
@@ -616,9 +622,10 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     if _true(get("no_host", False)) and not _false(get("repack", True)):
         notes.append("no_host with repack: the CPU weights are repacked (CPU_REPACK), the CPU tables price "
                      "ggml-cpu's plain kernels")
-    backends = str(row.get("backends", "CUDA") if hasattr(row, "get") else "CUDA")
-    if "CUDA" not in backends:
-        notes.append(f"backend {backends}: simulated as the profile's GPU")
+    backend = hardware_backend(hardware)
+    backends = _str_or(row.get("backends") if hasattr(row, "get") else None, backend)
+    if backend not in [b.strip() for b in backends.split(",")]:
+        notes.append(f"backend {backends}: simulated as the profile's GPU ({backend})")
     if kind == "pp+tg":
         a, b = terms.tests
         notes.append(f"pp+tg: simulated as {a.name} then {b.name} in one context")
@@ -731,11 +738,48 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
                 raise ScenarioError(f"GGUF '{gguf}': {exc} ({ref.model_toml})", file=inv_file,
                                     field="n_layer") from None
         label = f"{inv['id'] if inv and 'id' in inv else gguf} line {line}: {row['test']}"
+        row, lm_note = row_load_mode(row, inv)
+        if lm_note is not None and lm_note.startswith("not simulated"):
+            cases.append(None)
+            extra.append(lm_note)
+            continue
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
-        extra.append(f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "")
+        extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
+                                          lm_note) if n))
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
+
+
+def row_load_mode(row: pd.Series, inv: Mapping[str, Any] | None) -> tuple[pd.Series, str | None]:
+    """A row with the ``load_mode`` it ran, and a note. A row without the field (a llama-bench
+    older than ``-lm``) takes its invocation's ``-lm`` (one value; ``-mmp`` as ``mmap``/``none``),
+    else its own ``use_mmap`` (:func:`sim.views.llamabench.host_memory_pinned` reads it), else
+    llama-bench's default ``auto`` (mmap: pageable host weights), which the note says was assumed.
+
+    Returns:
+        ``(row, note)``: the row (a copy with ``load_mode`` set when it comes from the invocation)
+        and None, the note of the default assumed, or a note starting ``not simulated`` when the
+        invocation gives several load modes and the row says neither which nor ``use_mmap``.
+    """
+    def has(key: str) -> bool:
+        v = row.get(key) if hasattr(row, "get") else None
+        return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+    if has("load_mode"):
+        return row, None
+    asked = ((inv or {}).get("_asked") or {}).get("load_mode")
+    if asked and len(set(asked[1])) == 1:
+        row = row.copy()
+        row["load_mode"] = asked[1][0]
+        return row, None
+    if has("use_mmap"):
+        return row, None
+    if asked:
+        return row, (f"not simulated: the row has no load_mode (nor use_mmap) and its invocation gives {asked[0]} "
+                     f"{','.join(map(str, asked[1]))}: which one it ran is unknown")
+    return row, ("the row has no load_mode (nor use_mmap) and its invocation no -lm: llama-bench's default auto "
+                 "assumed (mmap: pageable host weights)")
 
 
 def _case_key(case: RowCase) -> tuple:
@@ -897,8 +941,10 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
     gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
+    backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus,
+                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, backend=hardware_backend(hw),
+                    backends=backends,
                     disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
 
@@ -906,7 +952,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
 def warnings(df: pd.DataFrame) -> list[str]:
     """What a user should know about :func:`compare`'s result before reading its errors, one line
     each: the rows were measured on another GPU than the profile's (``gpu_info`` against the
-    profile's ``gpu_name``), and each invocation whose rows' ``model_size`` differs from the model
+    profile's ``gpu_name``), on another backend (``backends`` without the profile's,
+    :func:`sim.cli.benchflags.hardware_backend`: ``ROCm`` rows against a CUDA profile), and each invocation whose rows' ``model_size`` differs from the model
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
     name = str(df.attrs.get("gpu_name") or "")
@@ -914,6 +961,11 @@ def warnings(df: pd.DataFrame) -> list[str]:
     if other:
         out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
                    f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
+    backend = str(df.attrs.get("backend") or "")
+    other = [b for b in df.attrs.get("backends", []) if backend and backend not in [x.strip() for x in b.split(",")]]
+    if other:
+        out.append(f"the rows ran on backend {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
+                   f"{backend}: the errors compare two backends (give --hardware a profile of the rows' backend)")
     if len(df) and "note" in df.columns:
         seen = set()
         for _, r in df.iterrows():

@@ -417,7 +417,7 @@ def _setting_label(params, setting) -> str:
     from sim.cli.benchflags import FLAG_OF, overrides_text, tensor_split_text
 
     parts = []
-    for k in ("model",) + tuple(k for k in params.values if k != "model"):
+    for k in ("model",) + tuple(k for k in params.values if k not in ("model", "poll")):  # poll: each test's
         if len(params.values[k]) > 1:
             v = getattr(setting, k)
             text = (overrides_text(v) if k == "overrides" else tensor_split_text(v) if k == "tensor_split" else v)
@@ -432,7 +432,11 @@ def bench_work(scn, params, models) -> int:
 
     total = 0
     share = variant_work(scn.variants, scn.hardware)
+    seen = set()
     for setting in params.settings():
+        if setting.simulated() in seen:  # simulated once (run_bench)
+            continue
+        seen.add(setting.simulated())
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share)
@@ -451,7 +455,9 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     where another variant fits is an error naming the flag and the value. Any other variant (the
     scenario's own, the baseline added for ``vs base``) that does not fit is left out of the
     setting (noted). A setting where no variant fits is left out (noted) when other settings give
-    rows; when none does, the first setting's reason is the error, said once.
+    rows; when none does, the first setting's reason is the error, said once. Settings that differ
+    only in flags the simulator does not model (``-C``, ``-dev``, ``--repack``...:
+    :meth:`sim.cli.benchflags.Setting.simulated`) are simulated once, each printing its own values.
 
     Returns:
         ``(rows, results)``: the :class:`sim.views.report.BenchRow` s in llama-bench's order (setting,
@@ -486,13 +492,20 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     when = bench_time()
     rows, all_results, first_err, unfit = [], [], None, []
     settings = params.settings()
+    done = {}  # Setting.simulated() -> (scenario, variants, results): settings that differ in unmodelled flags only
     for si, setting in enumerate(settings):
         model = models[setting.model]
-        sscn = setting_scenario(setting, params, scn, model, notes)
         insts = params.instances(setting)
+        label = _setting_label(params, setting)
+        if setting.simulated() in done:
+            sscn, variants, results = done[setting.simulated()]
+            all_results += [(label, r) for r in results]
+            rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
+                                 combos=params.prefetch)
+            continue
+        sscn = setting_scenario(setting, params, scn, model, notes)
         tests = sim_tests(insts)
         sscn = fit_context_to_tests(sscn, tests)
-        label = _setting_label(params, setting)
         prog = None
         if progress is not None:
             prog = (lambda it, _d=f"simulating {si + 1}/{len(settings)}": progress(it, _d))
@@ -526,6 +539,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
+        done[setting.simulated()] = (sscn, variants, results)
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                              combos=params.prefetch)
@@ -594,6 +608,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sim.model.specs import parse_variant
 
     if args.out is not None:
+        if args.output == "none":
+            raise ScenarioError("-o none prints no rows (as llama-bench's): there is nothing to write to --out; give "
+                                "another -o or leave out --out", field="--out")
         check_output_path(args.out)
         suffix = Path(args.out).suffix.lower().lstrip(".")
         if args.output is None and suffix in FORMATS:
@@ -626,13 +643,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         _say_notes(notes)
         raise
-    if args.vram or args.output != "md":
+    if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)
     _say_notes(notes)
-    text = format_rows(rows, args.output, n_threads_default=default_threads(scn.hardware))
+    # sql: upstream's llama_bench columns unless the prefetch patch's flags are given (an upstream db takes the rows)
+    text = "" if args.output == "none" else format_rows(  # -o none: no rows, as llama-bench's (no printer)
+        rows, args.output, n_threads_default=default_threads(scn.hardware), prefetch_columns=params.prefetch is not None)
     if args.vram:
         if args.output == "md":
             text = text.rstrip("\n") + "\n\n" + vram_table(results)
@@ -640,7 +659,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             sys.stderr.write(vram_table(results))
     if args.out is not None:
         write_atomic(args.out, text)
-    else:
+    elif text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -712,7 +731,7 @@ class Parser(argparse.ArgumentParser):
     _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,\-+*][-\d.]*)*$")
 
     def parse_known_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
+        args = self._dashes(list(sys.argv[1:] if args is None else args))
         acts = self._option_string_actions
         joined: list[str] = []
         i = 0
@@ -728,6 +747,22 @@ class Parser(argparse.ArgumentParser):
             i += 1
         self._refuse_glued(args)
         return super().parse_known_args(joined, namespace)
+
+    def _dashes(self, args: list[str]) -> list[str]:
+        """Long flags as llama-bench reads them (``parse_cmd_params``: ``_`` replaced by ``-`` in a
+        word starting with ``--``): ``--n_prompt 256`` is ``--n-prompt 256``. Only a word whose
+        name (before a ``=``) is then a flag of this parser changes; nothing after ``--``."""
+        acts = self._option_string_actions
+        out = []
+        for i, tok in enumerate(args):
+            if tok == "--":
+                return out + args[i:]
+            name, eq, value = tok.partition("=")
+            alt = name.replace("_", "-")
+            if tok.startswith("--") and alt != name and alt in acts and name not in acts:
+                tok = alt + eq + value
+            out.append(tok)
+        return out
 
     def _refuse_glued(self, args: list[str]) -> None:
         """Refuse (:meth:`error`) a single-dash word that is not a flag of this parser but starts
@@ -771,6 +806,16 @@ class Parser(argparse.ArgumentParser):
             return False
         return act.choices is None or v in act.choices
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no parser took are reported by the subcommand's parser (its
+        ``--help``: ``prefetch-sim run --help``), not the top-level one."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = next((a.choices.get(getattr(ns, a.dest, None)) for a in self._actions
+                        if isinstance(a, argparse._SubParsersAction)), None)
+            (sub or self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
@@ -797,9 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "is their product, one row per combination, test and variant) over a scenario, printed as "
                     "llama-bench prints (-o md|csv|json|jsonl|sql, its field names).")
     _add_bench_flags(run)
-    run.add_argument("-o", "--output", choices=FORMATS, default=None,
+    run.add_argument("-o", "--output", choices=FORMATS + ("none",), default=None,
                      help="output format, as llama-bench's -o (default md, or the --out file's extension when it is "
-                          "one of these)")
+                          "one of these; none: no rows, as llama-bench's)")
     run.add_argument("--out", type=_out_path, help="write to this file instead of stdout (missing folders are created)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")

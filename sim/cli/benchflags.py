@@ -171,18 +171,109 @@ def _pg_pair(text: str) -> tuple[tuple[int, int], ...]:
     return ((int(parts[0]), int(parts[1])),)
 
 
+#: ``llama_lazy_mode`` names (``lazy_mode_str``)
+LAZY_MODES = ("on", "auto", "off")
+
+
+def _device_list(text: str) -> tuple[str, ...]:
+    """``-dev``: one device set per comma-separated item (``parse_devices_arg``): ``auto``,
+    ``none`` or device names joined by ``/`` (each stripped, matched to the profile's later,
+    :func:`check_devices`)."""
+    out = []
+    for combo in text.split(","):
+        trimmed = combo.strip()
+        if not trimmed:
+            raise argparse.ArgumentTypeError(f"no devices specified in '{text}'")
+        if trimmed == "auto":
+            out.append("auto")
+            continue
+        names = [n.strip() for n in trimmed.split("/")]
+        if len(names) == 1 and names[0] == "none":
+            out.append("none")
+            continue
+        if any(not n for n in names):
+            raise argparse.ArgumentTypeError(f"invalid device specification '{trimmed}' (an empty device name)")
+        out.append("/".join(names))
+    return tuple(out)
+
+
+def _cpu_mask_list(text: str) -> tuple[str, ...]:
+    """``-C``: one hex CPU mask per comma-separated item, as given (``parse_cpu_mask``: an optional
+    ``0x``, then hex digits, of which it reads the first 128)."""
+    out = []
+    for mask in text.split(","):
+        digits = mask[2:] if mask.startswith("0x") else mask
+        bad = next((c for c in digits[:128] if c not in "0123456789abcdefABCDEF"), None)
+        if bad is not None:
+            raise argparse.ArgumentTypeError(f"invalid hex character '{bad}' in CPU mask '{mask}' (llama-bench: "
+                                             "failed to parse cpu-mask)")
+        out.append(mask)
+    return tuple(out)
+
+
+def _c_int(text: str) -> int:
+    """An integer as ``std::stoi`` reads it (leading blanks, a sign, digits; what follows is
+    ignored), a C int."""
+    from sim.bounds import INT32_MAX
+
+    m = re.match(r"\s*[+-]?\d+", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
+    v = int(m.group(0))
+    if abs(v) > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"'{text}' is out of range of a C int")
+    return v
+
+
+#: ``--numa``'s values (``""``: distribute)
+NUMA_MODES = ("distribute", "isolate", "numactl", "")
+#: ``-o``/``-oe`` values of llama-bench (``output_format_from_str``)
+OUTPUT_FORMATS = ("csv", "json", "jsonl", "md", "sql", "none")
+
+
+def _numa(text: str) -> str:
+    if text not in NUMA_MODES:
+        raise argparse.ArgumentTypeError(f"unknown numa mode '{text}' (use distribute, isolate or numactl)")
+    return text
+
+
+def _output_format(text: str) -> str:
+    if text not in OUTPUT_FORMATS:
+        raise argparse.ArgumentTypeError(f"unknown output format '{text}' (use {', '.join(OUTPUT_FORMATS)})")
+    return text
+
+
+#: ``llama_max_devices()``: the most ``-ts`` shares llama-bench takes (it asserts no more)
+MAX_DEVICES = 16
+#: the largest finite and the smallest normal C ``float`` (``FLT_MAX``, ``FLT_MIN``)
+FLT_MAX, FLT_MIN = 3.4028234663852886e38, 1.1754943508222875e-38
+
+
 def _tensor_split_list(text: str) -> tuple[tuple[float, ...], ...]:
-    """``-ts 3/1`` (or ``3;1``): one split per comma-separated item, shares split at ``/`` or ``;``."""
+    """``-ts 3/1`` (or ``3;1``): one split per comma-separated item, shares split at ``/`` or ``;``:
+    at most :data:`MAX_DEVICES` shares (llama-bench asserts it), each a C ``float`` (llama-bench's
+    ``std::stof`` throws on a value out of its range)."""
+    import numpy as np
+
     out = []
     for item in text.split(","):
         shares = []
-        for s in re.split(r"[;/]+", item):
+        parts = re.split(r"[;/]+", item)
+        if len(parts) > MAX_DEVICES:
+            raise argparse.ArgumentTypeError(f"'{item}' gives {len(parts)} shares, more than llama.cpp's "
+                                             f"{MAX_DEVICES} devices (llama_max_devices)")
+        for s in parts:
             try:
                 x = float(s)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"expected shares like 3/1, got '{item}'") from None
             if not math.isfinite(x) or x < 0:
                 raise argparse.ArgumentTypeError(f"shares must be finite and >= 0, got '{item}'")
+            with np.errstate(over="ignore", under="ignore"):
+                f32 = float(np.float32(x))
+            if math.isinf(f32) or (x and abs(f32) < FLT_MIN):
+                raise argparse.ArgumentTypeError(f"share '{s.strip()}' does not fit a C float (at most {FLT_MAX:g}, and 0 "
+                                                 f"or at least {FLT_MIN:g}): llama-bench's std::stof refuses it")
             shares.append(x)
         out.append(tuple(shares))
     return tuple(out)
@@ -333,6 +424,16 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
      "never move an op with host weights to the GPU"),
     ("no_host", ("--no-host",), _bool_list, "0|1",
      "host weights in plain (pageable) memory, not the GPU's host buffer"),
+    ("lazy_mode", ("-lzm", "--lazy-mode"), _choice_list(LAZY_MODES, "lazy mode"), "on|auto|off",
+     "llama.cpp's lazy tensor loading (printed in the rows; not modelled)"),
+    ("devices", ("-dev", "--device"), _device_list, "DEV0/DEV1/...",
+     "devices to use, e.g. CUDA0 or CUDA0/CUDA1, or auto (printed in the rows; not modelled: the profile's GPUs "
+     "are simulated; none, CPU only, is refused)"),
+    ("repack", ("--repack",), _bool_list, "0|1", "CPU weight repacking (printed in the rows; not modelled)"),
+    ("cpu_mask", ("-C", "--cpu-mask"), _cpu_mask_list, "HEX",
+     "CPU affinity mask of the thread pool (printed in the rows; not modelled)"),
+    ("cpu_strict", ("--cpu-strict",), _bool_list, "0|1", "strict CPU placement (printed in the rows; not modelled)"),
+    ("poll", ("--poll",), int_list, "0...100", "thread pool polling level (printed in the rows; not modelled)"),
     ("fit_target", ("-fitt", "--fit-target"), _nonneg_list, "MiB",
      "fit the model to VRAM with this margin per GPU (MiB): the fewest host expert layers that fit. As in "
      "llama-bench, any -fitt or -fitc other than 0 runs the fit, which replaces -ngl, -ncmoe, -ot and -ts (the "
@@ -348,10 +449,16 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
 #: warm-up run an expert cache keeps: :attr:`BenchParams.warmup`). (flags, takes a value)
 HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("-v", "--verbose"), False), (("--progress",), False), (("--no-warmup",), False),
-    (("--delay",), True), (("--prio",), True), (("--poll",), True), (("-C", "--cpu-mask"), True),
-    (("--cpu-strict",), True), (("-dev", "--device"), True), (("-lzm", "--lazy-mode"), True),
-    (("--repack",), True), (("--numa",), True), (("-oe", "--output-err"), True),
+    (("--delay",), True), (("--prio",), True), (("--numa",), True), (("-oe", "--output-err"), True),
 )
+#: the value check of a harness flag that takes one, as llama-bench's: ``std::stoi`` for
+#: ``--delay``/``--prio`` (any C int: ``--prio 99`` runs, at normal priority), ``--numa``'s and
+#: ``-oe``'s names
+HARNESS_TYPES = {"--delay": _c_int, "--prio": _c_int, "--numa": _numa, "--output-err": _output_format}
+#: the llama-bench flags the rows print (:data:`_LIST_FLAGS`) that set up the harness or the
+#: loader, not what the simulator runs: printed as given, noted as not modelled
+#: (:func:`harness_notes`)
+UNMODELLED_ROW_FLAGS = ("lazy_mode", "devices", "repack", "cpu_mask", "cpu_strict", "poll")
 
 
 #: the project's prefetch patch's llama-bench flags (:mod:`calibrate.llamacpp.prefetch_patch`):
@@ -464,12 +571,16 @@ def unmodelled_notes(args: argparse.Namespace) -> list[str]:
 
 
 def harness_notes(args: argparse.Namespace) -> list[str]:
-    """One note per harness-only flag given (:data:`HARNESS_FLAGS`)."""
+    """One note per harness-only flag given (:data:`HARNESS_FLAGS`) and per flag of
+    :data:`UNMODELLED_ROW_FLAGS` given (its rows print its values)."""
     out = []
     for opts, _ in HARNESS_FLAGS:
         v = getattr(args, "harness_" + opts[-1].lstrip("-").replace("-", "_"), None)
         if v not in (None, False) and opts[0] != "--no-warmup":  # modelled: BenchParams.warmup
             out.append(f"{opts[0]}: accepted, not modelled (a llama-bench harness setting)")
+    for dest, opts, *_ in _LIST_FLAGS:
+        if dest in UNMODELLED_ROW_FLAGS and getattr(args, dest, None) is not None:
+            out.append(f"{opts[0]}: accepted, not modelled (the rows print its values, as llama-bench's)")
     return out
 
 
@@ -487,7 +598,8 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     for opts, takes_value in HARNESS_FLAGS:
         dest = "harness_" + opts[-1].lstrip("-").replace("-", "_")
         if takes_value:
-            p.add_argument(*opts, dest=dest, metavar="X", help="llama-bench harness setting: accepted, not modelled")
+            p.add_argument(*opts, dest=dest, metavar="X", type=HARNESS_TYPES.get(opts[-1]),
+                           help="llama-bench harness setting: accepted, not modelled")
         else:
             p.add_argument(*opts, dest=dest, action="store_true",
                            help=("skip llama-bench's untimed warm-up run before each test (modelled: an expert "
@@ -566,16 +678,29 @@ class Setting:
     no_kv_offload: bool
     flash_attn: int
     n_threads: int
+    # printed, not modelled (UNMODELLED_ROW_FLAGS); poll is the Instance's
+    lazy_mode: str = "auto"
+    devices: str = "auto"
+    repack: bool = True
+    cpu_mask: str = "0x0"
+    cpu_strict: bool = False
+
+    def simulated(self) -> "Setting":
+        """This setting with the fields the simulator does not model (:data:`UNMODELLED_ROW_FLAGS`)
+        at their defaults: settings that differ only there simulate alike (one simulation)."""
+        return replace(self, lazy_mode="auto", devices="auto", repack=True, cpu_mask="0x0", cpu_strict=False)
 
 
 @dataclass(frozen=True)
 class Instance:
-    """One llama-bench test: a setting and ``n_prompt``/``n_gen``/``n_depth``."""
+    """One llama-bench test: a setting, ``n_prompt``/``n_gen``/``n_depth`` and ``--poll`` (which
+    llama-bench loops over inside the depths: printed, not modelled)."""
 
     setting: Setting
     n_prompt: int
     n_gen: int
     n_depth: int
+    poll: int = 50
 
     @property
     def kind(self) -> str:
@@ -600,11 +725,14 @@ FLAG_OF = {"model": "-m", "fit_target": "-fitt", "fit_min_ctx": "-fitc", "n_gpu_
            "tensor_split": "-ts", "overrides": "-ot", "no_host": "--no-host", "embeddings": "-embd",
            "no_op_offload": "-nopo", "n_batch": "-b", "n_ubatch": "-ub", "type_k": "-ctk", "type_v": "-ctv",
            "no_kv_offload": "-nkvo", "flash_attn": "-fa", "n_threads": "-t", "n_depth": "-d",
-           "n_prompt": "-p", "n_gen": "-n", "n_pg": "-pg"}
-#: Setting fields in llama-bench's loop order (outermost first)
+           "n_prompt": "-p", "n_gen": "-n", "n_pg": "-pg", "lazy_mode": "-lzm", "devices": "-dev",
+           "repack": "--repack", "cpu_mask": "-C", "cpu_strict": "--cpu-strict", "poll": "--poll"}
+#: Setting fields in llama-bench's loop order (outermost first; ``get_cmd_params_instances``),
+#: then the depths and ``--poll`` (:meth:`BenchParams.instances`)
 LOOP_ORDER = ("model", "fit_target", "fit_min_ctx", "n_gpu_layers", "n_cpu_moe", "split_mode", "load_mode",
-              "main_gpu", "tensor_split", "overrides", "no_host", "embeddings", "no_op_offload", "n_batch",
-              "n_ubatch", "type_k", "type_v", "no_kv_offload", "flash_attn", "n_threads")
+              "lazy_mode", "main_gpu", "devices", "tensor_split", "overrides", "no_host", "repack", "embeddings",
+              "no_op_offload", "n_batch", "n_ubatch", "type_k", "type_v", "no_kv_offload", "flash_attn", "n_threads",
+              "cpu_mask", "cpu_strict")
 
 
 def kv_type_of(bytes_per_elem: float) -> str:
@@ -623,7 +751,8 @@ class BenchParams:
     scenario's), the repetitions, and which flags were given.
 
     Attributes:
-        values: Setting field -> tuple of values, for every field of :class:`Setting`.
+        values: Setting field -> tuple of values, for every field of :class:`Setting`, and
+            ``poll`` (``--poll``: each :class:`Instance`'s).
         n_prompt, n_gen, n_depth: the tests' values; n_pg the ``-pg`` pairs.
         repetitions: ``-r``.
         given: the :class:`Setting` fields (and ``n_prompt``, ``n_gen``, ``n_depth``, ``n_pg``)
@@ -652,18 +781,20 @@ class BenchParams:
         return [Setting(**dict(zip(LOOP_ORDER, combo))) for combo in itertools.product(*lists)]
 
     def instances(self, setting: Setting) -> list[Instance]:
-        """The tests of one setting, as llama-bench orders them: per depth, the prompts, then the
-        generations, then the ``-pg`` pairs (0 values and 0,0 pairs skipped)."""
+        """The tests of one setting, as llama-bench orders them: per depth, per ``--poll`` value,
+        the prompts, then the generations, then the ``-pg`` pairs (0 values and 0,0 pairs
+        skipped)."""
         out = []
         for d in self.n_depth:
-            out += [Instance(setting, p, 0, d) for p in self.n_prompt if p > 0]
-            out += [Instance(setting, 0, n, d) for n in self.n_gen if n > 0]
-            out += [Instance(setting, p, n, d) for p, n in self.n_pg if p or n]
+            for pl in self.values.get("poll", (50,)):
+                out += [Instance(setting, p, 0, d, pl) for p in self.n_prompt if p > 0]
+                out += [Instance(setting, 0, n, d, pl) for n in self.n_gen if n > 0]
+                out += [Instance(setting, p, n, d, pl) for p, n in self.n_pg if p or n]
         return out
 
     def multi(self) -> list[str]:
-        """The flags given several values (a product of more than one setting)."""
-        return [FLAG_OF[k] for k in LOOP_ORDER if len(self.values[k]) > 1]
+        """The flags given several values (a product of more than one setting, or ``--poll``)."""
+        return [FLAG_OF[k] for k in LOOP_ORDER + ("poll",) if len(self.values.get(k, ())) > 1]
 
 
 def given_values(args: argparse.Namespace) -> dict[str, tuple]:
@@ -800,13 +931,21 @@ def params_from_args(args: argparse.Namespace, scn) -> BenchParams:
     vals["embeddings"] = pick("embeddings", [False])
     vals["no_op_offload"] = pick("no_op_offload", [False])
     vals["n_batch"] = pick("n_batch", [wl.n_batch])
-    vals["n_ubatch"] = pick("n_ubatch", [wl.n_ubatch])
+    # the TOML's n_ubatch as given (llama.cpp clamps it), while the workload is still the one it was clamped in
+    given_ub = wl.n_ubatch_given if wl.n_ubatch_given and min(wl.n_ubatch_given, wl.n_batch) == wl.n_ubatch else 0
+    vals["n_ubatch"] = pick("n_ubatch", [given_ub or wl.n_ubatch])
     kv = kv_type_of(m.kv_bytes_per_elem)
     vals["type_k"] = pick("type_k", [kv])
     vals["type_v"] = pick("type_v", [kv])
     vals["no_kv_offload"] = pick("no_kv_offload", [False])
     vals["flash_attn"] = pick("flash_attn", [-1])
     vals["n_threads"] = pick("n_threads", [default_threads(scn.hardware)])
+    vals["lazy_mode"] = pick("lazy_mode", ["auto"])
+    vals["devices"] = tuple(check_devices(d, scn.hardware) for d in pick("devices", ["auto"]))
+    vals["repack"] = pick("repack", [True])
+    vals["cpu_mask"] = pick("cpu_mask", ["0x0"])
+    vals["cpu_strict"] = pick("cpu_strict", [False])
+    vals["poll"] = pick("poll", [50])
     reps = getattr(args, "repetitions", None)
     n_prompt = tuple(_flat(args, "n_prompt") or wl.n_prompt)
     n_gen = tuple(_flat(args, "n_gen") or wl.n_gen)
@@ -868,6 +1007,32 @@ def canonical_buffer(buf: str, hw) -> str:
                 "host buffer already, unless -lm mmap/auto or --no-host 1")
     raise ScenarioError(f"unrecognized buffer type '{buf}' (available on profile '{hw.name}': "
                         f"{', '.join(names)}){hint}", field="-ot/--override-tensor")
+
+
+def check_devices(devices: str, hw) -> str:
+    """One ``-dev`` value (:func:`_device_list`) as llama-bench prints it (``devices_to_string``):
+    ``auto``, or the profile's GPU names (matched without regard to case, as
+    ``ggml_backend_dev_by_name``) joined by ``/``.
+
+    Raises:
+        ScenarioError: ``none`` (CPU only: this simulator prices GPU offload, it has no CPU-only
+            run) or a name that is not one of the profile's GPUs (llama-bench refuses an unknown
+            device and the CPU), naming ``-dev``.
+    """
+    if devices == "auto":
+        return devices
+    if devices == "none":
+        raise ScenarioError("-dev none runs on the CPU only (no GPU), which this GPU offload simulator cannot "
+                            "simulate; give auto or the profile's GPUs", field="-dev/--device")
+    gpus = buffer_names(hw)[1:]
+    by_lower = {g.lower(): g for g in gpus}
+    out = []
+    for name in devices.split("/"):
+        if name.lower() not in by_lower:
+            raise ScenarioError(f"invalid device: {name} (the devices of profile '{hw.name}': {', '.join(gpus)})",
+                                field="-dev/--device")
+        out.append(by_lower[name.lower()])
+    return "/".join(out)
 
 
 def sim_buffer(canon: str) -> str:
@@ -953,8 +1118,8 @@ def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequen
     """Every llama-bench field of one test but the build and the timings (``avg_ns``... come from
     the samples: :func:`sim.views.report.bench_row`), as llama-bench prints them: ``model_type`` is the
     model's label, ``backends`` the profile's backend, ``gpu_info`` its GPU per device,
-    ``cpu_info`` says the host is simulated; defaults where the simulator has no such setting
-    (``cpu_mask 0x0``, ``poll 50``, ``devices auto``, ``lazy_mode auto``, ``repack`` true)."""
+    ``cpu_info`` says the host is simulated; ``cpu_mask``, ``cpu_strict``, ``poll``, ``devices``,
+    ``lazy_mode`` and ``repack`` as given (the setting's and ``inst.poll``; not modelled)."""
     s = inst.setting
     rules = s.overrides if overrides is None else overrides
     return {
@@ -966,13 +1131,13 @@ def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequen
         "model_size": int(model.nbytes),
         "model_n_params": int(model.n_params),
         "n_batch": s.n_batch, "n_ubatch": s.n_ubatch, "n_threads": s.n_threads,
-        "cpu_mask": "0x0", "cpu_strict": False, "poll": 50,
+        "cpu_mask": s.cpu_mask, "cpu_strict": s.cpu_strict, "poll": inst.poll,
         "type_k": s.type_k, "type_v": s.type_v,
         "n_gpu_layers": s.n_gpu_layers, "n_cpu_moe": s.n_cpu_moe, "split_mode": s.split_mode,
         "main_gpu": s.main_gpu, "no_kv_offload": s.no_kv_offload, "flash_attn": s.flash_attn,
-        "devices": "auto", "tensor_split": tensor_split_text(s.tensor_split),
-        "tensor_buft_overrides": overrides_text(rules), "load_mode": s.load_mode, "lazy_mode": "auto",
-        "embeddings": s.embeddings, "no_op_offload": int(s.no_op_offload), "no_host": s.no_host, "repack": True,
+        "devices": s.devices, "tensor_split": tensor_split_text(s.tensor_split),
+        "tensor_buft_overrides": overrides_text(rules), "load_mode": s.load_mode, "lazy_mode": s.lazy_mode,
+        "embeddings": s.embeddings, "no_op_offload": int(s.no_op_offload), "no_host": s.no_host, "repack": s.repack,
         "fit_target": s.fit_target, "fit_min_ctx": s.fit_min_ctx,
         "n_prompt": inst.n_prompt, "n_gen": inst.n_gen, "n_depth": inst.n_depth, "test_time": test_time,
     }
@@ -1053,9 +1218,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
 
     hw = scn.hardware
     given = params.given
-    if setting.main_gpu >= hw.n_gpu:
-        raise ScenarioError(f"main GPU {setting.main_gpu} does not exist: profile '{hw.name}' has {hw.n_gpu} GPU(s)",
-                            field="-mg/--main-gpu")
+    check_main_gpu(setting.main_gpu, hw)
     canon = tuple((p, canonical_buffer(b, hw)) for p, b in setting.overrides)
     if "overrides" in given:
         for p, b in canon:
@@ -1081,6 +1244,13 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     }
     terms = row_terms(row)
     notes.extend(terms.notes)
+    if setting.n_ubatch > setting.n_batch:
+        ub = "-ub" if "n_ubatch" in given else "the scenario's n_ubatch"
+        b = "-b" if "n_batch" in given else "its n_batch" if "n_ubatch" not in given else "the scenario's n_batch"
+        where = f" ({scn.file})" if not {"n_ubatch", "n_batch"} <= given and getattr(scn, "file", None) else ""
+        notes.add(f"{ub} {setting.n_ubatch} is above {b} {setting.n_batch}{where}: llama.cpp clamps the ubatch to "
+                  f"the batch, so {terms.n_ubatch}-token ubatches are simulated; the rows print n_ubatch "
+                  f"{setting.n_ubatch}, as llama-bench's")
     m = model_with_kv(model, terms) if ({"type_k", "type_v"} & given) else model
     if setting.fit_target or setting.fit_min_ctx:
         terms = replace(terms, ngl=999, n_cpu_moe=0, overrides=(), tensor_split=())
@@ -1153,6 +1323,18 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         n_depth=tuple(dict.fromkeys(i.n_depth for i in insts)) or (0,),
         n_ubatch=terms.n_ubatch, n_batch=terms.n_batch, repetitions=params.repetitions, warmup=params.warmup)
     return scn.with_(model=m, hardware=hw, placement=pl, workload=wl, routing=_routing_for(scn, m, notes))
+
+
+def check_main_gpu(main_gpu: int, hw) -> None:
+    """``-mg`` must name one of the profile's GPUs (``prefetch-sim run``; ``calibrate.llamacpp.compare``
+    refuses a row's ``main_gpu`` alike).
+
+    Raises:
+        ScenarioError: naming ``-mg``, the profile and its GPU count.
+    """
+    if main_gpu >= hw.n_gpu:
+        raise ScenarioError(f"main GPU {main_gpu} does not exist: profile '{hw.name}' has {hw.n_gpu} GPU(s)",
+                            field="-mg/--main-gpu")
 
 
 def check_fit_target(fit_target_mib: int, hw) -> None:

@@ -35,7 +35,8 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--grid", choices=GRIDS, default="default",
                    help="default: the 64-case grid; smoke: 6 quick cases")
     p.add_argument("--hardware", default=None,
-                   help="profile the predictions use (default: the measured H200 profile)")
+                   help="profile the predictions use: a TOML file or a built-in name such as h200 (default: the "
+                        "measured H200 profile)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per case and pass (default 3)")
@@ -86,6 +87,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from sim.resources import cwd_or_shipped
 
         args.hardware = str(cwd_or_shipped("scenarios/hardware/h200.toml"))
+    else:  # a path, or a built-in name (an unknown one: the built-in names listed), as other --hardware options
+        from calibrate.llamacpp.compare import hardware_path
+
+        args.hardware = str(hardware_path(args.hardware))
     if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name) or args.name in (".", ".."):
         raise ScenarioError(f"'{args.name}' is not a file name prefix (letters, digits, '.', '_', '-')",
                             field="--name")

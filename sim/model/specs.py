@@ -410,6 +410,9 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     if "model" not in data and "scenario" in data:
         raise ScenarioError("is a scenario TOML ([scenario]), not a model: give it as the scenario, or -m the "
                             "model file it names", file=path, field="model")
+    if "model" not in data and "hardware" in data:
+        raise ScenarioError("is a hardware profile TOML ([hardware]), not a model: name it as a scenario's hardware, "
+                            "and give -m a model TOML or GGUF", file=path, field="model")
     m = f.sub("model", required=True)
     name = m.str("name")
     from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
@@ -1155,6 +1158,11 @@ class Workload:
         warmup: llama-bench's untimed warm-up run before a test's repetitions
             (:func:`sim.engines.metrics.warmup_test`; False: ``--no-warmup``). Only an expert cache keeps
             anything of it. Not a TOML field.
+        n_ubatch_given: the TOML's ``n_ubatch`` as written when it is above ``n_batch`` (llama.cpp
+            clamps the ubatch to the batch, so ``n_ubatch`` is ``n_batch``); what a llama-bench row
+            prints, as for ``-ub 4096 -b 2048`` (:func:`sim.cli.benchflags.params_from_args`). 0:
+            ``n_ubatch`` (as when ``n_ubatch`` is no longer ``min(n_ubatch_given, n_batch)``: a
+            workload changed since). Not a TOML field.
     """
 
     n_prompt: tuple[int, ...] = (512,)
@@ -1165,6 +1173,7 @@ class Workload:
     repetitions: int = 5
     bench_repetitions: int = 0
     warmup: bool = True
+    n_ubatch_given: int = 0
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]
@@ -1178,15 +1187,14 @@ def workload_from_fields(w: Fields) -> Workload:
 
     n_ubatch = w.int("n_ubatch", 512, min=1, max=TOKENS_MAX)
     n_batch = w.int("n_batch", 2048, min=1, max=TOKENS_MAX)
-    if n_ubatch > n_batch:
-        n_ubatch = n_batch  # llama.cpp clamps ubatch to batch
     wl = Workload(
         n_prompt=w.int_list("n_prompt", (512,), min=0, max=TOKENS_MAX),
         n_gen=w.int_list("n_gen", (128,), min=0, max=TOKENS_MAX),
         n_depth=w.int_list("n_depth", (0,), min=0, max=TOKENS_MAX),
-        n_ubatch=n_ubatch,
+        n_ubatch=min(n_ubatch, n_batch),  # llama.cpp clamps ubatch to batch
         n_batch=n_batch,
         repetitions=w.int("repetitions", 5, min=1, max=REPETITIONS_MAX),
+        n_ubatch_given=n_ubatch if n_ubatch > n_batch else 0,
     )
     if not wl.tests():
         raise w.error("n_prompt", "no test to run: every -p and -n value is 0")
@@ -1384,6 +1392,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if "scenario" not in data and "model" in data:
         raise ScenarioError("is a model TOML ([model]), not a scenario: give it with -m/--model (the scenario "
                             "names its hardware and placement)", file=path, field="scenario")
+    if "scenario" not in data and "hardware" in data:
+        raise ScenarioError("is a hardware profile TOML ([hardware]), not a scenario: name it as a scenario's "
+                            "hardware", file=path, field="scenario")
     s = f.sub("scenario", required=True)
     name = s.str("name")
     # a bare name (no .toml/.gguf) with no such file beside the scenario: a shipped file (sim.resources)

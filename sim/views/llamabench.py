@@ -293,6 +293,8 @@ def _check_row(rec: dict, err) -> dict:
         if out.get(k, 0) < 0:
             raise err(k, f"must be >= 0, got {out[k]}")
     for k in ("samples_ns", "samples_ts"):
+        if k in out and not out[k]:
+            raise err(k, "empty: llama-bench writes one sample per repetition (-r >= 1)")
         if k in out and any(x <= 0 for x in out[k]):
             raise err(k, "every sample must be > 0")
     _check_samples(out, err)
@@ -406,7 +408,7 @@ def read_llama_bench(path: str | Path):
     ``samples_ts`` below :data:`TS_MAX` (1e9 t/s); ``n_prompt + n_gen > 0``. The patch's
     fields (:data:`PATCH_FIELDS`) are optional, as every other one: ``prefetch_weights`` 0 or 1,
     ``prefetch_gate`` and ``prefetch_expert_slots`` >= 0 when present. Where a row carries
-    ``samples_ns``/``samples_ts`` they must agree with each other and with ``avg_ns``,
+    ``samples_ns``/``samples_ts`` they must not be empty (one sample per repetition) and agree with each other and with ``avg_ns``,
     ``avg_ts``, ``stddev_ns`` and ``stddev_ts`` as llama-bench derives them, to the printed
     digits' rounding (:func:`_check_samples`).
 

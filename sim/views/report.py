@@ -19,7 +19,11 @@ fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, `
 * ``sql``: ``CREATE TABLE IF NOT EXISTS llama_bench (...)`` with llama-bench's columns and SQL
   types (TEXT, INTEGER, REAL), then one ``INSERT INTO llama_bench (...) VALUES ('...', ...);``
   per row, exactly as llama-bench writes them, so the output loads into a database that also
-  holds real llama-bench rows (``prefetch-sim run -o sql | sqlite3 bench.sqlite``). Our fields
+  holds real llama-bench rows (``prefetch-sim run -o sql | sqlite3 bench.sqlite``): upstream
+  llama-bench's columns, and the prefetch patch's three only when asked for
+  (``prefetch_columns``: ``prefetch-sim run`` with ``-pw``/``-pwg``/``-pes``, as the patched
+  llama-bench; json and csv always carry them, as a row without them reads as no prefetch, but a
+  table has the columns it was created with, and an INSERT naming one it lacks fails). Our fields
   go to a second table, ``prefetch_sim``, one row per ``llama_bench`` row, linked by
   ``llama_bench_rowid`` (``SELECT * FROM llama_bench b JOIN prefetch_sim s ON
   s.llama_bench_rowid = b.rowid``). A ``'`` inside a value is doubled (llama-bench writes it
@@ -48,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.views.llamabench import BOOL, CSV_FIELDS, FIELD_BY_NAME, FIELDS, FLOAT, INT, PATCH_FIELDS, PREFETCH_DEFAULTS, \
-    STRING, bench_test_name, stdev_ns, stdev_ts
+    STRING, UPSTREAM_FIELDS, bench_test_name, stdev_ns, stdev_ts
 
 #: output formats understood by :func:`format_rows` (llama-bench's ``-o``, ``none`` aside)
 FORMATS = ("md", "csv", "json", "jsonl", "sql")
@@ -325,18 +329,19 @@ def _sql_str(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _format_sql(rows: Sequence[BenchRow]) -> str:
+def _format_sql(rows: Sequence[BenchRow], prefetch_columns: bool = True) -> str:
+    fields = CSV_FIELDS if prefetch_columns else tuple(f for f in CSV_FIELDS if f in UPSTREAM_FIELDS)
     lines = ["CREATE TABLE IF NOT EXISTS llama_bench ("]
-    for i, f in enumerate(CSV_FIELDS):
-        lines.append(f"  {f} {_SQL_TYPE[FIELD_BY_NAME[f].type]}{',' if i < len(CSV_FIELDS) - 1 else ''}")
+    for i, f in enumerate(fields):
+        lines.append(f"  {f} {_SQL_TYPE[FIELD_BY_NAME[f].type]}{',' if i < len(fields) - 1 else ''}")
     lines += [");", "", f"CREATE TABLE IF NOT EXISTS {SQL_PROJECT_TABLE} (", "  llama_bench_rowid INTEGER,"]
     for i, (name, typ) in enumerate(PROJECT_FIELDS):
         lines.append(f"  {name} {_SQL_TYPE[typ]}{',' if i < len(PROJECT_FIELDS) - 1 else ''}")
     lines += [");", ""]
-    cols = ", ".join(CSV_FIELDS)
+    cols = ", ".join(fields)
     pcols = ", ".join(("llama_bench_rowid",) + PROJECT_FIELD_NAMES)
     for r in rows:
-        vals = ", ".join(_sql_str(t) for t in _values_text(r))
+        vals = ", ".join(_sql_str(t) for f, t in zip(CSV_FIELDS, _values_text(r)) if f in fields)
         lines.append(f"INSERT INTO llama_bench ({cols}) VALUES ({vals});")
         pvals = ", ".join(["last_insert_rowid()"] + ["NULL" if r.extra.get(n) is None else _sql_str(t)
                                                      for n, t in zip(PROJECT_FIELD_NAMES, _project_text(r))])
@@ -491,7 +496,8 @@ def _format_md(rows: Sequence[BenchRow], n_threads_default: int | None) -> str:
     return "\n".join(out) + "\n\n" + build_line(rows) + "\n"
 
 
-def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default: int | None = None) -> str:
+def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default: int | None = None,
+                prefetch_columns: bool = True) -> str:
     """Render rows as llama-bench does (see the module docstring).
 
     Args:
@@ -499,6 +505,11 @@ def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default:
         fmt: one of :data:`FORMATS`.
         n_threads_default: the ``-t`` default of the run (llama-bench shows ``threads`` in md
             only when the values differ from it; None: :func:`sim.cli.benchflags.default_threads`).
+        prefetch_columns: sql only: the ``llama_bench`` table has the prefetch patch's columns
+            (:data:`sim.views.llamabench.PATCH_FIELDS`), as the patched llama-bench writes it;
+            False: upstream llama-bench's columns (:data:`sim.views.llamabench.UPSTREAM_FIELDS`),
+            so the rows go into a database an upstream llama-bench created (the variant stays
+            in ``prefetch_sim``).
 
     Returns:
         The text, ending with a newline.
@@ -516,5 +527,5 @@ def format_rows(rows: Iterable[BenchRow], fmt: str = "md", *, n_threads_default:
     if fmt == "jsonl":
         return _format_jsonl(rows)
     if fmt == "sql":
-        return _format_sql(rows)
+        return _format_sql(rows, prefetch_columns)
     raise ValueError(f"unknown output format '{fmt}' (use one of: {', '.join(FORMATS)})")
