@@ -7,6 +7,7 @@ the baseline variant alone (no worker processes)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
@@ -199,6 +200,11 @@ def test_ranges_and_bad_values_are_one_line_errors(capsys):
 
     assert int_list("1-3") == (1, 2, 3) and int_list("128-1024*2") == (128, 256, 512, 1024)
     assert int_list("-1,8", allow_negative=True) == (-1, 8)
+    # llama-bench's parse_int_range takes each item with its ',' or the end: one trailing ',' is fine
+    assert int_list("64,") == (64,) and int_list("64,128-256*2,") == (64, 128, 256)
+    for bad in (",", "64,,", ",64", "64,,128"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            int_list(bad)
     for argv in (["-ub", "0"], ["-b", "0"], ["-pg", "512"], ["-fa", "maybe"], ["-ctk", "q3_k"], ["-sm", "diag"],
                  ["-lm", "fast"], ["-ncmoe", "-1"], ["-ts", "a/b"], ["-ot", "exps"], ["-ot", "=CPU"],
                  ["-nopo", "2"], ["-m", "nope.toml"], ["-mg", "1"], ["-ot", "exps=CUDA7"], ["-t", "0"],

@@ -9,6 +9,7 @@ depends on host speed.
 from __future__ import annotations
 
 import json
+import re
 import math
 import shutil
 from pathlib import Path
@@ -860,3 +861,40 @@ def test_rows_of_another_backend_than_the_profiles_are_warned_once(tmp_path, res
     assert len(w) == 1 and "the rows ran on backend ROCm, the profile 'H200" in w[0] and "is CUDA" in w[0]
     assert all("backend ROCm: simulated as the profile's GPU (CUDA)" in n for n in df.note[:3])
     assert not any("backend" in n for n in df.note[3:])
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("model_type", "gemma3 27B Q4_K - Medium", "model_type is a gemma3, the model file it is simulated with a qwen3moe"),
+    ("model_size", -1, "model_size -1"),
+    ("type_k", "q9_9", "type_k/type_v q9_9/f16: not a ggml type"),
+    ("split_mode", "diagonal", "split_mode 'diagonal'"),
+    ("tensor_split", "abc", "tensor_split 'abc'"),
+])
+def test_a_row_llama_bench_could_not_have_printed_for_its_model_is_not_simulated(field, value, words):
+    """A row whose model_type names another architecture than the model file it is simulated with
+    (an invocation naming another model's TOML), or a value llama-bench never prints, is not
+    simulated (and so not counted), saying why; a legal value of the same field still is."""
+    df = cmp.read_llama_bench(RUN / "llama-bench.jsonl")
+    q = cmp.cut_model(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), 2)
+    case = cmp.row_case(df.loc[2].to_dict() | {field: value}, q, HW)
+    assert case.scenario is None and any(n.startswith("not simulated") and words in n for n in case.notes), case.notes
+    legal = {"model_type": "qwen3moe 30B.A3B Q4_K - Medium", "model_size": int(q.nbytes), "type_k": "q8_0",
+             "split_mode": "row", "tensor_split": "1.00/1.00"}[field]
+    assert cmp.row_case(df.loc[2].to_dict() | {field: legal}, q, HW).scenario is not None
+
+
+def test_routing_check_names_a_malformed_or_impossible_copy_log_line():
+    from calibrate.llamacpp.patches import parse_copy_log
+
+    ok = "noise\nprefetch-sim copy-log: n_tokens=32 moe_splits=3 used_experts=100 expert_slots=128\n"
+    assert parse_copy_log(ok) == [{"n_tokens": 32, "moe_splits": 3, "used_experts": 100, "expert_slots": 128}]
+    for bad, words in [("moe_splits=abc", "line 2: moe_splits='abc' is not an integer"),
+                       ("used_experts=999", "used_experts=999 is more than expert_slots=128"),
+                       ("moe_splits=-3", "moe_splits=-3 is negative"), ("n_tokens=0", "n_tokens=0 for a graph"),
+                       ("junk", "token 'junk' is not key=value")]:
+        k = bad.split("=")[0]
+        line = " ".join(t if not t.startswith(k + "=") else bad for t in ok.splitlines()[1].split(" "))
+        if "=" not in bad:
+            line += " " + bad
+        with pytest.raises(ValueError, match=re.escape(words)):
+            parse_copy_log("noise\n" + line + "\n")

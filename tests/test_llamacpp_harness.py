@@ -1026,6 +1026,35 @@ def test_cpu_decomposition_splits_a_machines_cpu_side_into_a_cost_per_split_and_
     assert "cpu_split_us" in capsys.readouterr().out
 
 
+def test_cpu_decomposition_refuses_a_log_with_no_cpu_time_or_a_negative_fit(monkeypatch, tmp_path):
+    """A split-timed invocation whose CPU splits took no time (a log of another run, an edited
+    backend name), or times that only a negative cost per split or rate fits, give no figure."""
+    from calibrate.llamacpp import splittime as ST
+
+    run = _only(REPO / "data" / "llamacpp" / "h200-20261204-tg6", ("a-st-",), tmp_path / "a")
+    real = ST.summary
+
+    def edited(scale_q, scale_g):
+        def f(run_dir):
+            t = real(run_dir).copy()
+            q = t["invocation"].str.contains("qwen3")
+            t.loc[q, "cpu_compute_ms"] *= scale_q
+            t.loc[~q, "cpu_compute_ms"] *= scale_g
+            return t
+        return f
+
+    monkeypatch.setattr(ST, "summary", edited(0.0, 1.0))
+    with pytest.raises(ST.PrefetchSimError, match="a-st-qwen3-ncmoe48: its decode graphs' CPU splits took 0 ms"):
+        ST.cpu_decomposition(run)
+    monkeypatch.setattr(ST, "summary", edited(0.3, 1.0))  # Qwen3's 48 splits far faster than gpt-oss's 24:
+    df, a, scale = ST.cpu_decomposition(run)               # a free fit's cost per split is negative; bounded at 0
+    y = df["measured_ms"] - df["fixed_ms"]
+    assert a == 0.0 and 1 / scale == pytest.approx(float((df["scaled_ms"] * y).sum() / (df["scaled_ms"] ** 2).sum()))
+    monkeypatch.setattr(ST, "summary", edited(0.01, 0.01))  # times below the profile's fixed part: no rate fits
+    with pytest.raises(ST.PrefetchSimError, match="no throughput fits"):
+        ST.cpu_decomposition(run)
+
+
 def _only(run: Path, keys: tuple[str, ...], out: Path) -> Path:
     """``out`` made a copy of ``run`` whose invocations (and their llama-bench rows) are those whose id has one of
     ``keys``."""

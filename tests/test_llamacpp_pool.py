@@ -146,6 +146,18 @@ def test_pool_says_which_rows_it_leaves_out_and_refuses_a_copy_of_a_folder(tmp_p
     shutil.copytree(run, copy)
     assert P.main([str(run), str(copy), "-q"]) == 2
     assert "holds the same llama-bench.jsonl" in capsys.readouterr().err
+    # an edited copy (one test_time changed): its rows still time the same nanoseconds
+    lines = (copy / "llama-bench.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["test_time"] = "2026-12-09T00:00:00Z"
+    lines[0] = json.dumps(row)
+    (copy / "llama-bench.jsonl").write_text("\n".join(lines) + "\n")
+    assert P.main([str(run), str(copy), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert f"'{copy}' shares {len(lines)} row(s) with '{run}'" in err and len(err.strip().splitlines()) == 1
+    from calibrate.llamacpp import compare as C
+    assert C.main([str(run), "--repeat", str(copy), "-q"]) == 2
+    assert "field '--repeat'" in capsys.readouterr().err
     twin = tmp_path / "x" / run.name
     shutil.copytree(REPO / "data/llamacpp/h200-20261203-tg5a", twin)
     out = tmp_path / "p.csv"

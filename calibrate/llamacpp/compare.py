@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -608,7 +609,16 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {exc}"]),
                        variant=variant)
     notes += pnotes
+    arch = str(row.get("model_type", "") if hasattr(row, "get") else "").split(" ")[0]
+    if model.arch and arch and arch != model.arch:  # llama_model::desc() starts with general.architecture
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: the row's model_type is a {arch}, the model file it is "
+                                      f"simulated with a {model.arch} ({model.name})"]), variant=variant)
     size = row.get("model_size") if hasattr(row, "get") else None
+    if isinstance(size, numbers.Real) and not isinstance(size, bool) and math.isfinite(size) and not size > 0:
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: model_size {size}: llama-bench prints the model's bytes"]),
+                       variant=variant)
     if isinstance(size, (int, float)) and size > 0 and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
                      "the GGUF is not the model the invocation names (trimmed or --tiny?)")
@@ -1308,6 +1318,38 @@ def canary_line(df: pd.DataFrame) -> str:
     return text + "\n"
 
 
+def sample_keys(run_dir: str | Path) -> set[tuple]:
+    """The ``(n_prompt, n_gen, n_depth, samples_ns)`` of every row of a run folder's
+    ``llama-bench.jsonl`` that carries its samples: two real model loads never time the same
+    nanoseconds, so a key two folders share marks a copied row (:func:`check_distinct_runs`)."""
+    bench = read_llama_bench(Path(run_dir) / BENCH_FILE)
+    if "samples_ns" not in bench.columns:
+        return set()
+    out = set()
+    for _, r in bench.iterrows():
+        ns = r["samples_ns"]
+        if isinstance(ns, list) and ns:
+            out.add((int(r["n_prompt"]), int(r["n_gen"]), int(r["n_depth"]), tuple(int(x) for x in ns)))
+    return out
+
+
+def check_distinct_runs(run_dirs: Sequence[str | Path], field: str = "RUN_DIR") -> None:
+    """Refuse run folders that share a measured row (the same test and ``samples_ns``): a copy of
+    another folder's rows (even edited elsewhere) would count as another machine or model load.
+
+    Raises:
+        ScenarioError: naming the two folders, how many rows they share and ``field``.
+    """
+    keys = [(d, sample_keys(d)) for d in run_dirs]
+    for i, (a, ka) in enumerate(keys):
+        for b, kb in keys[i + 1:]:
+            both = ka & kb
+            if both:
+                raise ScenarioError(f"'{b}' shares {len(both)} row(s) with '{a}' (the same test and samples_ns, "
+                                    "which two model loads never time): a copy, not another measurement",
+                                    field=field)
+
+
 def reproducibility(df: pd.DataFrame) -> pd.DataFrame:
     """How well llama-bench reproduces itself on another machine, beside the simulator's error on
     the same rows, in :func:`summarize`'s groups: rows of ``df`` (:func:`attach_repeat`) with a
@@ -1558,6 +1600,7 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.realpath(args.repeat) == os.path.realpath(args.run_dir):
                 raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "
                                     "another machine", field="--repeat")
+            check_distinct_runs([args.run_dir, args.repeat], field="--repeat")
         hardware_path(args.hardware)
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress, max_work=args.max_work)

@@ -431,17 +431,33 @@ def apply_all(tree: str | Path) -> tuple[str, ...]:
 def parse_copy_log(text: str) -> list[dict[str, int]]:
     """The ``prefetch-sim copy-log:`` lines of a stderr log as dicts of ints (one per graph).
 
-    Lines of other programs are ignored; a malformed copy-log line raises ValueError naming it.
+    Lines of other programs are ignored. A copy-log line is ``key=value`` tokens of integers the
+    patch prints (counts and bytes: never negative); the used experts of a graph are at most its
+    expert slots, and the bytes copied at most the expert tensors' bytes plus ggml's 512-byte
+    padding tail per copied run.
+
+    Raises:
+        ValueError: a malformed or impossible copy-log line, naming its line number and the key.
     """
     out = []
-    for ln in text.splitlines():
+    for n, ln in enumerate(text.splitlines(), 1):
         if "prefetch-sim copy-log:" not in ln:
             continue
         rec = {}
         for tok in ln.split("prefetch-sim copy-log:", 1)[1].split():
             k, sep, v = tok.partition("=")
             if not sep:
-                raise ValueError(f"malformed copy-log line: {ln!r}")
-            rec[k] = int(v)
+                raise ValueError(f"malformed copy-log line {n}: token {tok!r} is not key=value")
+            try:
+                rec[k] = int(v)
+            except ValueError:
+                raise ValueError(f"copy-log line {n}: {k}={v!r} is not an integer") from None
+            if rec[k] < 0 and k != "n_tokens":
+                raise ValueError(f"copy-log line {n}: {k}={v} is negative")
+        if rec.get("used_experts", 0) > rec.get("expert_slots", rec.get("used_experts", 0)):
+            raise ValueError(f"copy-log line {n}: used_experts={rec['used_experts']} is more than "
+                             f"expert_slots={rec['expert_slots']}")
+        if rec.get("moe_splits", 0) > 0 and rec.get("n_tokens", 1) <= 0:
+            raise ValueError(f"copy-log line {n}: n_tokens={rec.get('n_tokens')} for a graph with MoE splits")
         out.append(rec)
     return out

@@ -26,8 +26,10 @@ configuration: ``rows`` counts configurations), beside the median spread between
 median standard error of the pooled value in each group. A configuration's fit/held-out label is
 its rows' (:func:`calibrate.llamacpp.split.is_fit_row` reads the configuration, not the machine).
 
-Inputs: every folder is checked before any work; one given twice, or whose ``llama-bench.jsonl``
-is another's byte for byte (a copy: its rows are not other loads), is refused; two folders of
+Inputs: every folder is checked before any work; one given twice, whose ``llama-bench.jsonl``
+is another's byte for byte (a copy: its rows are not other loads), or that shares a measured row
+with another (the same test and ``samples_ns``: an edited copy,
+:func:`calibrate.llamacpp.compare.check_distinct_runs`), is refused; two folders of
 one name are told apart (``name#2``). The rows a folder cannot simulate are named on stderr as
 ``compare`` names them and left out of the pool.
 """
@@ -44,8 +46,9 @@ import pandas as pd
 
 from sim.errors import ScenarioError
 
-from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args, check_run_dir,
-                      compare, hardware_path, run_cli, say_unsimulated, summarize, warnings, write_outputs)
+from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args,
+                      check_distinct_runs, check_run_dir, compare, hardware_path, run_cli, say_unsimulated, summarize,
+                      warnings, write_outputs)
 
 #: the columns of a pooled configuration: :data:`CONFIG_KEY` without ``test``, with ``kind``
 POOL_KEY = tuple(k for k in CONFIG_KEY if k != "test") + ("kind",)
@@ -261,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise ScenarioError(f"'{d}' holds the same {BENCH_FILE} as '{same[digest]}': its rows would "
                                         "count as other model loads; give each run once", field="RUN_DIR")
                 same[digest] = d
+        check_distinct_runs(args.run_dirs)  # nor an edited copy: no measured row in two folders
         hardware_path(args.hardware)
         frames = []
         name = None

@@ -77,8 +77,12 @@ def counted(run_dir: str | Path, repo: str | Path | None = None) -> pd.DataFrame
             logs = parse_copy_log(read_log(run_dir, rec["log"]))
         except FileNotFoundError as exc:
             raise PrefetchSimError(f"routing run {rec['id']}: log not found: {exc}") from None
+        except ValueError as exc:
+            raise PrefetchSimError(f"routing run {rec['id']}: {rec['log']}: {exc}") from None
         df = pd.DataFrame([r for r in logs if r.get("moe_splits", 0) > 0])
-        if df.empty:
+        if df.empty:  # a routing run whose log has no copy-log line: said, not silently dropped
+            print(f"routing_check: note: routing run {rec['id']}: no copy-log line with MoE splits in {rec['log']}; "
+                  "left out", file=sys.stderr)
             continue
         for n_tok, g in df.groupby("n_tokens"):
             share = g["used_experts"] / g["expert_slots"]

@@ -328,7 +328,8 @@ def _cpu_parts(case, hardware) -> tuple[float, float, int]:
 def cpu_decomposition(run_dir: str | Path, hardware=None) -> tuple[pd.DataFrame, float, float]:
     """The CPU splits' compute per decoded token of a split-timing lease split into a cost per
     CPU split and a throughput: least squares of ``measured = n_cpu_splits · a + fixed + scaled /
-    s`` over the folder's split-timed decode invocations, ``fixed`` and ``scaled`` from the
+    s`` over the folder's split-timed decode invocations (``a`` bounded at 0: where the free fit
+    gives a negative cost, ``a = 0`` and ``s`` the least squares of the rest), ``fixed`` and ``scaled`` from the
     profile's CPU tables (:func:`_cpu_parts`), ``measured`` the median compute of the CPU splits
     per one-token graph (:func:`summary`'s ``cpu_compute_ms``). ``a`` and ``s`` are this machine's
     ``cpu_split_us`` and ``cpu_rate_scale`` as the profile defines them; the table gives each
@@ -338,7 +339,8 @@ def cpu_decomposition(run_dir: str | Path, hardware=None) -> tuple[pd.DataFrame,
         ``(table, a in s, s)``.
 
     Raises:
-        PrefetchSimError: fewer than two split-timed decode invocations, or invocations whose
+        PrefetchSimError: an invocation whose CPU splits took no time in the log, times that no
+            positive throughput fits, fewer than two split-timed decode invocations, or invocations whose
             ratio of CPU splits to CPU bytes is the same (``-ncmoe`` of one model: ``a`` and ``s``
             cannot be told apart), or no hardware profile with llama.cpp kernel tables.
     """
@@ -374,8 +376,20 @@ def cpu_decomposition(run_dir: str | Path, hardware=None) -> tuple[pd.DataFrame,
     if float(ratio.max() / ratio.min()) < 1.05:
         raise PrefetchSimError(f"{run_dir}: every invocation has the same CPU splits per CPU byte (one model at "
                                "several -ncmoe?): the cost per split and the throughput cannot be told apart")
+    bad = df[~(df["measured_ms"] > 0)]
+    if len(bad):
+        raise PrefetchSimError(f"{run_dir}: invocation {bad['invocation'].iloc[0]}: its decode graphs' CPU splits "
+                               f"took {bad['measured_ms'].iloc[0]:g} ms per token in the log, where the model has "
+                               f"{int(bad['cpu_splits'].iloc[0])} CPU splits (a log of another run, or edited?)")
     A = np.c_[df["cpu_splits"], df["scaled_ms"]]
-    (a_ms, inv_s), *_ = np.linalg.lstsq(A, df["measured_ms"] - df["fixed_ms"], rcond=None)
+    y = (df["measured_ms"] - df["fixed_ms"]).to_numpy()
+    (a_ms, inv_s), *_ = np.linalg.lstsq(A, y, rcond=None)
+    if a_ms < 0:  # least squares with the cost per split bounded at 0 (the 2-parameter NNLS's other branch)
+        a_ms, inv_s = 0.0, float(A[:, 1] @ y / (A[:, 1] @ A[:, 1]))
+    if not inv_s > 0:
+        raise PrefetchSimError(f"{run_dir}: no throughput fits the invocations' CPU times (the least squares give "
+                               f"1/s = {inv_s:.4g}): they do not follow n_cpu_splits * a + fixed + scaled / s, so no "
+                               "figure is given")
     g = hw.ggml
     df["fitted_ms"] = A @ [a_ms, inv_s] + df["fixed_ms"]
     df["profile_ms"] = df["cpu_splits"] * g.cpu_split_host_s * 1e3 + df["fixed_ms"] + df["scaled_ms"] / g.cpu_rate_scale

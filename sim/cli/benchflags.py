@@ -58,7 +58,8 @@ _RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$
 
 def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
     """llama-bench list syntax (``parse_int_range``): ``512,1024``, ``512-2048*2`` (first-last*mult)
-    or ``a-b+s`` (first-last+step); ``allow_negative``: the first number of an item may be
+    or ``a-b+s`` (first-last+step), with one trailing ``,`` allowed (``64,``) as llama-bench's
+    regex allows it; ``allow_negative``: the first number of an item may be
     negative (``-ngl -1``); a range's end and step never are (llama-bench's regex refuses them).
 
     Raises:
@@ -69,7 +70,9 @@ def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
     from sim.bounds import INT32_MAX, LIST_VALUES_MAX
 
     out: list[int] = []
-    for part in text.split(","):
+    # parse_int_range's regex takes each item with its ',' or the end: one trailing ',' is fine there
+    body = text[:-1] if text.endswith(",") and not text.endswith(",,") and len(text) > 1 else text
+    for part in body.split(","):
         m = _RANGE.match(part)
         if not m:
             raise argparse.ArgumentTypeError(f"expected integers like 512,1024 or 128-2048*2, got '{text}'")

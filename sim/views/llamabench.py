@@ -753,7 +753,10 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     (``n_cpu_moe`` 0, no overrides, ``load_mode`` auto, ``flash_attn`` auto, f16 KV).
 
     Raises:
-        ValueError: an override rule, load mode or flash_attn value that cannot be read.
+        ValueError: an override rule, load mode or flash_attn value that cannot be read; a value
+            llama-bench never prints: a KV type that is no ggml type, a ``split_mode`` other than
+            ``none``/``layer``/``row``/``tensor`` (``split_mode_str``), a ``tensor_split`` that is
+            not ``/``-separated numbers.
     """
     notes: list[str] = []
     n_batch = int(_get(row, "n_batch", 2048))
@@ -762,21 +765,21 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     try:
         kvb = kv_bytes_per_elem(type_k, type_v)
     except KeyError:
-        kvb = None
-        notes.append(f"KV type {type_k}/{type_v} unknown to the simulator: F16 KV assumed")
+        raise ValueError(f"type_k/type_v {type_k}/{type_v}: not a ggml type llama-bench prints") from None
     if kvb is not None and (type_k.lower(), type_v.lower()) != ("f16", "f16"):
         notes.append(f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16")
     ts_text = str(_get(row, "tensor_split", "") or "")
     try:
         shares = tuple(float(x) for x in ts_text.split("/") if x.strip()) if ts_text else ()
     except ValueError:
-        shares = ()
-        notes.append(f"tensor_split {ts_text!r} not understood: default split assumed")
+        raise ValueError(f"tensor_split {ts_text!r}: not shares as llama-bench prints them (0.00 or 3.00/1.00)") from None
     if shares and not any(shares):
         shares = ()
     if _get(row, "no_kv_offload", False):
         notes.append("no_kv_offload: KV cache on the host is not modelled (simulated on the GPU)")
     sm = str(_get(row, "split_mode", "layer"))
+    if sm not in ("layer", "none", "row", "tensor"):
+        raise ValueError(f"split_mode {sm!r}: llama-bench prints none, layer, row or tensor")
     if sm not in ("layer", "none"):
         notes.append(f"split_mode {sm}: not modelled (layer split simulated)")
     if str(_get(row, "lazy_mode", "auto")) == "on":
