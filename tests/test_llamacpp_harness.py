@@ -766,6 +766,10 @@ def test_heldout_split_is_fixed_and_covers_every_regime_on_unseen_configurations
     assert is_fit_row(row)
     assert not is_fit_row({**row, "n_cpu_moe": 24}) and not is_fit_row({**row, "load_mode": "mmap"})
     assert not is_fit_row({**row, "model_filename": "gpt-oss-20b.gguf", "n_cpu_moe": 24})
+    # the project's prefetch patch on: held out (the fit is of the baseline scheduler); off: as upstream
+    assert not is_fit_row({**row, "prefetch_weights": 1}) and not is_fit_row({**row, "prefetch_expert_slots": 3})
+    assert is_fit_row({**row, "prefetch_weights": 0, "prefetch_gate": 512, "prefetch_expert_slots": 0})
+    assert is_fit_row({**row, "prefetch_weights": float("nan")})
 
 
 def test_committed_rows_are_attributed_to_their_invocations():

@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hardware", default="scenarios/hardware/h200-llamacpp.toml",
                    help="profile to predict with, a TOML or a built-in name such as h200 (default: the "
                         "llama.cpp-calibrated H200, as compare; scenarios/hardware/h200.toml is the CuPy profile)")
-    p.add_argument("--label", help="suffix of the comparison files (default: the profile's file stem)")
+    p.add_argument("--label", help="suffix of the comparison files (default: llamacpp for a profile with a [ggml] "
+                                   "table, else the profile's file stem)")
     p.set_defaults(fn=_report)
 
     p = sub.add_parser("plan", help="list a grid's runs")

@@ -144,16 +144,32 @@ def timed(run_dir: str | Path, h2d_bytes_per_s: float, repo: str | Path | None =
 
 def h2d_bandwidth(run_dir: str | Path, hardware: str | Path) -> tuple[float, str]:
     """Pinned H2D bytes/s: the lease's own probe (``h2d.json``) when present, else the
-    hardware profile's ``h2d_pinned_gb_per_s``; returns ``(bytes_per_s, where from)``."""
+    hardware profile's ``h2d_pinned_gb_per_s`` (the source says which, and why when an
+    ``h2d.json`` has no ``pinned_bytes_per_s``); returns ``(bytes_per_s, where from)``.
+
+    Raises:
+        PrefetchSimError: an ``h2d.json`` that is not JSON, or whose ``pinned_bytes_per_s`` is not
+            a positive finite number.
+    """
+    import math
+
     p = Path(run_dir) / "h2d.json"
+    why = ""
     if p.is_file():
-        d = json.loads(p.read_text())
-        if d.get("pinned_bytes_per_s"):
-            return float(d["pinned_bytes_per_s"]), f"{p} (measured in the lease)"
+        try:
+            d = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PrefetchSimError(f"{p}: not JSON ({exc})") from None
+        v = d.get("pinned_bytes_per_s") if isinstance(d, dict) else None
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise PrefetchSimError(f"{p}: pinned_bytes_per_s {v!r}: not a positive rate in bytes/s")
+            return float(v), f"{p} (measured in the lease)"
+        why = f"; {p} has no pinned_bytes_per_s"
     from sim.model.specs import load_hardware
 
     hw = load_hardware(hardware)
-    return hw.h2d_pinned.bytes_per_s, f"{hardware} h2d_pinned_gb_per_s"
+    return hw.h2d_pinned.bytes_per_s, f"{hardware} h2d_pinned_gb_per_s{why}"
 
 
 def check(run_dir: str | Path, hardware: str | Path = "scenarios/hardware/h200.toml"

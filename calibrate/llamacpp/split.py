@@ -9,7 +9,9 @@ repetition:
   (``-ot ffn_(gate|up|down)=CPU``): the regimes' end points, at ubatches 128, 512 and 4096;
 * held out: everything else — the other MoE (gpt-oss-20b) whole; the partial placements of the
   fit models (Qwen3 ``-ncmoe`` 12/24/36, among them the shipped default scenario's
-  configuration; Gemma ``-ngl`` 48/31); ubatch 2048 everywhere; pageable (``-lm mmap``) rows.
+  configuration; Gemma ``-ngl`` 48/31); ubatch 2048 everywhere; pageable (``-lm mmap``) rows;
+  rows of the project's prefetch patch with prefetch on (``prefetch_weights`` 1 or
+  ``prefetch_expert_slots`` > 0: the fit is of the baseline scheduler).
 
 The rule is a function of a row's fields only, so it applies to future runs of the same grid.
 """
@@ -34,6 +36,9 @@ def is_fit_row(row) -> bool:
     stem = Path(str(row["model_filename"])).stem
     if stem not in FIT_MODELS or str(row["load_mode"]) != "none" or int(row["n_ubatch"]) not in FIT_UBATCHES:
         return False
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    if any(_on(get(k)) for k in ("prefetch_weights", "prefetch_expert_slots")):
+        return False
     n_layer = FIT_MODELS[stem]
     ot = str(row.get("tensor_buft_overrides", "none") or "none")
     full_gpu = int(row["n_gpu_layers"]) < 0 or int(row["n_gpu_layers"]) > n_layer
@@ -42,6 +47,14 @@ def is_fit_row(row) -> bool:
     if stem == "gemma3-27b":
         return ot in ("none", FIT_OVERRIDE) and int(row["n_cpu_moe"]) == 0
     return ot == "none" and int(row["n_cpu_moe"]) in (0, n_layer)
+
+
+def _on(v) -> bool:
+    """A prefetch field that is set (a number > 0; absent or NaN: upstream's row, off)."""
+    try:
+        return float(v) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def label(df: pd.DataFrame) -> pd.Series:
