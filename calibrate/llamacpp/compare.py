@@ -615,11 +615,11 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
                        tuple(notes + [f"not simulated: the row's model_type is a {arch}, the model file it is "
                                       f"simulated with a {model.arch} ({model.name})"]), variant=variant)
     size = row.get("model_size") if hasattr(row, "get") else None
-    if isinstance(size, numbers.Real) and not isinstance(size, bool) and math.isfinite(size) and not size > 0:
+    if _finite(size) and not size > 0:
         return RowCase(None, terms.tests, terms, m, "unknown",
                        tuple(notes + [f"not simulated: model_size {size}: llama-bench prints the model's bytes"]),
                        variant=variant)
-    if isinstance(size, (int, float)) and size > 0 and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
+    if _finite(size) and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
                      "the GGUF is not the model the invocation names (trimmed or --tiny?)")
     get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
@@ -1009,7 +1009,8 @@ def _row_variant_or_none(row) -> str | None:
 
 
 def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite number, numpy's scalars included (a row read with ``.loc`` holds them), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
 
 
 def _int_or(v: Any, default: int) -> int:

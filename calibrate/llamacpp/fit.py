@@ -241,7 +241,8 @@ def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=())
 
     bench, owners, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
     lab = label(bench)
-    skipped = {i for i in range(len(bench)) if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in set(skip_invocations)}
+    skip = set(skip_invocations)
+    skipped = {i for i in range(len(bench)) if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in skip}
     keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
             and cases[i].scenario is not None and i not in skipped]
     disagree = bench.attrs.get("disagreements", {})
@@ -529,12 +530,13 @@ def _main(argv: list[str] | None) -> int:
             what = "is a folder, expected a hardware profile TOML" if Path(args.profile).is_dir() else "file not found"
             raise ScenarioError(what, file=args.profile, field="--profile")
         seen_runs: set[str] = set()
+        timed_of: dict[str, list[str]] = {}
         for run in args.run:
             check_run_dir(run, field="--run")
             if os.path.realpath(run) in seen_runs:
                 raise PrefetchSimError(f"--run {run}: given twice; each run folder once")
             seen_runs.add(os.path.realpath(run))
-            timed = timed_invocations(run)
+            timed = timed_of[run] = timed_invocations(run)
             if timed and not args.untimed:  # their t/s carries the timing's own cost: a fit on them is a fit on that
                 print(f"fit: note: --run {run}: {len(timed)} invocation(s) ran with a timing patch on "
                       f"({', '.join(timed[:3])}{', ...' if len(timed) > 3 else ''}); their rows are fitted as "
@@ -604,7 +606,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas = [], []
         for run in args.run:
-            c, t, _rows = fit_rows(run, hw, skip_invocations=timed_invocations(run) if args.untimed else ())
+            c, t, _rows = fit_rows(run, hw, skip_invocations=timed_of[run] if args.untimed else ())
             cases += c
             t_meas.append(t)
         t_meas = np.concatenate(t_meas)

@@ -434,9 +434,10 @@ def bench_work(scn, params, models) -> int:
     share = variant_work(scn.variants, scn.hardware)
     seen = set()
     for setting in params.settings():
-        if setting.simulated() in seen:  # simulated once (run_bench)
+        key = setting.simulated()
+        if key in seen:  # simulated once (run_bench)
             continue
-        seen.add(setting.simulated())
+        seen.add(key)
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share)
@@ -497,8 +498,9 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         model = models[setting.model]
         insts = params.instances(setting)
         label = _setting_label(params, setting)
-        if setting.simulated() in done:
-            sscn, variants, results = done[setting.simulated()]
+        key = setting.simulated()
+        if key in done:
+            sscn, variants, results = done[key]
             all_results += [(label, r) for r in results]
             rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                                  combos=params.prefetch)
@@ -539,7 +541,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 notes.add(f"{label}: variant {v.name} left out: {e.reason}")
             variants = ok
             results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
-        done[setting.simulated()] = (sscn, variants, results)
+        done[key] = (sscn, variants, results)
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                              combos=params.prefetch)
