@@ -898,3 +898,26 @@ def test_routing_check_names_a_malformed_or_impossible_copy_log_line():
             line += " " + bad
         with pytest.raises(ValueError, match=re.escape(words)):
             parse_copy_log("noise\n" + line + "\n")
+
+
+def test_approximations_counts_each_kind_once_per_predicted_row():
+    df = pd.DataFrame(dict(
+        predicted_ts=[1.0, 2.0, math.nan, 3.0, 4.0],
+        note=["no_kv_offload: KV cache on the host is not modelled (simulated on the GPU); "
+              "embeddings: not modelled (logits graph simulated)",
+              "KV q8_0/q8_0: VRAM counts its size; attention reads are priced as F16",
+              "not simulated: no_kv_offload: whatever",            # not predicted: not counted
+              "pp+tg: simulated as pp512 then tg128 in one context; variant prefetch (prefetch_weights 1, "
+              "prefetch_gate 0, prefetch_expert_slots 0)",         # describes the row
+              math.nan]))
+    assert cmp.approximations(df) == {"embeddings": 1, "no_kv_offload": 1, "quantised KV": 1}
+    assert df.attrs["n_approximated"] == 2
+    assert cmp.approximations(df.drop(columns="note")) == {} and cmp.approximations(df.iloc[3:]) == {}
+
+
+def test_cli_says_approximated_rows(tmp_path, capsys):
+    run = _mixed_up(tmp_path, {1: ('"embeddings": false', '"embeddings": true')})
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = [ln for ln in err if "rest on an approximation" in ln]
+    assert len(said) == 1 and "embeddings (1)" in said[0] and "(--out CSV: a note per row)" in said[0]

@@ -1544,6 +1544,11 @@ def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = 
     disagree = df.attrs.get("disagreements", {})
     for ln in sorted(disagree):  # each row the command line did not ask for, one line each
         print(f"{prog}: {of}{disagree[ln]}", file=sys.stderr)
+    approx = approximations(df)
+    if approx:
+        what = ", ".join(f"{k} ({v})" for k, v in approx.items())
+        print(f"{prog}: {of}{df.attrs['n_approximated']} of {int(df.predicted_ts.notna().sum())} predicted rows rest "
+              f"on an approximation of what llama.cpp ran: {what}{where}", file=sys.stderr)
     n_bad = int(df.predicted_ts.isna().sum())
     if n_bad:
         bad = df[df.predicted_ts.isna() & ~df.line.isin(list(disagree))]
@@ -1553,6 +1558,37 @@ def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = 
                   + (note if note.startswith("not simulated") else f"not simulated: {note}"), file=sys.stderr)
         more = f"; {n_bad - 5} more" if n_bad > 5 else ""
         print(f"{prog}: {of}{n_bad} of {len(df)} rows not simulated{more}{where}", file=sys.stderr)
+
+
+#: what a predicted row's note says when the simulator priced something other than what llama.cpp ran
+#: (:func:`approximations`): (text the clause starts with, text it contains, the kind's label). A
+#: variant's settings and pp+tg's two tests describe the row; they are not approximations.
+_APPROXIMATIONS = (
+    ("no_kv_offload", "", "no_kv_offload"), ("split_mode", "not modelled", "split_mode"),
+    ("lazy_mode", "not modelled", "lazy_mode on"), ("embeddings", "not modelled", "embeddings"),
+    ("KV ", "VRAM counts its size", "quantised KV"), ("tensor_split", "", "tensor_split"),
+    ("model_size", "differs", "model_size"), ("n_threads", "", "n_threads"), ("no_host with repack", "", "repack"),
+    ("backend", "simulated as", "backend"), ("flash_attn off", "", "flash_attn off"),
+    ("attention at depth", "unfused", "unfused attention at depth"),
+)
+
+
+def approximations(df: pd.DataFrame) -> dict[str, int]:
+    """Of ``df``'s predicted rows (:func:`compare`'s; ``predicted_ts`` not NaN), how many carry each
+    kind of approximation in their ``note`` (clauses separated by ``; ``, matched against
+    ``_APPROXIMATIONS``), most frequent first; sets ``df.attrs["n_approximated"]`` to the number of
+    rows with at least one. ``{}`` for a frame without a ``note`` column."""
+    counts: dict[str, int] = {}
+    n_rows = 0
+    if "note" in df.columns:
+        for note in df.loc[df.predicted_ts.notna(), "note"].dropna():
+            kinds = {label for c in str(note).split("; ") for start, has, label in _APPROXIMATIONS
+                     if c.startswith(start) and has in c}
+            n_rows += bool(kinds)
+            for k in kinds:
+                counts[k] = counts.get(k, 0) + 1
+    df.attrs["n_approximated"] = n_rows
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def run_cli(prog: str, body) -> int:
