@@ -921,3 +921,33 @@ def test_cli_says_approximated_rows(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     said = [ln for ln in err if "rest on an approximation" in ln]
     assert len(said) == 1 and "embeddings (1)" in said[0] and "(--out CSV: a note per row)" in said[0]
+
+
+def test_max_steal_leaves_loads_out_of_the_figures_and_keeps_them_in_out(tmp_path, capsys):
+    """compare --max-steal: the rows of loads with more steal (or none known) are not in the tables,
+    the title says how many are; --out keeps every row, those with a note; a folder without the
+    host sampler's record, or a negative share, is one line naming --max-steal."""
+    run = ROOT / "data" / "llamacpp" / "h100-20261206-tg11"
+    steal = cmp.invocation_steal(run)
+    out = tmp_path / "o.csv"
+    assert cmp.main([str(run), "--max-steal", "0.1", "--out", str(out), "-q", "--jobs", "1"]) == 0
+    cap = capsys.readouterr()
+    df = pd.read_csv(out)
+    n_ok = sum(steal.get(i, 99) <= 0.1 for i in df.invocation)
+    loads_ok = sum(v <= 0.1 for v in steal.values())
+    assert len(df) == 37 and df.line.is_monotonic_increasing
+    assert f"loads with steal <= 0.1 % only: {n_ok} of 37 rows ({loads_ok} of 27 loads)" in cap.out
+    assert f"| all | {n_ok} | {n_ok} |" in cap.out
+    gated = df.invocation.map(lambda i: steal.get(i, 99) > 0.1)
+    assert df.note[gated].str.contains(r"left out of the figures \(--max-steal 0.1\): steal \d", regex=True).all()
+    assert not df.note[~gated].fillna("").str.contains("left out").any()
+    for argv, what in (([str(RUN), "--max-steal", "0.1"], "no host_state.jsonl"),
+                       ([str(run), "--max-steal", "-1"], "--max-steal")):
+        rc = cmp.main(argv + ["-q", "--jobs", "1"]) if "-1" not in argv else None
+        if rc is None:
+            with pytest.raises(SystemExit):
+                cmp.main(argv)
+        else:
+            assert rc == 2
+        err = capsys.readouterr().err
+        assert what in err and "Traceback" not in err

@@ -38,6 +38,7 @@ def test_a_rebased_profile_copy_reads_the_same_kernel_tables(tmp_path):
     (["--jobs", "0"], "--jobs must be >= 1"),
     (["--out", "scenarios/hardware/h200-llamacpp.toml"], "is --profile itself"),
     (["--out", "-"], "not standard output"),
+    (["--max-steal", "0.1"], "field '--max-steal'"),   # that folder predates the host sampler
 ])
 def test_fit_refuses_bad_arguments_before_any_work(extra, what, capsys):
     from calibrate.llamacpp import fit as F
@@ -220,3 +221,25 @@ def test_fit_refuses_a_based_profile_it_could_not_write_before_any_work(tmp_path
     out, err = capsys.readouterr()
     assert "no [ggml] table of its own" in err and "fitting" not in out
     assert list(tmp_path.iterdir()) == [] and Path("scenarios/hardware/h200x2-llamacpp.toml").read_bytes() == before
+
+
+def test_fit_max_steal_leaves_out_the_loads_the_hypervisor_took_cpu_from(capsys):
+    """On the committed tg11 folder (host sampler on), --max-steal 0.1 leaves out every fit row of
+    a load with more steal, naming its share; the loads at or under it stay."""
+    from calibrate.llamacpp import fit as F
+    from calibrate.llamacpp.compare import invocation_steal
+    from sim.model.specs import load_hardware
+
+    run = Path("data/llamacpp/h100-20261206-tg11")
+    steal = invocation_steal(run)
+    hw = load_hardware("scenarios/hardware/h200-llamacpp.toml")
+    all_cases, _t, all_rows = F.fit_rows(run, hw)
+    capsys.readouterr()
+    stolen = {i: f"steal {v:.2f} %" for i, v in steal.items() if v > 0.1}
+    cases, t, rows = F.fit_rows(run, hw, skip_invocations=stolen)
+    err = capsys.readouterr().err
+    kept = [ln for ln in all_rows.index if ln not in rows.index]
+    assert 0 < len(cases) == len(t) < len(all_cases) and kept
+    for ln in kept:
+        assert f"row at line {ln} not used: steal " in err
+    assert "a-gemma3-ffn-cpu" in stolen and "b-qwen3-ncmoe48" not in stolen

@@ -1221,18 +1221,13 @@ def _utc_seconds(text: Any) -> float:
         return math.nan
 
 
-def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> pd.DataFrame:
-    """``df`` with ``host_steal_pct``: the share of the guest's CPU time that the hypervisor gave
-    to others (``/proc/stat``'s steal, percent of all CPU time) while each row's invocation ran,
-    from the lease's host sampler (``run_dir/host_state.jsonl`` or its ``.gz``, every 5 s:
-    :func:`calibrate.llamacpp.lease.start_host_sampler`) between the samples within ``pad_s`` of
-    the invocation's start and end (``invocations.jsonl``: ``started_at``, ``wall_s``); NaN where
-    fewer than two samples fall there. ``df`` unchanged without the file.
-
-    ggml-cpu's threads meet at a barrier after every graph node, so one vCPU taken away stalls
-    them all: on ``data/llamacpp/h200-20261204-tg6`` the six loads with 0.3-1.1 % steal decoded
-    3-18 % below their configuration's mean, the twelve with 0.02-0.10 % before them -0.1..+10 % about
-    it (r = -0.60 over the 20 loads).
+def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float] | None:
+    """Per invocation id, the share of the guest's CPU time that the hypervisor gave to others
+    (``/proc/stat``'s steal, percent of all CPU time) while it ran, from the lease's host sampler
+    (``run_dir/host_state.jsonl`` or its ``.gz``, every 5 s:
+    :func:`calibrate.llamacpp.lease.start_host_sampler`) between the samples within ``pad_s`` (s)
+    of the invocation's start and end (``invocations.jsonl``: ``started_at``, ``wall_s``); an
+    invocation with fewer than two samples there is absent. None without the sampler's file.
 
     Raises:
         ScenarioError: a line of either file is not a JSON object (naming the file and line).
@@ -1243,7 +1238,7 @@ def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> p
     if not path.is_file():
         path = path.with_name("host_state.jsonl.gz")  # as a data folder packs it
         if not path.is_file():
-            return df
+            return None
     samples = []
     for _line, rec in jsonl_objects(path, "host state"):
         stat = rec.get("stat_cpu")
@@ -1264,9 +1259,54 @@ def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> p
             d = np.subtract(inside[-1], inside[0])
             if d.sum() > 0:
                 steal[inv_id] = float(100.0 * d[STAT_FIELDS.index("steal")] / d.sum())
+    return steal
+
+
+def attach_steal(df: pd.DataFrame, run_dir: str | Path, pad_s: float = 2.5) -> pd.DataFrame:
+    """``df`` with ``host_steal_pct``: :func:`invocation_steal` of each row's invocation (NaN where
+    it has none); ``df`` unchanged without the host sampler's file.
+
+    ggml-cpu's threads meet at a barrier after every graph node, so one vCPU taken away stalls
+    them all: on ``data/llamacpp/h200-20261204-tg6`` the six loads with 0.3-1.1 % steal decoded
+    3-18 % below their configuration's mean, the twelve with 0.02-0.10 % before them -0.1..+10 % about
+    it (r = -0.60 over the 20 loads).
+
+    Raises:
+        ScenarioError: a line of either file is not a JSON object (naming the file and line).
+    """
+    steal = invocation_steal(run_dir, pad_s)
+    if steal is None:
+        return df
     out = df.copy()
     out["host_steal_pct"] = out["invocation"].astype(str).map(steal).astype(float) if len(out) else math.nan
     return out
+
+
+def steal_gate(df: pd.DataFrame, max_steal_pct: float, run_dir: str | Path) -> pd.Series:
+    """Boolean mask of ``df``'s rows (:func:`attach_steal`'s column) whose model load ran while the
+    hypervisor took more than ``max_steal_pct`` percent of the CPU time, or whose steal is unknown
+    (the load had fewer than two host samples): the loads ``--max-steal`` leaves out of the figures.
+
+    Raises:
+        ScenarioError: ``run_dir`` has no host sampler record (``host_state.jsonl``), so no load
+            can be judged (field ``--max-steal``).
+    """
+    if "host_steal_pct" not in df.columns:
+        raise ScenarioError(f"{run_dir} has no host_state.jsonl (the lease's host sampler record): no load's steal "
+                            "time is known", field="--max-steal")
+    st = df["host_steal_pct"]
+    return ~(st <= max_steal_pct)
+
+
+def non_negative_pct(text: str) -> float:
+    """argparse type of ``--max-steal``: a finite percentage >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite percentage >= 0, got {text!r}")
+    return v
 
 
 def _host_side_r(df: pd.DataFrame, col: str) -> tuple[float, int] | None:
@@ -1510,9 +1550,10 @@ def check_common_args(args: argparse.Namespace):
     return lambda it: bar(it, desc="simulating", unit="scenario")
 
 
-def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot) -> None:
-    """Write ``--out`` (the table), ``--summary`` (``md``) and ``--figure`` (``plot(df, path)``; a
-    figure that cannot be drawn is a warning), then print ``md``. All or none: the figure is
+def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot,
+                  table: pd.DataFrame | None = None) -> None:
+    """Write ``--out`` (``table``, default ``df``), ``--summary`` (``md``) and ``--figure``
+    (``plot(df, path)``; a figure that cannot be drawn is a warning), then print ``md``. All or none: the figure is
     drawn first (into a temporary folder), then the files are moved into place together
     (:func:`sim.atomic.write_atomic_many`), so an interruption or a failed write leaves every
     earlier file of those names as it was."""
@@ -1520,7 +1561,7 @@ def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str
 
     files: dict[str, str | bytes] = {}
     if args.out:
-        files[args.out] = df.to_csv(index=False)
+        files[args.out] = (df if table is None else table).to_csv(index=False)
     if args.summary:
         files[args.summary] = md
     if args.figure:
@@ -1620,6 +1661,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeat", metavar="RUN_DIR", default=None,
                     help="the same grid measured on another machine: adds a repeat_ts column and a table of "
                          "llama-bench's machine-to-machine differences beside the simulator's error on those rows")
+    ap.add_argument("--max-steal", dest="max_steal", type=non_negative_pct, default=None, metavar="PCT",
+                    help="leave out of the figures the rows of model loads during which the hypervisor took more "
+                         "than PCT %% of the CPU time (/proc/stat steal, from the lease's host_state.jsonl), or whose "
+                         "steal is unknown; they stay in --out with a note. A host-side decode's t/s falls with it: "
+                         "docs/llamacpp.md")
     return ap
 
 
@@ -1644,6 +1690,20 @@ def main(argv: list[str] | None = None) -> int:
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
         df = attach_steal(attach_canary(df, args.run_dir), args.run_dir)
+        full = df
+        if args.max_steal is not None:  # the figures are of the loads the hypervisor left alone
+            gated = steal_gate(df, args.max_steal, args.run_dir)
+            why = df.host_steal_pct.map(lambda v: f"left out of the figures (--max-steal {args.max_steal:g}): "
+                                        + (f"steal {v:.2f} % during its load" if v == v else "steal unknown"))
+            full = df.copy()
+            full.loc[gated, "note"] = [f"{n}; {w}" if isinstance(n, str) and n else w
+                                       for n, w in zip(full.note[gated], why[gated])]
+            df = df[~gated.to_numpy()]
+            title += (f"; loads with steal <= {args.max_steal:g} % only: {len(df)} of {len(full)} rows "
+                      f"({df.invocation.nunique()} of {full.invocation.nunique()} loads)")
+            if not len(df):
+                raise ScenarioError(f"no load of {args.run_dir} ran with steal <= {args.max_steal:g} %",
+                                    field="--max-steal")
         md = summary_markdown(summarize(df), title)
         for line in (canary_line(df), steal_line(df)):
             if line:
@@ -1673,7 +1733,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: none of the {len(df)} rows of {args.run_dir} could be simulated on this profile "
                   f"(line {first['line']}: {first['note']})", file=sys.stderr)
             return 2
-        write_outputs(args, prog, df, md, plot_compare)
+        table = None
+        if len(full) != len(df):  # --max-steal: every row in --out, those left out with their note
+            table = pd.concat([df, full[~full.line.isin(df.line)]]).sort_values("line", kind="stable")
+        write_outputs(args, prog, df, md, plot_compare, table=table)
         for w in warnings(df):
             print(f"{prog}: warning: {w}", file=sys.stderr)
         say_unsimulated(prog, df, where=f" (the note column of {args.out})" if args.out else

@@ -46,9 +46,11 @@ Without ``--write`` it prints the values; with it, it rewrites those lines of th
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,6 +58,8 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
+
+from .compare import INVOCATIONS_FILE, invocation_steal, jsonl_objects, non_negative_pct
 
 #: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
 EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
@@ -235,21 +239,24 @@ def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=())
     """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``. A fit row
     that cannot be simulated, and a row its invocation's command line did not ask for, are left
     out with one line each on stderr; so are the rows of the invocations named in
-    ``skip_invocations`` (ids, e.g. :func:`timed_invocations`)."""
+    ``skip_invocations`` (ids, e.g. :func:`timed_invocations`, said as timed; or a mapping of id to
+    the reason to say)."""
     from .compare import build_cases
     from .split import label
 
     bench, owners, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
     lab = label(bench)
-    skip = set(skip_invocations)
-    skipped = {i for i in range(len(bench)) if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in skip}
+    skip = (dict(skip_invocations) if isinstance(skip_invocations, Mapping)
+            else dict.fromkeys(skip_invocations, "its invocation ran with a timing patch on (--untimed)"))
+    skipped = {i: skip[(owners[i] or {}).get("id")] for i in range(len(bench))
+               if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in skip}
     keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
             and cases[i].scenario is not None and i not in skipped]
     disagree = bench.attrs.get("disagreements", {})
     for i in range(len(bench)):  # a row left out (a fit row, or one its invocation did not ask for) is said
         line = bench.index[i]  # llama-bench.jsonl's line, as compare's ``line`` column
         if line in disagree or (lab.iloc[i] == "fit" and i not in keep):
-            why = ("its invocation ran with a timing patch on (--untimed)" if i in skipped else
+            why = (skipped[i] if i in skipped else
                    disagree.get(line) or notes[i] or ("; ".join(cases[i].notes) if cases[i] is not None else "")
                    or "no model for the row")
             print(f"fit: {run_dir}: row at line {line} not used: {why}", file=sys.stderr)
@@ -498,6 +505,9 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--untimed", action="store_true",
                     help="leave out the rows of invocations that ran with a timing patch on (split-time, "
                          "phase-time: their syncs and prints cost some configurations 5-20 %% of their t/s)")
+    ap.add_argument("--max-steal", dest="max_steal", type=non_negative_pct, default=None, metavar="PCT",
+                    help="leave out the rows of model loads during which the hypervisor took more than PCT %% of the "
+                         "CPU time (/proc/stat steal, from each run's host_state.jsonl), or whose steal is unknown")
     ap.add_argument("--write", action="store_true", help="rewrite the profile's [ggml] numbers")
     ap.add_argument("--out", metavar="TOML", default=None,
                     help="write the filled profile here instead (a copy whose kernel-table paths still reach the "
@@ -541,6 +551,18 @@ def _main(argv: list[str] | None) -> int:
                 print(f"fit: note: --run {run}: {len(timed)} invocation(s) ran with a timing patch on "
                       f"({', '.join(timed[:3])}{', ...' if len(timed) > 3 else ''}); their rows are fitted as "
                       "measured, timing included (--untimed leaves them out)", file=sys.stderr)
+        stolen_of: dict[str, dict[str, str]] = {}
+        if args.max_steal is not None:  # the loads the hypervisor took CPU time from, per run
+            for run in args.run:
+                steal = invocation_steal(run)
+                if steal is None:
+                    raise ScenarioError(f"{run} has no host_state.jsonl (the lease's host sampler record): no load's "
+                                        "steal time is known", field="--max-steal")
+                ids = [str(inv.get("id")) for _ln, inv in jsonl_objects(Path(run) / INVOCATIONS_FILE, "invocation")]
+                stolen_of[run] = {
+                    i: (f"steal {steal[i]:.2f} % during its load (--max-steal {args.max_steal:g})" if i in steal
+                        else f"steal unknown during its load (--max-steal {args.max_steal:g})")
+                    for i in ids if not steal.get(i, math.inf) <= args.max_steal}
         runs_text = (shown_run[0] if len(shown_run) == 1
                      else f"{len(shown_run)} run folders ({', '.join(shown_run)})")
         if args.write and args.out:
@@ -606,7 +628,10 @@ def _main(argv: list[str] | None) -> int:
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas = [], []
         for run in args.run:
-            c, t, _rows = fit_rows(run, hw, skip_invocations=timed_of[run] if args.untimed else ())
+            skip = dict.fromkeys(timed_of[run] if args.untimed else (),
+                                 "its invocation ran with a timing patch on (--untimed)")
+            skip.update(stolen_of.get(run, {}))
+            c, t, _rows = fit_rows(run, hw, skip_invocations=skip)
             cases += c
             t_meas.append(t)
         t_meas = np.concatenate(t_meas)
@@ -620,6 +645,7 @@ def _main(argv: list[str] | None) -> int:
         only = "" if default_run else f" --run {' '.join(args.run)}"
         only += "" if args.params is None else f" --params {','.join(k for k, *_ in fitted_rows)}"
         only += " --untimed" if args.untimed else ""
+        only += f" --max-steal {args.max_steal:g}" if args.max_steal is not None else ""
         if args.cpu_table:
             only += f" --cpu-table {Path(args.cpu_table).as_posix()}"
         fitted = {k: (p[f] / s, f"fitted: Gauss-Newton on the relative test time of the {len(cases)} fit rows of "
