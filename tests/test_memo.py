@@ -531,6 +531,7 @@ def test_priced_op_prices_as_the_op():
     op, with bytes and shape replaced when given, and prices as the op (and as op_with) on every
     op of a built plan."""
     from sim.model.costs import op_duration_s
+    from sim.plan import Op
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     hw = scn.hardware
@@ -539,6 +540,9 @@ def test_priced_op_prices_as_the_op():
         p = plan.priced_op(i)
         assert (p.kind, p.stream, p.device, p.nbytes, p.shape, p.pinned, p.tag) == \
             (op.kind, op.stream, op.device, op.nbytes, op.shape, op.pinned, op.tag)
+        # the op as the dataclass's own constructor makes it (the other fields at their defaults)
+        assert p == Op(i, op.kind, op.stream, op.device, "", nbytes=op.nbytes, shape=op.shape, pinned=op.pinned,
+                       tag=op.tag)
         assert op_duration_s(p, hw) == op_duration_s(op, hw)
         q = plan.priced_op(i, 4096, op.shape)
         assert q.nbytes == 4096 and op_duration_s(q, hw) == op_duration_s(plan.op_with(i, 4096, op.shape), hw)

@@ -453,9 +453,25 @@ class Plan:
         """
         if not 0 <= i < len(self.kinds):
             raise IndexError(f"op {i} outside a plan of {len(self.kinds)} ops")
-        return Op(i, KINDS[self.kinds[i]], STREAMS[self.streams[i]], self.devices[i], "",
-                  nbytes=self.nbytes[i] if nbytes is None else nbytes, shape=self.shapes[i] if shape is None else shape,
-                  pinned=self.pinned[i], tag=self.tags[i])
+        # Op(i, kind, stream, device, "", nbytes=..., shape=..., pinned=..., tag=...), its slots set
+        # directly (as _make_op: no frozen dataclass __init__)
+        op = _new_op(Op)
+        _s_id(op, i)
+        _s_kind(op, KINDS[self.kinds[i]])
+        _s_stream(op, STREAMS[self.streams[i]])
+        _s_device(op, self.devices[i])
+        _s_name(op, "")
+        _s_deps(op, ())
+        _s_nbytes(op, self.nbytes[i] if nbytes is None else nbytes)
+        _s_shape(op, self.shapes[i] if shape is None else shape)
+        _s_layer(op, -1)
+        _s_split(op, -1)
+        _s_graph(op, 0)
+        _s_slot(op, -1)
+        _s_slot_bytes(op, 0)
+        _s_pinned(op, self.pinned[i])
+        _s_tag(op, self.tags[i])
+        return op
 
     @property
     def ops(self) -> list[Op]:
