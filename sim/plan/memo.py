@@ -525,12 +525,23 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         seen = memo.setdefault("_runs", {})
         for g in range(len(graphs)):
             mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset(), seen))
-    base = [(n, mkeys[g]) for g, (n, _kv, _off) in enumerate(graphs)]
+    # each distinct mask key named by a small int for this call's dicts (a mask key is a tuple of
+    # one entry per MoE layer: hashed once per graph here, not at every lookup); the kept
+    # templates (``memo``) stay keyed on the mask key itself
+    kid_of: dict = {}
+    kids: list[int] = []
+    prev_mk = prev_kid = None
+    for mk in mkeys:
+        if mk is not prev_mk:
+            prev_mk, prev_kid = mk, kid_of.setdefault(mk, len(kid_of))
+        kids.append(prev_kid)
+    base = [(n, kids[g]) for g, (n, _kv, _off) in enumerate(graphs)]
     remaining: dict = {}
     for b in base:
         remaining[b] = remaining.get(b, 0) + 1
-    work: dict = {}          # full key -> template, for the graphs of this call
-    pending: dict = {}       # full key -> [(graph, row)]
+    work: dict = {}          # key -> template, for the graphs of this call (key: mask key named by its int)
+    full_of: dict = {}       # key -> the key of ``memo`` (the mask key itself)
+    pending: dict = {}       # key -> [(graph, row)]
     res = np.zeros((len(graphs), 5))
     h2d = 0
     start_dev = 0
@@ -539,10 +550,16 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     family: dict = {}        # (tokens, start device, mask key, rebuilt) -> a template of this call
     for g, (n, kv, off) in enumerate(graphs):
         call = graph_call(scn, test, len(graphs), off, ctx.rep)
-        key = (n, start_dev, mkeys[g], call)
-        fkey = (n, start_dev, mkeys[g], call[0])
-        tpl = work.get(key) or memo.get(key)
+        kid = kids[g]
+        key = (n, start_dev, kid, call)
+        tpl = work.get(key)
         if tpl is None:
+            full = full_of.get(key)
+            if full is None:
+                full = full_of[key] = (n, start_dev, mkeys[g], call)
+            tpl = memo.get(full)
+        if tpl is None:
+            fkey = (n, start_dev, kid, call[0])
             src = family.get(fkey) if ENABLE_DERIVE else None
             if src is not None:
                 tpl = derive_template(src, ctx, call)
@@ -555,7 +572,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                 if ENABLE_PRIME:
                     _prime_kv_prices(tpl, ctx, [kv_ for n_, kv_, _o in graphs[g + 1:] if n_ == n])
             built += 1
-        family.setdefault(fkey, tpl)
+            family.setdefault(fkey, tpl)
+        elif key not in work:
+            family.setdefault((n, start_dev, kid, call[0]), tpl)
         work[key] = tpl
         pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
         h2d += tpl.h2d_bytes
@@ -569,8 +588,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
             for k, t, lst in done:
                 for gg, r in lst:
                     res[gg] = t.results[r]
-                if k not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
-                    memo[k] = t
+                full = full_of[k]
+                if full not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
+                    memo[full] = t
                     kept_ops += len(t.plan)
     memo["_kept_ops"] = kept_ops
     makespan = float(res[:, 0].sum()) - ubatch_overlap_s(ctx, test, res[:, 3], res[:, 4])
