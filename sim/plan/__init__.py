@@ -181,20 +181,33 @@ def _plan_arrays(n: int, kind: np.ndarray, stream: np.ndarray, device: np.ndarra
     key = stream.astype(i64) * (1 << 33) + (qdev + 1)
     names: list[str] = []
     if n:
-        _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        # one stable sort of the keys gives the queues (np.unique's sorted keys, first
+        # occurrences and inverse) and, within each queue, its ops in id order (the previous op
+        # on the queue: what _prev_in_group(queue) gives)
+        srt = np.argsort(key, kind="stable")
+        sk = key[srt]
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=brk[1:])
+        first = srt[brk]                               # first op of each key, keys ascending
         order = np.argsort(first, kind="stable")      # queues in order of first appearance
         rank = np.empty(order.size, dtype=i64)
         rank[order] = np.arange(order.size, dtype=i64)
-        queue = rank[inv.reshape(-1)]
+        queue = np.empty(n, dtype=i64)
+        queue[srt] = rank[np.cumsum(brk) - 1]
+        queue_prev = np.full(n, -1, dtype=i64)
+        same = ~brk[1:]
+        queue_prev[srt[1:][same]] = srt[:-1][same]
         for u in order.tolist():
             s = STREAMS[int(stream[first[u]])].value
             d = int(qdev[first[u]])
             names.append(f"{s}{d}" if d >= 0 else s)
     else:
         queue = np.zeros(0, dtype=i64)
+        queue_prev = np.full(0, -1, dtype=i64)
     is_h2d = kind == KIND_CODE[OpKind.H2D]
     link = np.where(is_h2d, np.maximum(device, 0), -1).astype(i64)
-    return PlanArrays(n, queue, link, ptr, idx, _prev_in_group(queue), _prev_in_group(link, is_h2d), names,
+    return PlanArrays(n, queue, link, ptr, idx, queue_prev, _prev_in_group(link, is_h2d), names,
                       kind, stream, device)
 
 

@@ -142,6 +142,13 @@ class BuildContext:
         parts = layer_attn_parts(self.scn.model)
         return [(w, full, ew, d >= 0, nw) for (w, full, ew, nw), d in zip(parts, self.layer_dev)]
 
+    @cached_property
+    def attn_sig_ids(self) -> list[int]:
+        """Per layer, a small int naming its :attr:`attn_layer_sig` (equal ids iff equal
+        signatures), numbered in order of first appearance."""
+        ids: dict = {}
+        return [ids.setdefault(sig, len(ids)) for sig in self.attn_layer_sig]
+
     def attn_shape(self, layer: int, n_tokens: int, kv_len: int) -> tuple:
         """:func:`attn_item_shape`, computed once per layer signature (:attr:`attn_layer_sig`),
         tokens and KV length."""
