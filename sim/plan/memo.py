@@ -440,14 +440,15 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
 ENABLE_BATCH_ROWS = True
 
 
-def _kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int]) -> np.ndarray:
+def _kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int], own: bool = True) -> np.ndarray:
     """The values :func:`_row_at` puts in the template's KV-dependent groups (:func:`_kv_groups`)
     at each of ``kv_lens``: (K, groups) float64, row ``k`` the list :func:`_row_at` makes at
     ``kv_lens[k]`` (the template's own durations at its own KV length; elsewhere a group's
     price as :func:`_price` gives it). The KQ-mask fill and the flash attentions are priced at
     every KV length at once (:func:`sim.model.costs.kq_mask_durations_s`,
     :func:`sim.model.costs.attn_durations_kv_s`: the same floats), the others one by one
-    (:func:`_price`)."""
+    (:func:`_price`). ``own`` False prices the template's own KV length too (for templates that
+    share the prices, :func:`_rows_at_many`)."""
     model = ctx.scn.model
     n = tpl.n_tokens
     hw = ctx.scn.hardware
@@ -455,7 +456,7 @@ def _kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int]) -> np.
     fa = ctx.scn.placement.flash_attn
     plan = tpl.plan
     out = np.empty((len(kv_lens), len(groups)))
-    own = [k for k, kv in enumerate(kv_lens) if kv == tpl.kv_len]
+    own = [k for k, kv in enumerate(kv_lens) if kv == tpl.kv_len] if own else []
     kv = np.asarray(kv_lens, dtype=np.int64)
     for gi, ((role, arg, kind, nb, _pinned, _tag), oids) in enumerate(groups):
         col = None
@@ -480,14 +481,48 @@ def _kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int]) -> np.
     return out
 
 
-def _rows_at(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int]) -> list[int]:
+def _rows_at_many(items: list[tuple[GraphTemplate, list[int]]], ctx: BuildContext) -> list[list[int]]:
+    """``[_rows_at(tpl, ctx, kv_lens) for tpl, kv_lens in items]``, the KV-dependent prices
+    computed once for the templates that share them (:func:`derive_template`'s: the same KV
+    groups and launch shares; each template's own KV length still reads its own durations)."""
+    if not ENABLE_BATCH_ROWS or len(items) < 2:
+        return [_rows_at(tpl, ctx, kvs) for tpl, kvs in items]
+
+    def share(t: GraphTemplate) -> tuple:
+        _kv_groups(t, ctx)
+        return id(t.kv_groups), id(t.launch), t.n_tokens
+
+    shared: dict = {}
+    for tpl, kvs in items:
+        shared.setdefault(share(tpl), [tpl, {}])[1].update(dict.fromkeys(kv for kv in kvs if kv not in tpl.row_of))
+    vals_of = {key: dict(zip(kvs, _kv_prices(tpl, ctx, list(kvs), own=False)))
+               for key, (tpl, kvs) in shared.items() if len(kvs) > 1}
+    out = []
+    for tpl, kvs in items:
+        got = vals_of.get(share(tpl))
+        new = [kv for kv in dict.fromkeys(kvs) if kv not in tpl.row_of]
+        if got is None or len(new) < 2:
+            out.append(_rows_at(tpl, ctx, kvs))
+            continue
+        vals = np.array([got[kv] for kv in new])
+        for k, kv in enumerate(new):
+            if kv == tpl.kv_len:     # its own durations (_kv_prices)
+                vals[k] = [float(tpl.durations[oids[0]]) for _key, oids in tpl.kv_groups]
+        out.append(_rows_at(tpl, ctx, kvs, vals))
+    return out
+
+
+def _rows_at(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int], vals: np.ndarray | None = None) -> list[int]:
     """``[_row_at(tpl, ctx, kv) for kv in kv_lens]``: the same rows, indices and template state,
     the rows not made yet made together (:func:`_kv_prices`, one (K, n) block of rows; with
-    :data:`ENABLE_BATCH_ROWS` off, or for one new KV length, by :func:`_row_at`)."""
+    :data:`ENABLE_BATCH_ROWS` off, or for one new KV length, by :func:`_row_at`). ``vals``: the
+    :func:`_kv_prices` of the KV lengths of ``kv_lens`` without a row yet, in order, when the
+    caller has them."""
     row_of = tpl.row_of
     new = [kv for kv in dict.fromkeys(kv_lens) if kv not in row_of]
     if ENABLE_BATCH_ROWS and len(new) > 1:
-        vals = _kv_prices(tpl, ctx, new)
+        if vals is None:
+            vals = _kv_prices(tpl, ctx, new)
         groups = _kv_groups(tpl, ctx)
         if tpl.kv_index is None:   # each group's ops: its first and the others (_kv_groups)
             tpl.kv_index = [np.array([oids[0], *oids[2:]], dtype=np.int64) for _key, oids in groups]
@@ -665,8 +700,8 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
             done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2]) == b]]
-            done = [(k, t, list(zip([g_ for g_, _kv in lst], _rows_at(t, ctx, [kv_ for _g, kv_ in lst]))))
-                    for k, t, lst in done]
+            rows = _rows_at_many([(t, [kv_ for _g, kv_ in lst]) for _k, t, lst in done], ctx)
+            done = [(k, t, list(zip([g_ for g_, _kv in lst], r))) for (k, t, lst), r in zip(done, rows)]
             _evaluate([(t, sorted({r for _g, r in lst})) for _k, t, lst in done], engine)
             for k, t, lst in done:
                 for gg, r in lst:
