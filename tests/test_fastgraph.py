@@ -489,3 +489,14 @@ def test_memoised_timings_equal_without_column_templates(path, monkeypatch):
                     got.append([time_test(ctx, t, rep_rng(scn.seed, k, 0), engine, {}) for k, t in enumerate(tests)])
                 if len(got) == 2:
                     assert got[0] == got[1], f"{path.name} {v.name} {engine}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), max_size=80), st.integers(1, 5))
+def test_unique_index_inverse_is_numpy_unique_s(values, spread):
+    """fastgraph.unique_index_inverse gives np.unique's first positions and inverse (few and
+    many distinct values, repeats, empty)."""
+    key = np.array([v // spread for v in values], dtype=np.int64)
+    _u, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    got_first, got_inv = fastgraph.unique_index_inverse(key)
+    assert got_first.tolist() == first.tolist() and got_inv.tolist() == inv.reshape(-1).tolist()

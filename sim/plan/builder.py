@@ -250,7 +250,10 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
         placement = replace(placement, n_cpu_moe=n)
     vram = account(scn, variant, placement)
     scn2 = scn.with_(placement=placement)
-    router = make_router(scn.routing, model, np.random.default_rng(scn.seed)) if model.moe else None
+    # the scenario-seeded generator draws skewed routing's per-layer permutations; the other kinds
+    # never read it (not made)
+    router = (make_router(scn.routing, model, np.random.default_rng(scn.seed) if scn.routing.kind == "skewed" else None)
+              if model.moe else None)
     cache = None
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
