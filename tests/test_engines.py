@@ -691,9 +691,10 @@ def test_tree_batch_on_a_memo_template_equals_the_op_by_op_batch(monkeypatch):
     rows = [tpl.rows[_row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)]
     batch = np.stack(rows)
     calls = []
-    real, real_chains = analytic._run_one, analytic._run_three_chains
+    real, real_chains, real_two = analytic._run_one, analytic._run_three_chains, analytic._run_two_choice
     monkeypatch.setattr(analytic, "_run_one", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(analytic, "_run_three_chains", lambda *a: calls.append(1) or real_chains(*a))
+    monkeypatch.setattr(analytic, "_run_two_choice", lambda *a: calls.append(1) or real_two(*a))
     got = analytic.run(tpl.comp, batch)
     assert len(calls) == 1  # the first row, op by op; the other 15 along its tree
     ref = analytic._run_batch(tpl.comp.preds, batch)

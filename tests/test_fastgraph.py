@@ -271,6 +271,48 @@ def test_chains_cut_in_the_run_are_the_first_child_chains(pd_):
     assert got.parent.tolist() == want.parent.tolist()
 
 
+@settings(max_examples=150, deadline=None)
+@given(plans_with_durations(zeros=True, max_ops=60))
+def test_two_predecessor_run_and_the_cut_after_it_are_the_three_predecessor_ones(pd_):
+    """On plans whose ops have at most two predecessors, _run_two_choice gives
+    _run_three_choice's end times and choice (its starts: each op's critical predecessor's end),
+    and _first_child_cut the chains and levels _run_three_chains cuts; _run_tree along either
+    path gives the same arrays."""
+    plan, dur = pd_
+    comp = analytic.compile_plan(plan)
+    if comp.p0 is None:
+        return
+    assert comp.two == all(x < 0 for x in comp.p2)
+    if not comp.two:
+        return
+    s, e, ch = analytic._run_three_choice(comp.p0, comp.p1, comp.p2, dur.tolist())
+    e2, ch2 = analytic._run_two_choice(comp.p0, comp.p1, dur.tolist())
+    assert e2 == e and ch2 == ch
+    ends = e + [0.0]
+    assert [ends[c] for c in ch2] == s
+    _s, _e, _ch, chains, level = analytic._run_three_chains(comp.p0, comp.p1, comp.p2, dur.tolist())
+    assert analytic._first_child_cut(ch2) == (chains, level)
+
+
+def test_two_predecessor_path_on_a_memo_template(monkeypatch):
+    """The default scenario's pp512 graph has at most two predecessors per op: _run_tree on its
+    16 KV lengths along the two-predecessor path equals the three-predecessor path (ENABLE_TWO
+    off) to the bit."""
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0)
+    rows = np.stack([tpl.rows[memo._row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)])
+    assert tpl.comp.two
+    got = {}
+    for flag in (True, False):
+        monkeypatch.setattr(analytic, "ENABLE_TWO", flag)
+        comp = analytic._compile(tpl.plan)
+        got[flag] = analytic.run(comp, rows)
+    np.testing.assert_array_equal(got[True].start_s, got[False].start_s)
+    np.testing.assert_array_equal(got[True].end_s, got[False].end_s)
+
+
 def _tree_of_loops(comp, choice):
     """The heavy-path chains of _tree_of written with separate loops (heads, then chains)."""
     n = choice.size
