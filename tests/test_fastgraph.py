@@ -542,3 +542,26 @@ def test_unique_index_inverse_is_numpy_unique_s(values, spread):
     _u, first, inv = np.unique(key, return_index=True, return_inverse=True)
     got_first, got_inv = fastgraph.unique_index_inverse(key)
     assert got_first.tolist() == first.tolist() and got_inv.tolist() == inv.reshape(-1).tolist()
+
+
+def test_launch_shares_of_a_one_graph_plan_read_no_graph_column():
+    """direct_launch_s of a one-graph template (its graph ids taken as 0, the graphs column not
+    read) equals the same computation on the plan's graphs column, on a rebuilt graph."""
+    from sim.model.costs import direct_launch_s
+    from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Stream
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0, (True, 2048, 0.0))
+    plan, hw = tpl.plan, scn.hardware
+    got = direct_launch_s(plan, hw)
+    graph = np.asarray(plan.graphs, dtype=np.int64)
+    a = plan.arrays
+    gpu = (a.stream == STREAM_CODE[Stream.COMPUTE]) & (a.kind != KIND_CODE[OpKind.H2D])
+    per_graph = np.bincount(graph[gpu], minlength=1).astype(float)
+    kernels = np.asarray(plan.meta["graph_kernels"], dtype=float)
+    share = np.divide(kernels, per_graph, out=np.zeros_like(per_graph), where=per_graph > 0)
+    want = np.zeros(len(plan))
+    want[gpu] = hw.ggml.launch_s * share[graph[gpu]]
+    assert isinstance(got, np.ndarray) and got.tolist() == want.tolist() and got.any()

@@ -501,7 +501,8 @@ def direct_launch_s(plan: Plan, hw: HardwareProfile) -> np.ndarray | float:
     if hw.ggml is None or hw.ggml.launch_s <= 0 or not rebuilt or not any(rebuilt) or not len(plan):
         return 0.0
     a = plan.arrays
-    graph = np.asarray(plan.graphs, dtype=np.int64)
+    # one graph (a memo template): every op's graph is 0 (the graphs column is not read)
+    graph = np.zeros(len(plan), dtype=np.int64) if len(rebuilt) == 1 else np.asarray(plan.graphs, dtype=np.int64)
     direct = np.asarray(rebuilt, dtype=bool)[graph]
     gpu = (a.stream == STREAM_CODE[Stream.COMPUTE]) & (a.kind != KIND_CODE[OpKind.H2D]) & direct
     per_graph = np.bincount(graph[gpu], minlength=len(rebuilt)).astype(float)
