@@ -233,7 +233,8 @@ def _resident(ctx, st: _Static) -> _Resident:
     flags = np.zeros(len(tensors) + 1, dtype=bool)   # [-1]: no tensor
     flags[:-1] = np.fromiter(map(ctx.host_ids.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
     r = _Resident()
-    r.host = flags[st.tpos].any(axis=1)
+    tf = flags[st.tpos]                      # (J, 3): each item's tensors, -1 padding reading False
+    r.host = tf[:, 0] | tf[:, 1] | tf[:, 2]  # .any(axis=1), a column at a time
     ld = np.asarray(ctx.layer_dev, dtype=np.int64)
     r.dev = np.where(st.layers >= 0, ld[np.maximum(st.layers, 0)] if ld.size else -1,
                      ctx.scn.hardware.n_gpu - 1)
