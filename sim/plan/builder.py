@@ -248,7 +248,8 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if placement.fit_experts and model.moe is not None:
         n = fit_n_cpu_moe(scn, variant)
         placement = replace(placement, n_cpu_moe=n)
-    vram = account(scn, variant, placement)
+    devs = layer_devices(model, placement, scn.hardware.n_gpu)
+    vram = account(scn, variant, placement, layer_dev=devs)
     scn2 = scn.with_(placement=placement)
     # the scenario-seeded generator draws skewed routing's per-layer permutations; the other kinds
     # never read it (not made)
@@ -259,8 +260,7 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.cache_policy)
     host = frozenset(map(id, compress(model.tensors, host_flags(model, placement))))
-    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
-                        layer_devices(model, placement, scn.hardware.n_gpu))
+    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host, devs)
 
 
 # ----------------------------------------------------------------------------------------
