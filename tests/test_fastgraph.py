@@ -565,3 +565,27 @@ def test_launch_shares_of_a_one_graph_plan_read_no_graph_column():
     want = np.zeros(len(plan))
     want[gpu] = hw.ggml.launch_s * share[graph[gpu]]
     assert isinstance(got, np.ndarray) and got.tolist() == want.tolist() and got.any()
+
+
+def test_price_classes_partition_the_ops_by_what_prices_them():
+    """build_graph_columns' price classes: ops of one class have equal (kind, bytes, shape,
+    pinned, tag) and each class's representative is one of its ops (on the default scenario's
+    pp512 graph, rebuilt and reused)."""
+    from sim.plan.builder import Emitter
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    for rebuilt in (True, False):
+        em = Emitter(Plan(label="graph"), ctx)
+        em.rebuilt, em.call_tokens = rebuilt, 2048
+        assert fastgraph.build_graph_columns(em, 512, 0, 0, draw_masks(ctx, 512, 0))
+        classes, first = em.price_classes
+        p = em.plan
+        what = [(k, nb, sh, pin, tag) for k, nb, sh, pin, tag in zip(p.kinds, p.nbytes, p.shapes, p.pinned, p.tags)]
+        assert classes.shape == (len(p),) and first.size == classes.max() + 1
+        assert (classes[first] == np.arange(first.size)).all()
+        by_class: dict = {}
+        for c, w in zip(classes.tolist(), what):
+            by_class.setdefault(c, set()).add(w)
+        assert all(len(ws) == 1 for ws in by_class.values())

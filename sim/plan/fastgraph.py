@@ -735,7 +735,15 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     em.price_classes = None
     if n_sh + 1 + base0 < 1 << 16 and int(nbytes.max()) < 1 << 38:
         key = ((((nbytes << 4 | kind) << 1 | pinned) << 4 | tg_src) << 16) | shape_code
-        first, inv = unique_index_inverse(key)
+        # classes numbered by their keys in order (a plain sort and a search, no stable argsort);
+        # an op of each class: whichever the scatter leaves (the ops of a class price alike)
+        sk = np.sort(key)
+        brk = np.empty(N, dtype=bool)
+        brk[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=brk[1:])
+        inv = np.searchsorted(sk[brk], key)
+        first = np.empty(int(brk.sum()), dtype=np.int64)
+        first[inv] = np.arange(N, dtype=np.int64)
         em.price_classes = (inv, first)
     # -- the plan
     n0 = base0
