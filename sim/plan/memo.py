@@ -231,7 +231,23 @@ def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]
         bk = (ml, blk.tobytes())
         key = known.get(bk)
         if key is None:
-            key = known[bk] = mask_key(dict(zip(layers, blk)), ml, seen)
+            # mask_key(dict(zip(layers, blk)), ml, seen), the counts of the block's rows at once
+            counts = np.count_nonzero(blk, axis=1).tolist() if blk.ndim == 2 else None
+            if counts is None or len(counts) != len(layers):
+                key = mask_key(dict(zip(layers, blk)), ml, seen)
+            else:
+                parts = []
+                for i, m, c in zip(layers, blk, counts):
+                    if i in ml:
+                        b = m.tobytes()
+                        r = seen.get(b)
+                        if r is None:
+                            r = seen[b] = run_lengths(m)
+                        parts.append((i, r))
+                    else:
+                        parts.append((i, c))
+                key = tuple(parts)
+            known[bk] = key
         out.append(key)
         last_obj, last_ml, last_key = blk, ml, key
     return out
