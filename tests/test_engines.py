@@ -606,6 +606,23 @@ def test_plan_columns_of_built_plans_equal_their_ops():
 
 
 @SETTINGS
+@given(plans(max_ops=60, max_deps=3))
+def test_compiled_predecessor_columns_are_the_first_three_predecessors(plan):
+    """CompiledPlan's p0, p1, p2 (lists) and columns (arrays) are each op's first three pruned
+    predecessors, -1 where it has fewer (None when some op has more), and ``two`` tells that no
+    op has a third."""
+    comp = analytic.compile_plan(plan)
+    preds = comp.preds
+    if any(len(p) > 3 for p in preds):
+        assert comp.p0 is None and not comp.two
+        return
+    want = [[p[k] if len(p) > k else -1 for p in preds] for k in range(3)]
+    assert [comp.p0, comp.p1, comp.p2] == want
+    assert [c.tolist() for c in comp.columns] == want and all(c.dtype == np.int64 for c in comp.columns)
+    assert comp.two == all(len(p) <= 2 for p in preds)
+
+
+@SETTINGS
 @given(plans_with_durations(zeros=True))
 def test_three_predecessor_recurrence_equals_the_general_one(pd_):
     """The scalar recurrence on the first three predecessors (-1 reading a 0.0 slot) gives the

@@ -81,16 +81,21 @@ class CompiledPlan:
         if n and cnt.max() > 3:
             self.p0 = self.p1 = self.p2 = None
             return
-        cols = []
         first = pred_ptr[:-1]
-        for k in range(3):
-            has = cnt > k
-            col = np.full(n, -1, dtype=np.int64)
-            col[has] = pred_idx[first[has] + k]
-            cols.append(col)
-        self._columns = tuple(cols)
+        top = max(pred_idx.size - 1, 0)
         self.two = not (n and bool(cnt.max() > 2))
-        self.p0, self.p1, self.p2 = (c.tolist() for c in cols)
+        cols = []
+        for k in range(2 if self.two else 3):
+            # pred_idx[first + k] where the op has more than k predecessors (clipped reads elsewhere)
+            col = (np.where(cnt > k, pred_idx[np.minimum(first + k, top)], -1) if pred_idx.size
+                   else np.full(n, -1, dtype=np.int64))
+            cols.append(col.astype(np.int64, copy=False))
+        lists = [c.tolist() for c in cols]
+        if self.two:   # no third predecessor anywhere
+            cols.append(np.full(n, -1, dtype=np.int64))
+            lists.append([-1] * n)
+        self._columns = tuple(cols)
+        self.p0, self.p1, self.p2 = lists
 
     @property
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
