@@ -589,3 +589,24 @@ def test_price_classes_partition_the_ops_by_what_prices_them():
         for c, w in zip(classes.tolist(), what):
             by_class.setdefault(c, set()).add(w)
         assert all(len(ws) == 1 for ws in by_class.values())
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_residency_from_the_context_s_flags_is_the_residency_by_id(path):
+    """_resident reading the context's positional host flags (make_context's) gives the host
+    column it gives from the ids of host tensors (a context without those flags), every variant."""
+    from dataclasses import replace as dc_replace
+
+    scn = load_scenario(path)
+    st = fastgraph._static_items(scn.model)
+    if st is None:
+        pytest.skip("model not covered")
+    for v in scn.variants:
+        try:
+            ctx = make_context(scn, v, np.random.default_rng(0))
+        except PlacementError:
+            continue
+        assert ctx.host_flags is not None
+        by_id = dc_replace(ctx, host_flags=None)
+        a, b = fastgraph._resident(ctx, st), fastgraph._resident(by_id, st)
+        assert a.host.tolist() == b.host.tolist() and a.dev.tolist() == b.dev.tolist()

@@ -130,6 +130,9 @@ class BuildContext:
     host_ids: frozenset   # id() of the model's host-resident tensors (a tied head shares its name)
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
+    #: per position of ``scn.model.tensors``, whether it is host-resident (what ``host_ids`` holds
+    #: the ids of: :func:`sim.model.vram.host_flags`), or None when not given
+    host_flags: tuple | None = None
     #: llama-bench repetition being built (0 = the first timed one), None when not one of a
     #: run of repetitions (:func:`graph_call`'s capture share)
     rep: int | None = None
@@ -259,8 +262,9 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.cache_policy)
-    host = frozenset(map(id, compress(model.tensors, host_flags(model, placement))))
-    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host, devs)
+    flags = host_flags(model, placement)
+    host = frozenset(map(id, compress(model.tensors, flags)))
+    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host, devs, host_flags=flags)
 
 
 # ----------------------------------------------------------------------------------------

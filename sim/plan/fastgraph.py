@@ -231,7 +231,13 @@ def _resident(ctx, st: _Static) -> _Resident:
     model = ctx.scn.model
     tensors = model.tensors
     flags = np.zeros(len(tensors) + 1, dtype=bool)   # [-1]: no tensor
-    flags[:-1] = np.fromiter(map(ctx.host_ids.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
+    given = ctx.host_flags
+    if given is not None and len(given) == len(tensors):
+        # the positions' flags host_ids was made from (a tensor object's flag is its own, wherever
+        # it sits: the same membership as by id)
+        flags[:-1] = given
+    else:
+        flags[:-1] = np.fromiter(map(ctx.host_ids.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
     r = _Resident()
     tf = flags[st.tpos]                      # (J, 3): each item's tensors, -1 padding reading False
     r.host = tf[:, 0] | tf[:, 1] | tf[:, 2]  # .any(axis=1), a column at a time
