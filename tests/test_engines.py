@@ -606,6 +606,23 @@ def test_plan_columns_of_built_plans_equal_their_ops():
 
 
 @SETTINGS
+@given(plans(max_ops=60, max_deps=3))
+def test_compiled_predecessor_columns_are_the_first_three_predecessors(plan):
+    """CompiledPlan's p0, p1, p2 (lists) and columns (arrays) are each op's first three pruned
+    predecessors, -1 where it has fewer (None when some op has more), and ``two`` tells that no
+    op has a third."""
+    comp = analytic.compile_plan(plan)
+    preds = comp.preds
+    if any(len(p) > 3 for p in preds):
+        assert comp.p0 is None and not comp.two
+        return
+    want = [[p[k] if len(p) > k else -1 for p in preds] for k in range(3)]
+    assert [comp.p0, comp.p1, comp.p2] == want
+    assert [c.tolist() for c in comp.columns] == want and all(c.dtype == np.int64 for c in comp.columns)
+    assert comp.two == all(len(p) <= 2 for p in preds)
+
+
+@SETTINGS
 @given(plans_with_durations(zeros=True))
 def test_three_predecessor_recurrence_equals_the_general_one(pd_):
     """The scalar recurrence on the first three predecessors (-1 reading a 0.0 slot) gives the
@@ -691,9 +708,10 @@ def test_tree_batch_on_a_memo_template_equals_the_op_by_op_batch(monkeypatch):
     rows = [tpl.rows[_row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)]
     batch = np.stack(rows)
     calls = []
-    real, real_chains = analytic._run_one, analytic._run_three_chains
+    real, real_chains, real_two = analytic._run_one, analytic._run_three_chains, analytic._run_two_choice
     monkeypatch.setattr(analytic, "_run_one", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(analytic, "_run_three_chains", lambda *a: calls.append(1) or real_chains(*a))
+    monkeypatch.setattr(analytic, "_run_two_choice", lambda *a: calls.append(1) or real_two(*a))
     got = analytic.run(tpl.comp, batch)
     assert len(calls) == 1  # the first row, op by op; the other 15 along its tree
     ref = analytic._run_batch(tpl.comp.preds, batch)

@@ -271,6 +271,48 @@ def test_chains_cut_in_the_run_are_the_first_child_chains(pd_):
     assert got.parent.tolist() == want.parent.tolist()
 
 
+@settings(max_examples=150, deadline=None)
+@given(plans_with_durations(zeros=True, max_ops=60))
+def test_two_predecessor_run_and_the_cut_after_it_are_the_three_predecessor_ones(pd_):
+    """On plans whose ops have at most two predecessors, _run_two_choice gives
+    _run_three_choice's end times and choice (its starts: each op's critical predecessor's end),
+    and _first_child_cut the chains and levels _run_three_chains cuts; _run_tree along either
+    path gives the same arrays."""
+    plan, dur = pd_
+    comp = analytic.compile_plan(plan)
+    if comp.p0 is None:
+        return
+    assert comp.two == all(x < 0 for x in comp.p2)
+    if not comp.two:
+        return
+    s, e, ch = analytic._run_three_choice(comp.p0, comp.p1, comp.p2, dur.tolist())
+    e2, ch2 = analytic._run_two_choice(comp.p0, comp.p1, dur.tolist())
+    assert e2 == e and ch2 == ch
+    ends = e + [0.0]
+    assert [ends[c] for c in ch2] == s
+    _s, _e, _ch, chains, level = analytic._run_three_chains(comp.p0, comp.p1, comp.p2, dur.tolist())
+    assert analytic._first_child_cut(ch2) == (chains, level)
+
+
+def test_two_predecessor_path_on_a_memo_template(monkeypatch):
+    """The default scenario's pp512 graph has at most two predecessors per op: _run_tree on its
+    16 KV lengths along the two-predecessor path equals the three-predecessor path (ENABLE_TWO
+    off) to the bit."""
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0)
+    rows = np.stack([tpl.rows[memo._row_at(tpl, ctx, kv)] for kv in range(0, 8192, 512)])
+    assert tpl.comp.two
+    got = {}
+    for flag in (True, False):
+        monkeypatch.setattr(analytic, "ENABLE_TWO", flag)
+        comp = analytic._compile(tpl.plan)
+        got[flag] = analytic.run(comp, rows)
+    np.testing.assert_array_equal(got[True].start_s, got[False].start_s)
+    np.testing.assert_array_equal(got[True].end_s, got[False].end_s)
+
+
 def _tree_of_loops(comp, choice):
     """The heavy-path chains of _tree_of written with separate loops (heads, then chains)."""
     n = choice.size
@@ -489,3 +531,82 @@ def test_memoised_timings_equal_without_column_templates(path, monkeypatch):
                     got.append([time_test(ctx, t, rep_rng(scn.seed, k, 0), engine, {}) for k, t in enumerate(tests)])
                 if len(got) == 2:
                     assert got[0] == got[1], f"{path.name} {v.name} {engine}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), max_size=80), st.integers(1, 5))
+def test_unique_index_inverse_is_numpy_unique_s(values, spread):
+    """fastgraph.unique_index_inverse gives np.unique's first positions and inverse (few and
+    many distinct values, repeats, empty)."""
+    key = np.array([v // spread for v in values], dtype=np.int64)
+    _u, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    got_first, got_inv = fastgraph.unique_index_inverse(key)
+    assert got_first.tolist() == first.tolist() and got_inv.tolist() == inv.reshape(-1).tolist()
+
+
+def test_launch_shares_of_a_one_graph_plan_read_no_graph_column():
+    """direct_launch_s of a one-graph template (its graph ids taken as 0, the graphs column not
+    read) equals the same computation on the plan's graphs column, on a rebuilt graph."""
+    from sim.model.costs import direct_launch_s
+    from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Stream
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    tpl = build_template(ctx, 512, 0, 0, draw_masks(ctx, 512, 0), 0, (True, 2048, 0.0))
+    plan, hw = tpl.plan, scn.hardware
+    got = direct_launch_s(plan, hw)
+    graph = np.asarray(plan.graphs, dtype=np.int64)
+    a = plan.arrays
+    gpu = (a.stream == STREAM_CODE[Stream.COMPUTE]) & (a.kind != KIND_CODE[OpKind.H2D])
+    per_graph = np.bincount(graph[gpu], minlength=1).astype(float)
+    kernels = np.asarray(plan.meta["graph_kernels"], dtype=float)
+    share = np.divide(kernels, per_graph, out=np.zeros_like(per_graph), where=per_graph > 0)
+    want = np.zeros(len(plan))
+    want[gpu] = hw.ggml.launch_s * share[graph[gpu]]
+    assert isinstance(got, np.ndarray) and got.tolist() == want.tolist() and got.any()
+
+
+def test_price_classes_partition_the_ops_by_what_prices_them():
+    """build_graph_columns' price classes: ops of one class have equal (kind, bytes, shape,
+    pinned, tag) and each class's representative is one of its ops (on the default scenario's
+    pp512 graph, rebuilt and reused)."""
+    from sim.plan.builder import Emitter
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    ctx = make_context(scn, parse_variant("baseline"), rep_rng(scn.seed, 0, -1))
+    ctx.rng = np.random.default_rng(0)
+    for rebuilt in (True, False):
+        em = Emitter(Plan(label="graph"), ctx)
+        em.rebuilt, em.call_tokens = rebuilt, 2048
+        assert fastgraph.build_graph_columns(em, 512, 0, 0, draw_masks(ctx, 512, 0))
+        classes, first = em.price_classes
+        p = em.plan
+        what = [(k, nb, sh, pin, tag) for k, nb, sh, pin, tag in zip(p.kinds, p.nbytes, p.shapes, p.pinned, p.tags)]
+        assert classes.shape == (len(p),) and first.size == classes.max() + 1
+        assert (classes[first] == np.arange(first.size)).all()
+        by_class: dict = {}
+        for c, w in zip(classes.tolist(), what):
+            by_class.setdefault(c, set()).add(w)
+        assert all(len(ws) == 1 for ws in by_class.values())
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_residency_from_the_context_s_flags_is_the_residency_by_id(path):
+    """_resident reading the context's positional host flags (make_context's) gives the host
+    column it gives from the ids of host tensors (a context without those flags), every variant."""
+    from dataclasses import replace as dc_replace
+
+    scn = load_scenario(path)
+    st = fastgraph._static_items(scn.model)
+    if st is None:
+        pytest.skip("model not covered")
+    for v in scn.variants:
+        try:
+            ctx = make_context(scn, v, np.random.default_rng(0))
+        except PlacementError:
+            continue
+        assert ctx.host_flags is not None
+        by_id = dc_replace(ctx, host_flags=None)
+        a, b = fastgraph._resident(ctx, st), fastgraph._resident(by_id, st)
+        assert a.host.tolist() == b.host.tolist() and a.dev.tolist() == b.dev.tolist()

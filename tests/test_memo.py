@@ -531,6 +531,7 @@ def test_priced_op_prices_as_the_op():
     op, with bytes and shape replaced when given, and prices as the op (and as op_with) on every
     op of a built plan."""
     from sim.model.costs import op_duration_s
+    from sim.plan import Op
 
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     hw = scn.hardware
@@ -539,6 +540,9 @@ def test_priced_op_prices_as_the_op():
         p = plan.priced_op(i)
         assert (p.kind, p.stream, p.device, p.nbytes, p.shape, p.pinned, p.tag) == \
             (op.kind, op.stream, op.device, op.nbytes, op.shape, op.pinned, op.tag)
+        # the op as the dataclass's own constructor makes it (the other fields at their defaults)
+        assert p == Op(i, op.kind, op.stream, op.device, "", nbytes=op.nbytes, shape=op.shape, pinned=op.pinned,
+                       tag=op.tag)
         assert op_duration_s(p, hw) == op_duration_s(op, hw)
         q = plan.priced_op(i, 4096, op.shape)
         assert q.nbytes == 4096 and op_duration_s(q, hw) == op_duration_s(plan.op_with(i, 4096, op.shape), hw)
@@ -578,3 +582,79 @@ def test_shape_free_kinds_are_priced_whatever_their_shape(path):
         prices = {op_duration_s(Op(0, kind, Stream.HOST, -1, "x", nbytes=nb, shape=sh, tag=tag), hw)
                   for nb in (0, 1 << 20) for sh in ((), attn_shape, (7,)) for tag in ("", "attn", "h2d")}
         assert len(prices) == 1, kind
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_rows_made_together_are_the_rows_made_one_by_one(path, monkeypatch):
+    """time_test making a template's duration rows together (ENABLE_BATCH_ROWS: _rows_at, the
+    KQ-mask and flash-attention prices of every KV length at once) gives, to the bit, the
+    timing of making them one KV length at a time (_row_at), and the same rows, row indices
+    and row keys on every template, on every shipped scenario (prompts over several ubatches
+    from 0 and at a depth, decode)."""
+    import sim.plan.memo as memo
+    from sim.plan.memo import GraphTemplate
+
+    scn = load_scenario(path)
+    ub = scn.workload.n_ubatch
+    tests = [BenchTest(5 * ub + 100, 0, 0), BenchTest(3 * ub, 0, 700), BenchTest(0, 5, 300)]
+    scn = fit_context_to_tests(scn, tests)
+    for v in scn.variants[:2]:
+        try:
+            make_context(scn, v, rep_rng(scn.seed, -1, -1))
+        except PlacementError:
+            continue
+        got, tpls = {}, {}
+        for batch in (True, False):
+            monkeypatch.setattr(memo, "ENABLE_BATCH_ROWS", batch)
+            ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+            if not memo_eligible(ctx):
+                pytest.skip("not memoised")
+            kept: dict = {}
+            got[batch] = [time_test(ctx, t, rep_rng(scn.seed, ti, 0), "analytic", kept) for ti, t in enumerate(tests)]
+            tpls[batch] = [t for t in kept.values() if isinstance(t, GraphTemplate)]
+        assert got[True] == got[False], f"{path.stem} {v.name}"
+        assert len(tpls[True]) == len(tpls[False])
+        for a, b in zip(tpls[True], tpls[False]):
+            assert a.row_of == b.row_of and a.row_key == b.row_key
+            assert len(a.rows) == len(b.rows)
+            for x, y in zip(a.rows, b.rows):
+                assert x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_kv_prices_at_once_are_the_op_prices(path):
+    """mask_shapes_many gives kq_mask_shape at each KV length, kq_mask_durations_s prices those
+    shapes as op_duration_s prices the KQ-mask op (the same floats), and attn_durations_kv_s
+    gives attn_durations_s (or both None): tokens on and off the tables' rows, windows, KV
+    lengths from 0 past the tables."""
+    from sim.model.costs import attn_durations_kv_s, attn_durations_s, kq_mask_durations_s, op_duration_s
+    from sim.model.ggmlcost import mask_shapes_many
+    from sim.plan import Op, OpKind, Stream
+    from sim.plan.builder import kq_mask_shape
+
+    scn = load_scenario(path)
+    hw, m = scn.hardware, scn.model
+    kvs = list(range(0, 70000, 997)) + [1, 31, 32, 33, 255, 256, 257, 131072, 400000]
+    for n in (1, 7, 32, 100, 512, 2048, 3000):
+        for fa in (False, True):
+            for on_gpu in (False, True):
+                e, b = mask_shapes_many(m, n, kvs, fa, on_gpu)
+                shapes = [kq_mask_shape(m, n, kv, fa, on_gpu) for kv in kvs]
+                assert list(zip(e.tolist(), b.tolist())) == shapes
+                op = Op(0, OpKind.HOST_WORK, Stream.HOST, -1, "mask", shape=shapes[0], tag="kq_mask")
+                got = kq_mask_durations_s(hw, e, b)
+                if got is None:
+                    assert hw.ggml is None or hw.executor_mode
+                else:
+                    assert got.tolist() == [op_duration_s(replace(op, shape=sh), hw) for sh in shapes], (n, fa)
+        for win in (0, 1024):
+            for fa in (0, 1):
+                shapes = [(n, kv, m.n_head, m.n_head_kv, m.head_dim, win, 0, 0, fa, 8, 123.0, 0, 0, 0) for kv in kvs]
+                op = Op(0, OpKind.ATTN, Stream.COMPUTE, 0, "attn", shape=shapes[3])
+                want = attn_durations_s(op, hw, shapes)
+                got = attn_durations_kv_s(op, hw, kvs)
+                assert (got is None) == (want is None)
+                if got is not None:
+                    assert got.tolist() == want.tolist()
+    with pytest.raises(ValueError):
+        attn_durations_kv_s(replace(op, kind=OpKind.GEMM), hw, kvs)

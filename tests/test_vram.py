@@ -254,3 +254,22 @@ def test_run_notes_a_kv_cache_sized_past_llama_benchs_context(capsys):
     assert "placement.ctx_size" not in capsys.readouterr().err
     assert main(base + ["-p", "512", "-d", "16000", "-o", "json"]) == 0  # 16512 > 16384: sized as llama-bench
     assert "placement.ctx_size" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.toml")), ids=lambda p: p.stem)
+def test_account_with_the_layer_devices_given_is_the_account(path):
+    """account given the layer devices (what make_context computes once for both) equals
+    account computing them, every variant of every shipped scenario (or both refuse)."""
+    from sim.model.vram import layer_devices
+
+    scn = load_scenario(path)
+    for v in scn.variants:
+        devs = layer_devices(scn.model, scn.placement, scn.hardware.n_gpu)
+        try:
+            want = account(scn, v)
+        except PlacementError as e:
+            with pytest.raises(type(e)):
+                account(scn, v, layer_dev=devs)
+            continue
+        assert account(scn, v, layer_dev=devs) == want
+        assert devs == layer_devices(scn.model, scn.placement, scn.hardware.n_gpu)

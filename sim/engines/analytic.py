@@ -65,7 +65,7 @@ class CompiledPlan:
     """
 
     __slots__ = ("n", "queue", "pred_ptr", "pred_idx", "p0", "p1", "p2", "_preds", "_trees", "_last_tree", "_columns", "_pred_ops",
-                 "_small_batches")
+                 "_small_batches", "two")
 
     def __init__(self, n: int, queue: np.ndarray, pred_ptr: np.ndarray, pred_idx: np.ndarray):
         self.n, self.queue, self.pred_ptr, self.pred_idx = n, queue, pred_ptr, pred_idx
@@ -75,18 +75,27 @@ class CompiledPlan:
         self._small_batches = 0     # batches of 2..ROWS_MAX rows timed row by row (run)
         self._columns = None        # p0, p1, p2 as int64 arrays (columns)
         self._pred_ops = None       # pred_ops
+        #: no op has more than two predecessors (p2 is all -1): :func:`_run_two_choice` applies
+        self.two = False
         cnt = np.diff(pred_ptr)
         if n and cnt.max() > 3:
             self.p0 = self.p1 = self.p2 = None
             return
-        cols = []
         first = pred_ptr[:-1]
-        for k in range(3):
-            has = cnt > k
-            col = np.full(n, -1, dtype=np.int64)
-            col[has] = pred_idx[first[has] + k]
-            cols.append(col.tolist())
-        self.p0, self.p1, self.p2 = cols
+        top = max(pred_idx.size - 1, 0)
+        self.two = not (n and bool(cnt.max() > 2))
+        cols = []
+        for k in range(2 if self.two else 3):
+            # pred_idx[first + k] where the op has more than k predecessors (clipped reads elsewhere)
+            col = (np.where(cnt > k, pred_idx[np.minimum(first + k, top)], -1) if pred_idx.size
+                   else np.full(n, -1, dtype=np.int64))
+            cols.append(col.astype(np.int64, copy=False))
+        lists = [c.tolist() for c in cols]
+        if self.two:   # no third predecessor anywhere
+            cols.append(np.full(n, -1, dtype=np.int64))
+            lists.append([-1] * n)
+        self._columns = tuple(cols)
+        self.p0, self.p1, self.p2 = lists
 
     @property
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -359,6 +368,59 @@ def _run_three_chains(p0: list[int], p1: list[int], p2: list[int], dur: list[flo
         chains.append([i])
     del end[n]
     return start, end, choice, chains, level
+
+
+def _run_two_choice(p0: list[int], p1: list[int], dur: list[float]) -> tuple[list[float], list[int]]:
+    """:func:`_run_three_choice`'s end times and critical choice for a plan whose ops have at
+    most two predecessors (``p2`` all -1): the same comparisons in the same order, without the
+    third predecessor and without the start times (each op's start is the end of its critical
+    predecessor, 0.0 without one: ``end[choice]`` with a 0.0 slot at -1). ``(end, choice)``,
+    lists of ``n``."""
+    n = len(dur)
+    end = [0.0] * (n + 1)
+    choice = [-1] * n
+    for i, a, b, d in zip(range(n), p0, p1, dur):
+        s = end[a]
+        e = end[b]
+        if e > s:
+            s = e
+            a = b
+        end[i] = s + d
+        choice[i] = a
+    del end[n]
+    return end, choice
+
+
+def _first_child_cut(choice: list[int]) -> tuple[list[list[int]], list[int]]:
+    """The chains and levels :func:`_run_three_chains` cuts from the critical choice ``choice``
+    (each op continues the chain of its critical predecessor when it is that op's first child,
+    else starts a chain one level deeper; roots at level 0): ``(chains, level)``."""
+    n = len(choice)
+    taken = bytearray(n + 1)
+    chain_of = [0] * n
+    chains: list[list[int]] = []
+    level: list[int] = []
+    for i, w in enumerate(choice):
+        if w >= 0:
+            if not taken[w]:
+                taken[w] = 1
+                k = chain_of[w]
+                chain_of[i] = k
+                chains[k].append(i)
+                continue
+            level.append(level[chain_of[w]] + 1)
+        else:
+            level.append(0)
+        chain_of[i] = len(chains)
+        chains.append([i])
+    return chains, level
+
+
+#: :func:`_run_tree` times the first row of a plan whose ops have at most two predecessors with
+#: :func:`_run_two_choice` and cuts its chains after (:func:`_first_child_cut`); False uses
+#: :func:`_run_three_chains` (the reference the tests compare it with: the same times, choice
+#: and chains)
+ENABLE_TWO = True
 
 
 def _run_scalar(preds, dur: list[float]) -> tuple[list[float], list[float]]:
@@ -651,7 +713,16 @@ def _run_tree(comp: CompiledPlan, d: np.ndarray) -> tuple[np.ndarray, np.ndarray
     for attempt in range(2):
         if tree is None or attempt:
             k = int(todo[0])
-            if comp.p0 is not None:   # the critical tree's chains cut in the same pass
+            if comp.p0 is not None and comp.two and ENABLE_TWO:
+                e_k, ch_l = _run_two_choice(comp.p0, comp.p1, d[k].tolist())
+                ch = np.array(ch_l, dtype=np.int64)
+                ez = np.empty(n + 1)
+                ez[:n] = e_k
+                ez[n] = 0.0
+                s_k = ez[np.where(ch >= 0, ch, n)]   # each start: its critical predecessor's end
+                e_k = ez[:n]
+                cut = (*_first_child_cut(ch_l), ch_l)
+            elif comp.p0 is not None:   # the critical tree's chains cut in the same pass
                 s_k, e_k, ch_l, chains, level = _run_three_chains(comp.p0, comp.p1, comp.p2, d[k].tolist())
                 cut, ch = (chains, level, ch_l), np.array(ch_l, dtype=np.int64)
             else:

@@ -330,14 +330,55 @@ def attn_durations_s(op: Op, hw: HardwareProfile, shapes: list[tuple]) -> np.nda
     g = hw.ggml
     if g is None or hw.executor_mode or len(sh0) <= 10 or sh0[6] or not sh0[8]:
         return None
+    return _flash_attn_kv_s(g, sh0, np.array([sh[1] for sh in shapes], dtype=np.int64))
+
+
+def attn_durations_kv_s(op: Op, hw: HardwareProfile, kv_lens) -> np.ndarray | None:
+    """:func:`attn_durations_s` of the attention op ``op`` at each of ``kv_lens`` ((K,) ints):
+    its own shape with the KV length (element 1) replaced, without making the shapes (the
+    same floats); None where that function answers None.
+
+    Raises:
+        ValueError: ``op`` is not an attention.
+    """
+    if op.kind is not OpKind.ATTN:
+        raise ValueError(f"attn_durations_kv_s: op {op.id} is a {op.kind.value}, not an attention")
+    sh0 = op.shape
+    g = hw.ggml
+    if g is None or hw.executor_mode or len(sh0) <= 10 or sh0[6] or not sh0[8]:
+        return None
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    if not kv.size:
+        return np.zeros(0)
+    return _flash_attn_kv_s(g, sh0, kv)
+
+
+def _flash_attn_kv_s(g, sh0: tuple, kv: np.ndarray) -> np.ndarray | None:
+    """The flash attention of shape ``sh0`` (its KV length aside) on the GPU at each KV length
+    of ``kv`` ((K,) int64), plus its elementwise kernels: what :func:`ggml_duration_s` gives
+    (:meth:`sim.model.ggmlcost.GgmlKernels.flash_attn_gpu_many`), or None without a flash table."""
     n_tok, _kv, nh, nkv, hd, window = sh0[:6]
     ew_k, ew_e = sh0[9:11]
-    kv = np.array([sh[1] for sh in shapes], dtype=np.int64)
     keys = np.minimum(kv + n_tok, window + n_tok) if window else kv + n_tok      # attended_keys
     t = g.flash_attn_gpu_many(n_tok, keys, nh, nkv, hd)
     if t is None:
         return None
     return t + g.elementwise_s("gpu", ew_k, 4.0 * ew_e * n_tok)
+
+
+def kq_mask_durations_s(hw: HardwareProfile, entries: np.ndarray, nbytes: np.ndarray) -> np.ndarray | None:
+    """:func:`op_duration_s` of a graph's KQ-mask host op (``HOST_WORK``, tag ``kq_mask``) at
+    several shapes ``(entries[k], nbytes[k])`` ((K,) int64 each) at once: (K,) float64 seconds,
+    each the float that function gives (the same operations: the ``[ggml]`` mask fill and the
+    pinned copy of :func:`ggml_duration_s`), or None where that path does not price it (no
+    ``[ggml]`` tables, ``executor_mode``: the caller prices them one by one)."""
+    g = hw.ggml
+    if g is None or hw.executor_mode:
+        return None
+    link = hw.h2d(True)
+    nb = np.asarray(nbytes, dtype=np.int64)
+    copy = np.where(nb != 0, link.latency_s + nb / link.bytes_per_s, 0.0)
+    return g.mask_s * np.asarray(entries, dtype=np.int64) + copy
 
 
 def kv_copies_s(shape: tuple, hw: HardwareProfile) -> float:
@@ -460,7 +501,8 @@ def direct_launch_s(plan: Plan, hw: HardwareProfile) -> np.ndarray | float:
     if hw.ggml is None or hw.ggml.launch_s <= 0 or not rebuilt or not any(rebuilt) or not len(plan):
         return 0.0
     a = plan.arrays
-    graph = np.asarray(plan.graphs, dtype=np.int64)
+    # one graph (a memo template): every op's graph is 0 (the graphs column is not read)
+    graph = np.zeros(len(plan), dtype=np.int64) if len(rebuilt) == 1 else np.asarray(plan.graphs, dtype=np.int64)
     direct = np.asarray(rebuilt, dtype=bool)[graph]
     gpu = (a.stream == STREAM_CODE[Stream.COMPUTE]) & (a.kind != KIND_CODE[OpKind.H2D]) & direct
     per_graph = np.bincount(graph[gpu], minlength=len(rebuilt)).astype(float)

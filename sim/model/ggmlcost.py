@@ -608,6 +608,30 @@ def mask_bytes(model, n_tokens: int, kv_len: int, flash_attn: bool) -> int:
     return int(n * n_tokens * elem)
 
 
+def _mask_loop_many(n_tokens: int, kv_len: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_mask_loop` at each of the KV lengths ``kv_len`` ((K,) int64): ``(entries, cells)``,
+    (K,) int64 each (the same integer arithmetic)."""
+    filled = np.minimum(kv_len + n_tokens, window + n_tokens) if window else kv_len + n_tokens
+    cells = np.maximum(KV_PAD, -(-filled // KV_PAD) * KV_PAD)
+    recent = np.minimum(filled, n_tokens + np.minimum(kv_len, window + MASK_REVISIT_MARGIN))
+    return cells + (n_tokens - 1) * recent, cells
+
+
+def mask_shapes_many(model, n_tokens: int, kv_lens, flash_attn: bool, on_gpu: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`mask_entries` and :func:`mask_bytes` (0 when ``on_gpu`` is False, as
+    :func:`sim.plan.builder.kq_mask_shape`) of a graph of ``n_tokens`` at each of ``kv_lens``
+    ((K,) ints >= 0): ``(entries, bytes)``, (K,) int64 each, element for element the integers
+    those functions give."""
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    entries, cells = _mask_loop_many(n_tokens, kv, 0)
+    if model.sliding_window and model.swa_interval:
+        e2, c2 = _mask_loop_many(n_tokens, kv, model.sliding_window)
+        entries = entries + e2
+        cells = cells + c2
+    nbytes = cells * n_tokens * (2 if flash_attn else 4) if on_gpu else np.zeros(kv.size, dtype=np.int64)
+    return entries, nbytes
+
+
 def read_table(path) -> pd.DataFrame:
     """A kernel table CSV (:data:`TABLE_COLUMNS`).
 

@@ -957,14 +957,15 @@ def _systematic_used(pi: np.ndarray, top_k: int, n_tokens: int, rng: np.random.G
     return used
 
 
-def make_router(spec: RoutingSpec, model, rng: np.random.Generator) -> Router:
+def make_router(spec: RoutingSpec, model, rng: np.random.Generator | None) -> Router:
     """Build the :class:`Router` of ``model`` (a :class:`sim.model.specs.ModelSpec` with experts).
 
     Args:
         spec: the routing (from :func:`routing_from_fields`).
         model: the model; ``model.moe`` gives E and k.
         rng: used only at construction (per-layer permutations of ``skewed`` routing); pass a
-            generator seeded from the scenario seed.
+            generator seeded from the scenario seed (None is accepted for the other kinds,
+            which never read it).
 
     Raises:
         ValueError: the model has no experts.

@@ -240,8 +240,12 @@ def staging_bytes(variant: Variant, host_groups: list[tuple[Tensor, ...]]) -> fl
     return float(out)
 
 
-def account(scn: Scenario, variant: Variant, placement: Placement | None = None) -> list[VramBreakdown]:
+def account(scn: Scenario, variant: Variant, placement: Placement | None = None, *,
+            layer_dev: list[int] | None = None) -> list[VramBreakdown]:
     """VRAM per GPU for a scenario under a variant (module docstring: the order of assignment).
+
+    ``layer_dev``: :func:`layer_devices` of the model, placement and GPUs when the caller has
+    it (not modified), else None (computed here).
 
     Returns:
         One :class:`VramBreakdown` per GPU. With an expert cache its pool is the VRAM left on each
@@ -258,7 +262,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None)
     """
     model, hw = scn.model, scn.hardware
     pl = placement or scn.placement
-    devs = layer_devices(model, pl, hw.n_gpu)
+    devs = layer_devices(model, pl, hw.n_gpu) if layer_dev is None else layer_dev
     # host residency per tensor, by position (a tied output head shares token_embd's name)
     on_host = host_flags(model, pl)
     table = _tensor_table(model)

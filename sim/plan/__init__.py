@@ -181,20 +181,33 @@ def _plan_arrays(n: int, kind: np.ndarray, stream: np.ndarray, device: np.ndarra
     key = stream.astype(i64) * (1 << 33) + (qdev + 1)
     names: list[str] = []
     if n:
-        _keys, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        # one stable sort of the keys gives the queues (np.unique's sorted keys, first
+        # occurrences and inverse) and, within each queue, its ops in id order (the previous op
+        # on the queue: what _prev_in_group(queue) gives)
+        srt = np.argsort(key, kind="stable")
+        sk = key[srt]
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=brk[1:])
+        first = srt[brk]                               # first op of each key, keys ascending
         order = np.argsort(first, kind="stable")      # queues in order of first appearance
         rank = np.empty(order.size, dtype=i64)
         rank[order] = np.arange(order.size, dtype=i64)
-        queue = rank[inv.reshape(-1)]
+        queue = np.empty(n, dtype=i64)
+        queue[srt] = rank[np.cumsum(brk) - 1]
+        queue_prev = np.full(n, -1, dtype=i64)
+        same = ~brk[1:]
+        queue_prev[srt[1:][same]] = srt[:-1][same]
         for u in order.tolist():
             s = STREAMS[int(stream[first[u]])].value
             d = int(qdev[first[u]])
             names.append(f"{s}{d}" if d >= 0 else s)
     else:
         queue = np.zeros(0, dtype=i64)
+        queue_prev = np.full(0, -1, dtype=i64)
     is_h2d = kind == KIND_CODE[OpKind.H2D]
     link = np.where(is_h2d, np.maximum(device, 0), -1).astype(i64)
-    return PlanArrays(n, queue, link, ptr, idx, _prev_in_group(queue), _prev_in_group(link, is_h2d), names,
+    return PlanArrays(n, queue, link, ptr, idx, queue_prev, _prev_in_group(link, is_h2d), names,
                       kind, stream, device)
 
 
@@ -453,9 +466,25 @@ class Plan:
         """
         if not 0 <= i < len(self.kinds):
             raise IndexError(f"op {i} outside a plan of {len(self.kinds)} ops")
-        return Op(i, KINDS[self.kinds[i]], STREAMS[self.streams[i]], self.devices[i], "",
-                  nbytes=self.nbytes[i] if nbytes is None else nbytes, shape=self.shapes[i] if shape is None else shape,
-                  pinned=self.pinned[i], tag=self.tags[i])
+        # Op(i, kind, stream, device, "", nbytes=..., shape=..., pinned=..., tag=...), its slots set
+        # directly (as _make_op: no frozen dataclass __init__)
+        op = _new_op(Op)
+        _s_id(op, i)
+        _s_kind(op, KINDS[self.kinds[i]])
+        _s_stream(op, STREAMS[self.streams[i]])
+        _s_device(op, self.devices[i])
+        _s_name(op, "")
+        _s_deps(op, ())
+        _s_nbytes(op, self.nbytes[i] if nbytes is None else nbytes)
+        _s_shape(op, self.shapes[i] if shape is None else shape)
+        _s_layer(op, -1)
+        _s_split(op, -1)
+        _s_graph(op, 0)
+        _s_slot(op, -1)
+        _s_slot_bytes(op, 0)
+        _s_pinned(op, self.pinned[i])
+        _s_tag(op, self.tags[i])
+        return op
 
     @property
     def ops(self) -> list[Op]:

@@ -130,6 +130,9 @@ class BuildContext:
     host_ids: frozenset   # id() of the model's host-resident tensors (a tied head shares its name)
     layer_dev: list[int]
     stats: dict = field(default_factory=dict)
+    #: per position of ``scn.model.tensors``, whether it is host-resident (what ``host_ids`` holds
+    #: the ids of: :func:`sim.model.vram.host_flags`), or None when not given
+    host_flags: tuple | None = None
     #: llama-bench repetition being built (0 = the first timed one), None when not one of a
     #: run of repetitions (:func:`graph_call`'s capture share)
     rep: int | None = None
@@ -141,6 +144,13 @@ class BuildContext:
         with equal signatures have equal attention shapes at every (tokens, KV length)."""
         parts = layer_attn_parts(self.scn.model)
         return [(w, full, ew, d >= 0, nw) for (w, full, ew, nw), d in zip(parts, self.layer_dev)]
+
+    @cached_property
+    def attn_sig_ids(self) -> list[int]:
+        """Per layer, a small int naming its :attr:`attn_layer_sig` (equal ids iff equal
+        signatures), numbered in order of first appearance."""
+        ids: dict = {}
+        return [ids.setdefault(sig, len(ids)) for sig in self.attn_layer_sig]
 
     def attn_shape(self, layer: int, n_tokens: int, kv_len: int) -> tuple:
         """:func:`attn_item_shape`, computed once per layer signature (:attr:`attn_layer_sig`),
@@ -241,16 +251,20 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
     if placement.fit_experts and model.moe is not None:
         n = fit_n_cpu_moe(scn, variant)
         placement = replace(placement, n_cpu_moe=n)
-    vram = account(scn, variant, placement)
+    devs = layer_devices(model, placement, scn.hardware.n_gpu)
+    vram = account(scn, variant, placement, layer_dev=devs)
     scn2 = scn.with_(placement=placement)
-    router = make_router(scn.routing, model, np.random.default_rng(scn.seed)) if model.moe else None
+    # the scenario-seeded generator draws skewed routing's per-layer permutations; the other kinds
+    # never read it (not made)
+    router = (make_router(scn.routing, model, np.random.default_rng(scn.seed) if scn.routing.kind == "skewed" else None)
+              if model.moe else None)
     cache = None
     if variant.expert_cache != "none" and model.moe is not None:
         cap = sum(v.cache_experts for v in vram)
         cache = ExpertCache(cap, variant.cache_policy)
-    host = frozenset(map(id, compress(model.tensors, host_flags(model, placement))))
-    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host,
-                        layer_devices(model, placement, scn.hardware.n_gpu))
+    flags = host_flags(model, placement)
+    host = frozenset(map(id, compress(model.tensors, flags)))
+    return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host, devs, host_flags=flags)
 
 
 # ----------------------------------------------------------------------------------------

@@ -191,6 +191,23 @@ def _make_static(model) -> _Static:
     return st
 
 
+def unique_index_inverse(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, return_index=True, return_inverse=True)[1:]`` of a 1-D int array (the
+    first position of each distinct value, values ascending, and each element's rank among
+    them), from one stable argsort: ``(first (U,) int64, inverse (n,) int64)``."""
+    n = key.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    brk = np.empty(n, dtype=bool)
+    brk[0] = True
+    np.not_equal(sk[1:], sk[:-1], out=brk[1:])
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.cumsum(brk) - 1
+    return order[brk], inv
+
+
 class _Resident:
     """What the placement of a context fixes about a model's items (:class:`_Static`).
 
@@ -214,17 +231,24 @@ def _resident(ctx, st: _Static) -> _Resident:
     model = ctx.scn.model
     tensors = model.tensors
     flags = np.zeros(len(tensors) + 1, dtype=bool)   # [-1]: no tensor
-    flags[:-1] = np.fromiter(map(ctx.host_ids.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
+    given = ctx.host_flags
+    if given is not None and len(given) == len(tensors):
+        # the positions' flags host_ids was made from (a tensor object's flag is its own, wherever
+        # it sits: the same membership as by id)
+        flags[:-1] = given
+    else:
+        flags[:-1] = np.fromiter(map(ctx.host_ids.__contains__, map(id, tensors)), dtype=bool, count=len(tensors))
     r = _Resident()
-    r.host = flags[st.tpos].any(axis=1)
+    tf = flags[st.tpos]                      # (J, 3): each item's tensors, -1 padding reading False
+    r.host = tf[:, 0] | tf[:, 1] | tf[:, 2]  # .any(axis=1), a column at a time
     ld = np.asarray(ctx.layer_dev, dtype=np.int64)
     r.dev = np.where(st.layers >= 0, ld[np.maximum(st.layers, 0)] if ld.size else -1,
                      ctx.scn.hardware.n_gpu - 1)
     r.attn_layers_on_gpu = bool((ld >= 0).all())
     # equal attention signatures (BuildContext.attn_layer_sig): equal model parts, both on a GPU or not
     key = st.sig_part * 2 + (ld >= 0) if ld.size else np.zeros(0, dtype=np.int64)
-    _u, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    r.sig = inv.reshape(-1).astype(np.int64)
+    first, inv = unique_index_inverse(key)
+    r.sig = inv
     r.sig_layer = first.tolist()
     ctx.column_cache["_resident"] = r
     return r
@@ -314,7 +338,7 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     if st.moe_items.size:
         used_item[st.moe_items] = n_used[st.moe_row[st.moe_items]]
         key = st.tail[st.moe_items] * (int(used_item.max()) + 1) + used_item[st.moe_items]
-        _uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
+        first, inv = unique_index_inverse(key)
         base = len(pool)
         for j in st.moe_items[first].tolist():
             tl = st.tails[int(st.tail[j])]
@@ -547,7 +571,7 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     if exp_h.any():
         cand = np.flatnonzero(exp_h)
         lay_c = cols.layers[cand]
-        _u, fi = np.unique(lay_c, return_index=True)
+        fi, _inv = unique_index_inverse(lay_c)
         first_ids[cand[fi]] = True
         lays = lay_c[fi].tolist()
         moe_pos = ctx.column_cache.get("_moe_pos")
@@ -717,8 +741,16 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     em.price_classes = None
     if n_sh + 1 + base0 < 1 << 16 and int(nbytes.max()) < 1 << 38:
         key = ((((nbytes << 4 | kind) << 1 | pinned) << 4 | tg_src) << 16) | shape_code
-        _u, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        em.price_classes = (inv.reshape(-1), first)
+        # classes numbered by their keys in order (a plain sort and a search, no stable argsort);
+        # an op of each class: whichever the scatter leaves (the ops of a class price alike)
+        sk = np.sort(key)
+        brk = np.empty(N, dtype=bool)
+        brk[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=brk[1:])
+        inv = np.searchsorted(sk[brk], key)
+        first = np.empty(int(brk.sum()), dtype=np.int64)
+        first[inv] = np.arange(N, dtype=np.int64)
+        em.price_classes = (inv, first)
     # -- the plan
     n0 = base0
     cnt = (dep1 >= 0).astype(np.int64) + (dep2 >= 0)

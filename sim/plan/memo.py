@@ -50,8 +50,9 @@ import numpy as np
 from sim import engines
 from sim.plan.builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
                       draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
-from sim.model.costs import (attn_durations_s, class_durations, direct_launch_s, op_duration_s, plan_durations,
-                             price_reads_shape)
+from sim.model.costs import (attn_durations_kv_s, attn_durations_s, class_durations, direct_launch_s,
+                             kq_mask_durations_s, op_duration_s, plan_durations, price_reads_shape)
+from sim.model.ggmlcost import mask_shapes_many
 from sim.engines.analytic import CompiledPlan, compile_plan
 from sim.errors import PlacementError
 from sim.plan.fastgraph import build_graph_columns
@@ -230,7 +231,23 @@ def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]
         bk = (ml, blk.tobytes())
         key = known.get(bk)
         if key is None:
-            key = known[bk] = mask_key(dict(zip(layers, blk)), ml, seen)
+            # mask_key(dict(zip(layers, blk)), ml, seen), the counts of the block's rows at once
+            counts = np.count_nonzero(blk, axis=1).tolist() if blk.ndim == 2 else None
+            if counts is None or len(counts) != len(layers):
+                key = mask_key(dict(zip(layers, blk)), ml, seen)
+            else:
+                parts = []
+                for i, m, c in zip(layers, blk, counts):
+                    if i in ml:
+                        b = m.tobytes()
+                        r = seen.get(b)
+                        if r is None:
+                            r = seen[b] = run_lengths(m)
+                        parts.append((i, r))
+                    else:
+                        parts.append((i, c))
+                key = tuple(parts)
+            known[bk] = key
         out.append(key)
         last_obj, last_ml, last_key = blk, ml, key
     return out
@@ -329,7 +346,7 @@ def _kv_groups(tpl: GraphTemplate, ctx: BuildContext) -> list:
     if tpl.kv_groups is not None:
         return tpl.kv_groups
     plan = tpl.plan
-    sig = ctx.attn_layer_sig
+    sig = ctx.attn_sig_ids    # names the layers' attention signatures (equal iff equal)
     hw = ctx.scn.hardware
     kinds = plan.kinds
     reads = {k: price_reads_shape(KINDS[k], hw) for k in set(kinds[oid] for oid, _role, _arg in tpl.kv_ops)}
@@ -433,6 +450,121 @@ def _row_at(tpl: GraphTemplate, ctx: BuildContext, kv_len: int) -> int:
     return idx
 
 
+#: :func:`time_test` makes the duration rows of a template's graphs together (:func:`_rows_at`:
+#: the KV-dependent prices at every KV length at once, :func:`_kv_prices`); False makes them one
+#: KV length at a time (:func:`_row_at`: the reference path the tests compare it with)
+ENABLE_BATCH_ROWS = True
+
+
+def _kv_prices(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int], own: bool = True) -> np.ndarray:
+    """The values :func:`_row_at` puts in the template's KV-dependent groups (:func:`_kv_groups`)
+    at each of ``kv_lens``: (K, groups) float64, row ``k`` the list :func:`_row_at` makes at
+    ``kv_lens[k]`` (the template's own durations at its own KV length; elsewhere a group's
+    price as :func:`_price` gives it). The KQ-mask fill and the flash attentions are priced at
+    every KV length at once (:func:`sim.model.costs.kq_mask_durations_s`,
+    :func:`sim.model.costs.attn_durations_kv_s`: the same floats), the others one by one
+    (:func:`_price`). ``own`` False prices the template's own KV length too (for templates that
+    share the prices, :func:`_rows_at_many`)."""
+    model = ctx.scn.model
+    n = tpl.n_tokens
+    hw = ctx.scn.hardware
+    groups = _kv_groups(tpl, ctx)
+    fa = ctx.scn.placement.flash_attn
+    plan = tpl.plan
+    out = np.empty((len(kv_lens), len(groups)))
+    own = [k for k, kv in enumerate(kv_lens) if kv == tpl.kv_len] if own else []
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    for gi, ((role, arg, kind, nb, _pinned, _tag), oids) in enumerate(groups):
+        col = None
+        if role == "kq_mask":
+            col = kq_mask_durations_s(hw, *mask_shapes_many(model, n, kv, fa, bool(arg)))
+        elif role == "attn" and KINDS[kind] is OpKind.ATTN:
+            col = attn_durations_kv_s(plan.priced_op(oids[0]), hw, kv)
+        if col is None:
+            col = []
+            for k in kv_lens:
+                if role == "kq_mask":
+                    nb_, sh = nb, kq_mask_shape(model, n, k, fa, bool(arg))
+                else:
+                    sh = ctx.attn_shape(oids[1], n, k)
+                    nb_, sh = cpu_attn_args(sh) if role == "cpu_attn" else (nb, sh)
+                col.append(_price(ctx, tpl, oids[0], nb_, sh))
+        elif not isinstance(tpl.launch, float):   # a rebuilt graph's GPU op: its launch share (_price)
+            col = col + float(tpl.launch[oids[0]])
+        out[:, gi] = col
+        if own:
+            out[own, gi] = float(tpl.durations[oids[0]])
+    return out
+
+
+def _rows_at_many(items: list[tuple[GraphTemplate, list[int]]], ctx: BuildContext) -> list[list[int]]:
+    """``[_rows_at(tpl, ctx, kv_lens) for tpl, kv_lens in items]``, the KV-dependent prices
+    computed once for the templates that share them (:func:`derive_template`'s: the same KV
+    groups and launch shares; each template's own KV length still reads its own durations)."""
+    if not ENABLE_BATCH_ROWS or len(items) < 2:
+        return [_rows_at(tpl, ctx, kvs) for tpl, kvs in items]
+
+    def share(t: GraphTemplate) -> tuple:
+        _kv_groups(t, ctx)
+        return id(t.kv_groups), id(t.launch), t.n_tokens
+
+    shared: dict = {}
+    for tpl, kvs in items:
+        shared.setdefault(share(tpl), [tpl, {}])[1].update(dict.fromkeys(kv for kv in kvs if kv not in tpl.row_of))
+    vals_of = {key: dict(zip(kvs, _kv_prices(tpl, ctx, list(kvs), own=False)))
+               for key, (tpl, kvs) in shared.items() if len(kvs) > 1}
+    out = []
+    for tpl, kvs in items:
+        got = vals_of.get(share(tpl))
+        new = [kv for kv in dict.fromkeys(kvs) if kv not in tpl.row_of]
+        if got is None or len(new) < 2:
+            out.append(_rows_at(tpl, ctx, kvs))
+            continue
+        vals = np.array([got[kv] for kv in new])
+        for k, kv in enumerate(new):
+            if kv == tpl.kv_len:     # its own durations (_kv_prices)
+                vals[k] = [float(tpl.durations[oids[0]]) for _key, oids in tpl.kv_groups]
+        out.append(_rows_at(tpl, ctx, kvs, vals))
+    return out
+
+
+def _rows_at(tpl: GraphTemplate, ctx: BuildContext, kv_lens: list[int], vals: np.ndarray | None = None) -> list[int]:
+    """``[_row_at(tpl, ctx, kv) for kv in kv_lens]``: the same rows, indices and template state,
+    the rows not made yet made together (:func:`_kv_prices`, one (K, n) block of rows; with
+    :data:`ENABLE_BATCH_ROWS` off, or for one new KV length, by :func:`_row_at`). ``vals``: the
+    :func:`_kv_prices` of the KV lengths of ``kv_lens`` without a row yet, in order, when the
+    caller has them."""
+    row_of = tpl.row_of
+    new = [kv for kv in dict.fromkeys(kv_lens) if kv not in row_of]
+    if ENABLE_BATCH_ROWS and len(new) > 1:
+        if vals is None:
+            vals = _kv_prices(tpl, ctx, new)
+        groups = _kv_groups(tpl, ctx)
+        if tpl.kv_index is None:   # each group's ops: its first and the others (_kv_groups)
+            tpl.kv_index = [np.array([oids[0], *oids[2:]], dtype=np.int64) for _key, oids in groups]
+        fresh: dict = {}       # row key -> position among the new rows
+        at: list[int] = []     # per new KV length: its row, or -1 - its position among the new rows
+        for rk in map(tuple, vals.tolist()):
+            idx = tpl.row_key.get(rk)
+            if idx is None:
+                idx = -1 - fresh.setdefault(rk, len(fresh))
+            at.append(idx)
+        if fresh:
+            first = [at.index(-1 - j) for j in range(len(fresh))]
+            block = np.repeat(tpl.durations[None, :], len(fresh), axis=0)
+            sel = vals[first]
+            for gi, ops in enumerate(tpl.kv_index):
+                block[:, ops] = sel[:, gi:gi + 1]
+            base = len(tpl.rows)
+            for j, rk in enumerate(fresh):
+                tpl.row_key[rk] = base + j
+                tpl.rows.append(block[j])
+            at = [base - 1 - a if a < 0 else a for a in at]
+        for kv, idx in zip(new, at):
+            row_of[kv] = idx
+    return [row_of[kv] if kv in row_of else _row_at(tpl, ctx, kv) for kv in kv_lens]
+
+
 #: what :func:`sim.views.trace.h2d_busy_hidden_rows` keeps on a template's plan across calls
 _COVER_KEY = "_memo_h2d_cover"
 
@@ -525,12 +657,23 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         seen = memo.setdefault("_runs", {})
         for g in range(len(graphs)):
             mkeys.append(mkeys[0] if fixed and g else mask_key(masks[g], host_layers if matter[g] else frozenset(), seen))
-    base = [(n, mkeys[g]) for g, (n, _kv, _off) in enumerate(graphs)]
+    # each distinct mask key named by a small int for this call's dicts (a mask key is a tuple of
+    # one entry per MoE layer: hashed once per graph here, not at every lookup); the kept
+    # templates (``memo``) stay keyed on the mask key itself
+    kid_of: dict = {}
+    kids: list[int] = []
+    prev_mk = prev_kid = None
+    for mk in mkeys:
+        if mk is not prev_mk:
+            prev_mk, prev_kid = mk, kid_of.setdefault(mk, len(kid_of))
+        kids.append(prev_kid)
+    base = [(n, kids[g]) for g, (n, _kv, _off) in enumerate(graphs)]
     remaining: dict = {}
     for b in base:
         remaining[b] = remaining.get(b, 0) + 1
-    work: dict = {}          # full key -> template, for the graphs of this call
-    pending: dict = {}       # full key -> [(graph, row)]
+    work: dict = {}          # key -> template, for the graphs of this call (key: mask key named by its int)
+    full_of: dict = {}       # key -> the key of ``memo`` (the mask key itself)
+    pending: dict = {}       # key -> [(graph, row)]
     res = np.zeros((len(graphs), 5))
     h2d = 0
     start_dev = 0
@@ -539,10 +682,16 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     family: dict = {}        # (tokens, start device, mask key, rebuilt) -> a template of this call
     for g, (n, kv, off) in enumerate(graphs):
         call = graph_call(scn, test, len(graphs), off, ctx.rep)
-        key = (n, start_dev, mkeys[g], call)
-        fkey = (n, start_dev, mkeys[g], call[0])
-        tpl = work.get(key) or memo.get(key)
+        kid = kids[g]
+        key = (n, start_dev, kid, call)
+        tpl = work.get(key)
         if tpl is None:
+            full = full_of.get(key)
+            if full is None:
+                full = full_of[key] = (n, start_dev, mkeys[g], call)
+            tpl = memo.get(full)
+        if tpl is None:
+            fkey = (n, start_dev, kid, call[0])
             src = family.get(fkey) if ENABLE_DERIVE else None
             if src is not None:
                 tpl = derive_template(src, ctx, call)
@@ -552,12 +701,14 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                     m = {} if m is None else dict(zip(ctx.moe_layers, m))
                 tpl = build_template(ctx, n, kv, off, m, start_dev, call,
                                      blk if isinstance(blk, np.ndarray) else None)
-                if ENABLE_PRIME:
+                if ENABLE_PRIME and not ENABLE_BATCH_ROWS:   # batch rows price every KV length at once
                     _prime_kv_prices(tpl, ctx, [kv_ for n_, kv_, _o in graphs[g + 1:] if n_ == n])
             built += 1
-        family.setdefault(fkey, tpl)
+            family.setdefault(fkey, tpl)
+        elif key not in work:
+            family.setdefault((n, start_dev, kid, call[0]), tpl)
         work[key] = tpl
-        pending.setdefault(key, []).append((g, _row_at(tpl, ctx, kv)))
+        pending.setdefault(key, []).append((g, kv))   # its row made with the others' (_rows_at)
         h2d += tpl.h2d_bytes
         start_dev = tpl.end_device
         b = base[g]
@@ -565,12 +716,15 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
             done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2]) == b]]
+            rows = _rows_at_many([(t, [kv_ for _g, kv_ in lst]) for _k, t, lst in done], ctx)
+            done = [(k, t, list(zip([g_ for g_, _kv in lst], r))) for (k, t, lst), r in zip(done, rows)]
             _evaluate([(t, sorted({r for _g, r in lst})) for _k, t, lst in done], engine)
             for k, t, lst in done:
                 for gg, r in lst:
                     res[gg] = t.results[r]
-                if k not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
-                    memo[k] = t
+                full = full_of[k]
+                if full not in memo and kept_ops + len(t.plan) <= KEEP_OPS:
+                    memo[full] = t
                     kept_ops += len(t.plan)
     memo["_kept_ops"] = kept_ops
     makespan = float(res[:, 0].sum()) - ubatch_overlap_s(ctx, test, res[:, 3], res[:, 4])
@@ -582,4 +736,4 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
 
 __all__ = ["GraphTemplate", "TestTiming", "memo_eligible", "graph_key", "build_template", "derive_template",
            "time_test", "KEEP_OPS", "run_lengths", "mask_key", "block_keys", "ENABLE_BATCH_DRAWS", "ENABLE_DERIVE",
-           "ENABLE_PRIME"]
+           "ENABLE_PRIME", "ENABLE_BATCH_ROWS"]
