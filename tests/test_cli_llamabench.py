@@ -180,6 +180,15 @@ def test_a_value_glued_to_a_flag_is_refused_as_llama_bench_refuses_it(capsys, gl
     assert args_of("--n-depth=64").n_depth == [(64,)]
 
 
+def test_a_negative_tensor_split_is_refused_by_its_own_check_not_taken_for_a_flag(capsys):
+    """'-ts -1/2': llama-bench reads the word after -ts as its value; so does run, whose check of
+    the shares then refuses it (argparse alone says the flag lacks a value)."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, *QUICK, "-p", "16", "-n", "0", "-ts", "-1/2"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "-ts/--tensor-split: shares must be finite and >= 0, got '-1/2'" in err
+
+
 # --------------------------------------------------------------------------------------
 # lists, ranges, the product and its order
 # --------------------------------------------------------------------------------------

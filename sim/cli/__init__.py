@@ -728,9 +728,9 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
-    #: a value that argparse would take for a flag: a comma list (or range) starting with a negative
-    #: number, as llama-bench accepts after a flag (``-ngl -1,99``)
-    _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,\-+*][-\d.]*)*$")
+    #: a value that argparse would take for a flag: a comma list (or range, or ``-ts`` shares) starting
+    #: with a negative number, as llama-bench accepts after a flag (``-ngl -1,99``, ``-ts -1/2``)
+    _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,/\-+*][-\d.]*)*$")
 
     def parse_known_args(self, args=None, namespace=None):
         args = self._dashes(list(sys.argv[1:] if args is None else args))
