@@ -319,7 +319,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 def _repro_rows(measured, predicted, kinds, splits, invs=None):
     n = len(measured)
-    base = {k: [None] * n for k in cmp.REPEAT_KEY}
+    base = {k: [None] * n for k in cmp.REPEAT_KEY + cmp.CONFIG_KEY}
     base.update(invocation=invs or [f"r{i}" for i in range(n)], test=["pp512"] * n, ot=[None] * n, variant=["baseline"] * n)
     return pd.DataFrame(dict(base, measured_ts=measured, predicted_ts=predicted, kind=kinds, regime=["resident"] * n,
                              split=splits, rel_error=[p / m - 1 for p, m in zip(predicted, measured)]))
@@ -622,6 +622,12 @@ def test_repeat_key_is_the_configuration_when_the_grids_differ():
     assert cmp.repeat_key(a, _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])) == cmp.REPEAT_KEY
     assert cmp.repeat_key(a, _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["gt-x"])) == cmp.CONFIG_KEY
     assert "invocation" not in cmp.CONFIG_KEY and "model" in cmp.CONFIG_KEY
+    # grids that reuse an id for another configuration: the id would match nothing, the configuration does
+    b = _repro_rows([1.0, 1.0], [1.0, 1.0], ["tg", "tg"], ["fit", "fit"], invs=["a-x", "b-y"])
+    b.loc[0, "test"], b.loc[1, "invocation"] = "tg32", "b-y"
+    a2 = _repro_rows([1.0], [1.0], ["tg"], ["fit"], invs=["a-x"])
+    assert cmp.attach_repeat(a2, b, cmp.REPEAT_KEY).repeat_ts.isna().all()
+    assert cmp.repeat_key(a2, b) == cmp.CONFIG_KEY and cmp.attach_repeat(a2, b, cmp.CONFIG_KEY).repeat_ts.notna().all()
 
 
 @pytest.mark.slow
@@ -941,6 +947,12 @@ def test_max_steal_leaves_loads_out_of_the_figures_and_keeps_them_in_out(tmp_pat
     gated = df.invocation.map(lambda i: steal.get(i, 99) > 0.1)
     assert df.note[gated].str.contains(r"left out of the figures \(--max-steal 0.1\): steal \d", regex=True).all()
     assert not df.note[~gated].fillna("").str.contains("left out").any()
+    tg9 = ROOT / "data" / "llamacpp" / "h100-20261206-tg9"   # a repeat with the host sampler: gated alike
+    assert cmp.main([str(run), "--max-steal", "0.1", "--repeat", str(tg9), "-q", "--jobs", "1"]) == 0
+    assert "Reproducibility" in capsys.readouterr().out
+    tg = ROOT / "data" / "llamacpp" / "h200-20261203-tg"    # one without it: said, not ungated
+    assert cmp.main([str(run), "--max-steal", "0.1", "--repeat", str(tg), "-q", "--jobs", "1"]) == 2
+    assert f"{tg} has no host_state.jsonl" in capsys.readouterr().err
     for argv, what in (([str(RUN), "--max-steal", "0.1"], "no host_state.jsonl"),
                        ([str(run), "--max-steal", "-1"], "--max-steal")):
         rc = cmp.main(argv + ["-q", "--jobs", "1"]) if "-1" not in argv else None

@@ -1110,10 +1110,15 @@ def _config_keys(frame: pd.DataFrame, key: Sequence[str]) -> pd.Series:
 
 def repeat_key(df: pd.DataFrame, repeat: pd.DataFrame) -> tuple[str, ...]:
     """The key :func:`attach_repeat` matches on: :data:`REPEAT_KEY` when the two frames share an
-    invocation id (runs of one grid), else :data:`CONFIG_KEY` (runs of different grids: the
-    configuration alone)."""
+    invocation id (runs of one grid) and matching on it finds every row that the configuration
+    alone finds, else :data:`CONFIG_KEY` (runs of different grids, which may reuse an id for
+    another configuration: the configuration alone)."""
     shared = set(df.get("invocation", pd.Series(dtype=str))) & set(repeat.get("invocation", pd.Series(dtype=str)))
-    return REPEAT_KEY if shared else CONFIG_KEY
+    if not shared:
+        return CONFIG_KEY
+    by_inv = attach_repeat(df, repeat, REPEAT_KEY).repeat_ts.notna().sum()
+    by_cfg = attach_repeat(df, repeat, CONFIG_KEY).repeat_ts.notna().sum()
+    return REPEAT_KEY if by_inv >= by_cfg else CONFIG_KEY
 
 
 def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame, key: Sequence[str] = REPEAT_KEY) -> pd.DataFrame:
@@ -1664,8 +1669,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steal", dest="max_steal", type=non_negative_pct, default=None, metavar="PCT",
                     help="leave out of the figures the rows of model loads during which the hypervisor took more "
                          "than PCT %% of the CPU time (/proc/stat steal, from the lease's host_state.jsonl), or whose "
-                         "steal is unknown; they stay in --out with a note. A host-side decode's t/s falls with it: "
-                         "docs/llamacpp.md")
+                         "steal is unknown; they stay in --out with a note (a --repeat folder's such loads are left "
+                         "out of its table alike). A host-side decode's t/s falls with steal: docs/llamacpp.md")
     return ap
 
 
@@ -1722,6 +1727,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeat:
             rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                           progress=progress, max_work=args.max_work)
+            if args.max_steal is not None:  # the repeat's disturbed loads are left out alike
+                rep = attach_steal(rep, args.repeat)
+                rep = rep[~steal_gate(rep, args.max_steal, args.repeat).to_numpy()]
             key = repeat_key(df, rep)
             df = attach_repeat(df, rep, key)
             how = "invocation and configuration" if key == REPEAT_KEY else "configuration (the grids differ)"
