@@ -963,3 +963,35 @@ def test_max_steal_leaves_loads_out_of_the_figures_and_keeps_them_in_out(tmp_pat
             assert rc == 2
         err = capsys.readouterr().err
         assert what in err and "Traceback" not in err
+
+
+def test_a_host_record_whose_counters_fall_or_time_runs_back_is_refused(tmp_path, capsys):
+    """/proc/stat's counters only grow and the sampler writes in time order: a record where either
+    is not so is one line naming the file and line, not a negative steal that passes --max-steal;
+    a record covering no load says so under --max-steal."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "data" / "llamacpp" / "h200-20261203-tg5a", run)
+    import gzip
+    recs = [json.loads(ln) for ln in gzip.decompress((run / "host_state.jsonl.gz").read_bytes()).decode().splitlines()
+            if ln.strip()]
+    (run / "host_state.jsonl.gz").unlink()
+    stat_lines = [i for i, r in enumerate(recs) if "stat_cpu" in r]
+    bad = [dict(r) for r in recs]
+    k = stat_lines[5]
+    bad[k] = dict(bad[k], stat_cpu=list(bad[k]["stat_cpu"]))
+    bad[k]["stat_cpu"][7] = -1                                        # steal counter falls
+    (run / "host_state.jsonl").write_text("\n".join(json.dumps(r) for r in bad) + "\n")
+    with pytest.raises(ScenarioError, match=f"line {k + 1}"):
+        cmp.invocation_steal(run)
+    assert cmp.main([str(run), "--max-steal", "0.1", "-q", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "host_state.jsonl" in err and "fell" in err and "Traceback" not in err
+    (run / "host_state.jsonl").write_text("\n".join(json.dumps(r) for r in recs[::-1]) + "\n")   # time runs back
+    with pytest.raises(ScenarioError, match="earlier than the one before it"):
+        cmp.invocation_steal(run)
+    (run / "host_state.jsonl").write_text("\n".join(json.dumps(r) for r in recs[:2]) + "\n")     # covers no load
+    assert cmp.invocation_steal(run) == {}
+    assert cmp.main([str(run), "--max-steal", "5", "-q", "--jobs", "1"]) == 2
+    assert "the steal of no load" in capsys.readouterr().err

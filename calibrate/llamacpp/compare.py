@@ -1245,11 +1245,21 @@ def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float
         if not path.is_file():
             return None
     samples = []
-    for _line, rec in jsonl_objects(path, "host state"):
+    for line, rec in jsonl_objects(path, "host state"):
         stat = rec.get("stat_cpu")
         at = _utc_seconds(rec.get("at"))
         if isinstance(stat, list) and len(stat) == len(STAT_FIELDS) and math.isfinite(at):
-            samples.append((at, [float(x) for x in stat]))
+            try:
+                vals = [float(x) for x in stat]
+            except (TypeError, ValueError):
+                raise ScenarioError("stat_cpu holds a value that is not a number", file=str(path),
+                                    field=f"line {line}") from None
+            if samples and (at < samples[-1][0] or any(b < a for a, b in zip(samples[-1][1], vals))):
+                # /proc/stat's counters only grow, and the sampler writes in time order
+                raise ScenarioError(f"the sample at {rec.get('at')} is earlier than the one before it, or one of its "
+                                    "/proc/stat counters (cumulative) fell: not the host sampler's record",
+                                    file=str(path), field=f"line {line}")
+            samples.append((at, vals))
     window = {}
     inv_file = Path(run_dir) / INVOCATIONS_FILE
     if inv_file.is_file():
@@ -1707,8 +1717,10 @@ def main(argv: list[str] | None = None) -> int:
             title += (f"; loads with steal <= {args.max_steal:g} % only: {len(df)} of {len(full)} rows "
                       f"({df.invocation.nunique()} of {full.invocation.nunique()} loads)")
             if not len(df):
-                raise ScenarioError(f"no load of {args.run_dir} ran with steal <= {args.max_steal:g} %",
-                                    field="--max-steal")
+                known = full.host_steal_pct.notna().any()
+                raise ScenarioError(f"no load of {args.run_dir} ran with steal <= {args.max_steal:g} %" if known else
+                                    f"the steal of no load of {args.run_dir} is known (host_state.jsonl has fewer than "
+                                    "two samples inside any invocation's run)", field="--max-steal")
         md = summary_markdown(summarize(df), title)
         for line in (canary_line(df), steal_line(df)):
             if line:

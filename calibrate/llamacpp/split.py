@@ -60,3 +60,41 @@ def _on(v) -> bool:
 def label(df: pd.DataFrame) -> pd.Series:
     """``"fit"`` or ``"heldout"`` for every row of a :func:`sim.views.llamabench.read_llama_bench` frame."""
     return df.apply(lambda r: "fit" if is_fit_row(r) else "heldout", axis=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m calibrate.llamacpp.split RUN_DIR...``: each run folder's rows by split (fit,
+    held-out), one line per folder, and with ``--rows`` every row's line, test and split. Exit
+    status 2 with a one-line message on a bad folder."""
+    import argparse
+    import sys
+
+    from sim.errors import PrefetchSimError
+    from sim.views.llamabench import read_llama_bench
+
+    ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.split",
+                                 description="The held-out split of llama-bench rows (fixed before any fit): "
+                                             "how many rows of each run folder the fit may use.")
+    ap.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run folder(s) with llama-bench.jsonl")
+    ap.add_argument("--rows", action="store_true", help="print every row's line, test and split")
+    args = ap.parse_args(argv)
+    for run in args.run_dirs:
+        path = Path(run) / "llama-bench.jsonl"
+        try:
+            if not path.is_file():
+                raise PrefetchSimError(f"{run}: no llama-bench.jsonl (not a run folder)")
+            bench = read_llama_bench(path)
+        except PrefetchSimError as exc:
+            print(f"split: error: {exc}", file=sys.stderr)
+            return 2
+        lab = label(bench) if len(bench) else pd.Series(dtype=str)
+        print(f"{run}: {int((lab == 'fit').sum())} fit rows, {int((lab == 'heldout').sum())} held-out rows")
+        if args.rows:
+            for (line, r), split in zip(bench.iterrows(), lab):
+                test = f"pp{int(r['n_prompt'])}" if int(r["n_gen"]) == 0 else f"tg{int(r['n_gen'])}"
+                print(f"  line {line}: {Path(str(r.get('model_filename', ''))).stem} {test} {split}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
