@@ -61,6 +61,9 @@ from sim.errors import PrefetchSimError, ScenarioError
 
 from .compare import INVOCATIONS_FILE, invocation_steal, jsonl_objects, non_negative_pct
 
+#: why a row of a timed invocation is left out under --untimed (:func:`fit_rows`)
+UNTIMED_REASON = "its invocation ran with a timing patch on (--untimed)"
+
 #: the elementwise kernels of a Qwen3-MoE layer in ggml-cuda (kernel names in ncu)
 EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gated_op_kernel",
               "moe_weighted_reduction_f32", "topk_moe_cuda", "k_set_rows")
@@ -247,7 +250,7 @@ def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=())
     bench, owners, cases, notes = build_cases(run_dir, hw, repetitions=repetitions)
     lab = label(bench)
     skip = (dict(skip_invocations) if isinstance(skip_invocations, Mapping)
-            else dict.fromkeys(skip_invocations, "its invocation ran with a timing patch on (--untimed)"))
+            else dict.fromkeys(skip_invocations, UNTIMED_REASON))
     skipped = {i: skip[(owners[i] or {}).get("id")] for i in range(len(bench))
                if lab.iloc[i] == "fit" and (owners[i] or {}).get("id") in skip}
     keep = [i for i in range(len(bench)) if lab.iloc[i] == "fit" and cases[i] is not None
@@ -628,8 +631,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"{k} = {v:.6g}   ({s})")
         cases, t_meas = [], []
         for run in args.run:
-            skip = dict.fromkeys(timed_of[run] if args.untimed else (),
-                                 "its invocation ran with a timing patch on (--untimed)")
+            skip = dict.fromkeys(timed_of[run] if args.untimed else (), UNTIMED_REASON)
             skip.update(stolen_of.get(run, {}))
             c, t, _rows = fit_rows(run, hw, skip_invocations=skip)
             cases += c
