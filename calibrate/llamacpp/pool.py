@@ -292,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         if pooled.empty:
             raise ScenarioError("no row with a measured and a predicted t/s in these run folders"
                                 + (f" (--kind {args.kind})" if args.kind != "all" else ""), field="RUN_DIR")
+        most = int(pooled.n_rows.max())
+        if most < args.min_rows:
+            raise ScenarioError(f"no configuration has {args.min_rows} or more rows (the most: {most} "
+                                f"row{'s' if most != 1 else ''})", field="--min-rows")
         title = (f"Pooled over {len(frames)} run folders ({', '.join(f for f, _ in frames)}) on profile '{name}' "
                  f"({args.hardware}) ({args.engine} engine, {args.repetitions} routing draws per MoE row): each "
                  f"configuration's error over all its rows (model loads), predicted / measured - 1 of the geometric "
