@@ -1226,6 +1226,10 @@ def _utc_seconds(text: Any) -> float:
         return math.nan
 
 
+#: the lease's host sampler record in a run folder, plain or as a data folder packs it
+HOST_STATE_FILES = ("host_state.jsonl", "host_state.jsonl.gz")
+
+
 def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float] | None:
     """Per invocation id, the share of the guest's CPU time that the hypervisor gave to others
     (``/proc/stat``'s steal, percent of all CPU time) while it ran, from the lease's host sampler
@@ -1239,9 +1243,9 @@ def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float
     """
     from .lease import STAT_FIELDS
 
-    path = Path(run_dir) / "host_state.jsonl"
+    path = Path(run_dir) / HOST_STATE_FILES[0]
     if not path.is_file():
-        path = path.with_name("host_state.jsonl.gz")  # as a data folder packs it
+        path = path.with_name(HOST_STATE_FILES[1])  # as a data folder packs it
         if not path.is_file():
             return None
     samples = []
@@ -1704,7 +1708,16 @@ def main(argv: list[str] | None = None) -> int:
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
-        df = attach_steal(attach_canary(df, args.run_dir), args.run_dir)
+        df = attach_canary(df, args.run_dir)
+        try:
+            df = attach_steal(df, args.run_dir)
+        except ScenarioError as exc:
+            # the host sampler's record only adds the steal columns: a bad one loses them, unless
+            # --max-steal needs them (another file's error, invocations.jsonl's, stays an error)
+            if args.max_steal is not None or Path(exc.file or "").name not in HOST_STATE_FILES:
+                raise
+            print(f"{prog}: warning: {exc}; the steal columns are left out (only --max-steal needs them)",
+                  file=sys.stderr)
         full = df
         if args.max_steal is not None:  # the figures are of the loads the hypervisor left alone
             gated = steal_gate(df, args.max_steal, args.run_dir)
