@@ -202,7 +202,7 @@ def with_cpu_table(text: str, table: str | Path, dst: str | Path) -> str:
 
 def load_profile_text(text: str, dst: str | Path, table: str | Path):
     """The hardware profile ``text`` as it will read once written at ``dst`` (loaded from a
-    temporary file in ``dst``'s folder, removed again).
+    temporary file in ``dst``'s folder, removed again, as are the folders made for it).
 
     Raises:
         PrefetchSimError: the profile, with the table ``table``, does not load (the message of
@@ -215,8 +215,6 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
     from sim.model.specs import load_hardware
 
     folder = Path(dst).resolve().parent
-    if not folder.is_dir():
-        raise PrefetchSimError(f"--out {dst}: no such folder")
     try:  # the table first, so that a bad one is named as the user gave it
         read_table(table)
     except FileNotFoundError:
@@ -227,15 +225,33 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
         why = " ".join(str(exc).split())[:160]
         raise PrefetchSimError(f"--cpu-table {table}: not a kernel table CSV ({exc.__class__.__name__}: {why}); "
                                "write one with python -m calibrate.llamacpp.perf_cases table") from None
-    fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
+    # --out's folder may not exist yet (write_atomic creates it with the copy): the folders made
+    # here for the trial load are removed again, so a fit that fails leaves nothing behind
+    made = []
+    p = folder
+    while not p.exists():
+        made.append(p)
+        p = p.parent
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        return load_hardware(tmp)
-    except PrefetchSimError as exc:
-        raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
+        except OSError as exc:
+            raise PrefetchSimError(f"--out {dst}: cannot write in folder {folder} ({exc.strerror or exc})") from None
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            return load_hardware(tmp)
+        except PrefetchSimError as exc:
+            raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+        finally:
+            os.unlink(tmp)
     finally:
-        os.unlink(tmp)
+        for d in made:  # the deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=()):
