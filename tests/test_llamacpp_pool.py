@@ -136,6 +136,13 @@ def test_a_min_rows_no_configuration_reaches_is_a_one_line_error(tmp_path, capsy
     assert cap.out == "" and not out.exists()
 
 
+def test_the_title_counts_one_run_folder_in_the_singular(capsys):
+    run = REPO / "data/llamacpp/h200-20261203-tg5a"
+    assert P.main([str(run), "-q", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Pooled over 1 run folder ({run.name}) on profile") and "folders" not in out.splitlines()[0]
+
+
 def test_pool_says_which_rows_it_leaves_out_and_refuses_a_copy_of_a_folder(tmp_path, capsys):
     """A row compare cannot simulate is named on stderr, folder and line, as compare names it; a
     folder whose llama-bench.jsonl is another's is refused (its rows are not other loads); two
