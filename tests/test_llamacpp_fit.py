@@ -264,3 +264,27 @@ def test_fit_max_steal_leaves_out_the_loads_the_hypervisor_took_cpu_from(capsys)
     for ln in kept:
         assert f"row at line {ln} not used: steal " in err
     assert "a-gemma3-ffn-cpu" in stolen and "b-qwen3-ncmoe48" not in stolen
+
+
+def test_fit_max_steal_reads_invocations_once_more_not_twice(monkeypatch, capsys):
+    """--max-steal needs invocations.jsonl for the loads' windows and ids: one read of it (it was
+    read twice, once for each); counted up to --iterations 0's refusal, after the steal is known."""
+    from calibrate.llamacpp import fit as F
+
+    reads = []
+    real = Path.read_text
+
+    def counting(self, *a, **k):
+        if self.name == "invocations.jsonl":
+            reads.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    base = ["--run", "data/llamacpp/h100-20261206-tg11", "--params", "cpu_split_us", "--iterations", "0"]
+    counts = []
+    for extra in ([], ["--max-steal", "0.1"]):
+        reads.clear()
+        assert F.main(base + extra) == 2 and "--iterations must be >= 1" in capsys.readouterr().err
+        counts.append(len(reads))
+    assert counts[1] == counts[0] + 1, counts
+

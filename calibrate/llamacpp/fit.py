@@ -59,7 +59,7 @@ import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
 
-from .compare import INVOCATIONS_FILE, invocation_steal, jsonl_objects, non_negative_pct
+from .compare import INVOCATIONS_FILE, host_samples, jsonl_objects, non_negative_pct, steal_over
 
 #: why a row of a timed invocation is left out under --untimed (:func:`fit_rows`)
 UNTIMED_REASON = "its invocation ran with a timing patch on (--untimed)"
@@ -573,11 +573,13 @@ def _main(argv: list[str] | None) -> int:
         stolen_of: dict[str, dict[str, str]] = {}
         if args.max_steal is not None:  # the loads the hypervisor took CPU time from, per run
             for run in args.run:
-                steal = invocation_steal(run)
-                if steal is None:
+                samples = host_samples(run)
+                if samples is None:
                     raise ScenarioError(f"{run} has no host_state.jsonl (the lease's host sampler record): no load's "
                                         "steal time is known", field="--max-steal")
-                ids = [str(inv.get("id")) for _ln, inv in jsonl_objects(Path(run) / INVOCATIONS_FILE, "invocation")]
+                invs = [inv for _ln, inv in jsonl_objects(Path(run) / INVOCATIONS_FILE, "invocation")]  # read once
+                steal = steal_over(samples, invs)
+                ids = [str(inv.get("id")) for inv in invs]
                 stolen_of[run] = {
                     i: (f"steal {steal[i]:.2f} % during its load (--max-steal {args.max_steal:g})" if i in steal
                         else f"steal unknown during its load (--max-steal {args.max_steal:g})")
