@@ -40,7 +40,7 @@ TABLES = {"h200/gemm.csv": ("m", "n", "k", "t_s"), "h200/attn.csv": ("n_tokens",
           "h200-llamacpp/kernels-cuda.csv": ("t_us",)}
 
 #: keys whose string value is free text (any string is valid)
-FREE_TEXT = {"name", "gpu_name", "source", "backend", "arch"}
+FREE_TEXT = {"name", "gpu_name", "source", "backend"}
 
 OUTCOMES = ("clean error", "valid run", "traceback", "over time", "accepted nonsense")
 
@@ -211,6 +211,9 @@ def _mutate_number(rng: random.Random, path, v, in_hardware: bool):
 
 def _mutate_string(rng: random.Random, path, v, in_hardware: bool):
     key = next((p for p in reversed(path) if isinstance(p, str)), "")
+    if key == "arch" and not in_hardware:  # a model's arch: one of sim.model.specs.TOML_ARCHS, or "" (generic)
+        return rng.choice([("qwen9", "invalid", "unknown arch"), ("a|b", "invalid", "odd arch text"),
+                           ("", "valid", "no arch (a generic model)")])
     if key in FREE_TEXT:
         if key == "source" and rng.random() < 0.3:
             return "  ", "invalid" if in_hardware else "either", "blank source"

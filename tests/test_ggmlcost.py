@@ -268,6 +268,27 @@ def test_a_kernel_table_that_cannot_price_a_model_is_refused(tmp_path, edit, mat
     assert "ggml.gpu_kernels" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: pd.concat([d, d.iloc[[3]]], ignore_index=True),
+     r"the case gpu MUL_MAT Q4_K m=512 n=32 k=2048 bs=1 nr=1 is timed twice \(data rows 4 and 350\)"),
+    (lambda d: d.assign(t_us=d.t_us.where(d.index != 6, -3.0)), r"t_us -3 \(data row 7\)"),
+    (lambda d: d.assign(t_us=d.t_us.where(d.index != 6, 1e12)), r"t_us \(1e\+12, data row 7\) outside"),
+    (lambda d: d.assign(n=d.n.astype(object).where(d.index != 4, "abc")), r"column n .* 'abc' \(data row 5"),
+    (lambda d: d.assign(kv=d.kv.where(d.index != 8, -1.0)), r"column kv .* -1 \(data row 9"),
+    (lambda d: d.assign(op=d.op.where(d.index != 2, "ROPE")), r"op 'ROPE' \(data row 3\)"),
+    (lambda d: d.assign(backend=d.backend.where(d.index != 5, "cpu")), r"backend 'cpu' in the gpu table "
+                                                                          r"\(the first: data row 6"),
+])
+def test_a_bad_kernel_table_row_is_named(tmp_path, edit, match):
+    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
+    (tmp_path / "p.toml").write_text(PROFILE.read_text())
+    f = tmp_path / "h200-llamacpp/kernels-cuda.csv"
+    edit(pd.read_csv(f)).to_csv(f, index=False)
+    with pytest.raises(ScenarioError, match=match) as err:
+        load_hardware(tmp_path / "p.toml")
+    assert "ggml.gpu_kernels" in str(err.value) and str(f) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_fit_refuses_fewer_rows_than_it_needs(capsys):
     from calibrate.llamacpp.fit import main
 

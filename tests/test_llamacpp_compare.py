@@ -965,6 +965,31 @@ def test_max_steal_leaves_loads_out_of_the_figures_and_keeps_them_in_out(tmp_pat
         assert what in err and "Traceback" not in err
 
 
+def test_a_garbage_host_record_loses_only_the_steal_columns_without_max_steal(tmp_path, capsys):
+    """A host_state.jsonl that does not read: without --max-steal the comparison is the one of a
+    folder without it, with one warning naming the file and line; with --max-steal an error."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "data" / "llamacpp" / "h100-20261206-tg11", run)
+    lines = (run / "host_state.jsonl").read_text().splitlines()
+    lines[2] = "garbage{{"
+    (run / "host_state.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "o.csv"
+    assert cmp.main([str(run), "-q", "--jobs", "1", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    said = [ln for ln in cap.err.splitlines() if "host_state" in ln]
+    assert len(said) == 1 and said[0].startswith("compare: warning:") and f"{run / 'host_state.jsonl'}" in said[0]
+    assert "'line 3'" in said[0] and "Traceback" not in cap.err
+    assert "host_steal_pct" not in pd.read_csv(out).columns and "Steal time" not in cap.out
+    assert cmp.main([str(run), "--max-steal", "0.1", "-q", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "compare: error:" in err and "host_state.jsonl" in err and "'line 3'" in err and "Traceback" not in err
+    (run / "host_state.jsonl").unlink()   # the same tables as a folder without the record
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
+    assert capsys.readouterr().out == cap.out
+
+
 def test_a_host_record_whose_counters_fall_or_time_runs_back_is_refused(tmp_path, capsys):
     """/proc/stat's counters only grow and the sampler writes in time order: a record where either
     is not so is one line naming the file and line, not a negative steal that passes --max-steal;

@@ -90,6 +90,27 @@ def test_fit_cpu_table_needs_out_and_an_existing_table(tmp_path, capsys):
     assert not (tmp_path / "p.toml").exists() and not list(tmp_path.glob(".fit-*"))
 
 
+def test_fit_out_into_a_folder_that_does_not_exist_yet_creates_it(tmp_path, capsys):
+    """--out some/new/dir/profile.toml with --cpu-table (whose copy is loaded before the fit):
+    the folders are made and the copy written; a copy that does not load leaves no folder behind."""
+    from calibrate.llamacpp import fit as F
+    from sim.model.specs import load_hardware
+
+    base = ["--run", "data/llamacpp/h200-20261203-tg", "--params", "split_us", "--iterations", "1", "--jobs", "1"]
+    bad = tmp_path / "no" / "such" / "p.toml"
+    assert F.main(base + ["--cpu-table", "scenarios/hardware/h200-llamacpp/kernels-cuda.csv", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--cpu-table" in err and "backend 'gpu'" in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "some" / "new" / "dir" / "profile.toml"
+    table = Path("data/llamacpp/h200-20261203-tg4/kernels-cpu.csv")
+    assert F.main(base + ["--cpu-table", str(table), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert f"wrote {out}" in capsys.readouterr().out
+    from sim.model.ggmlcost import read_table
+
+    assert load_hardware(out).ggml.cpu.equals(read_table(table)) and list(out.parent.iterdir()) == [out]
+
+
 def test_a_profile_with_another_cpu_table_prices_the_cpu_from_it(tmp_path):
     """with_cpu_table + load_profile_text: the copy reads the given CPU table (and the profile's
     GPU table), and cpu_numbers name that table in their sources."""
@@ -243,3 +264,27 @@ def test_fit_max_steal_leaves_out_the_loads_the_hypervisor_took_cpu_from(capsys)
     for ln in kept:
         assert f"row at line {ln} not used: steal " in err
     assert "a-gemma3-ffn-cpu" in stolen and "b-qwen3-ncmoe48" not in stolen
+
+
+def test_fit_max_steal_reads_invocations_once_more_not_twice(monkeypatch, capsys):
+    """--max-steal needs invocations.jsonl for the loads' windows and ids: one read of it (it was
+    read twice, once for each); counted up to --iterations 0's refusal, after the steal is known."""
+    from calibrate.llamacpp import fit as F
+
+    reads = []
+    real = Path.read_text
+
+    def counting(self, *a, **k):
+        if self.name == "invocations.jsonl":
+            reads.append(self)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    base = ["--run", "data/llamacpp/h100-20261206-tg11", "--params", "cpu_split_us", "--iterations", "0"]
+    counts = []
+    for extra in ([], ["--max-steal", "0.1"]):
+        reads.clear()
+        assert F.main(base + extra) == 2 and "--iterations must be >= 1" in capsys.readouterr().err
+        counts.append(len(reads))
+    assert counts[1] == counts[0] + 1, counts
+

@@ -125,6 +125,24 @@ def test_pool_refuses_bad_inputs_in_one_line(tmp_path, capsys):
     assert "pool: error:" in capsys.readouterr().err
 
 
+def test_a_min_rows_no_configuration_reaches_is_a_one_line_error(tmp_path, capsys):
+    """--min-rows above every configuration's rows: an error as the other empty cases, no empty table."""
+    run = REPO / "data/llamacpp/h200-20261203-tg5a"
+    out = tmp_path / "p.csv"
+    assert P.main([str(run), "-q", "--min-rows", "99", "--out", str(out)]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.startswith("pool: error:") and len(cap.err.strip().splitlines()) == 1, cap.err
+    assert "'--min-rows'" in cap.err and "no configuration has 99 or more rows" in cap.err
+    assert cap.out == "" and not out.exists()
+
+
+def test_the_title_counts_one_run_folder_in_the_singular(capsys):
+    run = REPO / "data/llamacpp/h200-20261203-tg5a"
+    assert P.main([str(run), "-q", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Pooled over 1 run folder ({run.name}) on profile") and "folders" not in out.splitlines()[0]
+
+
 def test_pool_says_which_rows_it_leaves_out_and_refuses_a_copy_of_a_folder(tmp_path, capsys):
     """A row compare cannot simulate is named on stderr, folder and line, as compare names it; a
     folder whose llama-bench.jsonl is another's is refused (its rows are not other loads); two

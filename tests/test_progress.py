@@ -37,6 +37,22 @@ def test_run_prints_no_bar_when_stderr_is_not_a_terminal(capsys):
     assert "simulating" not in err and "it/s" not in err and "variant/s" not in err
 
 
+def test_breakdown_takes_q_as_the_other_subcommands_do(monkeypatch, capsys):
+    """breakdown draws a bar on a terminal (one step per table), none with -q; -q is accepted."""
+    from sim.cli import main
+
+    flags = ["breakdown", "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline"]
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(flags) == 0
+    assert "simulating" in tty.getvalue() and "1/1" in tty.getvalue()
+    quiet = _Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main(flags + ["-q"]) == 0 and main(flags + ["--quiet"]) == 0
+    assert quiet.getvalue() == ""
+    assert capsys.readouterr().out.count("baseline / pp64") == 3
+
+
 def test_sweep_cells_cost_more_with_more_graphs():
     from sim.views.crossover import _Job, cell_cost
     from sim.model.specs import BenchTest, load_scenario, parse_variant

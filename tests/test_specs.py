@@ -340,6 +340,7 @@ BAD_CASES = [
     ("model_negative_number.toml", load_model, "model.d_model"),
     ("model_topk_exceeds_experts.toml", load_model, "moe.n_expert_used"),
     ("model_unknown_quant_type.toml", load_model, "quant.attn_q"),
+    ("model_unknown_arch.toml", load_model, "model.arch"),
     ("hardware_no_source.toml", load_hardware, "hardware.hbm_gb_per_s"),
     ("hardware_negative_number.toml", load_hardware, "hardware.vram_gb.value"),
     ("hardware_infinite_number.toml", load_hardware, "hardware.h2d_pinned_gb_per_s.value"),
@@ -376,6 +377,17 @@ def test_bad_file_names_file_and_field(fixture, loader, field):
     assert err.file == str(path)
     assert err.field == field
     assert str(path) in str(err) and f"'{field}'" in str(err)
+
+
+def test_unknown_arch_is_refused_listing_the_accepted_values():
+    from sim.model.specs import TOML_ARCHS
+
+    with pytest.raises(ScenarioError) as info:
+        load_model(BAD / "model_unknown_arch.toml")
+    msg = str(info.value)
+    assert "'qwen9'" in msg and all(a in msg for a in TOML_ARCHS) and "\n" not in msg
+    for p in MODEL_FILES:  # every shipped model still loads, arch given or not
+        assert load_model(p).arch in ("", *TOML_ARCHS)
 
 
 def test_bad_toml_syntax_names_file_and_line():

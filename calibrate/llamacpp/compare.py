@@ -1226,6 +1226,10 @@ def _utc_seconds(text: Any) -> float:
         return math.nan
 
 
+#: the lease's host sampler record in a run folder, plain or as a data folder packs it
+HOST_STATE_FILES = ("host_state.jsonl", "host_state.jsonl.gz")
+
+
 def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float] | None:
     """Per invocation id, the share of the guest's CPU time that the hypervisor gave to others
     (``/proc/stat``'s steal, percent of all CPU time) while it ran, from the lease's host sampler
@@ -1237,14 +1241,30 @@ def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float
     Raises:
         ScenarioError: a line of either file is not a JSON object (naming the file and line).
     """
+    samples = host_samples(run_dir)
+    if samples is None:
+        return None
+    inv_file = Path(run_dir) / INVOCATIONS_FILE
+    invs = [inv for _line, inv in jsonl_objects(inv_file, "invocation")] if inv_file.is_file() else []
+    return steal_over(samples, invs, pad_s)
+
+
+def host_samples(run_dir: str | Path) -> list[tuple[float, list[float]]] | None:
+    """The host sampler's ``/proc/stat`` samples of a run folder (:func:`invocation_steal`), as
+    ``(UTC seconds, cpu counters)`` in time order; None without the sampler's file.
+
+    Raises:
+        ScenarioError: a line that is not a JSON object, a counter that is not a number, a sample
+            earlier than the one before it or a counter that fell (naming the file and line).
+    """
     from .lease import STAT_FIELDS
 
-    path = Path(run_dir) / "host_state.jsonl"
+    path = Path(run_dir) / HOST_STATE_FILES[0]
     if not path.is_file():
-        path = path.with_name("host_state.jsonl.gz")  # as a data folder packs it
+        path = path.with_name(HOST_STATE_FILES[1])  # as a data folder packs it
         if not path.is_file():
             return None
-    samples = []
+    samples: list[tuple[float, list[float]]] = []
     for line, rec in jsonl_objects(path, "host state"):
         stat = rec.get("stat_cpu")
         at = _utc_seconds(rec.get("at"))
@@ -1260,13 +1280,19 @@ def invocation_steal(run_dir: str | Path, pad_s: float = 2.5) -> dict[str, float
                                     "/proc/stat counters (cumulative) fell: not the host sampler's record",
                                     file=str(path), field=f"line {line}")
             samples.append((at, vals))
+    return samples
+
+
+def steal_over(samples: list[tuple[float, list[float]]], invocations, pad_s: float = 2.5) -> dict[str, float]:
+    """:func:`invocation_steal` from :func:`host_samples` and the invocation records (the objects
+    of ``invocations.jsonl``), for a caller that has read them already."""
+    from .lease import STAT_FIELDS
+
     window = {}
-    inv_file = Path(run_dir) / INVOCATIONS_FILE
-    if inv_file.is_file():
-        for _line, inv in jsonl_objects(inv_file, "invocation"):
-            t0, wall = _utc_seconds(inv.get("started_at")), inv.get("wall_s")
-            if math.isfinite(t0) and isinstance(wall, (int, float)) and math.isfinite(wall):
-                window[str(inv.get("id"))] = (t0 - pad_s, t0 + float(wall) + pad_s)
+    for inv in invocations:
+        t0, wall = _utc_seconds(inv.get("started_at")), inv.get("wall_s")
+        if math.isfinite(t0) and isinstance(wall, (int, float)) and math.isfinite(wall):
+            window[str(inv.get("id"))] = (t0 - pad_s, t0 + float(wall) + pad_s)
     steal = {}
     for inv_id, (a, b) in window.items():
         inside = [s for at, s in samples if a <= at <= b]
@@ -1704,7 +1730,16 @@ def main(argv: list[str] | None = None) -> int:
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "
                  f"({args.engine} engine, {args.repetitions} routing draws per MoE row)")
-        df = attach_steal(attach_canary(df, args.run_dir), args.run_dir)
+        df = attach_canary(df, args.run_dir)
+        try:
+            df = attach_steal(df, args.run_dir)
+        except ScenarioError as exc:
+            # the host sampler's record only adds the steal columns: a bad one loses them, unless
+            # --max-steal needs them (another file's error, invocations.jsonl's, stays an error)
+            if args.max_steal is not None or Path(exc.file or "").name not in HOST_STATE_FILES:
+                raise
+            print(f"{prog}: warning: {exc}; the steal columns are left out (only --max-steal needs them)",
+                  file=sys.stderr)
         full = df
         if args.max_steal is not None:  # the figures are of the loads the hypervisor left alone
             gated = steal_gate(df, args.max_steal, args.run_dir)

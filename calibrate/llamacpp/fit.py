@@ -59,7 +59,7 @@ import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
 
-from .compare import INVOCATIONS_FILE, invocation_steal, jsonl_objects, non_negative_pct
+from .compare import INVOCATIONS_FILE, host_samples, jsonl_objects, non_negative_pct, steal_over
 
 #: why a row of a timed invocation is left out under --untimed (:func:`fit_rows`)
 UNTIMED_REASON = "its invocation ran with a timing patch on (--untimed)"
@@ -202,7 +202,7 @@ def with_cpu_table(text: str, table: str | Path, dst: str | Path) -> str:
 
 def load_profile_text(text: str, dst: str | Path, table: str | Path):
     """The hardware profile ``text`` as it will read once written at ``dst`` (loaded from a
-    temporary file in ``dst``'s folder, removed again).
+    temporary file in ``dst``'s folder, removed again, as are the folders made for it).
 
     Raises:
         PrefetchSimError: the profile, with the table ``table``, does not load (the message of
@@ -215,8 +215,6 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
     from sim.model.specs import load_hardware
 
     folder = Path(dst).resolve().parent
-    if not folder.is_dir():
-        raise PrefetchSimError(f"--out {dst}: no such folder")
     try:  # the table first, so that a bad one is named as the user gave it
         read_table(table)
     except FileNotFoundError:
@@ -227,15 +225,33 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
         why = " ".join(str(exc).split())[:160]
         raise PrefetchSimError(f"--cpu-table {table}: not a kernel table CSV ({exc.__class__.__name__}: {why}); "
                                "write one with python -m calibrate.llamacpp.perf_cases table") from None
-    fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
+    # --out's folder may not exist yet (write_atomic creates it with the copy): the folders made
+    # here for the trial load are removed again, so a fit that fails leaves nothing behind
+    made = []
+    p = folder
+    while not p.exists():
+        made.append(p)
+        p = p.parent
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        return load_hardware(tmp)
-    except PrefetchSimError as exc:
-        raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".toml", prefix=".fit-", dir=folder)
+        except OSError as exc:
+            raise PrefetchSimError(f"--out {dst}: cannot write in folder {folder} ({exc.strerror or exc})") from None
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            return load_hardware(tmp)
+        except PrefetchSimError as exc:
+            raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+        finally:
+            os.unlink(tmp)
     finally:
-        os.unlink(tmp)
+        for d in made:  # the deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=()):
@@ -557,11 +573,13 @@ def _main(argv: list[str] | None) -> int:
         stolen_of: dict[str, dict[str, str]] = {}
         if args.max_steal is not None:  # the loads the hypervisor took CPU time from, per run
             for run in args.run:
-                steal = invocation_steal(run)
-                if steal is None:
+                samples = host_samples(run)
+                if samples is None:
                     raise ScenarioError(f"{run} has no host_state.jsonl (the lease's host sampler record): no load's "
                                         "steal time is known", field="--max-steal")
-                ids = [str(inv.get("id")) for _ln, inv in jsonl_objects(Path(run) / INVOCATIONS_FILE, "invocation")]
+                invs = [inv for _ln, inv in jsonl_objects(Path(run) / INVOCATIONS_FILE, "invocation")]  # read once
+                steal = steal_over(samples, invs)
+                ids = [str(inv.get("id")) for inv in invs]
                 stolen_of[run] = {
                     i: (f"steal {steal[i]:.2f} % during its load (--max-steal {args.max_steal:g})" if i in steal
                         else f"steal unknown during its load (--max-steal {args.max_steal:g})")

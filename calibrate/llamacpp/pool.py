@@ -292,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         if pooled.empty:
             raise ScenarioError("no row with a measured and a predicted t/s in these run folders"
                                 + (f" (--kind {args.kind})" if args.kind != "all" else ""), field="RUN_DIR")
-        title = (f"Pooled over {len(frames)} run folders ({', '.join(f for f, _ in frames)}) on profile '{name}' "
+        most = int(pooled.n_rows.max())
+        if most < args.min_rows:
+            raise ScenarioError(f"no configuration has {args.min_rows} or more rows (the most: {most} "
+                                f"row{'s' if most != 1 else ''})", field="--min-rows")
+        title = (f"Pooled over {len(frames)} run folder{'s' if len(frames) != 1 else ''} ({', '.join(f for f, _ in frames)}) on profile '{name}' "
                  f"({args.hardware}) ({args.engine} engine, {args.repetitions} routing draws per MoE row): each "
                  f"configuration's error over all its rows (model loads), predicted / measured - 1 of the geometric "
                  f"means" + (f"; configurations of >= {args.min_rows} rows" if args.min_rows > 1 else ""))

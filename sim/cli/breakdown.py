@@ -41,10 +41,7 @@ def breakdown_rows(args: argparse.Namespace) -> tuple[list[dict], list[tuple[str
     Raises:
         ScenarioError, PlacementError: bad flags, tests or placements, in the flags' terms.
     """
-    from sim.cli import check_plan_work, load_scenario_with_overrides, pick_tests, placement_error_in_flags
-    from sim.engines.metrics import full_repetition, make_context, rep_rng, warm_up
-    from sim.views.breakdown import breakdown
-    from sim.views.report import sample_stats
+    from sim.cli import check_plan_work, load_scenario_with_overrides, pick_tests
 
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
@@ -52,6 +49,22 @@ def breakdown_rows(args: argparse.Namespace) -> tuple[list[dict], list[tuple[str
     check_plan_work(scn, [t for _, t in chosen], args)
     reps = scn.workload.repetitions
     rows, heads = [], []
+    from sim.cli.progress import bar, closed_after
+
+    with closed_after(bar(total=len(scn.variants) * len(chosen), desc="simulating", unit="test",
+                          quiet=getattr(args, "quiet", False))) as progress:
+        _tables(scn, args, chosen, reps, rows, heads, progress)
+    return rows, heads
+
+
+def _tables(scn, args, chosen, reps, rows, heads, progress) -> None:
+    """:func:`breakdown_rows`'s loop: append each (variant, test)'s rows and header line; one
+    step of ``progress`` (a tqdm bar) per table."""
+    from sim.cli import placement_error_in_flags
+    from sim.engines.metrics import full_repetition, make_context, rep_rng, warm_up
+    from sim.views.breakdown import breakdown
+    from sim.views.report import sample_stats
+
     for variant in scn.variants:
         try:
             ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
@@ -85,7 +98,7 @@ def breakdown_rows(args: argparse.Namespace) -> tuple[list[dict], list[tuple[str
                              "critical_share": crit / test_s if test_s > 0 else 0.0, "busy_ms": busy * 1e3,
                              "hidden_ms": max(busy - crit, 0.0) * 1e3, "n_ops": round(n / reps),
                              "n_critical_ops": round(n_crit / reps), "test_ms": test_s * 1e3, "avg_ts": ts})
-    return rows, heads
+            progress.update(1)
 
 
 def format_md(rows: list[dict], heads: list[tuple[str, str, str]]) -> str:
@@ -147,6 +160,7 @@ def add_breakdown_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=BREAKDOWN_FORMATS, default=None,
                    help="output format (default md, or the --out file's extension)")
     p.add_argument("--out", type=_out_path, help="write to this file instead of stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_breakdown)
     return p
 

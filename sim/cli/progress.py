@@ -1,4 +1,4 @@
-"""Progress bars of the long-running commands (``run``, ``crossover``, ``reproduce``,
+"""Progress bars of the long-running commands (``run``, ``breakdown``, ``crossover``, ``reproduce``,
 ``validate``): tqdm on stderr, shown only when stderr is a terminal and ``-q`` is not given."""
 
 from __future__ import annotations

@@ -632,11 +632,36 @@ def mask_shapes_many(model, n_tokens: int, kv_lens, flash_attn: bool, on_gpu: bo
     return entries, nbytes
 
 
+def _first_row(mask) -> int:
+    """The 1-based data row (the header not counted) of the first True of ``mask``."""
+    return int(np.asarray(mask).nonzero()[0][0]) + 1
+
+
+def _cell(v) -> str:
+    """A table cell as an error message shows it: text quoted, a blank as ``blank``."""
+    if isinstance(v, str):
+        return repr(v)
+    return "blank" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):g}"
+
+
+def table_key(r) -> str:
+    """A kernel table row's key (every column but ``t_us``, blanks left out):
+    ``gpu MUL_MAT Q4_K m=512 n=1 k=2048 bs=1 nr=1``."""
+    parts = [str(r[c]) for c in ("backend", "op", "type") if isinstance(r[c], str) and r[c]]
+    for c in TABLE_COLUMNS[3:-1]:
+        v = r[c]
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            parts.append(f"{c}={int(v) if float(v).is_integer() else v}")
+    return " ".join(parts)
+
+
 def read_table(path) -> pd.DataFrame:
     """A kernel table CSV (:data:`TABLE_COLUMNS`).
 
     Raises:
-        ValueError: a missing column, no rows, or a non-positive/non-finite ``t_us``.
+        ValueError: a missing column, no rows, a bad value (naming its data row: 1 = the first
+            row after the header), or a case timed twice (the same key, :func:`table_key`,
+            in two rows: naming both).
     """
     from sim.bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
 
@@ -651,33 +676,41 @@ def read_table(path) -> pd.DataFrame:
     if df.empty:
         raise ValueError("kernel table has no rows")
     t = pd.to_numeric(df["t_us"], errors="coerce")
-    if not (np.isfinite(t) & (t > 0)).all():
-        raise ValueError("kernel table has a non-positive, missing or infinite t_us")
-    if ((t * 1e-6 < DURATION_MIN_S) | (t * 1e-6 > DURATION_MAX_S)).any():
-        raise ValueError(f"kernel table has a t_us outside [{DURATION_MIN_S * 1e6:g}, {DURATION_MAX_S * 1e6:g}] us "
-                         "(not physical for one kernel)")
+    bad_t = ~(np.isfinite(t) & (t > 0))
+    if bad_t.any():
+        i = _first_row(bad_t)
+        raise ValueError(f"kernel table has a non-positive, missing or infinite t_us {_cell(df['t_us'].iloc[i - 1])} "
+                         f"(data row {i})")
+    out_t = (t * 1e-6 < DURATION_MIN_S) | (t * 1e-6 > DURATION_MAX_S)
+    if out_t.any():
+        i = _first_row(out_t)
+        raise ValueError(f"kernel table has a t_us ({t.iloc[i - 1]:g}, data row {i}) outside "
+                         f"[{DURATION_MIN_S * 1e6:g}, {DURATION_MAX_S * 1e6:g}] us (not physical for one kernel)")
     df["t_us"] = t
     for c in ("m", "n", "k", "bs", "nr", "hd", "nh", "nkv", "kv", "nb"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-        bad = df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0) & (df[c] <= INT32_MAX))
+        raw = df[c]
+        df[c] = pd.to_numeric(raw, errors="coerce")
+        bad = (df[c].isna() & raw.notna()) | (df[c].notna() & ~(np.isfinite(df[c]) & (df[c] >= 0) & (df[c] <= INT32_MAX)))
         if bad.any():
-            raise ValueError(f"kernel table column {c} has a negative, infinite or too large value (a shape "
-                             f"must be <= {INT32_MAX})")
+            i = _first_row(bad)
+            raise ValueError(f"kernel table column {c} has a non-numeric, negative, infinite or too large value "
+                             f"{_cell(raw.iloc[i - 1])} (data row {i}; a shape must be <= {INT32_MAX})")
     df["type"] = df["type"].fillna("").astype(str).str.upper()
     bad_b = ~df["backend"].isin(["gpu", "cpu"])
     if bad_b.any():
         raise ValueError(f"kernel table: backend {df['backend'][bad_b].iloc[0]!r} in data row "
-                         f"{int(bad_b.to_numpy().nonzero()[0][0]) + 1} (gpu or cpu)")
+                         f"{_first_row(bad_b)} (gpu or cpu)")
     bad_op = ~df["op"].isin(list(TABLE_OPS))
     if bad_op.any():
-        raise ValueError(f"kernel table: op {df['op'][bad_op].iloc[0]!r} is not one of {', '.join(TABLE_OPS)}")
+        raise ValueError(f"kernel table: op {df['op'][bad_op].iloc[0]!r} (data row {_first_row(bad_op)}) is not one "
+                         f"of {', '.join(TABLE_OPS)}")
     from sim.model.quant import GGML_BLOCK
 
     typed = df["op"].isin(["MUL_MAT", "MUL_MAT_ID", "MUL_MAT_B"])
     unknown = typed & ~df["type"].isin(list(GGML_BLOCK) + ["F16", "F32", "BF16"])
     if unknown.any():
         raise ValueError(f"kernel table: unknown ggml type {df['type'][unknown].iloc[0]!r} "
-                         f"(data row {int(unknown.to_numpy().nonzero()[0][0]) + 1})")
+                         f"(data row {_first_row(unknown)})")
     for op, cols in TABLE_OPS.items():
         rows = df[df["op"] == op]
         for c in cols:
@@ -685,6 +718,14 @@ def read_table(path) -> pd.DataFrame:
             if (v.isna() | (v < 1)).any():
                 raise ValueError(f"kernel table: {op} rows need {c} >= 1 (data row "
                                  f"{int(rows.index[(v.isna() | (v < 1)).to_numpy()][0]) + 1})")
+    key = [c for c in TABLE_COLUMNS if c != "t_us"]
+    dup = df.duplicated(subset=key, keep=False)
+    if dup.any():
+        rows = dup.to_numpy().nonzero()[0]
+        first = df.iloc[rows[0]]
+        same = [int(j) + 1 for j in rows if (df.iloc[j][key].fillna(-1) == first[key].fillna(-1)).all()]
+        raise ValueError(f"kernel table: the case {table_key(first)} is timed twice (data rows "
+                         f"{' and '.join(map(str, same[:2]))}); keep one row per case")
     return df
 
 
@@ -699,7 +740,8 @@ def check_coverage(tab: pd.DataFrame, backend: str) -> None:
     other = tab[tab["backend"] != backend]
     if not other.empty:
         raise ValueError(f"{len(other)} rows of backend {other['backend'].iloc[0]!r} in the {backend} table "
-                         f"(one table per backend: perf_cases table writes each log's own)")
+                         f"(the first: data row {int(other.index[0]) + 1}; one table per backend: perf_cases table "
+                         "writes each log's own)")
     ops = set(tab["op"])
     need = ["MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"] if backend == "gpu" else ["MUL_MAT"]
     missing = [o for o in need if o not in ops]

@@ -20,6 +20,12 @@ from sim.model.quant import (AUX_GROUPS, GGML_BLOCK, GGML_TYPE_BPW, RULE_PRESETS
 from sim.tomlio import Fields, load_toml
 from sim.units import GB
 
+#: the ``arch`` values a model TOML takes: the llama.cpp architectures whose tensors
+#: :func:`_layout` lays out as llama.cpp's loader does (norms, biases, sinks); a TOML without
+#: ``arch`` is a generic llama-shaped model (matrices only). A GGUF's archs are
+#: :data:`sim.model.gguf.MODELLED_ARCHS` (its tensors come from the file).
+TOML_ARCHS: tuple[str, ...] = ("gemma3", "gpt-oss", "llama", "qwen3moe")
+
 # --------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------
@@ -268,7 +274,7 @@ def _layout(spec: ModelSpec, n_layer: int, ty) -> list[Tensor]:
     ``load_arch_tensors`` of ``spec.arch``); ``ty(group, layer, n_in, role)`` gives
     ``(ggml type, bits)``."""
     arch = spec.arch
-    known = arch in ("qwen3moe", "llama", "gemma3", "gpt-oss")
+    known = arch in TOML_ARCHS
     d, hd, m = spec.d_model, spec.head_dim, spec.moe
     nq, nkv = spec.n_head * hd, spec.n_head_kv * hd
     out: list[Tensor] = []
@@ -435,6 +441,9 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, min=1 / 16, max=8.0)
     source = m.str("source", "")
     arch = m.str("arch", "")
+    if arch not in ("", *TOML_ARCHS):
+        raise m.error("arch", f"'{arch}' is not supported (accepted: {', '.join(TOML_ARCHS)}; leave it out for a "
+                              "generic llama-shaped model)")
     # gemma3 ties its output head to token_embd (the GGUF has no output.weight)
     tied = m.bool("tied_embeddings", arch == "gemma3")
     m.check_unknown()
