@@ -567,3 +567,39 @@ def test_splittime_of_a_decode_only_lease_prints_its_table_and_exits_0(capsys):
     cap = capsys.readouterr()
     assert "a-st-qwen3-ncmoe48" in cap.out and "split_us = 15" in cap.out
     assert "splittime: note:" in cap.err and "error" not in cap.err
+
+
+def test_a_cpu_moe_split_copies_each_input_and_its_output_synchronously_under_llamacpp():
+    """llama.cpp's scheduler copies a CPU split's inputs one by one with a synchronous
+    ``ggml_backend_tensor_copy`` (the activations, then the router ids) and the split's output,
+    ``MUL_MAT_ID``'s ``[d_model, n_expert_used, n_tokens]`` f32, back to the GPU the same way
+    before the next GPU split is launched; the CuPy executor's plan (no [ggml]) keeps one D2H
+    and an asynchronous copy back."""
+    from sim.model.specs import BenchTest, Placement
+    from sim.plan import OpKind
+    from sim.plan.builder import ACT_BYTES, ID_BYTES, build_plan
+
+    n = 2  # decode-sized: below the op-offload batch, the host experts run on the CPU
+    for hw, llama in ((load_hardware(PROFILE), True), (load_hardware(REPO / "scenarios/hardware/h200.toml"), False)):
+        scn = _scenario("qwen3-30b-a3b", 99, n, hw)
+        scn = replace(scn, placement=Placement(ngl=99, n_cpu_moe=2))
+        m = scn.model
+        plan = build_plan(scn, scn.variants[0], BenchTest(n_prompt=n, n_gen=0), np.random.default_rng(0))
+        ops = plan.ops
+        for blk in (0, 1):
+            d2h = [o for o in ops if o.kind is OpKind.D2H and o.name.endswith(f"to host blk.{blk}")]
+            h2d = [o for o in ops if o.kind is OpKind.H2D and o.name == f"act to device blk.{blk}"]
+            act, ids = n * m.d_model * ACT_BYTES, n * m.moe.n_expert_used * ID_BYTES
+            assert len(h2d) == 1
+            waits = {o.deps[0]: o for o in ops if o.kind is OpKind.HOST_SYNC and len(o.deps) >= 1}
+            if llama:
+                assert [o.nbytes for o in d2h] == [act, ids]
+                assert all(o.id in waits for o in d2h)  # the host waits for each copy
+                assert h2d[0].nbytes == act * m.moe.n_expert_used and h2d[0].id in waits
+                # nothing of the next split is issued before the host has the output on the GPU
+                wait = waits[h2d[0].id]
+                assert not [o for o in ops if h2d[0].id < o.id < wait.id and o.kind is OpKind.ISSUE]
+                assert [o for o in ops if o.id > wait.id and o.kind is OpKind.ISSUE]  # the GPU split follows
+            else:
+                assert [o.nbytes for o in d2h] == [act + ids]
+                assert h2d[0].nbytes == act and h2d[0].id not in waits

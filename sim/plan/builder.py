@@ -908,7 +908,7 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
             issue_staged_copy(issued_upto + 1)
             issued_upto += 1
         if s.cpu:
-            _emit_cpu_split(em, s, n_tokens, overhead=split_cost)
+            _emit_cpu_split(em, s, n_tokens, overhead=split_cost, llama_copies=ggml is not None)
             continue
         dev = s.device
         first = s.items[0]
@@ -1039,7 +1039,7 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int,
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
 
 
-def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False) -> None:
+def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False, llama_copies: bool = False) -> None:
     """A split on the CPU backend: activations D2H, CPU compute on the host thread, H2D back.
 
     ``overhead``: the split's host cost (``[ggml] cpu_split_us``: the scheduler's work and
@@ -1050,6 +1050,20 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     CPU split is therefore not hidden behind that cost (the split timing's ``cpu_drain``:
     1.5 ms per gpt-oss ``-ncmoe 24`` token, ``data/llamacpp/h100-20261206-tg9``).
 
+    ``llama_copies`` (a profile with a ``[ggml]`` section: llama.cpp's scheduler; without it the
+    plan is the CuPy executor's, which copies the inputs as one D2H and the output back
+    asynchronously): the input copies are synchronous, one per input: ``ggml_backend_tensor_copy`` into the CPU
+    backend's (pinned) compute buffer is ``ggml_backend_tensor_get``, a ``cudaMemcpyAsync`` on
+    ``cudaStreamPerThread`` and a stream synchronise, so each input costs the host the copy and a
+    wake-up; a MoE split has two, the activations and the router ids. The output goes back to
+    the GPU the same way when the next GPU split copies its input (CUDA's ``cpy_tensor_async``
+    takes only CUDA buffers, so the scheduler falls back to ``ggml_backend_tensor_copy``: a
+    ``cudaMemcpyAsync`` and a synchronise), and the GPU split is launched only after it: a MoE
+    split's output is ``MUL_MAT_ID``'s ``[d_model, n_expert_used, n_tokens]`` f32, weighted and
+    summed on the GPU. The split timing measured these copies at 17–22 µs per CPU split (two
+    inputs) and 14–24 µs per GPU split after it (one input) on an H200
+    (``data/llamacpp/h200-20261204-tg6``, ``copy_us``).
+
     With an expert cache at decode, experts that hit run on the GPU; only misses run on the CPU
     (their insertion into the cache is copied in the background on the copy stream)."""
     ctx = em.ctx
@@ -1057,10 +1071,17 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     d = model.d_model
     act = n_tokens * d * ACT_BYTES
     gpu = _current_device(em)  # the GPU holding the activations
-    ids = n_tokens * model.moe.n_expert_used * ID_BYTES if any(it.expert for it in s.items) else 0
-    d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{s.items[0].layer}", nbytes=act + ids,
-                    tag="act")
-    em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
+    moe = any(it.expert for it in s.items)
+    ids = n_tokens * model.moe.n_expert_used * ID_BYTES if moe else 0
+    blk = s.items[0].layer
+    if llama_copies:
+        for what, nbytes in (("act", act), ("ids", ids)):
+            if nbytes:  # one synchronous copy per input (the first also waits for the GPU's queued work)
+                d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"{what} to host blk.{blk}", nbytes=nbytes, tag="act")
+                em.host(OpKind.HOST_SYNC, f"wait {what}", (d2h,))
+    else:
+        d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{blk}", nbytes=act + ids, tag="act")
+        em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
     if overhead:
         em.host(OpKind.HOST_WORK, f"split {em.split} host overhead", tag="cpu_split_overhead")
     cache_gpu_items = []
@@ -1101,6 +1122,13 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         if it.kind is OpKind.ATTN:
             em.kv_ops.append((last_cpu, "cpu_attn", it.layer))
         em.host_pending = [last_cpu]
+    # the output back to the GPU, synchronously, before anything after the split is launched; a
+    # MoE split (ending in the experts' down MUL_MAT_ID) hands over one row per used expert
+    if llama_copies:
+        out = act * model.moe.n_expert_used if moe and s.items[-1].kind is OpKind.MOE else act
+        h2d = em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=out,
+                        tag="act", pinned=True)
+        em.host(OpKind.HOST_SYNC, "wait act to device", (h2d,))
     for it, hits in cache_gpu_items:
         m_, n_, k_, _, topk = it.shape[:5]
         # conservatively wait for the layer's last fill (it may hold an expert hit now)
@@ -1115,9 +1143,9 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         em.fill_of[layer] = em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill",
                                       nbytes=misses * t.bytes_per_mat, pinned=True, tag="cache_fill")
         em.fill_pending = True
-    # the CPU backend's compute buffer is pinned host memory (CUDA host buffer type)
-    em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
-              tag="act", pinned=True)
+    if not llama_copies:  # the CuPy executor: the activations back asynchronously (pinned host memory)
+        em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
+                  tag="act", pinned=True)
 
 
 def _current_device(em: Emitter) -> int:
