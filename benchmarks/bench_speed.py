@@ -27,6 +27,8 @@ pointing at it. Figures (median of ``--repeat`` runs, wall seconds on this machi
   SimPy events each side scheduled, counted in a separate untimed run as the calls of
   ``simpy.Environment.schedule`` (timeouts, triggered events, and each process's start and
   end: the raw loop schedules one per op plus two per queue).
+* The two trees are timed in turn, the order turned round every run (new, ref, ref, new, ...), so
+  that a drift in this machine's load falls on both; each figure is the median over the runs.
 * ``peak RSS pp131072``: the largest resident set of the processes of
   ``prefetch-sim run -p 131072 -n 0 -r 1 --variant baseline -q`` (MB, 10**6 bytes).
 
@@ -149,6 +151,29 @@ def _wall(tree: Path, args: list[str], repeat: int) -> float:
     return statistics.median(times)
 
 
+def _alternating(fn, trees: dict, rounds: int) -> dict:
+    """``fn(tree)`` for each tree, ``rounds`` times, the trees taken in turn and the order turned
+    round every round (new, ref, ref, new, ...), so that a drift in the machine's load falls on
+    both trees alike; per tree key, the list of results in run order."""
+    out = {k: [] for k in trees}
+    keys = list(trees)
+    for i in range(rounds):
+        for k in (keys if i % 2 == 0 else keys[::-1]):
+            out[k].append(fn(trees[k]))
+    return out
+
+
+def _inner_alternating(trees: dict, what: str, rounds: int, calls: int = 5) -> dict:
+    """:func:`_inner` per tree in alternating rounds (:func:`_alternating`), ``calls`` timed calls
+    per round; per tree, every figure the median over the rounds (counts: the first round's)."""
+    runs = _alternating(lambda t: _inner(t, what, calls), trees, rounds)
+    out = {}
+    for k, rs in runs.items():
+        out[k] = {f: (statistics.median(r[f] for r in rs) if f.endswith("_s") or f == "s" else rs[0][f])
+                  for f in rs[0]}
+    return out
+
+
 def _inner(tree: Path, what: str, repeat: int) -> dict:
     out = subprocess.run([sys.executable, "-c", _INNER, what, str(repeat)], cwd=tree, env=_env(tree), check=True,
                          capture_output=True, text=True)
@@ -182,7 +207,8 @@ def main(argv=None) -> int:
         ref = extract(args.ref, Path(tmp))
         trees = {"new": ROOT, "ref": ref}
         if "run" not in skip:
-            r = {k: _wall(t, ["run", "scenarios/default.toml", "-q"], args.repeat) for k, t in trees.items()}
+            r = {k: statistics.median(v) for k, v in
+                 _alternating(lambda t: _wall(t, ["run", "scenarios/default.toml", "-q"], 1), trees, args.repeat).items()}
             rows.append(("prefetch-sim run (default scenario), s", r["new"], r["ref"], "<= 2.5"))
         if "crossover" not in skip:
             r = {}
@@ -192,13 +218,13 @@ def main(argv=None) -> int:
             rows.append((f"crossover --figure {','.join(figs)}, s", r["new"], r["ref"],
                          "<= 20 (all four)"))
         if "splits" not in skip:
-            r = {k: _inner(t, "splits", args.repeat) for k, t in trees.items()}
+            r = _inner_alternating(trees, "splits", args.repeat)
             rows.append(("pp8192 MoE plan, split evals/s, cold call", r["new"]["splits"] / r["new"]["s"],
                          r["ref"]["splits"] / r["ref"]["s"], ">= 1e6"))
             rows.append(("pp8192 MoE plan, split evals/s, warm call", r["new"]["splits"] / r["new"]["warm_s"],
                          r["ref"]["splits"] / r["ref"]["warm_s"], ">= 1e6"))
         if "des" not in skip:
-            r = {k: _inner(t, "des", args.repeat) for k, t in trees.items()}
+            r = _inner_alternating(trees, "des", args.repeat)
             for k in r:
                 r[k]["ratio"] = r[k]["raw_s"] / r[k]["des_s"]
             rows.append(("DES plan ops (pp512, default scenario)", r["new"]["events"], r["ref"]["events"], ""))
@@ -213,7 +239,8 @@ def main(argv=None) -> int:
             cmd = ["run", "scenarios/default.toml", "-p", "131072", "-n", "0", "-r", "1", "--variant", "baseline", "-q"]
             r = {k: _rss_mb(t, cmd) for k, t in trees.items()}
             rows.append(("pp131072 run, peak RSS, MB", r["new"], r["ref"], "<= 300"))
-    print(f"reference: {args.ref}; median of {args.repeat} (crossover reference: 1 run)")
+    print(f"reference: {args.ref}; median of {args.repeat} runs, the two trees in alternating order (run, split "
+          "evals and DES: each run the median of 5 calls; crossover reference: 1 run)")
     print(f"| {'figure':44s} | {'this tree':>12s} | {'reference':>12s} | {'ratio':>7s} | {'target':>16s} |")
     print(f"|{'-' * 46}|{'-' * 14}|{'-' * 14}|{'-' * 9}|{'-' * 18}|")
     for name, new, old, target in rows:
