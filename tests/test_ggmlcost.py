@@ -251,6 +251,18 @@ def test_compare_labels_every_row_with_the_held_out_split():
     assert list(cmp.split) == want and want.count("fit") == 40
 
 
+def _load_with_edited_gpu_table(tmp_path, edit, match):
+    """Load a copy of the profile whose GPU kernel table ``edit`` has changed; the ScenarioError
+    it must raise (matching ``match``) and the table's path."""
+    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
+    (tmp_path / "p.toml").write_text(PROFILE.read_text())
+    f = tmp_path / "h200-llamacpp/kernels-cuda.csv"
+    edit(pd.read_csv(f)).to_csv(f, index=False)
+    with pytest.raises(ScenarioError, match=match) as err:
+        load_hardware(tmp_path / "p.toml")
+    return str(err.value), f
+
+
 @pytest.mark.parametrize("edit, match", [
     (lambda d: d.assign(backend="cpu"), "backend 'cpu' in the gpu table"),
     (lambda d: d.assign(type=d.type.where(d.op != "MUL_MAT_ID", "Q9_Z")), "unknown ggml type 'Q9_Z'"),
@@ -259,13 +271,8 @@ def test_compare_labels_every_row_with_the_held_out_split():
     (lambda d: d[~((d.op == "MUL_MAT") & (d.bs > 1))], "no cold case"),
 ])
 def test_a_kernel_table_that_cannot_price_a_model_is_refused(tmp_path, edit, match):
-    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
-    (tmp_path / "p.toml").write_text(PROFILE.read_text())
-    f = tmp_path / "h200-llamacpp/kernels-cuda.csv"
-    edit(pd.read_csv(f)).to_csv(f, index=False)
-    with pytest.raises(ScenarioError, match=match) as err:
-        load_hardware(tmp_path / "p.toml")
-    assert "ggml.gpu_kernels" in str(err.value) and "\n" not in str(err.value)
+    msg, _ = _load_with_edited_gpu_table(tmp_path, edit, match)
+    assert "ggml.gpu_kernels" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -280,13 +287,8 @@ def test_a_kernel_table_that_cannot_price_a_model_is_refused(tmp_path, edit, mat
                                                                           r"\(the first: data row 6"),
 ])
 def test_a_bad_kernel_table_row_is_named(tmp_path, edit, match):
-    shutil.copytree(PROFILE.parent / "h200-llamacpp", tmp_path / "h200-llamacpp")
-    (tmp_path / "p.toml").write_text(PROFILE.read_text())
-    f = tmp_path / "h200-llamacpp/kernels-cuda.csv"
-    edit(pd.read_csv(f)).to_csv(f, index=False)
-    with pytest.raises(ScenarioError, match=match) as err:
-        load_hardware(tmp_path / "p.toml")
-    assert "ggml.gpu_kernels" in str(err.value) and str(f) in str(err.value) and "\n" not in str(err.value)
+    msg, f = _load_with_edited_gpu_table(tmp_path, edit, match)
+    assert "ggml.gpu_kernels" in msg and str(f) in msg and "\n" not in msg
 
 
 def test_fit_refuses_fewer_rows_than_it_needs(capsys):
