@@ -413,6 +413,14 @@ def test_every_bad_fixture_is_tested():
     ("m,n,k,t_s\n0,2,3,1e-5\n", "column m must be >= 1"),
     ("m,n,k,t_s\n1,inf,3,1e-5\n", "negative, infinite or missing values in m, n, k"),
     ("m,n,k,t_s\n", "has no rows"),
+    # a bad row after a good one is named by its data row (the header and comments not counted)
+    ("m,n,k,t_s\n1,2,3,1e-5\n# note\n4,5,6,0\n", "non-positive, infinite or missing t_s 0 (data row 2)"),
+    ("m,n,k,t_s\n1,2,3,1e-5\n4,5,6,\n", "non-positive, infinite or missing t_s blank (data row 2)"),
+    ("m,n,k,t_s\n1,2,3,1e-5\n4,-5,6,1e-5\n", "negative, infinite or missing values in m, n, k: n is -5 in data row 2"),
+    ("m,n,k,t_s\n1,2,3,1e-5\n4,,6,1e-5\n", "negative, infinite or missing values in m, n, k: n is blank in data row 2"),
+    ("m,n,k,t_s\n1,2,3,1e-5\n4,5,0,1e-5\n", "column k must be >= 1 (data row 2;"),
+    ("m,n,k,t_s\n1,2,3,1e-5\n1,2,4,1e-5\n1,2,3,2e-5\n",
+     "the shape m=1 n=2 k=3 is timed twice (data rows 1 and 3); keep one row per shape"),
 ])
 def test_a_bad_measured_table_names_the_profile_field_and_the_table(tmp_path, content, words):
     """A profile's gemm table with text, negative, zero or infinite dimensions, an infinite or
@@ -445,6 +453,35 @@ def test_an_attention_table_accepts_kv_len_zero_but_no_zero_heads(tmp_path):
     with pytest.raises(ScenarioError) as info:
         load_hardware(dst)
     assert info.value.field == "hardware.attn_table" and "column n_head must be >= 1" in str(info.value)
+
+
+def test_an_attention_table_refuses_a_shape_timed_twice_naming_both_rows(tmp_path):
+    """The same (n_tokens, kv_len, heads, head_dim) timed in two rows is refused, naming both
+    data rows, not silently merged; the extra columns (t_host_s, model) are not part of the key."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    dst = tmp_path / "h200.toml"
+    shutil.copy(root / "scenarios" / "hardware" / "h200.toml", dst)
+    shutil.copytree(root / "scenarios" / "hardware" / "h200", tmp_path / "h200")
+    attn = tmp_path / "h200" / "attn.csv"
+    lines = attn.read_text().splitlines()
+    attn.write_text("\n".join(lines + [lines[3].replace("qwen3-30b-a3b", "other")]) + "\n")
+    with pytest.raises(ScenarioError) as info:
+        load_hardware(dst)
+    n_tok, kv, nh, nkv, hd = lines[3].split(",")[:5]
+    assert info.value.file == str(dst) and info.value.field == "hardware.attn_table"
+    assert (f"the shape n_tokens={n_tok} kv_len={kv} n_head={nh} n_head_kv={nkv} head_dim={hd} is timed twice "
+            f"(data rows 3 and {len(lines)})") in str(info.value)
+
+
+def test_every_shipped_hardware_profile_loads():
+    """The table readers' checks refuse none of the shipped profiles (nor their tables)."""
+    root = Path(__file__).resolve().parent.parent / "scenarios" / "hardware"
+    profiles = sorted(root.glob("*.toml"))
+    assert len(profiles) >= 5
+    for p in profiles:
+        assert load_hardware(p).name
 
 
 def test_a_hardware_profile_can_derive_from_a_base_in_its_folder(tmp_path):

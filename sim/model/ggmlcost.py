@@ -644,15 +644,40 @@ def _cell(v) -> str:
     return "blank" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v):g}"
 
 
-def table_key(r) -> str:
-    """A kernel table row's key (every column but ``t_us``, blanks left out):
-    ``gpu MUL_MAT Q4_K m=512 n=1 k=2048 bs=1 nr=1``."""
-    parts = [str(r[c]) for c in ("backend", "op", "type") if isinstance(r[c], str) and r[c]]
-    for c in TABLE_COLUMNS[3:-1]:
+def shape_text(r, columns) -> str:
+    """``c=v`` for each of ``columns`` of the row ``r`` that has a value (blanks left out), whole
+    numbers without a decimal point: ``m=512 n=1 k=2048``."""
+    parts = []
+    for c in columns:
         v = r[c]
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             parts.append(f"{c}={int(v) if float(v).is_integer() else v}")
     return " ".join(parts)
+
+
+def table_key(r) -> str:
+    """A kernel table row's key (every column but ``t_us``, blanks left out):
+    ``gpu MUL_MAT Q4_K m=512 n=1 k=2048 bs=1 nr=1``."""
+    parts = [str(r[c]) for c in ("backend", "op", "type") if isinstance(r[c], str) and r[c]]
+    shape = shape_text(r, TABLE_COLUMNS[3:-1])
+    return " ".join(parts + ([shape] if shape else []))
+
+
+def duplicate_rows(df: pd.DataFrame, key) -> tuple[int, int] | None:
+    """The first case of ``df`` timed twice: the 1-based data rows (the header not counted) of
+    the first row whose ``key`` columns another row repeats and of the next such row, or None.
+    Blanks compare equal to blanks."""
+    dup = df.duplicated(subset=list(key), keep=False).to_numpy()
+    if not dup.any():
+        return None
+    rows = dup.nonzero()[0]
+    k = df[list(key)]
+    first = k.iloc[rows[0]]
+    for j in rows[1:]:
+        other = k.iloc[j]
+        if all((a == b) or (pd.isna(a) and pd.isna(b)) for a, b in zip(first, other)):
+            return int(rows[0]) + 1, int(j) + 1
+    raise AssertionError("pandas marked a duplicate with no twin")  # pragma: no cover
 
 
 def read_table(path) -> pd.DataFrame:
@@ -718,14 +743,10 @@ def read_table(path) -> pd.DataFrame:
             if (v.isna() | (v < 1)).any():
                 raise ValueError(f"kernel table: {op} rows need {c} >= 1 (data row "
                                  f"{int(rows.index[(v.isna() | (v < 1)).to_numpy()][0]) + 1})")
-    key = [c for c in TABLE_COLUMNS if c != "t_us"]
-    dup = df.duplicated(subset=key, keep=False)
-    if dup.any():
-        rows = dup.to_numpy().nonzero()[0]
-        first = df.iloc[rows[0]]
-        same = [int(j) + 1 for j in rows if (df.iloc[j][key].fillna(-1) == first[key].fillna(-1)).all()]
-        raise ValueError(f"kernel table: the case {table_key(first)} is timed twice (data rows "
-                         f"{' and '.join(map(str, same[:2]))}); keep one row per case")
+    dup = duplicate_rows(df, [c for c in TABLE_COLUMNS if c != "t_us"])
+    if dup is not None:
+        raise ValueError(f"kernel table: the case {table_key(df.iloc[dup[0] - 1])} is timed twice (data rows "
+                         f"{dup[0]} and {dup[1]}); keep one row per case")
     return df
 
 

@@ -897,16 +897,20 @@ def _load_ggml(g: Fields):
 
 def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[str, ...] = ()):
     """A measured table (CSV) named by the profile's field ``key``, with numeric ``columns``:
-    ``t_s`` finite and > 0, the shape columns finite and >= 1 (those in ``zero_ok`` >= 0).
+    ``t_s`` finite and > 0, the shape columns (all but ``t_s``) finite and >= 1 (those in
+    ``zero_ok`` >= 0), one row per shape.
 
     Raises:
         ScenarioError: (via ``g.error``, naming the field and file) a missing or unreadable
-            file, a missing column, no rows, or a value breaking those rules.
+            file, a missing column, no rows, a value breaking those rules (naming its data row:
+            1 = the first row after the header, comment and blank lines not counted), or a
+            shape timed twice (naming both rows), as :func:`sim.model.ggmlcost.read_table` does.
     """
     import numpy as np
     import pandas as pd
 
     from sim.bounds import DURATION_MAX_S, DURATION_MIN_S, INT32_MAX, check_text_input
+    from sim.model.ggmlcost import _cell, _first_row, duplicate_rows, shape_text
 
     p = g.path(key)
     check_text_input(p, file=g.file, field=g.name(key))
@@ -925,28 +929,46 @@ def _read_table(g: Fields, key: str, columns: tuple[str, ...], zero_ok: tuple[st
         num = pd.to_numeric(df[c], errors="coerce")
         bad = num.isna() & df[c].notna()
         if bad.any():
-            row = int(bad.to_numpy().nonzero()[0][0])
-            raise g.error(key, f"table {p}: column {c} has a non-numeric value {df[c].iloc[row]!r} "
-                               f"(data row {row + 1})")
+            row = _first_row(bad)
+            raise g.error(key, f"table {p}: column {c} has a non-numeric value {df[c].iloc[row - 1]!r} "
+                               f"(data row {row})")
         df[c] = num
     t = df["t_s"].to_numpy(dtype=float)
-    if not (np.isfinite(t) & (t > 0)).all():
-        raise g.error(key, f"table {p} has a non-positive, infinite or missing t_s")
-    if ((t < DURATION_MIN_S) | (t > DURATION_MAX_S)).any():
-        row = int(((t < DURATION_MIN_S) | (t > DURATION_MAX_S)).nonzero()[0][0])
-        raise g.error(key, f"table {p}: t_s {t[row]:g} s (data row {row + 1}) is not physical for one kernel "
+    bad_t = ~(np.isfinite(t) & (t > 0))
+    if bad_t.any():
+        row = _first_row(bad_t)
+        raise g.error(key, f"table {p} has a non-positive, infinite or missing t_s {_cell(t[row - 1])} "
+                           f"(data row {row})")
+    out_t = (t < DURATION_MIN_S) | (t > DURATION_MAX_S)
+    if out_t.any():
+        row = _first_row(out_t)
+        raise g.error(key, f"table {p}: t_s {t[row - 1]:g} s (data row {row}) is not physical for one kernel "
                            f"(must lie in [{DURATION_MIN_S:g}, {DURATION_MAX_S:g}] s)")
     dims = [c for c in columns if c != "t_s"]
     d = df[dims].to_numpy(float)
-    if not np.isfinite(d).all() or (d < 0).any():
-        raise g.error(key, f"table {p} has negative, infinite or missing values in {', '.join(dims)}")
-    if (d > INT32_MAX).any() or (d != np.floor(d)).any():
-        row, col = (int(v) for v in np.argwhere((d > INT32_MAX) | (d != np.floor(d)))[0])
-        raise g.error(key, f"table {p}: {dims[col]} = {d[row, col]:g} (data row {row + 1}) must be a whole "
+
+    def first_cell(mask):
+        row, col = (int(v) for v in np.argwhere(mask)[0])
+        return row + 1, dims[col], d[row, col]
+
+    bad_d = ~np.isfinite(d) | (d < 0)
+    if bad_d.any():
+        row, col, v = first_cell(bad_d)
+        raise g.error(key, f"table {p} has negative, infinite or missing values in {', '.join(dims)}: "
+                           f"{col} is {_cell(v)} in data row {row}")
+    bad_d = (d > INT32_MAX) | (d != np.floor(d))
+    if bad_d.any():
+        row, col, v = first_cell(bad_d)
+        raise g.error(key, f"table {p}: {col} = {v:g} (data row {row}) must be a whole "
                            f"number <= {INT32_MAX} (a shape)")
-    zero = [c for c in dims if c not in zero_ok and (df[c] == 0).any()]
-    if zero:
-        raise g.error(key, f"table {p}: column {zero[0]} must be >= 1 (a shape of zero has no time)")
+    zero = (d == 0) & np.array([c not in zero_ok for c in dims])
+    if zero.any():
+        row, col, _ = first_cell(zero)
+        raise g.error(key, f"table {p}: column {col} must be >= 1 (data row {row}; a shape of zero has no time)")
+    dup = duplicate_rows(df, dims)
+    if dup is not None:
+        raise g.error(key, f"table {p}: the shape {shape_text(df.iloc[dup[0] - 1], dims)} is timed twice "
+                           f"(data rows {dup[0]} and {dup[1]}); keep one row per shape")
     return df
 
 
