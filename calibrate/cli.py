@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "2 s apart, priced by their mean (default 6; about 12 s each)")
     p.add_argument("--quick", action="store_true", help="a tiny sweep (seconds; for checking the setup)")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the input data and routing draws (>= 0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (the stage timings and the summary still print)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar (the stage timings and the summary still print)")
     p.add_argument("--fake-gpu", action="store_true",
                    help="use a numpy stand-in for CuPy (runs on a CPU; the numbers are meaningless)")
 

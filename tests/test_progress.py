@@ -6,6 +6,8 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
+
 from sim.cli.progress import bar, progress_enabled
 
 
@@ -51,6 +53,58 @@ def test_breakdown_takes_q_as_the_other_subcommands_do(monkeypatch, capsys):
     assert main(flags + ["-q"]) == 0 and main(flags + ["--quiet"]) == 0
     assert quiet.getvalue() == ""
     assert capsys.readouterr().out.count("baseline / pp64") == 3
+
+
+def test_trace_takes_q_and_draws_a_bar_per_variant_on_a_terminal(monkeypatch, capsys, tmp_path):
+    """trace (seconds for a long test, silent until its file is written) draws a bar on a
+    terminal, one step per variant, none with -q or --quiet; the trace file is the same."""
+    from sim.cli import main
+
+    flags = ["trace", "-p", "64", "-n", "0", "--variant", "baseline", "--variant", "slots3"]
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(flags + ["--out", str(tmp_path / "a.csv")]) == 0
+    assert "simulating" in tty.getvalue() and "2/2" in tty.getvalue()
+    quiet = _Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main(flags + ["--out", str(tmp_path / "b.csv"), "-q"]) == 0
+    assert main(flags + ["--out", str(tmp_path / "c.csv"), "--quiet"]) == 0
+    assert quiet.getvalue() == ""
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text() == (tmp_path / "c.csv").read_text()
+    assert capsys.readouterr().out.count("slots3 / pp64") == 3
+
+
+def test_check_takes_q_as_a_no_op(monkeypatch, capsys):
+    """check prints a line per plan and draws no bar; -q and --quiet are accepted (said so in its
+    help) and change nothing."""
+    from sim.cli import main
+
+    flags = ["check", "-p", "64", "-n", "0", "--variant", "baseline"]
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(flags) == 0
+    loud = capsys.readouterr().out
+    assert main(flags + ["-q"]) == 0 and capsys.readouterr().out == loud
+    assert main(flags + ["--quiet"]) == 0 and capsys.readouterr().out == loud
+    assert tty.getvalue() == "" and "baseline / pp64" in loud
+    with pytest.raises(SystemExit):
+        main(["check", "-h"])
+    assert "-q, --quiet" in (h := " ".join(capsys.readouterr().out.split())) and "does nothing here" in h
+
+
+def test_calibrate_takes_q_as_well_as_quiet():
+    """prefetch-sim calibrate and python -m calibrate took --quiet but refused -q."""
+    import argparse
+
+    from calibrate.cli import add_arguments
+    from sim.cli import build_parser
+
+    for flag in ("-q", "--quiet"):
+        assert build_parser().parse_args(["calibrate", "--out", "x.toml", flag]).quiet is True
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        assert p.parse_args(["--out", "x.toml", flag]).quiet is True
+    assert build_parser().parse_args(["calibrate", "--out", "x.toml"]).quiet is False
 
 
 def test_sweep_cells_cost_more_with_more_graphs():

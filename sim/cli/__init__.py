@@ -683,17 +683,22 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_plan_work(scn, [test], args)
     import pandas as pd
 
+    from sim.cli.progress import bar, closed_after
+
     frames, lines = [], []
-    for variant in scn.variants:  # every variant asked for, one timeline each, in one file
-        try:
-            ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
-        except PlacementError as exc:  # in the flags' terms when they cause it
-            raise placement_error_in_flags(exc, args, variant) from None
-        plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
-        sched = time_plan(plan, scn, args.engine)
-        frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
-        lines.append(f"{variant.name} / {test.name}: {len(plan)} ops, makespan "
-                     f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
+    # a long test (tg128 of four variants: seconds) prints nothing until the file is written: a
+    # bar, one step per variant, on a terminal unless -q
+    with closed_after(bar(scn.variants, desc="simulating", unit="variant", quiet=args.quiet)) as variants:
+        for variant in variants:  # every variant asked for, one timeline each, in one file
+            try:
+                ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
+            except PlacementError as exc:  # in the flags' terms when they cause it
+                raise placement_error_in_flags(exc, args, variant) from None
+            plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
+            sched = time_plan(plan, scn, args.engine)
+            frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
+            lines.append(f"{variant.name} / {test.name}: {len(plan)} ops, makespan "
+                         f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
     df = pd.concat(frames, ignore_index=True)
     if out.suffix == ".csv":
         write_atomic(out, df.to_csv(index=False))
@@ -856,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
     tr.add_argument("--out", type=_out_path, default="trace.json", help="output file (.json Chrome trace, .csv table; default "
                                                         "trace.json in the current folder)")
+    tr.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_trace)
     for mod, fn in _PLUGINS:
         try:

@@ -82,5 +82,8 @@ def add_check_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--slot-frees", action="store_true",
                    help="append a free of every staging slot after the last graph and check it too")
     p.add_argument("--max-rows", type=int, default=50, help="findings listed per plan (default 50)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="accepted as the other commands take it; does nothing here: check draws no progress bar "
+                        "(it prints a line per plan as it checks it)")
     p.set_defaults(func=cmd_check)
     return p

@@ -1,5 +1,7 @@
-"""Progress bars of the long-running commands (``run``, ``breakdown``, ``crossover``, ``reproduce``,
-``validate``): tqdm on stderr, shown only when stderr is a terminal and ``-q`` is not given."""
+"""Progress bars of the long-running commands (``run``, ``trace``, ``breakdown``, ``crossover``,
+``reproduce``, ``validate``): tqdm on stderr, shown only when stderr is a terminal and ``-q`` is not
+given. ``calibrate`` draws its own (``calibrate.run``; ``-q`` hides it) and ``check``, which prints a
+line per plan as it goes, none: it accepts ``-q`` and does nothing with it."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def add_validate_parser(sub) -> None:
                         "(predicted_host_s, a diagnostic of host drift). profile: skip those probes")
     p.add_argument("--partial-log", action="store_true",
                    help="also append each case's row to <name>_partial.csv as it finishes")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_validate)
 
 
