@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.wording import plural
+
 from . import fit as F
 from . import shapes as S
 from .profile import dumps_toml, sourced, write_files_atomically
@@ -250,7 +252,8 @@ def run_calibration(name: str, *, sweep: Sweep | None = None, rounds: int = 3, c
             elif not sampler.t_s or time.perf_counter() - sampler.last_at >= sampler.interval_s:
                 sampler.sample()
         except Exception as exc:  # an optional measurement must not lose the run
-            notes.append(f"pageable samples stopped after {len(sampler.t_s)} copies: {type(exc).__name__}: {exc}")
+            notes.append(f"pageable samples stopped after {plural(len(sampler.t_s), 'copy', 'copies')}: "
+                         f"{type(exc).__name__}: {exc}")
             say(f"calibrate: pageable sampling FAILED: {type(exc).__name__}: {exc}")
             scalars["pageable_spread"] = sampler.result()
             sampler = None
@@ -504,7 +507,7 @@ def build_profile(cal: Calibration, fits: Fits, table_dir: str, raw_dir: str | N
     cpu = sc.get("cpu", {})
     sizes = cal.copies.nbytes
     copy_src = (f"measured: cudaMemcpyAsync {sizes.min() // 1024} KiB..{sizes.max() // 2**20} MiB, CUDA events, "
-                f"median over {nrounds} rounds of a least-squares fit ({tag})")
+                f"median over {plural(nrounds, 'round')} of a least-squares fit ({tag})")
     hw: dict[str, Any] = {
         "name": cal.name,
         "gpu_name": dev,

@@ -207,7 +207,7 @@ def test_axis_notes_say_what_an_axis_cannot_change(tiny):
     from sim.views.crossover import axis_notes
 
     notes = axis_notes([parse_axis("ubatch=32,64,128")], BenchTest(64, 0, 0), tiny)
-    assert len(notes) == 1 and "1 values above the pp64 prompt" in notes[0]
+    assert len(notes) == 1 and "1 value above the pp64 prompt (64 tokens) runs the same graphs" in notes[0]
     assert axis_notes([parse_axis("ubatch=32,64")], BenchTest(64, 0, 0), tiny) == []
     assert "every expert" in axis_notes([parse_axis("ncmoe=1,5")], BenchTest(64, 0, 0), tiny)[0]
     assert "priced as F16" in axis_notes([parse_axis("kv=f16,q8_0")], BenchTest(64, 0, 0), tiny)[0]

@@ -525,7 +525,7 @@ def test_gpu_split_host_takes_gpu_splits_of_decode_graphs_only(tmp_path):
     inv = {"id": "a", "gguf": "m.gguf", "model_toml": "m.toml", "env": {"PREFETCH_SIM_SPLIT_TIME": "1"}, "args": [], "model_toml": "m.toml"}
     (tmp_path / "invocations.jsonl").write_text(json.dumps(inv) + "\n")
     got, src = gpu_split_host(tmp_path)
-    assert got == pytest.approx(10e-6) and "7 splits in 1 invocations" in src
+    assert got == pytest.approx(10e-6) and "7 splits in 1 invocation" in src
     with gzip.open(tmp_path / "st" / "a.err.gz", "wt") as f:
         f.write(line(512, [("CUDA0", 5000)] * 12))
     with pytest.raises(PrefetchSimError, match=str(tmp_path)):

@@ -1192,3 +1192,45 @@ def test_harness_writers_refuse_a_folder_that_takes_no_file_before_any_work(caps
         assert rc == 2, argv
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
         assert named in err and "does not accept new files" in err, err
+
+
+def test_the_harness_counts_one_run_in_the_singular(tmp_path, capsys, monkeypatch):
+    """plan, predict and a grid cut by its deadline said '1 runs', '1 bench rows': a count of
+    one is singular, other counts (0, 2) stay plural."""
+    from calibrate.llamacpp.__main__ import main
+    from calibrate.llamacpp.predict import main as predict_main
+    from sim.wording import plural
+
+    assert (plural(1, "run"), plural(0, "run"), plural(2, "copy", "copies")) == ("1 run", "0 runs", "2 copies")
+    p = _write_grid(tmp_path, '[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 64 -n 0"\n')
+    assert main(["plan", "--grid", str(p)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "1 run, 1 bench row, 0 routing rows"
+    assert " 1 row   -p 64 -n 0" in out[0]
+    two = _write_grid(tmp_path, '[[run]]\nid = "a"\nmodel = "m"\nargs = "-p 64,128 -n 0"\n'
+                                '[[run]]\nid = "b"\nmodel = "m"\nargs = "-p 64 -n 0"\n')
+    assert main(["plan", "--grid", str(two)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "2 runs, 3 bench rows, 0 routing rows" and " 2 rows  -p 64,128 -n 0" in out[0]
+
+    root = Path(__file__).resolve().parent.parent
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(f'[grid]\nname = "t"\nperf = []\n[[model]]\nkey = "tiny"\n'
+                    f'toml = "{root / "scenarios/tiny/tiny-moe.toml"}"\n'
+                    '[[run]]\nid = "a"\nmodel = "tiny"\nargs = "-ngl 99 -p 64 -n 0 -ub 32"\n')
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out"), "-r", "1"]) == 0
+    assert capsys.readouterr().out == f"1 run predicted -> {tmp_path / 'out'}\n"
+
+    now = [0.0]  # the grid's clock: the first run outlasts the deadline
+
+    def one(run, *a, **k):
+        now[0] = 200.0
+        return {"id": run.id, "rc": 0, "rows": 1}
+
+    monkeypatch.setattr(G, "run_one", one)
+    monkeypatch.setattr(G.time, "monotonic", lambda: now[0])
+    said = []
+    recs = G.run_grid(G.load_grid(two), "llama-bench", tmp_path, tmp_path / "grid", deadline_at=100.0,
+                      say=said.append)
+    assert len(recs) == 1 and said == ["[grid] deadline reached before b; 1 run done this time"]

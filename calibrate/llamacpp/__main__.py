@@ -35,8 +35,10 @@ import tempfile
 from pathlib import Path
 
 from sim.errors import PrefetchSimError, ScenarioError
+from sim.wording import plural
 
 from .grid import REPO  # the repository root (grids' model paths and the lease read from it)
+
 DEFAULT_GRID = Path(__file__).resolve().parent / "grids" / "h200.toml"
 DEFAULT_CACHE = Path.home() / ".cache" / "prefetch-sim" / "llamacpp"
 
@@ -96,7 +98,8 @@ def _grid(args) -> int:
     check_output_path(args.out, "--out", directory=True)
     recs = run_grid(spec, args.bench, args.models, args.out, only=only, repetitions=args.repetitions)
     bad = [r for r in recs if r["rc"] != 0]
-    print(f"{len(recs)} invocations, {sum(r['rows'] for r in recs if r['rc'] == 0)} rows, {len(bad)} failed")
+    print(f"{plural(len(recs), 'invocation')}, {plural(sum(r['rows'] for r in recs if r['rc'] == 0), 'row')}, "
+          f"{len(bad)} failed")
     return 1 if bad else 0
 
 
@@ -159,11 +162,14 @@ def _plan(args) -> int:
     spec = load_grid(args.grid)
     for r in spec.runs:
         if r.kind == "identity":  # psim-decode: once off, once per variant
-            print(f"{r.id:32s} {r.model:16s} {1 + len(r.variants):3d} decodes  {' '.join(r.args)}  "
+            n = 1 + len(r.variants)
+            print(f"{r.id:32s} {r.model:16s} {n:3d} {'decode' if n == 1 else 'decodes':7s}  {' '.join(r.args)}  "
                   f"variants: {'; '.join(r.variants)}")
         else:
-            print(f"{r.id:32s} {r.model:16s} {len(expand(r.args)):3d} rows  {' '.join(r.args)}")
-    print(f"{len(spec.runs)} runs, {count_rows(spec)} bench rows, {count_rows(spec, 'routing')} routing rows")
+            n = len(expand(r.args))
+            print(f"{r.id:32s} {r.model:16s} {n:3d} {'row' if n == 1 else 'rows':4s}  {' '.join(r.args)}")
+    print(f"{plural(len(spec.runs), 'run')}, {plural(count_rows(spec), 'bench row')}, "
+          f"{plural(count_rows(spec, 'routing'), 'routing row')}")
     return 0
 
 

@@ -67,6 +67,7 @@ import pandas as pd
 from sim.errors import PrefetchSimError, ScenarioError
 from sim.views.llamabench import FIELDS, PATCH_FIELDS, prefetch_settings, read_llama_bench
 from sim.model.specs import HardwareProfile, load_hardware, load_model
+from sim.wording import plural
 
 from . import compare as cmp
 from .logs import read_run_log
@@ -702,7 +703,7 @@ def plot_ab(df: pd.DataFrame, path: str | Path) -> Path:
     ax.set_xlabel("measured gain over baseline (%, bars: 2 sigma)")
     ax.set_ylabel(f"predicted gain (%, {df.attrs.get('engine', 'analytic')} engine)")
     s = summarize(d).iloc[0]
-    ax.set_title(f"{int(s.n_predicted)} pairs: sign agrees {int(s.n_sign_agree)} ({s.sign_agree_pct:.0f}%), "
+    ax.set_title(f"{plural(int(s.n_predicted), 'pair')}: sign agrees {int(s.n_sign_agree)} ({s.sign_agree_pct:.0f}%), "
                  f"median |gain err| {s.median_abs_gain_error_pts:.1f} pts")
     ax.legend(fontsize=7)
     return save_figure(fig, path)

@@ -57,6 +57,7 @@ from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, re
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
     parse_variant
+from sim.wording import plural
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -1377,10 +1378,11 @@ def steal_line(df: pd.DataFrame) -> str:
         return ""
     per_inv = df.groupby("invocation")["host_steal_pct"].first().dropna()
     text = (f"Steal time while each invocation ran (/proc/stat, host_state.jsonl): median {per_inv.median():.2f} % "
-            f"of the CPU time, {per_inv.min():.2f}..{per_inv.max():.2f} % over {len(per_inv)} invocations")
+            f"of the CPU time, {per_inv.min():.2f}..{per_inv.max():.2f} % over {plural(len(per_inv), 'invocation')}")
     r = _host_side_r(df, "host_steal_pct")
     if r is not None:
-        text += f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r[0]:+.2f} ({r[1]} rows)"
+        text += (f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r[0]:+.2f} "
+                 f"({plural(r[1], 'row')})")
     return text + "\n"
 
 
@@ -1392,11 +1394,12 @@ def canary_line(df: pd.DataFrame) -> str:
         return ""
     per_inv = df.groupby("invocation")["host_read_gb_per_s"].first().dropna()
     text = (f"Host DRAM read rate before each invocation (psim-membw, canary.jsonl): median "
-            f"{per_inv.median():.1f} GB/s, {per_inv.min():.1f}..{per_inv.max():.1f} over {len(per_inv)} invocations")
+            f"{per_inv.median():.1f} GB/s, {per_inv.min():.1f}..{per_inv.max():.1f} over "
+            f"{plural(len(per_inv), 'invocation')}")
     r = _host_side_r(df, "host_read_gb_per_s")  # the rate's scale does not change r
     if r is not None:
         text += (f"; host-side rows' t/s (over their configuration's mean) against it: Pearson r = {r[0]:+.2f} "
-                 f"({r[1]} rows)")
+                 f"({plural(r[1], 'row')})")
     return text + "\n"
 
 
@@ -1526,7 +1529,7 @@ def plot_compare(df: pd.DataFrame, path: str | Path) -> Path:
     ax.set_xlabel("measured llama-bench t/s")
     ax.set_ylabel(f"predicted t/s ({df.attrs.get('engine', 'analytic')})")
     s = summarize(d).iloc[0]
-    ax.set_title(f"{int(s.n_predicted)} rows: median |err| {s.median_abs_rel_error:.1%}, "
+    ax.set_title(f"{plural(int(s.n_predicted), 'row')}: median |err| {s.median_abs_rel_error:.1%}, "
                  f"p90 {s.p90_abs_rel_error:.1%}")
     ax.legend(fontsize=7)
     return save_figure(fig, path)
@@ -1770,7 +1773,7 @@ def main(argv: list[str] | None = None) -> int:
             md += "\n" + summary_markdown(
                 summarize(means), f"Averaged over model loads: {args.run_dir}, one row per configuration, "
                 f"measured t/s the mean of its invocations ({int(loads.min())}..{int(loads.max())} loads, "
-                f"{len(means)} configurations)")
+                f"{plural(len(means), 'configuration')})")
         if args.repeat:
             rep = compare(args.repeat, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                           progress=progress, max_work=args.max_work)

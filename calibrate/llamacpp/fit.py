@@ -58,6 +58,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError, ScenarioError
+from sim.wording import plural
 
 from .compare import INVOCATIONS_FILE, host_samples, jsonl_objects, non_negative_pct, steal_over
 
@@ -180,7 +181,7 @@ def cpu_numbers(hw, table: str | Path | None = None) -> dict[str, tuple[float, s
     return {"cpu_op_us": (max(icpt, 0.0) * 1e6, f"measured: intercept of a line through {name}'s "
                           f"{int(keep.sum())} single matvecs up to 16 MiB (rate {1 / slope / 1e9:.0f} GB/s)"),
             "cpu_ew_gb_per_s": (float(np.median(cold)) / 1e9, f"measured: median of {name}'s cold "
-                                f"matvec rates ({len(cold)} types, cold cases over 2 GiB): a DRAM stream, as "
+                                f"matvec rates ({plural(len(cold), 'type')}, cold cases over 2 GiB): a DRAM stream, as "
                                 "the elementwise ops of a CPU layer are")}
 
 
@@ -656,7 +657,8 @@ def _main(argv: list[str] | None) -> int:
             t_meas.append(t)
         t_meas = np.concatenate(t_meas)
         if len(cases) < MIN_ROWS_PER_PARAMETER * len(fitted_rows):
-            raise PrefetchSimError(f"--run {' '.join(args.run)}: {len(cases)} fit rows for {len(fitted_rows)} parameters (at "
+            raise PrefetchSimError(f"--run {' '.join(args.run)}: {plural(len(cases), 'fit row')} for "
+                                   f"{plural(len(fitted_rows), 'parameter')} (at "
                                    f"least {MIN_ROWS_PER_PARAMETER * len(fitted_rows)}: calibrate/llamacpp/split.py "
                                    "names the fit rows of a ground-truth grid)")
         print(f"fitting {', '.join(k for k, *_ in fitted_rows)} on {len(cases)} fit rows of {runs_text}")

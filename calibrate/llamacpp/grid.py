@@ -37,6 +37,7 @@ from pathlib import Path
 from sim.bounds import REPETITIONS_MAX
 from sim.errors import ScenarioError
 from sim.tomlio import Fields, load_toml
+from sim.wording import plural
 
 #: the repository root: a grid's model TOML paths are relative to it (the lease reads them there)
 REPO = Path(__file__).resolve().parents[2]
@@ -560,7 +561,7 @@ def run_grid(spec: GridSpec, bench: str | Path, models_dir: str | Path, out_dir:
         if run.id in done or (only and run.id not in only):
             continue
         if deadline_at is not None and time.monotonic() > deadline_at:
-            say(f"[grid] deadline reached before {run.id}; {len(recs)} runs done this time")
+            say(f"[grid] deadline reached before {run.id}; {plural(len(recs), 'run')} done this time")
             break
         limit = None if deadline_at is None else min(spec.timeout_s, max(30.0, deadline_at - time.monotonic()))
         if run.kind == "identity":

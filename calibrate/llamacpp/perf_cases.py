@@ -41,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import PrefetchSimError
+from sim.wording import plural
 
 #: token counts of the weight matmuls: decode (1) up to the largest ubatch the grid uses
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             check_output_path(args.out, "out")
             cases = write_cases(args.out, args.models)
             n = {op: sum(c.op == op for c in cases) for op in ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT")}
-            print(f"{args.out}: {len(cases)} cases ({', '.join(f'{v} {k}' for k, v in n.items())})")
+            print(f"{args.out}: {plural(len(cases), 'case')} ({', '.join(f'{v} {k}' for k, v in n.items())})")
         elif args.cmd == "table":
             from sim.atomic import write_atomic
             from sim.model.ggmlcost import table_from_perf
@@ -314,10 +315,12 @@ def main(argv: list[str] | None = None) -> int:
             key = [c for c in tab.columns if c != "t_us"]
             dup = tab.duplicated(subset=key)
             if dup.any():
-                raise PrefetchSimError(f"{int(dup.sum())} cases appear twice (the same log given twice?); "
+                raise PrefetchSimError(f"{plural(int(dup.sum()), 'case')} {'appears' if dup.sum() == 1 else 'appear'} "
+                                       "twice (the same log given twice?); "
                                        "give each log once")
             write_atomic(args.out, tab.to_csv(index=False))
-            print(f"{args.out}: {len(tab)} kernels ({', '.join(f'{k} {v}' for k, v in tab['op'].value_counts().items())})")
+            ops = ', '.join(f'{k} {v}' for k, v in tab['op'].value_counts().items())
+            print(f"{args.out}: {plural(len(tab), 'kernel')} ({ops})")
         else:
             try:
                 text = Path(args.log).read_text(errors="replace")

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError
+from sim.wording import plural
 
 TAGS = ("decode-time", "phase-time", "input-time", "sync-time")
 _LINE = re.compile(r"^prefetch-sim (decode-time|phase-time|input-time|sync-time): (.*)$")
@@ -215,8 +216,9 @@ def call_table(run_dir: str | Path) -> pd.DataFrame:
         exp = expected_calls(inv_rows, _int_field(inv, "repetitions", where, 1, minimum=1),
                              f"{run / 'llama-bench.jsonl'} (invocation {inv['id']})")
         if len(calls) != len(exp):
-            raise PrefetchSimError(f"{run}/{log}: {len(calls)} llama_decode calls, llama-bench's order for the "
-                                   f"{len(inv_rows)} rows gives {len(exp)}")
+            raise PrefetchSimError(f"{run}/{log}: {plural(len(calls), 'llama_decode call')}, llama-bench's order "
+                                   "for the "
+                                   f"{plural(len(inv_rows), 'row')} gives {len(exp)}")
         for c, (ri, step, rep, n_tok, kv) in zip(calls, exp):
             got = sum(u["n_tokens"] for u in c.ubatches)
             if got != n_tok:
@@ -333,20 +335,21 @@ def host_figures(tab: pd.DataFrame, run_label: str) -> dict[str, tuple[float, st
         raise PrefetchSimError(f"{run_label}: no one-ubatch prompt with several repetitions")
     src = f"measured: llama-bench with the phase-time patch ({run_label}, calibrate.llamacpp.phasetime)"
     return {
-        "mask_ns": (mask_ns, f"{src}: the KQ masks' set_input per entry visited, median of {len(big)} prompt "
-                             f"ubatches of >= {MIN_MASK_TOKENS} tokens"),
+        "mask_ns": (mask_ns, f"{src}: the KQ masks' set_input per entry visited, median of "
+                             f"{plural(len(big), 'prompt ubatch', 'prompt ubatches')} of >= {MIN_MASK_TOKENS} tokens"),
         "call_us": (max(float(icpt), 0.0) * 1e6, f"{src}: llama_decode's work before the first ubatch, intercept of a "
-                                                 f"line in the call's tokens over {len(calls)} calls"),
+                                                 f"line in the call's tokens over {plural(len(calls), 'call')}"),
         "call_ns_per_token": (float(slope) * 1e9, f"{src}: the same line's slope"),
         "apply_ns_per_token": (apply_ns, f"{src}: the memory context's apply per ubatch token, median of "
-                                         f"{len(big)} prompt ubatches"),
+                                         f"{plural(len(big), 'prompt ubatch', 'prompt ubatches')}"),
         "capture_us_per_layer": (max(float(np.median(cap)), 0.0) * 1e6,
                                  f"{src}: capturing a reused graph's CUDA graph, per model layer: the first "
-                                 f"timed repetition's compute call less the later ones', median of {len(cap)} "
-                                 "one-ubatch prompt rows"),
+                                 f"timed repetition's compute call less the later ones', median of "
+                                 f"{plural(len(cap), 'one-ubatch prompt row')}"),
         "build_us_per_layer": (float(np.median(per_layer)) * 1e6,
                                f"{src}: graph build and scheduler allocation of a graph not reused, per model "
-                               f"layer, median of {len(nr)} ubatches whose allocation did not wait for the GPU"),
+                               f"layer, median of {plural(len(nr), 'ubatch', 'ubatches')} whose allocation did not "
+                               "wait for the GPU"),
     }
 
 

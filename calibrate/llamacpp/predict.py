@@ -23,6 +23,7 @@ from pathlib import Path
 from sim.errors import PrefetchSimError
 
 from sim.cli.benchflags import PREFETCH_FLAGS
+from sim.wording import plural
 
 from .grid import load_grid
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     except PrefetchSimError as exc:
         print(f"predict: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(files)} runs predicted -> {args.out}")
+    print(f"{plural(len(files), 'run')} predicted -> {args.out}")
     return 0
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.wording import plural
+
 #: models (GGUF file stem) whose end-point placements may be fitted on
 FIT_MODELS = {"qwen3-30b-a3b": 48, "gemma3-27b": 62}
 #: ubatches that may be fitted on
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"split: error: {exc}", file=sys.stderr)
             return 2
         lab = label(bench) if len(bench) else pd.Series(dtype=str)
-        print(f"{run}: {int((lab == 'fit').sum())} fit rows, {int((lab == 'heldout').sum())} held-out rows")
+        print(f"{run}: {plural(int((lab == 'fit').sum()), 'fit row')}, "
+              f"{plural(int((lab == 'heldout').sum()), 'held-out row')}")
         if args.rows:
             for (line, r), split in zip(bench.iterrows(), lab):
                 test = f"pp{int(r['n_prompt'])}" if int(r["n_gen"]) == 0 else f"tg{int(r['n_gen'])}"

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError
+from sim.wording import plural
 
 TAG = "prefetch-sim split-time:"
 #: a graph's KV-store splits are one per layer left on the CPU: fewer than this are not counted
@@ -230,13 +231,13 @@ def rows_rates(run_dir: str | Path, min_tokens: int = 512) -> dict[str, tuple[fl
         kv = kv[kv["compute_s"] > 0]
         set_r.extend((kv["input_bytes"] / kv["compute_s"]).tolist())
     if not get_r or not set_r:
-        raise PrefetchSimError(f"{run}: split-time GET_ROWS in {len(get_r)} invocations and SET_ROWS in "
-                               f"{len(set_r)} KV-store splits, both needed (logs/<id>.log or st/<id>.err.gz of "
+        raise PrefetchSimError(f"{run}: split-time GET_ROWS in {plural(len(get_r), 'invocation')} and SET_ROWS in "
+                               f"{plural(len(set_r), 'KV-store split')}, both needed (logs/<id>.log or st/<id>.err.gz of "
                                "invocations with PREFETCH_SIM_SPLIT_TIME)")
     src = f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime)"
     return {"cpu_get_rows_gb_per_s": (float(np.median(get_r)),
                                       f"{src}: the token embedding's one-thread GET_ROWS (CPU split 0) of graphs "
-                                      f">= {min_tokens} tokens, median of {len(get_r)} invocations"),
+                                      f">= {min_tokens} tokens, median of {plural(len(get_r), 'invocation')}"),
             "cpu_set_rows_gb_per_s": (float(np.median(set_r)),
                                       f"{src}: the one-thread SET_ROWS of the new K/V of -ngl CPU layers, median "
                                       f"of {len(set_r)} KV-store splits")}
@@ -275,7 +276,7 @@ def gpu_split_host(run_dir: str | Path, min_splits: int = 10) -> tuple[float, st
     return float(np.median(vals)), (
         f"measured: llama-bench with the split-time patch ({run.as_posix()}, calibrate.llamacpp.splittime): the "
         f"compute call of a GPU split in decode graphs of >= {min_splits} splits (host time: the GPU idle), median "
-        f"of {len(vals)} splits in {n_inv} invocations")
+        f"of {plural(len(vals), 'split')} in {plural(n_inv, 'invocation')}")
 
 
 def summary(run_dir: str | Path) -> pd.DataFrame:
@@ -419,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(df.round(3).to_string(index=False))
             g = hw.ggml
             print(f"this machine: cpu_split_us = {a * 1e6:.4g}, cpu_rate_scale = {scale:.4g}   (the profile: "
-                  f"{g.cpu_split_host_s * 1e6:.4g}, {g.cpu_rate_scale:.4g}; least squares over {len(df)} invocations, "
+                  f"{g.cpu_split_host_s * 1e6:.4g}, {g.cpu_rate_scale:.4g}; least squares over "
+                  f"{plural(len(df), 'invocation')}, "
                   f"residuals {df['residual'].min():+.1%}..{df['residual'].max():+.1%})")
             return 0
         tab = summary(args.run_dir)

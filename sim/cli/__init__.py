@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sim.atomic import check_output_path, write_atomic
 from sim.errors import PlacementError, PrefetchSimError, ScenarioError
+from sim.wording import plural
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIO = "scenarios/default.toml"
@@ -697,7 +698,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
             sched = time_plan(plan, scn, args.engine)
             frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
-            lines.append(f"{variant.name} / {test.name}: {len(plan)} ops, makespan "
+            lines.append(f"{variant.name} / {test.name}: {plural(len(plan), 'op')}, makespan "
                          f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
     df = pd.concat(frames, ignore_index=True)
     if out.suffix == ".csv":

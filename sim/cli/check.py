@@ -6,6 +6,7 @@ import argparse
 
 from sim.errors import PlacementError, ScenarioError
 from sim.plan.hazards import HazardKind, append_slot_frees, check_plan, format_hazards
+from sim.wording import plural
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -56,7 +57,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             total += len(found)
             n_slot = sum(1 for op in plan.ops if op.slot >= 0)
             status = "no hazards" if not found else f"{len(found)} hazard(s)"
-            print(f"{variant.name} / {test.name}: {len(plan.ops)} ops, {n_slot} slot ops: {status}")
+            print(f"{variant.name} / {test.name}: {plural(len(plan.ops), 'op')}, {plural(n_slot, 'slot op')}: {status}")
             if found:
                 print(format_hazards(found, args.max_rows))
     if not built:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from sim.errors import ScenarioError
 from sim.provenance import code_version
+from sim.wording import plural
 
 GRIDS = ("default", "smoke")
 
@@ -193,7 +194,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(probe_df.round(3).to_string(index=False), file=sys.stderr)
     print(show.to_string(index=False))
     hc = meta["host_conditioned"]
-    print(f"\n{summ['n_cases']} cases: median |error| {summ['median_abs_error']:.1%}, "
+    print(f"\n{plural(summ['n_cases'], 'case')}: median |error| {summ['median_abs_error']:.1%}, "
           f"p90 {summ['p90_abs_error']:.1%}, max {summ['max_abs_error']:.1%}; pass-to-pass spread of the "
           f"measurement median {meta['pass_spread_median']:.1%}, p90 {meta['pass_spread_p90']:.1%}  -> {out}")
     if args.host_state == "per-pass":

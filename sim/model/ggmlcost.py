@@ -75,6 +75,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+from sim.wording import plural
 
 #: ggml-cuda's ``MMVQ_MAX_BATCH_SIZE``: MUL_MAT / MUL_MAT_ID with at most this many tokens run
 #: the matvec kernel (``mmvq.cu``), larger batches MMQ
@@ -760,7 +761,7 @@ def check_coverage(tab: pd.DataFrame, backend: str) -> None:
     """
     other = tab[tab["backend"] != backend]
     if not other.empty:
-        raise ValueError(f"{len(other)} rows of backend {other['backend'].iloc[0]!r} in the {backend} table "
+        raise ValueError(f"{plural(len(other), 'row')} of backend {other['backend'].iloc[0]!r} in the {backend} table "
                          f"(the first: data row {int(other.index[0]) + 1}; one table per backend: perf_cases table "
                          "writes each log's own)")
     ops = set(tab["op"])

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from sim.errors import ScenarioError
 from sim.model.quant import GGML_BLOCK, GGML_TYPE_BPW
+from sim.wording import plural
 
 if TYPE_CHECKING:
     from sim.model.specs import ModelSpec
@@ -340,7 +341,8 @@ def read_gguf_index(path: str | Path) -> GGUFIndex:
         n_kv = cur.unpack("<Q", "the metadata count")
         # every key and every tensor entry takes at least 8 + 4 bytes: a larger count is corrupt
         if n_kv > size // 12 or n_t > size // 12:
-            raise ScenarioError(f"corrupt header: {n_kv} metadata entries and {n_t} tensors cannot fit in "
+            raise ScenarioError(f"corrupt header: {plural(n_kv, 'metadata entry', 'metadata entries')} and "
+                                f"{plural(n_t, 'tensor')} cannot fit in "
                                 f"{size} bytes", file=path)
         kv: dict[str, Any] = {}
         arrays: dict[str, GGUFArray] = {}

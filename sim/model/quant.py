@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sim.wording import plural
+
 #: bits per weight of each ggml tensor type (bytes per block * 8 / block size).
 GGML_TYPE_BPW: dict[str, float] = {
     "F32": 32.0,
@@ -175,7 +177,8 @@ def ggml_nbytes(ggml_type: str, n_elements: int) -> int:
     """
     blk, size = GGML_BLOCK[ggml_type.upper()]
     if n_elements % blk:
-        raise ValueError(f"{n_elements} elements are not a whole number of {ggml_type} blocks of {blk}")
+        raise ValueError(f"{plural(n_elements, 'element')} {'is' if n_elements == 1 else 'are'} not a whole number "
+                         f"of {ggml_type} blocks of {blk}")
     return n_elements // blk * size
 
 

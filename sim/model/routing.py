@@ -76,6 +76,7 @@ import numpy as np
 
 from sim.errors import ScenarioError
 from sim.tomlio import Fields
+from sim.wording import plural
 
 ROUTING_KINDS = ("uniform", "skewed", "trace")
 
@@ -429,7 +430,7 @@ def _load_trace_cached(key, path: str, n_expert: int, top_k: int, n_layer: int,
         wrong = counts != top_k
         if wrong.any():
             i = int(np.argmax(wrong))
-            raise err(f"experts, row {i + 1}", f"expected {top_k} ids (the model's top-k), got {counts[i]}: "
+            raise err(f"experts, row {i + 1}", f"expected {plural(top_k, 'id')} (the model's top-k), got {counts[i]}: "
                                                 f"{df['experts'].iloc[i]!r}")
         flat = pd.Series([v for row in parts for v in row], dtype=str)
         bad = ~flat.str.fullmatch(r"[+-]?\d{1,9}")
@@ -559,7 +560,7 @@ def routing_from_fields(f: Fields, model) -> RoutingSpec:
                 raise f.error("cold_share", f"must be < 1, got {d}")
             if moe is not None and d > 1 - top_k / n_expert + 1e-12:
                 raise f.error("cold_share", f"must be <= 1 - top_k/n_expert = {1 - top_k / n_expert:.4g} "
-                                            f"(at least top-k = {top_k} experts must be active), got {d}")
+                                            f"(at least top-k = {plural(top_k, 'expert')} must be active), got {d}")
             spec = RoutingSpec(kind="skewed", zipf_s=s, cold_share=d)
     elif kind == "trace":
         p = f.path("trace_file")
@@ -594,14 +595,14 @@ def _check_points(f: Fields, key: str, pts: list[tuple[int, float]], n_expert: i
     for a, b in zip(order, order[1:]):
         (ba, ya), (bb, yb) = pts[a], pts[b]
         if ba == bb:
-            raise ScenarioError(f"{ba} tokens given twice", file=f.file, field=f"{f.name(key)}[{b}]")
+            raise ScenarioError(f"{plural(ba, 'token')} given twice", file=f.file, field=f"{f.name(key)}[{b}]")
         if yb < ya:
-            raise ScenarioError(f"the fraction copied cannot fall as tokens grow: {ya:g} at {ba} tokens but {yb:g} "
+            raise ScenarioError(f"the fraction copied cannot fall as tokens grow: {ya:g} at {plural(ba, 'token')} but {yb:g} "
                                 f"at {bb}", file=f.file, field=f"{f.name(key)}[{b}]")
     for i, (b, y) in enumerate(pts):
         lo, hi = top_k / n_expert, min(1.0, b * top_k / n_expert)
         if not lo - 1e-9 <= y <= hi + 1e-9:
-            raise ScenarioError(f"at {b} tokens a top-{top_k} of {n_expert} experts copies between {lo:.4g} and "
+            raise ScenarioError(f"at {plural(b, 'token')} a top-{top_k} of {n_expert} experts copies between {lo:.4g} and "
                                 f"{hi:.4g} of the experts, got {y:g}", file=f.file, field=f"{f.name(key)}[{i}]")
 
 

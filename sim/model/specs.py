@@ -19,6 +19,7 @@ from sim.model.quant import (AUX_GROUPS, GGML_BLOCK, GGML_TYPE_BPW, RULE_PRESETS
                     preset_group_types, tensor_ggml_type)
 from sim.tomlio import Fields, load_toml
 from sim.units import GB
+from sim.wording import plural
 
 #: the ``arch`` values a model TOML takes: the llama.cpp architectures whose tensors
 #: :func:`_layout` lays out as llama.cpp's loader does (norms, biases, sinks); a TOML without
@@ -1454,10 +1455,10 @@ def load_scenario(path: str | Path) -> Scenario:
                               f"experts × {model.n_layer} layers = {model.moe.n_expert * model.n_layer} "
                               "(the cache counts one expert of one layer per entry)")
     if len(placement.fit_target_mib) > hardware.n_gpu:
-        raise pl_fields.error("fit_target_mib", f"{len(placement.fit_target_mib)} values for the {hardware.n_gpu} "
+        raise pl_fields.error("fit_target_mib", f"{plural(len(placement.fit_target_mib), 'value')} for the {hardware.n_gpu} "
                                                 f"GPU(s) of hardware '{hardware.name}' (one value applies to every GPU)")
     if len(placement.tensor_split) > hardware.n_gpu:
-        raise pl_fields.error("tensor_split", f"{len(placement.tensor_split)} shares for the {hardware.n_gpu} GPU(s) "
+        raise pl_fields.error("tensor_split", f"{plural(len(placement.tensor_split), 'share')} for the {hardware.n_gpu} GPU(s) "
                                               f"of hardware '{hardware.name}'")
     for i, (_rx, buf) in enumerate(placement.override_tensor):
         dev = re.fullmatch(r"(?:CUDA|GPU)(\d*)", buf)

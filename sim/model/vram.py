@@ -27,6 +27,7 @@ import numpy as np
 from sim.errors import PlacementError, VramOverflowError
 from sim.model.specs import ModelSpec, Placement, Scenario, Tensor, Variant
 from sim.units import GiB
+from sim.wording import plural
 
 #: compute buffer activations per ubatch token, in f32 elements per d_model (residual stream,
 #: normed input, q/k/v/attention output, FFN hidden up to top-k experts). An estimate of
@@ -99,7 +100,7 @@ def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[in
     n_act = n_off + (1 if placement.output_on_gpu() else 0)
     ts = list(placement.tensor_split) or [1.0] * n_gpu
     if len(ts) > n_gpu:
-        raise PlacementError(f"{len(ts)} shares for {n_gpu} GPU(s)", field="placement.tensor_split")
+        raise PlacementError(f"{plural(len(ts), 'share')} for {n_gpu} GPU(s)", field="placement.tensor_split")
     ts += [0.0] * (n_gpu - len(ts))
     cum = np.cumsum(ts) / sum(ts)
     # block i (>= first) at fraction (i - first) / n_act of the offloaded layers

@@ -63,6 +63,7 @@ from sim.cli.interrupt import WorkerPool
 from sim.resources import shipped
 from sim.model.specs import BenchTest, LinkSpec, Scenario, Variant, load_scenario, parse_variant
 from sim.units import GB, GiB
+from sim.wording import plural
 
 
 # ----------------------------------------------------------------------------------------
@@ -1127,7 +1128,7 @@ def _stem(res: SweepResult) -> str:
 def _report(out: SweepOutput, file=None) -> None:
     file = file or sys.stdout
     res = out.result
-    print(f"{res.scenario} / {res.test_label}: {len(res.cells)} cells -> {out.csv_path}, {out.png_path}", file=file)
+    print(f"{res.scenario} / {res.test_label}: {plural(len(res.cells), 'cell')} -> {out.csv_path}, {out.png_path}", file=file)
     for c in res.cells:
         if c.error:
             where = ", ".join(f"{a.name}={_fmt(v)}" for a, v in zip(res.axes, c.point))
@@ -1155,8 +1156,8 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
         if ax.name == "ubatch" and test.n_prompt and not any(a.name == "prompt" for a in axes):
             over = [v for v in ax.values if v > test.n_prompt]
             if over:
-                out.append(f"axis ubatch: {len(over)} values above the {test.name} prompt ({test.n_prompt} tokens) "
-                           "run the same graphs as ubatch = prompt; give a longer --test (e.g. pp4096)")
+                out.append(f"axis ubatch: {plural(len(over), 'value')} above the {test.name} prompt ({test.n_prompt} tokens) "
+                           f"{'runs' if len(over) == 1 else 'run'} the same graphs as ubatch = prompt; give a longer --test (e.g. pp4096)")
         if ax.name == "ncmoe" and scn.model.moe is not None and max(ax.values) > scn.model.n_layer:
             out.append(f"axis ncmoe: values above the model's {scn.model.n_layer} blocks put every expert on the host")
         if ax.name == "kv":

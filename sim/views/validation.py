@@ -33,6 +33,7 @@ from sim.model.specs import (EXECUTOR_LAUNCH_KINDS, BenchTest, HardwareProfile, 
                     parse_variant)
 from sim.resources import shipped_root
 from sim.model.routing import RoutingSpec
+from sim.wording import plural
 
 #: the shipped files (scenarios/): the checkout, or a wheel's package data (sim.resources)
 ROOT = shipped_root()
@@ -535,7 +536,7 @@ def plot_validation(df: pd.DataFrame, path: str | Path, trace: pd.DataFrame | No
     ax.set_xlabel("measured on GPU (ms)")
     ax.set_ylabel("predicted, analytic engine (ms)")
     s = summarize(df)
-    ax.set_title(f"{s['n_cases']} cases: median |err| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}")
+    ax.set_title(f"{plural(s['n_cases'], 'case')}: median |err| {s['median_abs_error']:.1%}, p90 {s['p90_abs_error']:.1%}")
     ax.legend(fontsize=8)
     if trace is not None:
         ax2 = axes[1]
