@@ -6,6 +6,7 @@ Every file the CLI writes goes through a temporary file in the target folder and
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import tempfile
@@ -31,6 +32,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
         return target
+    if path.is_file() and not os.access(path, os.W_OK):  # never replace a file the user may not write
+        raise OSError(errno.EACCES, "the file exists and is read-only (not writable by you)", str(target))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -87,6 +90,11 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     if directory and not p.exists() and p.suffix.lower() in FILE_SUFFIXES:
         raise ScenarioError(f"'{p}' ends in {p.suffix}, as a file name does, but {flag} names a folder (the outputs are "
                             f"written into it): give a folder name, e.g. '{p.with_suffix('')}'", field=flag)
+    if not directory and p.is_file() and not os.access(p, os.W_OK):
+        # replacing it (a new file renamed over it) would succeed in a writable folder: refuse, as
+        # the shell's '>' does
+        raise ScenarioError(f"cannot write '{p}': the file exists and is read-only (not writable by you); remove it "
+                            "or give another name", field=flag)
     if not directory and p.exists() and not p.is_file():  # a device or FIFO (/dev/null) is written in place
         if not os.access(p, os.W_OK):
             raise ScenarioError(f"cannot write '{p}': not writable (permission denied)", field=flag)
@@ -108,6 +116,19 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     except OSError as exc:
         raise ScenarioError(f"cannot write {what}: folder '{existing}' {refusal(exc)}", field=flag) from None
     return p
+
+
+def flag_of(args, filename) -> str:
+    """The command-line flag whose value is the path ``filename`` (an ``OSError``'s file), as
+    ``" (--out)"``, for an error message; ``""`` when no flag of ``args`` (an argparse namespace)
+    names it."""
+    if not filename:
+        return ""
+    want = os.path.realpath(str(filename))
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, (str, Path)) and str(value) and os.path.realpath(str(value)) == want:
+            return f" (--{dest.replace('_', '-')})"
+    return ""
 
 
 def refusal(exc: OSError) -> str:

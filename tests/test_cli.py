@@ -333,3 +333,48 @@ def test_a_device_or_fifo_output_is_checked_itself_not_its_folder(tmp_path, monk
     monkeypatch.setattr(os, "access", lambda path, mode: False)
     with pytest.raises(ScenarioError, match=r"cannot write '.*pipe': not writable"):
         check_output_path(fifo, "--out")
+
+
+def test_a_read_only_output_file_is_refused_not_replaced(tmp_path, monkeypatch, capsys):
+    """A file the user may not write (os.access says so: a read-only file of another user) is
+    refused naming --out, before any simulation and by write_atomic itself, and stays as it was;
+    replacing it by a new file renamed over it would succeed in a writable folder."""
+    import os
+
+    from sim.atomic import check_output_path, write_atomic
+
+    f = tmp_path / "t.md"
+    f.write_text("precious")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == f else real_access(path, mode))
+    with pytest.raises(ScenarioError, match=r"'.*t\.md': the file exists and is read-only") as info:
+        check_output_path(f, "--out")
+    assert info.value.field == "--out"
+    with pytest.raises(OSError, match="read-only"):
+        write_atomic(f, "new")
+    rc, out, err = run(capsys, "run", "-r", "1", "-p", "64", "-n", "0", "-q", "--out", str(f))
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--out" in err and "read-only" in err
+    assert f.read_text() == "precious" and sorted(p.name for p in tmp_path.iterdir()) == ["t.md"]
+
+
+def test_an_output_that_fails_at_the_write_is_named_by_its_flag(capsys):
+    """An output refused only when written (a full device: /dev/full) names its flag."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    rc, out, err = run(capsys, "run", "-r", "1", "-p", "64", "-n", "0", "-q", "--out", "/dev/full")
+    assert rc == 2 and err.strip() == "prefetch-sim: error: cannot write '/dev/full' (--out): No space left on device"
+
+
+@pytest.mark.parametrize("flag, value", [("-p", "５１２"), ("-ub", "٥١٢"), ("-r", "５"), ("-pg", "５１２,128"),
+                                         ("--max-work", "１０")])
+def test_digits_of_other_scripts_are_refused_as_llama_bench_refuses_them(capsys, flag, value):
+    """std::stoi reads ASCII digits only; Python's int() and \\d take any script's."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", flag, value])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and value in err and "Traceback" not in err
+
+
+def test_a_model_that_is_not_a_regular_file_is_named_by_the_flag(capsys):
+    rc, out, err = run(capsys, "run", "-m", "/dev/null", "-r", "1")
+    assert rc == 2 and "-m/--model" in err and "not a regular file" in err and len(err.strip().splitlines()) == 1

@@ -7,6 +7,8 @@ import pytest
 
 from sim.errors import PrefetchSimError
 
+ROOT_DIR = Path(__file__).resolve().parents[1]
+
 
 def test_select_fitted_names_a_subset_in_table_order_and_refuses_unknown_names():
     from calibrate.llamacpp import fit as F
@@ -288,3 +290,16 @@ def test_fit_max_steal_reads_invocations_once_more_not_twice(monkeypatch, capsys
         counts.append(len(reads))
     assert counts[1] == counts[0] + 1, counts
 
+
+
+def test_fit_warns_when_the_run_was_measured_on_another_gpu_than_the_profiles():
+    """An H100 lease refit into the H200 profile: the copy keeps the H200's name and GPU
+    figures, so fit says so (as compare does); the H200 ground truth gives no such line."""
+    from sim.model.specs import load_hardware
+
+    from calibrate.llamacpp.fit import other_gpu_warnings
+
+    hw = load_hardware(ROOT_DIR / "scenarios/hardware/h200-llamacpp.toml")
+    (line,) = other_gpu_warnings(ROOT_DIR / "data/llamacpp/h100-20261206-tg9", hw)
+    assert "NVIDIA H100" in line and "NVIDIA H200" in line and "\n" not in line
+    assert other_gpu_warnings(ROOT_DIR / "data/llamacpp/h200-20261201", hw) == []

@@ -750,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({IDENTITY_FILE})", file=sys.stderr)
         return 0
 
-    return cmp.run_cli(prog, body)
+    return cmp.run_cli(prog, body, args)
 
 
 if __name__ == "__main__":

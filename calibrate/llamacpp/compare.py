@@ -1676,10 +1676,11 @@ def approximations(df: pd.DataFrame) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def run_cli(prog: str, body) -> int:
+def run_cli(prog: str, body, args=None) -> int:
     """Run ``body()`` (returns the exit status); a bad input or an unwritable output is one line
     on stderr and exit status 2; Ctrl-C or SIGTERM stops the worker processes and is one line
-    and exit status 130 / 143 (:func:`sim.cli.interrupt.run_interruptible`)."""
+    and exit status 130 / 143 (:func:`sim.cli.interrupt.run_interruptible`). ``args``: the parsed
+    flags, so that an unwritable output is named by its flag (``--out``, ``--figure``)."""
     from sim.cli.interrupt import run_interruptible
 
     def guarded() -> int:
@@ -1689,7 +1690,10 @@ def run_cli(prog: str, body) -> int:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
-            where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+            from sim.atomic import flag_of
+
+            name = getattr(exc, "filename", None)
+            where = f" '{name}'{flag_of(args, name) if args is not None else ''}" if name else ""
             print(f"{prog}: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
             return 2
 
@@ -1801,7 +1805,7 @@ def main(argv: list[str] | None = None) -> int:
                         " (--out CSV: a note per row)")
         return 0
 
-    return run_cli(prog, body)
+    return run_cli(prog, body, args)
 
 
 if __name__ == "__main__":

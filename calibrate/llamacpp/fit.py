@@ -255,6 +255,28 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
                 pass
 
 
+def other_gpu_warnings(run_dir: str | Path, hw) -> list[str]:
+    """One line if ``run_dir``'s llama-bench rows were measured on another GPU than the profile
+    ``hw``'s (``gpu_info`` against ``gpu_name``, as :func:`calibrate.llamacpp.compare.warnings`
+    checks a comparison): the fitted numbers would then describe that machine under this
+    profile's name and GPU figures. Empty when they match or either is unknown."""
+    from sim.views.llamabench import read_llama_bench
+
+    from .compare import BENCH_FILE
+
+    path = Path(run_dir) / BENCH_FILE
+    if not path.is_file() or not hw.gpu_name:
+        return []
+    bench = read_llama_bench(path)
+    gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
+    other = [g for g in gpus if hw.gpu_name.lower() not in g.lower()]
+    if not other:
+        return []
+    return [f"--run {run_dir} was measured on {', '.join(other)}, the profile '{hw.name}' is {hw.gpu_name}: the "
+            "fitted numbers describe that machine under this profile's name and GPU figures (rename the copy, or "
+            "start from a profile of that GPU)"]
+
+
 def fit_rows(run_dir: str | Path, hw, repetitions: int = 1, skip_invocations=()):
     """The fit rows' cases and measured test times (s): ``(cases, t_measured, rows)``. A fit row
     that cannot be simulated, and a row its invocation's command line did not ask for, are left
@@ -614,6 +636,9 @@ def _main(argv: list[str] | None) -> int:
             hw = load_hardware(args.profile)
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
+        for run in args.run:
+            for line in other_gpu_warnings(run, hw):
+                print(f"fit: warning: {line}", file=sys.stderr)
         links: dict = {}
         measured: dict = cpu_numbers(hw, args.cpu_table) if args.cpu_table else {}
         if measured:

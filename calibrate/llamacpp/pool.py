@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         write_outputs(args, prog, pooled, md, plot_pooled)
         return 0
 
-    return run_cli(prog, body)
+    return run_cli(prog, body, args)
 
 
 if __name__ == "__main__":

@@ -736,7 +736,7 @@ class Parser(argparse.ArgumentParser):
 
     #: a value that argparse would take for a flag: a comma list (or range, or ``-ts`` shares) starting
     #: with a negative number, as llama-bench accepts after a flag (``-ngl -1,99``, ``-ts -1/2``)
-    _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,/\-+*][-\d.]*)*$")
+    _NEGATIVE_LIST = re.compile(r"^-\d[\d.]*([,/\-+*][-\d.]*)*$", re.ASCII)
 
     def parse_known_args(self, args=None, namespace=None):
         args = self._dashes(list(sys.argv[1:] if args is None else args))
@@ -896,7 +896,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"prefetch-sim: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # an output that could not be written after all
-        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        from sim.atomic import flag_of
+
+        where = f" '{exc.filename}'{flag_of(args, exc.filename)}" if getattr(exc, "filename", None) else ""
         print(f"prefetch-sim: error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
 

@@ -53,7 +53,21 @@ from sim.errors import ScenarioError
 # value syntax
 # --------------------------------------------------------------------------------------
 
-_RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$")
+#: ASCII digits only, as ``std::stoi`` reads them (Python's ``\d`` takes any Unicode digit: ``５１２``)
+_RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$", re.ASCII)
+
+
+def ascii_int(text: str) -> int:
+    """``int(text)`` for an argparse flag, ASCII digits only (Python's ``int`` also reads other
+    scripts' digits, ``５１２``, which llama-bench's ``std::stoi`` refuses).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer in ASCII digits.
+    """
+    t = text.strip()
+    if not (t.isascii() and re.fullmatch(r"[+-]?\d+", t)):
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
+    return int(t)
 
 
 def int_list(text: str, *, allow_negative: bool = False) -> tuple[int, ...]:
@@ -169,7 +183,7 @@ def _bool_list(text: str) -> tuple[bool, ...]:
 def _pg_pair(text: str) -> tuple[tuple[int, int], ...]:
     """``-pg pp,tg``: exactly two integers >= 0 (llama-bench takes one pair per flag)."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
         raise argparse.ArgumentTypeError(f"expected two integers pp,tg such as 512,128, got '{text}'")
     return ((int(parts[0]), int(parts[1])),)
 
@@ -219,7 +233,7 @@ def _c_int(text: str) -> int:
     ignored), a C int."""
     from sim.bounds import INT32_MAX
 
-    m = re.match(r"\s*[+-]?\d+", text)
+    m = re.match(r"\s*[+-]?\d+", text, re.ASCII)
     if not m:
         raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
     v = int(m.group(0))
@@ -373,7 +387,7 @@ def variant_names(text: str) -> list[str]:
 def _nonneg_list(text: str) -> tuple[int, ...]:
     out = []
     for v in text.split(","):
-        if not v.strip().isdigit():
+        if not (v.strip().isascii() and v.strip().isdigit()):
             raise argparse.ArgumentTypeError(f"expected integers >= 0, got '{text}'")
         out.append(int(v))
     return tuple(out)
@@ -608,9 +622,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                            help=("skip llama-bench's untimed warm-up run before each test (modelled: an expert "
                                  "cache then starts cold)" if opts[0] == "--no-warmup"
                                  else "llama-bench harness setting: accepted, not modelled"))
-    p.add_argument("-r", "--repetitions", dest="repetitions", type=int,
+    p.add_argument("-r", "--repetitions", dest="repetitions", type=ascii_int,
                    help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
-    p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
+    p.add_argument("--max-work", dest="max_work", type=ascii_int, default=None, metavar="N",
                    help=f"refuse a run that would cost more than N graph-layers of work (graphs x layers x "
                         f"repetitions x settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per "
                         f"other variant; default {WORK_MAX:,}, about half a minute; trace and check keep every op: "
@@ -1492,5 +1506,8 @@ def load_models(params: BenchParams, scn) -> dict[str | None, Any]:
             if resources.is_bare_name(name):  # a name, not a path: say which names there are
                 raise ScenarioError(resources.unknown_name_message("model", name.strip()), field="-m/--model")
             raise ScenarioError("model file not found", file=p, field="-m/--model")
+        if not p.is_file():  # /dev/null, a FIFO: named by the flag, as a folder or a missing file is
+            raise ScenarioError("not a regular file (a device, FIFO or socket cannot be a model)", file=p,
+                                field="-m/--model")
         out[name] = load_model(p)
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from sim.cli.benchflags import ascii_int
 from sim.errors import PlacementError, ScenarioError
 from sim.plan.hazards import HazardKind, append_slot_frees, check_plan, format_hazards
 from sim.wording import plural
@@ -82,7 +83,7 @@ def add_check_parser(subparsers) -> argparse.ArgumentParser:
                                                    "(default: every test of the scenario)")
     p.add_argument("--slot-frees", action="store_true",
                    help="append a free of every staging slot after the last graph and check it too")
-    p.add_argument("--max-rows", type=int, default=50, help="findings listed per plan (default 50)")
+    p.add_argument("--max-rows", type=ascii_int, default=50, help="findings listed per plan (default 50)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="accepted as the other commands take it; does nothing here: check draws no progress bar "
                         "(it prints a line per plan as it checks it)")

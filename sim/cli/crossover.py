@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from sim.cli.benchflags import ascii_int
 from sim.errors import ScenarioError
 from sim.model.specs import BenchTest, load_scenario, parse_variant
 from sim.views.crossover import (
@@ -110,16 +111,16 @@ def add_crossover_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baseline", default="baseline",
                    help="the variant the others are compared against: one of the variants, or 'baseline' (the "
                         "plain baseline, added if absent; default)")
-    p.add_argument("-r", "--repetitions", type=int, default=None,
+    p.add_argument("-r", "--repetitions", type=ascii_int, default=None,
                    help="repetitions per cell (default 1; --figure: the figure's own, 5 for d)")
-    p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("-j", "--jobs", type=ascii_int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic")
     p.add_argument("--figure", help="build a built-in figure: " + ", ".join(FIGURES) + ", their names, or all")
     p.add_argument("--out", default="out/crossover", help="output directory (default out/crossover)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     from sim.bounds import MEMO_WORK_DIVISOR, WORK_MAX
 
-    p.add_argument("--max-work", dest="max_work", type=int, default=None, metavar="N",
+    p.add_argument("--max-work", dest="max_work", type=ascii_int, default=None, metavar="N",
                    help=f"refuse a sweep that would cost more than N graph-layers of work (x1 per variant with an "
                         f"expert cache, x1/{MEMO_WORK_DIVISOR} per other; default {WORK_MAX:,})")
     p.set_defaults(func=cmd_crossover)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from sim.cli.benchflags import ascii_int
 from sim.views.reproduce import REPORTED_CSV, compare, to_frame
 
 
 def add_reproduce_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="simulate the published A/B figures (data/reported_measurements.csv)")
-    p.add_argument("-r", "--repetitions", type=int, default=2, help="routing draws per test (default 2)")
+    p.add_argument("-r", "--repetitions", type=ascii_int, default=2, help="routing draws per test (default 2)")
     p.add_argument("--out", help="also write the comparison as CSV here (missing folders are created)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_reproduce)

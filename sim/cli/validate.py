@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from sim.cli.benchflags import ascii_int
 from sim.errors import ScenarioError
 from sim.provenance import code_version
 from sim.wording import plural
@@ -40,8 +41,8 @@ def add_validate_parser(sub) -> None:
                         "measured H200 profile)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--name", default="h200", help="file name prefix (default: h200)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per case and pass (default 3)")
-    p.add_argument("--passes", type=int, default=5,
+    p.add_argument("--repeats", type=ascii_int, default=3, help="timed runs per case and pass (default 3)")
+    p.add_argument("--passes", type=ascii_int, default=5,
                    help="passes over the grid, alternating forward and reverse order; a case's measured time "
                         "is the median over passes x repeats timed runs (default 5)")
     p.add_argument("--cases", metavar="REGEX", help="only the cases whose name matches this regular expression")
