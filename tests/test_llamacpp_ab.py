@@ -11,6 +11,7 @@ nothing depends on host speed.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import tarfile
@@ -51,12 +52,18 @@ def ts_of(ts: float, sd: float | None = None) -> float:
 GAIN = 100 * (ts_of(60000.0) / ts_of(50000.0) - 1)
 
 
+_ROW_TIMES = itertools.count()
+
+
 def row(pw: int | None = None, pwg: int | None = None, pes: int | None = None, ts: float = 50000.0,
         sd: float | None = None, **over) -> dict:
     """The tiny row with the patch's fields and t/s: all three left out (as upstream prints it)
     when none is given, else the given ones and the patch's defaults for the others (as the
-    patched llama-bench prints every one)."""
+    patched llama-bench prints every one). Each row has a test_time of its own, as real rows
+    do (the reader refuses a row that repeats another with its samples: a copy)."""
     r = {k: v for k, v in TINY.items() if not k.startswith("samples")}
+    n = next(_ROW_TIMES)
+    r["test_time"] = f"2026-12-02T{n // 3600 % 24:02d}:{n // 60 % 60:02d}:{n % 60:02d}Z"
     if (pw, pwg, pes) != (None, None, None):
         r.update(prefetch_weights=0 if pw is None else pw, prefetch_gate=512 if pwg is None else pwg,
                  prefetch_expert_slots=0 if pes is None else pes)

@@ -343,13 +343,14 @@ def test_repeat_rows_are_matched_by_configuration_and_summarised():
 
 
 def test_a_folder_whose_row_counts_do_not_add_up_is_refused(tmp_path):
-    """A duplicated row (invocations.jsonl reports each invocation's rows) is refused with one
-    line naming the file and the field, not compared silently; without counts it is read as is."""
+    """Row counts in invocations.jsonl that the file's rows do not add up to are refused with one
+    line naming the file and the field, not compared silently (a row pasted twice with its samples
+    is refused before, as a copy: test_a_row_repeated_with_its_samples_is_refused_as_a_copy)."""
     invs = [json.loads(x) for x in (RUN / "invocations.jsonl").read_text().splitlines() if x.strip()]
     n = sum(1 for x in (RUN / "llama-bench.jsonl").read_text().splitlines() if x.strip())
     counted = [dict(inv, rows=1) for inv in invs]  # counts that cannot match the 10 rows
-    run = subset(tmp_path / "a", list(range(1, n + 1)) + [1], counted)
-    with pytest.raises(ScenarioError, match=r"rows add up to .* has 11 .*invocations.jsonl|invocations.jsonl.*rows"):
+    run = subset(tmp_path / "a", list(range(1, n + 1)), counted)
+    with pytest.raises(ScenarioError, match=r"rows add up to .* has 10 .*invocations.jsonl|invocations.jsonl.*rows"):
         cmp.compare(run, jobs=1)
 
 
@@ -1020,3 +1021,38 @@ def test_a_host_record_whose_counters_fall_or_time_runs_back_is_refused(tmp_path
     assert cmp.invocation_steal(run) == {}
     assert cmp.main([str(run), "--max-steal", "5", "-q", "--jobs", "1"]) == 2
     assert "the steal of no load" in capsys.readouterr().err
+
+
+def test_a_moe_row_without_n_cpu_moe_says_that_0_was_assumed(tmp_path, result):
+    """A llama-bench older than -ncmoe prints no n_cpu_moe: 0 is what it ran (its experts where
+    -ngl and -ot put them), and the note says it was assumed; the prediction is the same."""
+    run = _mixed_up(tmp_path, {3: ('"n_cpu_moe": 0, ', '')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert "no n_cpu_moe" in df.note[2] and "0 assumed" in df.note[2]
+    assert df.predicted_ts[2] == result.predicted_ts[2] and "n_cpu_moe" not in str(result.note[2])
+
+
+@pytest.mark.parametrize("old, new, field", [('"n_cpu_moe": 0', '"n_cpu_moe": -3', "n_cpu_moe"),
+                                             ('"n_threads": 16', '"n_threads": -4', "n_threads")])
+def test_a_row_llama_bench_would_not_run_is_refused(tmp_path, old, new, field):
+    run = _mixed_up(tmp_path, {3: (old, new)})
+    with pytest.raises(ScenarioError, match=f"must be >= ") as info:
+        read_llama_bench(run / "llama-bench.jsonl")
+    assert info.value.field == f"{field}, line 3"
+
+
+def test_a_row_repeated_with_its_samples_is_refused_as_a_copy(tmp_path):
+    """Two runs never time the same nanoseconds: a row pasted twice (or a file appended to
+    itself) would count one measurement twice."""
+    run = subset(tmp_path, [1, 2, 3, 2])
+    with pytest.raises(ScenarioError, match=r"line 4 repeats line 2 with the same samples: a copy") as info:
+        read_llama_bench(run / "llama-bench.jsonl")
+    assert info.value.field == "samples_ns, line 4"
+
+
+def test_a_folder_with_llama_bench_json_is_told_the_name_compare_reads(tmp_path, capsys):
+    run = subset(tmp_path, list(range(1, 11)))
+    (run / "llama-bench.jsonl").rename(run / "llama-bench.json")
+    assert cmp.main([str(run), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "llama-bench.json is there: name it llama-bench.jsonl" in err and len(err.strip().splitlines()) == 1

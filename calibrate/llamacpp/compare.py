@@ -713,6 +713,9 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     """
     run = check_run_dir(run_dir)
     bench_file, inv_file = run / BENCH_FILE, run / INVOCATIONS_FILE
+    if not bench_file.exists() and (run / "llama-bench.json").is_file():
+        raise ScenarioError(f"file not found; {run / 'llama-bench.json'} is there: name it {BENCH_FILE} (a -o json "
+                            "array is read as well)", file=bench_file)
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
     refs = model_map(invs, run, inv_file)
@@ -754,10 +757,14 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
             cases.append(None)
             extra.append(lm_note)
             continue
+        ncmoe_note = None
+        if models[key].moe is not None and not _finite(row.get("n_cpu_moe")):
+            ncmoe_note = ("the row has no n_cpu_moe (a llama-bench older than -ncmoe): 0 assumed, the experts "
+                          "where -ngl and -ot put them")
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
         extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
-                                          lm_note) if n))
+                                          lm_note, ncmoe_note) if n))
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
 
@@ -968,7 +975,7 @@ def warnings(df: pd.DataFrame) -> list[str]:
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
     name = str(df.attrs.get("gpu_name") or "")
-    other = [g for g in df.attrs.get("gpu_info", []) if name and name.lower() not in g.lower()]
+    other = [g for g in df.attrs.get("gpu_info", []) if g.strip() and name and name.lower() not in g.lower()]
     if other:
         out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
                    f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")

@@ -276,6 +276,10 @@ def _check_row(rec: dict, err) -> dict:
     for k in ("n_batch", "n_ubatch"):
         if out[k] < 1:
             raise err(k, f"must be >= 1, got {out[k]}")
+    # llama-bench refuses a negative -ncmoe and -t at its command line: such a row was edited
+    for k, low in (("n_cpu_moe", 0), ("n_threads", 1)):
+        if k in out and out[k] is not None and out[k] < low:
+            raise err(k, f"must be >= {low}, got {out[k]} (llama-bench does not run that)")
     if not out["avg_ts"] > 0:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
     if "stddev_ts" in out and out["stddev_ts"] < 0:
@@ -501,8 +505,29 @@ def read_llama_bench(path: str | Path):
         if not f.array and f.type in (INT, FLOAT) and df[k].isna().any():
             df[k] = pd.to_numeric(df[k])
     df["test"] = [bench_test_name(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows]
+    _refuse_copied_rows(records, p, unit)
     df.attrs.update(file=str(p), format=fmt)
     return df
+
+
+def _refuse_copied_rows(records: list[tuple[int, dict]], path: Path, unit: str) -> None:
+    """Refuse a row that repeats an earlier one with its samples (``samples_ns``): two runs of a
+    test never time the same nanoseconds, so it is a copy (a file appended to itself, a row
+    pasted twice), which would count one measurement twice.
+
+    Raises:
+        ScenarioError: naming both rows (``line``/``row`` numbers).
+    """
+    seen: dict[str, int] = {}
+    for i, rec in records:
+        if not rec.get("samples_ns"):
+            continue  # without samples two rows may agree by chance
+        key = json.dumps(rec, sort_keys=True, default=str)
+        if key in seen:
+            raise ScenarioError(f"{unit} {i} repeats {unit} {seen[key]} with the same samples: a copy, not another "
+                                "measurement (each llama-bench run times its own); keep one", file=path,
+                                field=f"samples_ns, {unit} {i}")
+        seen[key] = i
 
 
 # --------------------------------------------------------------------------------------
