@@ -1,11 +1,12 @@
-"""Ctrl-C (SIGINT) and SIGTERM end every command cleanly (sim.cli.interrupt): exit status 130 / 143,
+"""Ctrl-C (SIGINT), SIGTERM and a hang-up (SIGHUP) end every command cleanly (sim.cli.interrupt): exit
+status 130 / 143 / 129,
 one line on stderr and no traceback (from the parent or a worker), no worker process or build
 tool left alive, no output (or temporary file) written half-way.
 
 The end-to-end tests start a real command in a session of its own, wait until it has started its
 worker processes (or its stand-in cmake has started a "compiler"), send the signal -- SIGINT to
-the whole process group as a terminal's Ctrl-C does, SIGTERM to the command alone as ``kill``
-does -- and check what is left. The workloads take minutes and the signal goes as soon as the
+the whole process group as a terminal's Ctrl-C does (SIGHUP too, as a closed terminal does),
+SIGTERM to the command alone as ``kill`` does -- and check what is left. The workloads take minutes and the signal goes as soon as the
 workers exist, so no outcome depends on the host's speed; the timeouts only guard against a hang.
 """
 
@@ -83,7 +84,7 @@ def _start(cmd: list[str], cwd: Path = ROOT, env: dict | None = None) -> subproc
 
 
 def _send(proc: subprocess.Popen, sig: int) -> None:
-    if sig == signal.SIGINT:  # a terminal's Ctrl-C: the whole foreground process group
+    if sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C or hang-up: the whole process group
         os.killpg(proc.pid, sig)
     else:  # kill PID
         proc.send_signal(sig)
@@ -131,7 +132,8 @@ def reaper():
 
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs /proc (Linux)")
-SIGS = [pytest.param(signal.SIGINT, id="SIGINT-group"), pytest.param(signal.SIGTERM, id="SIGTERM-pid")]
+SIGS = [pytest.param(signal.SIGINT, id="SIGINT-group"), pytest.param(signal.SIGTERM, id="SIGTERM-pid"),
+        pytest.param(signal.SIGHUP, id="SIGHUP-group")]
 
 
 # ---- end to end: worker pools -----------------------------------------------------------------------

@@ -1,12 +1,12 @@
-"""Clean interruption of the command-line tools: Ctrl-C (SIGINT) or SIGTERM ends a command
-promptly with exit status 130 / 143 and one line on stderr, no traceback, no worker process or
+"""Clean interruption of the command-line tools: Ctrl-C (SIGINT), SIGTERM or a hang-up (SIGHUP:
+the terminal closed) ends a command promptly with exit status 130 / 143 / 129 and one line on stderr, no traceback, no worker process or
 build tool left running, no output written half-way.
 
 Three pieces, shared by every entry point (``prefetch-sim``, ``python -m calibrate.llamacpp``
 and its ``compare``, ``ab``, ``fit``, ``gguf_writer``):
 
-* :func:`run_interruptible` runs a command's body with handlers that turn SIGINT and SIGTERM
-  into :class:`Interrupted` (a :class:`KeyboardInterrupt`, so ``except Exception`` does not
+* :func:`run_interruptible` runs a command's body with handlers that turn SIGINT, SIGTERM and
+  SIGHUP into :class:`Interrupted` (a :class:`KeyboardInterrupt`, so ``except Exception`` does not
   swallow it); what the body has started is cleaned up as the exception unwinds (``with``
   blocks, ``finally``), then it says ``<prog>: interrupted`` and returns ``128 + signal``. A
   second signal during that clean-up is noted, not raised (the clean-up is not cut short).
@@ -31,12 +31,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-#: the signals handled: Ctrl-C and ``kill``'s default
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: the signals handled: Ctrl-C, ``kill``'s default and a hang-up (the terminal or ssh session closed)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(KeyboardInterrupt):
-    """Raised in the main thread when the process receives SIGINT or SIGTERM inside
+    """Raised in the main thread when the process receives SIGINT, SIGTERM or SIGHUP inside
     :func:`run_interruptible`.
 
     Attributes:
@@ -95,8 +95,8 @@ def _say(prog: str, signum: int) -> int:
 
 
 def run_interruptible(prog: str, body, *args, **kwargs) -> int:
-    """Call ``body(*args, **kwargs)`` (a command's work; returns its exit status) with SIGINT
-    and SIGTERM raising :class:`Interrupted` in it. On an interruption (also when another
+    """Call ``body(*args, **kwargs)`` (a command's work; returns its exit status) with SIGINT,
+    SIGTERM and SIGHUP raising :class:`Interrupted` in it. On an interruption (also when another
     exception, such as a :class:`~concurrent.futures.process.BrokenProcessPool` from workers
     killed by the same SIGTERM, arrives with it) print ``<prog>: interrupted`` (and the signal's
     name unless SIGINT) on stderr and return ``128 + signal``. A worker process that died without
@@ -147,7 +147,7 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
 
 @contextlib.contextmanager
 def signals_blocked():
-    """Block SIGINT and SIGTERM in this thread for the ``with`` block (a signal that arrives
+    """Block SIGINT, SIGTERM and SIGHUP in this thread for the ``with`` block (a signal that arrives
     meanwhile is delivered when it ends). Processes forked or spawned inside inherit the block:
     :func:`worker_init` lifts it once the worker's own handlers are set. Inside
     :func:`run_interruptible`, a signal whose handler was due as the block began is held too:
@@ -170,6 +170,7 @@ def worker_init(initializer=None, initargs=()) -> None:
     :class:`WorkerPool` started it with, then call ``initializer(*initargs)`` if given."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hang-up reaches the group: die, the parent says it
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
     if initializer is not None:
