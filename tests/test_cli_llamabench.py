@@ -1115,3 +1115,25 @@ def test_a_model_toml_given_as_the_scenario_and_the_reverse_say_which_is_which(c
         assert rc == 2 and f"{hw}: field 'scenario': is a hardware profile TOML ([hardware]), not a scenario" in err
     rc, _, err = run(capsys, "run", TINY, "-m", "nosuchname", *QUICK)
     assert rc == 2 and "unknown model 'nosuchname'" in err and "qwen3-30b-a3b" in err
+
+
+def test_a_failed_llama_bench_insert_leaves_no_prefetch_sim_row_linked_to_another(capsys):
+    """sqlite3's shell runs every statement of a script and reports the ones that fail: a -pw
+    run loaded into an upstream database fails each llama_bench INSERT (no prefetch_* columns);
+    its prefetch_sim rows must not go in linked to the rows of an earlier run."""
+    rc, first, _ = run(capsys, "run", TINY, *QUICK, "-o", "sql")
+    assert rc == 0
+    rc, patched, _ = run(capsys, "run", TINY, "-r", "1", "-q", "-pw", "0,1", "-pwg", "0", "-o", "sql")
+    assert rc == 0
+    con = _upstream_db()
+    failed = 0
+    for script in (first, patched):
+        for stmt in (x.strip() for x in script.split(";\n") if x.strip()):
+            try:  # as the sqlite3 shell does: report a failed statement, go on
+                con.execute(stmt)
+            except sqlite3.OperationalError:
+                failed += 1
+    assert failed == 4  # the -pw run's four llama_bench rows
+    links = [r[0] for r in con.execute("SELECT llama_bench_rowid FROM prefetch_sim")]
+    assert con.execute("SELECT COUNT(*) FROM llama_bench").fetchone() == (2,)
+    assert sorted(links) == [r[0] for r in con.execute("SELECT rowid FROM llama_bench ORDER BY rowid")]

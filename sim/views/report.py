@@ -26,7 +26,9 @@ fields (:data:`PROJECT_FIELDS`: ``variant``, ``engine``, the hardware profile, `
   table has the columns it was created with, and an INSERT naming one it lacks fails). Our fields
   go to a second table, ``prefetch_sim``, one row per ``llama_bench`` row, linked by
   ``llama_bench_rowid`` (``SELECT * FROM llama_bench b JOIN prefetch_sim s ON
-  s.llama_bench_rowid = b.rowid``). A ``'`` inside a value is doubled (llama-bench writes it
+  s.llama_bench_rowid = b.rowid``); a ``prefetch_sim`` row goes in only when its
+  ``llama_bench`` row did (sqlite3's shell carries on after a failed INSERT: no row is left
+  linked to another run's row). A ``'`` inside a value is doubled (llama-bench writes it
   as is, which breaks the statement);
 * ``md``: llama-bench's table, ``| model | size | params | backend | ngl | ... | test | t/s |``:
   the columns llama-bench shows for the parameters that differ from its defaults or take
@@ -343,9 +345,13 @@ def _format_sql(rows: Sequence[BenchRow], prefetch_columns: bool = True) -> str:
     for r in rows:
         vals = ", ".join(_sql_str(t) for f, t in zip(CSV_FIELDS, _values_text(r)) if f in fields)
         lines.append(f"INSERT INTO llama_bench ({cols}) VALUES ({vals});")
-        pvals = ", ".join(["last_insert_rowid()"] + ["NULL" if r.extra.get(n) is None else _sql_str(t)
-                                                     for n, t in zip(PROJECT_FIELD_NAMES, _project_text(r))])
-        lines.append(f"INSERT INTO {SQL_PROJECT_TABLE} ({pcols}) VALUES ({pvals});")
+        pvals = ", ".join(["NULL" if r.extra.get(n) is None else _sql_str(t)
+                           for n, t in zip(PROJECT_FIELD_NAMES, _project_text(r))])
+        # linked to the llama_bench row just inserted, and only if that insert went in: when it
+        # failed (a table without the patch's columns) the newest llama_bench row is one already
+        # linked, and nothing is inserted (sqlite3's shell goes on after a failed statement)
+        lines.append(f"INSERT INTO {SQL_PROJECT_TABLE} ({pcols}) SELECT max(rowid), {pvals} FROM llama_bench "
+                     f"HAVING max(rowid) > (SELECT coalesce(max(llama_bench_rowid), 0) FROM {SQL_PROJECT_TABLE});")
     return "\n".join(lines) + "\n"
 
 
