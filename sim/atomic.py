@@ -13,6 +13,11 @@ import tempfile
 from pathlib import Path
 
 
+#: why an existing file the user may not write is not replaced (a new file renamed over it would
+#: succeed in a writable folder; the shell's '>' refuses)
+READ_ONLY = "the file exists and is read-only (not writable by you)"
+
+
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
     """Write ``data`` (text or bytes) to ``path`` atomically, with the permissions a plain
     ``open`` would give (``mkstemp`` creates 0600 files). Creates missing parent folders.
@@ -33,7 +38,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
             raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
         return target
     if path.is_file() and not os.access(path, os.W_OK):  # never replace a file the user may not write
-        raise OSError(errno.EACCES, "the file exists and is read-only (not writable by you)", str(target))
+        raise OSError(errno.EACCES, READ_ONLY, str(target))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -91,10 +96,7 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
         raise ScenarioError(f"'{p}' ends in {p.suffix}, as a file name does, but {flag} names a folder (the outputs are "
                             f"written into it): give a folder name, e.g. '{p.with_suffix('')}'", field=flag)
     if not directory and p.is_file() and not os.access(p, os.W_OK):
-        # replacing it (a new file renamed over it) would succeed in a writable folder: refuse, as
-        # the shell's '>' does
-        raise ScenarioError(f"cannot write '{p}': the file exists and is read-only (not writable by you); remove it "
-                            "or give another name", field=flag)
+        raise ScenarioError(f"cannot write '{p}': {READ_ONLY}; remove it or give another name", field=flag)
     if not directory and p.exists() and not p.is_file():  # a device or FIFO (/dev/null) is written in place
         if not os.access(p, os.W_OK):
             raise ScenarioError(f"cannot write '{p}': not writable (permission denied)", field=flag)

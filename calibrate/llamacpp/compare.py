@@ -967,6 +967,15 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     return df
 
 
+def other_gpus(gpu_info: Iterable[Any], gpu_name: str) -> list[str]:
+    """The distinct ``gpu_info`` values (llama-bench's field) that do not name the profile's
+    ``gpu_name`` (case-insensitive), in order; empty when ``gpu_name`` is unknown. Blank values
+    say nothing and are left out."""
+    if not gpu_name:
+        return []
+    return sorted({str(g) for g in gpu_info if str(g).strip() and gpu_name.lower() not in str(g).lower()})
+
+
 def warnings(df: pd.DataFrame) -> list[str]:
     """What a user should know about :func:`compare`'s result before reading its errors, one line
     each: the rows were measured on another GPU than the profile's (``gpu_info`` against the
@@ -975,7 +984,7 @@ def warnings(df: pd.DataFrame) -> list[str]:
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
     name = str(df.attrs.get("gpu_name") or "")
-    other = [g for g in df.attrs.get("gpu_info", []) if g.strip() and name and name.lower() not in g.lower()]
+    other = other_gpus(df.attrs.get("gpu_info", []), name)
     if other:
         out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
                    f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")

@@ -255,21 +255,22 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
                 pass
 
 
-def other_gpu_warnings(run_dir: str | Path, hw) -> list[str]:
-    """One line if ``run_dir``'s llama-bench rows were measured on another GPU than the profile
-    ``hw``'s (``gpu_info`` against ``gpu_name``, as :func:`calibrate.llamacpp.compare.warnings`
-    checks a comparison): the fitted numbers would then describe that machine under this
-    profile's name and GPU figures. Empty when they match or either is unknown."""
-    from sim.views.llamabench import read_llama_bench
+def other_gpu_warnings(run_dir: str | Path, hw, rows: pd.DataFrame | None = None) -> list[str]:
+    """One line if ``run_dir``'s llama-bench rows (``rows``, e.g. the fit rows :func:`fit_rows`
+    returns; else read from the folder) were measured on another GPU than the profile ``hw``'s
+    (:func:`calibrate.llamacpp.compare.other_gpus`, as a comparison's warnings check it): the
+    fitted numbers would then describe that machine under this profile's name and GPU figures.
+    Empty when they match or either is unknown."""
+    from .compare import BENCH_FILE, other_gpus
 
-    from .compare import BENCH_FILE
+    if rows is None:
+        from sim.views.llamabench import read_llama_bench
 
-    path = Path(run_dir) / BENCH_FILE
-    if not path.is_file() or not hw.gpu_name:
-        return []
-    bench = read_llama_bench(path)
-    gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
-    other = [g for g in gpus if hw.gpu_name.lower() not in g.lower()]
+        path = Path(run_dir) / BENCH_FILE
+        if not path.is_file():
+            return []
+        rows = read_llama_bench(path)
+    other = other_gpus(rows["gpu_info"].dropna() if "gpu_info" in rows.columns else [], hw.gpu_name)
     if not other:
         return []
     return [f"--run {run_dir} was measured on {', '.join(other)}, the profile '{hw.name}' is {hw.gpu_name}: the "
@@ -636,9 +637,6 @@ def _main(argv: list[str] | None) -> int:
             hw = load_hardware(args.profile)
         if hw.ggml is None:
             raise PrefetchSimError(f"{args.profile}: no [ggml] table (not a llama.cpp-calibrated profile)")
-        for run in args.run:
-            for line in other_gpu_warnings(run, hw):
-                print(f"fit: warning: {line}", file=sys.stderr)
         links: dict = {}
         measured: dict = cpu_numbers(hw, args.cpu_table) if args.cpu_table else {}
         if measured:
@@ -677,7 +675,9 @@ def _main(argv: list[str] | None) -> int:
         for run in args.run:
             skip = dict.fromkeys(timed_of[run] if args.untimed else (), UNTIMED_REASON)
             skip.update(stolen_of.get(run, {}))
-            c, t, _rows = fit_rows(run, hw, skip_invocations=skip)
+            c, t, rows = fit_rows(run, hw, skip_invocations=skip)
+            for line in other_gpu_warnings(run, hw, rows):  # before the fit's iterations
+                print(f"fit: warning: {line}", file=sys.stderr)
             cases += c
             t_meas.append(t)
         t_meas = np.concatenate(t_meas)

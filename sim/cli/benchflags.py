@@ -57,6 +57,12 @@ from sim.errors import ScenarioError
 _RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*(?:([+*])\s*(-?\d+))?)?\s*$", re.ASCII)
 
 
+def _digits(text: str) -> bool:
+    """``text`` (blanks around it ignored) is ASCII digits only, as ``std::stoi`` reads them."""
+    t = text.strip()
+    return t.isascii() and t.isdigit()
+
+
 def ascii_int(text: str) -> int:
     """``int(text)`` for an argparse flag, ASCII digits only (Python's ``int`` also reads other
     scripts' digits, ``５１２``, which llama-bench's ``std::stoi`` refuses).
@@ -65,7 +71,7 @@ def ascii_int(text: str) -> int:
         argparse.ArgumentTypeError: not an integer in ASCII digits.
     """
     t = text.strip()
-    if not (t.isascii() and re.fullmatch(r"[+-]?\d+", t)):
+    if not _digits(t.removeprefix("-").removeprefix("+")):
         raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'")
     return int(t)
 
@@ -183,7 +189,7 @@ def _bool_list(text: str) -> tuple[bool, ...]:
 def _pg_pair(text: str) -> tuple[tuple[int, int], ...]:
     """``-pg pp,tg``: exactly two integers >= 0 (llama-bench takes one pair per flag)."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+    if len(parts) != 2 or not all(_digits(p) for p in parts):
         raise argparse.ArgumentTypeError(f"expected two integers pp,tg such as 512,128, got '{text}'")
     return ((int(parts[0]), int(parts[1])),)
 
@@ -387,7 +393,7 @@ def variant_names(text: str) -> list[str]:
 def _nonneg_list(text: str) -> tuple[int, ...]:
     out = []
     for v in text.split(","):
-        if not (v.strip().isascii() and v.strip().isdigit()):
+        if not _digits(v):
             raise argparse.ArgumentTypeError(f"expected integers >= 0, got '{text}'")
         out.append(int(v))
     return tuple(out)

@@ -1074,14 +1074,12 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     moe = any(it.expert for it in s.items)
     ids = n_tokens * model.moe.n_expert_used * ID_BYTES if moe else 0
     blk = s.items[0].layer
-    if llama_copies:
-        for what, nbytes in (("act", act), ("ids", ids)):
-            if nbytes:  # one synchronous copy per input (the first also waits for the GPU's queued work)
-                d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"{what} to host blk.{blk}", nbytes=nbytes, tag="act")
-                em.host(OpKind.HOST_SYNC, f"wait {what}", (d2h,))
-    else:
-        d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"act to host blk.{blk}", nbytes=act + ids, tag="act")
-        em.host(OpKind.HOST_SYNC, "wait act", (d2h,))
+    # llama.cpp: one synchronous copy per input (the first also waits for the GPU's queued work);
+    # the CuPy executor: the inputs in one copy
+    for what, nbytes in (("act", act), ("ids", ids)) if llama_copies else (("act", act + ids),):
+        if nbytes:
+            d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"{what} to host blk.{blk}", nbytes=nbytes, tag="act")
+            em.host(OpKind.HOST_SYNC, f"wait {what}", (d2h,))
     if overhead:
         em.host(OpKind.HOST_WORK, f"split {em.split} host overhead", tag="cpu_split_overhead")
     cache_gpu_items = []
