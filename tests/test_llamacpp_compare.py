@@ -1032,6 +1032,14 @@ def test_a_moe_row_without_n_cpu_moe_says_that_0_was_assumed(tmp_path, result):
     assert df.predicted_ts[2] == result.predicted_ts[2] and "n_cpu_moe" not in str(result.note[2])
 
 
+def test_a_row_without_flash_attn_says_that_auto_was_assumed(tmp_path, result):
+    """A row without flash_attn is simulated at llama-bench's default (auto), and its note says so."""
+    run = _mixed_up(tmp_path, {3: ('"flash_attn": -1, ', '')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert "no flash_attn" in df.note[2] and "auto assumed" in df.note[2]
+    assert "flash_attn" not in str(result.note[2]) and df.predicted_ts.notna()[2]
+
+
 @pytest.mark.parametrize("old, new, field", [('"n_cpu_moe": 0', '"n_cpu_moe": -3', "n_cpu_moe"),
                                              ('"n_threads": 16', '"n_threads": -4', "n_threads")])
 def test_a_row_llama_bench_would_not_run_is_refused(tmp_path, old, new, field):

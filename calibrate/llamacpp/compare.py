@@ -761,10 +761,13 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
         if models[key].moe is not None and not _finite(row.get("n_cpu_moe")):
             ncmoe_note = ("the row has no n_cpu_moe (a llama-bench older than -ncmoe): 0 assumed, the experts "
                           "where -ngl and -ot put them")
+        fa = row.get("flash_attn")
+        fa_note = (None if fa is not None and not (isinstance(fa, float) and math.isnan(fa)) else
+                   "the row has no flash_attn: llama-bench's default auto assumed")
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
         extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
-                                          lm_note, ncmoe_note) if n))
+                                          lm_note, ncmoe_note, fa_note) if n))
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
 
