@@ -1064,3 +1064,34 @@ def test_a_folder_with_llama_bench_json_is_told_the_name_compare_reads(tmp_path,
     assert cmp.main([str(run), "-q"]) == 2
     err = capsys.readouterr().err
     assert "llama-bench.json is there: name it llama-bench.jsonl" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_windows_model_filename_is_matched_by_its_file_name(tmp_path, result):
+    """llama-bench on Windows prints ``C:\\models\\x.gguf``: the file name after the last
+    backslash names the GGUF, as after the last slash."""
+    rows = (RUN / "llama-bench.jsonl").read_text().splitlines()
+    name = json.loads(rows[2])["model_filename"].rsplit("/", 1)[1]
+    run = _mixed_up(tmp_path, {3: (json.dumps(json.loads(rows[2])["model_filename"]),
+                                   json.dumps("C:\\models\\" + name))})
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.predicted_ts[2] == result.predicted_ts[2]
+    assert cmp.gguf_name("C:\\models\\" + name) == name == cmp.gguf_name("/root/models/" + name)
+
+
+def test_a_row_naming_more_devices_than_the_profile_has_gets_a_note(tmp_path, result):
+    run = _mixed_up(tmp_path, {3: ('"devices": "auto"', '"devices": "CUDA0/CUDA1"')})
+    df = cmp.compare(run, HW, jobs=1)
+    assert "devices CUDA0/CUDA1" in df.note[2] and "more GPUs than the hardware's 1" in df.note[2]
+    assert df.predicted_ts[2] == result.predicted_ts[2] and "devices" not in str(result.note[2])
+
+
+def test_a_quantised_v_cache_without_flash_attention_is_refused_as_llama_cpp_does(tmp_path):
+    """llama.cpp refuses a quantised V cache without flash attention (``llama_init_from_model``
+    fails), so llama-bench prints no such row: one is refused as edited, naming the field."""
+    run = _mixed_up(tmp_path, {3: ('"type_v": "f16"', '"type_v": "q8_0"')})
+    row3 = (run / "llama-bench.jsonl").read_text().splitlines()[2]
+    (run / "llama-bench.jsonl").write_text((run / "llama-bench.jsonl").read_text().replace(
+        row3, row3.replace('"flash_attn": -1', '"flash_attn": 0')))
+    with pytest.raises(ScenarioError, match="V cache quantization requires flash_attn") as info:
+        read_llama_bench(run / "llama-bench.jsonl")
+    assert info.value.field.startswith("type_v")

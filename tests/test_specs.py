@@ -602,3 +602,16 @@ def test_a_variant_table_may_set_gate_0_the_ungated_prefetch_as_its_label_does(t
     p.write_text(p.read_text().replace("gate_min_batch = 0", "gate_min_batch = -1"))
     with pytest.raises(ScenarioError, match="gate_min_batch"):
         load_scenario(p)
+
+
+def test_a_negative_ngl_in_a_scenario_offloads_every_layer_as_llama_bench_reads_it(tmp_path):
+    """``ngl = -1`` (llama-bench's default) in a scenario is every layer on the GPU, as ``-ngl -1``
+    on the command line and a llama-bench row's ``n_gpu_layers`` -1; 0 keeps them on the host."""
+    text = (ROOT / "scenarios" / "default.toml").read_text()
+    assert "\nngl = 999 " in text
+    (tmp_path / "models").symlink_to(ROOT / "scenarios" / "models")
+    (tmp_path / "hardware").symlink_to(ROOT / "scenarios" / "hardware")
+    for value, expect in (("-1", 999), ("-7", 999), ("0", 0)):
+        p = tmp_path / f"ngl{value}.toml"
+        p.write_text(text.replace("\nngl = 999 ", f"\nngl = {value} "))
+        assert load_scenario(p).placement.ngl == expect

@@ -44,7 +44,7 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 import numpy as np
@@ -295,7 +295,7 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
             layers[toml] = load_model(toml).n_layer
         n = inv.get("n_layer")
         ref = ModelRef(toml, None if n == layers[toml] else n)
-        key = Path(inv["gguf"]).name
+        key = gguf_name(inv["gguf"])
         if key in out and out[key] != ref:
             raise ScenarioError(f"GGUF '{key}' is named with two models: {out[key].model_toml} "
                                 f"({out[key].n_layer} layers) and {ref.model_toml} ({ref.n_layer} layers)",
@@ -323,13 +323,13 @@ def _attribute(bench: pd.DataFrame, invocations: Sequence[dict]) -> list[dict | 
     file's rows with matching GGUFs; else the one invocation of the row's GGUF, or of several
     the one whose command line asked for the row (:func:`row_disagreements`); None when there
     are none or several such. Identity runs write no llama-bench row."""
-    names = [Path(str(f)).name for f in bench["model_filename"]]
+    names = [gguf_name(f) for f in bench["model_filename"]]
     # routing runs write routing.jsonl, not llama-bench.jsonl (calibrate.llamacpp.grid)
     invocations = [inv for inv in invocations if inv.get("kind", "bench") != "routing"]
     counts = [inv.get("rows") for inv in invocations]
     if all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts) and sum(counts) == len(names):
         seq = [inv for inv, c in zip(invocations, counts) for _ in range(c)]
-        if all(Path(inv["gguf"]).name == n for inv, n in zip(seq, names)):
+        if all(gguf_name(inv["gguf"]) == n for inv, n in zip(seq, names)):
             return seq
     by_gguf = _bench_invocations_by_gguf(invocations)
     out: list[dict | None] = []
@@ -347,7 +347,7 @@ def _bench_invocations_by_gguf(invocations: Sequence[dict]) -> dict[str, list[di
     out: dict[str, list[dict]] = {}
     for inv in invocations:
         if inv.get("kind", "bench") not in ("routing", "identity"):
-            out.setdefault(Path(inv["gguf"]).name, []).append(inv)
+            out.setdefault(gguf_name(inv["gguf"]), []).append(inv)
     return out
 
 
@@ -727,7 +727,7 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     extra: list[str] = []
     disagree: dict[int, str] = {}
     for (line, row), inv in zip(bench.iterrows(), owners):
-        gguf = Path(str(row["model_filename"])).name
+        gguf = gguf_name(row["model_filename"])
         ref = refs.get(gguf)
         bad = disagreement_error(row, line, inv, by_gguf.get(gguf, []), bench_file)
         if bad is not None:  # not what the command line asked for: reported, not predicted
@@ -739,6 +739,9 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
             cases.append(None)
             extra.append("not simulated: -dev none (no GPU) is not modelled")
             continue
+        devs = [d for d in str(row.get("devices", "auto") or "auto").split("/") if d.strip()]
+        dev_note = (f"devices {'/'.join(devs)}: more GPUs than the hardware's {hardware.n_gpu}, simulated on its "
+                    f"{plural(hardware.n_gpu, 'GPU')}" if devs != ["auto"] and len(devs) > hardware.n_gpu else None)
         if ref is None:
             cases.append(None)
             extra.append(f"not simulated: no invocation names GGUF '{gguf}'")
@@ -767,9 +770,15 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
         cases.append(row_case(row, models[key], hardware, repetitions=repetitions, name=label, file=str(bench_file)))
         rc = inv.get("rc") if inv else None
         extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
-                                          lm_note, ncmoe_note, fa_note) if n))
+                                          lm_note, ncmoe_note, fa_note, dev_note) if n))
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
+
+
+def gguf_name(path: Any) -> str:
+    """The file name of a GGUF path as llama-bench prints ``model_filename`` (the last part after
+    ``/`` or ``\\``: a row written on Windows names ``C:\\models\\x.gguf``)."""
+    return PureWindowsPath(str(path)).name
 
 
 def row_load_mode(row: pd.Series, inv: Mapping[str, Any] | None) -> tuple[pd.Series, str | None]:

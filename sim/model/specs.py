@@ -1087,6 +1087,13 @@ class Placement:
         return layer >= model.n_layer - self.gpu_blocks(model)
 
 
+
+def _all_if_negative(ngl: int) -> int:
+    """``placement.ngl`` as llama-bench reads ``-ngl``: any negative value (its default -1) puts
+    every layer on the GPU (999 here, as :func:`sim.views.llamabench.sim_ngl` reads a row)."""
+    return 999 if ngl < 0 else ngl
+
+
 def placement_from_fields(p: Fields) -> Placement:
     """A ``[placement]`` table (llama.cpp's placement flags; sizes bounded by :mod:`sim.bounds`)."""
     from sim.bounds import INT32_MAX, TOKENS_MAX
@@ -1116,7 +1123,7 @@ def placement_from_fields(p: Fields) -> Placement:
     elif isinstance(cache, bool) or not isinstance(cache, int) or cache < 0 or cache > INT32_MAX:
         raise p.error("expert_cache_experts", f"expected a count >= 0 or \"auto\", got {cache!r}")
     return Placement(
-        ngl=p.int("ngl", 999, min=0, max=INT32_MAX),
+        ngl=_all_if_negative(p.int("ngl", 999, min=-INT32_MAX - 1, max=INT32_MAX)),
         n_cpu_moe=p.int("n_cpu_moe", 0, min=0, max=INT32_MAX),
         override_tensor=tuple(rules),
         pinned=host_memory == "pinned",

@@ -282,6 +282,11 @@ def _check_row(rec: dict, err) -> dict:
             raise err(k, f"must be >= {low}, got {out[k]} (llama-bench does not run that)")
     if not out["avg_ts"] > 0:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
+    tv = out.get("type_v")
+    if out.get("flash_attn") == 0 and tv is not None and str(tv).lower() not in ("f16", "bf16", "f32"):
+        # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
+        raise err("type_v", f"{tv} with flash_attn 0: llama.cpp refuses this context (V cache quantization "
+                            "requires flash_attn), so llama-bench cannot have run it")
     if "stddev_ts" in out and out["stddev_ts"] < 0:
         raise err("stddev_ts", f"must be >= 0, got {out['stddev_ts']!r}")
     for k in ("avg_ts", "stddev_ts", "samples_ts"):  # physically absurd rates (TS_MAX)
