@@ -1236,7 +1236,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             compile (one that matches no tensor is noted: :func:`check_rule`); ``-mg`` beyond
             the profile's GPUs.
     """
-    from sim.views.llamabench import model_with_kv, row_placement, row_terms
+    from sim.views.llamabench import UNQUANTISED_KV, model_with_kv, row_placement, row_terms
     from sim.model.specs import Workload
 
     hw = scn.hardware
@@ -1322,7 +1322,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             pl = replace(pl, fit_target_mib=(0,))
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
-    if setting.flash_attn == 0 and str(setting.type_v).lower() not in ("f16", "bf16", "f32"):
+    if setting.flash_attn == 0 and str(setting.type_v).lower() not in UNQUANTISED_KV:
         # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
         raise ScenarioError(f"-ctv {setting.type_v} with -fa off: llama.cpp refuses this context (V cache "
                             "quantization requires flash_attn)", field="-ctv")

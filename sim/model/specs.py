@@ -1087,11 +1087,11 @@ class Placement:
         return layer >= model.n_layer - self.gpu_blocks(model)
 
 
-
-def _all_if_negative(ngl: int) -> int:
-    """``placement.ngl`` as llama-bench reads ``-ngl``: any negative value (its default -1) puts
-    every layer on the GPU (999 here, as :func:`sim.views.llamabench.sim_ngl` reads a row)."""
-    return 999 if ngl < 0 else ngl
+def sim_ngl(n_gpu_layers: int) -> int:
+    """``-ngl`` (a scenario's ``placement.ngl``, a llama-bench row's ``n_gpu_layers``) as
+    :attr:`Placement.ngl`: a negative value (llama-bench's default ``-1``) means every layer and
+    the output (``llama_model::n_gpu_layers``: n_layer + 1), i.e. 999."""
+    return 999 if n_gpu_layers < 0 else int(n_gpu_layers)
 
 
 def placement_from_fields(p: Fields) -> Placement:
@@ -1123,7 +1123,7 @@ def placement_from_fields(p: Fields) -> Placement:
     elif isinstance(cache, bool) or not isinstance(cache, int) or cache < 0 or cache > INT32_MAX:
         raise p.error("expert_cache_experts", f"expected a count >= 0 or \"auto\", got {cache!r}")
     return Placement(
-        ngl=_all_if_negative(p.int("ngl", 999, min=-INT32_MAX - 1, max=INT32_MAX)),
+        ngl=sim_ngl(p.int("ngl", 999, min=-INT32_MAX - 1, max=INT32_MAX)),
         n_cpu_moe=p.int("n_cpu_moe", 0, min=0, max=INT32_MAX),
         override_tensor=tuple(rules),
         pinned=host_memory == "pinned",

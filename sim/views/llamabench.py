@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ScenarioError
+from sim.model.specs import sim_ngl
 
 STRING, BOOL, INT, FLOAT = "STRING", "BOOL", "INT", "FLOAT"
 
@@ -261,6 +262,11 @@ def _check_value(name: str, v: Any, err) -> Any:
     return one(v, name)
 
 
+#: KV cache types llama.cpp accepts for V without flash attention (a quantised V cache needs it:
+#: ``llama_init_from_model`` refuses the context otherwise)
+UNQUANTISED_KV = ("f16", "bf16", "f32")
+
+
 def _check_row(rec: dict, err) -> dict:
     for name in REQUIRED_FIELDS:
         if name not in rec:
@@ -283,7 +289,7 @@ def _check_row(rec: dict, err) -> dict:
     if not out["avg_ts"] > 0:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
     tv = out.get("type_v")
-    if out.get("flash_attn") == 0 and tv is not None and str(tv).lower() not in ("f16", "bf16", "f32"):
+    if out.get("flash_attn") == 0 and tv is not None and str(tv).lower() not in UNQUANTISED_KV:
         # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
         raise err("type_v", f"{tv} with flash_attn 0: llama.cpp refuses this context (V cache quantization "
                             "requires flash_attn), so llama-bench cannot have run it")
@@ -661,13 +667,6 @@ def host_memory_pinned(load_mode: Any = "auto", no_host: Any = False, use_mmap: 
         return True
     raise ValueError(f"unknown load_mode {load_mode!r} (llama_load_mode_name: auto, none, mmap, mlock, "
                      "mmap+mlock, dio)")
-
-
-def sim_ngl(n_gpu_layers: int) -> int:
-    """``n_gpu_layers`` as the simulator's ``Placement.ngl``: a negative value (llama-bench's
-    default ``-1``) means every layer and the output (``llama_model::n_gpu_layers``: n_layer + 1),
-    i.e. 999."""
-    return 999 if n_gpu_layers < 0 else int(n_gpu_layers)
 
 
 def flash_attn_label(value: Any) -> str:
