@@ -1001,7 +1001,8 @@ class Placement:
 
     Attributes:
         ngl: ``-ngl``: the last ``ngl`` blocks are offloaded (``n_layer + 1`` also puts
-            ``output`` on the GPU; llama.cpp's default of 999 means all).
+            ``output`` on the GPU; 999 means all, and a scenario's negative ``ngl``, llama-bench's
+            default -1, is read as 999: :func:`sim_ngl`).
         n_cpu_moe: ``--n-cpu-moe N``: experts of the first N blocks stay on the host.
         override_tensor: ``-ot`` rules as ``(regex, buffer)`` pairs, buffer ``"CPU"`` or
             ``"CUDA0"``...; the first rule whose regex ``re.search``-es a tensor name wins.
