@@ -20,7 +20,7 @@ import pytest
 
 from calibrate.llamacpp import compare as cmp
 from sim.errors import ScenarioError
-from sim.views.llamabench import read_llama_bench
+from sim.views.llamabench import read_llama_bench, stdev_ns
 from sim.engines.metrics import run_scenario
 from sim.model.routing import RoutingSpec
 from sim.model.specs import BenchTest, Placement, Scenario, Workload, load_hardware, load_model, parse_variant
@@ -1095,3 +1095,18 @@ def test_a_quantised_v_cache_without_flash_attention_is_refused_as_llama_cpp_doe
     with pytest.raises(ScenarioError, match="V cache quantization requires flash_attn") as info:
         read_llama_bench(run / "llama-bench.jsonl")
     assert info.value.field.startswith("type_v")
+
+
+def test_a_row_with_other_than_its_invocations_repetitions_is_reported(tmp_path, result):
+    """llama-bench writes one sample per repetition: a row with 2 samples from an invocation
+    that asked for ``-r 5`` is not what it ran (a mixed-up folder), reported and not predicted."""
+    row = json.loads((RUN / "llama-bench.jsonl").read_text().splitlines()[2])
+    assert len(row["samples_ns"]) == 5
+    ns = row["samples_ns"][:2]
+    ts = [1e9 * (row["n_prompt"] + row["n_gen"]) / x for x in ns]
+    two = dict(row, samples_ns=ns, samples_ts=ts, avg_ns=sum(ns) // 2, stddev_ns=stdev_ns(ns),
+               avg_ts=sum(ts) / 2, stddev_ts=abs(ts[0] - ts[1]) / 2 ** 0.5)
+    run = _mixed_up(tmp_path, {3: ((RUN / "llama-bench.jsonl").read_text().splitlines()[2], json.dumps(two))})
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.predicted_ts.isna()[2] and "samples_ns" in df.note[2] and "-r 5" in df.note[2]
+    assert df.predicted_ts.drop(index=2).equals(result.predicted_ts.drop(index=2))

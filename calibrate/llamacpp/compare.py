@@ -213,7 +213,7 @@ def read_invocations(path: str | Path) -> list[dict]:
             file, a malformed line, a missing or mistyped key, ``args`` that are not llama-bench
             flags, an ``id`` an earlier line has, no invocation.
     """
-    from .grid import asked_values
+    from .grid import asked_repetitions, asked_values
 
     p = Path(path)
     out = []
@@ -230,10 +230,10 @@ def read_invocations(path: str | Path) -> list[dict]:
         if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) for a in args)):
             raise ScenarioError(f"expected a list of strings (llama-bench's flags), got {args!r}", file=p,
                                 field=f"args, line {i}")
-        asked = None
+        asked = reps = None
         if args is not None and rec.get("kind", "bench") != "identity":
             try:
-                asked = asked_values(args)
+                asked, reps = asked_values(args), asked_repetitions(args)
             except ValueError as exc:
                 raise ScenarioError(f"not a llama-bench command line: {exc}", file=p, field=f"args, line {i}") from None
         inv_id = rec.get("id")
@@ -242,7 +242,7 @@ def read_invocations(path: str | Path) -> list[dict]:
             if first is not None:
                 raise ScenarioError(f"invocation id {inv_id!r} is also line {first}'s: each invocation's id once",
                                     file=p, field=f"id, line {i}")
-        out.append({**rec, "n_layer": n or None, "_line": i, "_asked": asked})
+        out.append({**rec, "n_layer": n or None, "_line": i, "_asked": asked, "_reps": reps})
     if not out:
         raise ScenarioError("no invocations", file=p)
     return out
@@ -405,7 +405,9 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
     ``n_prompt+n_gen`` (a pp+tg row: one of the ``-pg`` pairs, none when no ``-pg`` is given).
     Fields the row lacks (another llama-bench version) are not compared, nor flags not given,
     whose defaults change between llama-bench versions, except those of :data:`STABLE_DEFAULTS`
-    (the default every version with the field has had). [] for an invocation without ``args``."""
+    (the default every version with the field has had); and ``samples_ns`` when the row has
+    another number of samples than the invocation's ``-r`` (llama-bench writes one per
+    repetition). [] for an invocation without ``args``."""
     asked = (inv or {}).get("_asked")
     if not asked:
         return []
@@ -430,6 +432,9 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
         v = _row_field(row, name) if name not in asked else None
         if v is not None and not _same(name, v, default):
             out.append((name, _shown(v), f"no {flag}, llama-bench's default {default}"))
+    reps, samples = inv.get("_reps"), row.get("samples_ns")
+    if reps is not None and isinstance(samples, list) and len(samples) != reps:
+        out.append(("samples_ns", f"{len(samples)} samples", f"-r {reps}"))
     return out
 
 

@@ -292,6 +292,16 @@ def asked_values(args: Sequence[str]) -> dict[str, tuple[str, tuple]]:
     return asked_row_values(_parse_bench_args(args, output=True))
 
 
+def asked_repetitions(args: Sequence[str]) -> int | None:
+    """The ``-r`` a recorded llama-bench command line gives (each of its rows then has that many
+    samples), or None without one.
+
+    Raises:
+        ValueError: as :func:`asked_values`.
+    """
+    return _parse_bench_args(args, output=True).repetitions
+
+
 def _parse_bench_args(args: Sequence[str], *, output: bool = False) -> argparse.Namespace:
     """llama-bench flags parsed by ``prefetch-sim run``'s flag set (:func:`_refusing_parser`);
     ``output``: ``-o`` accepted too (a whole recorded command line).
