@@ -378,14 +378,3 @@ def test_digits_of_other_scripts_are_refused_as_llama_bench_refuses_them(capsys,
 def test_a_model_that_is_not_a_regular_file_is_named_by_the_flag(capsys):
     rc, out, err = run(capsys, "run", "-m", "/dev/null", "-r", "1")
     assert rc == 2 and "-m/--model" in err and "not a regular file" in err and len(err.strip().splitlines()) == 1
-
-
-def test_a_prompt_in_small_ubatches_is_noted_as_unmodelled_graph_reuse(capsys):
-    """Several ubatches of fewer than 128 tokens: llama.cpp reuses the graph in a 256-cell KV
-    window, the simulator rebuilds it; the run says so once, naming the ubatches. One ubatch (the
-    prompt fits), or ubatches of 128 and more, say nothing."""
-    rc, _out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-ub", "8,16,64")
-    notes = [line for line in err.splitlines() if "ubatches below 128 tokens" in line]
-    assert rc == 0 and len(notes) == 1 and notes[0].startswith("prefetch-sim: note: -ub 8,16:")
-    rc, _out, err = run(capsys, "run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-ub", "64,128")
-    assert rc == 0 and "ubatches below" not in err

@@ -17,7 +17,7 @@ import sim.plan.memo as memo
 from plangen import plans_with_durations
 from sim.plan import fastgraph
 from sim.model import vram
-from sim.plan.builder import _runs, draw_masks, graph_call, graph_items, make_context
+from sim.plan.builder import _runs, draw_masks, graph_calls, graph_items, make_context
 from sim.plan.builder import test_graphs as graphs_of
 from sim.model.costs import class_durations, plan_durations
 from sim.engines import analytic
@@ -103,9 +103,9 @@ def _check_graphs(scn, tests, monkeypatch, graphs_per_test: int = 3) -> tuple[in
         for t in tests:
             ctx.rng = np.random.default_rng(5)
             graphs = graphs_of(scn, t)
-            for g in graphs[:graphs_per_test]:
+            calls = graph_calls(scn, t, 0)
+            for g, call in list(zip(graphs, calls))[:graphs_per_test]:
                 masks = draw_masks(ctx, g[0], g[2])
-                call = graph_call(scn, t, len(graphs), g[2], 0)
                 for dev in range(scn.hardware.n_gpu):
                     fast, ref, was = _built_both(ctx, g, masks, dev, call, monkeypatch)
                     _assert_same_template(fast, ref, f"{scn.name} {v.name} {t.name} graph {g} GPU {dev}")

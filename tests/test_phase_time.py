@@ -11,7 +11,7 @@ import pytest
 
 from calibrate.llamacpp import patches as P
 from calibrate.llamacpp import phasetime as PT
-from sim.plan.builder import build_plan, graph_call, make_context
+from sim.plan.builder import build_plan, graph_calls, graph_keys, make_context
 from sim.model.costs import plan_durations
 from sim.errors import PrefetchSimError
 from sim.engines.metrics import rep_rng, run_variant_test, time_plan
@@ -204,17 +204,17 @@ def _scenario(ub: int):
                    placement=replace(scn.placement, n_cpu_moe=0))
 
 
-def test_graph_call_rules():
+def test_graph_calls_rules():
     scn = _scenario(512)
     pp = BenchTest(n_prompt=2048, n_gen=0)
     r = scn.workload.repetitions
-    assert graph_call(scn, pp, 4, 0) == (True, 2048, 0.0) and graph_call(scn, pp, 4, 512) == (True, 0, 0.0)
-    assert graph_call(scn, BenchTest(n_prompt=512, n_gen=0), 1, 0) == (False, 512, 1.0 / r)
-    assert graph_call(scn, BenchTest(n_prompt=0, n_gen=8), 8, 0) == (False, 1, 1.0 / r)
-    assert graph_call(scn, BenchTest(n_prompt=0, n_gen=8), 8, 3) == (False, 1, 0.0)
+    assert graph_calls(scn, pp)[0] == (True, 2048, 0.0) and graph_calls(scn, pp)[1] == (True, 0, 0.0)
+    assert graph_calls(scn, BenchTest(n_prompt=512, n_gen=0)) == [(False, 512, 1.0 / r)]
+    assert graph_calls(scn, BenchTest(n_prompt=0, n_gen=8))[0] == (False, 1, 1.0 / r)
+    assert graph_calls(scn, BenchTest(n_prompt=0, n_gen=8))[3] == (False, 1, 0.0)
     from dataclasses import replace
     scn7 = replace(scn, workload=replace(scn.workload, bench_repetitions=7))
-    assert graph_call(scn7, BenchTest(n_prompt=512, n_gen=0), 1, 0)[2] == 1.0 / 7
+    assert graph_calls(scn7, BenchTest(n_prompt=512, n_gen=0))[0][2] == 1.0 / 7
 
 
 def test_a_rebuilt_graph_pays_its_launches_and_a_reused_one_does_not():
@@ -260,3 +260,38 @@ def test_prompt_ubatches_overlap_and_the_memo_path_agrees():
     # decode synchronises every token: nothing overlaps
     tg = BenchTest(n_prompt=0, n_gen=4)
     assert ubatch_overlap_s(ctx, tg, np.ones(4), np.ones(4)) == 0.0
+
+
+def test_graph_reuse_follows_the_256_cell_window_and_the_outputs():
+    """llama.cpp reuses the previous graph while the ubatch's tokens, its KV length padded to 256
+    cells and its output count stay the same: a prompt at ubatch 64 rebuilds the first graph of
+    each 256-cell window and the call's last ubatch (its one output), and reuses the rest; a
+    ubatch of 256 or more opens a window each time; decode rebuilds where it crosses into a new
+    window. Only a test's first reused graph pays the capture (a window's re-capture updates the
+    executable graph: priced as a replay)."""
+    from dataclasses import replace
+    scn = _scenario(64)
+    scn = replace(scn, workload=replace(scn.workload, n_batch=2048))
+    calls = graph_calls(scn, BenchTest(n_prompt=1024, n_gen=0), 0)
+    rebuilt = [c[0] for c in calls]
+    assert len(calls) == 16 and rebuilt == [True, False, False, False] * 3 + [True, False, False, True]
+    assert [c[2] for c in calls] == [0.0] * 16 and [c[1] for c in calls] == [1024] + [0] * 15
+    assert [k[1] for k in graph_keys(scn, BenchTest(n_prompt=1024, n_gen=0))] == [256] * 4 + [512] * 4 + \
+        [768] * 4 + [1024] * 4
+    assert all(c[0] for c in graph_calls(_scenario(256), BenchTest(n_prompt=1024, n_gen=0), 0))
+    tg = graph_calls(scn, BenchTest(n_prompt=0, n_gen=8, n_depth=252), 0)
+    # cells 253..260: the 4th token (cell 256) still in the first window, the 5th opens the next
+    assert [c[0] for c in tg] == [False, False, False, False, True, False, False, False]
+    assert tg[0][2] > 0 and all(c[2] == 0 for c in tg[1:])
+
+
+def test_a_prompt_is_split_into_ubatches_call_by_call():
+    """llama-bench decodes a prompt in calls of n_batch tokens and llama.cpp splits each call
+    into ubatches: with -b 96 -ub 64 a 192-token prompt is 64+32, 64+32, not 64+64+64."""
+    from dataclasses import replace
+    scn = _scenario(64)
+    scn = replace(scn, workload=replace(scn.workload, n_batch=96))
+    from sim.plan.builder import test_graphs as graphs_of
+    assert [n for n, _kv, _o in graphs_of(scn, BenchTest(n_prompt=192, n_gen=0))] == [64, 32, 64, 32]
+    keys = graph_keys(scn, BenchTest(n_prompt=192, n_gen=0))
+    assert [k[2] for k in keys] == [0, 1, 0, 1]

@@ -605,28 +605,6 @@ def kv_context_notes(scn, params) -> list[str]:
             "less VRAM"]
 
 
-#: the smallest ubatch of a multi-ubatch prompt measured against llama-bench (the ground truth's
-#: ubatch-128 rows, data/llamacpp/h200-20261201: within ±3 %)
-SMALL_UBATCH_MEASURED = 128
-
-
-def small_ubatch_notes(params) -> list[str]:
-    """A note when a prompt runs in several ubatches of fewer than :data:`SMALL_UBATCH_MEASURED`
-    tokens: llama.cpp reuses such a prompt's graph while its KV length stays in one 256-cell window
-    (``llama_kv_cache::get_n_kv``, ``llm_graph_result::can_reuse``; ggml-cuda replays it as a CUDA
-    graph), where the simulator builds every ubatch's graph anew, so the t/s is likely predicted
-    low (at ``-ub 1`` about 2.5x below decode). docs/llamacpp.md, "Graph reuse inside a prompt of
-    small ubatches". ``params``: the run's :class:`sim.cli.benchflags.BenchParams`."""
-    prompts = [p for p in params.n_prompt if p] + [p for p, _g in params.n_pg if p]
-    ubs = [min(u, b) for u in params.values["n_ubatch"] for b in params.values["n_batch"]]
-    small = sorted({u for u in ubs if u < SMALL_UBATCH_MEASURED and any(p > u for p in prompts)})
-    if not small:
-        return []
-    return [f"-ub {','.join(map(str, small))}: a prompt in ubatches below {SMALL_UBATCH_MEASURED} tokens reuses its "
-            "graph in llama.cpp (the KV length padded to 256 cells), which the simulator does not model: its t/s is "
-            "likely predicted low (unmeasured; docs/llamacpp.md)"]
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.cli.benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
     from sim.views.report import format_rows
@@ -670,7 +648,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params))
-    notes.extend(small_ubatch_notes(params))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)

@@ -202,7 +202,7 @@ def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index
     :func:`run_variant_test`): ``(plan, schedule, seconds)``, the seconds as llama-bench times
     the test (the makespan less the next ubatch's host work that overlaps the GPU's,
     :func:`sim.plan.overlap.ubatch_overlap_s`). The first timed repetition (``rep`` 0) captures
-    the CUDA graphs (``ctx.rep``, :func:`sim.plan.builder.graph_call`)."""
+    the CUDA graphs (``ctx.rep``, :func:`sim.plan.builder.graph_calls`)."""
     from sim.plan.overlap import graph_host_edges, ubatch_overlap_s
 
     prev, ctx.rep = ctx.rep, rep
@@ -246,7 +246,7 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     tps, mk, h2d, exp, ovl = [], [], [], [], []
     try:
         for r in range(repetitions):
-            ctx.rep = r  # the first timed repetition captures the CUDA graphs (graph_call)
+            ctx.rep = r  # the first timed repetition captures the CUDA graphs (graph_calls)
             if fast:
                 tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
                 t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction

@@ -134,7 +134,7 @@ class BuildContext:
     #: the ids of: :func:`sim.model.vram.host_flags`), or None when not given
     host_flags: tuple | None = None
     #: llama-bench repetition being built (0 = the first timed one), None when not one of a
-    #: run of repetitions (:func:`graph_call`'s capture share)
+    #: run of repetitions (:func:`graph_calls`'s capture share)
     rep: int | None = None
 
     @cached_property
@@ -537,7 +537,7 @@ class Emitter:
         #: tokens of the llama_decode call this graph opens (0: not the first ubatch of a call)
         self.call_tokens = 0
         #: share of a CUDA-graph capture this graph pays (1 / llama-bench's repetitions on a
-        #: test's first reused graph, else 0: :func:`graph_call`)
+        #: test's first reused graph, else 0: :func:`graph_calls`)
         self.capture_share = 0.0
         #: id of the last graph's host-overhead op (``graph_overhead``: the only op that reads
         #: ``call_tokens`` and ``capture_share``), -1 without one
@@ -770,7 +770,7 @@ def overhead_shape(n_kernels: int, n_tokens: int, rebuilt: bool, call_tokens: in
                    capture_share: float) -> tuple:
     """Shape of a graph's host-overhead op (``graph_overhead``, priced by
     :func:`sim.model.costs.ggml_duration_s`): ``(kernels, tokens, rebuilt 0/1, call tokens, layers,
-    capture share)``; ``rebuilt``, ``call_tokens`` and ``capture_share`` as :func:`graph_call`."""
+    capture share)``; ``rebuilt``, ``call_tokens`` and ``capture_share`` as :func:`graph_calls`."""
     return (n_kernels, n_tokens, int(rebuilt), int(call_tokens), n_layer, capture_share)
 
 
@@ -1161,13 +1161,19 @@ def _current_device(em: Emitter) -> int:
 
 
 def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> list[tuple[int, int, int]]:
-    """``(n_tokens, kv_len, token_offset)`` of each graph of a test."""
-    ub = n_ubatch or scn.workload.n_ubatch
+    """``(n_tokens, kv_len, token_offset)`` of each graph of a test.
+
+    A prompt goes to ``llama_decode`` in calls of ``n_batch`` tokens (llama-bench's ``test_prompt``)
+    and each call is split into ubatches of ``n_ubatch`` (the last one of a call may be shorter);
+    a decode token is a graph of its own."""
+    ub = max(1, n_ubatch or scn.workload.n_ubatch)
+    nb = max(1, scn.workload.n_batch)
     out = []
     if test.n_prompt:
         done = 0
         while done < test.n_prompt:
-            n = min(ub, test.n_prompt - done)
+            end = min(test.n_prompt, (done // nb + 1) * nb)  # the end of this llama_decode call
+            n = min(ub, end - done)
             out.append((n, test.n_depth + done, done))
             done += n
     else:
@@ -1176,40 +1182,87 @@ def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> 
     return out
 
 
-def graph_call(scn: Scenario, test: BenchTest, n_graphs: int, token_offset: int,
-               rep: int | None = None) -> tuple[bool, int, float]:
-    """``(rebuilt, call_tokens, capture_share)`` of the graph at ``token_offset`` of a test (llama.cpp's
-    ``llama_context::decode`` and ``process_ubatch`` as llama-bench drives them):
+#: llama.cpp pads the KV length a graph attends over to this many cells (``llama_kv_cache::get_n_kv``,
+#: ``n_pad_cur = max(n_pad, 256)``), so that consecutive ubatches keep one graph
+KV_PAD_CELLS = 256
 
-    * ``rebuilt``: llama.cpp reuses a graph whose parameters (tokens, KV cells) equal the
-      previous one's: a one-ubatch prompt and decode tokens reuse theirs (the warm-up ran the
-      same graph), a prompt of several ubatches builds every one anew (the KV length grows);
+
+def graph_keys(scn: Scenario, test: BenchTest) -> list[tuple[int, int, int]]:
+    """``(n_tokens, n_kv, n_outputs)`` of each graph of a test (:func:`test_graphs`' order): what
+    decides whether llama.cpp can reuse the previous graph (``llm_graph_params::allow_reuse``: the
+    ubatch's tokens and output count; the inputs' ``can_reuse``: the KQ mask's KV length).
+
+    ``n_kv`` is the cells the graph attends over, ``max(256, pad(kv_len + n_tokens, 256))``
+    (``get_n_kv``; the cap at the cache's size never makes two different windows equal). A prompt
+    outputs the last token of each ``llama_decode`` call (``llama_batch_get_one`` has no logits
+    array: ``llama_batch_allocr`` marks the last token), so only a call's last ubatch has an
+    output; a decode token has one."""
+    nb = max(1, scn.workload.n_batch)
+    pad = KV_PAD_CELLS
+    out = []
+    for n, kv, off in test_graphs(scn, test):
+        n_kv = max(pad, -(-(kv + n) // pad) * pad)
+        end = off + n
+        outputs = 1 if (not test.n_prompt or end == test.n_prompt or end % nb == 0) else 0
+        out.append((n, n_kv, outputs))
+    return out
+
+
+def graph_calls(scn: Scenario, test: BenchTest, rep: int | None = None) -> list[tuple[bool, int, float]]:
+    """``(rebuilt, call_tokens, capture_share)`` of each graph of a test (:func:`test_graphs`'
+    order), as llama.cpp's ``llama_context::decode`` and ``process_ubatch`` and ggml-cuda's
+    CUDA graphs handle them under llama-bench:
+
+    * ``rebuilt``: llama.cpp reuses the previous graph when its :func:`graph_keys` (tokens, the
+      256-cell KV window, outputs) are the same, and builds it anew otherwise. The first graph
+      of a one-ubatch prompt and of decode reuses the warm-up's (llama-bench's warm-up ran the
+      same graph); that of a prompt of several ubatches follows the previous repetition's last
+      ubatch, which has the output, and is rebuilt. A later graph is rebuilt where its key
+      differs from the one before: a prompt's ubatches of 256 tokens or more each open a new
+      window, smaller ones share a window of 256 cells (and each call's last ubatch, with its
+      output, differs from the others);
     * ``call_tokens``: a prompt is decoded in ``llama_decode`` calls of ``n_batch`` tokens, a
       decode token in a call of its own; the first ubatch of a call carries the call's tokens,
       the others 0;
-    * ``capture_share``: a reused graph's CUDA graph is captured in llama-bench's first
-      repetition (its warm-up ran the graph directly: ggml-cuda captures on the second call with
-      unchanged properties) and replayed after: the test's first graph pays a whole capture in
-      repetition ``rep`` 0 and none in the later ones; every other graph 0. Where the simulated
-      repetitions stand for a different number of llama-bench's (``rep`` None, or
-      :attr:`sim.model.specs.Workload.bench_repetitions` set: ``compare`` draws fewer), every
-      repetition pays ``1 / r`` of it (``r``: llama-bench's repetitions), the same mean time.
+    * ``capture_share``: ggml-cuda runs a graph whose node properties changed directly and
+      captures its CUDA graph on the next call with unchanged properties (its warm-up), then
+      replays it. The first graph of a one-ubatch prompt or of decode is captured in
+      llama-bench's first repetition (the warm-up ran it directly) and replayed after: it pays a
+      whole capture (``capture_per_layer_s``, which instantiates the executable graph) in
+      repetition ``rep`` 0 and none later; where the simulated repetitions stand for a different
+      number of llama-bench's (``rep`` None, or :attr:`sim.model.specs.Workload.bench_repetitions`
+      set: ``compare`` draws fewer), every repetition pays ``1 / r`` of it (``r``: llama-bench's
+      repetitions), the same mean time. Every other graph 0: a reused graph after a rebuilt one
+      inside a prompt captures again, but into the executable graph that exists
+      (``cudaGraphExecUpdate``), and is priced as a replay: the prompts at ubatch 1–128 of
+      ``data/llamacpp/h100-20261206-ubsmall`` fit that, not a whole capture per 256-cell window
+      (docs/llamacpp.md, "Graph reuse inside a prompt of small ubatches").
     """
     wl = scn.workload
     g = scn.hardware.ggml
-    captures = g is not None and g.capture_per_layer_s > 0 and token_offset == 0
-    if not captures:
-        share = 0.0
-    elif rep is None or wl.bench_repetitions:
-        share = 1.0 / max(1, wl.bench_repetitions or wl.repetitions)
-    else:
-        share = 1.0 if rep == 0 else 0.0
-    if not test.n_prompt:
-        return False, 1, share
+    captures = g is not None and g.capture_per_layer_s > 0
+    keys = graph_keys(scn, test)
+    graphs = test_graphs(scn, test)
     nb = max(1, wl.n_batch)
-    call = min(nb, test.n_prompt - token_offset) if token_offset % nb == 0 else 0
-    rebuilt = n_graphs > 1
-    return rebuilt, call, 0.0 if rebuilt else share
+    if not captures:
+        first_share = 0.0
+    elif rep is None or wl.bench_repetitions:
+        first_share = 1.0 / max(1, wl.bench_repetitions or wl.repetitions)
+    else:
+        first_share = 1.0 if rep == 0 else 0.0
+    out = []
+    for i, ((n, _kv, off), key) in enumerate(zip(graphs, keys)):
+        if test.n_prompt:
+            call = min(nb, test.n_prompt - off) if off % nb == 0 else 0
+        else:
+            call = 1
+        if i == 0:
+            rebuilt = bool(test.n_prompt) and len(graphs) > 1
+            share = 0.0 if rebuilt else first_share
+        else:
+            rebuilt, share = key != keys[i - 1], 0.0
+        out.append((rebuilt, call, share))
+    return out
 
 
 def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.Generator,
@@ -1237,10 +1290,11 @@ def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.
     plan = Plan(label=f"{variant.name} / {test.name}")
     em = Emitter(plan, ctx)
     graphs = test_graphs(scn, test)
+    calls = graph_calls(scn, test, ctx.rep)
     for gi, (n, kv, off) in enumerate(graphs):
         em.graph = gi
         em.token_offset = off
-        em.rebuilt, em.call_tokens, em.capture_share = graph_call(scn, test, len(graphs), off, ctx.rep)
+        em.rebuilt, em.call_tokens, em.capture_share = calls[gi]
         ctx.stats["used_masks"] = {}
         em.cache_split = {}
         build_graph(em, n, kv, off)

@@ -24,7 +24,7 @@ A test is then evaluated as (:func:`time_test`):
    :func:`sim.plan.builder.build_graph`, priced with :func:`sim.model.costs.plan_durations`; the same
    plan and prices either way) and compiled once; a graph that differs from one built in
    the same call only in its ``llama_decode`` call (the first ubatch of a call carries the call's
-   tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.plan.builder.graph_call`)
+   tokens, a test's first reused graph its CUDA-graph capture: :func:`sim.plan.builder.graph_calls`)
    gets that template with its host-overhead op re-priced (:func:`derive_template`), the same
    structure;
 4. the KV length changes only the durations of a few ops (attention, its launch, the KQ mask
@@ -49,7 +49,7 @@ import numpy as np
 
 from sim import engines
 from sim.plan.builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
-                      draw_masks_graphs, graph_call, kq_mask_shape, overhead_shape, test_graphs)
+                      draw_masks_graphs, graph_calls, kq_mask_shape, overhead_shape, test_graphs)
 from sim.model.costs import (attn_durations_kv_s, attn_durations_s, class_durations, direct_launch_s,
                              kq_mask_durations_s, op_duration_s, plan_durations, price_reads_shape)
 from sim.model.ggmlcost import mask_shapes_many
@@ -264,7 +264,7 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
                    masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0),
                    block: np.ndarray | None = None) -> GraphTemplate:
     """Build, price and compile one graph on its own (see :class:`GraphTemplate`); ``call``:
-    :func:`sim.plan.builder.graph_call` of the graph; ``block``: optionally the masks as the (L, E)
+    :func:`sim.plan.builder.graph_calls` of the graph; ``block``: optionally the masks as the (L, E)
     bool array whose rows ``masks`` holds (layers ``ctx.moe_layers``: what
     :func:`sim.plan.builder.draw_masks_graphs` draws), read by the column builder in one piece."""
     hw = ctx.scn.hardware
@@ -296,7 +296,7 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
 
 
 #: :func:`time_test` makes the template of a graph that differs from one it has only in its
-#: ``llama_decode`` call (:func:`sim.plan.builder.graph_call`'s call tokens and capture share) from
+#: ``llama_decode`` call (:func:`sim.plan.builder.graph_calls`'s call tokens and capture share) from
 #: that one (:func:`derive_template`); False builds every template (the reference path the tests
 #: compare it with)
 ENABLE_DERIVE = True
@@ -304,7 +304,7 @@ ENABLE_DERIVE = True
 
 def derive_template(src: GraphTemplate, ctx: BuildContext, call: tuple[bool, int, float]) -> GraphTemplate:
     """The template :func:`build_template` would build, at ``src.kv_len``, for the graph of
-    ``src`` with another ``call`` (:func:`sim.plan.builder.graph_call`) of the same ``rebuilt`` flag:
+    ``src`` with another ``call`` (:func:`sim.plan.builder.graph_calls`) of the same ``rebuilt`` flag:
     such graphs differ only in the shape, hence the duration, of their host-overhead op (the
     only op that reads the call tokens and the capture share), so the template is ``src``'s with
     that op re-shaped and re-priced (:meth:`sim.plan.Plan.with_shapes`, sharing the compiled
@@ -680,8 +680,9 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     built = 0
     kept_ops = memo.get("_kept_ops", 0)
     family: dict = {}        # (tokens, start device, mask key, rebuilt) -> a template of this call
+    calls = graph_calls(scn, test, ctx.rep)
     for g, (n, kv, off) in enumerate(graphs):
-        call = graph_call(scn, test, len(graphs), off, ctx.rep)
+        call = calls[g]
         kid = kids[g]
         key = (n, start_dev, kid, call)
         tpl = work.get(key)
