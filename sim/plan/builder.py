@@ -1187,7 +1187,8 @@ def test_graphs(scn: Scenario, test: BenchTest, n_ubatch: int | None = None) -> 
 KV_PAD_CELLS = 256
 
 
-def graph_keys(scn: Scenario, test: BenchTest) -> list[tuple[int, int, int]]:
+def graph_keys(scn: Scenario, test: BenchTest,
+               graphs: Sequence[tuple[int, int, int]] | None = None) -> list[tuple[int, int, int]]:
     """``(n_tokens, n_kv, n_outputs)`` of each graph of a test (:func:`test_graphs`' order): what
     decides whether llama.cpp can reuse the previous graph (``llm_graph_params::allow_reuse``: the
     ubatch's tokens and output count; the inputs' ``can_reuse``: the KQ mask's KV length).
@@ -1196,11 +1197,11 @@ def graph_keys(scn: Scenario, test: BenchTest) -> list[tuple[int, int, int]]:
     (``get_n_kv``; the cap at the cache's size never makes two different windows equal). A prompt
     outputs the last token of each ``llama_decode`` call (``llama_batch_get_one`` has no logits
     array: ``llama_batch_allocr`` marks the last token), so only a call's last ubatch has an
-    output; a decode token has one."""
+    output; a decode token has one. ``graphs``: the test's :func:`test_graphs`, when at hand."""
     nb = max(1, scn.workload.n_batch)
     pad = KV_PAD_CELLS
     out = []
-    for n, kv, off in test_graphs(scn, test):
+    for n, kv, off in (test_graphs(scn, test) if graphs is None else graphs):
         n_kv = max(pad, -(-(kv + n) // pad) * pad)
         end = off + n
         outputs = 1 if (not test.n_prompt or end == test.n_prompt or end % nb == 0) else 0
@@ -1241,8 +1242,8 @@ def graph_calls(scn: Scenario, test: BenchTest, rep: int | None = None) -> list[
     wl = scn.workload
     g = scn.hardware.ggml
     captures = g is not None and g.capture_per_layer_s > 0
-    keys = graph_keys(scn, test)
     graphs = test_graphs(scn, test)
+    keys = graph_keys(scn, test, graphs)
     nb = max(1, wl.n_batch)
     if not captures:
         first_share = 0.0
