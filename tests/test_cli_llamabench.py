@@ -574,11 +574,13 @@ def test_a_fit_target_beyond_the_gpu_is_one_error_asking_for_a_smaller_one(capsy
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "99",
                        "-ncmoe", "0")
     assert rc == 2 and out == "" and err.count("does not fit") == 1 and "error:" in err.splitlines()[-1]
-    # a setting that does not fit beside one that does: one note for it
+    # a setting that does not fit beside one that does: the rows of the one that fits, one error
+    # line for the other and status 1, as llama-bench exits 1 on a model it cannot load
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "0,99",
                        "-ncmoe", "0", "-ub", "64")
-    assert rc == 0 and len(out.splitlines()) == 5  # md: header, rule, the -ngl 0 row, build line
-    assert err.count("does not fit") == 1 and "-ngl 99: left out, no variant fits" in err
+    assert rc == 1 and len(out.splitlines()) == 5  # md: header, rule, the -ngl 0 row, build line
+    assert err.count("does not fit") == 1
+    assert err.splitlines()[-1].startswith("prefetch-sim: error: -ngl 99: left out, no variant fits")
 
 
 def test_the_ubatch_is_clamped_to_the_batch_and_printed_as_given(capsys):

@@ -248,6 +248,9 @@ def _bad(lines: list[str], i: int, old: str, new: str) -> list[str]:
     (lambda L: _bad(L, 1, '"avg_ts": ', '"avg_ts": 1e9, "x": '), "avg_ts, line 2", "1e+09 t/s"),
     (lambda L: _bad(L, 0, '"samples_ts": [ 8361.29', '"samples_ts": [ 8e12'), "samples_ts, line 1", "not physical"),
     (lambda L: _bad(L, 0, '"stddev_ts": ', '"stddev_ts": 1e200, "y": '), "stddev_ts, line 1", "not physical"),
+    # a repetition of weeks or years (SAMPLE_NS_MAX: 7 days) is no llama-bench run
+    (lambda L: _bad(L, 0, '"samples_ns": [ ', '"samples_ns": [ 978307200000000000, '), "samples_ns, line 1",
+     "days is not a llama-bench run"),
     # llama-bench writes one sample per repetition (-r >= 1): an empty array is no llama-bench row
     (lambda L: _bad(L, 2, L[2][L[2].index('"samples_ns": ['):L[2].index("]", L[2].index('"samples_ns": [')) + 1],
                     '"samples_ns": [ ]'), "samples_ns, line 3", "empty"),
@@ -265,13 +268,31 @@ def test_bad_jsonl_is_one_line_error(tmp_path, edit, field, words):
     assert ei.value.file == str(p) and ei.value.field == field
 
 
+def test_a_row_without_samples_whose_mean_implies_weeks_is_refused(tmp_path):
+    """-o csv rows carry no samples: the time per repetition their avg_ts implies is bounded."""
+    import json
+
+    rec = json.loads(LINES[0])
+    for k in ("samples_ns", "samples_ts", "avg_ns", "stddev_ns", "stddev_ts"):
+        rec.pop(k, None)
+    n = rec["n_prompt"] + rec["n_gen"]
+    rec["avg_ts"] = n / (8 * 86400.0)  # 8 days per repetition
+    p = write(tmp_path, json.dumps(rec) + "\n")
+    with pytest.raises(ScenarioError, match="8 days is not a llama-bench run") as ei:
+        read_llama_bench(p)
+    assert ei.value.field == "avg_ts, line 1"
+    rec["avg_ts"] = n / (6 * 86400.0)  # 6 days: a slow CPU run, accepted
+    assert len(read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))) == 1
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "data" / "llamacpp").glob("*/llama-bench.jsonl")),
                          ids=lambda p: p.parent.name)
 def test_no_committed_row_exceeds_the_rate_bound(path):
-    from sim.views.llamabench import TS_MAX
+    from sim.views.llamabench import SAMPLE_NS_MAX, TS_MAX
 
     df = read_llama_bench(path)  # refuses a row at or above TS_MAX
     assert len(df) and df.avg_ts.max() < TS_MAX / 1e4  # the bound leaves four orders of magnitude
+    assert max(max(s) for s in df.samples_ns) < SAMPLE_NS_MAX / 1e4  # and so does the sample bound
 
 
 @pytest.mark.parametrize("text, words", [("", "empty"), ("  \n\n", "empty"), ("[\n]\n", "no llama-bench rows"),

@@ -457,15 +457,18 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     where another variant fits is an error naming the flag and the value. Any other variant (the
     scenario's own, the baseline added for ``vs base``) that does not fit is left out of the
     setting (noted). A setting where no variant fits is left out (noted) when other settings give
-    rows; when none does, the first setting's reason is the error, said once. Settings that differ
+    rows, and counted in ``unfit`` (``run`` then exits 1 after printing the others' rows, as
+    llama-bench exits 1 on a model it cannot load); when none does, the first setting's reason is
+    the error, said once. Settings that differ
     only in flags the simulator does not model (``-C``, ``-dev``, ``--repack``...:
     :meth:`sim.cli.benchflags.Setting.simulated`) are simulated once, each printing its own values.
 
     Returns:
-        ``(rows, results)``: the :class:`sim.views.report.BenchRow` s in llama-bench's order (setting,
-        then variant, then test; with ``-pw``/``-pwg``/``-pes``: setting, test, combination) and
-        every :class:`sim.engines.metrics.TestResult` with its setting's label (``(label, result)``;
-        ``-ncmoe 48``, "the setting" when the flags give one).
+        ``(rows, results, unfit)``: the :class:`sim.views.report.BenchRow` s in llama-bench's order
+        (setting, then variant, then test; with ``-pw``/``-pwg``/``-pes``: setting, test,
+        combination), every :class:`sim.engines.metrics.TestResult` with its setting's label
+        (``(label, result)``; ``-ncmoe 48``, "the setting" when the flags give one), and one line per
+        setting left out because no variant fits (its flags and the reason).
 
     Raises:
         PlacementError: no setting fits at all (the first one's reason; a VRAM overflow names the
@@ -528,7 +531,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
                                         required.get(v0.name) if v0 is not None else None)
                 first_err = first_err or err
-                unfit.append(f"{label}: left out, no variant fits: {err.reason}")
+                unfit.append((label, f"{label}: left out, no variant fits: {err.reason}"))
                 continue
             for v, e in bad:
                 if v.name in required:
@@ -549,8 +552,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     if not rows:
         assert first_err is not None
         raise first_err
-    notes.extend(unfit)
-    return rows, all_results
+    return rows, all_results, [line for _label, line in unfit]
 
 
 def required_variants(args: argparse.Namespace, params) -> dict[str, tuple[str, str]]:
@@ -639,8 +641,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"is a design of the simulator; its rows print -pw 1 -pes {v.expert_slots}, which the prefetch "
                       f"patch runs as weight prefetch in max(2, {v.expert_slots}) slots")
     try:
-        rows, results = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
-                                  max_work=args.max_work, required=required_variants(args, params))
+        rows, results, unfit = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
+                                         max_work=args.max_work, required=required_variants(args, params))
     except KeyboardInterrupt:  # interrupted: only the one line that says so
         raise
     except BaseException:
@@ -664,7 +666,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_atomic(args.out, text)
     elif text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    return 0
+    # llama-bench exits 1 on a model or context it cannot load (after the rows before it): a
+    # setting left out for not fitting does the same here, after the rows of those that fit
+    for line in unfit:
+        print(f"prefetch-sim: error: {line}", file=sys.stderr)
+    return 1 if unfit else 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

@@ -121,6 +121,12 @@ REQUIRED_FIELDS: tuple[str, ...] = (
 #: sample 1.45e4. A larger value is a corrupt or hand-edited row (1e300 overflows the error
 #: statistics: numpy's "overflow encountered in square").
 TS_MAX = 1e9
+#: longest time one timed repetition of a row may take (``samples_ns``, and ``(n_prompt + n_gen) /
+#: avg_ts`` where a row has no samples): 7 days in ns. The slowest committed sample
+#: (data/llamacpp/*/llama-bench.jsonl: Gemma 3 27B pp2048 with 31 of its 62 layers on the CPU)
+#: takes seconds, and a CPU-only run of a large model at a long prompt takes hours; a sample of
+#: weeks or years (a uint64 of ns holds 584 years) is a corrupt or hand-edited row.
+SAMPLE_NS_MAX = 7 * 24 * 3600 * 10**9
 
 #: ``llama_flash_attn_type`` as llama-bench prints it (``(int) flash_attn``)
 FLASH_ATTN = {-1: "auto", 0: "off", 1: "on"}
@@ -312,6 +318,16 @@ def _check_row(rec: dict, err) -> dict:
             raise err(k, "empty: llama-bench writes one sample per repetition (-r >= 1)")
         if k in out and any(x <= 0 for x in out[k]):
             raise err(k, "every sample must be > 0")
+    long_ns = next((x for x in out.get("samples_ns") or () if x > SAMPLE_NS_MAX), None)
+    if long_ns is None and not out.get("samples_ns"):  # no samples: the mean's time per repetition
+        implied = 1e9 * (out["n_prompt"] + out["n_gen"]) / out["avg_ts"]
+        long_ns = implied if implied > SAMPLE_NS_MAX else None
+        where = "avg_ts"
+    else:
+        where = "samples_ns"
+    if long_ns is not None:
+        raise err(where, f"one repetition of {long_ns / 86400e9:.4g} days is not a llama-bench run (at most "
+                         f"{SAMPLE_NS_MAX // (86400 * 10**9)} days accepted); a corrupt or edited row?")
     _check_samples(out, err)
     return out
 
