@@ -667,3 +667,79 @@ def test_the_kq_mask_is_copied_to_the_gpu_only_when_some_attention_runs_there():
         return int(plan.shapes[ops[0]][1])
 
     assert mask_bytes(0) == 0 and mask_bytes(999) > 0
+
+
+@pytest.mark.parametrize("model_name, restricted", [("qwen3-30b-a3b", True), ("gemma3-27b", True),
+                                                    ("gpt-oss-20b", False)])
+def test_the_last_block_runs_its_ffn_on_the_output_rows_only(model_name, restricted):
+    """llama.cpp selects a ubatch's output rows (inp_out_ids) before the last block's FFN in
+    qwen3moe, gemma3 and llama, after the last block in gpt-oss: the FFN items of that block
+    and the output head compute the output rows (none in a prompt's ubatches before the one
+    that ends a llama_decode call); every other item keeps the ubatch's tokens."""
+    from sim.model.specs import load_model
+    from sim.plan.builder import draw_masks
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    model = load_model(ROOT / "scenarios" / "models" / f"{model_name}.toml")
+    scn = scn.with_(model=model, placement=replace(scn.placement, n_cpu_moe=0))
+    assert (model.output_rows_layer == model.n_layer - 1) == restricted
+    last, head = model.n_layer - 1, model.output_tensor.name
+    ctx = make_context(scn, parse_variant("baseline"), np.random.default_rng(0))
+
+    def items(n_out):
+        ctx.rng = np.random.default_rng(3)
+        return graph_items(ctx, 512, 0, 0, draw_masks(ctx, 512, 0, n_out), n_out)
+
+    def ffn(its):
+        names = [it.name for it in its]
+        o = names.index(f"blk.{last}.attn_output.weight")
+        return [it for it in its[o + 1:] if it.layer == last]
+
+    every, one, none = items(None), items(1), items(0)
+    n_ffn = len(ffn(every))
+    assert n_ffn >= 3 and all(it.shape[0] == 512 for it in ffn(every))
+    for its in (every, one, none):   # the blocks before the last are the ubatch's
+        assert [(it.name, it.shape) for it in its if 0 <= it.layer < last] == \
+               [(it.name, it.shape) for it in every if 0 <= it.layer < last]
+    assert [it.shape[0] for it in every if it.name == head] == [1]
+    assert [it.shape[0] for it in one if it.name == head] == [1]
+    assert not [it for it in none if it.name == head]
+    if restricted:
+        assert len(ffn(one)) == n_ffn and all(it.shape[0] == 1 for it in ffn(one))
+        assert not ffn(none)
+        if model.moe is not None:
+            assert {it.shape[3] for it in ffn(one) if it.kind is OpKind.MOE} == {model.moe.n_expert_used}
+            assert ctx.stats["used_masks"][last].sum() == 0
+    else:
+        for its in (one, none):
+            assert [(it.name, it.shape) for it in ffn(its)] == [(it.name, it.shape) for it in ffn(every)]
+
+
+def test_a_prompt_of_several_ubatches_skips_the_head_and_last_ffn_before_its_call_ends():
+    """On a llama.cpp profile the plan of pp512 at ubatch 128 (one llama_decode call of four
+    ubatches) computes the output head once, in the last ubatch, and is faster than the plan
+    that computes it in every ubatch; decode is unchanged (its one token is the output)."""
+    from sim.plan import builder
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    scn = scn.with_(workload=replace(scn.workload, n_ubatch=128), placement=replace(scn.placement, n_cpu_moe=0))
+    v = parse_variant("baseline")
+    head = scn.model.output_tensor.name
+    pp = BenchTest(512, 0)
+    plan = build_plan(scn, v, pp, np.random.default_rng(0))
+    assert builder.output_rows(scn, pp) == [0, 0, 0, 1]
+    assert sum(name.startswith(head) for name in plan.names) == 1
+    t_new = float(np.max(engines.run(plan, plan_durations(plan, scn.hardware), "analytic").end_s))
+    real = builder.output_rows
+    try:
+        builder.output_rows = lambda s, t, g=None: [None] * len(builder.test_graphs(s, t))
+        old = build_plan(scn, v, pp, np.random.default_rng(0))
+        tg = BenchTest(0, 4)
+        old_tg = build_plan(scn, v, tg, np.random.default_rng(0))
+    finally:
+        builder.output_rows = real
+    assert sum(name.startswith(head) for name in old.names) == 4
+    t_old = float(np.max(engines.run(old, plan_durations(old, scn.hardware), "analytic").end_s))
+    assert t_new < t_old
+    new_tg = build_plan(scn, v, tg, np.random.default_rng(0))
+    assert new_tg.names == old_tg.names and new_tg.shapes == old_tg.shapes

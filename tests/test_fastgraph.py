@@ -17,7 +17,7 @@ import sim.plan.memo as memo
 from plangen import plans_with_durations
 from sim.plan import fastgraph
 from sim.model import vram
-from sim.plan.builder import _runs, draw_masks, graph_calls, graph_items, make_context
+from sim.plan.builder import _runs, draw_masks, graph_calls, graph_items, make_context, output_rows
 from sim.plan.builder import test_graphs as graphs_of
 from sim.model.costs import class_durations, plan_durations
 from sim.engines import analytic
@@ -45,7 +45,7 @@ def _variants(scn):
     return list(out.values())
 
 
-def _built_both(ctx, graph, masks, start_dev, call, monkeypatch) -> tuple:
+def _built_both(ctx, graph, masks, start_dev, call, monkeypatch, n_outputs=None) -> tuple:
     """``(column template, reference template, built by columns?)`` of one graph."""
     n, kv, off = graph
     covered = []
@@ -58,9 +58,9 @@ def _built_both(ctx, graph, masks, start_dev, call, monkeypatch) -> tuple:
 
     monkeypatch.setattr(memo, "build_graph_columns", spy)
     monkeypatch.setattr(fastgraph, "ENABLE", True)
-    fast = build_template(ctx, n, kv, off, masks, start_dev, call)
+    fast = build_template(ctx, n, kv, off, masks, start_dev, call, n_outputs=n_outputs)
     monkeypatch.setattr(fastgraph, "ENABLE", False)
-    ref = build_template(ctx, n, kv, off, masks, start_dev, call)
+    ref = build_template(ctx, n, kv, off, masks, start_dev, call, n_outputs=n_outputs)
     monkeypatch.setattr(fastgraph, "ENABLE", True)
     return fast, ref, covered[0]
 
@@ -104,13 +104,18 @@ def _check_graphs(scn, tests, monkeypatch, graphs_per_test: int = 3) -> tuple[in
             ctx.rng = np.random.default_rng(5)
             graphs = graphs_of(scn, t)
             calls = graph_calls(scn, t, 0)
-            for g, call in list(zip(graphs, calls))[:graphs_per_test]:
-                masks = draw_masks(ctx, g[0], g[2])
-                for dev in range(scn.hardware.n_gpu):
-                    fast, ref, was = _built_both(ctx, g, masks, dev, call, monkeypatch)
-                    _assert_same_template(fast, ref, f"{scn.name} {v.name} {t.name} graph {g} GPU {dev}")
-                    compared += 1
-                    covered += was
+            outs = output_rows(scn, t, graphs)
+            for gi, (g, call) in enumerate(list(zip(graphs, calls))[:graphs_per_test]):
+                # the graph's own output rows, and the other counts a llama-bench graph has (none,
+                # one: the block that runs on them only, the head)
+                for n_out in dict.fromkeys([outs[gi], 0, 1]):
+                    masks = draw_masks(ctx, g[0], g[2], n_out)
+                    for dev in range(scn.hardware.n_gpu):
+                        fast, ref, was = _built_both(ctx, g, masks, dev, call, monkeypatch, n_out)
+                        _assert_same_template(fast, ref, f"{scn.name} {v.name} {t.name} graph {g} outputs {n_out} "
+                                                         f"GPU {dev}")
+                        compared += 1
+                        covered += was
     return compared, covered
 
 

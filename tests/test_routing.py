@@ -546,3 +546,40 @@ def test_used_masks_of_several_graphs_replay_a_trace(tmp_path):
     got = router.used_masks_graphs(range(L), graphs, np.random.default_rng(0))
     for (n, off), g in zip(graphs, got):
         np.testing.assert_array_equal(g, np.stack(router.used_masks(range(L), n, None, off)))
+
+
+@pytest.mark.parametrize("spec", [RoutingSpec(kind="uniform"), RoutingSpec(kind="skewed", zipf_s=1.1, cold_share=0.2)],
+                         ids=["uniform", "skewed"])
+def test_output_mask_keeps_top_k_per_output_row_of_the_used_experts_without_drawing(spec):
+    """The block llama.cpp runs on a ubatch's output rows only uses top-k experts per output
+    row, among those the ubatch uses, the most probable first; none without outputs; the
+    ubatch's own mask when every row is an output. No draw: the rng is untouched."""
+    E, k = 32, 4
+    router = Router(spec, E, k, 4, np.random.default_rng(5))
+    rng = np.random.default_rng(1)
+    mask = router.used_mask(3, 64, rng)
+    state = rng.bit_generator.state
+    one = router.output_mask(3, mask, 64, 1)
+    assert one.sum() == k and not (one & ~mask).any()
+    pi = router.inclusion(3)
+    assert pi[one].min() >= pi[mask & ~one].max()   # the most probable of the used ones
+    two = router.output_mask(3, mask, 64, 2)
+    assert two.sum() == 2 * k and (two >= one).all()
+    assert not router.output_mask(3, mask, 64, 0).any()
+    assert router.output_mask(3, mask, 64, 64) is mask and router.output_mask(3, mask, 1, 1) is mask
+    small = np.zeros(E, dtype=bool)
+    small[[1, 7]] = True   # fewer used than k * outputs: all of them
+    assert np.array_equal(router.output_mask(3, small, 5, 1), small)
+    assert rng.bit_generator.state == state
+
+
+def test_output_mask_replays_the_last_tokens_of_a_trace(tmp_path):
+    L, T, E, k = 3, 7, 16, 3
+    ids = random_trace_ids(L, T, E, k)
+    p = write_trace(tmp_path / "t.csv", ids, "experts", " ")
+    router = Router(RoutingSpec(kind="trace", trace_file=p), E, k, L)
+    for n, off in ((5, 0), (4, T - 2)):
+        mask = router.used_mask(2, n, None, off)
+        got = router.output_mask(2, mask, n, 1, off)
+        assert np.array_equal(got, router.used_mask(2, 1, None, off + n - 1))
+        assert got.sum() == k

@@ -834,6 +834,37 @@ class Router:
             g = h
         return out
 
+    def output_mask(self, layer: int, mask: np.ndarray, n_tokens: int, n_outputs: int,
+                    token_offset: int = 0) -> np.ndarray:
+        """The experts the output rows of a ubatch use, given ``mask`` (E,) bool, the experts its
+        ``n_tokens`` tokens use: what the layer llama.cpp runs on the output rows only
+        (:attr:`sim.model.specs.ModelSpec.output_rows_layer`) reads. ``mask`` itself when every
+        token is an output, none without outputs. ``trace``: the exact union of the last
+        ``n_outputs`` tokens' rows (a llama-bench call's output is its last token). ``uniform`` /
+        ``skewed``: ``top_k * n_outputs`` of the used experts (all of them when fewer), those of
+        the largest inclusion probability first, then by id: no draw, so the rng's stream and
+        every other layer's masks are those of the ubatch; the count, which prices the op, is
+        exact, the ids a representative choice (a one-token op runs where its weights are and
+        copies nothing, so only an expert cache would read them).
+
+        Returns:
+            (E,) bool, a new array unless it is ``mask`` (every row an output).
+        """
+        if n_outputs >= n_tokens:
+            return mask
+        out = np.zeros(self.n_expert, dtype=bool)
+        if n_outputs <= 0:
+            return out
+        if self.trace is not None:
+            out[self.trace.ids[layer, self._trace_rows(n_outputs, token_offset + n_tokens - n_outputs)].ravel()] = True
+            return out
+        used = np.flatnonzero(mask)
+        keep = self.top_k * n_outputs
+        if used.size > keep:
+            used = used[np.argsort(-self._pi[layer][used], kind="stable")[:keep]]
+        out[used] = True
+        return out
+
     def fixed_count(self, n_tokens: int) -> int | None:
         """Experts a ubatch of ``n_tokens`` uses when that count does not depend on the draws
         (``uniform``/``skewed`` with one token: exactly ``top_k``; no tokens: 0), else None."""

@@ -131,6 +131,14 @@ class MoESpec:
     fused_gate_up: bool = False
 
 
+#: llama.cpp architectures whose last block runs its FFN on every token of the ubatch, the
+#: output rows selected only before the output head (``src/models/openai-moe.cpp``, pinned
+#: tree: ``ggml_get_rows(cur, inp_out_ids)`` after the layer loop unless
+#: ``embeddings_nextn_masked``); every other shipped architecture selects them before the last
+#: block's FFN (:attr:`ModelSpec.output_rows_layer`)
+FULL_LAST_BLOCK_ARCHS = frozenset({"gpt-oss"})
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A transformer as llama.cpp sees it.
@@ -235,6 +243,21 @@ class ModelSpec:
         if self.tensor_table:
             return tuple(t for t in self.tensor_table if t.layer < self.n_layer)
         return _derive_tensors(self)
+
+    @property
+    def output_rows_layer(self) -> int:
+        """The block whose FFN llama.cpp runs on the graph's output rows only, or -1.
+
+        llama.cpp's model graphs select the output rows (``ggml_get_rows`` with ``inp_out_ids``,
+        ``llm_graph_context::build_inp_out_ids``) after the last block's attention, so its FFN
+        (router and experts, or the dense FFN) and the output head see only the ubatch's output
+        tokens: one in the ubatch that ends a llama-bench ``llama_decode`` call, none in the others
+        (``llama_context::decode``: ``n_outputs`` per ubatch). ``src/models/qwen3moe.cpp``,
+        ``llama.cpp``, ``gemma3.cpp``, ``laguna.cpp`` and most other architectures do so;
+        ``openai-moe.cpp`` (gpt-oss) selects them only after its last block (the head alone),
+        :data:`FULL_LAST_BLOCK_ARCHS`. An architecture the simulator does not know (``arch = ""``)
+        is taken to do as most do."""
+        return -1 if self.arch in FULL_LAST_BLOCK_ARCHS else self.n_layer - 1
 
     @cached_property
     def output_tensor(self) -> Tensor:

@@ -301,26 +301,53 @@ def attn_item_shape(ctx: BuildContext, layer: int, n_tokens: int, kv_len: int) -
             model.linear_state_dim, int(pl.flash_attn), ew_kernels, ew_elems, kv_in, kv_out, extra_splits)
 
 
-def draw_masks(ctx: BuildContext, n_tokens: int, token_offset: int) -> dict[int, np.ndarray]:
+def _output_layer(ctx: BuildContext, n_tokens: int, n_outputs: int | None) -> int:
+    """The MoE layer whose mask is that of the graph's output rows (:func:`output_rows`), -1
+    when none is (every row an output, ``n_outputs`` None, or that block without experts)."""
+    if n_outputs is None or n_outputs >= n_tokens:
+        return -1
+    last = ctx.scn.model.output_rows_layer
+    return last if last >= 0 and ctx.scn.model.is_moe_layer(last) else -1
+
+
+def draw_masks(ctx: BuildContext, n_tokens: int, token_offset: int,
+               n_outputs: int | None = None) -> dict[int, np.ndarray]:
     """The used-expert masks of one graph, layer -> bool (E,), drawn from ``ctx.rng`` in the
-    order :func:`graph_items` draws them (MoE layers in layer order); ``{}`` without experts."""
+    order :func:`graph_items` draws them (MoE layers in layer order); ``{}`` without experts.
+    ``n_outputs``: the graph's output rows (:func:`output_rows`): the block llama.cpp runs on
+    them only gets their experts (:meth:`sim.model.routing.Router.output_mask`, no draw)."""
     model = ctx.scn.model
     if model.moe is None or ctx.router is None:
         return {}
     layers = ctx.moe_layers
-    return dict(zip(layers, ctx.router.used_masks(layers, n_tokens, ctx.rng, token_offset)))
+    out = dict(zip(layers, ctx.router.used_masks(layers, n_tokens, ctx.rng, token_offset)))
+    last = _output_layer(ctx, n_tokens, n_outputs)
+    if last >= 0:
+        out[last] = ctx.router.output_mask(last, out[last], n_tokens, n_outputs, token_offset)
+    return out
 
 
-def draw_masks_graphs(ctx: BuildContext, graphs: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+def draw_masks_graphs(ctx: BuildContext, graphs: Sequence[tuple[int, int, int]],
+                      outputs: Sequence[int | None] | None = None) -> list[np.ndarray | None]:
     """The used-expert masks of several graphs ``[(n_tokens, kv_len, token_offset), ...]``
     in order, each an (L, E) bool array over ``ctx.moe_layers`` (row ``k``: layer
     ``ctx.moe_layers[k]``): the draws :func:`draw_masks` makes graph after graph, from
-    ``ctx.rng`` (:meth:`sim.model.routing.Router.used_masks_graphs`); None per graph without
-    experts."""
+    ``ctx.rng`` (:meth:`sim.model.routing.Router.used_masks_graphs`), with ``outputs`` (one
+    ``n_outputs`` per graph, as :func:`draw_masks` takes it; None: every row an output); None
+    per graph without experts."""
     model = ctx.scn.model
     if model.moe is None or ctx.router is None:
         return [None] * len(graphs)
-    return ctx.router.used_masks_graphs(ctx.moe_layers, [(n, off) for n, _kv, off in graphs], ctx.rng)
+    out = ctx.router.used_masks_graphs(ctx.moe_layers, [(n, off) for n, _kv, off in graphs], ctx.rng)
+    if outputs is not None:
+        row = len(ctx.moe_layers) - 1
+        for g, ((n, _kv, off), n_out) in enumerate(zip(graphs, outputs)):
+            last = _output_layer(ctx, n, n_out)
+            if last >= 0:
+                blk = out[g].copy()
+                blk[row] = ctx.router.output_mask(last, blk[row], n, n_out, off)
+                out[g] = blk
+    return out
 
 
 #: :meth:`Emitter.launch_items` (and :meth:`Emitter.h2d_pieces`) append their ops to the plan's
@@ -340,27 +367,28 @@ ITEM_MEMO = True
 
 
 def graph_splits(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
-                 masks: dict[int, np.ndarray] | None = None) -> tuple[list[Item], list[Split]]:
+                 masks: dict[int, np.ndarray] | None = None,
+                 n_outputs: int | None = None) -> tuple[list[Item], list[Split]]:
     """``(items, cut_splits(items))`` of one graph, with ``items`` = :func:`graph_items`, both
     built once per context for each ``(tokens, used experts per MoE layer)`` and reused: a
     graph's items depend on its KV length only through the attention items' shapes
     (:func:`attn_item_shape`), re-made for ``kv_len``, and on the masks only through the count of
     used experts (the masks are recorded in ``ctx.stats["used_masks"]`` as :func:`graph_items`
     does); the cut depends on the items' backends only. ``masks`` None draws them first
-    (:func:`draw_masks`: the draws :func:`graph_items` would make). Items are shared between
-    graphs: not to be modified."""
+    (:func:`draw_masks`: the draws :func:`graph_items` would make). ``n_outputs``: the graph's
+    output rows (:func:`graph_items`). Items are shared between graphs: not to be modified."""
     if not ITEM_MEMO:
-        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
+        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks, n_outputs)
         return items, cut_splits(items)
     if masks is None:
-        masks = draw_masks(ctx, n_tokens, token_offset)
-    key = (n_tokens, tuple([int(np.count_nonzero(m)) for m in masks.values()]))
+        masks = draw_masks(ctx, n_tokens, token_offset, n_outputs)
+    key = (n_tokens, n_outputs, tuple([int(np.count_nonzero(m)) for m in masks.values()]))
     cache = ctx.item_cache
     got = cache.get(key)
     if got is None:
         if len(cache) > 4096:
             cache.clear()
-        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks)
+        items = graph_items(ctx, n_tokens, kv_len, token_offset, masks, n_outputs)
         splits = cut_splits(items)
         bounds, a = [], 0
         for sp in splits:
@@ -415,24 +443,31 @@ def offloaded_head_norms(ctx: BuildContext, layer: int, n_tokens: int) -> list[t
 
 
 def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
-                masks: dict[int, np.ndarray] | None = None) -> list[Item]:
+                masks: dict[int, np.ndarray] | None = None, n_outputs: int | None = None) -> list[Item]:
     """The compute ops of one graph of ``n_tokens`` on ``kv_len`` cached tokens, in order.
 
-    ``masks``: used-expert masks drawn beforehand (:func:`draw_masks`); None draws them here
-    from ``ctx.rng``."""
+    ``masks``: used-expert masks drawn beforehand (:func:`draw_masks`, with the same
+    ``n_outputs``); None draws them here from ``ctx.rng``. ``n_outputs``: the graph's output
+    rows (:func:`output_rows`): the output head computes that many rows (none: no head) and the
+    block llama.cpp runs on the output rows only (:attr:`sim.model.specs.ModelSpec.output_rows_layer`)
+    its FFN on them (none: no FFN items for it); None: the FFN on every token, the head on one
+    row (the CuPy executor's plans)."""
     scn, model = ctx.scn, ctx.scn.model
     pl = scn.placement
     tens = ctx.tensor_by_name
-    offload = n_tokens >= pl.op_offload_min_batch
     items: list[Item] = []
+    out_layer = model.output_rows_layer if n_outputs is not None else -1
+    head_rows = 1 if n_outputs is None else n_outputs
 
     def weight_item(kind, name, layer, shape, tensors, weight_bytes=None, expert=False):
+        if shape[0] == 0:
+            return  # llama.cpp skips an op of no rows (ggml_is_empty)
         host = any(id(t) in ctx.host_ids for t in tensors)
         dev = ctx.layer_dev[layer] if layer >= 0 else scn.hardware.n_gpu - 1
         wb = sum(t.nbytes for t in tensors) if weight_bytes is None else weight_bytes
         # ggml-cuda's offload rule looks at the op's own batch (ne[1] of MUL_MAT, tokens of
         # MUL_MAT_ID): the output head computes one row per graph
-        cpu = host and not (offload if kind is OpKind.MOE else shape[0] >= pl.op_offload_min_batch)
+        cpu = host and not (shape[0] >= pl.op_offload_min_batch)
         if kind is OpKind.GEMM:
             # the ggml ops the fused op stands for: (ggml type, n_out, n_in, bytes) per weight
             shape = (*shape, tuple((t.ggml_type, t.n_out, t.n_in, t.bytes_per_mat) for t in tensors))
@@ -462,33 +497,41 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         items.append(Item(OpKind.ATTN, b + "attn", i, shape, 0, (), False, not (on_gpu or moved),
                           ctx.layer_dev[i] if on_gpu else 0 if moved else -1))
         weight_item(OpKind.GEMM, o.name, i, (n_tokens, o.n_out, o.n_in), (o,))
+        # the FFN's rows: the output rows in the block llama.cpp runs on them only
+        rows = n_outputs if i == out_layer else n_tokens
         if model.is_moe_layer(i):
             m = model.moe
             assert m is not None and ctx.router is not None
             r = tens[b + "ffn_gate_inp.weight"]
-            weight_item(OpKind.GEMM, r.name, i, (n_tokens, m.n_expert, d), (r,))
-            mask = masks[i] if masks is not None else ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
+            weight_item(OpKind.GEMM, r.name, i, (rows, m.n_expert, d), (r,))
+            if masks is not None:
+                mask = masks[i]
+            else:
+                mask = ctx.router.used_mask(i, n_tokens, ctx.rng, token_offset)
+                if i == out_layer:
+                    mask = ctx.router.output_mask(i, mask, n_tokens, rows, token_offset)
             n_used = int(mask.sum())
             ctx.stats.setdefault("used_masks", {})[i] = mask
             names = ["ffn_gate_up_exps"] if m.fused_gate_up else ["ffn_gate_exps", "ffn_up_exps"]
             names.append("ffn_down_exps")
             for nm in names:
                 t = tens[b + nm + ".weight"]
-                weight_item(OpKind.MOE, t.name, i, (n_tokens, t.n_out, t.n_in, n_used, m.n_expert_used),
+                weight_item(OpKind.MOE, t.name, i, (rows, t.n_out, t.n_in, n_used, m.n_expert_used),
                             (t,), weight_bytes=n_used * t.bytes_per_mat, expert=True)
             if m.n_expert_shared:
                 g_, u_, dn = (tens[b + n + ".weight"] for n in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
-                weight_item(OpKind.GEMM, b + "ffn_gate_up_shexp", i, (n_tokens, g_.n_out + u_.n_out, d), (g_, u_))
-                weight_item(OpKind.GEMM, dn.name, i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+                weight_item(OpKind.GEMM, b + "ffn_gate_up_shexp", i, (rows, g_.n_out + u_.n_out, d), (g_, u_))
+                weight_item(OpKind.GEMM, dn.name, i, (rows, dn.n_out, dn.n_in), (dn,))
         else:
             g_, u_, dn = (tens[b + n + ".weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
             # gate and up are separate ops in ggml: each host-resident one heads its own split
-            weight_item(OpKind.GEMM, g_.name, i, (n_tokens, g_.n_out, d), (g_,))
-            weight_item(OpKind.GEMM, u_.name, i, (n_tokens, u_.n_out, d), (u_,))
-            weight_item(OpKind.GEMM, dn.name, i, (n_tokens, dn.n_out, dn.n_in), (dn,))
+            weight_item(OpKind.GEMM, g_.name, i, (rows, g_.n_out, d), (g_,))
+            weight_item(OpKind.GEMM, u_.name, i, (rows, u_.n_out, d), (u_,))
+            weight_item(OpKind.GEMM, dn.name, i, (rows, dn.n_out, dn.n_in), (dn,))
     out = model.output_tensor
-    # llama-bench's pp graphs compute logits of the last token only; tg of its one token
-    weight_item(OpKind.GEMM, out.name, -1, (1, out.n_out, out.n_in), (out,))
+    # llama-bench's graphs compute the logits of their output rows only: a prompt's last token,
+    # in the ubatch that ends its llama_decode call; a decode graph's one token
+    weight_item(OpKind.GEMM, out.name, -1, (head_rows, out.n_out, out.n_in), (out,))
     return items
 
 
@@ -782,13 +825,14 @@ def kq_mask_shape(model, n_tokens: int, kv_len: int, flash_attn: bool, on_gpu: b
 
 
 def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
-                masks: dict[int, np.ndarray] | None = None) -> None:
+                masks: dict[int, np.ndarray] | None = None, n_outputs: int | None = None) -> None:
     """Emit the ops of one graph (ubatch). ``masks``: pre-drawn used-expert masks
-    (:func:`draw_masks`), None to draw them from the context's rng."""
+    (:func:`draw_masks`, with the same ``n_outputs``), None to draw them from the context's rng;
+    ``n_outputs``: the graph's output rows (:func:`output_rows`, :func:`graph_items`)."""
     ctx = em.ctx
     scn, var, model = ctx.scn, ctx.variant, ctx.scn.model
     hw = scn.hardware
-    items, splits = graph_splits(ctx, n_tokens, kv_len, token_offset, masks)
+    items, splits = graph_splits(ctx, n_tokens, kv_len, token_offset, masks, n_outputs)
     has_moe_host = any(s.host_input is not None and s.host_input.expert for s in splits)
     prefetch_on = var.prefetch_weights and not (
         has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
@@ -1018,11 +1062,12 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int,
     if t.expert and var.selective_copy:
         runs = ids_read.get(t.layer)
         if runs is None:
+            rows = t.shape[0]  # the op's tokens (the output rows in the block that runs on them only)
             d2h = em.launch(OpKind.D2H, Stream.COMPUTE, dev, f"blk.{t.layer}.ffn_moe_topk ids",
-                            nbytes=n_tokens * model.moe.n_expert_used * ID_BYTES, tag="ids")
+                            nbytes=rows * model.moe.n_expert_used * ID_BYTES, tag="ids")
             em.host(OpKind.HOST_SYNC, f"wait ids blk.{t.layer}", (d2h,))
             em.host(OpKind.HOST_WORK, f"build expert runs blk.{t.layer}",
-                    shape=(n_tokens * model.moe.n_expert_used,))
+                    shape=(rows * model.moe.n_expert_used,))
             copy_mask = ctx.stats["used_masks"][t.layer]
             if ctx.cache is not None:
                 res = ctx.cache.access(t.layer, np.flatnonzero(copy_mask))
@@ -1069,10 +1114,13 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     ctx = em.ctx
     model = ctx.scn.model
     d = model.d_model
-    act = n_tokens * d * ACT_BYTES
+    # the split's rows: the graph's tokens, or the output rows of a split that holds only the
+    # FFN of the block llama.cpp runs on them (graph_items)
+    rows = min(n_tokens, max(it.shape[0] for it in s.items))
+    act = rows * d * ACT_BYTES
     gpu = _current_device(em)  # the GPU holding the activations
     moe = any(it.expert for it in s.items)
-    ids = n_tokens * model.moe.n_expert_used * ID_BYTES if moe else 0
+    ids = rows * model.moe.n_expert_used * ID_BYTES if moe else 0
     blk = s.items[0].layer
     # llama.cpp: one synchronous copy per input (the first also waits for the GPU's queued work);
     # the CuPy executor: the inputs in one copy
@@ -1209,6 +1257,19 @@ def graph_keys(scn: Scenario, test: BenchTest,
     return out
 
 
+def output_rows(scn: Scenario, test: BenchTest,
+                graphs: Sequence[tuple[int, int, int]] | None = None) -> list[int | None]:
+    """The output rows of each graph of a test (:func:`test_graphs`' order), as
+    :func:`graph_items` takes them: on a profile that prices llama.cpp (``[ggml]``), the
+    ``n_outputs`` of :func:`graph_keys` (1 in the ubatch that ends a ``llama_decode`` call and in a
+    decode graph, 0 in a prompt's other ubatches); on the CuPy executor's profiles None (its plans
+    run every block on every token and the head on one row, as it executes them)."""
+    graphs = test_graphs(scn, test) if graphs is None else graphs
+    if scn.hardware.ggml is None:
+        return [None] * len(graphs)
+    return [k[2] for k in graph_keys(scn, test, graphs)]
+
+
 def graph_calls(scn: Scenario, test: BenchTest, rep: int | None = None) -> list[tuple[bool, int, float]]:
     """``(rebuilt, call_tokens, capture_share)`` of each graph of a test (:func:`test_graphs`'
     order), as llama.cpp's ``llama_context::decode`` and ``process_ubatch`` and ggml-cuda's
@@ -1292,13 +1353,14 @@ def build_plan(scn: Scenario, variant: Variant, test: BenchTest, rng: np.random.
     em = Emitter(plan, ctx)
     graphs = test_graphs(scn, test)
     calls = graph_calls(scn, test, ctx.rep)
+    outputs = output_rows(scn, test, graphs)
     for gi, (n, kv, off) in enumerate(graphs):
         em.graph = gi
         em.token_offset = off
         em.rebuilt, em.call_tokens, em.capture_share = calls[gi]
         ctx.stats["used_masks"] = {}
         em.cache_split = {}
-        build_graph(em, n, kv, off)
+        build_graph(em, n, kv, off, n_outputs=outputs[gi])
     plan.meta.update(
         h2d_bytes=plan.h2d_bytes(),
         vram=ctx.vram,

@@ -64,14 +64,15 @@ class _Static:
         wb: (J,) int64 weight bytes of a GEMM (sum of its tensors' bytes); bpm: (J,) bytes of
             one expert of a MOE item's tensor; copy: (J,) bytes a whole copy of its tensors moves.
         moe_row: (J,) int64 row of a MOE item's layer in the model's MoE layers (-1 others).
-        m_one: (J,) bool, the GEMM computes one row (the output head).
+        m_one: (J,) bool, the output head (one row per graph, or the graph's output rows).
+        ffn: (J,) bool, an item of its block's FFN (after the attention's output projection).
         kernels: (J,) int64 CUDA kernels of a GEMM (:func:`sim.model.ggmlcost.graph_kernels`).
         moe_type: per tail id of a MOE item, its ggml type; topk: experts per token.
         sig_part: (n_layer,) int64 id of each layer's :func:`sim.plan.builder.layer_attn_parts`.
     """
 
     __slots__ = ("role", "names", "layers", "tpos", "tail", "tails", "wb", "bpm", "copy", "moe_row", "m_one",
-                 "kernels", "moe_type", "topk", "n_items", "attn_rows", "moe_items", "sig_part")
+                 "ffn", "kernels", "moe_type", "topk", "n_items", "attn_rows", "moe_items", "sig_part")
 
 
 def _static_items(model) -> _Static | None:
@@ -91,7 +92,7 @@ def _make_static(model) -> _Static:
     tensors = model.tensors
     tens = {t.name: t for t in tensors if not t.duplicate}   # BuildContext.tensor_by_name
     pos = {id(t): i for i, t in enumerate(tensors)}
-    role, names, layers, tpos, tail, wb, bpm, copy, moe_row, m_one, kernels = ([] for _ in range(11))
+    role, names, layers, tpos, tail, wb, bpm, copy, moe_row, m_one, kernels, ffn = ([] for _ in range(12))
     tails: dict = {}
     moe_type: dict = {}
     topk = model.moe.n_expert_used if model.moe is not None else 0
@@ -135,6 +136,7 @@ def _make_static(model) -> _Static:
         m_one.append(False)
         kernels.append(0)
         gemm(o.name, i, o.n_out, o.n_in, (o,))
+        ffn_from = len(names)
         if model.is_moe_layer(i):
             m = model.moe
             r = tens[b + "ffn_gate_inp.weight"]
@@ -166,6 +168,7 @@ def _make_static(model) -> _Static:
             gemm(g_.name, i, g_.n_out, d, (g_,))
             gemm(u_.name, i, u_.n_out, d, (u_,))
             gemm(dn.name, i, dn.n_out, dn.n_in, (dn,))
+        ffn.extend(range(ffn_from, len(names)))
     out = model.output_tensor
     gemm(out.name, -1, out.n_out, out.n_in, (out,), one=True)
     st = _Static()
@@ -180,6 +183,8 @@ def _make_static(model) -> _Static:
     st.copy = np.array(copy, dtype=np.int64)
     st.moe_row = np.array(moe_row, dtype=np.int64)
     st.m_one = np.array(m_one, dtype=bool)
+    st.ffn = np.zeros(len(names), dtype=bool)
+    st.ffn[ffn] = True
     st.kernels = np.array(kernels, dtype=np.int64)
     st.moe_type = moe_type
     st.topk = topk
@@ -271,11 +276,13 @@ class ItemColumns:
                  "bpm", "moved", "kernels")
 
 
-def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> ItemColumns | None:
+def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray,
+                       n_outputs: int | None = None) -> ItemColumns | None:
     """The items of one graph of ``n_tokens`` on ``kv_len`` cached tokens as columns, ``n_used``
-    the used experts of each MoE layer (``ctx.moe_layers`` order; (L,) int): the items of
-    :func:`sim.plan.builder.graph_items` field for field. None when the model lacks a tensor that
-    function reads (it raises then).
+    the used experts of each MoE layer (``ctx.moe_layers`` order; (L,) int), ``n_outputs`` the
+    graph's output rows: the items of :func:`sim.plan.builder.graph_items` field for field (an
+    item of no rows left out, as there). None when the model lacks a tensor that function reads
+    (it raises then).
 
     Raises:
         ValueError: ``n_used`` does not have one entry per MoE layer.
@@ -295,6 +302,14 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     role = st.role
     is_attn = role == _ATTN
     is_moe = role == _MOE
+    # rows of each item (graph_items): the head's, the output rows in the FFN of the block
+    # llama.cpp runs on them only, the graph's tokens elsewhere
+    head_rows = 1 if n_outputs is None else n_outputs
+    out_layer = model.output_rows_layer if n_outputs is not None else -1
+    last_ffn = st.ffn & (st.layers == out_layer) if out_layer >= 0 and n_outputs < n_tokens else None
+    rows = np.where(st.m_one, head_rows, n_tokens)
+    if last_ffn is not None:
+        rows[last_ffn] = n_outputs
     c = ItemColumns()
     c.role = role
     c.names = st.names
@@ -305,8 +320,7 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     # backends: graph_items' weight_item (the op's own batch against the offload rule) and the
     # attention's placement
     host = res.host
-    m_rows = np.where(st.m_one, 1, n_tokens)
-    cpu_w = host & np.where(is_moe, not offload, m_rows < lo)
+    cpu_w = host & (rows < lo)
     if res.attn_layers_on_gpu:
         moved = np.zeros(st.n_items, dtype=bool)
         cpu = cpu_w
@@ -328,21 +342,27 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     # n_in, used, top-k, type), ATTN the context's (one per layer signature)
     pool: list = []
     n_tails = len(st.tails)
-    gemm_ids = np.where(st.m_one, st.tail + n_tails, st.tail)
-    for tl in st.tails:
-        pool.append((n_tokens, *tl) if len(tl) == 3 else None)
-    for tl in st.tails:
-        pool.append((1, *tl) if len(tl) == 3 else None)
+    # GEMM shapes: a group of the tails per row count (the graph's tokens first, then the head's
+    # and the output rows' when they differ)
+    row_vals = [n_tokens] + sorted({head_rows, n_outputs if last_ffn is not None else n_tokens} - {n_tokens})
+    group = np.zeros(st.n_items, dtype=np.int64)
+    for gi, rv in enumerate(row_vals[1:], 1):
+        group[rows == rv] = gi
+    gemm_ids = st.tail + n_tails * group
+    for rv in row_vals:
+        for tl in st.tails:
+            pool.append((rv, *tl) if len(tl) == 3 else None)
     shape_id = np.where(role == _GEMM, gemm_ids, -1)
     used_item = np.zeros(st.n_items, dtype=np.int64)
     if st.moe_items.size:
         used_item[st.moe_items] = n_used[st.moe_row[st.moe_items]]
-        key = st.tail[st.moe_items] * (int(used_item.max()) + 1) + used_item[st.moe_items]
+        key = ((st.tail[st.moe_items] * (int(used_item.max()) + 1) + used_item[st.moe_items]) * len(row_vals)
+               + group[st.moe_items])
         first, inv = unique_index_inverse(key)
         base = len(pool)
         for j in st.moe_items[first].tolist():
             tl = st.tails[int(st.tail[j])]
-            pool.append((n_tokens, tl[0], tl[1], int(used_item[j]), st.topk, st.moe_type[int(st.tail[j])]))
+            pool.append((int(rows[j]), tl[0], tl[1], int(used_item[j]), st.topk, st.moe_type[int(st.tail[j])]))
         shape_id[st.moe_items] = base + inv.reshape(-1)
     base = len(pool)
     for i in res.sig_layer:
@@ -353,7 +373,7 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
     c.wb = np.where(is_moe, used_item * st.bpm, st.wb)
     # graph_kernels: GPU items only; an expert matmul as a matvec at MMVQ batches; an attention
     # its FlashAttention (or unfused) kernels plus the layer's elementwise ones
-    kern = np.where(is_moe, 2 if n_tokens <= MMVQ_MAX_BATCH else 4, st.kernels)
+    kern = np.where(is_moe, np.where(rows <= MMVQ_MAX_BATCH, 2, 4), st.kernels)
     if st.attn_rows.size:
         per_sig = []
         for i in res.sig_layer:
@@ -362,6 +382,15 @@ def graph_item_columns(ctx, n_tokens: int, kv_len: int, n_used: np.ndarray) -> I
             per_sig.append((1 if fa else 9) + (sh[9] if len(sh) > 9 else 0))
         kern = kern.copy()
         kern[st.attn_rows] = np.asarray(per_sig, dtype=np.int64)[res.sig[st.layers[st.attn_rows]]]
+    keep = rows > 0   # an op of no rows is skipped (graph_items)
+    if not keep.all():
+        at = np.flatnonzero(keep)
+        c.role, c.layers, c.expert, c.copy, c.bpm = role[at], st.layers[at], is_moe[at], st.copy[at], st.bpm[at]
+        c.names = [st.names[j] for j in at.tolist()]
+        c.host, c.cpu, c.device, c.moved = c.host[at], cpu[at], dev[at], moved[at]
+        c.shape_id, c.wb = shape_id[at], c.wb[at]
+        c.shapes = tuple(c.shapes[j] for j in at.tolist())
+        kern, cpu = kern[at], cpu[at]
     c.kernels = int(kern[~cpu].sum())
     return c
 
@@ -454,7 +483,7 @@ def _take(pool: list, idx: np.ndarray) -> list:
 
 
 def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks: dict | None,
-                        block: np.ndarray | None = None) -> bool:
+                        block: np.ndarray | None = None, n_outputs: int | None = None) -> bool:
     """Emit one graph on the empty plan of ``em`` as :func:`sim.plan.builder.build_graph` would
     (the same ops, column for column, the same ``em.kv_ops``, ``em.overhead_op``, graph lists and
     ``meta`` entries, ``ctx.stats["used_masks"]``), when the graph is of the class this module
@@ -475,7 +504,8 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     ``masks``: the used-expert masks of every MoE layer, layer -> (E,) bool
     (:func:`sim.plan.builder.draw_masks`; required for a model with experts); ``block``: optionally
     the same masks as one (L, E) bool array, row ``k`` the mask of ``ctx.moe_layers[k]`` (what
-    :func:`sim.plan.builder.draw_masks_graphs` draws: counted and cut into runs in one piece).
+    :func:`sim.plan.builder.draw_masks_graphs` draws: counted and cut into runs in one piece);
+    both drawn with ``n_outputs``, the graph's output rows (:func:`sim.plan.builder.graph_items`).
 
     Args:
         em: the emitter (its ``graph``, ``act_device_default``, ``rebuilt``, ``call_tokens`` and
@@ -507,7 +537,7 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     else:
         ms = []
         n_used = np.zeros(0, dtype=np.int64)
-    cols = graph_item_columns(ctx, n_tokens, kv_len, n_used)
+    cols = graph_item_columns(ctx, n_tokens, kv_len, n_used, n_outputs)
     if cols is None or cols.cpu.any() or cols.moved.any():
         return False
     J = len(cols.names)

@@ -49,7 +49,7 @@ import numpy as np
 
 from sim import engines
 from sim.plan.builder import (BuildContext, Emitter, build_graph, cpu_attn_args, draw_masks, per_model,
-                      draw_masks_graphs, graph_calls, kq_mask_shape, overhead_shape, test_graphs)
+                      draw_masks_graphs, graph_calls, kq_mask_shape, output_rows, overhead_shape, test_graphs)
 from sim.model.costs import (attn_durations_kv_s, attn_durations_s, class_durations, direct_launch_s,
                              kq_mask_durations_s, op_duration_s, plan_durations, price_reads_shape)
 from sim.model.ggmlcost import mask_shapes_many
@@ -254,19 +254,22 @@ def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]
 
 
 def graph_key(n_tokens: int, masks: dict[int, np.ndarray], start_device: int,
-              mask_layers: frozenset[int]) -> tuple:
+              mask_layers: frozenset[int], n_outputs: int | None = None) -> tuple:
     """What determines a graph's ops apart from the KV length: tokens, the GPU holding the
-    activations at its start, and :func:`mask_key`. ``key[::2]`` drops the device."""
-    return (n_tokens, start_device, mask_key(masks, mask_layers))
+    activations at its start, :func:`mask_key` and the output rows
+    (:func:`sim.plan.builder.output_rows`). ``key[::2]`` drops the device and the output rows."""
+    return (n_tokens, start_device, mask_key(masks, mask_layers), n_outputs)
 
 
 def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int,
                    masks: dict[int, np.ndarray], start_device: int, call: tuple[bool, int, float] = (False, 0, 0.0),
-                   block: np.ndarray | None = None) -> GraphTemplate:
+                   block: np.ndarray | None = None, n_outputs: int | None = None) -> GraphTemplate:
     """Build, price and compile one graph on its own (see :class:`GraphTemplate`); ``call``:
     :func:`sim.plan.builder.graph_calls` of the graph; ``block``: optionally the masks as the (L, E)
     bool array whose rows ``masks`` holds (layers ``ctx.moe_layers``: what
-    :func:`sim.plan.builder.draw_masks_graphs` draws), read by the column builder in one piece."""
+    :func:`sim.plan.builder.draw_masks_graphs` draws), read by the column builder in one piece;
+    ``n_outputs``: the graph's output rows (:func:`sim.plan.builder.output_rows`; the masks drawn
+    with them)."""
     hw = ctx.scn.hardware
     plan = Plan(label="graph")
     em = Emitter(plan, ctx)
@@ -276,8 +279,8 @@ def build_template(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: 
     em.rebuilt, em.call_tokens, em.capture_share = call
     ctx.stats["used_masks"] = {}
     em.cache_split = {}
-    if not build_graph_columns(em, n_tokens, kv_len, token_offset, masks, block):
-        build_graph(em, n_tokens, kv_len, token_offset, masks)
+    if not build_graph_columns(em, n_tokens, kv_len, token_offset, masks, block, n_outputs):
+        build_graph(em, n_tokens, kv_len, token_offset, masks, n_outputs)
     end_device = start_device
     on_compute = np.flatnonzero(plan.arrays.stream == STREAM_CODE[Stream.COMPUTE])
     if on_compute.size:
@@ -637,13 +640,16 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         memo["_host_layers"] = _host_expert_layers(ctx)
     host_layers = memo["_host_layers"]
     graphs = test_graphs(scn, test)
+    outputs = output_rows(scn, test, graphs)
     router = ctx.router
     # masks: drawn as the full plan draws them; when no graph reads more than the count and the
-    # count is fixed (decode), the first graph's stand for all (the rng is the test's own)
+    # count is fixed (decode: one token, its output), the first graph's stand for all (the rng
+    # is the test's own)
     matter = [_masks_matter(ctx, n, host_layers) for n, _kv, _off in graphs]
-    fixed = router is None or (not any(matter) and all(router.fixed_count(n) is not None for n, _kv, _off in graphs))
+    fixed = router is None or (not any(matter) and all(router.fixed_count(n) is not None for n, _kv, _off in graphs)
+                               and len(set(outputs)) == 1)
     if ENABLE_BATCH_DRAWS:
-        blocks = draw_masks_graphs(ctx, graphs[:1] if fixed else graphs)
+        blocks = draw_masks_graphs(ctx, graphs[:1] if fixed else graphs, outputs[:1] if fixed else outputs)
         if fixed:
             blocks = blocks * len(graphs)
         layers = ctx.moe_layers if router is not None else []
@@ -652,7 +658,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     else:
         masks = []
         for g, (n, _kv, off) in enumerate(graphs):
-            masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off))
+            masks.append(masks[0] if fixed and g else draw_masks(ctx, n, off, outputs[g]))
         mkeys = []
         seen = memo.setdefault("_runs", {})
         for g in range(len(graphs)):
@@ -667,7 +673,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         if mk is not prev_mk:
             prev_mk, prev_kid = mk, kid_of.setdefault(mk, len(kid_of))
         kids.append(prev_kid)
-    base = [(n, kids[g]) for g, (n, _kv, _off) in enumerate(graphs)]
+    base = [(n, kids[g], outputs[g]) for g, (n, _kv, _off) in enumerate(graphs)]
     remaining: dict = {}
     for b in base:
         remaining[b] = remaining.get(b, 0) + 1
@@ -684,15 +690,16 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     for g, (n, kv, off) in enumerate(graphs):
         call = calls[g]
         kid = kids[g]
-        key = (n, start_dev, kid, call)
+        n_out = outputs[g]
+        key = (n, start_dev, kid, call, n_out)
         tpl = work.get(key)
         if tpl is None:
             full = full_of.get(key)
             if full is None:
-                full = full_of[key] = (n, start_dev, mkeys[g], call)
+                full = full_of[key] = (n, start_dev, mkeys[g], call, n_out)
             tpl = memo.get(full)
         if tpl is None:
-            fkey = (n, start_dev, kid, call[0])
+            fkey = (n, start_dev, kid, call[0], n_out)
             src = family.get(fkey) if ENABLE_DERIVE else None
             if src is not None:
                 tpl = derive_template(src, ctx, call)
@@ -701,13 +708,13 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
                 if not isinstance(m, dict):
                     m = {} if m is None else dict(zip(ctx.moe_layers, m))
                 tpl = build_template(ctx, n, kv, off, m, start_dev, call,
-                                     blk if isinstance(blk, np.ndarray) else None)
+                                     blk if isinstance(blk, np.ndarray) else None, n_out)
                 if ENABLE_PRIME and not ENABLE_BATCH_ROWS:   # batch rows price every KV length at once
                     _prime_kv_prices(tpl, ctx, [kv_ for n_, kv_, _o in graphs[g + 1:] if n_ == n])
             built += 1
             family.setdefault(fkey, tpl)
         elif key not in work:
-            family.setdefault((n, start_dev, kid, call[0]), tpl)
+            family.setdefault((n, start_dev, kid, call[0], n_out), tpl)
         work[key] = tpl
         pending.setdefault(key, []).append((g, kv))   # its row made with the others' (_rows_at)
         h2d += tpl.h2d_bytes
@@ -716,7 +723,7 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         remaining[b] -= 1
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
-            done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2]) == b]]
+            done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2], k[4]) == b]]
             rows = _rows_at_many([(t, [kv_ for _g, kv_ in lst]) for _k, t, lst in done], ctx)
             done = [(k, t, list(zip([g_ for g_, _kv in lst], r))) for (k, t, lst), r in zip(done, rows)]
             _evaluate([(t, sorted({r for _g, r in lst})) for _k, t, lst in done], engine)
