@@ -109,8 +109,13 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
         raise ScenarioError(f"cannot create folder '{folder}': '{existing}' is not a folder", field=flag)
     what = f"folder '{p}'" if directory else f"'{p}'"
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ScenarioError(f"cannot write {what}: folder '{existing}' is not writable (permission denied)",
-                            field=flag)
+        why = "permission denied"
+        try:
+            if os.statvfs(existing).f_flag & os.ST_RDONLY:
+                why = "a read-only file system"
+        except (OSError, AttributeError):
+            pass
+        raise ScenarioError(f"cannot write {what}: folder '{existing}' is not writable ({why})", field=flag)
     try:  # a real probe: /proc or a read-only mount pass os.access for root
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".prefetch-sim-probe.", suffix=".tmp")
         os.close(fd)

@@ -145,10 +145,10 @@ def test_no_abbreviations_and_no_glued_letters(capsys):
 
 def test_long_flags_may_spell_dashes_as_underscores_as_in_llama_bench(capsys):
     """llama-bench's parse_cmd_params replaces '_' by '-' in a word starting with '--':
-    --n_prompt 256 is --n-prompt 256 (with =value too); a value keeps its '_'; a short flag does not
-    change, nor a word after '--'."""
+    --n_prompt 256 is --n-prompt 256 (and --n_gen=0 is refused as --n-gen=0 is); a value keeps its
+    '_'; a short flag does not change, nor a word after '--'."""
     dashed = jsonl(capsys, "--n-prompt", "16", "--n-gen", "0", "--cache-type-k", "q8_0", "--no-warmup")
-    under = jsonl(capsys, "--n_prompt", "16", "--n_gen=0", "--cache_type_k", "q8_0", "--no_warmup")
+    under = jsonl(capsys, "--n_prompt", "16", "--n_gen", "0", "--cache_type_k", "q8_0", "--no_warmup")
     assert under == [r | {"test_time": under[0]["test_time"]} for r in dashed] and dashed[0]["type_k"] == "q8_0"
     a = build_parser().parse_args(["run", TINY, "--override_tensor", "blk_x=CPU"])
     assert a.overrides == [((("blk_x", "CPU"),),)]  # the value keeps its '_'
@@ -175,9 +175,23 @@ def test_a_value_glued_to_a_flag_is_refused_as_llama_bench_refuses_it(capsys, gl
         with pytest.raises(SystemExit):
             args_of(glued)
         assert f"{glued}: write {spaced}" in capsys.readouterr().err
-    # the spaced forms, a flag's negative value and a long flag with '=' are read as before
+    # the spaced forms and a flag's negative value are read as before
     assert args_of("-d", "8192").n_depth == [(8192,)] and args_of("-ngl", "-1,99").n_gpu_layers == [(-1, 99)]
-    assert args_of("--n-depth=64").n_depth == [(64,)]
+
+
+@pytest.mark.parametrize("word, spaced", [("--n-depth=64", "--n-depth 64"), ("--n-gpu-layers=99", "--n-gpu-layers 99"),
+                                          ("--n_gpu_layers=99", "--n-gpu-layers 99"), ("--repetitions=2", "--repetitions 2"),
+                                          ("--prefetch-gate=0", "--prefetch-gate 0")])
+def test_a_llama_bench_long_flag_joined_to_its_value_is_refused_as_llama_bench_refuses_it(capsys, word, spaced):
+    """llama-bench reads '--n-gpu-layers=99' as an unknown flag ("invalid parameter"): so does
+    run, saying how to write it; the simulator's own long flags keep argparse's --flag=value."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, *QUICK, "-p", "16", "-n", "0", word])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"write {spaced}; llama-bench takes a flag and its value as two words" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", "--max-work=100000000", "-o", "jsonl")
+    assert rc == 0 and len(out.splitlines()) == 1
 
 
 def test_a_negative_tensor_split_is_refused_by_its_own_check_not_taken_for_a_flag(capsys):
@@ -574,6 +588,11 @@ def test_a_fit_target_beyond_the_gpu_is_one_error_asking_for_a_smaller_one(capsy
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "99",
                        "-ncmoe", "0")
     assert rc == 2 and out == "" and err.count("does not fit") == 1 and "error:" in err.splitlines()[-1]
+    # no setting of several fits: the first one's reason, the others named in the same line
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "98,99",
+                       "-ncmoe", "0")
+    assert rc == 2 and out == "" and err.count("does not fit") == 2 and "error:" in err.splitlines()[-1]
+    assert err.rstrip().endswith("-ngl 99 does not fit either")
     # a setting that does not fit beside one that does: the rows of the one that fits, one error
     # line for the other and status 1, as llama-bench exits 1 on a model it cannot load
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "0,99",
@@ -1139,3 +1158,23 @@ def test_a_failed_llama_bench_insert_leaves_no_prefetch_sim_row_linked_to_anothe
     links = [r[0] for r in con.execute("SELECT llama_bench_rowid FROM prefetch_sim")]
     assert con.execute("SELECT COUNT(*) FROM llama_bench").fetchone() == (2,)
     assert sorted(links) == [r[0] for r in con.execute("SELECT rowid FROM llama_bench ORDER BY rowid")]
+
+
+def test_the_kv_advice_names_the_scenario_context_when_it_sizes_the_cache(capsys, tmp_path):
+    """Where the scenario's placement.ctx_size, not the tests, sizes the KV cache that overflows,
+    shorter -p/-n/-d cannot help: the advice says to lower ctx_size in the scenario."""
+    rc, out, err = run(capsys, "run", "laguna-2x3090", "-ncmoe", "20,28", "-p", "512", "-n", "0", *QUICK)
+    assert rc == 1 and "-ncmoe 20: left out" in err
+    assert "placement.ctx_size, 262144 tokens, sizes it here" in err and "a shorter context" not in err
+    # where the tests raise the context, the flags that do are the advice
+    rc, out, err = run(capsys, "run", "laguna-2x3090", "-ncmoe", "28", "-p", "512", "-n", "0", "-d", "0,2000000",
+                       *QUICK)
+    assert rc == 2 and "-d 0,2000000 -p 512: does not fit" in err and "a shorter context: -d plus -p/-n" in err
+    assert "placement.ctx_size" not in err
+
+
+def test_a_scenario_naming_a_device_as_its_model_says_so(tmp_path, capsys):
+    scn = tmp_path / "s.toml"
+    scn.write_text('[scenario]\nname = "x"\nmodel = "/dev/zero"\nhardware = "h200"\n')
+    rc, out, err = run(capsys, "run", str(scn), *QUICK)
+    assert rc == 2 and "field 'scenario.model': not a regular file" in err

@@ -570,3 +570,12 @@ COMMITTED_BENCH = [p for p in sorted(ROOT.glob("data/llamacpp/*/*.jsonl"))
 def test_committed_bench_rows_agree_with_their_samples(path):
     assert len(COMMITTED_BENCH) >= 30
     assert len(read_llama_bench(path))  # refuses a row whose samples and averages disagree
+
+
+def test_a_jsonl_file_whose_first_line_is_an_array_names_line_1(tmp_path):
+    """'[1,2,3]' on line 1 of a jsonl file is a line that is no row (not a malformed -o json array
+    at line 2)."""
+    p = write(tmp_path, "[1, 2, 3]\n" + "\n".join(LINES[1:]) + "\n")
+    with pytest.raises(ScenarioError, match="expected a JSON object") as ei:
+        read_llama_bench(p)
+    assert ei.value.field == "line 1"

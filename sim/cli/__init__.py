@@ -551,6 +551,12 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                              combos=params.prefetch)
     if not rows:
         assert first_err is not None
+        if len(unfit) > 1:  # every setting left out: the first one's reason, the others named
+            others = [label for label, _line in unfit[1:]]
+            shown = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
+            verb = "does" if len(others) == 1 else "do"
+            raise type(first_err)(f"{first_err.reason}; {shown} {verb} not fit either", file=first_err.file,
+                                  field=first_err.field) from None
         raise first_err
     return rows, all_results, [line for _label, line in unfit]
 
@@ -726,6 +732,12 @@ _PLUGINS = (
 )
 
 
+def _bench_long_flags() -> frozenset[str]:
+    from sim.cli.benchflags import llama_bench_long_flags
+
+    return llama_bench_long_flags()
+
+
 class Parser(argparse.ArgumentParser):
     """argparse as llama-bench reads its flags: each flag is a word of its own, matched whole
     (``argv[i] == "-d"``), its value the next word. Multi-letter single-dash flags (``-ngl``,
@@ -733,8 +745,10 @@ class Parser(argparse.ArgumentParser):
     single-dash flag takes its value glued on: ``-d8192``, ``-ngl99``, ``-d=8192`` are errors
     that say to write ``-d 8192`` (argparse alone reads ``-d8192`` as ``-d 8192`` but ``-ngl99``
     as ``-n gl99``), as are short flags run together (``-vq``) and a word that is no flag but
-    starts with one (``-bogus``: not ``-b ogus``). ``--long=value`` stays. An error is one line
-    and exit status 2."""
+    starts with one (``-bogus``: not ``-b ogus``). ``--long=value`` stays for the simulator's own
+    flags (``--out=x``); llama-bench's long flags refuse it as llama-bench does
+    (``--n-gpu-layers=99``: :func:`sim.cli.benchflags.llama_bench_long_flags`). An error is one
+    line and exit status 2."""
 
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
@@ -799,8 +813,13 @@ class Parser(argparse.ArgumentParser):
                 continue
             if tok[:1] != "-" and self._subparsers is not None:
                 return  # the subcommand: its parser checks the rest
+            if tok[:2] == "--" and "=" in tok:
+                name, _, value = tok.partition("=")
+                if name in acts and name in _bench_long_flags():
+                    self.error(f"{tok}: write {name} {value}; llama-bench takes a flag and its value as two words")
+                continue  # the simulator's own long flag ('--out=x')
             if tok[:1] != "-" or tok[1:2] in ("", "-") or self._negative_number_matcher.match(tok):
-                continue  # a positional, '-', a long flag ('--out=x'), a negative number
+                continue  # a positional, '-', a long flag, a negative number
             name, _, value = tok.partition("=")
             flag = name if name in acts else next((o for o in shorts if tok.startswith(o)), None)
             if flag is None:

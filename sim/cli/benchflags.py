@@ -492,8 +492,9 @@ PREFETCH_FLAGS: tuple[tuple[str, tuple[str, ...], str, str], ...] = (
      "prefetch patch: 1 = weight prefetch one split ahead, gated by -pwg (default 512: variant "
      "prefetch_gated_512; -pwg 0: ungated, variant prefetch_ungated)"),
     ("prefetch_gate", ("-pwg", "--prefetch-gate"), "N",
-     "prefetch patch: with -pw 1, no prefetch in a graph with MoE ops whose ubatch has fewer than N tokens "
-     "(default 512; 0 = ungated); with -pw 0 it changes nothing (the rows print it)"),
+     "prefetch patch: with -pw 1, no prefetch in a graph with MoE ops (MUL_MAT_ID) whose ubatch has fewer than "
+     "N tokens; a graph without them (a dense model, decode included) is prefetched at any batch (default 512; "
+     "0 = ungated); with -pw 0 it changes nothing (the rows print it)"),
     ("prefetch_expert_slots", ("-pes", "--prefetch-experts-slots"), "N",
      "prefetch patch: N rotating expert staging slots (variant slots<N>; default 0 = off; not simulated "
      "together with -pw 1)"),
@@ -605,6 +606,17 @@ def harness_notes(args: argparse.Namespace) -> list[str]:
         if dest in UNMODELLED_ROW_FLAGS and getattr(args, dest, None) is not None:
             out.append(f"{opts[0]}: accepted, not modelled (the rows print its values, as llama-bench's)")
     return out
+
+
+def llama_bench_long_flags() -> frozenset[str]:
+    """The long spellings of llama-bench's own flags (``--n-gpu-layers``, ``--repetitions``, the
+    prefetch patch's ``--prefetch-weights`` ...): llama-bench reads each with its value as the next
+    word and refuses ``--n-gpu-layers=99`` (``invalid parameter``), so the CLI does as well
+    (:class:`sim.cli.Parser`); the simulator's own long flags (``--out``,
+    ``--variant``) keep argparse's ``--flag=value``."""
+    longs = [o for _d, opts, *_ in _LIST_FLAGS for o in opts] + [o for _d, opts, *_ in PREFETCH_FLAGS for o in opts]
+    longs += [o for opts, _v in HARNESS_FLAGS for o in opts] + ["--repetitions"]
+    return frozenset(o for o in longs if o.startswith("--"))
 
 
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -1474,8 +1486,14 @@ def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, bas
     field = _OPTS_OF.get(named[0][0], named[0][1]) if len(named) == 1 else "/".join(n[1] for n in named)
     if len(named) == 1 and named[0][0] == "variant":
         field = variant_flag[0]
-    advice = ", or ".join(_VRAM_ADVICE[c] for c in over)
-    return PlacementError(f"{' '.join(n[2] for n in named)}{where}: {exc.needs}; to fit: {advice}", field=field)
+    advice = dict(_VRAM_ADVICE)
+    if not raised:
+        # the scenario's context sizes the KV cache, not the tests: shorter tests change nothing
+        advice["kv"] = (f"a smaller KV cache (the scenario's placement.ctx_size, {base_ctx_size} tokens, sizes it "
+                        f"here, where llama-bench sizes it to each test's -p + -n + -d: lower ctx_size in the "
+                        f"scenario; or fewer layers on the GPU, or -ctk/-ctv q8_0)")
+    text = ", or ".join(advice[c] for c in over)
+    return PlacementError(f"{' '.join(n[2] for n in named)}{where}: {exc.needs}; to fit: {text}", field=field)
 
 
 def sim_tests(instances: Sequence[Instance]) -> list:

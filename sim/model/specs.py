@@ -1466,6 +1466,8 @@ def load_scenario(path: str | Path) -> Scenario:
     for key, p in (("model", model_path), ("hardware", hw_path)):
         if p.is_dir():
             raise s.error(key, f"is a folder, expected a {'TOML or GGUF' if key == 'model' else 'TOML'} file: {p}")
+        if p.exists() and not p.is_file():
+            raise s.error(key, f"not a regular file (a device, FIFO or socket cannot be an input): {p}")
         if not p.is_file():
             raise s.error(key, f"file not found: {p}")
     seed = s.int("seed", 0, min=0)

@@ -491,6 +491,15 @@ def read_llama_bench(path: str | Path):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
+            first = text.lstrip().split("\n", 1)[0]
+            if exc.msg == "Extra data":  # a whole value on line 1, more after it: jsonl whose line 1 is no row
+                try:
+                    val = json.loads(first)
+                except json.JSONDecodeError:
+                    val = None
+                if val is not None:
+                    raise ScenarioError(f"expected a JSON object (a llama-bench -o jsonl row), got "
+                                        f"{type(val).__name__}", file=p, field="line 1") from None
             msg, key = _decode_error(text, exc)
             raise ScenarioError(f"{msg} at line {exc.lineno}",
                                 file=p, field=f"{key}, line {exc.lineno}" if key else f"line {exc.lineno}") from None
