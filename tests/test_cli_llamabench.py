@@ -1178,3 +1178,18 @@ def test_a_scenario_naming_a_device_as_its_model_says_so(tmp_path, capsys):
     scn.write_text('[scenario]\nname = "x"\nmodel = "/dev/zero"\nhardware = "h200"\n')
     rc, out, err = run(capsys, "run", str(scn), *QUICK)
     assert rc == 2 and "field 'scenario.model': not a regular file" in err
+
+
+def test_model_filename_is_the_same_path_whichever_way_the_scenario_is_named(capsys, monkeypatch, tmp_path):
+    """Without -m, model_filename is the scenario's model file relative to the working folder when
+    below it, absolute otherwise, whether the scenario is a built-in name or a path."""
+    monkeypatch.chdir(ROOT)
+    names = []
+    for scn in ("default", "scenarios/default.toml", str(ROOT / "scenarios" / "default.toml")):
+        rc, out, err = run(capsys, "run", scn, *QUICK, "-p", "16", "-n", "0", "-o", "jsonl")
+        assert rc == 0
+        names.append(json.loads(out.splitlines()[0])["model_filename"])
+    assert names == ["scenarios/models/qwen3-30b-a3b.toml"] * 3
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "run", "default", *QUICK, "-p", "16", "-n", "0", "-o", "jsonl")
+    assert json.loads(out.splitlines()[0])["model_filename"] == str((ROOT / "scenarios/models/qwen3-30b-a3b.toml").resolve())

@@ -1146,7 +1146,19 @@ def overrides_text(rules: Sequence[Rule]) -> str:
 
 
 def model_filename(setting: Setting, model) -> str:
-    return setting.model if setting.model is not None else str(model.file or model.name)
+    """llama-bench's ``model_filename``: the ``-m`` path as given; without ``-m``, the scenario's
+    model file relative to the working folder when it lies below it (as a scenario named by its
+    path writes it), else its absolute path, whichever way the scenario was found (a built-in
+    name or a path); the model's name when it has no file."""
+    if setting.model is not None:
+        return setting.model
+    if not model.file:
+        return model.name
+    p = Path(model.file).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
 
 
 def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequence[Rule] | None = None) -> dict:
