@@ -142,3 +142,18 @@ def test_bad_input_is_one_line(capsys, tmp_path, monkeypatch, argv, what):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and what in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_scenario_variant_that_does_not_fit_is_left_out_with_a_note_as_run_does(capsys):
+    """breakdown and trace follow run's rule: a scenario's own variant that does not fit where
+    another fits is left out with a note; a --variant that does not fit is an error."""
+    from sim.cli import main
+
+    rc = main(["breakdown", "laguna-2x3090", "-ncmoe", "21", "-p", "512", "-n", "0", "-r", "1", "-q"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "baseline / pp512" in out and "prefetch_ungated / pp512" not in out
+    assert "note: variant prefetch_ungated left out: -ncmoe 21: does not fit" in err
+    rc = main(["breakdown", "laguna-2x3090", "-ncmoe", "21", "-p", "512", "-n", "0", "-r", "1", "-q",
+               "--variant", "prefetch_ungated"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "does not fit with variant 'prefetch_ungated'" in err

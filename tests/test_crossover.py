@@ -456,3 +456,23 @@ def test_out_named_like_a_file_is_refused_as_it_names_a_folder(tmp_path, capsys)
     rc = cli.main(["crossover", str(TINY), "--axis", "pcie=8,16", "--variant", "prefetch_ungated", "-q",
                    "--out", str(tmp_path / "old.csv")])
     assert rc == 0 and any(p.suffix == ".png" for p in (tmp_path / "old.csv").iterdir())
+
+
+def test_a_speedup_within_the_tolerance_of_one_is_no_crossover():
+    """A 1.7 ppm deficit beside exact ties (a prefetch variant's event records at ubatch 1) is no
+    crossover; a change of side by more than SPEEDUP_RTOL is."""
+    from sim.views.crossover import SPEEDUP_RTOL, find_crossovers
+
+    assert find_crossovers([1, 2, 4, 8, 16, 32], [0.9999983, 1.0, 1.0, 1.0, 1.0, 1.02]) == []
+    got = find_crossovers([1, 2, 4], [1 - 3 * SPEEDUP_RTOL, 1.0, 1.02])
+    assert len(got) == 1 and got[0][3]
+
+
+def test_a_sweep_where_nothing_fits_is_one_error_and_writes_nothing(tmp_path, capsys):
+    from sim.cli import main
+
+    out = tmp_path / "x"
+    rc = main(["crossover", "laguna-2x3090", "--axis", "ncmoe=0,1", "--test", "pp512", "-q", "--variant", "baseline",
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no point of the sweep fits" in err and err.count("\n") == 1 and not out.exists()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -129,6 +130,23 @@ class GridSpec:
         return next(m for m in self.models if m.key == key)
 
 
+
+#: a grid's run ids and model keys name files (``logs/<id>.log``, ``<id>.jsonl``, ``<key>.gguf``):
+#: letters, digits, ``.``, ``_`` and ``-``, not starting with ``.`` or ``-``
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", re.ASCII)
+
+
+def _check_name(fields, key: str) -> str:
+    """The value of ``key`` (a run id or model key), refused (naming the field) unless it is a
+    plain file name (:data:`NAME_RE`): no ``/``, ``..`` or spaces that would put a log, a
+    prediction or a GGUF outside its folder."""
+    v = fields.str(key)
+    if not NAME_RE.fullmatch(v):
+        raise fields.error(key, f"{v!r} names files: use letters, digits, '.', '_' and '-' (at most 128, not "
+                                "starting with '.' or '-')")
+    return v
+
+
 def load_grid(path: str | Path) -> GridSpec:
     """Read a grid spec TOML.
 
@@ -159,6 +177,7 @@ def load_grid(path: str | Path) -> GridSpec:
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
         mf = Fields(tbl, path, f"model[{i}]")
+        _check_name(mf, "key")
         models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
         # the lease reads it from the repository's root; an installed wheel has it in its shipped files
@@ -173,7 +192,7 @@ def load_grid(path: str | Path) -> GridSpec:
     runs: list[GridRun] = []
     for i, tbl in enumerate(f.raw("run", []) or []):
         rf = Fields(tbl, path, f"run[{i}]")
-        rid = rf.str("id")
+        rid = _check_name(rf, "id")
         model = rf.str("model", choices=tuple(keys))
         try:
             args = tuple(shlex.split(rf.str("args")))

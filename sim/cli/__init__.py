@@ -133,6 +133,35 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     return fit_context_to_tests(sscn.with_(workload=wl))
 
 
+def fitting_contexts(scn, args: argparse.Namespace) -> list:
+    """``[(variant, context)]`` of the scenario's variants that fit in VRAM, for the commands that
+    simulate one setting (``trace``, ``breakdown``), by ``run``'s rule: a variant the command line
+    asks for (``--variant``) that does not fit is an error; a scenario's own variant that does not
+    fit where another fits is left out with a note on stderr.
+
+    Raises:
+        PlacementError: a ``--variant`` that does not fit, or no variant fits (the first one's
+            reason), in the flags' terms (:func:`placement_error_in_flags`).
+    """
+    from sim.engines.metrics import make_context, rep_rng
+
+    asked = {v.strip() for v in (getattr(args, "variant", None) or [])}
+    out, failed = [], []
+    for variant in scn.variants:
+        try:
+            out.append((variant, make_context(scn, variant, rep_rng(scn.seed, -1, -1))))
+        except PlacementError as exc:
+            err = placement_error_in_flags(exc, args, variant)
+            if variant.name in asked:
+                raise err from None
+            failed.append((variant, err))
+    if not out:
+        raise failed[0][1]
+    for variant, err in failed:
+        print(f"prefetch-sim: note: variant {variant.name} left out: {getattr(err, 'reason', err)}", file=sys.stderr)
+    return out
+
+
 def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=None, test_flags=()) -> Exception:
     """``exc`` (a :class:`sim.errors.PlacementError` of the one setting ``trace``/``check`` simulate,
     :func:`load_scenario_with_overrides`, under ``variant``) in the command line's terms: a VRAM
@@ -701,12 +730,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     frames, lines = [], []
     # a long test (tg128 of four variants: seconds) prints nothing until the file is written: a
     # bar, one step per variant, on a terminal unless -q
-    with closed_after(bar(scn.variants, desc="simulating", unit="variant", quiet=args.quiet)) as variants:
-        for variant in variants:  # every variant asked for, one timeline each, in one file
-            try:
-                ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
-            except PlacementError as exc:  # in the flags' terms when they cause it
-                raise placement_error_in_flags(exc, args, variant) from None
+    fitting = fitting_contexts(scn, args)  # a scenario variant that does not fit: left out, noted
+    with closed_after(bar(fitting, desc="simulating", unit="variant", quiet=args.quiet)) as pairs:
+        for variant, ctx in pairs:  # every variant that fits, one timeline each, in one file
             plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
             sched = time_plan(plan, scn, args.engine)
             frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))

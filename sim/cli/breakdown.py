@@ -60,16 +60,12 @@ def breakdown_rows(args: argparse.Namespace) -> tuple[list[dict], list[tuple[str
 def _tables(scn, args, chosen, reps, rows, heads, progress) -> None:
     """:func:`breakdown_rows`'s loop: append each (variant, test)'s rows and header line; one
     step of ``progress`` (a tqdm bar) per table."""
-    from sim.cli import placement_error_in_flags
-    from sim.engines.metrics import full_repetition, make_context, rep_rng, warm_up
+    from sim.cli import fitting_contexts
+    from sim.engines.metrics import full_repetition, warm_up
     from sim.views.breakdown import breakdown
     from sim.views.report import sample_stats
 
-    for variant in scn.variants:
-        try:
-            ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
-        except PlacementError as exc:
-            raise placement_error_in_flags(exc, args, variant) from None
+    for variant, ctx in fitting_contexts(scn, args):
         for ti, test in chosen:
             warm_up(scn, variant, test, ti, ctx)
             acc: dict[str, list[float]] = {}

@@ -78,6 +78,13 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions or 1, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress,
                 max_work=WORK_MAX if args.max_work is None else args.max_work, prefetch_plots=True)
+    if res.cells and all(c.error for c in res.cells):
+        # nothing fits anywhere: an error, as run's when no setting fits (a sweep where some points
+        # fit keeps the others as rows that say why, and exits 0: the VRAM boundary is its answer)
+        from sim.errors import PlacementError
+
+        raise PlacementError(f"no point of the sweep fits; the first: {res.cells[0].error}",
+                             field="--axis" if len(axes) == 1 else "--axis/--axis2")
     _report(write_outputs(res, args.out, _stem(res)))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sim.cli.benchflags import ascii_int
 from sim.views.reproduce import REPORTED_CSV, compare, to_frame
@@ -20,10 +21,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from sim.atomic import check_output_path, write_atomic
     from sim.errors import PrefetchSimError, ScenarioError
 
-    if args.repetitions < 1:
-        raise ScenarioError(f"must be >= 1, got {args.repetitions}", field="-r/--repetitions")
+    from sim.bounds import REPETITIONS_MAX
+
+    if not 1 <= args.repetitions <= REPETITIONS_MAX:
+        raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}",
+                            field="-r/--repetitions")
     if args.out:
         check_output_path(args.out)
+        suffix = Path(args.out).suffix.lower()
+        if suffix not in ("", ".csv"):
+            raise ScenarioError(f"'{args.out}' ends in {suffix}, but reproduce writes CSV: give a .csv name",
+                                field="--out")
     if not REPORTED_CSV.is_file():
         raise PrefetchSimError(f"{REPORTED_CSV} not found: `reproduce` needs the source checkout "
                                "(pip install -e . from a clone)")

@@ -688,7 +688,8 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     moe = None
     if n_expert or moe_layers:
         if not n_expert:
-            raise meta.error("expert_count", "missing, but the file has expert routers (ffn_gate_inp)")
+            raise meta.error("expert_count", ("0" if meta.has("expert_count") else "missing")
+                             + ", but the file has expert routers (ffn_gate_inp)")
         if not moe_layers:
             raise ScenarioError(f"{arch}.expert_count is {n_expert}, but no block has an ffn_gate_inp.weight",
                                 file=p)
