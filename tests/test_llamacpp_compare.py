@@ -670,6 +670,12 @@ def test_warnings_name_another_gpu_and_each_invocation_with_another_model_size()
     assert w[1].startswith("invocation a-x: model_size 1.00 GiB") and w[2].startswith("line 4: model_size 3.00")
     df.attrs["gpu_info"] = ["NVIDIA H200/NVIDIA H200"]
     assert len(cmp.warnings(df)) == 2
+    # a two-GPU profile against one-GPU rows: the machine had fewer GPUs than the profile
+    df.attrs.update(gpu_info=["NVIDIA H200"], n_gpu=2)
+    w = cmp.warnings(df)
+    assert len(w) == 3 and "had 1 GPU(s)" in w[0] and "has 2" in w[0]
+    df.attrs.update(gpu_info=["NVIDIA H200, NVIDIA H200"], n_gpu=1)   # -sm none on a two-GPU machine: fine
+    assert len(cmp.warnings(df)) == 2
 
 
 def _one_line(err: str) -> str:

@@ -978,7 +978,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
     backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, backend=hardware_backend(hw),
+                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, n_gpu=hw.n_gpu,
+                    backend=hardware_backend(hw),
                     backends=backends,
                     disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
@@ -996,7 +997,8 @@ def other_gpus(gpu_info: Iterable[Any], gpu_name: str) -> list[str]:
 def warnings(df: pd.DataFrame) -> list[str]:
     """What a user should know about :func:`compare`'s result before reading its errors, one line
     each: the rows were measured on another GPU than the profile's (``gpu_info`` against the
-    profile's ``gpu_name``), on another backend (``backends`` without the profile's,
+    profile's ``gpu_name``), on a machine of fewer GPUs than the profile has (the names
+    ``gpu_info`` lists against ``n_gpu``), on another backend (``backends`` without the profile's,
     :func:`sim.cli.benchflags.hardware_backend`: ``ROCm`` rows against a CUDA profile), and each invocation whose rows' ``model_size`` differs from the model
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
@@ -1005,6 +1007,14 @@ def warnings(df: pd.DataFrame) -> list[str]:
     if other:
         out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
                    f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
+    # llama-bench's gpu_info joins the names of the machine's GPUs with ", " (get_gpu_info): a
+    # profile of more GPUs than the machine had cannot be the rows' (fewer can: -dev, -sm none)
+    counts = [len([x for x in str(g).split(",") if x.strip()]) for g in df.attrs.get("gpu_info", [])]
+    n_gpu = df.attrs.get("n_gpu")
+    if counts and n_gpu and n_gpu > max(counts):
+        out.append(f"the rows' machine had {max(counts)} GPU(s) (gpu_info), the profile "
+                   f"'{df.attrs.get('hardware')}' has {n_gpu}: its VRAM and layer split are another machine's "
+                   "(give --hardware a profile with the rows' GPU count)")
     backend = str(df.attrs.get("backend") or "")
     other = [b for b in df.attrs.get("backends", []) if backend and backend not in [x.strip() for x in b.split(",")]]
     if other:
