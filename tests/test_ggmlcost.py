@@ -605,3 +605,15 @@ def test_a_cpu_moe_split_copies_each_input_and_its_output_synchronously_under_ll
             else:
                 assert [o.nbytes for o in d2h] == [act + ids]
                 assert h2d[0].nbytes == act and h2d[0].id not in waits
+
+
+def test_a_kernel_table_of_two_backends_is_refused(tmp_path, capsys):
+    """perf_cases table writes one backend's table (a profile reads gpu_kernels and cpu_kernels
+    apart): a CUDA and a CPU log together are one error, nothing written."""
+    from calibrate.llamacpp import perf_cases
+
+    perf = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "h200-20261201-kernels" / "perf"
+    out = tmp_path / "k.csv"
+    rc = perf_cases.main(["table", str(perf / "cuda.txt"), str(perf / "cpu.txt"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cases of cpu and gpu together" in err and not out.exists()

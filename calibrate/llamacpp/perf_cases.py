@@ -309,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                     raise PrefetchSimError(f"{log}: timings before any 'Backend i/n: NAME' line")
                 frames.append(table_from_perf(df))
             tab = pd.concat(frames, ignore_index=True)
+            kinds = sorted(set(tab["backend"].dropna()))
+            if len(kinds) > 1:  # a profile reads one table per backend (gpu_kernels, cpu_kernels)
+                raise PrefetchSimError(f"{', '.join(args.logs)}: cases of {' and '.join(kinds)} together; a "
+                                       "[ggml] profile reads one table per backend: write one table per backend's logs")
             if tab.empty:
                 raise PrefetchSimError(f"{', '.join(args.logs)}: no case of an op a kernel table holds "
                                        "(MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT, SOFT_MAX)")

@@ -560,7 +560,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                 err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
                                         required.get(v0.name) if v0 is not None else None)
                 first_err = first_err or err
-                unfit.append((label, f"{label}: left out, no variant fits: {err.reason}"))
+                reason = err.reason[len(label) + 2:] if err.reason.startswith(label + ": ") else err.reason
+                unfit.append((label, f"{label}: left out, no variant fits: {reason}"))
                 continue
             for v, e in bad:
                 if v.name in required:
