@@ -279,3 +279,16 @@ def test_host_edges_at_queue_ends_equal_extrema_over_every_op(pd_, s_count):
     H, F = template_host_edges(plan, start, end)
     assert H.tolist() == H_ref.tolist() and F.tolist() == F_ref.tolist()
     assert template_makespans(plan, end).tolist() == g1.tolist()
+
+
+def test_the_trace_is_the_first_timed_repetition_whatever_r(tmp_path, capsys):
+    """trace draws llama-bench's first timed repetition (its routing draw and its CUDA-graph
+    capture): -r changes breakdown's and run's mean, not the trace."""
+    from sim.cli import main
+
+    lines = []
+    for r in ("1", "7"):
+        out = tmp_path / f"t{r}.csv"
+        assert main(["trace", "-p", "512", "-n", "0", "--variant", "baseline", "-r", r, "-q", "--out", str(out)]) == 0
+        lines.append(capsys.readouterr().out.splitlines()[0])
+    assert lines[0] == lines[1] and "makespan" in lines[0]

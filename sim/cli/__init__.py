@@ -734,6 +734,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     fitting = fitting_contexts(scn, args)  # a scenario variant that does not fit: left out, noted
     with closed_after(bar(fitting, desc="simulating", unit="variant", quiet=args.quiet)) as pairs:
         for variant, ctx in pairs:  # every variant that fits, one timeline each, in one file
+            # llama-bench's first timed repetition: its routing draw and its CUDA-graph capture
+            # (graph_calls), whatever -r is (the mean over -r is breakdown's and run's)
+            ctx.rep = 0
             plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
             sched = time_plan(plan, scn, args.engine)
             frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
@@ -909,7 +912,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--vram", action="store_true", help="also print peak VRAM by component per variant (md)")
     run.set_defaults(func=cmd_run)
-    tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv)")
+    tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv); the "
+                                      "timeline of llama-bench's first timed repetition (its routing draw, its "
+                                      "CUDA-graph capture), whatever -r")
     _add_bench_flags(tr)
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
     tr.add_argument("--out", type=_out_path, default="trace.json", help="output file (.json Chrome trace, .csv table; default "
