@@ -28,7 +28,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
     chosen = []
-    for name in args.test or []:
+    for name in dict.fromkeys(args.test or []):  # a test given twice is checked once
         match = [t for t in tests if t.name == name]
         t = match[0] if match else parse_test(name)
         chosen.append((tests.index(t) if t in tests else len(tests), t))
