@@ -1234,3 +1234,33 @@ def test_the_harness_counts_one_run_in_the_singular(tmp_path, capsys, monkeypatc
     recs = G.run_grid(G.load_grid(two), "llama-bench", tmp_path, tmp_path / "grid", deadline_at=100.0,
                       say=said.append)
     assert len(recs) == 1 and said == ["[grid] deadline reached before b; 1 run done this time"]
+
+
+def test_predict_gives_a_run_llama_bench_s_placement_defaults_not_the_scenarios(tmp_path):
+    """A grid run that leaves out -ngl, -ncmoe or -lm runs llama-bench with its defaults (-ngl -1,
+    -ncmoe 0, -lm auto); its prediction does too, whatever the scenario's placement."""
+    from calibrate.llamacpp.predict import main as predict_main
+
+    root = Path(__file__).resolve().parent.parent
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'''[grid]
+name = "t"
+perf = []
+[[model]]
+key = "q"
+toml = "{root / 'scenarios/models/qwen3-30b-a3b.toml'}"
+[[run]]
+id = "a"
+model = "q"
+args = "-p 64 -n 0"
+[[run]]
+id = "b"
+model = "q"
+args = "-ngl 99 -ncmoe 24 -lm none -p 64 -n 0"
+''')
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/default.toml"), "--out",
+                         str(tmp_path / "out"), "-r", "1"]) == 0
+    a = json.loads((tmp_path / "out" / "a.jsonl").read_text().splitlines()[0])
+    b = json.loads((tmp_path / "out" / "b.jsonl").read_text().splitlines()[0])
+    assert (a["n_gpu_layers"], a["n_cpu_moe"], a["load_mode"]) == (-1, 0, "auto")
+    assert (b["n_gpu_layers"], b["n_cpu_moe"], b["load_mode"]) == (99, 24, "none")

@@ -29,10 +29,18 @@ from .grid import load_grid
 
 #: the prefetch patch's llama-bench options (a run with any of them names its own variants)
 PREFETCH_OPTIONS = frozenset(o for _, opts, *_ in PREFETCH_FLAGS for o in opts)
+#: the placement flags llama-bench runs with when a grid run leaves them out (its defaults:
+#: ``cmd_params_defaults``), given to the prediction so that it is the run's, not the scenario's
+#: placement: ``(options that set it, the default's words)``
+LLAMA_BENCH_PLACEMENT_DEFAULTS = ((("-ngl", "--n-gpu-layers"), ("-ngl", "-1")),
+                                  (("-ncmoe", "--n-cpu-moe"), ("-ncmoe", "0")),
+                                  (("-lm", "--load-mode", "-mmp", "--mmap"), ("-lm", "auto")))
 
 
 def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, repetitions: int = 3) -> list[Path]:
-    """Write ``out/<run id>.jsonl`` for every bench run of ``grid``; returns the files.
+    """Write ``out/<run id>.jsonl`` for every bench run of ``grid``; returns the files. A placement
+    flag a run leaves out takes llama-bench's default (:data:`LLAMA_BENCH_PLACEMENT_DEFAULTS`: the
+    lease's llama-bench runs with it); the scenario gives the hardware and the rest.
 
     Raises:
         ScenarioError: a bad grid or scenario, or a run the simulator refuses (naming the run).
@@ -53,7 +61,8 @@ def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, rep
         if not toml.is_absolute() and not toml.is_file():
             toml = repo / model.toml
         variants = ["--skip-unmodelled"] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
-        argv = ["run", str(scenario), "-m", str(toml), *run.args, "-r", str(repetitions), "-o", "jsonl",
+        defaults = [w for opts, words in LLAMA_BENCH_PLACEMENT_DEFAULTS if not set(opts) & set(run.args) for w in words]
+        argv = ["run", str(scenario), "-m", str(toml), *run.args, *defaults, "-r", str(repetitions), "-o", "jsonl",
                 *variants, "-q", "--out", str(path)]
         if cli.main(argv) != 0:
             raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above)")
@@ -65,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; 2 with a one-line message on a bad input."""
     ap = argparse.ArgumentParser(prog="python -m calibrate.llamacpp.predict", description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", help="grid spec TOML (calibrate/llamacpp/grids/*.toml)")
-    ap.add_argument("--scenario", required=True, help="scenario TOML giving the hardware and placement defaults")
+    ap.add_argument("--scenario", required=True,
+                    help="scenario TOML giving the hardware (a placement flag a run leaves out takes llama-bench's "
+                         "default, -ngl -1 -ncmoe 0 -lm auto, as the lease's llama-bench runs it)")
     ap.add_argument("--out", required=True, help="folder for <run id>.jsonl")
     ap.add_argument("-r", "--repetitions", type=int, default=3, help="routing draws per row (default 3)")
     args = ap.parse_args(argv)
