@@ -130,7 +130,6 @@ class GridSpec:
         return next(m for m in self.models if m.key == key)
 
 
-
 #: a grid's run ids and model keys name files (``logs/<id>.log``, ``<id>.jsonl``, ``<key>.gguf``):
 #: letters, digits, ``.``, ``_`` and ``-``, not starting with ``.`` or ``-``
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", re.ASCII)
@@ -177,8 +176,7 @@ def load_grid(path: str | Path) -> GridSpec:
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
         mf = Fields(tbl, path, f"model[{i}]")
-        _check_name(mf, "key")
-        models.append(GridModel(key=mf.str("key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
+        models.append(GridModel(key=_check_name(mf, "key"), toml=mf.str("toml"), n_layer=mf.int("n_layer", 0, min=0),
                                 seed=mf.int("seed", 0, min=0)))
         # the lease reads it from the repository's root; an installed wheel has it in its shipped files
         if not ((REPO / models[-1].toml).is_file() or (shipped_root() / models[-1].toml).is_file()):

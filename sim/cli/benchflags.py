@@ -40,6 +40,7 @@ import argparse
 import difflib
 import itertools
 import math
+import functools
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -608,6 +609,7 @@ def harness_notes(args: argparse.Namespace) -> list[str]:
     return out
 
 
+@functools.cache
 def llama_bench_long_flags() -> frozenset[str]:
     """The long spellings of llama-bench's own flags (``--n-gpu-layers``, ``--repetitions``, the
     prefetch patch's ``--prefetch-weights`` ...): llama-bench reads each with its value as the next

@@ -318,15 +318,14 @@ def _check_row(rec: dict, err) -> dict:
             raise err(k, "empty: llama-bench writes one sample per repetition (-r >= 1)")
         if k in out and any(x <= 0 for x in out[k]):
             raise err(k, "every sample must be > 0")
-    long_ns = next((x for x in out.get("samples_ns") or () if x > SAMPLE_NS_MAX), None)
-    if long_ns is None and not out.get("samples_ns"):  # no samples: the mean's time per repetition
-        implied = 1e9 * (out["n_prompt"] + out["n_gen"]) / out["avg_ts"]
-        long_ns = implied if implied > SAMPLE_NS_MAX else None
-        where = "avg_ts"
+    ns = out.get("samples_ns")
+    # the longest repetition: a sample, or without samples the time the mean implies
+    if ns:
+        where, longest = "samples_ns", max(ns)
     else:
-        where = "samples_ns"
-    if long_ns is not None:
-        raise err(where, f"one repetition of {long_ns / 86400e9:.4g} days is not a llama-bench run (at most "
+        where, longest = "avg_ts", 1e9 * (out["n_prompt"] + out["n_gen"]) / out["avg_ts"]
+    if longest > SAMPLE_NS_MAX:
+        raise err(where, f"one repetition of {longest / 86400e9:.4g} days is not a llama-bench run (at most "
                          f"{SAMPLE_NS_MAX // (86400 * 10**9)} days accepted); a corrupt or edited row?")
     _check_samples(out, err)
     return out
