@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Diagnostic lease, two questions in one build (docs/llamacpp.md, "Ubatch 4" and "gpt-oss decode at
+# depth"):
+#  1. ubatch 2-8: ncu kernel times of Qwen3-30B-A3B fully resident prompts of 8 tokens at ubatch 1,
+#     2, 4 and 8 (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's matvec kernel with
+#     the router ids at 2-8 tokens against 1) and llama-bench's own pp256 at ubatch 1-16;
+#  2. gpt-oss-20b resident decode at depth: tg32 and tg128 at depth 0, 4096 and 8192, -r 5, with the
+#     phase-time patch alone (where the host and the GPU spend each token) and without it, and ncu of
+#     the decode at depth 8192 after llama-bench restores the depth state (-r 3); Qwen3 the same
+#     decode with phase timing as the control the profile fits.
+# Runs in the background (setsid) so that two device calls can hold it:
+#   bash scripts/h200_diag2.sh start    # build, GGUFs, measurements; waits up to 540 s, packs $OUT/diag2-a.tgz
+#   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
+# Carry .llamacpp and .whl.
+set -uo pipefail
+: "${OUT:?OUT is not set (the device tool sets it)}"
+mode=${1:-start}
+W=/root/diag2
+pack() {  # $1: archive name
+  tar czf "$OUT/$1" -C "$W" out 2>/dev/null; ls -la "$OUT"; tail -30 "$W/out/progress.log"
+}
+wait_done() {  # $1: seconds
+  local t=0
+  while [ ! -e "$W/done" ] && [ "$t" -lt "$1" ]; do sleep 5; t=$((t + 5)); done
+}
+if [ "$mode" = collect ]; then
+  [ -d "$W" ] || { echo "no diag2 run on this machine (it was given back?)"; exit 2; }
+  wait_done 560; pack diag2.tgz; exit 0
+fi
+if [ "$mode" = start ]; then
+  mkdir -p "$W/out/logs"
+  setsid bash "$0" run > "$W/out/logs/script.log" 2>&1 < /dev/null &
+  wait_done 540; pack diag2-a.tgz; exit 0
+fi
+# mode run: the measurements
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+O=$W/out
+T0=$(date +%s); say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" | tee -a "$O/progress.log"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2;
+  lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; date -u +%FT%TZ; } > "$O/meta.txt" 2>&1
+python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!
+python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
+python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
+say "build exit $?"
+cp "$W"/b/*/build.json "$O/" 2>/dev/null
+B=$(find "$W/b" -name llama-bench -type f | head -1)
+NCU="ncu --csv --page raw --metrics gpu__time_duration.sum --cache-control none --clock-control none"
+wait $P2; say "gguf gpt-oss exit $?"
+G=$W/gptoss.gguf
+# 2. gpt-oss decode at depth: phase timing alone, then plain, then ncu after a restore
+PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/phase-gptoss.jsonl" 2> "$O/logs/phase-gptoss.log"; say "phase gpt-oss exit $?"
+timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/bench-gptoss.jsonl" 2>/dev/null; say "bench gpt-oss exit $?"
+GGML_CUDA_DISABLE_GRAPHS=1 timeout 150 $NCU --launch-count 40000 --log-file "$W/ncu-gptoss-tg-d8192-r3.csv" "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 2048 -p 0 -n 4 -d 8192 -r 3 -o jsonl > "$O/ncu-gptoss-tg-d8192-r3.jsonl" 2>"$O/logs/ncu-gptoss.err"; say "ncu gpt-oss restore exit $?"
+gzip -c "$W/ncu-gptoss-tg-d8192-r3.csv" > "$O/ncu-gptoss-tg-d8192-r3.csv.gz"
+wait $P1; say "gguf qwen3 exit $?"
+Q=$W/qwen3.gguf
+PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,8192 -r 5 -o jsonl > "$O/phase-qwen3.jsonl" 2> "$O/logs/phase-qwen3.log"; say "phase qwen3 exit $?"
+# 1. ubatch 2-8 on Qwen3
+for ub in 1 2 4 8; do
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 $NCU --launch-count 40000 --log-file "$W/ncu-ub$ub.csv" "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub $ub -p 8 -n 0 -r 1 --no-warmup -o jsonl > "$O/ncu-qwen3-pp8-ub$ub.jsonl" 2>"$O/logs/ncu-ub$ub.err"; say "ncu ub$ub exit $?"
+  gzip -c "$W/ncu-ub$ub.csv" > "$O/ncu-qwen3-pp8-ub$ub.csv.gz"
+done
+timeout 120 "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-qwen3-pp256.jsonl" 2>/dev/null; say "bench qwen3 pp256 exit $?"
+say done
+touch "$W/done"
