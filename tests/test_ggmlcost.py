@@ -617,3 +617,23 @@ def test_a_kernel_table_of_two_backends_is_refused(tmp_path, capsys):
     rc = perf_cases.main(["table", str(perf / "cuda.txt"), str(perf / "cpu.txt"), "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and "cases of cpu and gpu together" in err and not out.exists()
+
+
+def test_fit_refuses_a_number_no_fit_row_depends_on(monkeypatch):
+    """A fitted number the fit rows do not move (``cpu_rate_scale`` on fully resident rows) is
+    refused by name instead of being written back as its start value labelled "fitted"; a number
+    they do move is fitted."""
+    from calibrate.llamacpp import fit as F
+
+    rows = tuple(r for r in F.FITTED if r[0] in ("graph_us", "cpu_rate_scale"))
+    t_meas = np.array([1.0e-3, 2.0e-3, 3.0e-3])
+
+    def times(cases, hw, p, jobs):   # resident rows: the graph's host time only
+        return np.array([0.9e-3, 1.9e-3, 2.9e-3]) + p["graph_s"]
+
+    monkeypatch.setattr(F, "predict_times", times)
+    with pytest.raises(F.PrefetchSimError, match=r"depends on cpu_rate_scale .*leave it out of --params"):
+        F.gauss_newton([None] * 3, t_meas, None, iterations=2, say=lambda *_: None, fitted=rows)
+    only = tuple(r for r in rows if r[0] == "graph_us")
+    p, err = F.gauss_newton([None] * 3, t_meas, None, iterations=2, say=lambda *_: None, fitted=only)
+    assert p["graph_s"] == pytest.approx(0.1e-3, rel=1e-6) and np.abs(err).max() < 1e-9

@@ -856,6 +856,25 @@ args = "-ngl 99 -ncmoe 1,2 -p 64 -n 4 -ub 32"
     bad.write_text(grid.read_text().replace("-ncmoe 1,2", "-ncmoe 1 -fa 0 -ctv q8_0"))  # llama.cpp refuses it
     assert predict_main([str(bad), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
                          str(tmp_path / "out2")]) == 2
+    assert not (tmp_path / "out2").exists()
+    # a good run then a refused one: nothing written (not the good run's file either), no work folder left
+    two = tmp_path / "two.toml"
+    two.write_text(grid.read_text() + '[[run]]\nid = "b"\nmodel = "tiny"\nargs = "-ngl 99 -ot exps=CUDA1 -p 64 -n 0"\n')
+    assert predict_main([str(two), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out3")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if "out3" in p.name) == []
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out4"), "-r", "0"]) == 2 and not (tmp_path / "out4").exists()
+    # without -r: llama-bench's -r as the grid gives it (5 by default, a run's own when set)
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out5")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out5" / "a.jsonl").read_text().splitlines()]
+    assert {len(r["samples_ts"]) for r in rows} == {5}
+    grid.write_text(grid.read_text().replace('args = "-ngl', 'repetitions = 2\nargs = "-ngl'))
+    assert predict_main([str(grid), "--scenario", str(root / "scenarios/tiny/tiny.toml"), "--out",
+                         str(tmp_path / "out6")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out6" / "a.jsonl").read_text().splitlines()]
+    assert {len(r["samples_ts"]) for r in rows} == {2}
 
 
 def test_parse_split_time_lines_and_their_errors():

@@ -293,6 +293,38 @@ def test_first_repetition_pays_the_cuda_graph_capture():
         assert np.mean(s.makespan_s) == pytest.approx(np.mean(r.makespan_s), rel=1e-9)
 
 
+def test_bench_mean_of_spread_draws_is_llama_bench_s_mean_of_its_repetitions():
+    """compare draws fewer repetitions than llama-bench's ``-r`` and spreads the first
+    repetition's CUDA-graph capture over them (``bench_repetitions``); llama-bench's ``avg_ts`` is
+    the mean of its repetitions' t/s, only the first paying the capture. On a dense model (every
+    draw the same graph) :func:`sim.engines.metrics.bench_mean_tps` of the spread draws equals the
+    mean t/s of ``r`` repetitions simulated one by one, and the plain ``n / t`` of a spread draw
+    (what compare took before) does not."""
+    from dataclasses import replace
+
+    from sim.engines.metrics import bench_mean_tps, run_variant_test, spread_capture_s
+    from sim.model.specs import BenchTest, load_model, load_scenario, parse_variant
+
+    base = load_scenario(ROOT / "scenarios" / "default.toml")   # the llama.cpp profile
+    scn = base.with_(model=load_model(ROOT / "scenarios" / "models" / "gemma3-27b.toml"),
+                     placement=replace(base.placement, n_cpu_moe=0))
+    assert scn.hardware.ggml is not None and scn.hardware.ggml.capture_per_layer_s > 0
+    v = parse_variant("baseline")
+    for test in (BenchTest(64, 0), BenchTest(0, 8)):
+        real = run_variant_test(scn, v, test, 0, 4)
+        assert real.tps[0] < real.tps[1]            # the first repetition captures
+        spread = scn.with_(workload=replace(scn.workload, bench_repetitions=4))
+        s = run_variant_test(spread, v, test, 0, 2)
+        part, whole = spread_capture_s(spread, test)
+        assert whole == pytest.approx(4 * part) and part > 0
+        got = bench_mean_tps(spread, [test], s.makespan_s)
+        assert got.shape == (2,)
+        assert got == pytest.approx(np.full(2, np.mean(real.tps)), rel=1e-9)
+        assert np.mean(s.tps) < np.mean(real.tps) * (1 - 1e-6)   # n / t of the spread time: low
+        # nothing spread (llama-bench's -r unknown): n / t
+        assert bench_mean_tps(scn, [test], s.makespan_s) == pytest.approx(s.tps, rel=1e-12)
+
+
 _PLAN_COLUMNS = ("kinds", "streams", "devices", "names", "dep_ptr", "dep_idx", "nbytes", "shapes", "layers",
                  "splits", "graphs", "slots", "slot_bytes", "pinned", "tags")
 

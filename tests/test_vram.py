@@ -273,3 +273,28 @@ def test_account_with_the_layer_devices_given_is_the_account(path):
             continue
         assert account(scn, v, layer_dev=devs) == want
         assert devs == layer_devices(scn.model, scn.placement, scn.hardware.n_gpu)
+
+
+def test_output_layer_goes_where_the_layer_split_puts_index_n_layer():
+    """llama.cpp's output layer sits on the device the layer split gives index ``n_layer``
+    (``dev_output = get_layer(n_layer)``): the last GPU with equal shares, the main GPU under
+    ``-sm none`` (a split of one GPU), GPU 0 with ``-ts 1/0``; a GPU that then runs nothing holds
+    no weights and no compute buffer."""
+    from dataclasses import replace as _replace
+
+    from sim.model.specs import load_scenario, parse_variant
+    from sim.model.vram import account, layer_devices, output_device
+
+    scn = load_scenario(ROOT / "scenarios" / "h200x2-qwen3-30b-a3b.toml")
+    m, pl = scn.model, scn.placement
+    assert scn.hardware.n_gpu == 2
+    assert output_device(m, _replace(pl, tensor_split=()), 2) == 1
+    assert output_device(m, _replace(pl, tensor_split=(3.0, 1.0)), 2) == 1
+    for main in (0, 1):
+        one = _replace(pl, tensor_split=tuple(1.0 if i == main else 0.0 for i in range(2)))
+        assert output_device(m, one, 2) == main
+        assert set(layer_devices(m, one, 2)) <= {main, -1}
+        v = account(scn.with_(placement=one), parse_variant("baseline"))
+        other = v[1 - main]
+        assert other.weights_bytes == 0 and other.kv_bytes == 0 and other.compute_bytes == 0
+        assert v[main].weights_bytes > 0 and v[main].compute_bytes > 0

@@ -666,18 +666,17 @@ def predict(scn: Scenario, tests: Sequence[BenchTest], engine: str = "analytic",
     """Predicted llama-bench t/s of a row: ``(mean, sample stddev)`` over ``repetitions`` routing
     draws, from :func:`sim.engines.metrics.run_scenario` (the scenario's one variant, one process). For two tests
     (``pp+tg``) each repetition's t/s is their tokens over the sum of their times, as llama-bench
-    times a ``-pg`` test.
+    times a ``-pg`` test. Each draw's t/s is llama-bench's mean of its repetitions' t/s
+    (:func:`sim.engines.metrics.bench_mean_tps`: only the first repetition captures the CUDA
+    graphs), as its ``avg_ts`` is.
 
     Raises:
         PlacementError: the placement does not fit in the profile's VRAM.
     """
-    from sim.engines.metrics import run_scenario
+    from sim.engines.metrics import bench_mean_tps, run_scenario
 
     res = run_scenario(scn, tests=list(tests), engine=engine, repetitions=repetitions, jobs=1)
-    if len(res) == 1:
-        return res[0].tps_mean, res[0].tps_std
-    total = np.sum([r.makespan_s for r in res], axis=0)
-    tps = sum(t.n_tokens for t in tests) / total
+    tps = bench_mean_tps(scn, tests, [r.makespan_s for r in res])
     return float(np.mean(tps)), float(np.std(tps, ddof=1)) if len(tps) > 1 else 0.0
 
 

@@ -373,10 +373,20 @@ def clamp_fitted(value: float, step: float) -> float:
     return float(value) if value > 1e-6 * step else 0.0
 
 
+#: a fitted number whose step (:data:`FITTED`'s last column) moves no fit row's predicted time by
+#: this share is not determined by the rows (:func:`gauss_newton` refuses it)
+INSENSITIVE = 1e-7
+
+
 def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print, fitted=None):
     """Non-negative Gauss-Newton on ``pred / meas - 1`` over ``fitted`` (rows of :data:`FITTED`,
     default all; the other ``[ggml]`` numbers stay those of ``hw``); returns
-    ``(values, relative errors)``."""
+    ``(values, relative errors)``.
+
+    Raises:
+        PrefetchSimError: a fitted number that no case's predicted time depends on
+            (:data:`INSENSITIVE`): the rows cannot determine it, and the fit would write its start
+            value as "fitted"."""
     rows = FITTED if fitted is None else tuple(fitted)
     p = {f: start for _k, f, _s, start, _d in rows}
     err = None
@@ -392,6 +402,15 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
             q[f] = p[f] + d
             J.append((predict_times(cases, hw, q, jobs) - t0) / d / t_meas)
         J = np.array(J).T
+        if it == 0:  # a number the fit rows do not depend on would be written as its start value
+            flat = [k for j, (k, _f, _s, _st, d) in enumerate(rows) if np.max(np.abs(J[:, j])) * d < INSENSITIVE]
+            if flat:
+                raise PrefetchSimError(
+                    f"--params: no fit row's predicted time depends on {', '.join(flat)} (a step of each moves "
+                    f"none by {INSENSITIVE:g} of its time): the rows cannot fit "
+                    f"{'it' if len(flat) == 1 else 'them'}; leave {'it' if len(flat) == 1 else 'them'} out of "
+                    "--params (the profile's value stays) or fit on rows that use "
+                    f"{'it' if len(flat) == 1 else 'them'}")
         free = list(range(len(rows)))
         x0 = np.array([p[f] for _k, f, _s, _st, _d in rows])
         while True:  # active set: drop parameters that would go negative

@@ -37,37 +37,61 @@ LLAMA_BENCH_PLACEMENT_DEFAULTS = ((("-ngl", "--n-gpu-layers"), ("-ngl", "-1")),
                                   (("-lm", "--load-mode", "-mmp", "--mmap"), ("-lm", "auto")))
 
 
-def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *, repetitions: int = 3) -> list[Path]:
+def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *,
+                 repetitions: int | None = None) -> list[Path]:
     """Write ``out/<run id>.jsonl`` for every bench run of ``grid``; returns the files. A placement
     flag a run leaves out takes llama-bench's default (:data:`LLAMA_BENCH_PLACEMENT_DEFAULTS`: the
-    lease's llama-bench runs with it); the scenario gives the hardware and the rest.
+    lease's llama-bench runs with it); the scenario gives the hardware and the rest. Each run is
+    simulated at the ``-r`` llama-bench will run it with (the run's ``repetitions``, else the
+    grid's: the first repetition captures the CUDA graphs, the rows' ``avg_ts`` is the mean of
+    the repetitions' t/s), or at ``repetitions`` when given. Nothing is written unless every run
+    is predicted: the files are made in a folder beside ``out`` and moved in at the end.
 
     Raises:
-        ScenarioError: a bad grid or scenario, or a run the simulator refuses (naming the run).
+        ScenarioError: a bad grid or scenario, ``repetitions`` below 1, or a run the simulator
+            refuses (naming the run).
     """
+    import shutil
+    import tempfile
+
     from sim import cli
 
+    if repetitions is not None and repetitions < 1:
+        raise PrefetchSimError(f"-r/--repetitions {repetitions}: at least 1")
     spec = load_grid(grid)
     repo = Path(__file__).resolve().parents[2]  # the checkout the grid's model paths are relative to
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for run in spec.runs:
-        if run.kind != "bench":
-            continue
-        model = spec.model(run.model)
-        path = out / f"{run.id}.jsonl"
-        toml = Path(model.toml)
-        if not toml.is_absolute() and not toml.is_file():
-            toml = repo / model.toml
-        variants = ["--skip-unmodelled"] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
-        defaults = [w for opts, words in LLAMA_BENCH_PLACEMENT_DEFAULTS if not set(opts) & set(run.args) for w in words]
-        argv = ["run", str(scenario), "-m", str(toml), *run.args, *defaults, "-r", str(repetitions), "-o", "jsonl",
-                *variants, "-q", "--out", str(path)]
-        if cli.main(argv) != 0:
-            raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above)")
-        files.append(path)
-    return files
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        made = []
+        for run in spec.runs:
+            if run.kind != "bench":
+                continue
+            model = spec.model(run.model)
+            path = work / f"{run.id}.jsonl"
+            toml = Path(model.toml)
+            if not toml.is_absolute() and not toml.is_file():
+                toml = repo / model.toml
+            variants = ["--skip-unmodelled"] if PREFETCH_OPTIONS & set(run.args) else ["--variant", "baseline"]
+            defaults = [w for opts, words in LLAMA_BENCH_PLACEMENT_DEFAULTS if not set(opts) & set(run.args)
+                        for w in words]
+            reps = repetitions or run.repetitions or spec.repetitions
+            argv = ["run", str(scenario), "-m", str(toml), *run.args, *defaults, "-r", str(reps), "-o", "jsonl",
+                    *variants, "-q", "--out", str(path)]
+            if cli.main(argv) != 0:
+                raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above); "
+                                       f"nothing written to {out}")
+            made.append(path)
+        out.mkdir(exist_ok=True)
+        files = []
+        for path in made:
+            dest = out / path.name
+            path.replace(dest)
+            files.append(dest)
+        return files
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scenario TOML giving the hardware (a placement flag a run leaves out takes llama-bench's "
                          "default, -ngl -1 -ncmoe 0 -lm auto, as the lease's llama-bench runs it)")
     ap.add_argument("--out", required=True, help="folder for <run id>.jsonl")
-    ap.add_argument("-r", "--repetitions", type=int, default=3, help="routing draws per row (default 3)")
+    ap.add_argument("-r", "--repetitions", type=int, default=None,
+                    help="llama-bench repetitions to simulate per row (default: each run's -r as the grid gives it, "
+                         "as the lease will run it)")
     args = ap.parse_args(argv)
     try:
         from sim.atomic import check_output_path

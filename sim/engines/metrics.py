@@ -272,6 +272,53 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     )
 
 
+def spread_capture_s(scn: Scenario, test: BenchTest) -> tuple[float, float]:
+    """``(spread, whole)`` seconds of the CUDA-graph capture in a test's simulated time when
+    :attr:`~sim.model.specs.Workload.bench_repetitions` spreads it over llama-bench's ``-r``
+    (:func:`sim.plan.builder.graph_calls`): ``spread`` is what each simulated repetition carries
+    (``whole / r``), ``whole`` what llama-bench's first timed repetition pays alone
+    (``capture_per_layer_s * n_layer``, the profile's ``[ggml]``). ``(0, 0)`` when the test's
+    first graph is rebuilt or reuses no capture, or the profile prices none. The capture is host
+    work before the first graph's launch, so it adds to the test's time whole."""
+    from sim.plan.builder import graph_calls
+
+    g = scn.hardware.ggml
+    r = scn.workload.bench_repetitions
+    if g is None or g.capture_per_layer_s <= 0 or r <= 0:
+        return 0.0, 0.0
+    share = graph_calls(scn, test)[0][2]
+    spread = g.capture_per_layer_s * scn.model.n_layer * share
+    return spread, spread * r
+
+
+def bench_mean_tps(scn: Scenario, tests: Sequence[BenchTest], makespans_s) -> np.ndarray:
+    """llama-bench's ``avg_ts`` of a row from simulated repetitions, one per routing draw:
+    llama-bench averages the t/s of its ``-r`` repetitions (``samples_ts``), and only its first
+    one captures the CUDA graphs, so with the capture spread over the simulated repetitions
+    (:attr:`~sim.model.specs.Workload.bench_repetitions` ``r``) the draw's mean of ``r``
+    repetitions is ``(n / (t0 + C) + (r - 1) * n / t0) / r``, ``t0`` the draw's time without the
+    capture and ``C`` the whole capture (:func:`spread_capture_s`), not ``n / (t0 + C / r)``.
+
+    Args:
+        tests: the row's tests (one, or a ``-pg`` prompt and generation timed as one).
+        makespans_s: (len(tests), D) or (D,) seconds of each test in each of D draws.
+
+    Returns:
+        (D,) t/s, one per draw: ``n / t`` when nothing is spread (``r`` 0 or no capture).
+    """
+    t = np.atleast_2d(np.asarray(makespans_s, dtype=float))
+    n = float(sum(x.n_tokens for x in tests))
+    total = t.sum(axis=0)
+    caps = [spread_capture_s(scn, x) for x in tests]
+    spread = sum(c[0] for c in caps)
+    r = scn.workload.bench_repetitions
+    if spread <= 0 or r <= 1:
+        return n / total
+    whole = sum(c[1] for c in caps)
+    t0 = total - spread
+    return (n / (t0 + whole) + (r - 1) * n / t0) / r
+
+
 def _run_variant(scn: Scenario, v: Variant, tests: Sequence[BenchTest], reps: int, engine: str,
                  ctx: BuildContext | None = None) -> list[TestResult]:
     ctx = ctx or make_context(scn, v, rep_rng(scn.seed, -1, -1))

@@ -822,6 +822,10 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     if f.has("measured"):
         ms = f.sub("measured")
         measured = {k: str(ms.raw(k)) for k in list(ms.table)}
+        if ms.has("host_cpus"):   # -t's default and the thread count the CPU figures were measured with
+            from sim.bounds import COUNT_MAX
+
+            ms.int("host_cpus", min=1, max=COUNT_MAX)
     f.check_unknown()
     return HardwareProfile(
         name=name, gpu_name=gpu_name, n_gpu=n_gpu, vram_bytes=vram, vram_reserved_bytes=reserved,
@@ -1331,6 +1335,8 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
     Raises:
         ScenarioError: an unknown token, naming ``field_name`` in ``file``.
     """
+    from sim.bounds import TOKENS_MAX
+
     kw: dict[str, Any] = {}
     seen: dict[str, str] = {}
     for tok in text.strip().lower().split("+"):
@@ -1354,6 +1360,9 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
         elif mt["gate"]:
             kw["prefetch_weights"] = True
             kw["gate_min_batch"] = int(mt["gate"])
+            if kw["gate_min_batch"] > TOKENS_MAX:   # as a [[variant]] table's gate_min_batch
+                raise ScenarioError(f"'{tok}': the gate's batch must be at most {TOKENS_MAX} tokens",
+                                    file=file, field=field_name)
         elif mt["slots"]:
             n = int(mt["slots"])
             if n < 1:

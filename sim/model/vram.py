@@ -108,6 +108,26 @@ def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[in
     return [-1] * first + np.minimum(np.searchsorted(cum, frac, side="right"), n_gpu - 1).tolist()
 
 
+def output_device(model: ModelSpec, placement: Placement, n_gpu: int) -> int:
+    """GPU of the output layer (its norm and head, and everything outside the blocks that is not
+    on the CPU): llama.cpp puts it on the device the layer split gives index ``n_layer``
+    (``llama_model::load_tensors``: ``dev_output = get_layer(n_layer)``, the output counted as
+    the last offloaded layer), the last GPU with equal shares; ``-sm none`` (a ``tensor_split``
+    of one GPU) the main GPU. The same rule as :func:`layer_devices`.
+
+    Raises:
+        PlacementError: ``tensor_split`` names more GPUs than the hardware has.
+    """
+    n_off = placement.gpu_blocks(model)
+    n_act = n_off + (1 if placement.output_on_gpu() else 0)
+    ts = list(placement.tensor_split) or [1.0] * n_gpu
+    if len(ts) > n_gpu:
+        raise PlacementError(f"{plural(len(ts), 'share')} for {n_gpu} GPU(s)", field="placement.tensor_split")
+    ts += [0.0] * (n_gpu - len(ts))
+    cum = np.cumsum(ts) / sum(ts)
+    return int(min(np.searchsorted(cum, n_off / max(n_act, 1), side="right"), n_gpu - 1))
+
+
 def expert_bytes(model: ModelSpec, layer: int) -> int:
     """Bytes of one expert of ``layer`` (all its tensors: gate, up, down)."""
     return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
@@ -264,6 +284,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
     model, hw = scn.model, scn.hardware
     pl = placement or scn.placement
     devs = layer_devices(model, pl, hw.n_gpu) if layer_dev is None else layer_dev
+    out_dev = output_device(model, pl, hw.n_gpu)
     # host residency per tensor, by position (a tied output head shares token_embd's name)
     on_host = host_flags(model, pl)
     table = _tensor_table(model)
@@ -299,7 +320,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
         w = 0.0
         kv = 0.0
         if table is not None:
-            on_g = (t_dev == g) | ((t_dev == -2) & (g == hw.n_gpu - 1))
+            on_g = (t_dev == g) | ((t_dev == -2) & (g == out_dev))
             w = float(nb[resident & on_g].sum())
         else:
             for t, h in zip(model.tensors, on_host):
@@ -307,7 +328,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
                     continue
                 if t.layer >= 0 and devs[t.layer] == g:
                     w += t.nbytes
-                elif t.layer < 0 and g == hw.n_gpu - 1:
+                elif t.layer < 0 and g == out_dev:
                     w += t.nbytes
         for d_i, (win, per_tok) in zip(devs, _layer_kv(model)):
             if d_i == g:
@@ -315,8 +336,11 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
                 if win:
                     ctx = min(ctx, win + n_ub)
                 kv += per_tok * ctx
+        idle = g != out_dev and g not in devs and g not in host_gpu   # no op of the graph runs here
         if scn.compute_buffer_bytes is not None:
             comp = scn.compute_buffer_bytes
+        elif idle:
+            comp = 0.0   # the scheduler reserves no compute buffer for a GPU that runs nothing (-sm none)
         else:
             widest = model.d_model
             if model.moe:

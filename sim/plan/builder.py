@@ -57,7 +57,7 @@ from sim.model.ggmlcost import graph_kernels, layer_elementwise, layer_norm_weig
 from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
 from sim.model.routing import Router, make_router
 from sim.model.specs import BenchTest, Scenario, Tensor, Variant
-from sim.model.vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices
+from sim.model.vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices, output_device
 
 ACT_BYTES = 4  # f32 activations
 _HOST = Stream.HOST
@@ -136,6 +136,11 @@ class BuildContext:
     #: llama-bench repetition being built (0 = the first timed one), None when not one of a
     #: run of repetitions (:func:`graph_calls`'s capture share)
     rep: int | None = None
+
+    @cached_property
+    def output_dev(self) -> int:
+        """GPU of the output layer (:func:`sim.model.vram.output_device`)."""
+        return output_device(self.scn.model, self.scn.placement, self.scn.hardware.n_gpu)
 
     @cached_property
     def attn_layer_sig(self) -> list[tuple]:
@@ -463,7 +468,7 @@ def graph_items(ctx: BuildContext, n_tokens: int, kv_len: int, token_offset: int
         if shape[0] == 0:
             return  # llama.cpp skips an op of no rows (ggml_is_empty)
         host = any(id(t) in ctx.host_ids for t in tensors)
-        dev = ctx.layer_dev[layer] if layer >= 0 else scn.hardware.n_gpu - 1
+        dev = ctx.layer_dev[layer] if layer >= 0 else ctx.output_dev
         wb = sum(t.nbytes for t in tensors) if weight_bytes is None else weight_bytes
         # ggml-cuda's offload rule looks at the op's own batch (ne[1] of MUL_MAT, tokens of
         # MUL_MAT_ID): the output head computes one row per graph

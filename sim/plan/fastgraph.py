@@ -247,8 +247,7 @@ def _resident(ctx, st: _Static) -> _Resident:
     tf = flags[st.tpos]                      # (J, 3): each item's tensors, -1 padding reading False
     r.host = tf[:, 0] | tf[:, 1] | tf[:, 2]  # .any(axis=1), a column at a time
     ld = np.asarray(ctx.layer_dev, dtype=np.int64)
-    r.dev = np.where(st.layers >= 0, ld[np.maximum(st.layers, 0)] if ld.size else -1,
-                     ctx.scn.hardware.n_gpu - 1)
+    r.dev = np.where(st.layers >= 0, ld[np.maximum(st.layers, 0)] if ld.size else -1, ctx.output_dev)
     r.attn_layers_on_gpu = bool((ld >= 0).all())
     # equal attention signatures (BuildContext.attn_layer_sig): equal model parts, both on a GPU or not
     key = st.sig_part * 2 + (ld >= 0) if ld.size else np.zeros(0, dtype=np.int64)
