@@ -1193,3 +1193,22 @@ def test_model_filename_is_the_same_path_whichever_way_the_scenario_is_named(cap
     monkeypatch.chdir(tmp_path)
     rc, out, err = run(capsys, "run", "default", *QUICK, "-p", "16", "-n", "0", "-o", "jsonl")
     assert json.loads(out.splitlines()[0])["model_filename"] == str((ROOT / "scenarios/models/qwen3-30b-a3b.toml").resolve())
+
+
+def test_ctx_size_replaces_the_scenario_s_context(capsys):
+    """--ctx-size N sizes the KV cache to N tokens instead of the scenario's placement.ctx_size;
+    0 is llama-bench's own sizing (the tests' n_prompt + n_gen + n_depth): a placement refused
+    for the scenario's 64k context fits, as llama-bench runs it; a bad value is one line."""
+    argv = ("run", "qwen3-30b-a3b-rtx3090", "-ncmoe", "0", "-p", "512", "-n", "0", "-b", "4096", "-ub", "4096",
+            "-r", "1", "-q", "--variant", "baseline", "-o", "jsonl")
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and "KV 6.00 for 65536 tokens" in err and "--ctx-size" in err
+    rc, out, err = run(capsys, *argv, "--ctx-size", "0")
+    assert rc == 0, err
+    small = json.loads(out)["peak_vram_bytes"]
+    rc, out, err = run(capsys, *argv, "--ctx-size", "4096")
+    assert rc == 0, err
+    # Qwen3-30B-A3B: 48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB per token
+    assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024)
+    rc, out, err = run(capsys, *argv, "--ctx-size", "-3")
+    assert rc == 2 and err.count("\n") == 1 and "--ctx-size" in err

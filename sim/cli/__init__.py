@@ -76,6 +76,14 @@ def _base_scenario(args: argparse.Namespace):
     from sim.model.specs import load_scenario, parse_variant
 
     scn = load_scenario(scenario_path(args.scenario))
+    ctx = getattr(args, "ctx_size", None)
+    if ctx is not None:
+        from sim.bounds import TOKENS_MAX
+
+        if not 0 <= ctx <= TOKENS_MAX:
+            raise ScenarioError(f"must be 0 (llama-bench's own) to {TOKENS_MAX} tokens, got {ctx}", field="--ctx-size")
+        # 0: the smallest; the tests raise it to their depth + tokens (fit_context_to_tests)
+        scn = scn.with_(placement=replace(scn.placement, ctx_size=max(1, ctx)))
     from sim.cli.benchflags import prefetch_flag_variants
 
     flagged = prefetch_flag_variants(args)
@@ -640,7 +648,7 @@ def kv_context_notes(scn, params) -> list[str]:
     where = f" ({scn.file})" if getattr(scn, "file", None) else ""
     return [f"peak_vram_bytes: the KV cache is sized to the scenario's placement.ctx_size, {ctx} tokens{where}; "
             f"llama-bench sizes it to each test's n_prompt + n_gen + n_depth (at most {need} here), which needs "
-            "less VRAM"]
+            "less VRAM (--ctx-size 0 sizes it so)"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -649,6 +649,10 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                         f"repetitions x settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per "
                         f"other variant; default {WORK_MAX:,}, about half a minute; trace and check keep every op: "
                         f"x1 per variant, default {EXPANDED_WORK_MAX:,}, about 1.5 GB)")
+    p.add_argument("--ctx-size", dest="ctx_size", type=ascii_int, default=None, metavar="N",
+                   help="the context the KV cache is sized to, in tokens, in place of the scenario's "
+                        "placement.ctx_size (a server's context: a what-if); 0: llama-bench's own, the tests' "
+                        "n_prompt + n_gen + n_depth (the largest test of a setting sizes its KV cache)")
     p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
                    help="variants to run, a comma list (repeatable: a repeated flag adds, as llama-bench's list "
                         "flags): baseline, prefetch_ungated, prefetch_gated_<N>, slots<N>, cache_lru, cache_lfu, "
@@ -1505,7 +1509,8 @@ def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, bas
         # the scenario's context sizes the KV cache, not the tests: shorter tests change nothing
         advice["kv"] = (f"a smaller KV cache (the scenario's placement.ctx_size, {base_ctx_size} tokens, sizes it "
                         f"here, where llama-bench sizes it to each test's -p + -n + -d: lower ctx_size in the "
-                        f"scenario; or fewer layers on the GPU, or -ctk/-ctv q8_0)")
+                        f"scenario or give --ctx-size (0: llama-bench's own); or fewer layers on the GPU, or "
+                        f"-ctk/-ctv q8_0)")
     text = ", or ".join(advice[c] for c in over)
     return PlacementError(f"{' '.join(n[2] for n in named)}{where}: {exc.needs}; to fit: {text}", field=field)
 
