@@ -523,10 +523,18 @@ def test_samples_check_allows_print_rounding_only(tmp_path):
     rec["samples_ts"] = [float(f"{exact[0]:g}") + 1e-3] + rec["samples_ts"][1:]
     with pytest.raises(ScenarioError, match="sample 1 is"):
         read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
-    # rows without the arrays (csv-like sources) are not checked; samples_ts alone: its mean
+    # rows without the arrays (csv-like sources): avg_ts, the mean of the repetitions' t/s, is at
+    # least the t/s of the mean time avg_ns and not twice it; samples_ts alone: its mean
     rec = {k: v for k, v in json.loads(H200_BENCH.read_text().splitlines()[0]).items() if not k.startswith("samples")}
+    at_mean = 1e9 * 64 / rec["avg_ns"]
+    for ok in (at_mean, at_mean * 1.01, at_mean * 1.9):
+        rec["avg_ts"] = ok
+        assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == ok
+    for bad in (at_mean * 0.99, at_mean * 2.1, 1234.5):
+        rec["avg_ts"] = bad
+        with pytest.raises(ScenarioError, match="contradicts avg_ns"):
+            read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
     rec["avg_ts"] = 1234.5
-    assert read_llama_bench(write(tmp_path, json.dumps(rec) + "\n")).avg_ts.iloc[0] == 1234.5
     rec["samples_ts"] = [1000.0, 2000.0]
     with pytest.raises(ScenarioError, match="not the mean of samples_ts .1500.000000"):
         read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))

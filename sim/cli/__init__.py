@@ -221,10 +221,16 @@ def check_plan_work(scn, tests, args) -> None:
                getattr(args, "max_work", None), expanded=True)
 
 
-def _add_bench_flags(p: argparse.ArgumentParser) -> None:
+def _add_bench_flags(p: argparse.ArgumentParser, one_setting: bool = False) -> None:
+    """llama-bench's flags on ``p``; ``one_setting``: a command that simulates one setting
+    (:func:`load_scenario_with_overrides`), whose ``-pg`` help says it is refused there."""
     from sim.cli.benchflags import add_bench_flags
 
     add_bench_flags(p)
+    if one_setting:
+        for a in p._actions:
+            if a.dest == "n_pg":
+                a.help = "not taken here (give the pp and tg tests with -p and -n); prefetch-sim run takes it"
 
 
 #: characters of the variant's name in its build id (``slots3``: the shortest shipped name)
@@ -923,7 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("trace", help="per-op trace of one test, every --variant: Chrome trace JSON (or .csv); the "
                                       "timeline of llama-bench's first timed repetition (its routing draw, its "
                                       "CUDA-graph capture), whatever -r")
-    _add_bench_flags(tr)
+    _add_bench_flags(tr, one_setting=True)
     tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
     tr.add_argument("--out", type=_out_path, default="trace.json", help="output file (.json Chrome trace, .csv table; default "
                                                         "trace.json in the current folder)")

@@ -150,7 +150,7 @@ def add_breakdown_parser(subparsers) -> argparse.ArgumentParser:
                     "category of op (GPU MUL_MAT / MUL_MAT_ID / attention, H2D copies of weights and experts, the "
                     "CPU backend, the scheduler's host work) holds on the critical path, its busy time, and how "
                     "much of it the schedule hides.")
-    _add_bench_flags(p)
+    _add_bench_flags(p, one_setting=True)
     p.add_argument("--test", action="append", help="test name (repeatable), e.g. pp512 or 'pp512 @ d8192' "
                                                    "(default: every test)")
     p.add_argument("-o", "--output", choices=BREAKDOWN_FORMATS, default=None,

@@ -77,7 +77,7 @@ def add_check_parser(subparsers) -> argparse.ArgumentParser:
         "check", help="hazard checker: staging-slot races, missing waits, use-after-free, cross-GPU slots, overruns",
         description="Build the plans of a scenario's variants and tests and report staging-slot hazards: "
                     + ", ".join(k.value for k in HazardKind) + ". Exit status 1 if any hazard is found.")
-    _add_bench_flags(p)
+    _add_bench_flags(p, one_setting=True)
     p.add_argument("--test", action="append", help="test name (repeatable), e.g. pp512 or 'pp512 @ d8192', also one "
                                                    "that the scenario's workload does not list "
                                                    "(default: every test of the scenario)")

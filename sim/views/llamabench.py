@@ -375,6 +375,7 @@ def _check_samples(out: dict, err) -> None:
         mean_ts = sum(ts) / len(ts)
         slack = _HALF_DIGIT_F + sum(_half_digit_g(x) for x in ts) / len(ts)
     else:
+        _check_averages(out, n_tokens, err)
         return
     if not _close(out["avg_ts"], mean_ts, slack):
         raise err("avg_ts", f"{out['avg_ts']:f} is not the mean of samples_ts ({mean_ts:f}, llama-bench's avg)")
@@ -386,6 +387,27 @@ def _check_samples(out: dict, err) -> None:
         if math.isfinite(sd_ts) and not _close(out["stddev_ts"], sd_ts, _HALF_DIGIT_F + cancel):
             raise err("stddev_ts", f"{out['stddev_ts']:f} is not the standard deviation of samples_ts ({sd_ts:f}, "
                                    "llama-bench's stdev)")
+
+
+#: a row without samples whose ``avg_ts`` is above this many times ``1e9 * tokens / avg_ns`` is
+#: refused: a mean of t/s that far above the t/s of the mean time needs repetitions a factor of
+#: several apart (llama-bench prints ``avg_ts`` as the mean of its repetitions' t/s)
+AVG_TS_OVER_MEAN_TIME_MAX = 2.0
+
+
+def _check_averages(out: dict, n_tokens: int, err) -> None:
+    """A row without ``samples_ns``/``samples_ts`` (llama-bench's csv/md): its ``avg_ts``, the
+    mean of the repetitions' t/s, is at least the t/s of their mean time ``avg_ns`` (the
+    arithmetic mean is at least the harmonic one; ``avg_ns`` is truncated to the ns) and not
+    above :data:`AVG_TS_OVER_MEAN_TIME_MAX` times it."""
+    ns, ts = out.get("avg_ns"), out.get("avg_ts")
+    if not n_tokens or not isinstance(ns, int) or ns <= 0 or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return
+    x = 1e9 * n_tokens / ns
+    if ts < x * (1 - 1.0 / ns) - _HALF_DIGIT_F or ts > x * AVG_TS_OVER_MEAN_TIME_MAX:
+        raise err("avg_ts", f"{ts:f} t/s contradicts avg_ns {ns} for {n_tokens} tokens ({x:f} t/s at the mean "
+                            "time): llama-bench's avg_ts, the mean of its repetitions' t/s, is at least that "
+                            f"and not {AVG_TS_OVER_MEAN_TIME_MAX:g}x above it")
 
 
 _U64 = (1 << 64) - 1
