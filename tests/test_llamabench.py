@@ -587,3 +587,15 @@ def test_a_jsonl_file_whose_first_line_is_an_array_names_line_1(tmp_path):
     with pytest.raises(ScenarioError, match="expected a JSON object") as ei:
         read_llama_bench(p)
     assert ei.value.field == "line 1"
+
+
+def test_a_json_array_with_more_after_it_and_non_objects_are_named_in_json_terms(tmp_path):
+    """An -o json array followed by anything but jsonl rows is named as such (at line 2), and a
+    line that is no object says which JSON value it is (null, a number...), not a Python type."""
+    p = write(tmp_path, json.dumps([json.loads(LINES[0])]) + "\nxyz\n")
+    with pytest.raises(ScenarioError, match="a JSON array on line 1 and more after it") as ei:
+        read_llama_bench(p)
+    assert ei.value.field == "line 2"
+    for val, kind in (("null", "null"), ("3", "a number"), ('"x"', "a string"), ("true", "a boolean")):
+        with pytest.raises(ScenarioError, match=f"expected a JSON object, got {kind}$"):
+            read_llama_bench(write(tmp_path, LINES[0] + "\n" + val + "\n"))

@@ -1116,3 +1116,22 @@ def test_a_row_with_other_than_its_invocations_repetitions_is_reported(tmp_path,
     df = cmp.compare(run, HW, jobs=1)
     assert df.predicted_ts.isna()[2] and "samples_ns" in df.note[2] and "-r 5" in df.note[2]
     assert df.predicted_ts.drop(index=2).equals(result.predicted_ts.drop(index=2))
+
+
+def test_compare_warns_that_simulated_rows_are_not_measurements(tmp_path, capsys):
+    """prefetch-sim run's own rows (cpu_info 'simulated host ...') fed to compare: a warning says
+    the errors compare the simulator with itself; the rows are still compared."""
+    from sim.cli import main as sim_main
+    from calibrate.llamacpp.compare import main as compare_main
+
+    run = tmp_path / "self"
+    run.mkdir()
+    assert sim_main(["run", "-r", "1", "-q", "-p", "64", "-n", "0", "--variant", "baseline", "-m",
+                     str(ROOT / "scenarios/models/qwen3-30b-a3b.toml"), "-ngl", "99", "-ncmoe", "0", "-lm", "none",
+                     "-o", "jsonl", "--out", str(run / "llama-bench.jsonl")]) == 0
+    (run / "invocations.jsonl").write_text(json.dumps({"gguf": "qwen3-30b-a3b.toml",
+                                                       "model_toml": "scenarios/models/qwen3-30b-a3b.toml"}) + "\n")
+    capsys.readouterr()
+    assert compare_main([str(run), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "1 row of" in err and "is prefetch-sim's own output" in err

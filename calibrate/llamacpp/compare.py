@@ -52,7 +52,7 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.cli.benchflags import check_main_gpu, default_threads, hardware_backend
+from sim.cli.benchflags import SIMULATED_CPU_INFO, check_main_gpu, default_threads, hardware_backend
 from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
@@ -287,6 +287,9 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
     for inv in invocations:
         line = inv["_line"]
         toml = resolve(inv["model_toml"], run_dir)
+        if toml.is_dir():
+            raise ScenarioError(f"{inv['model_toml']} is a folder, not a model TOML", file=inv_file,
+                                field=f"model_toml, line {line}")
         if not toml.is_file():
             raise ScenarioError(f"model file not found: {inv['model_toml']} (tried the run folder, the current "
                                 "folder, the repository root and the shipped files)", file=inv_file, field=f"model_toml, line {line}")
@@ -297,8 +300,10 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
         ref = ModelRef(toml, None if n == layers[toml] else n)
         key = gguf_name(inv["gguf"])
         if key in out and out[key] != ref:
+            def cut(r: ModelRef) -> str:
+                return "all layers" if r.n_layer is None else plural(r.n_layer, "layer")
             raise ScenarioError(f"GGUF '{key}' is named with two models: {out[key].model_toml} "
-                                f"({out[key].n_layer} layers) and {ref.model_toml} ({ref.n_layer} layers)",
+                                f"({cut(out[key])}) and {ref.model_toml} ({cut(ref)})",
                                 file=inv_file, field=f"gguf, line {line}")
         out[key] = ref
     return out
@@ -980,6 +985,8 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
                     repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, n_gpu=hw.n_gpu,
                     backend=hardware_backend(hw),
                     backends=backends,
+                    simulated=int(bench["cpu_info"].astype(str).str.startswith(SIMULATED_CPU_INFO).sum())
+                    if "cpu_info" in bench.columns else 0,
                     disagreements={ln: m for ln, m in disagree.items() if ln in set(df.line)})
     return df
 
@@ -1001,6 +1008,11 @@ def warnings(df: pd.DataFrame) -> list[str]:
     :func:`sim.cli.benchflags.hardware_backend`: ``ROCm`` rows against a CUDA profile), and each invocation whose rows' ``model_size`` differs from the model
     file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
     out = []
+    if df.attrs.get("simulated"):
+        n_sim = df.attrs["simulated"]
+        out.append(f"{plural(n_sim, 'row')} of {df.attrs.get('run_dir')} {'is' if n_sim == 1 else 'are'} prefetch-sim's own output "
+                   f"(cpu_info '{SIMULATED_CPU_INFO}...'), not llama-bench measurements: their errors compare the "
+                   "simulator with itself")
     name = str(df.attrs.get("gpu_name") or "")
     other = other_gpus(df.attrs.get("gpu_info", []), name)
     if other:

@@ -252,6 +252,10 @@ def _c_int(text: str) -> int:
 #: ``--numa``'s values (``""``: distribute)
 NUMA_MODES = ("distribute", "isolate", "numactl", "")
 #: ``-o``/``-oe`` values of llama-bench (``output_format_from_str``)
+#: how the rows of ``prefetch-sim run`` begin their ``cpu_info`` (a reader tells them from
+#: llama-bench's own measurements by it: ``calibrate.llamacpp.compare`` warns)
+SIMULATED_CPU_INFO = "simulated host"
+
 OUTPUT_FORMATS = ("csv", "json", "jsonl", "md", "sql", "none")
 
 
@@ -1176,7 +1180,7 @@ def bench_values(inst: Instance, model, hw, *, test_time: str, overrides: Sequen
     s = inst.setting
     rules = s.overrides if overrides is None else overrides
     return {
-        "cpu_info": f"simulated host of profile '{hw.name}'",
+        "cpu_info": f"{SIMULATED_CPU_INFO} of profile '{hw.name}'",
         "gpu_info": ", ".join([hw.gpu_name] * hw.n_gpu),
         "backends": hardware_backend(hw),
         "model_filename": model_filename(s, model),

@@ -346,6 +346,20 @@ def _close(printed: float, exact: float, half_digit: float) -> bool:
     return abs(printed - exact) <= half_digit * (1 + 1e-6) + 1e-12 * abs(exact)
 
 
+def json_kind(val) -> str:
+    """The JSON name of a decoded value's kind (``null``, ``a boolean``, ``a number``, ``a string``,
+    ``an array``, ``an object``), for messages about a file's content."""
+    if val is None:
+        return "null"
+    if isinstance(val, bool):
+        return "a boolean"
+    if isinstance(val, (int, float)):
+        return "a number"
+    if isinstance(val, str):
+        return "a string"
+    return "an array" if isinstance(val, list) else "an object" if isinstance(val, dict) else type(val).__name__
+
+
 def _check_samples(out: dict, err) -> None:
     """Refuse a row whose samples and averages contradict each other, as llama-bench derives
     them (``test::get_ts``, ``avg``): ``samples_ts[i] = 1e9 * (n_prompt + n_gen) / samples_ns[i]``
@@ -518,9 +532,18 @@ def read_llama_bench(path: str | Path):
                     val = json.loads(first)
                 except json.JSONDecodeError:
                     val = None
+                rest = [ln for ln in text.lstrip().split("\n")[1:] if ln.strip()]
+                try:
+                    jsonl_after = bool(rest) and isinstance(json.loads(rest[0]), dict)
+                except json.JSONDecodeError:
+                    jsonl_after = False
+                if isinstance(val, list) and not jsonl_after:  # an -o json array, then something else
+                    raise ScenarioError("a JSON array on line 1 and more after it: llama-bench -o json writes one "
+                                        "array and nothing else, -o jsonl one object per line", file=p,
+                                        field="line 2") from None
                 if val is not None:
                     raise ScenarioError(f"expected a JSON object (a llama-bench -o jsonl row), got "
-                                        f"{type(val).__name__}", file=p, field="line 1") from None
+                                        f"{json_kind(val)}", file=p, field="line 1") from None
             msg, key = _decode_error(text, exc)
             raise ScenarioError(f"{msg} at line {exc.lineno}",
                                 file=p, field=f"{key}, line {exc.lineno}" if key else f"line {exc.lineno}") from None
@@ -528,7 +551,7 @@ def read_llama_bench(path: str | Path):
             raise ScenarioError("expected a JSON array of llama-bench rows", file=p)
         for i, rec in enumerate(data, 1):
             if not isinstance(rec, dict):
-                raise ScenarioError(f"expected an object, got {type(rec).__name__}", file=p, field=f"row {i}")
+                raise ScenarioError(f"expected an object, got {json_kind(rec)}", file=p, field=f"row {i}")
             records.append((i, rec))
     else:
         fmt, unit = "jsonl", "line"
@@ -541,7 +564,7 @@ def read_llama_bench(path: str | Path):
                 msg, key = _decode_error(line, exc)
                 raise ScenarioError(msg, file=p, field=f"{key}, line {i}" if key else f"line {i}") from None
             if not isinstance(rec, dict):
-                raise ScenarioError(f"expected a JSON object, got {type(rec).__name__}", file=p, field=f"line {i}")
+                raise ScenarioError(f"expected a JSON object, got {json_kind(rec)}", file=p, field=f"line {i}")
             records.append((i, rec))
     if not records:
         raise ScenarioError("no llama-bench rows", file=p)
