@@ -1212,3 +1212,13 @@ def test_ctx_size_replaces_the_scenario_s_context(capsys):
     assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024)
     rc, out, err = run(capsys, *argv, "--ctx-size", "-3")
     assert rc == 2 and err.count("\n") == 1 and "--ctx-size" in err
+
+
+def test_list_devices_prints_the_profile_s_gpus_as_llama_bench_and_rpc_is_noted(capsys):
+    rc, out, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "--list-devices")
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "Available devices:" and len(lines) == 3
+    assert re.fullmatch(r"  CUDA1: NVIDIA H200 \(\d+ MiB, \d+ MiB free\)", lines[2])
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", "-rpc", "10.0.0.2:50052")
+    assert rc == 0 and "-rpc: RPC devices are not modelled" in err

@@ -962,6 +962,11 @@ def _main(argv: list[str] | None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
+        if getattr(args, "list_devices", False):   # llama-bench's --list-devices: the devices, then exit
+            from sim.cli.benchflags import device_list
+
+            print(device_list(_base_scenario(args).hardware))
+            return 0
         return int(args.func(args) or 0)
     except PrefetchSimError as exc:
         print(f"prefetch-sim: error: {exc}", file=sys.stderr)

@@ -478,6 +478,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
 HARNESS_FLAGS: tuple[tuple[tuple[str, ...], bool], ...] = (
     (("-v", "--verbose"), False), (("--progress",), False), (("--no-warmup",), False),
     (("--delay",), True), (("--prio",), True), (("--numa",), True), (("-oe", "--output-err"), True),
+    (("-rpc", "--rpc"), True),
 )
 #: the value check of a harness flag that takes one, as llama-bench's: ``std::stoi`` for
 #: ``--delay``/``--prio`` (any C int: ``--prio 99`` runs, at normal priority), ``--numa``'s and
@@ -599,13 +600,27 @@ def unmodelled_notes(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def device_list(hw) -> str:
+    """llama-bench's ``--list-devices`` (``common_print_available_devices``) for a profile's GPUs:
+    ``  CUDA0: NVIDIA H200 (143358 MiB, 142830 MiB free)`` per GPU, free as the profile's VRAM less
+    its reserved part (what a process sees after creating its CUDA context)."""
+    mib = 2 ** 20
+    lines = ["Available devices:"]
+    for i in range(hw.n_gpu):
+        lines.append(f"  {hardware_backend(hw)}{i}: {hw.gpu_name} ({int(hw.vram_bytes // mib)} MiB, "
+                     f"{int((hw.vram_bytes - hw.vram_reserved_bytes) // mib)} MiB free)")
+    return "\n".join(lines)
+
+
 def harness_notes(args: argparse.Namespace) -> list[str]:
     """One note per harness-only flag given (:data:`HARNESS_FLAGS`) and per flag of
     :data:`UNMODELLED_ROW_FLAGS` given (its rows print its values)."""
     out = []
     for opts, _ in HARNESS_FLAGS:
         v = getattr(args, "harness_" + opts[-1].lstrip("-").replace("-", "_"), None)
-        if v not in (None, False) and opts[0] != "--no-warmup":  # modelled: BenchParams.warmup
+        if v not in (None, False) and opts[0] == "-rpc":
+            out.append("-rpc: RPC devices are not modelled (the profile's GPUs only)")
+        elif v not in (None, False) and opts[0] != "--no-warmup":  # modelled: BenchParams.warmup
             out.append(f"{opts[0]}: accepted, not modelled (a llama-bench harness setting)")
     for dest, opts, *_ in _LIST_FLAGS:
         if dest in UNMODELLED_ROW_FLAGS and getattr(args, dest, None) is not None:
@@ -646,6 +661,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                            help=("skip llama-bench's untimed warm-up run before each test (modelled: an expert "
                                  "cache then starts cold)" if opts[0] == "--no-warmup"
                                  else "llama-bench harness setting: accepted, not modelled"))
+    p.add_argument("--list-devices", dest="list_devices", action="store_true",
+                   help="list the profile's devices as llama-bench lists a machine's (name, description, MiB "
+                        "total and free) and exit")
     p.add_argument("-r", "--repetitions", dest="repetitions", type=ascii_int,
                    help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
     p.add_argument("--max-work", dest="max_work", type=ascii_int, default=None, metavar="N",
