@@ -5,9 +5,8 @@
 #     2, 4 and 8 (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's matvec kernel with
 #     the router ids at 2-8 tokens against 1) and llama-bench's own pp256 at ubatch 1-16;
 #  2. gpt-oss-20b resident decode at depth: tg32 and tg128 at depth 0, 4096 and 8192, -r 5, with the
-#     phase-time patch alone (where the host and the GPU spend each token) and without it, and ncu of
-#     the decode at depth 8192 after llama-bench restores the depth state (-r 3); Qwen3 the same
-#     decode with phase timing as the control the profile fits.
+#     phase-time patch alone (where the host and the GPU spend each token) and without it; Qwen3 the
+#     same decode with phase timing as the control the profile fits.
 # Runs in the background (setsid) so that two device calls can hold it:
 #   bash scripts/h200_diag2.sh start    # build, GGUFs, measurements; waits up to 540 s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
@@ -48,11 +47,9 @@ B=$(find "$W/b" -name llama-bench -type f | head -1)
 NCU="ncu --csv --page raw --metrics gpu__time_duration.sum --cache-control none --clock-control none"
 wait $P2; say "gguf gpt-oss exit $?"
 G=$W/gptoss.gguf
-# 2. gpt-oss decode at depth: phase timing alone, then plain, then ncu after a restore
+# 2. gpt-oss decode at depth: phase timing alone, then plain
 PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/phase-gptoss.jsonl" 2> "$O/logs/phase-gptoss.log"; say "phase gpt-oss exit $?"
 timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/bench-gptoss.jsonl" 2>/dev/null; say "bench gpt-oss exit $?"
-GGML_CUDA_DISABLE_GRAPHS=1 timeout 150 $NCU --launch-count 40000 --log-file "$W/ncu-gptoss-tg-d8192-r3.csv" "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 2048 -p 0 -n 4 -d 8192 -r 3 -o jsonl > "$O/ncu-gptoss-tg-d8192-r3.jsonl" 2>"$O/logs/ncu-gptoss.err"; say "ncu gpt-oss restore exit $?"
-gzip -c "$W/ncu-gptoss-tg-d8192-r3.csv" > "$O/ncu-gptoss-tg-d8192-r3.csv.gz"
 wait $P1; say "gguf qwen3 exit $?"
 Q=$W/qwen3.gguf
 PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,8192 -r 5 -o jsonl > "$O/phase-qwen3.jsonl" 2> "$O/logs/phase-qwen3.log"; say "phase qwen3 exit $?"
