@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -615,3 +616,15 @@ def test_a_negative_ngl_in_a_scenario_offloads_every_layer_as_llama_bench_reads_
         p = tmp_path / f"ngl{value}.toml"
         p.write_text(text.replace("\nngl = 999 ", f"\nngl = {value} "))
         assert load_scenario(p).placement.ngl == expect
+
+
+def test_a_model_with_an_empty_name_is_refused(tmp_path):
+    """The name is the rows' model column (llama-bench's model_type is never blank)."""
+    from sim.model.specs import load_model
+
+    src = (ROOT / "scenarios" / "models" / "gemma3-27b.toml").read_text()
+    p = tmp_path / "m.toml"
+    p.write_text(re.sub(r'(?m)^name = .*$', 'name = "  "', src, count=1))
+    with pytest.raises(ScenarioError, match="must not be empty") as ei:
+        load_model(p)
+    assert ei.value.field == "model.name"

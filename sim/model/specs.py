@@ -445,6 +445,8 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
                             "and give -m a model TOML or GGUF", file=path, field="model")
     m = f.sub("model", required=True)
     name = m.str("name")
+    if not name.strip():   # llama-bench's model column (model_type) is never blank
+        raise m.error("name", "must not be empty (the rows' model column)")
     from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
 
     n_layer = m.int("n_layer", min=1, max=LAYERS_MAX)
