@@ -41,7 +41,8 @@ def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *,
                  repetitions: int | None = None) -> list[Path]:
     """Write ``out/<run id>.jsonl`` for every bench run of ``grid``; returns the files. A placement
     flag a run leaves out takes llama-bench's default (:data:`LLAMA_BENCH_PLACEMENT_DEFAULTS`: the
-    lease's llama-bench runs with it); the scenario gives the hardware and the rest. Each run is
+    lease's llama-bench runs with it); the scenario gives the hardware and the rest, but the KV
+    cache is sized as llama-bench sizes it (``--ctx-size 0``: the tests' depth + tokens). Each run is
     simulated at the ``-r`` llama-bench will run it with (the run's ``repetitions``, else the
     grid's: the first repetition captures the CUDA graphs, the rows' ``avg_ts`` is the mean of
     the repetitions' t/s), or at ``repetitions`` when given. Nothing is written unless every run
@@ -77,8 +78,10 @@ def predict_grid(grid: str | Path, scenario: str | Path, out: str | Path, *,
             defaults = [w for opts, words in LLAMA_BENCH_PLACEMENT_DEFAULTS if not set(opts) & set(run.args)
                         for w in words]
             reps = repetitions or run.repetitions or spec.repetitions
+            # the KV cache sized as llama-bench sizes it (each test's depth + tokens), not to the
+            # scenario's what-if context
             argv = ["run", str(scenario), "-m", str(toml), *run.args, *defaults, "-r", str(reps), "-o", "jsonl",
-                    *variants, "-q", "--out", str(path)]
+                    *variants, "--ctx-size", "0", "-q", "--out", str(path)]
             if cli.main(argv) != 0:
                 raise PrefetchSimError(f"run '{run.id}' of {grid}: prefetch-sim refused it (message above); "
                                        f"nothing written to {out}")
