@@ -2,11 +2,11 @@
 # Diagnostic lease, two questions in one build (docs/llamacpp.md, "Ubatch 4" and "gpt-oss decode at
 # depth"):
 #  1. ubatch 2-8: ncu kernel times of Qwen3-30B-A3B fully resident prompts of 8 tokens at ubatch 1,
-#     2, 4 and 8 (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's matvec kernel with
-#     the router ids at 2-8 tokens against 1) and llama-bench's own pp256 at ubatch 1-16;
+#     2, 4 and 8 in one model load (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's
+#     matvec kernel with the router ids at 2-8 tokens against 1) and llama-bench's own pp256 at
+#     ubatch 1-16;
 #  2. gpt-oss-20b resident decode at depth: tg32 and tg128 at depth 0, 4096 and 8192, -r 5, with the
-#     phase-time patch alone (where the host and the GPU spend each token) and without it; Qwen3 the
-#     same decode with phase timing as the control the profile fits.
+#     phase-time patch alone (where the host and the GPU spend each token) and without it.
 # Runs in the background (setsid) so that two device calls can hold it:
 #   bash scripts/h200_diag2.sh start    # build, GGUFs, measurements; waits up to 540 s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
@@ -52,12 +52,9 @@ PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa
 timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/bench-gptoss.jsonl" 2>/dev/null; say "bench gpt-oss exit $?"
 wait $P1; say "gguf qwen3 exit $?"
 Q=$W/qwen3.gguf
-PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,8192 -r 5 -o jsonl > "$O/phase-qwen3.jsonl" 2> "$O/logs/phase-qwen3.log"; say "phase qwen3 exit $?"
-# 1. ubatch 2-8 on Qwen3
-for ub in 1 2 4 8; do
-  GGML_CUDA_DISABLE_GRAPHS=1 timeout 120 $NCU --launch-count 40000 --log-file "$W/ncu-ub$ub.csv" "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub $ub -p 8 -n 0 -r 1 --no-warmup -o jsonl > "$O/ncu-qwen3-pp8-ub$ub.jsonl" 2>"$O/logs/ncu-ub$ub.err"; say "ncu ub$ub exit $?"
-  gzip -c "$W/ncu-ub$ub.csv" > "$O/ncu-qwen3-pp8-ub$ub.csv.gz"
-done
+# 1. ubatch 1-8 on Qwen3, one model load: llama-bench runs -ub 1, 2, 4, 8 in turn (8, 4, 2 and 1 graphs)
+GGML_CUDA_DISABLE_GRAPHS=1 timeout 200 $NCU --launch-count 40000 --log-file "$W/ncu-ub.csv" "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub 1,2,4,8 -p 8 -n 0 -r 1 --no-warmup -o jsonl > "$O/ncu-qwen3-pp8.jsonl" 2>"$O/logs/ncu-ub.err"; say "ncu ub exit $?"
+gzip -c "$W/ncu-ub.csv" > "$O/ncu-qwen3-pp8-ub1-8.csv.gz"
 timeout 120 "$B" -m "$Q" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-qwen3-pp256.jsonl" 2>/dev/null; say "bench qwen3 pp256 exit $?"
 say done
 touch "$W/done"
