@@ -8,7 +8,7 @@
 #  2. gpt-oss-20b resident decode at depth: tg32 and tg128 at depth 0, 4096 and 8192, -r 5, with the
 #     phase-time patch alone (where the host and the GPU spend each token) and without it.
 # Runs in the background (setsid) so that two device calls can hold it:
-#   bash scripts/h200_diag2.sh start    # build, GGUFs, measurements; waits up to 540 s, packs $OUT/diag2-a.tgz
+#   bash scripts/h200_diag2.sh start [WAIT_S]  # build, GGUFs, measurements; waits up to WAIT_S (540) s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -29,7 +29,7 @@ fi
 if [ "$mode" = start ]; then
   mkdir -p "$W/out/logs"
   setsid bash "$0" run > "$W/out/logs/script.log" 2>&1 < /dev/null &
-  wait_done 540; pack diag2-a.tgz; exit 0
+  wait_done "${2:-540}"; pack diag2-a.tgz; exit 0
 fi
 # mode run: the measurements
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
