@@ -599,3 +599,9 @@ def test_a_json_array_with_more_after_it_and_non_objects_are_named_in_json_terms
     for val, kind in (("null", "null"), ("3", "a number"), ('"x"', "a string"), ("true", "a boolean")):
         with pytest.raises(ScenarioError, match=f"expected a JSON object, got {kind}$"):
             read_llama_bench(write(tmp_path, LINES[0] + "\n" + val + "\n"))
+
+
+def test_a_utf8_byte_order_mark_is_taken_as_the_toml_reader_takes_it(tmp_path):
+    plain = read_llama_bench(write(tmp_path, LINES[0] + "\n"))
+    got = read_llama_bench(write(tmp_path, "\ufeff" + LINES[0] + "\n"))
+    assert got.avg_ts.iloc[0] == plain.avg_ts.iloc[0] and got.attrs["format"] == "jsonl"

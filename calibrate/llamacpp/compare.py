@@ -184,6 +184,7 @@ def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:
             text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=p) from None
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark, as the TOML and llama-bench readers take it
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():

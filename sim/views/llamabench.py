@@ -512,6 +512,7 @@ def read_llama_bench(path: str | Path):
         raise ScenarioError("not UTF-8 text (expected llama-bench -o json or -o jsonl output)", file=p) from None
     except OSError as exc:
         raise ScenarioError(f"cannot read: {exc.strerror}", file=p) from None
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark (Windows editors write one), as the TOML reader
     body = text.lstrip()
     if not body:
         raise ScenarioError("empty file: no llama-bench rows", file=p)
