@@ -424,8 +424,9 @@ def test_cli_errors_are_one_line_exit_2_and_leave_no_file(case, tmp_path, capsys
     elif case == "unknown_arch":
         model = tmp_path / "m.toml"
         model.write_text((MODELS / "qwen3-30b-a3b.toml").read_text().replace('arch = "qwen3moe"', 'arch = "qwen9"'))
-    elif case == "bad_out":
-        out = tmp_path / "missing" / "m.gguf"
+    elif case == "bad_out":   # its folder is a file (a missing folder is made: test_cli_makes_a_missing_folder)
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "m.gguf"
     elif case == "bad_model":
         model = tmp_path / "nope.toml"
     elif case == "bad_n_layer":
@@ -434,7 +435,15 @@ def test_cli_errors_are_one_line_exit_2_and_leave_no_file(case, tmp_path, capsys
     assert rc == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gguf_writer: error:"), err
-    assert {"no_arch": "model.arch", "unknown_arch": "'qwen9' is not supported", "bad_out": "missing",
+    assert {"no_arch": "model.arch", "unknown_arch": "'qwen9' is not supported", "bad_out": "afile",
             "bad_model": "nope.toml", "bad_n_layer": "n_layer"}[case] in lines[0]
     assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".toml"] == []
+    assert [p.name for p in tmp_path.iterdir() if p.suffix != ".toml" and p.name != "afile"] == []
+
+
+def test_cli_makes_a_missing_folder(tmp_path, capsys):
+    """--out in folders that do not exist yet: made, as prefetch-sim run --out makes them."""
+    out = tmp_path / "a" / "b" / "m.gguf"
+    rc, _so, err = _run(capsys, "--model", str(MODELS / "qwen3-30b-a3b.toml"), "--out", str(out), "--quiet", "--tiny")
+    assert rc == 0, err
+    assert out.is_file() and not out.with_name(out.name + ".tmp").exists()

@@ -717,8 +717,7 @@ def write_gguf(spec: ModelSpec, out: str | Path, *, n_layer: int | None = None, 
     name = spec.name if n_write == spec.n_layer else f"{spec.name} [{n_write} of {spec.n_layer} layers]"
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
-    if not out.parent.is_dir():
-        raise FileNotFoundError(2, "folder does not exist", str(out.parent))
+    out.parent.mkdir(parents=True, exist_ok=True)   # as prefetch-sim run --out: missing folders are made
     say = progress or (lambda s: None)
     wr = gguf.GGUFWriter(tmp, arch)
     try:
@@ -833,7 +832,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                              "zero-mean weights, diverse routing) for a model TOML.")
     ap.add_argument("--model", required=True, help="model TOML with [model] arch: a path, or a built-in name "
                     "(qwen3-30b-a3b, gpt-oss-20b, gemma3-27b, mixtral-8x7b)")
-    ap.add_argument("--out", required=True, help="output .gguf (written to OUT.tmp, then renamed)")
+    ap.add_argument("--out", required=True, help="output .gguf (written to OUT.tmp, then renamed; missing folders are made)")
     ap.add_argument("--n-layer", type=int, default=None, help="write only the first N blocks")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--tiny", action="store_true", help="a small variant of the same arch (CI, local checks)")
