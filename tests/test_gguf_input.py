@@ -92,11 +92,10 @@ def _llama(path: Path, *, n_layer: int = 2, d: int = 256, n_head: int = 8, n_kv:
     ty = types or (lambda name: "Q8_0")
     kv = [(V.UINT32, "llama.block_count", n_layer), (V.UINT32, "llama.embedding_length", d),
           (V.UINT32, "llama.attention.head_count", n_head), (V.UINT32, "llama.attention.head_count_kv", n_kv),
-          (V.UINT32, "llama.feed_forward_length", ff), (V.FLOAT32, "llama.attention.layer_norm_rms_epsilon", 1e-5),
-          *extra_kv]
+          (V.UINT32, "llama.feed_forward_length", ff), (V.FLOAT32, "llama.attention.layer_norm_rms_epsilon", 1e-5)]
     if file_type is not None:
         kv.append((V.UINT32, "general.file_type", file_type))
-    kv = [x for x in kv if x[1] not in drop]
+    kv = [x for x in kv if x[1] not in drop] + list(extra_kv)   # drop, then add (a key replaced)
     ts = [("token_embd.weight", (d, vocab), ty("token_embd.weight"))]
     for i in range(n_layer):
         b = f"blk.{i}."
@@ -560,3 +559,25 @@ def test_a_fifo_given_as_a_gguf_is_refused_not_read(tmp_path):
     with pytest.raises(ScenarioError, match="not a regular file") as ei:
         read_gguf_index(fifo)
     assert str(fifo) in str(ei.value)
+
+
+def test_a_shard_of_a_split_gguf_is_refused_naming_split_count(tmp_path):
+    """llama.cpp loads every shard of a split GGUF; the simulator reads one file's header, so a
+    shard (split.count > 1) is refused by name instead of priced as a whole model; one of 1 is a
+    whole file."""
+    p = _llama(tmp_path / "m-00001-of-00002.gguf",
+               extra_kv=[(V.UINT16, "split.count", 2), (V.UINT16, "split.no", 0)])
+    err = _one_line_error(p, "one shard of a split GGUF .split.count = 2", fn=load_gguf_model)
+    assert err.field == "split.count" and "llama-gguf-split --merge" in str(err)
+    whole = _llama(tmp_path / "w.gguf", extra_kv=[(V.UINT16, "split.count", 1)])
+    assert load_gguf_model(whole).n_layer == 2
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("llama.block_count", 2000, "block_count"), ("llama.attention.head_count_kv", 70000, "head_count_kv"),
+    ("llama.feed_forward_length", 2 * 10**7, "feed_forward_length")])
+def test_gguf_geometry_beyond_the_model_toml_s_bounds_is_refused(tmp_path, key, value, field):
+    """The same bounds as a model TOML's (sim.bounds): a header past them is one line naming the key."""
+    p = _llama(tmp_path / "m.gguf", drop=(key,), extra_kv=[(V.UINT32, key, value)])
+    err = _one_line_error(p, f"must be <= ", fn=load_gguf_model)
+    assert field in err.field

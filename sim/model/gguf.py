@@ -553,7 +553,7 @@ class _Meta:
     def error(self, k: str, msg: str) -> ScenarioError:
         return ScenarioError(msg, file=self.idx.path, field=self.key(k))
 
-    def uint(self, k: str, default: int | None = None, *, min_value: int = 0) -> int:
+    def uint(self, k: str, default: int | None = None, *, min_value: int = 0, max_value: int | None = None) -> int:
         full = self.key(k)
         if full in self.idx.arrays:
             raise self.error(k, "per-layer values (an array) are not supported; expected one number")
@@ -566,6 +566,8 @@ class _Meta:
             raise self.error(k, f"expected an integer, got {v!r}")
         if v < min_value:
             raise self.error(k, f"must be >= {min_value}, got {v}")
+        if max_value is not None and v > max_value:   # the model TOML's bounds (sim.bounds)
+            raise self.error(k, f"must be <= {max_value}, got {v}")
         return int(v)
 
     def has(self, k: str) -> bool:
@@ -574,7 +576,9 @@ class _Meta:
 
 def _swa(meta: _Meta, n_layer: int) -> tuple[int, int]:
     """``(sliding_window, swa_interval)`` of the ModelSpec (0, 0 without SWA)."""
-    window = meta.uint("attention.sliding_window", 0)
+    from sim.bounds import DIM_MAX
+
+    window = meta.uint("attention.sliding_window", 0, max_value=DIM_MAX)
     if not window:
         return 0, 0
     key = meta.key("attention.sliding_window_pattern")
@@ -642,19 +646,29 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         raise ScenarioError(f"general.architecture '{arch}' is not modelled by the simulator (its graph is built as "
                             f"llama-shaped blocks; supported: {', '.join(MODELLED_ARCHS)})", file=p,
                             field="general.architecture")
+    n_split = idx.kv.get("split.count")
+    if isinstance(n_split, int) and not isinstance(n_split, bool) and n_split > 1:
+        # llama.cpp loads every shard (llama_get_list_splits); this reader reads one file's header
+        raise ScenarioError(f"one shard of a split GGUF (split.count = {n_split}, split.no = "
+                            f"{idx.kv.get('split.no', '?')}): the simulator reads one file; merge the shards "
+                            "first (llama-gguf-split --merge FIRST_SHARD OUT.gguf)", file=p, field="split.count")
+    from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
+
     meta = _Meta(idx, arch)
-    n_layer = meta.uint("block_count", min_value=1)
-    d_model = meta.uint("embedding_length", min_value=1)
-    n_head = meta.uint("attention.head_count", min_value=1)
-    n_head_kv = meta.uint("attention.head_count_kv", n_head, min_value=1)
+    n_layer = meta.uint("block_count", min_value=1, max_value=LAYERS_MAX)
+    d_model = meta.uint("embedding_length", min_value=1, max_value=DIM_MAX)
+    n_head = meta.uint("attention.head_count", min_value=1, max_value=COUNT_MAX)
+    n_head_kv = meta.uint("attention.head_count_kv", n_head, min_value=1, max_value=COUNT_MAX)
     if n_head % n_head_kv:
         raise meta.error("attention.head_count_kv", f"must divide head_count ({n_head}), got {n_head_kv}")
-    head_dim = meta.uint("attention.key_length", d_model // n_head, min_value=1)
+    head_dim = meta.uint("attention.key_length", d_model // n_head, min_value=1, max_value=DIM_MAX)
     emb = _need(idx, "token_embd.weight", "the token embedding")
     if len(emb.ne) != 2 or emb.ne[0] != d_model:
         raise ScenarioError(f"token_embd.weight has shape {list(emb.ne)}, expected [{d_model}, n_vocab] "
                             f"({arch}.embedding_length = {d_model})", file=p)
     n_vocab = emb.ne[1]
+    if not 1 <= n_vocab <= DIM_MAX:
+        raise ScenarioError(f"token_embd.weight has {n_vocab} rows (the vocabulary): must be 1..{DIM_MAX}", file=p)
 
     # every tensor, in file order
     tensors: list[Any] = []
@@ -684,7 +698,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
 
     # MoE
     moe_layers = [i for i in range(n_layer) if f"blk.{i}.ffn_gate_inp.weight" in idx.tensors]
-    n_expert = meta.uint("expert_count", 0)
+    n_expert = meta.uint("expert_count", 0, max_value=COUNT_MAX)
     moe = None
     if n_expert or moe_layers:
         if not n_expert:
@@ -700,13 +714,14 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         if meta.has("leading_dense_block_count") and meta.uint("leading_dense_block_count") != lead:
             raise meta.error("leading_dense_block_count", f"is {meta.uint('leading_dense_block_count')}, but the "
                              f"first expert router is in block {lead}")
-        n_used = meta.uint("expert_used_count", min_value=1)
+        n_used = meta.uint("expert_used_count", min_value=1, max_value=COUNT_MAX)
         if n_used > n_expert:
             raise meta.error("expert_used_count", f"top-k {n_used} exceeds expert_count {n_expert}")
         b = f"blk.{lead}."
         fused = b + "ffn_gate_up_exps.weight" in idx.tensors
         up = _need(idx, b + ("ffn_gate_up_exps.weight" if fused else "ffn_up_exps.weight"), "the experts")
-        n_ff_exp = meta.uint("expert_feed_forward_length", up.ne[1] // (2 if fused else 1), min_value=1)
+        n_ff_exp = meta.uint("expert_feed_forward_length", up.ne[1] // (2 if fused else 1), min_value=1,
+                             max_value=DIM_MAX)
         for i in moe_layers:
             b = f"blk.{i}."
             names = (["ffn_gate_up_exps"] if fused else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
@@ -718,7 +733,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
                                         f"({arch}.expert_count {n_expert}, expert_feed_forward_length "
                                         f"{n_ff_exp})", file=p)
         sh = f"blk.{lead}.ffn_up_shexp.weight"
-        n_shared = meta.uint("expert_shared_count", 1 if sh in idx.tensors else 0)
+        n_shared = meta.uint("expert_shared_count", 1 if sh in idx.tensors else 0, max_value=COUNT_MAX)
         n_ff_shexp = 0
         if n_shared:
             n_ff_shexp = _need(idx, sh, "the shared expert").ne[1]
@@ -733,7 +748,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     n_ff = 0
     if dense:
         up = _need(idx, f"blk.{dense[0]}.ffn_up.weight", f"the FFN of block {dense[0]}")
-        n_ff = meta.uint("feed_forward_length", up.ne[1], min_value=1)
+        n_ff = meta.uint("feed_forward_length", up.ne[1], min_value=1, max_value=DIM_MAX)
         for i in dense:
             for nm in ("ffn_gate", "ffn_up", "ffn_down"):
                 t = _need(idx, f"blk.{i}.{nm}.weight", f"the gated FFN of block {i}")
@@ -742,7 +757,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
                     raise ScenarioError(f"blk.{i}.{nm}.weight has shape {list(t.ne)}, expected {list(want)} "
                                         f"({arch}.feed_forward_length {n_ff})", file=p)
     elif meta.has("feed_forward_length") and moe is not None:
-        ff = meta.uint("feed_forward_length")
+        ff = meta.uint("feed_forward_length", max_value=DIM_MAX)
         n_ff = 0 if ff == moe.n_ff_exp else ff
 
     window, interval = _swa(meta, n_layer)
