@@ -628,3 +628,20 @@ def test_a_model_with_an_empty_name_is_refused(tmp_path):
     with pytest.raises(ScenarioError, match="must not be empty") as ei:
         load_model(p)
     assert ei.value.field == "model.name"
+
+
+@pytest.mark.parametrize("edit,field,match", [
+    (lambda s: s[:s.index("[moe]")] + s[s.index("\n[", s.index("[moe]") + 1):] if "\n[" in s[s.index("[moe]") + 1:]
+     else s[:s.index("[moe]")], "model.arch", "needs its \\[moe\\] table"),
+    (lambda s: s.replace("[moe]\n", "[moe]\nn_layer_dense_lead = 48\n", 1), "moe.n_layer_dense_lead", "<= 47"),
+    (lambda s: s.replace("[model]\n", "[model]\nsliding_window = 1024\n", 1), "model.swa_interval", "go together"),
+])
+def test_model_tomls_that_would_silently_become_another_model_are_refused(tmp_path, edit, field, match):
+    """A MoE architecture without its [moe] table, every block a leading dense one, or a window
+    without the layers that use it: each was simulated as another model (dense, or full
+    attention) without a word."""
+    p = tmp_path / "m.toml"
+    p.write_text(edit((ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml").read_text()))
+    with pytest.raises(ScenarioError, match=match) as ei:
+        load_model(p)
+    assert ei.value.field == field

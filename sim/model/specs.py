@@ -26,6 +26,8 @@ from sim.wording import plural
 #: ``arch`` is a generic llama-shaped model (matrices only). A GGUF's archs are
 #: :data:`sim.model.gguf.MODELLED_ARCHS` (its tensors come from the file).
 TOML_ARCHS: tuple[str, ...] = ("gemma3", "gpt-oss", "llama", "qwen3moe")
+#: of :data:`TOML_ARCHS`, those whose every model has experts (``llama`` may have them or not)
+MOE_ARCHS: tuple[str, ...] = ("gpt-oss", "qwen3moe")
 
 # --------------------------------------------------------------------------------------
 # Model
@@ -462,6 +464,10 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
     full_attn_interval = m.int("full_attn_interval", 1 if attn_kind == "full" else 4, min=1, max=LAYERS_MAX)
     sliding_window = m.int("sliding_window", 0, min=0, max=DIM_MAX)
     swa_interval = m.int("swa_interval", 0, min=0, max=LAYERS_MAX)
+    if bool(sliding_window) != bool(swa_interval):   # one without the other would be full attention, silently
+        raise m.error("swa_interval" if sliding_window else "sliding_window",
+                      "sliding_window and swa_interval go together (a window, and every swa_interval-th layer "
+                      "full): give both or neither")
     linear_state_dim = m.int("linear_state_dim", 128, min=1, max=DIM_MAX)
     # bytes per KV element: a quantised cache has ~0.5 (q4_0), f32 4; 8 leaves room
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, min=1 / 16, max=8.0)
@@ -487,12 +493,14 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
             n_ff_exp=e.int("n_ff_exp", min=1, max=DIM_MAX),
             n_expert_shared=e.int("n_expert_shared", 0, min=0, max=COUNT_MAX),
             n_ff_shexp=e.int("n_ff_shexp", 0, min=0, max=DIM_MAX),
-            n_layer_dense_lead=e.int("n_layer_dense_lead", 0, min=0, max=n_layer),
+            n_layer_dense_lead=e.int("n_layer_dense_lead", 0, min=0, max=n_layer - 1),   # >= 1 MoE block
             fused_gate_up=e.bool("fused_gate_up", False),
         )
         if moe.n_expert_shared and not moe.n_ff_shexp:
             raise e.error("n_ff_shexp", "required when n_expert_shared > 0")
         e.check_unknown()
+    if moe is None and arch in MOE_ARCHS:   # llama.cpp's loader for the arch reads expert tensors
+        raise m.error("arch", f"'{arch}' is a mixture-of-experts architecture: the model needs its [moe] table")
     if (moe is None or moe.n_layer_dense_lead > 0) and n_ff <= 0:
         raise m.error("n_ff", "a dense model (or leading dense layers) needs n_ff > 0")
 
