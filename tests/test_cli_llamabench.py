@@ -1222,3 +1222,17 @@ def test_list_devices_prints_the_profile_s_gpus_as_llama_bench_and_rpc_is_noted(
     assert re.fullmatch(r"  CUDA1: NVIDIA H200 \(\d+ MiB, \d+ MiB free\)", lines[2])
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", "-rpc", "10.0.0.2:50052")
     assert rc == 0 and "-rpc: RPC devices are not modelled" in err
+
+
+def test_trace_of_a_cache_variant_is_run_s_first_repetition(capsys, tmp_path):
+    """An expert cache carries over llama-bench's runs: trace fills it as run does (the earlier
+    tests and this test's warm-up), so its makespan is run's first sample of the test."""
+    base = ("qwen3-30b-a3b-rtx3090", "-p", "512", "-n", "8", "--variant", "cache_lru", "-q")
+    rc, out, err = run(capsys, "run", *base, "-r", "2", "-o", "json")
+    assert rc == 0, err
+    first = {r["test"]: r["samples_ns"][0] * 1e-6 for r in json.loads(out) if r["variant"] == "cache_lru"}
+    for test in ("pp512", "tg8"):
+        rc, _out, err = run(capsys, "trace", *base, "--test", test, "--out", str(tmp_path / f"{test}.json"))
+        assert rc == 0, err
+        got = float(re.search(r"cache_lru / \S+: \d+ ops, makespan ([0-9.]+) ms", err + _out).group(1))
+        assert got == pytest.approx(first[test], abs=1e-3)
