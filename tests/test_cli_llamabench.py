@@ -1210,6 +1210,8 @@ def test_ctx_size_replaces_the_scenario_s_context(capsys):
     assert rc == 0, err
     # Qwen3-30B-A3B: 48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB per token
     assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024)
+    rc, out, err = run(capsys, *argv, "--ctx-size", "65536")   # the flag's context, named as the flag's
+    assert rc == 2 and "--ctx-size 65536 sizes it here" in err and "placement.ctx_size" not in err
     rc, out, err = run(capsys, *argv, "--ctx-size", "-3")
     assert rc == 2 and err.count("\n") == 1 and "--ctx-size" in err
 

@@ -183,7 +183,8 @@ def placement_error_in_flags(exc: Exception, args: argparse.Namespace, variant=N
     scn = _base_scenario(args)
     params = params_from_args(args, scn)
     flag = required_variants(args, params).get(variant.name) if variant is not None else None
-    return overflow_in_flags(exc, params, params.settings()[0], scn.placement.ctx_size, flag, test_flags=test_flags)
+    return overflow_in_flags(exc, params, params.settings()[0], scn.placement.ctx_size, flag, test_flags=test_flags,
+                             ctx_flag=getattr(args, "ctx_size", None) is not None)
 
 
 def pick_tests(names, tests) -> list[tuple[int, object]]:
@@ -489,8 +490,10 @@ def bench_work(scn, params, models) -> int:
 
 
 def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None,
-              required=None):
+              required=None, ctx_flag: bool = False):
     """Simulate every setting of ``params`` over ``scn`` under the scenario's variants.
+
+    ``ctx_flag``: ``--ctx-size`` set the scenario's context (a VRAM overflow's advice names it).
 
     ``max_work``: the work budget (:func:`sim.bounds.check_work`; default
     :data:`sim.bounds.WORK_MAX`), checked before anything is simulated.
@@ -572,7 +575,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             if not ok:  # the setting itself does not fit: one reason, said once (in flags when they cause it)
                 v0, err = bad[0] if bad else (None, exc)
                 err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
-                                        required.get(v0.name) if v0 is not None else None)
+                                        required.get(v0.name) if v0 is not None else None, ctx_flag=ctx_flag)
                 first_err = first_err or err
                 reason = err.reason[len(label) + 2:] if err.reason.startswith(label + ": ") else err.reason
                 unfit.append((label, f"{label}: left out, no variant fits: {reason}"))
@@ -582,7 +585,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                     flag, value = required[v.name]
                     where = f" ({label})" if len(settings) > 1 else ""
                     mapped = overflow_in_flags(e, params, setting, scn.placement.ctx_size, required[v.name],
-                                               where=where)
+                                               where=where, ctx_flag=ctx_flag)
                     if mapped is not e:
                         raise mapped from None
                     raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
@@ -638,7 +641,7 @@ def no_kernel_tables_note(scn) -> str | None:
             "read the variants' ratios, not the absolute t/s")
 
 
-def kv_context_notes(scn, params) -> list[str]:
+def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
     """A note when the VRAM figures (``peak_vram_bytes``, ``--vram``) size the KV cache to the
     scenario's ``placement.ctx_size`` while llama-bench would size it smaller: llama-bench makes
     each test's context ``n_prompt + n_gen + n_depth`` tokens (``cmd_params_instance::to_llama_cparams``),
@@ -652,7 +655,9 @@ def kv_context_notes(scn, params) -> list[str]:
     if ctx <= need:
         return []
     where = f" ({scn.file})" if getattr(scn, "file", None) else ""
-    return [f"peak_vram_bytes: the KV cache is sized to the scenario's placement.ctx_size, {ctx} tokens{where}; "
+    source = "--ctx-size" if ctx_flag else "the scenario's placement.ctx_size"
+    where = "" if ctx_flag else where
+    return [f"peak_vram_bytes: the KV cache is sized to {source}, {ctx} tokens{where}; "
             f"llama-bench sizes it to each test's n_prompt + n_gen + n_depth (at most {need} here), which needs "
             "less VRAM (--ctx-size 0 sizes it so)"]
 
@@ -692,14 +697,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"patch runs as weight prefetch in max(2, {v.expert_slots}) slots")
     try:
         rows, results, unfit = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
-                                         max_work=args.max_work, required=required_variants(args, params))
+                                         max_work=args.max_work, required=required_variants(args, params),
+                                         ctx_flag=args.ctx_size is not None)
     except KeyboardInterrupt:  # interrupted: only the one line that says so
         raise
     except BaseException:
         _say_notes(notes)
         raise
     if args.vram or args.output not in ("md", "none"):
-        notes.extend(kv_context_notes(scn, params))
+        notes.extend(kv_context_notes(scn, params, getattr(args, "ctx_size", None) is not None))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)

@@ -1457,7 +1457,7 @@ _OPTS_OF = {dest: "/".join(opts) for dest, opts, *_ in _LIST_FLAGS}
 
 def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, base_ctx_size: int,
                       variant_flag: tuple[str, str] | None = None, *, test_flags: Sequence[tuple[str, str]] = (),
-                      where: str = "") -> Exception:
+                      where: str = "", ctx_flag: bool = False) -> Exception:
     """A VRAM overflow (:class:`sim.errors.VramOverflowError` of :func:`sim.model.vram.account`) of one
     setting in the terms of the command line: the error names the flags given that size the
     component(s) that overflow, with their values, and says what to change in flag terms.
@@ -1529,10 +1529,15 @@ def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, bas
     advice = dict(_VRAM_ADVICE)
     if not raised:
         # the scenario's context sizes the KV cache, not the tests: shorter tests change nothing
-        advice["kv"] = (f"a smaller KV cache (the scenario's placement.ctx_size, {base_ctx_size} tokens, sizes it "
-                        f"here, where llama-bench sizes it to each test's -p + -n + -d: lower ctx_size in the "
-                        f"scenario or give --ctx-size (0: llama-bench's own); or fewer layers on the GPU, or "
-                        f"-ctk/-ctv q8_0)")
+        if ctx_flag:   # --ctx-size N sized it
+            advice["kv"] = (f"a smaller KV cache (--ctx-size {base_ctx_size} sizes it here, where llama-bench sizes "
+                            "it to each test's -p + -n + -d: a smaller --ctx-size, 0 for llama-bench's own; or "
+                            "fewer layers on the GPU, or -ctk/-ctv q8_0)")
+        else:
+            advice["kv"] = (f"a smaller KV cache (the scenario's placement.ctx_size, {base_ctx_size} tokens, sizes "
+                            f"it here, where llama-bench sizes it to each test's -p + -n + -d: lower ctx_size in the "
+                            f"scenario or give --ctx-size (0: llama-bench's own); or fewer layers on the GPU, or "
+                            f"-ctk/-ctv q8_0)")
     text = ", or ".join(advice[c] for c in over)
     return PlacementError(f"{' '.join(n[2] for n in named)}{where}: {exc.needs}; to fit: {text}", field=field)
 
