@@ -1283,3 +1283,17 @@ args = "-ngl 99 -ncmoe 24 -lm none -p 64 -n 0"
     b = json.loads((tmp_path / "out" / "b.jsonl").read_text().splitlines()[0])
     assert (a["n_gpu_layers"], a["n_cpu_moe"], a["load_mode"]) == (-1, 0, "auto")
     assert (b["n_gpu_layers"], b["n_cpu_moe"], b["load_mode"]) == (99, 24, "none")
+
+
+@pytest.mark.parametrize("label", ["a/b", "../escaped", ".hidden"])
+def test_a_report_label_that_names_files_elsewhere_is_refused(tmp_path, capsys, label):
+    """--label is part of the comparison files' names: one that would leave the run folder (or
+    hide the files) is refused before anything is written."""
+    from calibrate.llamacpp.__main__ import main
+
+    run = _report_run(tmp_path)
+    before = _tree(run)
+    assert main(["report", str(run), "--label", label]) == 2
+    err = capsys.readouterr().err
+    assert "--label" in err and len(err.strip().splitlines()) == 1, err
+    assert _tree(run) == before and not list(tmp_path.rglob("compare_*"))
