@@ -645,3 +645,15 @@ def test_model_tomls_that_would_silently_become_another_model_are_refused(tmp_pa
     with pytest.raises(ScenarioError, match=match) as ei:
         load_model(p)
     assert ei.value.field == field
+
+
+def test_a_variant_with_an_empty_name_is_refused(tmp_path):
+    """A variant's name is the rows' variant column and its build id: not empty."""
+    src = (ROOT / "scenarios" / "default.toml").read_text()
+    p = tmp_path / "s.toml"
+    p.write_text(src.replace('spec = "slots3"', 'spec = "slots3"\nname = " "', 1)
+                 .replace('model = "models/', f'model = "{ROOT}/scenarios/models/', 1)
+                 .replace('hardware = "hardware/', f'hardware = "{ROOT}/scenarios/hardware/', 1))
+    with pytest.raises(ScenarioError, match="must not be empty") as ei:
+        load_scenario(p)
+    assert ei.value.field.endswith("name")

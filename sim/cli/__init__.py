@@ -742,7 +742,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     check_output_path(out)
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
-    ti, test = pick_tests([args.test], tests)[0] if args.test else (0, tests[0])
+    ti, test = pick_tests([args.test], tests)[0] if args.test is not None else (0, tests[0])
     check_plan_work(scn, [test], args)
     import pandas as pd
 
@@ -809,6 +809,12 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string):
+        # no prefix matching at all: Python 3.11's argparse still matches a single-dash word as
+        # a prefix with allow_abbrev off ("-o" in trace: "ambiguous option: -o could match -ot,
+        # -oe"), where llama-bench matches whole words only
+        return []
 
     #: a value that argparse would take for a flag: a comma list (or range, or ``-ts`` shares) starting
     #: with a negative number, as llama-bench accepts after a flag (``-ngl -1,99``, ``-ts -1/2``)

@@ -59,7 +59,7 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ScenarioError(f"variant given more than once: {', '.join(dup)}", field="--variant")
-    if args.test:
+    if args.test is not None:   # "" is a test name too (parse_test refuses it), not "the default"
         test = parse_test(args.test)
     else:
         tests = scn.workload.tests()

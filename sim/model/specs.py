@@ -1389,6 +1389,8 @@ def variant_from_fields(v: Fields) -> Variant:
     """A ``[[variant]]`` table: ``spec = "slots3"`` (and a ``name``) or a name with its fields."""
     from sim.bounds import COUNT_MAX, TOKENS_MAX
 
+    if v.has("name") and not v.str("name").strip():   # the rows' variant column and build id
+        raise v.error("name", "must not be empty (the rows' variant column)")
     if v.has("spec"):
         var = parse_variant(v.str("spec"), file=v.file, field_name=v.name("spec"))
         name = v.str("name", var.name)
