@@ -619,6 +619,27 @@ def test_a_kernel_table_of_two_backends_is_refused(tmp_path, capsys):
     assert rc == 2 and "cases of cpu and gpu together" in err and not out.exists()
 
 
+def test_a_kernel_table_with_a_type_the_simulator_cannot_price_is_refused(tmp_path, capsys):
+    """A case of an unknown ggml type would make a table the profile loader refuses: refused when
+    the table is written; timing lines the pattern does not take (a negative time) are counted in
+    a warning, not dropped unsaid."""
+    from calibrate.llamacpp import perf_cases
+
+    perf = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "h200-20261201-kernels" / "perf"
+    text = (perf / "cuda.txt").read_text()
+    line = next(ln for ln in text.splitlines() if "MUL_MAT(type_a=q4_K" in ln and "us/run" in ln)
+    bad = tmp_path / "bad.txt"
+    bad.write_text(text + "\n" + line.replace("type_a=q4_K", "type_a=q9_9") + "\n")
+    out = tmp_path / "k.csv"
+    assert perf_cases.main(["table", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Q9_9 unknown" in err and not out.exists()
+    neg = tmp_path / "neg.txt"
+    neg.write_text(text + "\n" + line.replace(" us/run", "").rsplit("-", 1)[0] + "- -3.00 us/run\n")
+    assert perf_cases.main(["table", str(neg), "--out", str(out)]) == 0
+    assert "1 timing line not read" in capsys.readouterr().err
+
+
 def test_fit_refuses_a_number_no_fit_row_depends_on(monkeypatch):
     """A fitted number the fit rows do not move (``cpu_rate_scale`` on fully resident rows) is
     refused by name instead of being written back as its start value labelled "fitted"; a number

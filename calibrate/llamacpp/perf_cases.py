@@ -305,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 df = parse_perf(text)
                 if df.empty:
                     raise PrefetchSimError(f"{log}: no timed case (not a test-backend-ops perf log?)")
+                unread = sum("us/run" in ln for ln in text.splitlines()) - len(df)
+                if unread > 0:   # a timing the pattern does not take (a negative or nan time): said, not hidden
+                    print(f"perf_cases: warning: {log}: {plural(unread, 'timing line')} not read (not "
+                          "'<runs> runs - <t> us/run' with a time >= 0)", file=sys.stderr)
                 if df["backend"].isna().any():
                     raise PrefetchSimError(f"{log}: timings before any 'Backend i/n: NAME' line")
                 frames.append(table_from_perf(df))
@@ -316,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
             if tab.empty:
                 raise PrefetchSimError(f"{', '.join(args.logs)}: no case of an op a kernel table holds "
                                        "(MUL_MAT, MUL_MAT_ID, FLASH_ATTN_EXT, SOFT_MAX)")
+            from sim.model.quant import GGML_TYPE_BPW
+
+            unknown = sorted({t for t in tab["type"].dropna().astype(str) if t.upper() not in GGML_TYPE_BPW})
+            if unknown:   # a profile refuses a table with a type it cannot price
+                raise PrefetchSimError(f"{', '.join(args.logs)}: ggml type(s) {', '.join(unknown)} unknown to the "
+                                       "simulator (sim.model.quant.GGML_TYPE_BPW); the profile would refuse the table")
             key = [c for c in tab.columns if c != "t_us"]
             dup = tab.duplicated(subset=key)
             if dup.any():
