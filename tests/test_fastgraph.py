@@ -119,7 +119,8 @@ def _check_graphs(scn, tests, monkeypatch, graphs_per_test: int = 3) -> tuple[in
     return compared, covered
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem == "laguna-2x3090" else p
+                                  for p in SHIPPED], ids=[p.stem for p in SHIPPED])   # laguna: 4 s, in the slow run
 def test_column_templates_build_the_reference_graphs(path, monkeypatch):
     """build_template with the column builder gives, column for column, the plan, KV ops,
     overhead op, durations and KV rows of the Emitter's graph, on every shipped scenario,

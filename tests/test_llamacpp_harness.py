@@ -1025,6 +1025,7 @@ def test_a_report_writes_its_files_then_packs_the_logs(tmp_path, capsys):
     assert "Counted by the scheduler" in out and (run / "routing_check.txt").read_text() in out
 
 
+@pytest.mark.slow  # reads ten split-timed logs (6-9 s): in the slow run
 def test_cpu_decomposition_splits_a_machines_cpu_side_into_a_cost_per_split_and_a_throughput(capsys, tmp_path):
     """On the committed tg6 lease (Qwen3 -ncmoe 48: 48 small CPU splits per token; gpt-oss -ncmoe
     24: 24 large ones) the least squares recovers the per-invocation times it was given within the
@@ -1049,6 +1050,7 @@ def test_cpu_decomposition_splits_a_machines_cpu_side_into_a_cost_per_split_and_
     assert "cpu_split_us" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # reads ten split-timed logs (6-9 s): in the slow run
 def test_cpu_decomposition_refuses_a_log_with_no_cpu_time_or_a_negative_fit(monkeypatch, tmp_path):
     """A split-timed invocation whose CPU splits took no time (a log of another run, an edited
     backend name), or times that only a negative cost per split or rate fits, give no figure."""
