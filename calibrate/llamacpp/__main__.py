@@ -195,11 +195,11 @@ def _report(args) -> int:
     compare.read_invocations(run / compare.INVOCATIONS_FILE)
     # the committed run folders' names: compare_llamacpp.* for a llama.cpp-calibrated profile
     label = args.label or ("llamacpp" if hw.ggml is not None else Path(args.hardware).stem)
-    from .grid import NAME_RE
+    from .grid import name_problem
 
-    if not NAME_RE.fullmatch(label):   # a part of the files' names: none may leave the run folder
-        raise ScenarioError(f"{label!r} names files: use letters, digits, '.', '_' and '-' (at most 128, not starting "
-                            "with '.' or '-')", field="--label")
+    why = name_problem(label)   # a part of the files' names: none may leave the run folder
+    if why:
+        raise ScenarioError(why, field="--label")
     text, counted, timed = routing_check.check(run, args.hardware)  # reads logs/ (or logs.tar.gz)
     print(text)
     out = run / f"compare_{label}"

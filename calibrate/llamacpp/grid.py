@@ -135,14 +135,22 @@ class GridSpec:
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}", re.ASCII)
 
 
+def name_problem(v: str) -> str | None:
+    """Why ``v`` cannot be part of a file's name in a run folder (a run id, a model key, a report
+    label), or None when it is a plain file name (:data:`NAME_RE`): no ``/``, ``..`` or spaces
+    that would put a log, a prediction, a GGUF or a comparison outside its folder."""
+    if NAME_RE.fullmatch(v):
+        return None
+    return f"{v!r} names files: use letters, digits, '.', '_' and '-' (at most 128, not starting with '.' or '-')"
+
+
 def _check_name(fields, key: str) -> str:
     """The value of ``key`` (a run id or model key), refused (naming the field) unless it is a
-    plain file name (:data:`NAME_RE`): no ``/``, ``..`` or spaces that would put a log, a
-    prediction or a GGUF outside its folder."""
+    plain file name (:func:`name_problem`)."""
     v = fields.str(key)
-    if not NAME_RE.fullmatch(v):
-        raise fields.error(key, f"{v!r} names files: use letters, digits, '.', '_' and '-' (at most 128, not "
-                                "starting with '.' or '-')")
+    why = name_problem(v)
+    if why:
+        raise fields.error(key, why)
     return v
 
 

@@ -646,7 +646,8 @@ def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
     scenario's ``placement.ctx_size`` while llama-bench would size it smaller: llama-bench makes
     each test's context ``n_prompt + n_gen + n_depth`` tokens (``cmd_params_instance::to_llama_cparams``),
     the simulator the larger of that and ``ctx_size`` (a what-if of a server's context). ``params``:
-    the run's :class:`sim.cli.benchflags.BenchParams`."""
+    the run's :class:`sim.cli.benchflags.BenchParams`; ``ctx_flag``: ``--ctx-size`` set the context
+    (the note names the flag, not the scenario)."""
     sizes = [p for p in params.n_prompt if p] + [g for g in params.n_gen if g] + [p + g for p, g in params.n_pg]
     if not sizes:
         return []
@@ -695,17 +696,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             notes.add(f"variant {v.name}: weight prefetch (two slots) with {v.expert_slots} expert slots of its own "
                       f"is a design of the simulator; its rows print -pw 1 -pes {v.expert_slots}, which the prefetch "
                       f"patch runs as weight prefetch in max(2, {v.expert_slots}) slots")
+    ctx_flag = args.ctx_size is not None   # --ctx-size, not the scenario, sized the KV cache
     try:
         rows, results, unfit = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
                                          max_work=args.max_work, required=required_variants(args, params),
-                                         ctx_flag=args.ctx_size is not None)
+                                         ctx_flag=ctx_flag)
     except KeyboardInterrupt:  # interrupted: only the one line that says so
         raise
     except BaseException:
         _say_notes(notes)
         raise
     if args.vram or args.output not in ("md", "none"):
-        notes.extend(kv_context_notes(scn, params, getattr(args, "ctx_size", None) is not None))
+        notes.extend(kv_context_notes(scn, params, ctx_flag))
     for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
         if note:
             notes.add(note)
