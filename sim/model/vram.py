@@ -85,24 +85,34 @@ class VramBreakdown:
         return self.capacity_bytes - self.total_bytes
 
 
-def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[int]:
-    """GPU of each block (-1: not offloaded), contiguous ranges as llama.cpp ``-sm layer``:
-    block ``i`` of the ``n_off`` offloaded ones goes to the first GPU whose cumulative
-    ``tensor_split`` share exceeds ``i / n_off`` (``llama_model::load_tensors``).
+def _layer_split(model: ModelSpec, placement: Placement, n_gpu: int) -> tuple[int, int, np.ndarray]:
+    """``(offloaded blocks, offloaded layers counting the output, cumulative tensor_split shares)``
+    of llama.cpp's layer split (``llama_model::load_tensors``: layer ``il`` goes to the first GPU
+    whose cumulative share exceeds ``(il - i_gpu_start) / act_gpu_layers``).
 
     Raises:
         PlacementError: ``tensor_split`` names more GPUs than the hardware has.
     """
     n_off = placement.gpu_blocks(model)
-    first = model.n_layer - n_off
-    # llama.cpp splits the offloaded layers by (il - i_gpu_start) / act_gpu_layers, the output
-    # layer counted as the last of them
     n_act = n_off + (1 if placement.output_on_gpu() else 0)
     ts = list(placement.tensor_split) or [1.0] * n_gpu
     if len(ts) > n_gpu:
         raise PlacementError(f"{plural(len(ts), 'share')} for {n_gpu} GPU(s)", field="placement.tensor_split")
     ts += [0.0] * (n_gpu - len(ts))
-    cum = np.cumsum(ts) / sum(ts)
+    return n_off, n_act, np.cumsum(ts) / sum(ts)
+
+
+def layer_devices(model: ModelSpec, placement: Placement, n_gpu: int) -> list[int]:
+    """GPU of each block (-1: not offloaded), contiguous ranges as llama.cpp ``-sm layer``:
+    block ``i`` of the ``n_off`` offloaded ones goes to the first GPU whose cumulative
+    ``tensor_split`` share exceeds ``i / n_act``, ``n_act`` counting the output layer as the last
+    offloaded one (``llama_model::load_tensors``; :func:`_layer_split`).
+
+    Raises:
+        PlacementError: ``tensor_split`` names more GPUs than the hardware has.
+    """
+    n_off, n_act, cum = _layer_split(model, placement, n_gpu)
+    first = model.n_layer - n_off
     # block i (>= first) at fraction (i - first) / n_act of the offloaded layers
     frac = (np.arange(first, model.n_layer, dtype=np.int64) - first) / max(n_act, 1)
     return [-1] * first + np.minimum(np.searchsorted(cum, frac, side="right"), n_gpu - 1).tolist()
@@ -113,18 +123,12 @@ def output_device(model: ModelSpec, placement: Placement, n_gpu: int) -> int:
     on the CPU): llama.cpp puts it on the device the layer split gives index ``n_layer``
     (``llama_model::load_tensors``: ``dev_output = get_layer(n_layer)``, the output counted as
     the last offloaded layer), the last GPU with equal shares; ``-sm none`` (a ``tensor_split``
-    of one GPU) the main GPU. The same rule as :func:`layer_devices`.
+    of one GPU) the main GPU. The same rule as :func:`layer_devices` (:func:`_layer_split`).
 
     Raises:
         PlacementError: ``tensor_split`` names more GPUs than the hardware has.
     """
-    n_off = placement.gpu_blocks(model)
-    n_act = n_off + (1 if placement.output_on_gpu() else 0)
-    ts = list(placement.tensor_split) or [1.0] * n_gpu
-    if len(ts) > n_gpu:
-        raise PlacementError(f"{plural(len(ts), 'share')} for {n_gpu} GPU(s)", field="placement.tensor_split")
-    ts += [0.0] * (n_gpu - len(ts))
-    cum = np.cumsum(ts) / sum(ts)
+    n_off, n_act, cum = _layer_split(model, placement, n_gpu)
     return int(min(np.searchsorted(cum, n_off / max(n_act, 1), side="right"), n_gpu - 1))
 
 
