@@ -1050,8 +1050,10 @@ class Placement:
         op_offload_min_batch: batch at and above which an op with a host weight runs on the
             GPU (ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH``, default 32).
         ctx_size: ``-c``: KV cache reserved for this many tokens.
-        fit_experts: if true, ``n_cpu_moe`` is chosen as the smallest value whose placement
-            fits in VRAM (as llama.cpp's ``--fit``), after the variant's staging reservation.
+        fit_experts: if true, ``n_cpu_moe`` is chosen as the smallest value, at least the
+            placement's own ``n_cpu_moe`` (a floor: 0 to let the fit choose freely, as ``-fitt``
+            does), whose placement fits in VRAM (as llama.cpp's ``--fit``), after the variant's
+            staging reservation.
         tensor_split: ``-ts``: share of the offloaded layers per GPU (normalised); empty =
             equal shares (llama.cpp's default for identical GPUs).
         flash_attn: ``-fa``: FlashAttention (llama.cpp's ``auto`` picks it on CUDA) or the
