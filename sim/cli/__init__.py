@@ -735,7 +735,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     import numpy as np
 
     from sim.plan.builder import build_plan, make_context
-    from sim.engines.metrics import rep_rng, run_variant_test, time_plan, warm_up
+    from sim.engines.metrics import fill_cache_before, rep_rng, time_plan
     from sim.views.trace import to_chrome_trace, to_dataframe
 
     out = Path(args.out)
@@ -756,12 +756,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     fitting = fitting_contexts(scn, args)  # a scenario variant that does not fit: left out, noted
     with closed_after(bar(fitting, desc="simulating", unit="variant", quiet=args.quiet)) as pairs:
         for variant, ctx in pairs:  # every variant that fits, one timeline each, in one file
-            # an expert cache carries over llama-bench's runs: the tests before this one (their
-            # warm-ups and repetitions) and this test's warm-up fill it first, as in run
-            if ctx.cache is not None:
-                for tj, earlier in enumerate(tests[:ti]):
-                    run_variant_test(scn, variant, earlier, tj, scn.workload.repetitions, args.engine, ctx)
-                warm_up(scn, variant, test, ti, ctx)
+            # an expert cache carries over llama-bench's runs: filled first as run has it
+            fill_cache_before(scn, variant, tests, ti, ctx, args.engine)
             # llama-bench's first timed repetition: its routing draw and its CUDA-graph capture
             # (graph_calls), whatever -r is (the mean over -r is breakdown's and run's)
             ctx.rep = 0

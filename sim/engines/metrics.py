@@ -196,6 +196,19 @@ def warm_up(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, c
         ctx.cache.reset_stats()
 
 
+def fill_cache_before(scn: Scenario, variant: Variant, tests: Sequence[BenchTest], test_index: int,
+                      ctx: BuildContext, engine: str = "analytic") -> None:
+    """Bring ``ctx``'s expert cache to where ``run`` has it when test ``test_index`` of ``tests``
+    starts its first timed repetition: the earlier tests' warm-ups and repetitions
+    (:func:`run_variant_test`, ``scn.workload.repetitions`` each), then this test's warm-up
+    (:func:`warm_up`). Nothing without a cache (the routing draws depend on no earlier run)."""
+    if ctx.cache is None:
+        return
+    for tj, earlier in enumerate(tests[:test_index]):
+        run_variant_test(scn, variant, earlier, tj, scn.workload.repetitions, engine, ctx)
+    warm_up(scn, variant, tests[test_index], test_index, ctx)
+
+
 def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, rep: int,
                     ctx: BuildContext, engine: str = "analytic") -> tuple[Plan, Schedule, float]:
     """Repetition ``rep`` of one test built and timed as a whole plan (the reference path of
