@@ -186,6 +186,8 @@ def _mutate_number(rng: random.Random, path, v, in_hardware: bool):
     if op == "-inf":
         return float("-inf"), "invalid", "-inf"
     if op == "neg":
+        if key == "ngl":  # llama.cpp: n_gpu_layers < 0 offloads every layer (llama_model::n_gpu_layers)
+            return -abs(v) - 1, "valid", "negative (every layer, as llama.cpp reads it)"
         return -abs(v) - 1 if isinstance(v, int) else -abs(v) - 0.5, "invalid", "negative"
     if op == "huge_int":
         return 2**64 + rng.randrange(1000), "invalid", "past int64"

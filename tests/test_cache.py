@@ -273,7 +273,7 @@ def test_run_hit_rate_matches_a_reference_cache_over_a_skewed_trace(tmp_path, po
     ref = NaiveCache(cap, policy)
     replay(ref, ids, graphs(warmup_test(bt)), n_layer)
     hits, n = replay(ref, ids, graphs(bt) * reps, n_layer)
-    res = run_variant_test(scn, v, bt, 0, reps)
+    res = run_variant_test(scn, v, bt, reps)
     assert 0 < hits < n
     assert res.cache_hit_rate == pytest.approx(hits / n, rel=1e-12)
     if bt.n_prompt:
@@ -315,5 +315,5 @@ def test_skew_raises_the_run_hit_rate():
     rates = {}
     for kind in ("uniform", "skewed"):
         scn = make_scenario(n_layer=2, n_expert=32, top_k=2, cache=16, routing=RoutingSpec(kind=kind))
-        rates[kind] = run_variant_test(scn, parse_variant("cache_lru"), BenchTest(0, 64, 0), 0, 2).cache_hit_rate
+        rates[kind] = run_variant_test(scn, parse_variant("cache_lru"), BenchTest(0, 64, 0), 2).cache_hit_rate
     assert rates["skewed"] > rates["uniform"] > 0

@@ -200,6 +200,9 @@ def test_trace_test_names_match_with_or_without_spaces(tmp_path):
     assert main(base + ["--test", "pp512 @ d8192", "--out", str(b)]) == 0
     assert a.read_bytes() == b.read_bytes()
     assert main(base + ["--test", "pp51", "--out", str(a)]) == 2
+    c = tmp_path / "C.CSV"  # the extension in capitals is the same format
+    assert main(base + ["--test", "pp512@d8192", "--out", str(c)]) == 0
+    assert c.read_bytes() == a.read_bytes()
 
 
 def test_a_closed_stdout_is_one_line_not_a_traceback():

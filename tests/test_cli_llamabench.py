@@ -1216,12 +1216,15 @@ def test_ctx_size_replaces_the_scenario_s_context(capsys):
     assert rc == 2 and err.count("\n") == 1 and "--ctx-size" in err
 
 
-def test_list_devices_prints_the_profile_s_gpus_as_llama_bench_and_rpc_is_noted(capsys):
+def test_list_devices_prints_the_profile_s_gpus_as_llama_bench_and_rpc_is_noted(capsys, tmp_path):
     rc, out, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "--list-devices")
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "Available devices:" and len(lines) == 3
     assert re.fullmatch(r"  CUDA1: NVIDIA H200 \(\d+ MiB, \d+ MiB free\)", lines[2])
+    dest = tmp_path / "sub" / "devices.txt"  # --out takes the list instead of stdout
+    rc, out2, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "--list-devices", "--out", str(dest))
+    assert rc == 0 and out2 == "" and dest.read_text() == out
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", "-rpc", "10.0.0.2:50052")
     assert rc == 0 and "-rpc: RPC devices are not modelled" in err
 
@@ -1238,3 +1241,33 @@ def test_trace_of_a_cache_variant_is_run_s_first_repetition(capsys, tmp_path):
         assert rc == 0, err
         got = float(re.search(r"cache_lru / \S+: \d+ ops, makespan ([0-9.]+) ms", err + _out).group(1))
         assert got == pytest.approx(first[test], abs=1e-3)
+
+
+def test_breakdown_of_one_test_with_a_cache_is_run_s_mean(capsys):
+    """breakdown --test X of an expert-cache variant runs the tests before X first, as run does,
+    so its test_ms is run's avg_ns of X (it started from a cold cache: a longer time)."""
+    base = ("qwen3-30b-a3b-rtx3090", "-p", "512", "-n", "8", "--variant", "cache_lru", "-q", "-r", "2")
+    rc, out, err = run(capsys, "run", *base, "-o", "json")
+    assert rc == 0, err
+    avg = {r["test"]: r["avg_ns"] * 1e-6 for r in json.loads(out) if r["variant"] == "cache_lru"}
+    rc, out, err = run(capsys, "breakdown", *base, "--test", "tg8", "-o", "json")
+    assert rc == 0, err
+    got = {r["test_ms"] for r in json.loads(out) if r["variant"] == "cache_lru"}
+    assert len(got) == 1 and got.pop() == pytest.approx(avg["tg8"], abs=1e-6)  # avg_ns: whole ns
+    # tables follow the workload's order whatever the order of --test
+    rc, out, err = run(capsys, "breakdown", *base, "--test", "tg8", "--test", "pp512", "-o", "json")
+    assert rc == 0, err
+    order = list(dict.fromkeys(r["test"] for r in json.loads(out)))
+    assert order == ["pp512", "tg8"]
+
+
+def test_a_test_draws_the_same_routing_wherever_it_stands_in_the_list(capsys):
+    """The routing draws are seeded by the test, not by its place: pp64 alone and pp64 after
+    pp512 give the same samples (they differed by 0.06 % when seeded by position)."""
+    base = ("qwen3-30b-a3b-rtx3090", "-n", "0", "--variant", "baseline", "-q", "-r", "3", "-o", "json")
+    got = {}
+    for p in ("64", "512,64"):
+        rc, out, err = run(capsys, "run", *base, "-p", p)
+        assert rc == 0, err
+        got[p] = [r["samples_ns"] for r in json.loads(out) if r["n_prompt"] == 64]
+    assert got["64"] == got["512,64"] and len(got["64"]) == 1

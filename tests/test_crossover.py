@@ -249,7 +249,7 @@ def test_sweep_cell_matches_a_direct_run(tiny):
     hw = tiny.hardware.with_(h2d_pinned=replace(tiny.hardware.h2d_pinned, bytes_per_s=1 * GB))
     scn = tiny.with_(hardware=hw)
     for name in ("baseline", "prefetch_ungated"):
-        r = run_variant_test(scn, parse_variant(name), BenchTest(32, 0, 0), 0, 2)
+        r = run_variant_test(scn, parse_variant(name), BenchTest(32, 0, 0), 2)
         assert res.metric(name, "tps_mean")[i, j] == r.tps_mean
         assert res.metric(name, "ttft_s")[i, j] == r.ttft_s
     base = res.metric("baseline", "tps_mean")
@@ -271,11 +271,11 @@ def test_cells_an_axis_leaves_alone_are_evaluated_once_and_placed_at_every_point
     assert repr(serial.cells) == repr(parallel.cells)
     base = [c for c in serial.cells if c.variant == "baseline"]
     assert [c.index for c in base] == [(0,), (1,), (2,)] and [c.point for c in base] == [(1,), (2,), (3,)]
-    r = run_variant_test(tiny, parse_variant("baseline"), test, 0, 1)
+    r = run_variant_test(tiny, parse_variant("baseline"), test, 1)
     assert all(c.tps_mean == r.tps_mean for c in base)
     for i, n in enumerate((1, 2, 3)):
         s2, v2, t2 = apply_point(tiny, [parse_variant("slots2")], test, [("slots", n)])
-        direct = run_variant_test(s2, v2[0], t2, 0, 1)
+        direct = run_variant_test(s2, v2[0], t2, 1)
         assert serial.metric("slots2", "tps_mean")[i] == direct.tps_mean
     jobs = [_Job((i,), (i,), tiny, parse_variant("baseline"), test, 1, "analytic") for i in range(3)]
     jobs.append(_Job((3,), (3,), tiny.with_(), parse_variant("baseline"), test, 1, "analytic"))  # another object
@@ -476,3 +476,11 @@ def test_a_sweep_where_nothing_fits_is_one_error_and_writes_nothing(tmp_path, ca
                "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2 and "no point of the sweep fits" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_axis_values_print_as_typed():
+    """An integral axis value (a depth of 2**24) prints in full, not as 1.67772e+07."""
+    from sim.views.crossover import _fmt
+
+    assert _fmt(16777216.0) == "16777216" and _fmt(512) == "512" and _fmt(0.5) == "0.5"
+    assert _fmt(float("nan")) == "nan" and _fmt(1e300) == "1e+300"

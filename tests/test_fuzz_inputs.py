@@ -20,6 +20,8 @@ def _cheap(case: fuzzgen.Case) -> bool:
     return case.argv[0] != "crossover" and "-m" not in case.argv and not case.fifo
 
 
+# the same 25 cases on every run (tests/conftest.py's default profile); new cases come from
+# benchmarks/fuzz_inputs.py (>= 2,000) or HYPOTHESIS_PROFILE=explore
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.filter_too_much])
 @given(seed=st.integers(min_value=0, max_value=2**32 - 1).map(fuzzgen.make_case).filter(_cheap))

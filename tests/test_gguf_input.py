@@ -463,9 +463,11 @@ def test_load_model_dispatches_on_suffix_or_magic(tiny_files, tmp_path):
     other = tmp_path / "model.bin"
     other.write_bytes(path.read_bytes())
     assert load_model(other).tensors == load_model(path).tensors
-    (tmp_path / "x.toml").write_bytes(path.read_bytes())      # a .toml is read as TOML
-    with pytest.raises(ScenarioError, match="TOML"):
-        load_model(tmp_path / "x.toml")
+    (tmp_path / "x.toml").write_bytes(path.read_bytes())      # the magic wins over a .toml name
+    assert load_model(tmp_path / "x.toml").tensors == load_model(path).tensors
+    (tmp_path / "y.gguf").write_text('[model]\nname = "x"\n')  # a .gguf name is read as a GGUF
+    with pytest.raises(ScenarioError, match="GGUF"):
+        load_model(tmp_path / "y.gguf")
 
 
 def test_a_scenario_model_may_be_a_gguf_relative_to_the_scenario(tiny_files, tmp_path):

@@ -69,14 +69,14 @@ def _check_scenario(path, shorten: bool) -> None:
         except PlacementError:
             continue
         for ti, t in enumerate(tests):
-            fast = run_variant_test(scn, v, t, ti, 2, memo=True)
-            full = run_variant_test(scn, v, t, ti, 2, memo=False)
+            fast = run_variant_test(scn, v, t, 2, memo=True)
+            full = run_variant_test(scn, v, t, 2, memo=False)
             diffs = _compare(fast, full)
             worst = max(diffs, key=diffs.get)
             assert diffs[worst] <= REL, f"{path.name} {v.name} {t.name}: {worst} differs by {diffs[worst]:.2e}"
             # the DES on the memoised path agrees with the analytic engine
-            des = run_variant_test(scn, v, t, ti, 1, engine="des", memo=True)
-            for k, d in _compare(des, run_variant_test(scn, v, t, ti, 1, memo=True)).items():
+            des = run_variant_test(scn, v, t, 1, engine="des", memo=True)
+            for k, d in _compare(des, run_variant_test(scn, v, t, 1, memo=True)).items():
                 assert d <= REL, f"{path.name} {v.name} {t.name}: DES {k} differs by {d:.2e}"
             checked += 1
     assert checked > 0
@@ -125,7 +125,7 @@ def test_memo_sees_kv_length():
     r = {}
     for t in (shallow, deep):
         for memo in (True, False):
-            r[t.n_depth, memo] = run_variant_test(scn, v, t, 0, 1, memo=memo).makespan_s[0]
+            r[t.n_depth, memo] = run_variant_test(scn, v, t, 1, memo=memo).makespan_s[0]
     assert r[60000, True] > r[0, True]
     assert _rel(r[60000, True], r[60000, False]) <= REL and _rel(r[0, True], r[0, False]) <= REL
 
@@ -246,26 +246,26 @@ def test_a_kept_context_times_as_a_fresh_one():
     scn = fit_context_to_tests(scn, [t])
     v = parse_variant("baseline")
     metrics.clear_shared_contexts()
-    cold = run_variant_test(scn, v, t, 0, 2)
-    ctx = metrics.shared_context(scn, v, 0)
+    cold = run_variant_test(scn, v, t, 2)
+    ctx = metrics.shared_context(scn, v)
     tpls = [x for x in ctx.graph_memo["analytic"].values() if isinstance(x, GraphTemplate)]
     assert tpls and not any(x.results for x in tpls)  # dropped when handed out again
-    warm = run_variant_test(scn, v, t, 0, 2)
-    assert metrics.shared_context(scn, v, 0) is ctx
-    full = run_variant_test(scn, v, t, 0, 2, memo=False)
+    warm = run_variant_test(scn, v, t, 2)
+    assert metrics.shared_context(scn, v) is ctx
+    full = run_variant_test(scn, v, t, 2, memo=False)
     for k in range(2):
         assert warm.makespan_s[k] == cold.makespan_s[k]
     for name in ("h2d_bytes", "exposed_transfer_s", "overlap_fraction"):
         assert getattr(warm, name) == getattr(cold, name)
     assert max(_compare(warm, full).values()) <= REL
     other = load_scenario(ROOT / "scenarios" / "default.toml")
-    assert metrics.shared_context(other, v, 0) is not ctx
+    assert metrics.shared_context(other, v) is not ctx
     cached = parse_variant("cache_lru")
     scn_c = scn.with_(placement=replace(scn.placement, expert_cache_experts=96))
-    a = metrics.shared_context(scn_c, cached, 0)
-    assert a.cache is not None and metrics.shared_context(scn_c, cached, 0) is not a
+    a = metrics.shared_context(scn_c, cached)
+    assert a.cache is not None and metrics.shared_context(scn_c, cached) is not a
     metrics.clear_shared_contexts()
-    assert metrics.shared_context(scn, v, 0) is not ctx
+    assert metrics.shared_context(scn, v) is not ctx
     metrics.clear_shared_contexts()
 
 
@@ -283,12 +283,12 @@ def test_first_repetition_pays_the_cuda_graph_capture():
     scn = load_scenario(ROOT / "scenarios" / "default.toml")
     v = parse_variant("baseline")
     for test in (BenchTest(512, 0), BenchTest(0, 8)):
-        r = run_variant_test(scn, v, test, 0, 3, memo=True)
-        full = run_variant_test(scn, v, test, 0, 3, memo=False)
+        r = run_variant_test(scn, v, test, 3, memo=True)
+        full = run_variant_test(scn, v, test, 3, memo=False)
         np.testing.assert_allclose(r.makespan_s, full.makespan_s, rtol=1e-9)
         assert r.tps[0] < r.tps[1] and r.tps[1] == pytest.approx(r.tps[2], rel=1e-9)
         spread = scn.with_(workload=replace(scn.workload, bench_repetitions=3))
-        s = run_variant_test(spread, v, test, 0, 3, memo=True)
+        s = run_variant_test(spread, v, test, 3, memo=True)
         assert s.tps[0] == pytest.approx(s.tps[1], rel=1e-9)
         assert np.mean(s.makespan_s) == pytest.approx(np.mean(r.makespan_s), rel=1e-9)
 
@@ -311,10 +311,10 @@ def test_bench_mean_of_spread_draws_is_llama_bench_s_mean_of_its_repetitions():
     assert scn.hardware.ggml is not None and scn.hardware.ggml.capture_per_layer_s > 0
     v = parse_variant("baseline")
     for test in (BenchTest(64, 0), BenchTest(0, 8)):
-        real = run_variant_test(scn, v, test, 0, 4)
+        real = run_variant_test(scn, v, test, 4)
         assert real.tps[0] < real.tps[1]            # the first repetition captures
         spread = scn.with_(workload=replace(scn.workload, bench_repetitions=4))
-        s = run_variant_test(spread, v, test, 0, 2)
+        s = run_variant_test(spread, v, test, 2)
         part, whole = spread_capture_s(spread, test)
         assert whole == pytest.approx(4 * part) and part > 0
         got = bench_mean_tps(spread, [test], s.makespan_s)

@@ -253,8 +253,8 @@ def test_prompt_ubatches_overlap_and_the_memo_path_agrees():
     assert len(H) == 4 and (H[1:] > 0).all() and (F[:-1] > 0).all()
     credit = ubatch_overlap_s(ctx, test, H, F)
     assert credit == pytest.approx(float(np.minimum(F[:-1], H[1:]).sum())) and credit > 0
-    full = run_variant_test(scn, var, test, 0, repetitions=1, memo=False)
-    fast = run_variant_test(scn, var, test, 0, repetitions=1, memo=True)
+    full = run_variant_test(scn, var, test, repetitions=1, memo=False)
+    fast = run_variant_test(scn, var, test, repetitions=1, memo=True)
     assert full.makespan_s[0] == pytest.approx(float(sched.makespan_s) - credit, rel=1e-12)
     assert fast.makespan_s[0] == pytest.approx(full.makespan_s[0], rel=1e-9)
     # decode synchronises every token: nothing overlaps

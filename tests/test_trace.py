@@ -163,10 +163,11 @@ def _reference_exposed(df: pd.DataFrame) -> tuple[float, float]:
              if r.kind in comp and (r.stream == "cpu" or (r.stream == "compute" and r.device == dev))]
         pts = sorted({p for iv in h + c for p in iv})
         for lo, hi in zip(pts, pts[1:]):
-            mid = (lo + hi) / 2
-            if any(s <= mid <= e for s, e in h):
+            # the boundaries hold every end point, so a segment lies wholly inside an interval or
+            # outside it (a zero-length interval at a segment's midpoint covers none of it)
+            if any(s <= lo and hi <= e for s, e in h):
                 total += hi - lo
-                if any(s <= mid <= e for s, e in c):
+                if any(s <= lo and hi <= e for s, e in c):
                     hidden += hi - lo
     return total - hidden, total
 

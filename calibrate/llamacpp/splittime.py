@@ -314,7 +314,7 @@ def _cpu_parts(case, hardware) -> tuple[float, float, int]:
 
     scn = fit_context_to_tests(case.scenario, list(case.tests))
     v, t = scn.variants[0], case.tests[0]
-    plan = build_plan(scn, v, t, rep_rng(scn.seed, 0, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, t, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
     graphs = len({o.graph for o in plan.ops})
     cpu = np.array([o.stream.name == "CPU" for o in plan.ops])
     n_split = sum(o.tag == "cpu_split_overhead" for o in plan.ops)

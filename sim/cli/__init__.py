@@ -207,10 +207,12 @@ def pick_tests(names, tests) -> list[tuple[int, object]]:
     return out
 
 
-def check_plan_work(scn, tests, args) -> None:
+def check_plan_work(scn, tests, args, replay=()) -> None:
     """The work budget (``--max-work``, default :data:`sim.bounds.EXPANDED_WORK_MAX`) of building
     and keeping one whole plan per variant and test of ``tests`` (``trace``, ``check``: every op
-    is kept, so every variant counts in full).
+    is kept, so every variant counts in full), plus the earlier tests ``replay`` that an
+    expert-cache variant runs first to fill its cache as ``run`` has it
+    (:func:`sim.engines.metrics.fill_cache_before`: a warm-up and ``repetitions`` runs each).
 
     Raises:
         ScenarioError: over the budget, naming ``--max-work``.
@@ -218,8 +220,11 @@ def check_plan_work(scn, tests, args) -> None:
     from sim.bounds import check_work, work_units
 
     wl = scn.workload
-    check_work(work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants)),
-               getattr(args, "max_work", None), expanded=True)
+    work = work_units(tests, scn.model.n_layer, wl.n_ubatch, wl.n_batch, 1, len(scn.variants))
+    n_cache = sum(1 for v in scn.variants if v.expert_cache != "none")
+    if replay and n_cache:
+        work += work_units(replay, scn.model.n_layer, wl.n_ubatch, wl.n_batch, wl.repetitions + 1, n_cache)
+    check_work(work, getattr(args, "max_work", None), expanded=True)
 
 
 def _add_bench_flags(p: argparse.ArgumentParser, one_setting: bool = False) -> None:
@@ -739,13 +744,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from sim.views.trace import to_chrome_trace, to_dataframe
 
     out = Path(args.out)
-    if out.suffix not in (".json", ".csv"):
+    if out.suffix.lower() not in (".json", ".csv"):
         raise ScenarioError(f"'{out}': use a .json (Chrome trace) or .csv file name", field="--out")
     check_output_path(out)
     scn = load_scenario_with_overrides(args)
     tests = scn.workload.tests()
     ti, test = pick_tests([args.test], tests)[0] if args.test is not None else (0, tests[0])
-    check_plan_work(scn, [test], args)
+    check_plan_work(scn, [test], args, replay=tests[:ti])
     import pandas as pd
 
     from sim.cli.progress import bar, closed_after
@@ -761,13 +766,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
             # llama-bench's first timed repetition: its routing draw and its CUDA-graph capture
             # (graph_calls), whatever -r is (the mean over -r is breakdown's and run's)
             ctx.rep = 0
-            plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
+            plan = build_plan(scn, variant, test, rep_rng(scn.seed, test, 0), ctx)
             sched = time_plan(plan, scn, args.engine)
             frames.append(to_dataframe(plan, sched, test=test.name, variant=variant.name))
             lines.append(f"{variant.name} / {test.name}: {plural(len(plan), 'op')}, makespan "
                          f"{float(np.max(sched.end_s)) * 1e3:.3f} ms")
     df = pd.concat(frames, ignore_index=True)
-    if out.suffix == ".csv":
+    if out.suffix.lower() == ".csv":
         write_atomic(out, df.to_csv(index=False))
     else:
         to_chrome_trace(df, out)
@@ -981,7 +986,14 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "list_devices", False):   # llama-bench's --list-devices: the devices, then exit
             from sim.cli.benchflags import device_list
 
-            print(device_list(_base_scenario(args).hardware))
+            text = device_list(_base_scenario(args).hardware)
+            if getattr(args, "out", None):  # the list goes where the rows would have gone
+                from sim.atomic import check_output_path, write_atomic
+
+                check_output_path(args.out)
+                write_atomic(args.out, text + "\n")
+            else:
+                print(text)
             return 0
         return int(args.func(args) or 0)
     except PrefetchSimError as exc:

@@ -51,7 +51,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         built += 1
         for ti, test in chosen:
-            plan = build_plan(scn, variant, test, rep_rng(scn.seed, ti, 0), ctx)
+            plan = build_plan(scn, variant, test, rep_rng(scn.seed, test, 0), ctx)
             if args.slot_frees:
                 plan = append_slot_frees(plan)
             found = check_plan(plan)

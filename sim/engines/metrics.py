@@ -99,10 +99,28 @@ def warmup_test(test: BenchTest) -> BenchTest:
     return BenchTest(0, min(test.n_gen, 1), 0)
 
 
-def rep_rng(seed: int, test_index: int, rep: int) -> np.random.Generator:
-    """The routing rng of one repetition of one test (shared by all variants). ``-1`` indices
-    (context set-up) map to a separate stream."""
-    return np.random.default_rng([seed, test_index + 1, rep + 1])
+#: First word after the seed of a test's routing stream (:func:`rep_rng`); the integer streams
+#: (``-1`` context set-up, the fixed streams of :mod:`sim.views.reproduce`) have 3 words, so no
+#: test stream can equal one.
+_TEST_STREAM = 0x7E57
+
+
+def rep_rng(seed: int, test: BenchTest | int, rep: int) -> np.random.Generator:
+    """The routing rng of one repetition of one test (shared by all variants).
+
+    Seeded by the test itself (``n_prompt``, ``n_gen``, ``n_depth``), not by its place in a
+    list: a test draws the same routing whether it runs alone or after others, in ``run``,
+    ``trace``, ``breakdown``, ``compare`` or ``reproduce``. An integer ``test`` names a fixed
+    stream instead (``-1``: context set-up; :mod:`sim.views.reproduce`'s own streams).
+
+    Args:
+        seed: the scenario's ``seed``.
+        test: the test, or an integer stream number.
+        rep: the repetition (``-1`` and :data:`WARMUP_REP` are streams of their own).
+    """
+    if isinstance(test, BenchTest):
+        return np.random.default_rng([seed, _TEST_STREAM, test.n_prompt, test.n_gen, test.n_depth, rep + 1])
+    return np.random.default_rng([seed, int(test) + 1, rep + 1])
 
 
 def time_plan(plan: Plan, scn: Scenario, engine: str = "analytic") -> Schedule:
@@ -151,11 +169,11 @@ def clear_shared_contexts() -> None:
     _SHARED.clear()
 
 
-def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildContext:
+def shared_context(scn: Scenario, variant: Variant) -> BuildContext:
     """The context :func:`run_variant_test` uses when given none: the one an earlier call made
     for the same scenario object (``scn`` itself, not an equal copy: a scenario is frozen)
     and an equal variant, if it was kept, else a new one (:func:`sim.plan.builder.make_context`,
-    with the rng of ``(seed, test_index, -1)``), kept when the memoised path can time it
+    with the context stream of :func:`rep_rng`), kept when the memoised path can time it
     (:func:`sim.plan.memo.memo_eligible`: no expert cache, so the context carries no state from
     one test to the next but its caches).
 
@@ -180,7 +198,7 @@ def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildCon
                     tpl.results.clear()
         _SHARED[key] = got
         return ctx
-    ctx = make_context(scn, variant, rep_rng(scn.seed, test_index, -1))
+    ctx = make_context(scn, variant, rep_rng(scn.seed, -1, -1))
     if memo_eligible(ctx):
         while len(_SHARED) >= SHARED_MAX:
             _SHARED.pop(next(iter(_SHARED)))
@@ -188,11 +206,11 @@ def shared_context(scn: Scenario, variant: Variant, test_index: int) -> BuildCon
     return ctx
 
 
-def warm_up(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, ctx: BuildContext) -> None:
+def warm_up(scn: Scenario, variant: Variant, test: BenchTest, ctx: BuildContext) -> None:
     """llama-bench's untimed warm-up run (:func:`warmup_test`) on ``ctx`` when it has an expert
     cache (the warm-up warms it; its hits are not counted) and ``scn.workload.warmup`` is on."""
     if ctx.cache is not None and scn.workload.warmup:
-        build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test_index, WARMUP_REP), ctx)
+        build_plan(scn, variant, warmup_test(test), rep_rng(scn.seed, test, WARMUP_REP), ctx)
         ctx.cache.reset_stats()
 
 
@@ -204,12 +222,12 @@ def fill_cache_before(scn: Scenario, variant: Variant, tests: Sequence[BenchTest
     (:func:`warm_up`). Nothing without a cache (the routing draws depend on no earlier run)."""
     if ctx.cache is None:
         return
-    for tj, earlier in enumerate(tests[:test_index]):
-        run_variant_test(scn, variant, earlier, tj, scn.workload.repetitions, engine, ctx)
-    warm_up(scn, variant, tests[test_index], test_index, ctx)
+    for earlier in tests[:test_index]:
+        run_variant_test(scn, variant, earlier, scn.workload.repetitions, engine, ctx)
+    warm_up(scn, variant, tests[test_index], ctx)
 
 
-def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index: int, rep: int,
+def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, rep: int,
                     ctx: BuildContext, engine: str = "analytic") -> tuple[Plan, Schedule, float]:
     """Repetition ``rep`` of one test built and timed as a whole plan (the reference path of
     :func:`run_variant_test`): ``(plan, schedule, seconds)``, the seconds as llama-bench times
@@ -220,7 +238,7 @@ def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index
 
     prev, ctx.rep = ctx.rep, rep
     try:
-        plan = build_plan(scn, variant, test, rep_rng(scn.seed, test_index, rep), ctx)
+        plan = build_plan(scn, variant, test, rep_rng(scn.seed, test, rep), ctx)
     finally:
         ctx.rep = prev
     sched = time_plan(plan, scn, engine)
@@ -228,7 +246,7 @@ def full_repetition(scn: Scenario, variant: Variant, test: BenchTest, test_index
     return plan, sched, float(sched.makespan_s) - ubatch_overlap_s(ctx, test, *edges)
 
 
-def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_index: int,
+def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest,
                      repetitions: int, engine: str = "analytic",
                      ctx: BuildContext | None = None, *, memo: bool = True) -> TestResult:
     """Build, time and summarise ``repetitions`` runs of one test under one variant.
@@ -251,9 +269,9 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
     from sim.plan.memo import memo_eligible, time_test
 
     if ctx is None:
-        ctx = (shared_context(scn, variant, test_index) if memo and ENABLE_SHARED_CONTEXTS
-               else make_context(scn, variant, rep_rng(scn.seed, test_index, -1)))
-    warm_up(scn, variant, test, test_index, ctx)
+        ctx = (shared_context(scn, variant) if memo and ENABLE_SHARED_CONTEXTS
+               else make_context(scn, variant, rep_rng(scn.seed, -1, -1)))
+    warm_up(scn, variant, test, ctx)
     fast = memo and memo_eligible(ctx)
     templates = ctx.graph_memo.setdefault(engine, {})  # shared by the tests and repetitions of this context
     tps, mk, h2d, exp, ovl = [], [], [], [], []
@@ -261,10 +279,10 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest, test_inde
         for r in range(repetitions):
             ctx.rep = r  # the first timed repetition captures the CUDA graphs (graph_calls)
             if fast:
-                tt = time_test(ctx, test, rep_rng(scn.seed, test_index, r), engine, templates)
+                tt = time_test(ctx, test, rep_rng(scn.seed, test, r), engine, templates)
                 t, nb, e, o = tt.makespan_s, tt.h2d_bytes, tt.exposed_transfer_s, tt.overlap_fraction
             else:
-                plan, sched, t = full_repetition(scn, variant, test, test_index, r, ctx, engine)
+                plan, sched, t = full_repetition(scn, variant, test, r, ctx, engine)
                 nb = plan.meta["h2d_bytes"]
                 e, o = transfer_stats(plan, sched)
             mk.append(t)
@@ -335,7 +353,7 @@ def bench_mean_tps(scn: Scenario, tests: Sequence[BenchTest], makespans_s) -> np
 def _run_variant(scn: Scenario, v: Variant, tests: Sequence[BenchTest], reps: int, engine: str,
                  ctx: BuildContext | None = None) -> list[TestResult]:
     ctx = ctx or make_context(scn, v, rep_rng(scn.seed, -1, -1))
-    return [run_variant_test(scn, v, t, ti, reps, engine, ctx) for ti, t in enumerate(tests)]
+    return [run_variant_test(scn, v, t, reps, engine, ctx) for t in tests]
 
 
 def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,

@@ -417,13 +417,14 @@ def _derive_tensors(spec: ModelSpec) -> tuple[Tensor, ...]:
 
 def load_model(path: str | Path) -> ModelSpec:
     """Read a model: a TOML (``scenarios/models/*.toml``) or a GGUF (by the ``.gguf`` suffix
-    or the GGUF magic; :func:`sim.model.gguf.load_gguf_model` reads its header only).
+    or the GGUF magic, whatever the name: a GGUF named ``.toml`` is read as a GGUF;
+    :func:`sim.model.gguf.load_gguf_model` reads its header only).
 
     Raises:
         ScenarioError: naming the file and field of any missing or invalid value.
     """
     p = Path(path)
-    if p.suffix.lower() == ".gguf" or (p.suffix.lower() != ".toml" and p.is_file() and _is_gguf(p)):
+    if p.suffix.lower() == ".gguf" or (p.is_file() and _is_gguf(p)):
         from sim.model.gguf import load_gguf_model
 
         return load_gguf_model(p)

@@ -184,7 +184,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         lim = f"> {spec.min_value:g}" if not spec.integer else f">= {spec.min_value:g}"
         if math.isfinite(spec.max_value):
             lim += f" and <= {spec.max_value:g}"
-        raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {bad[0]:g}", field=flag)
+        raise ScenarioError(f"axis '{name}': values must be finite and {lim}, got {_fmt(bad[0])}", field=flag)
     from sim.bounds import COUNT_MAX, INT32_MAX, LIST_VALUES_MAX, TOKENS_MAX, check_kind
 
     if len(values) > LIST_VALUES_MAX:
@@ -194,7 +194,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
            "slots": COUNT_MAX, "cache": INT32_MAX}.get(name)
     for v in values:
         if top is not None and v > top:
-            raise ScenarioError(f"axis '{name}': {v:g} is more than the limit of {top}", field=flag)
+            raise ScenarioError(f"axis '{name}': {_fmt(v)} is more than the limit of {top}", field=flag)
         if name == "pcie":
             check_kind(v * 1e9, "bytes_per_s", field=f"{flag} {name}")
     return Axis(spec, tuple(sorted(set(values))))
@@ -396,7 +396,10 @@ class Crossover:
 
 
 def _fmt(v: float) -> str:
-    return f"{v:g}"
+    """An axis value as a user typed it: an integral value in full (a depth of 16777216, not
+    1.67772e+07), others in ``g`` format."""
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e18 else f"{v:g}"
 
 
 #: speedups within this share of 1.0 count as no effect in :func:`find_crossovers` (0.01 %): a
@@ -566,7 +569,7 @@ def _run_cell(job: _Job) -> CellResult:
     from sim.engines.metrics import run_variant_test
 
     try:
-        r = run_variant_test(job.scn, job.variant, job.test, 0, job.repetitions, job.engine)
+        r = run_variant_test(job.scn, job.variant, job.test, job.repetitions, job.engine)
     except PlacementError as exc:
         return CellResult(job.index, job.point, job.variant.name, job.test.name, _NAN, _NAN, _NAN, _NAN,
                           _NAN, _NAN, 0, _NAN, -1, _NAN, _NAN, error=str(exc))
@@ -875,8 +878,8 @@ def plot_heatmap(res: SweepResult):
             else:
                 px, py = a0.values.index(c.fixed[1]), _interp_index(a1.values, c.value)
             ax.plot([px], [py], marker="X", ms=8, color="k", mfc="w")
-        ax.set_xticks(range(len(a0)), [f"{x:g}" for x in a0.values], fontsize=8)
-        ax.set_yticks(range(len(a1)), [f"{y:g}" for y in a1.values], fontsize=8)
+        ax.set_xticks(range(len(a0)), [_fmt(x) for x in a0.values], fontsize=8)
+        ax.set_yticks(range(len(a1)), [_fmt(y) for y in a1.values], fontsize=8)
         ax.set_xlabel(a0.spec.label)
         ax.set_ylabel(a1.spec.label)
         ax.set_title(f"{v} / {res.baseline}", fontsize=9)

@@ -117,11 +117,11 @@ def _laguna(repetitions: int) -> dict[tuple[str, str], tuple[float, str]]:
     for vn in variants:
         v = parse_variant(vn)
         ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
-        for ti, (metric, test) in enumerate(tests.items()):
+        for metric, test in tests.items():
             if vn == "baseline_without_selective_copy" and metric != "ttft_short_prompt":
                 continue
             reps = 1 if test.n_prompt > 20000 else repetitions
-            r = run_variant_test(scn, v, test, ti, reps, ctx=ctx)
+            r = run_variant_test(scn, v, test, reps, ctx=ctx)
             if metric == "ttft_short_prompt":
                 out[(metric, vn)] = (r.ttft_s * 1e3, "ms")
                 out[("h2d_bytes_short_prompt_graph", vn)] = (r.h2d_bytes / MiB, "MiB")
@@ -147,7 +147,7 @@ def _gptoss(repetitions: int) -> dict[tuple[str, str], tuple[float, str]]:
         s = scn.with_(workload=scn.workload.__class__(n_prompt=(2048,), n_gen=(0,), n_ubatch=ub, n_batch=2048,
                                                        repetitions=repetitions))
         t = BenchTest(2048, 0)
-        rs = {vn: run_variant_test(s, parse_variant(vn), t, 0, repetitions)
+        rs = {vn: run_variant_test(s, parse_variant(vn), t, repetitions)
               for vn in ("baseline", "baseline_without_selective_copy")}
         out[(f"speedup_selective_copy_ub{ub}", "selective_vs_whole")] = (
             rs["baseline"].tps_mean / rs["baseline_without_selective_copy"].tps_mean, "x")
