@@ -16,9 +16,9 @@ trip through the project's own writer.
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import json
+import re
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -308,6 +308,17 @@ def test_corrupt_headers(every_type, tmp_path):
     # a misaligned data offset
     bad(raw[:pos + 4] + (idx.tensors[name].offset - idx.data_offset + 3).to_bytes(8, "little") + raw[pos + 12:],
         "not a multiple of the alignment")
+    # an aligned offset that overlaps the previous tensor's data (llama.cpp takes the data in table
+    # order: "has offset ..., expected ...")
+    bad(raw[:pos + 4] + (0).to_bytes(8, "little") + raw[pos + 12:], f"tensor '{name}' has data offset 0, expected")
+
+
+def test_a_tensor_name_of_64_bytes_is_refused_as_llama_cpp_refuses_it(tmp_path):
+    """GGML_MAX_NAME is 64: gguf_init_from_file_impl refuses a name of 64 bytes or more."""
+    ok = _write(tmp_path / "ok.gguf", "llama", [], [("t" * 63, (32,), "F32")])
+    assert list(read_gguf_index(ok).tensors) == ["t" * 63]
+    long = _write(tmp_path / "long.gguf", "llama", [], [("t" * 64, (32,), "F32")])
+    _one_line_error(long, "tensor name 0 is too long: 64 bytes >= 64")
 
 
 def test_missing_or_inconsistent_architecture_keys_name_the_key(tmp_path):
@@ -456,6 +467,25 @@ def test_tiny_variants_round_trip(arch, tiny_files):
     idx = read_gguf_index(path)
     assert g.nbytes == spec.nbytes == idx.tensor_bytes and g.n_params == spec.n_params == idx.n_elements
     assert load_gguf_model(path) == g
+
+
+def test_router_and_head_shapes_are_checked_as_llama_cpp_checks_them(tiny_files, tmp_path):
+    """llama.cpp's create_tensor wants ffn_gate_inp [n_embd, n_expert] and output [n_embd, n_vocab];
+    a file with the two dimensions swapped (same bytes) is refused naming the tensor."""
+    spec, path = tiny_files["qwen3moe"]
+    raw = bytearray(path.read_bytes())
+    idx = read_gguf_index(path)
+    for name in (f"blk.{spec.n_layer - 1}.ffn_gate_inp.weight", "output.weight"):
+        if name not in idx.tensors:
+            continue
+        ne = idx.tensors[name].ne
+        assert len(ne) == 2 and ne[0] != ne[1]
+        key = len(name).to_bytes(8, "little") + name.encode()  # the table entry, not a longer name's tail
+        pos = raw.index(key) + len(key) + 4  # past the name and n_dims
+        bad = raw[:pos] + ne[1].to_bytes(8, "little") + ne[0].to_bytes(8, "little") + raw[pos + 16:]
+        (tmp_path / "bad.gguf").write_bytes(bad)
+        _one_line_error(tmp_path / "bad.gguf", re.escape(f"{name} has shape {[ne[1], ne[0]]}, expected {list(ne)}"),
+                        fn=load_gguf_model)
 
 
 def test_load_model_dispatches_on_suffix_or_magic(tiny_files, tmp_path):

@@ -286,6 +286,10 @@ class _Cursor:
 #: length field, and quoting it would dump the file into the error message.
 NAME_MAX = 1024
 
+#: ``GGML_MAX_NAME`` (ggml.h): a tensor name of this many bytes or more is refused by
+#: ``gguf_init_from_file_impl`` ("tensor name ... is too long")
+GGML_MAX_NAME = 64
+
 
 def _open(path: Path) -> Any:
     try:
@@ -384,6 +388,9 @@ def read_gguf_index(path: str | Path) -> GGUFIndex:
         seen: set[str] = set()
         for i in range(n_t):
             name = cur.string(f"tensor name {i}", NAME_MAX)
+            if len(name.encode()) >= GGML_MAX_NAME:
+                raise ScenarioError(f"tensor name {i} is too long: {len(name.encode())} bytes >= {GGML_MAX_NAME} "
+                                    "(ggml's GGML_MAX_NAME; llama.cpp refuses the file)", file=path)
             if name in seen:
                 raise ScenarioError(f"duplicate tensor name '{name}'", file=path)
             seen.add(name)
@@ -405,9 +412,15 @@ def read_gguf_index(path: str | Path) -> GGUFIndex:
             infos.append((name, tuple(int(d) for d in ne), t, off))
         base = cur.pos + (-cur.pos % align)
     tensors: dict[str, GGUFTensor] = {}
+    expect = 0  # gguf_init_from_file_impl: each tensor's data follows the previous one's, padded
     for name, ne, t, off in infos:
         blk, bsize = GGML_BLOCK[t]
         nb = math.prod(ne) // blk * bsize
+        if off != expect:
+            raise ScenarioError(f"tensor '{name}' has data offset {off}, expected {expect} (llama.cpp's GGUF "
+                                "reader takes the tensors' data in table order, each padded to the alignment)",
+                                file=path)
+        expect += nb + (-nb % align)
         if base + off + nb > size:
             raise ScenarioError(f"truncated: tensor '{name}' ({nb} bytes at {base + off}) ends past the end "
                                 f"of the {size}-byte file", file=path)
@@ -680,6 +693,9 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         n_mat = math.prod(ne[2:]) if len(ne) > 2 else 1
         tensors.append(Tensor(name, layer, group, ne[0], n_out, n_mat, GGML_TYPE_BPW[t], ggml_type=t))
     tied = "output.weight" not in idx.tensors
+    if not tied and idx.tensors["output.weight"].ne != (d_model, n_vocab):
+        raise ScenarioError(f"output.weight has shape {list(idx.tensors['output.weight'].ne)}, expected "
+                            f"[{d_model}, {n_vocab}] (embedding_length, the token embedding's rows)", file=p)
     if tied:
         tensors.append(Tensor("token_embd.weight", -1, "output", d_model, n_vocab, 1, GGML_TYPE_BPW[emb.ggml_type],
                               ggml_type=emb.ggml_type, duplicate=True))
@@ -724,6 +740,11 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
                              max_value=DIM_MAX)
         for i in moe_layers:
             b = f"blk.{i}."
+            router = idx.tensors[b + "ffn_gate_inp.weight"]
+            if router.ne != (d_model, n_expert):
+                raise ScenarioError(f"{b}ffn_gate_inp.weight has shape {list(router.ne)}, expected "
+                                    f"[{d_model}, {n_expert}] ({arch}.embedding_length {d_model}, expert_count "
+                                    f"{n_expert})", file=p)
             names = (["ffn_gate_up_exps"] if fused else ["ffn_gate_exps", "ffn_up_exps"]) + ["ffn_down_exps"]
             for nm in names:
                 t = _need(idx, b + nm + ".weight", f"the experts of block {i}")
