@@ -10,6 +10,7 @@
 # Runs in the background (setsid) so that two device calls can hold it:
 #   bash scripts/h200_diag2.sh start [WAIT_S]  # build, GGUFs, measurements; waits up to WAIT_S (540) s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
+#   DIAG2_PARTS=gptoss bash scripts/h200_diag2.sh start 420  # question 2 alone (a short lease: no Qwen3 GGUF)
 # Carry .llamacpp and .whl.
 set -uo pipefail
 : "${OUT:?OUT is not set (the device tool sets it)}"
@@ -28,7 +29,7 @@ if [ "$mode" = collect ]; then
 fi
 if [ "$mode" = start ]; then
   mkdir -p "$W/out/logs"
-  setsid bash "$0" run > "$W/out/logs/script.log" 2>&1 < /dev/null &
+  DIAG2_PARTS=${DIAG2_PARTS:-all} setsid bash "$0" run > "$W/out/logs/script.log" 2>&1 < /dev/null &
   wait_done "${2:-540}"; pack diag2-a.tgz; exit 0
 fi
 # mode run: the measurements
@@ -38,7 +39,8 @@ O=$W/out
 T0=$(date +%s); say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" | tee -a "$O/progress.log"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2;
   lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; date -u +%FT%TZ; } > "$O/meta.txt" 2>&1
-python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!
+P1=
+[ "${DIAG2_PARTS:-all}" = gptoss ] || { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
 say "build exit $?"
@@ -50,6 +52,7 @@ G=$W/gptoss.gguf
 # 2. gpt-oss decode at depth: phase timing alone, then plain
 PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/phase-gptoss.jsonl" 2> "$O/logs/phase-gptoss.log"; say "phase gpt-oss exit $?"
 timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/bench-gptoss.jsonl" 2>/dev/null; say "bench gpt-oss exit $?"
+if [ -z "$P1" ]; then say done; touch "$W/done"; exit 0; fi
 wait $P1; say "gguf qwen3 exit $?"
 Q=$W/qwen3.gguf
 # 1. ubatch 1-8 on Qwen3, one model load: llama-bench runs -ub 1, 2, 4, 8 in turn (8, 4, 2 and 1 graphs)
