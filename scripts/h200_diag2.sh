@@ -5,8 +5,9 @@
 #     2, 4 and 8 in one model load (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's
 #     matvec kernel with the router ids at 2-8 tokens against 1) and llama-bench's own pp256 at
 #     ubatch 1-16;
-#  2. gpt-oss-20b resident decode at depth: tg32 and tg128 at depth 0, 4096 and 8192, -r 5, with the
-#     phase-time patch alone (where the host and the GPU spend each token) and without it.
+#  2. gpt-oss-20b resident decode at depth: tg128 at depth 0 and 8192, -r 5, in the ground truth's
+#     invocation (-p 512 -n 128, whose tg128 @ d8192 restores the depth state the pp512 test saved)
+#     and in the decode leases' (-p 0 -n 128), alternated, plain and with the phase-time patch.
 # Runs in the background (setsid) so that two device calls can hold it:
 #   bash scripts/h200_diag2.sh start [WAIT_S]  # build, GGUFs, measurements; waits up to WAIT_S (540) s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
@@ -49,9 +50,20 @@ B=$(find "$W/b" -name llama-bench -type f | head -1)
 NCU="ncu --csv --page raw --metrics gpu__time_duration.sum --cache-control none --clock-control none"
 wait $P2; say "gguf gpt-oss exit $?"
 G=$W/gptoss.gguf
-# 2. gpt-oss decode at depth: phase timing alone, then plain
-PREFETCH_SIM_PHASE_TIME=1 timeout 150 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/phase-gptoss.jsonl" 2> "$O/logs/phase-gptoss.log"; say "phase gpt-oss exit $?"
-timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 -p 0 -n 32,128 -d 0,4096,8192 -r 5 -o jsonl > "$O/bench-gptoss.jsonl" 2>/dev/null; say "bench gpt-oss exit $?"
+# 2. gpt-oss decode at depth in the two invocation forms the committed leases used, alternated on
+# one machine: "gt" as the ground truth ran it (-p 512 -n 128: the pp512 @ d8192 test fills the
+# depth and saves its state, and tg128 @ d8192, next, restores that state in every repetition) and
+# "tg" as the decode leases ran it (-p 0: tg128 @ d8192 fills the depth in its repetition 0);
+# plain twice each (gt, tg, gt, tg), then each with the phase timing alone
+GT="-p 512 -n 128"; TG="-p 0 -n 128"
+for f in gt1 tg1 gt2 tg2; do
+  case $f in gt*) A=$GT ;; *) A=$TG ;; esac
+  timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/bench-gptoss-$f.jsonl" 2>/dev/null; say "bench gpt-oss $f exit $?"
+done
+for f in gt tg; do
+  case $f in gt) A=$GT ;; *) A=$TG ;; esac
+  PREFETCH_SIM_PHASE_TIME=1 timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/phase-gptoss-$f.jsonl" 2> "$O/logs/phase-gptoss-$f.log"; say "phase gpt-oss $f exit $?"
+done
 if [ -z "$P1" ]; then say done; touch "$W/done"; exit 0; fi
 wait $P1; say "gguf qwen3 exit $?"
 Q=$W/qwen3.gguf
