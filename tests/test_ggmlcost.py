@@ -391,6 +391,30 @@ def test_attention_pays_the_cold_kv_read_the_l2_hot_table_case_does_not():
     assert k.kv_cold_s(8448 * 16, 4, 128) == 0.0
 
 
+def test_decode_attention_never_gets_cheaper_when_the_kv_outgrows_the_l2():
+    """The cold read goes onto each L2-hot measured case before interpolating, so the price is
+    continuous where one layer's K/V pass the L2 (it fell by a third there: the cold read was
+    added to an interpolation of hot and cold cases, then dropped): for each shipped geometry,
+    decode attention moves at 256-cell steps by no more than the measured cases' slopes allow,
+    and every measured case is priced as measured plus its cold read (0 beyond the L2)."""
+    g = load_hardware(PROFILE).ggml
+    for key, rows in g._attn_raw.items():
+        if key[:2] != ("gpu", "FA"):
+            continue
+        hd, nh, nkv = key[2:]
+        kvs, ts = rows[1]
+        for kv, t in zip(kvs, ts):
+            assert g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True) == pytest.approx(t + g.kv_cold_s(int(kv), nkv, hd))
+        # between the measured cases, no step: each 256 cells move the price by no more than the
+        # steepest slope between neighbouring cold-priced cases (the old price fell by a third
+        # in one step where the K/V passed the L2)
+        cells = np.arange(256, 40961, 256)
+        got = np.array([g.attn_s("gpu", 1, int(c), nh, nkv, hd, True) for c in cells])
+        priced = np.array([t + g.kv_cold_s(int(kv), nkv, hd) for kv, t in zip(kvs, ts)])
+        steepest = float(np.max(np.abs(np.diff(priced) / np.diff(kvs)))) * 256
+        assert float(np.max(np.abs(np.diff(got)))) <= steepest * (1 + 1e-9), (hd, nh, nkv)
+
+
 def test_the_profile_cold_kv_rate_is_that_of_the_committed_depth_profiles():
     from calibrate.llamacpp.fit import kv_cold_rate
 

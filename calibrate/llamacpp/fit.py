@@ -153,7 +153,7 @@ def kv_cold_rate(depth_dir: str | Path, hw, model_toml: str = "scenarios/models/
     fa_s = float(last[last["kernel"].str.startswith("flash_attn")]["ns"].sum()) * 1e-9 / m.n_layer
     keys = attended_keys(1, depth + n_gen - 1, 0)
     g = hw.ggml
-    table_s = g._attn_op("gpu", "FA", 1, pad_cells(keys), m.n_head, m.n_head_kv, m.head_dim)
+    table_s = g._attn_op("gpu", "FA", 1, pad_cells(keys), m.n_head, m.n_head_kv, m.head_dim, raw=True)
     nbytes = kv_cache_bytes(pad_cells(keys), m.n_head_kv, m.head_dim)
     if table_s is None or fa_s <= table_s:
         raise PrefetchSimError(f"--depth {d}: in-graph attention {fa_s * 1e6:.1f} us per layer is not above the "

@@ -52,9 +52,10 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   bytes), both rates measured with the ``split-time`` patch (:mod:`calibrate.llamacpp.splittime`).
 * **Cold K/V**: a ``FLASH_ATTN_EXT`` case repeats one layer's attention with its K/V in the L2
   (when they fit); a graph reads each layer's from HBM: ``kv_bytes / attn_kv_cold_rate`` more
-  (:meth:`GgmlKernels.kv_cold_s`), the rate measured from ``ncu`` of llama-bench decode at depth
-  8192 (``data/llamacpp/h200-20261202-depth``: 19.1 µs per layer in the graph against the
-  table's 12.4).
+  (:meth:`GgmlKernels.kv_cold_s`), added to each such measured case before interpolating
+  between cases (so the price rises through the L2's size), the rate measured from ``ncu`` of
+  llama-bench decode at depth 8192 (``data/llamacpp/h200-20261202-depth``: 19.1 µs per layer in
+  the graph against the table's 12.4).
 * **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
   the table's full-rectangle time times the share of causal (query, key) pairs.
 * **Scheduler overheads**: ``graph`` seconds of host time per graph (ubatch), ``mask`` seconds
@@ -228,7 +229,29 @@ class GgmlKernels:
 
     @cached_property
     def _attn(self) -> dict:
-        """(backend, op, hd, nh, nkv) -> {nb: (kv array, t array)} of the attention tables."""
+        """:attr:`_attn_raw` with the GPU's attention cases made cold: each measured case whose
+        K/V fit in the L2 (``test-backend-ops`` repeats it with its K/V hot there) gets the cold
+        read a graph pays (:meth:`kv_cold_s` of its own geometry and key count; a ``KQ`` case the
+        K half, a ``KQV`` case the V half), a case whose K/V exceed the L2 was read cold already.
+        Interpolated between such points, the price rises with the keys through the L2's size:
+        adding the cold read after interpolating the L2-hot and cold cases dropped it there
+        (tg32 of Qwen3 at depth 25344 → 25600: 180 → 215 t/s). The CPU's tables are as measured."""
+        out = dict(self._attn_raw)
+        if self.attn_kv_cold_bytes_per_s <= 0:
+            return out
+        for key, rows in self._attn_raw.items():
+            backend, op = key[:2]
+            if backend != "gpu" or op not in ("FA", "KQ", "KQV"):
+                continue
+            hd, _nh, nkv = key[2:]
+            share = 1.0 if op == "FA" else 0.5
+            out[key] = {nb: (kvs, ts + share * self.kv_cold_s(kvs, nkv, hd)) for nb, (kvs, ts) in rows.items()}
+        return out
+
+    @cached_property
+    def _attn_raw(self) -> dict:
+        """(backend, op, hd, nh, nkv) -> {nb: (kv array, t array)} of the attention tables, as
+        measured (the GPU's cases at up to the L2's size of K/V L2-hot)."""
         out: dict = {}
         for name, tab in (("gpu", self.gpu), ("cpu", self.cpu)):
             if tab is None:
@@ -292,8 +315,7 @@ class GgmlKernels:
         here to :data:`KV_PAD`); None when no table holds an attention of that backend."""
         kv = pad_cells(keys)
         if flash or backend == "cpu":
-            t = self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
-            return None if t is None else t + (self.kv_cold_s(kv, n_head_kv, head_dim) if backend == "gpu" else 0.0)
+            return self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
         kq = self._attn_op(backend, "KQ", n_tokens, kv, n_head, n_head_kv, head_dim)
         kqv = self._attn_op(backend, "KQV", n_tokens, kv, n_head, n_head_kv, head_dim)
         sm = self._softmax(backend, n_tokens, kv, n_head)
@@ -301,7 +323,7 @@ class GgmlKernels:
             return None
         # the output's permute + cont and the score's copy: two elementwise passes
         perm = 2 * max(self.floor_s, 2 * 4 * n_tokens * n_head * head_dim / self.ew_bytes_per_s)
-        return kq + sm + kqv + perm + self.kv_cold_s(kv, n_head_kv, head_dim)
+        return kq + sm + kqv + perm
 
     def flash_attn_gpu_many(self, n_tokens: int, keys: np.ndarray, n_head: int, n_head_kv: int,
                             head_dim: int) -> np.ndarray | None:
@@ -319,23 +341,21 @@ class GgmlKernels:
             kk, got = min(cands, key=lambda c: (abs(math.log(c[0][3] * c[0][2] / (n_head * head_dim))),
                                                 abs(c[0][4] - n_head_kv)))
             scale = n_head * head_dim / (kk[3] * kk[2])
-        t = interp_nb_kv_many(got, n_tokens, kv) * scale
-        if self.attn_kv_cold_bytes_per_s <= 0:
-            return t + 0.0
-        nbytes = 2.0 * 2.0 * kv * n_head_kv * head_dim        # kv_cache_bytes, f16
-        return t + np.where(nbytes <= self.l2_bytes, nbytes / self.attn_kv_cold_bytes_per_s, 0.0)
+        return interp_nb_kv_many(got, n_tokens, kv) * scale
 
-    def kv_cold_s(self, cells: int, n_head_kv: int, head_dim: int) -> float:
-        """The cold read of one layer's K/V (f16, ``cells`` padded cells) that a repeated
-        ``test-backend-ops`` case does not pay: it keeps a layer's K/V in the L2 when they fit,
-        while a graph reads every layer's from HBM. ``kv_bytes / attn_kv_cold_rate`` when the
-        K/V fit in the L2 (a larger K/V was read cold by the table's case too) and the profile
-        has the rate (:func:`calibrate.llamacpp.fit.kv_cold_rate`, ncu of llama-bench decode at
-        depth); else 0."""
+    def kv_cold_s(self, cells, n_head_kv: int, head_dim: int):
+        """The cold read of one layer's K/V (f16, ``cells`` padded cells: an int, or an array for
+        one value per element) that a repeated ``test-backend-ops`` case does not pay: it keeps a
+        layer's K/V in the L2 when they fit, while a graph reads every layer's from HBM.
+        ``kv_bytes / attn_kv_cold_rate`` when the K/V fit in the L2 (a larger K/V was read cold by
+        the table's case too) and the profile has the rate
+        (:func:`calibrate.llamacpp.fit.kv_cold_rate`, ncu of llama-bench decode at depth); else 0.
+        :attr:`_attn` adds it to each measured case, before any interpolation."""
         if self.attn_kv_cold_bytes_per_s <= 0:
-            return 0.0
-        nbytes = kv_cache_bytes(cells, n_head_kv, head_dim)
-        return nbytes / self.attn_kv_cold_bytes_per_s if nbytes <= self.l2_bytes else 0.0
+            return 0.0 if np.ndim(cells) == 0 else np.zeros(np.shape(cells))
+        nbytes = kv_cache_bytes(np.asarray(cells, dtype=float), n_head_kv, head_dim)
+        out = np.where(nbytes <= self.l2_bytes, nbytes / self.attn_kv_cold_bytes_per_s, 0.0)
+        return float(out) if out.ndim == 0 else out
 
     def set_rows_s(self, nbytes: float) -> float:
         """Seconds of ggml-cpu's one-thread ``SET_ROWS`` reading ``nbytes`` of f32 rows (a CPU
@@ -381,11 +401,15 @@ class GgmlKernels:
         r = t[(t["op"] == "MUL_MAT_ID") & (t["type"].str.upper() == ty) & (t["m"] == m) & (t["k"] == k)]
         return int(r["nr"].iloc[0]) if not r.empty and r["nr"].notna().any() else default
 
-    def _attn_op(self, backend, op, n_tokens, kv, n_head, n_head_kv, head_dim):
-        got = self._attn.get((backend, op, head_dim, n_head, n_head_kv))
+    def _attn_op(self, backend, op, n_tokens, kv, n_head, n_head_kv, head_dim, *, raw: bool = False):
+        """Seconds of one attention table op (``FA``, ``KQ``, ``KQV``) at ``n_tokens`` queries and
+        ``kv`` keys, from the nearest geometry scaled by its heads × head size; the cases cold
+        (:attr:`_attn`), or as measured with ``raw`` (:attr:`_attn_raw`). None without a table."""
+        tabs = self._attn_raw if raw else self._attn
+        got = tabs.get((backend, op, head_dim, n_head, n_head_kv))
         scale = 1.0
         if got is None:
-            cands = [(kk, v) for kk, v in self._attn.items() if kk[:2] == (backend, op)]
+            cands = [(kk, v) for kk, v in tabs.items() if kk[:2] == (backend, op)]
             if not cands:
                 return None
             kk, got = min(cands, key=lambda c: (abs(math.log(c[0][3] * c[0][2] / (n_head * head_dim))),
