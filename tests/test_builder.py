@@ -333,6 +333,26 @@ def test_staging_vram_is_reserved_even_when_gated():
     assert account(scn, parse_variant("slots3"))[0].staging_bytes == 3 * largest_expert_tensor
 
 
+def test_no_staging_where_the_worst_case_graph_is_below_the_op_offload_batch():
+    """The patch reserves staging while the context reserves its worst-case graph of
+    min(n_ubatch, n_batch, n_ctx) tokens; below op_offload_min_batch (32) no weight crosses in it
+    or in any later graph, so nothing is reserved (measured: Gemma tg16 in
+    data/llamacpp/h200-20261202-prefetch2, 0 MiB where 180.9 MiB was predicted)."""
+    from dataclasses import replace as rep
+
+    scn = make_scenario()
+    full = account(scn, parse_variant("slots3"))[0].staging_bytes
+    assert full > 0
+    for wl, pl in (({"n_ubatch": 31}, {}), ({"n_ubatch": 32}, {}), ({}, {"ctx_size": 16}), ({}, {"ctx_size": 32}),
+                   ({}, {"ctx_size": 64, "op_offload_min_batch": 65})):
+        s2 = scn.with_(workload=rep(scn.workload, **wl), placement=rep(scn.placement, **pl))
+        tokens = min(s2.workload.n_ubatch, s2.workload.n_batch, s2.placement.ctx_size)
+        want = full if tokens >= s2.placement.op_offload_min_batch else 0.0
+        for v in ("slots3", "prefetch_ungated"):
+            got = account(s2, parse_variant(v))[0].staging_bytes
+            assert (got > 0) == (want > 0), (wl, pl, v)
+
+
 def test_pageable_copies_block_the_host_thread():
     scn = make_scenario(pinned=False)
     plan = plan_of(scn, "prefetch_ungated", n_prompt=64)

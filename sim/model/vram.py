@@ -357,7 +357,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
         # layers that are not offloaded)
         here = [grp for grp, gg in zip(host_groups, host_gpu) if gg == g]
-        stg = staging_bytes(variant, here)
+        # the patch reserves staging while the context reserves its worst-case graph, of
+        # min(n_ubatch, n_batch, n_ctx) tokens (llama_context's graph_reserve); below the op-offload
+        # batch no weight crosses in it, nor in any later graph: nothing reserved (measured: Gemma
+        # tg16, data/llamacpp/h200-20261202-prefetch2)
+        reserve_tokens = min(n_ub, scn.workload.n_batch, pl.ctx_size)
+        stg = staging_bytes(variant, here) if reserve_tokens >= pl.op_offload_min_batch else 0.0
         slot = expert_slot_bytes(t for grp in here for t in grp) if variant.expert_slots else 0
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))
     for b in out:
