@@ -1166,11 +1166,14 @@ def test_the_kv_advice_names_the_scenario_context_when_it_sizes_the_cache(capsys
     rc, out, err = run(capsys, "run", "laguna-2x3090", "-ncmoe", "20,28", "-p", "512", "-n", "0", *QUICK)
     assert rc == 1 and "-ncmoe 20: left out" in err
     assert "placement.ctx_size, 262144 tokens, sizes it here" in err and "a shorter context" not in err
-    # where the tests raise the context, the flags that do are the advice
+    # where the tests raise the context, the flags that do are the advice; as llama-bench makes a
+    # context per test, the test that fits (depth 0) prints its row, the one that does not is
+    # left out (status 1, as for a setting that does not fit)
     rc, out, err = run(capsys, "run", "laguna-2x3090", "-ncmoe", "28", "-p", "512", "-n", "0", "-d", "0,2000000",
                        *QUICK)
-    assert rc == 2 and "-d 0,2000000 -p 512: does not fit" in err and "a shorter context: -d plus -p/-n" in err
-    assert "placement.ctx_size" not in err
+    assert rc == 1 and "pp512 @ d2000000: left out, no variant fits: -d 0,2000000 -p 512: does not fit" in err
+    assert "a shorter context: -d plus -p/-n" in err and "placement.ctx_size" not in err
+    assert "|           pp512 |" in out and "d2000000 |" not in out
 
 
 def test_a_scenario_naming_a_device_as_its_model_says_so(tmp_path, capsys):
@@ -1271,3 +1274,23 @@ def test_a_test_draws_the_same_routing_wherever_it_stands_in_the_list(capsys):
         assert rc == 0, err
         got[p] = [r["samples_ns"] for r in json.loads(out) if r["n_prompt"] == 64]
     assert got["64"] == got["512,64"] and len(got["64"]) == 1
+
+
+def test_each_row_s_vram_is_its_own_test_s_context(capsys):
+    """llama-bench makes a context per test (n_ctx = n_prompt + n_gen + n_depth): with --ctx-size 0 a
+    row's peak_vram_bytes is its own test's, whatever deeper tests run beside it (the d0 rows were
+    sized for the deepest test's KV cache)."""
+    base = ("-ncmoe", "0", "-p", "512", "-n", "32", "--ctx-size", "0", "-r", "1", "--variant", "baseline",
+            "-q", "-o", "json")
+    rc, out, err = run(capsys, "run", *base, "-d", "0")
+    assert rc == 0, err
+    alone = {r["test"]: r["peak_vram_bytes"] for r in json.loads(out)}
+    rc, out, err = run(capsys, "run", *base, "-d", "0,16384")
+    assert rc == 0, err
+    both = {r["test"]: r["peak_vram_bytes"] for r in json.loads(out)}
+    assert both["pp512"] == alone["pp512"] and both["tg32"] == alone["tg32"]
+    # the KV cache grows with the test's context, padded to 256 cells as llama.cpp pads n_ctx:
+    # f16 K and V of the 48 layers, 4 KV heads of 128
+    per_token = 48 * 2 * 4 * 128 * 2
+    assert both["pp512 @ d16384"] - both["pp512"] == 16384 * per_token
+    assert both["pp512"] - both["tg32"] == (512 - 256) * per_token

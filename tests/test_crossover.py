@@ -484,3 +484,11 @@ def test_axis_values_print_as_typed():
 
     assert _fmt(16777216.0) == "16777216" and _fmt(512) == "512" and _fmt(0.5) == "0.5"
     assert _fmt(float("nan")) == "nan" and _fmt(1e300) == "1e+300"
+
+
+def test_a_crossing_on_an_integer_axis_is_a_whole_value():
+    """A crossing on ubatch (tokens) reads ~35, not 34.56; a bandwidth keeps its decimals."""
+    from sim.views.crossover import Crossover
+
+    assert "ubatch = ~35, between 32 and 64" in Crossover("slots3", "ubatch", 34.56, 32, 64, True).describe()
+    assert "pcie = 12.34, between 8 and 16" in Crossover("slots3", "pcie", 12.34, 8, 16, True).describe()

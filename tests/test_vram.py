@@ -298,3 +298,15 @@ def test_output_layer_goes_where_the_layer_split_puts_index_n_layer():
         other = v[1 - main]
         assert other.weights_bytes == 0 and other.kv_bytes == 0 and other.compute_bytes == 0
         assert v[main].weights_bytes > 0 and v[main].compute_bytes > 0
+
+
+def test_kv_cells_are_padded_as_llama_cpp_pads_the_context():
+    """llama_context pads n_ctx to 256 cells; an iSWA model's SWA cache holds
+    pad(min(n_ctx, n_swa + n_ubatch)) (llama_kv_cache_iswa)."""
+    from sim.model.vram import kv_cells
+
+    assert [kv_cells(c, 0, 512) for c in (1, 32, 256, 257, 8320)] == [256, 256, 256, 512, 8448]
+    # gpt-oss at depth 8192 + 128 tokens: 8448 cells, its SWA layers (window 128) 768 (the
+    # ground truth's log: "creating non-SWA KV cache, size = 8448 cells", "SWA KV cache, size = 768")
+    assert (kv_cells(8320, 0, 512), kv_cells(8320, 128, 512)) == (8448, 768)
+    assert kv_cells(100, 128, 512) == 256  # never more than the context's own cells

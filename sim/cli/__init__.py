@@ -346,6 +346,38 @@ def _combine(parts, n_prompt: int) -> dict:
         cache_hit_rate=sum(hits) / len(hits) if hits else None)
 
 
+def test_vram(scn, base_ctx: int, tests, results) -> list:
+    """``results`` (:class:`sim.engines.metrics.TestResult`) with each one's VRAM for its own
+    test's context, as llama-bench makes a context per test: the KV cache of
+    ``max(base_ctx, n_depth + n_prompt + n_gen)`` tokens (``base_ctx``: ``--ctx-size`` or the
+    scenario's ``placement.ctx_size``, 1 with ``--ctx-size 0``), where the simulation ran every
+    test on one context of ``scn``'s (the largest). The times are the simulation's (the KV cache's
+    size does not enter them; an expert cache's pool is the one of ``scn``'s context)."""
+    from dataclasses import replace as dc_replace
+
+    from sim.errors import PlacementError
+    from sim.model.specs import parse_variant
+    from sim.model.vram import account
+
+    ctx_of = {t.name: max(base_ctx, t.n_depth + t.n_prompt + t.n_gen) for t in tests}
+    memo: dict = {}
+    out = []
+    for r in results:
+        ctx = ctx_of.get(r.test, scn.placement.ctx_size)
+        if ctx == scn.placement.ctx_size:
+            out.append(r)
+            continue
+        key = (r.variant, ctx)
+        if key not in memo:
+            v = next((x for x in scn.variants if x.name == r.variant), None) or parse_variant(r.variant)
+            try:
+                memo[key] = tuple(account(scn.with_(placement=dc_replace(scn.placement, ctx_size=ctx)), v))
+            except PlacementError:  # cannot be: a smaller KV cache than the one that fitted
+                memo[key] = r.vram
+        out.append(dc_replace(r, vram=memo[key]))
+    return out
+
+
 def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, when: str, combos=None) -> list:
     """The :class:`sim.views.report.BenchRow` s of one setting, from the simulator's results of its
     tests; ``speedup_vs_baseline`` against the ``baseline`` variant's result of the same test
@@ -371,6 +403,8 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
     for v in variants:
         bid, bnum = ids[v.name]
         for i, inst in enumerate(instances):
+            if any((v.name, t.name) not in by for t in inst.tests):
+                continue  # a test whose own context does not fit with this variant: no row
             parts = [by[(v.name, t.name)] for t in inst.tests]
             total = np.sum([np.asarray(p.makespan_s, dtype=float) for p in parts], axis=0)
             samples = [max(1, int(round(float(x) * 1e9))) for x in np.atleast_1d(total)]
@@ -388,8 +422,9 @@ def setting_rows(instances, model, hw, variants, results, ids, *, engine: str, w
         return dc_replace(r, values=values, extra={**r.extra, "speedup_vs_baseline": s})
 
     if combos is None:
-        return [with_speedup(v.name, i) for v in variants for i in range(len(instances))]
-    return [with_speedup(c.variant, i, c.fields) for i in range(len(instances)) for c in combos]
+        return [with_speedup(v.name, i) for v in variants for i in range(len(instances)) if (v.name, i) in built]
+    return [with_speedup(c.variant, i, c.fields) for i in range(len(instances)) for c in combos
+            if (c.variant, i) in built]
 
 
 def rows_from_results(scn, results, ratios=None) -> list:
@@ -561,42 +596,69 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                                  combos=params.prefetch)
             continue
         sscn = setting_scenario(setting, params, scn, model, notes)
+        if sscn.model.moe is None:
+            for v in sscn.variants:
+                if v.expert_slots and not v.prefetch_weights:
+                    notes.add(f"variant {v.name}: {sscn.model.name} has no experts: expert slots stage nothing, "
+                              "its rows are the baseline's")
         tests = sim_tests(insts)
-        sscn = fit_context_to_tests(sscn, tests)
+        base_ctx = sscn.placement.ctx_size
         prog = None
         if progress is not None:
             prog = (lambda it, _d=f"simulating {si + 1}/{len(settings)}": progress(it, _d))
-        variants = list(sscn.variants)
-        try:
-            results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
-        except PlacementError as exc:
-            ok, bad = [], []
-            for v in variants:
-                try:
-                    make_context(sscn, v, rep_rng(sscn.seed, -1, -1))
-                    ok.append(v)
-                except PlacementError as e:
-                    bad.append((v, e))
-            if not ok:  # the setting itself does not fit: one reason, said once (in flags when they cause it)
-                v0, err = bad[0] if bad else (None, exc)
-                err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
-                                        required.get(v0.name) if v0 is not None else None, ctx_flag=ctx_flag)
-                first_err = first_err or err
-                reason = err.reason[len(label) + 2:] if err.reason.startswith(label + ": ") else err.reason
-                unfit.append((label, f"{label}: left out, no variant fits: {reason}"))
-                continue
-            for v, e in bad:
-                if v.name in required:
-                    flag, value = required[v.name]
-                    where = f" ({label})" if len(settings) > 1 else ""
-                    mapped = overflow_in_flags(e, params, setting, scn.placement.ctx_size, required[v.name],
-                                               where=where, ctx_flag=ctx_flag)
-                    if mapped is not e:
-                        raise mapped from None
-                    raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
-                notes.add(f"{label}: variant {v.name} left out: {e.reason}")
-            variants = ok
-            results = run_scenario(sscn, variants=variants, tests=tests, engine=engine, progress=prog)
+        # one context for every test (the largest depth + tokens); where it does not fit, each
+        # group of tests of one context size on its own (llama-bench makes a context per test)
+        groups = [tests]
+        if len(tests) > 1 and fit_context_to_tests(sscn, tests).placement.ctx_size != base_ctx:
+            try:
+                for v in sscn.variants:
+                    make_context(fit_context_to_tests(sscn, tests), v, rep_rng(sscn.seed, -1, -1))
+            except PlacementError:
+                need = {}
+                for t in tests:
+                    need.setdefault(max(base_ctx, t.n_depth + t.n_prompt + t.n_gen), []).append(t)
+                groups = [need[c] for c in sorted(need)]
+        variants, results, left = [], [], 0
+        for gi, gtests in enumerate(groups):
+            gscn = fit_context_to_tests(sscn, gtests)
+            names = ", ".join(t.name for t in gtests)
+            glabel = label if len(groups) == 1 else (names if len(settings) == 1 else f"{label}: {names}")
+            gvariants = list(sscn.variants)
+            try:
+                got = run_scenario(gscn, variants=gvariants, tests=gtests, engine=engine, progress=prog)
+            except PlacementError as exc:
+                ok, bad = [], []
+                for v in gvariants:
+                    try:
+                        make_context(gscn, v, rep_rng(gscn.seed, -1, -1))
+                        ok.append(v)
+                    except PlacementError as e:
+                        bad.append((v, e))
+                if not ok:  # the setting itself does not fit: one reason, said once (in flags when they cause it)
+                    v0, err = bad[0] if bad else (None, exc)
+                    err = overflow_in_flags(err, params, setting, scn.placement.ctx_size,
+                                            required.get(v0.name) if v0 is not None else None, ctx_flag=ctx_flag)
+                    first_err = first_err or err
+                    reason = err.reason[len(label) + 2:] if err.reason.startswith(label + ": ") else err.reason
+                    unfit.append((glabel, f"{glabel}: left out, no variant fits: {reason}"))
+                    left += 1
+                    continue
+                for v, e in bad:
+                    if v.name in required and len(groups) == 1:
+                        flag, value = required[v.name]
+                        where = f" ({label})" if len(settings) > 1 else ""
+                        mapped = overflow_in_flags(e, params, setting, scn.placement.ctx_size, required[v.name],
+                                                   where=where, ctx_flag=ctx_flag)
+                        if mapped is not e:
+                            raise mapped from None
+                        raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
+                    notes.add(f"{glabel}: variant {v.name} left out: {e.reason}")
+                got = run_scenario(gscn, variants=ok, tests=gtests, engine=engine, progress=prog)
+            results += test_vram(gscn, base_ctx, gtests, got)
+            variants += [v for v in gscn.variants if v not in variants and any(r.variant == v.name for r in got)]
+        if left == len(groups):
+            continue
+        variants = [v for v in sscn.variants if v in variants]  # the scenario's order
         done[key] = (sscn, variants, results)
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
@@ -685,7 +747,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ScenarioError(f"'{args.out}' ends in .{suffix} but -o asks for {args.output}", field="--out")
     args.output = args.output or "md"
     scn = _base_scenario(args)
-    if not any(v.name == "baseline" for v in scn.variants):
+    added_base = not any(v.name == "baseline" for v in scn.variants)
+    if added_base:
         # "vs base" is always against the upstream scheduler: add it when not asked for
         scn = scn.with_(variants=(parse_variant("baseline"),) + scn.variants)
     params = params_from_args(args, scn)
@@ -696,6 +759,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress = lambda it, desc: bar(it, desc=desc, unit="variant")  # noqa: E731
     notes = Notes()
     notes.extend(harness_notes(args) + unmodelled_notes(args) + ot_notes(args))
+    if added_base and params.prefetch and not any(c.variant == "baseline" for c in params.prefetch):
+        notes.add("vs base: against the upstream scheduler (-pw 0 -pes 0), simulated but not printed "
+                  "(-pw 0,1 prints it)")
     for v in scn.variants:
         if v.prefetch_weights and v.expert_slots:
             notes.add(f"variant {v.name}: weight prefetch (two slots) with {v.expert_slots} expert slots of its own "

@@ -1474,6 +1474,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
     from sim.bounds import BYTES_MAX
 
+    if Path(path).is_file() and _is_gguf(Path(path)):
+        raise ScenarioError("is a GGUF model, not a scenario: give it with -m/--model (prefetch-sim run -m FILE; the "
+                            "scenario names the hardware and placement)", file=path)
     data = load_toml(path)
     f = Fields(data, path)
     if "scenario" not in data and "model" in data:

@@ -240,6 +240,21 @@ def _weight_groups(model: ModelSpec) -> list[tuple[Tensor, ...]]:
     return out
 
 
+#: llama.cpp pads a context's size, and so its KV cache, to a multiple of this many cells
+#: (``llama_context``: ``cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)``; the SWA cache of an iSWA
+#: model likewise, ``llama_kv_cache_iswa``)
+KV_CELLS_PAD = 256
+
+
+def kv_cells(ctx_size: int, window: int, n_ubatch: int) -> int:
+    """Cells of one layer's KV cache as llama.cpp allocates them: ``ctx_size`` padded to
+    :data:`KV_CELLS_PAD`; a sliding-window layer (``window`` > 0) holds
+    ``pad(min(that, window + n_ubatch))`` (``llama_kv_cache_iswa``: ``n_swa + n_ubatch``)."""
+    pad = lambda n: -(-int(n) // KV_CELLS_PAD) * KV_CELLS_PAD  # noqa: E731
+    base = pad(max(1, ctx_size))
+    return pad(min(base, window + n_ubatch)) if window else base
+
+
 def expert_slot_bytes(tensors: Iterable[Tensor]) -> int:
     """Bytes of one expert staging slot (``--prefetch-experts-slots``) on a GPU whose staged
     host weights are ``tensors``: the largest expert tensor among them (``Tensor.nbytes`` of a
@@ -336,10 +351,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
                     w += t.nbytes
         for d_i, (win, per_tok) in zip(devs, _layer_kv(model)):
             if d_i == g:
-                ctx = pl.ctx_size
-                if win:
-                    ctx = min(ctx, win + n_ub)
-                kv += per_tok * ctx
+                kv += per_tok * kv_cells(pl.ctx_size, win, min(n_ub, scn.workload.n_batch))
         idle = g != out_dev and g not in devs and g not in host_gpu   # no op of the graph runs here
         if scn.compute_buffer_bytes is not None:
             comp = scn.compute_buffer_bytes

@@ -391,7 +391,11 @@ class Crossover:
     def describe(self, baseline: str = "baseline") -> str:
         side = "pays above" if self.gains_above else "pays below"
         at = f" (at {self.fixed[0]}={_fmt(self.fixed[1])})" if self.fixed else ""
-        return (f"{self.variant} vs {baseline}: speedup crosses 1.0 at {self.axis} = {self.value:.4g}"
+        spec = AXES.get(self.axis)
+        # an integer axis (tokens, layers, slots) crosses at a whole value: the interpolation, rounded
+        where = (f"~{round(self.value)}" if spec is not None and spec.integer and math.isfinite(self.value)
+                 else f"{self.value:.4g}")
+        return (f"{self.variant} vs {baseline}: speedup crosses 1.0 at {self.axis} = {where}"
                 f"{at}, between {_fmt(self.lo)} and {_fmt(self.hi)}; {side}")
 
 
