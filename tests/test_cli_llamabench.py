@@ -342,8 +342,26 @@ def test_flags_the_model_does_not_use_say_so_in_one_line(capsys, tmp_path):
     assert len(notes) == 1 and "has no experts" in notes[0]
     row = json.loads(out)
     assert row["model_type"] == "tiny-dense 2L F16" and row["n_cpu_moe"] == 4
-    rc, _, err = run(capsys, "run", TINY, *QUICK, "-t", "2", "-fa", "0", "-nkvo", "1", "-p", "64", "-n", "0")
-    assert rc == 0 and "-t: " in err and "-fa: " in err and "no_kv_offload" in err
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-t", "2", "-fa", "0", "-p", "64", "-n", "0")
+    assert rc == 0 and "-t: " in err and "-fa: " in err
+
+
+def test_a_setting_the_simulator_does_not_model_is_refused_or_left_out(capsys):
+    """-nkvo 1, -sm row over two GPUs and -embd 1 change llama.cpp's speed and are not modelled:
+    their rows would print another configuration's numbers, so run refuses them naming the flag,
+    and --skip-unmodelled leaves their rows out with a note (the modelled settings print)."""
+    for flags, flag in ((("-nkvo", "0,1"), "-nkvo"), (("-embd", "0,1"), "-embd")):
+        rc, out, err = run(capsys, "run", TINY, *QUICK, *flags, "-p", "64", "-n", "0")
+        assert rc == 2 and f"field '{flag}/" in err and "--skip-unmodelled" in err and out == ""
+        rc, out, err = run(capsys, "run", TINY, *QUICK, *flags, "-p", "64", "-n", "0", "--skip-unmodelled",
+                           "-o", "jsonl")
+        rows = [json.loads(x) for x in out.splitlines()]
+        assert rc == 0 and rows and "left out (--skip-unmodelled)" in err
+        assert not any(r.get("no_kv_offload") or r.get("embeddings") for r in rows)
+    rc, out, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "-sm", "row", "-p", "64", "-n", "0", "-r", "1", "-q")
+    assert rc == 2 and "-sm row over 2 GPUs is not modelled" in err
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-sm", "row", "-p", "64", "-n", "0")  # one GPU: as layer
+    assert rc == 0
 
 
 def test_m_replaces_the_model_and_keeps_the_rest(capsys, tmp_path):

@@ -530,8 +530,12 @@ def bench_work(scn, params, models) -> int:
 
 
 def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None,
-              required=None, ctx_flag: bool = False):
+              required=None, ctx_flag: bool = False, skip_unmodelled: bool = False):
     """Simulate every setting of ``params`` over ``scn`` under the scenario's variants.
+
+    A setting the simulator does not model (:func:`sim.cli.benchflags.unmodelled_setting`:
+    ``-nkvo 1``, ``-sm row`` over several GPUs, ``-embd 1``) is refused naming its flag, or left
+    out with a note with ``skip_unmodelled`` (``--skip-unmodelled``).
 
     ``ctx_flag``: ``--ctx-size`` set the scenario's context (a VRAM overflow's advice names it).
 
@@ -563,7 +567,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             that does not fit (naming its flag), or a run over the work budget (naming
             ``--max-work``).
     """
-    from sim.cli.benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests
+    from sim.cli.benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests, unmodelled_setting
     from sim.bounds import LIST_VALUES_MAX, check_work
     from sim.plan.builder import make_context
     from sim.errors import PlacementError
@@ -584,10 +588,19 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     rows, all_results, first_err, unfit = [], [], None, []
     settings = params.settings()
     done = {}  # Setting.simulated() -> (scenario, variants, results): settings that differ in unmodelled flags only
+    skipped = 0
     for si, setting in enumerate(settings):
         model = models[setting.model]
         insts = params.instances(setting)
         label = _setting_label(params, setting)
+        why = unmodelled_setting(setting, scn.hardware)
+        if why is not None:
+            if not skip_unmodelled:
+                raise ScenarioError(f"{why[1]}: its rows would print another configuration's numbers; give "
+                                    "--skip-unmodelled to leave them out", field=why[0])
+            notes.add(f"{label}: left out (--skip-unmodelled): {why[1]}")
+            skipped += 1
+            continue
         key = setting.simulated()
         if key in done:
             sscn, variants, results = done[key]
@@ -663,6 +676,9 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                              combos=params.prefetch)
+    if not rows and first_err is None and skipped:
+        raise ScenarioError("every setting is one the simulator does not model (left out by --skip-unmodelled): "
+                            "nothing to print", field="--skip-unmodelled")
     if not rows:
         assert first_err is not None
         if len(unfit) > 1:  # every setting left out: the first one's reason, the others named
@@ -771,7 +787,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         rows, results, unfit = run_bench(scn, params, engine=args.engine, progress=progress, notes=notes,
                                          max_work=args.max_work, required=required_variants(args, params),
-                                         ctx_flag=ctx_flag)
+                                         ctx_flag=ctx_flag, skip_unmodelled=getattr(args, "skip_unmodelled", False))
     except KeyboardInterrupt:  # interrupted: only the one line that says so
         raise
     except BaseException:

@@ -30,8 +30,11 @@ model, hardware and variants; ``-m`` replaces the model only). Each combination 
 llama-bench row (:func:`bench_values`) and, through the row helpers of :mod:`sim.views.llamabench`
 (``row_terms``, ``row_placement``, ``model_with_kv``: the same mapping the comparison against
 real llama-bench runs uses), the simulator's placement and workload (:func:`setting_scenario`).
-Flags the simulator does not model (``-t``, ``-fa``, ``-nkvo``, ``-embd``, ``-sm row``...) and
-flags a model has no use for (``-ncmoe`` on a dense model) are noted on stderr, one line each.
+Flags the simulator does not model but that leave a row's configuration what it prints (``-t``,
+``--poll``, ``--repack``...) and flags a model has no use for (``-ncmoe`` on a dense model) are noted
+on stderr, one line each; a setting it does not model and whose speed they change (``-nkvo 1``,
+``-sm row`` over several GPUs, ``-embd 1``: :func:`unmodelled_setting`) is refused, or left out with
+``--skip-unmodelled``.
 """
 
 from __future__ import annotations
@@ -430,9 +433,10 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
     ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (any negative value, as llama-bench's default -1, or >= layers + 1: all)"),
     ("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), int_list, "N", "keep the experts of the first N blocks on the host"),
     ("split_mode", ("-sm", "--split-mode"), _choice_list(SPLIT_MODES, "split mode"), "MODE",
-     "none (one GPU, -mg), layer (blocks split over GPUs); row/tensor are simulated as layer"),
+     "none (one GPU, -mg), layer (blocks split over GPUs); row/tensor: as layer on one GPU, not modelled over "
+     "several (refused, or left out with --skip-unmodelled)"),
     ("main_gpu", ("-mg", "--main-gpu"), int_list, "I", "the GPU of -sm none"),
-    ("no_kv_offload", ("-nkvo", "--no-kv-offload"), _bool_list, "0|1", "KV cache on the host (not modelled)"),
+    ("no_kv_offload", ("-nkvo", "--no-kv-offload"), _bool_list, "0|1", "KV cache on the host (1 is not modelled: refused, or left out with --skip-unmodelled)"),
     ("flash_attn", ("-fa", "--flash-attn"), _flash_attn_list, "on|off|auto",
      "FlashAttention or the unfused attention: priced apart by a profile with llama.cpp kernel tables (h200-llamacpp), one attention cost otherwise"),
     ("load_mode", ("-lm", "--load-mode"), _choice_list(LOAD_MODES, "load mode"), "MODE",
@@ -440,7 +444,7 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
      "pinned host buffers"),
     ("mmap", ("-mmp", "--mmap"), _bool_list, "0|1",
      "older llama-bench: 1 = -lm mmap (pageable), 0 = -lm none (pinned)"),
-    ("embeddings", ("-embd", "--embeddings"), _bool_list, "0|1", "embeddings (not modelled)"),
+    ("embeddings", ("-embd", "--embeddings"), _bool_list, "0|1", "embeddings (1 is not modelled: refused, or left out with --skip-unmodelled)"),
     ("tensor_split", ("-ts", "--tensor-split"), _tensor_split_list, "TS0/TS1/...",
      "share of the layers per GPU, e.g. 3/1"),
     ("overrides", ("-ot", "--override-tensor"), _ot_sets, "PATTERN=BUFFER;...",
@@ -589,6 +593,22 @@ def prefetch_flag_variants(args: argparse.Namespace) -> tuple | None:
     return tuple(parse_variant(n, field_name="-pw/-pwg/-pes") for n in names)
 
 
+def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
+    """``(flag, reason)`` when ``setting`` runs llama.cpp in a way the simulator does not model
+    and whose speed it would change, else None: the KV cache on the host (``-nkvo 1``: every
+    layer's attention on the CPU), a row or tensor split over several GPUs (``-sm row|tensor``:
+    each matmul split across the GPUs), embeddings output (``-embd 1``: no output head, pooling).
+    Such a row would print the numbers of another configuration under its values; ``run``
+    refuses it unless ``--skip-unmodelled`` leaves it out."""
+    if setting.no_kv_offload:
+        return "-nkvo/--no-kv-offload", "-nkvo 1 (the KV cache and attention on the host) is not modelled"
+    if setting.split_mode in ("row", "tensor") and hw.n_gpu > 1:
+        return "-sm/--split-mode", f"-sm {setting.split_mode} over {hw.n_gpu} GPUs is not modelled (-sm layer and none are)"
+    if setting.embeddings:
+        return "-embd/--embeddings", "-embd 1 (embeddings output) is not modelled"
+    return None
+
+
 def unmodelled_notes(args: argparse.Namespace) -> list[str]:
     """One note per combination of ``-pw``/``-pwg``/``-pes`` left out by ``--skip-unmodelled``."""
     out: list[str] = []
@@ -681,8 +701,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                         "cache_fit, baseline_without_selective_copy, or a+b (e.g. slots3+cache_lru); run adds "
                         "baseline when it is not listed (vs_base compares against it)")
     p.add_argument("--skip-unmodelled", dest="skip_unmodelled", action="store_true",
-                   help="leave out, with a note, the -pw/-pwg/-pes combinations the simulator does not model "
-                        "(-pw 1 with -pes N > 0) instead of refusing the run (their rows are not printed)")
+                   help="leave out, with a note, the settings the simulator does not model instead of refusing "
+                        "the run (their rows are not printed): -pw 1 with -pes N > 0, -nkvo 1, -sm row/tensor "
+                        "over several GPUs, -embd 1")
     p.add_argument("--engine", choices=("analytic", "des"), default="analytic",
                    help="analytic: max-plus recurrence (default); des: SimPy discrete-event model "
                         "(same results, slower)")
