@@ -310,3 +310,21 @@ def test_kv_cells_are_padded_as_llama_cpp_pads_the_context():
     # ground truth's log: "creating non-SWA KV cache, size = 8448 cells", "SWA KV cache, size = 768")
     assert (kv_cells(8320, 0, 512), kv_cells(8320, 128, 512)) == (8448, 768)
     assert kv_cells(100, 128, 512) == 256  # never more than the context's own cells
+
+
+def test_host_resident_weights_beyond_the_host_memory_are_refused():
+    """A profile that knows its host's RAM (host_memory_gb) refuses a placement whose host
+    weights (and CPU layers' KV) exceed it; a profile without it checks nothing."""
+    from sim.model.vram import host_flags
+
+    scn = make_scenario()
+    on_host = sum(t.nbytes for t, h in zip(scn.model.tensors, host_flags(scn.model, scn.placement))
+                  if h and not t.duplicate)
+    assert on_host > 0
+    roomy = scn.with_(hardware=replace(scn.hardware, host_memory_bytes=on_host * 1.01))
+    account(roomy, parse_variant("baseline"))
+    tight = scn.with_(hardware=replace(scn.hardware, host_memory_bytes=on_host * 0.99))
+    with pytest.raises(PlacementError, match=r"more than the .* GiB of host memory .*host_memory_gb") as e:
+        account(tight, parse_variant("baseline"))
+    assert e.value.field == "placement"
+    account(scn.with_(hardware=replace(scn.hardware, host_memory_bytes=0.0)), parse_variant("baseline"))

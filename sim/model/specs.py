@@ -585,6 +585,9 @@ class HardwareProfile:
         n_gpu: GPUs (layers are split across them, llama.cpp ``-sm layer``).
         vram_bytes: memory per GPU.
         vram_reserved_bytes: memory per GPU taken by the CUDA context and driver.
+        host_memory_bytes: the host's RAM (``host_memory_gb``, optional; 0: not known, not
+            checked): host-resident weights and CPU layers' KV cache beyond it do not fit
+            (:func:`sim.model.vram.check_host_memory`).
         gpu_flops_per_s: dense f16/bf16 tensor-core peak.
         gemm_efficiency: achieved share of ``gpu_flops_per_s`` on large GEMMs.
         hbm_bytes_per_s: device memory bandwidth.
@@ -687,6 +690,7 @@ class HardwareProfile:
     file: str | None = None
     backend: str = ""
     ggml: Any = None
+    host_memory_bytes: float = 0.0
 
     def h2d(self, pinned: bool) -> LinkSpec:
         return self.h2d_pinned if pinned else self.h2d_pageable
@@ -785,6 +789,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     reserved = num("vram_reserved_gb", GB, default=0.5 * GB, kind="bytes")
     if reserved >= vram:
         raise g.error("vram_reserved_gb", f"{reserved / GB:g} GB reserved leaves nothing of vram_gb {vram / GB:g} GB")
+    host_mem = num("host_memory_gb", GB, default=0.0, kind="bytes") if g.has("host_memory_gb") else 0.0
     flops = num("gpu_tflops", 1e12, kind="flops_per_s")
     eff = num("gemm_efficiency", 1.0, default=0.7, kind="efficiency")
     hbm = num("hbm_gb_per_s", GB, kind="bytes_per_s")
@@ -852,7 +857,7 @@ def load_hardware(path: str | Path) -> HardwareProfile:
         executor_busy_issue_s_by_kind=ex_busy, executor_cpu_op_s=ex_cpu_op, executor_cpu_bytes_per_s=ex_cpu_bw,
         executor_busy_scale=ex_scale, gemm_table=gemm_table, attn_table=attn_table, kernel_weight_bits=kw_bits,
         sources=sources, measured=measured,
-        file=str(path), backend=backend, ggml=ggml,
+        file=str(path), backend=backend, ggml=ggml, host_memory_bytes=host_mem,
     )
 
 

@@ -390,6 +390,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
                 + "raise placement.n_cpu_moe, lower placement.ngl, the context (ctx_size, or the "
                 "tests' depth + tokens), or add placement.override_tensor rules (llama.cpp's -ot)",
                 file=scn.file, field="placement", breakdown=b, ctx_size=pl.ctx_size, needs=needs)
+    check_host_memory(scn, pl, on_host, devs)
     # expert cache pool: what is left (minus the fit target for a fitted pool), split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:
         want = pl.expert_cache_experts
@@ -407,6 +408,30 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
             per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out
+
+
+def check_host_memory(scn: Scenario, pl: Placement, on_host, devs) -> None:
+    """Refuse a placement whose host-resident weights (``on_host``: :func:`host_flags`, the token
+    embedding included) and the KV cache of the layers left on the CPU (``devs`` -1) exceed the
+    host's RAM, where the profile knows it (``host_memory_gb``; llama.cpp would fail to allocate
+    its host buffers, or with a mapped file read the weights from disk at every token, which is not
+    modelled). Nothing when the profile has no ``host_memory_gb``.
+
+    Raises:
+        PlacementError: naming ``placement`` and the sizes.
+    """
+    cap = getattr(scn.hardware, "host_memory_bytes", 0.0)
+    if not cap:
+        return
+    model = scn.model
+    weights = float(sum(t.nbytes for t, h in zip(model.tensors, on_host) if h and not t.duplicate))
+    kv = float(sum(per_tok * kv_cells(pl.ctx_size, win, scn.workload.n_ubatch)
+                   for d, (win, per_tok) in zip(devs, _layer_kv(model)) if d < 0))
+    if weights + kv > cap:
+        raise PlacementError(f"the host holds {(weights + kv) / GiB:.2f} GiB (weights {weights / GiB:.2f}, KV of the "
+                             f"CPU layers {kv / GiB:.2f}), more than the {cap / GiB:.2f} GiB of host memory of "
+                             f"hardware '{scn.hardware.name}' (host_memory_gb): put more on the GPUs, or a smaller "
+                             "model", file=scn.file, field="placement")
 
 
 def _nothing_left(out: list[VramBreakdown], eb: int, variant: Variant, pl: Placement) -> str:
