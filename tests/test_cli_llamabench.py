@@ -1229,8 +1229,13 @@ def test_ctx_size_replaces_the_scenario_s_context(capsys):
     small = json.loads(out)["peak_vram_bytes"]
     rc, out, err = run(capsys, *argv, "--ctx-size", "4096")
     assert rc == 0, err
-    # Qwen3-30B-A3B: 48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB per token
-    assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024)
+    # Qwen3-30B-A3B: 48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB per token; and the
+    # compute buffer, reserved on min(n_ctx, n_batch, n_ubatch) tokens (512 -> 4096): f32
+    # activations of ACT_ELEMS_FACTOR residual rows and two of the widest (8 experts x 768)
+    from sim.model.vram import ACT_ELEMS_FACTOR
+
+    act = 4 * (4096 - 512) * (ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768)
+    assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024 + act)
     rc, out, err = run(capsys, *argv, "--ctx-size", "65536")   # the flag's context, named as the flag's
     assert rc == 2 and "--ctx-size 65536 sizes it here" in err and "placement.ctx_size" not in err
     rc, out, err = run(capsys, *argv, "--ctx-size", "-3")
@@ -1311,4 +1316,32 @@ def test_each_row_s_vram_is_its_own_test_s_context(capsys):
     # f16 K and V of the 48 layers, 4 KV heads of 128
     per_token = 48 * 2 * 4 * 128 * 2
     assert both["pp512 @ d16384"] - both["pp512"] == 16384 * per_token
-    assert both["pp512"] - both["tg32"] == (512 - 256) * per_token
+    # and the compute buffer is reserved on min(n_ctx, n_batch, n_ubatch) tokens: 512 against 32
+    from sim.model.vram import ACT_ELEMS_FACTOR
+
+    act = 4 * (512 - 32) * (ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768)
+    assert both["pp512"] - both["tg32"] == pytest.approx((512 - 256) * per_token + act)
+
+
+def test_without_flash_attention_the_compute_buffer_holds_a_layer_s_scores(capsys):
+    """-fa 0 keeps a layer's f32 KQ scores (n_kv cells x tokens x n_head) in the compute buffer:
+    Qwen3 at depth 8192 with -p 512 (a context of 8704 cells, reserved whole) holds
+    8704 x 512 x 32 x 4 B = 544 MiB more than -fa 1 (the committed leases' peak VRAM differs by about
+    500 MiB between -fa on,off and -fa on runs of tg128 at depth 8192, 8448 cells)."""
+    rc, out, err = run(capsys, "run", "-ncmoe", "0", "-p", "512", "-n", "0", "-d", "8192", "-fa", "1,0",
+                       "--ctx-size", "0", "-r", "1", "--variant", "baseline", "-q", "-o", "json")
+    assert rc == 0, err
+    vram = {r["flash_attn"]: r["peak_vram_bytes"] for r in json.loads(out)}
+    assert vram[0] - vram[1] == 8704 * 512 * 32 * 4
+
+
+def test_the_vram_table_shows_the_peak_test_whatever_the_order_of_d(capsys):
+    """--vram prints, per variant, the test whose VRAM peaks (each test has its own context): the
+    same table for -d 0,65536 and -d 65536,0 (it showed the first test's)."""
+    tables = []
+    for d in ("0,65536", "65536,0"):
+        rc, out, err = run(capsys, "run", "-p", "512", "-n", "0", "-d", d, "--ctx-size", "0", "--vram", "-r", "1",
+                           "-q", "--variant", "baseline")
+        assert rc == 0, err
+        tables.append(out[out.index("VRAM by component"):])
+    assert tables[0] == tables[1] and "| baseline | 0 | 0.51 | 8.94 | 6.05 |" in tables[0]

@@ -395,24 +395,29 @@ def test_decode_attention_never_gets_cheaper_when_the_kv_outgrows_the_l2():
     """The cold read goes onto each L2-hot measured case before interpolating, so the price is
     continuous where one layer's K/V pass the L2 (it fell by a third there: the cold read was
     added to an interpolation of hot and cold cases, then dropped): for each shipped geometry,
-    decode attention moves at 256-cell steps by no more than the measured cases' slopes allow,
-    and every measured case is priced as measured plus its cold read (0 beyond the L2)."""
+    decode attention never falls with more keys and moves at 256-cell steps by no more than the
+    priced cases' slopes allow; every measured case is priced as measured plus its cold read (0
+    beyond the L2); past the last case each cell costs at least its K/V at the cold rate."""
     g = load_hardware(PROFILE).ggml
     for key, rows in g._attn_raw.items():
         if key[:2] != ("gpu", "FA"):
             continue
         hd, nh, nkv = key[2:]
         kvs, ts = rows[1]
-        for kv, t in zip(kvs, ts):
-            assert g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True) == pytest.approx(t + g.kv_cold_s(int(kv), nkv, hd))
-        # between the measured cases, no step: each 256 cells move the price by no more than the
-        # steepest slope between neighbouring cold-priced cases (the old price fell by a third
-        # in one step where the K/V passed the L2)
-        cells = np.arange(256, 40961, 256)
+        priced = np.maximum.accumulate(ts + np.array([g.kv_cold_s(int(kv), nkv, hd) for kv in kvs]))
+        for kv, t in zip(kvs, priced):  # each measured case: as measured, plus its cold read
+            assert g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True) == pytest.approx(t)
+        # no step and no fall: each 256 cells add at most the steepest slope between neighbouring
+        # priced cases (the old price fell by a third in one step where the K/V passed the L2)
+        cells = np.arange(256, 4 * int(kvs[-1]) + 1, 256)
         got = np.array([g.attn_s("gpu", 1, int(c), nh, nkv, hd, True) for c in cells])
-        priced = np.array([t + g.kv_cold_s(int(kv), nkv, hd) for kv, t in zip(kvs, ts)])
-        steepest = float(np.max(np.abs(np.diff(priced) / np.diff(kvs)))) * 256
-        assert float(np.max(np.abs(np.diff(got)))) <= steepest * (1 + 1e-9), (hd, nh, nkv)
+        steepest = float(np.max(np.diff(priced) / np.diff(kvs))) * 256
+        assert np.all(np.diff(got) >= 0) and float(np.max(np.diff(got))) <= max(steepest, 256 * 4.0 * nkv * hd
+                                                                              / g.attn_kv_cold_bytes_per_s) * (1 + 1e-9)
+        # beyond the last case every further cell's K/V costs at least the cold read (it was flat)
+        far = 4 * int(kvs[-1])
+        assert got[-1] - g.attn_s("gpu", 1, int(kvs[-1]), nh, nkv, hd, True) >= (
+            4.0 * nkv * hd * (far - kvs[-1]) / g.attn_kv_cold_bytes_per_s) * (1 - 1e-9)
 
 
 def test_the_profile_cold_kv_rate_is_that_of_the_committed_depth_profiles():

@@ -929,11 +929,28 @@ def test_approximations_counts_each_kind_once_per_predicted_row():
 
 
 def test_cli_says_approximated_rows(tmp_path, capsys):
-    run = _mixed_up(tmp_path, {1: ('"embeddings": false', '"embeddings": true')})
+    run = _mixed_up(tmp_path, {1: ('"n_threads": 16', '"n_threads": 4')})
     assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
     said = [ln for ln in err if "rest on an approximation" in ln]
-    assert len(said) == 1 and "embeddings (1)" in said[0] and "(--out CSV: a note per row)" in said[0]
+    assert len(said) == 1 and "(--out CSV: a note per row)" in said[0]
+
+
+def test_rows_of_settings_run_refuses_are_not_scored(tmp_path, capsys):
+    """Rows of settings prefetch-sim run refuses as not modelled (embeddings, no_kv_offload) and a
+    row of another file type than the model file (Q8_0 against Q4_K - Medium) are not simulated:
+    left out of the figures, each said once (they were scored as the modelled setting)."""
+    for old, new, said in (('"embeddings": false', '"embeddings": true', "embeddings output is not modelled"),
+                           ('"no_kv_offload": false', '"no_kv_offload": true', "no_kv_offload"),
+                           ("Q4_K - Medium", "Q8_0", "the row's model is Q8_0")):
+        d = tmp_path / str(abs(hash(new)))
+        d.mkdir()
+        run = _mixed_up(d, {1: (old, new)})
+        assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
+        err = capsys.readouterr().err
+        line = [ln for ln in err.splitlines() if ln.startswith("compare: line 1 ")]
+        assert len(line) == 1 and "not simulated" in line[0] and said in line[0], err
+        assert "logits graph simulated" not in line[0]
 
 
 def test_max_steal_leaves_loads_out_of_the_figures_and_keeps_them_in_out(tmp_path, capsys):

@@ -626,6 +626,22 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         return RowCase(None, terms.tests, terms, m, "unknown",
                        tuple(notes + [f"not simulated: the row's model_type is a {arch}, the model file it is "
                                       f"simulated with a {model.arch} ({model.name})"]), variant=variant)
+    ftype = _ftype_label(row.get("model_type", "") if hasattr(row, "get") else "")
+    if ftype and _ftype_label(model.name) and ftype != _ftype_label(model.name):
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: the row's model is {ftype}, the model file it is simulated "
+                                      f"with {_ftype_label(model.name)} ({model.name})"]), variant=variant)
+    get0 = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    # settings prefetch-sim run refuses (sim.cli.benchflags.unmodelled_setting): not scored
+    unmodelled = ("no_kv_offload (the KV cache and attention on the host) is not modelled"
+                  if _truthy(get0("no_kv_offload", False))
+                  else "embeddings output is not modelled" if _truthy(get0("embeddings", False))
+                  else f"split_mode {get0('split_mode')} over {hardware.n_gpu} GPUs is not modelled"
+                  if str(get0("split_mode", "layer")) in ("row", "tensor") and hardware.n_gpu > 1 else None)
+    if unmodelled is not None:
+        kept = [n for n in notes if not n.startswith(("no_kv_offload:", "embeddings:", "split_mode "))]
+        return RowCase(None, terms.tests, terms, m, "unknown", tuple(kept + [f"not simulated: {unmodelled}"]),
+                       variant=variant)
     size = row.get("model_size") if hasattr(row, "get") else None
     if _finite(size) and not size > 0:
         return RowCase(None, terms.tests, terms, m, "unknown",
@@ -1062,6 +1078,19 @@ def _row_variant_or_none(row) -> str | None:
         return row_variant(row)
     except (ValueError, TypeError):
         return None
+
+
+def _ftype_label(model_type) -> str:
+    """The file type of a llama.cpp model description (``llama_model::desc()``: architecture, size
+    class, file type, e.g. ``qwen3moe 30B.A3B Q4_K - Medium`` -> ``Q4_K - Medium``), without
+    llama_ftype_name's ``(guessed)``; "" when there is none."""
+    parts = str(model_type or "").split(" ", 2)
+    return parts[2].replace("(guessed)", "").strip() if len(parts) == 3 else ""
+
+
+def _truthy(v) -> bool:
+    """A llama-bench boolean field (true/false in JSON, 1/0 or "true" in CSV) as a bool."""
+    return v is True or str(v).strip().lower() in ("1", "true")
 
 
 def _finite(v: Any) -> bool:

@@ -448,8 +448,8 @@ def vram_table(results) -> str:
     """Markdown table of peak VRAM by component (GiB) per setting, variant and GPU.
 
     ``results``: ``(setting label, TestResult)`` pairs (:func:`run_bench`); one line per GPU for
-    each setting and variant (its tests share one context, sized for the largest:
-    :func:`sim.engines.metrics.fit_context_to_tests`); a ``setting`` column when there are several."""
+    each setting and variant: the VRAM of its test whose context peaks highest (each test has its
+    own context, as llama-bench's: :func:`test_vram`); a ``setting`` column when there are several."""
     from sim.views.report import md_escape
     from sim.units import GiB
 
@@ -457,11 +457,12 @@ def vram_table(results) -> str:
     lines = [("| setting " if many else "") + "| variant | GPU | reserved | weights | KV cache | compute | staging | "
              "expert cache | total | free |",
              ("| --- " if many else "") + "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
-    seen = set()
-    for label, r in results:
-        if (label, r.variant) in seen:
-            continue
-        seen.add((label, r.variant))
+    peak: dict = {}
+    for label, r in results:  # per setting and variant, the test whose largest GPU holds most
+        key = (label, r.variant)
+        if key not in peak or r.peak_vram_bytes > peak[key].peak_vram_bytes:
+            peak[key] = r
+    for (label, _v), r in peak.items():
         for b in r.vram:
             vals = (b.reserved_bytes, b.weights_bytes, b.kv_bytes, b.compute_bytes, b.staging_bytes, b.cache_bytes,
                     b.total_bytes, b.free_bytes)
@@ -505,7 +506,8 @@ def _setting_label(params, setting) -> str:
     for k in ("model",) + tuple(k for k in params.values if k not in ("model", "poll")):  # poll: each test's
         if len(params.values[k]) > 1:
             v = getattr(setting, k)
-            text = (overrides_text(v) if k == "overrides" else tensor_split_text(v) if k == "tensor_split" else v)
+            text = (overrides_text(v) if k == "overrides" else tensor_split_text(v) if k == "tensor_split"
+                    else int(v) if isinstance(v, bool) else v)   # -nkvo 1, as given (not True)
             parts.append(f"{FLAG_OF[k]} {text}")
     return " ".join(parts) or "the setting"
 

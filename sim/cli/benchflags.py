@@ -694,7 +694,8 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx-size", dest="ctx_size", type=ascii_int, default=None, metavar="N",
                    help="the context the KV cache is sized to, in tokens, in place of the scenario's "
                         "placement.ctx_size (a server's context: a what-if); 0: llama-bench's own, the tests' "
-                        "n_prompt + n_gen + n_depth (the largest test of a setting sizes its KV cache)")
+                        "n_prompt + n_gen + n_depth, each test its own (N below a test's tokens: raised to them, as "
+                        "llama-bench sizes n_ctx)")
     p.add_argument("--variant", action="extend", type=variant_names, metavar="V[,V...]",
                    help="variants to run, a comma list (repeatable: a repeated flag adds, as llama-bench's list "
                         "flags): baseline, prefetch_ungated, prefetch_gated_<N>, slots<N>, cache_lru, cache_lfu, "

@@ -335,6 +335,11 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
         host_bytes = [sum(t.nbytes for t in grp) for grp in host_groups]
     out = []
     n_ub = scn.workload.n_ubatch
+    # the worst-case graph the context reserves its compute buffer (and the patch its staging)
+    # on: llama_context clamps n_batch to n_ctx (before padding n_ctx) and n_ubatch to n_batch,
+    # then reserves min(n_ctx, n_ubatch) tokens (llama_context::graph_reserve)
+    reserve_tokens = max(1, min(n_ub, scn.workload.n_batch, pl.ctx_size))
+    offloads = reserve_tokens >= pl.op_offload_min_batch   # ops with host weights run on the GPU
     for g in range(hw.n_gpu):
         w = 0.0
         kv = 0.0
@@ -362,19 +367,20 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
             if model.moe:
                 widest = max(widest, model.moe.n_ff_exp * model.moe.n_expert_used, model.moe.n_ff_shexp)
             widest = max(widest, model.n_ff, model.n_head * model.head_dim)
-            comp = 4.0 * n_ub * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
+            comp = 4.0 * reserve_tokens * (ACT_ELEMS_FACTOR * model.d_model + 2 * widest)
+            if not pl.flash_attn and g in devs:
+                # without FlashAttention a layer's f32 scores, n_kv x tokens x n_head, are a tensor
+                # of the graph (one layer's at a time: the allocator reuses it)
+                comp += 4.0 * kv_cells(pl.ctx_size, 0, 1) * reserve_tokens * model.n_head
             offl = [b for b, gg in zip(host_bytes, host_gpu) if gg == g]
-            if offl:
+            if offl and offloads:
                 comp += max(offl)  # a copy of the largest host weight group offloaded to this GPU
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
-        # layers that are not offloaded)
+        # layers that are not offloaded); the patch reserves it on the worst-case graph, where no
+        # weight crosses below the op-offload batch, nor in any later graph (measured: Gemma tg16,
+        # data/llamacpp/h200-20261202-prefetch2)
         here = [grp for grp, gg in zip(host_groups, host_gpu) if gg == g]
-        # the patch reserves staging while the context reserves its worst-case graph, of
-        # min(n_ubatch, n_batch, n_ctx) tokens (llama_context's graph_reserve); below the op-offload
-        # batch no weight crosses in it, nor in any later graph: nothing reserved (measured: Gemma
-        # tg16, data/llamacpp/h200-20261202-prefetch2)
-        reserve_tokens = min(n_ub, scn.workload.n_batch, pl.ctx_size)
-        stg = staging_bytes(variant, here) if reserve_tokens >= pl.op_offload_min_batch else 0.0
+        stg = staging_bytes(variant, here) if offloads else 0.0
         slot = expert_slot_bytes(t for grp in here for t in grp) if variant.expert_slots else 0
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))
     for b in out:
