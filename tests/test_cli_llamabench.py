@@ -1345,3 +1345,18 @@ def test_the_vram_table_shows_the_peak_test_whatever_the_order_of_d(capsys):
         assert rc == 0, err
         tables.append(out[out.index("VRAM by component"):])
     assert tables[0] == tables[1] and "| baseline | 0 | 0.51 | 8.94 | 6.05 |" in tables[0]
+
+
+def test_trace_of_a_prompt_in_several_ubatches_gives_run_s_time_too(capsys, tmp_path):
+    """A prompt of several ubatches: the timeline's makespan holds the next ubatch's host work that
+    overlaps the GPU, which run's (llama-bench's) time leaves out; trace prints both, the latter
+    equal to run's first sample."""
+    base = ("-p", "2048", "-n", "0", "-d", "4096", "--variant", "slots3", "-r", "2")
+    rc, out, err = run(capsys, "run", *base, "-q", "-o", "json")
+    assert rc == 0, err
+    first = {r["variant"]: r["samples_ns"][0] * 1e-6 for r in json.loads(out)}
+    rc, out, err = run(capsys, "trace", *base, "--test", "pp2048 @ d4096", "--out", str(tmp_path / "t.json"), "-q")
+    assert rc == 0, err
+    m = re.search(r"slots3 / pp2048 @ d4096: \d+ ops, makespan ([0-9.]+) ms \(llama-bench's time ([0-9.]+) ms",
+                  err + out)
+    assert m and float(m.group(1)) > float(m.group(2)) == pytest.approx(first["slots3"], abs=1e-3)
