@@ -346,7 +346,7 @@ def _combine(parts, n_prompt: int) -> dict:
         cache_hit_rate=sum(hits) / len(hits) if hits else None)
 
 
-def test_vram(scn, base_ctx: int, tests, results) -> list:
+def per_test_vram(scn, base_ctx: int, tests, results) -> list:
     """``results`` (:class:`sim.engines.metrics.TestResult`) with each one's VRAM for its own
     test's context, as llama-bench makes a context per test: the KV cache of
     ``max(base_ctx, n_depth + n_prompt + n_gen)`` tokens (``base_ctx``: ``--ctx-size`` or the
@@ -449,7 +449,7 @@ def vram_table(results) -> str:
 
     ``results``: ``(setting label, TestResult)`` pairs (:func:`run_bench`); one line per GPU for
     each setting and variant: the VRAM of its test whose context peaks highest (each test has its
-    own context, as llama-bench's: :func:`test_vram`); a ``setting`` column when there are several."""
+    own context, as llama-bench's: :func:`per_test_vram`); a ``setting`` column when there are several."""
     from sim.views.report import md_escape
     from sim.units import GiB
 
@@ -634,7 +634,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                     need.setdefault(max(base_ctx, t.n_depth + t.n_prompt + t.n_gen), []).append(t)
                 groups = [need[c] for c in sorted(need)]
         variants, results, left = [], [], 0
-        for gi, gtests in enumerate(groups):
+        for gtests in groups:
             gscn = fit_context_to_tests(sscn, gtests)
             names = ", ".join(t.name for t in gtests)
             glabel = label if len(groups) == 1 else (names if len(settings) == 1 else f"{label}: {names}")
@@ -669,7 +669,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                         raise ScenarioError(f"{value}{where}: {e.reason}", field=flag) from None
                     notes.add(f"{glabel}: variant {v.name} left out: {e.reason}")
                 got = run_scenario(gscn, variants=ok, tests=gtests, engine=engine, progress=prog)
-            results += test_vram(gscn, base_ctx, gtests, got)
+            results += per_test_vram(gscn, base_ctx, gtests, got)
             variants += [v for v in gscn.variants if v not in variants and any(r.variant == v.name for r in got)]
         if left == len(groups):
             continue
