@@ -64,7 +64,14 @@ except ImportError:
     from sim import metrics as _metrics
     from sim.builder import build_plan, make_context
     from sim.costs import plan_durations
-run_variant_test, fit_context_to_tests, rep_rng = _metrics.run_variant_test, _metrics.fit_context_to_tests, _metrics.rep_rng
+fit_context_to_tests, rep_rng = _metrics.fit_context_to_tests, _metrics.rep_rng
+import inspect
+if "test_index" in inspect.signature(_metrics.run_variant_test).parameters:  # a tree before 1ec2293
+    def run_variant_test(scn, v, t, reps):
+        return _metrics.run_variant_test(scn, v, t, 0, reps)
+else:
+    def run_variant_test(scn, v, t, reps):
+        return _metrics.run_variant_test(scn, v, t, reps)
 what = sys.argv[1]
 scn = load_scenario("scenarios/default.toml")
 if what == "splits":
@@ -75,16 +82,17 @@ if what == "splits":
     n_splits = len({(o.graph, o.split) for o in plan.ops})
     # a tree without contexts kept across calls: every call is cold
     clear = getattr(_metrics, "clear_shared_contexts", lambda: None)
-    run_variant_test(scn, v, BenchTest(512, 0), 0, 1)  # warm the kernel tables
+    # warm the kernel tables; one timed repetition, checked (a call that timed none would be free)
+    assert len(run_variant_test(scn, v, BenchTest(512, 0), 1).tps) == 1
     times, warm = [], []
     for _ in range(int(sys.argv[2])):
         clear()  # cold: nothing of this scenario kept from an earlier call
         t0 = time.perf_counter()
-        run_variant_test(scn, v, t, 0, 1)
+        run_variant_test(scn, v, t, 1)
         times.append(time.perf_counter() - t0)
     for _ in range(int(sys.argv[2])):
         t0 = time.perf_counter()  # warm: the context of the previous call of the same scenario
-        run_variant_test(scn, v, t, 0, 1)
+        run_variant_test(scn, v, t, 1)
         warm.append(time.perf_counter() - t0)
     print(json.dumps({"splits": n_splits, "s": sorted(times)[len(times) // 2],
                       "warm_s": sorted(warm)[len(warm) // 2]}))
