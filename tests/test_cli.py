@@ -236,6 +236,8 @@ def test_vram_table_has_a_line_for_every_setting_and_variant(capsys):
                                                     [" -ncmoe 48 ", " baseline "], [" -ncmoe 48 ", " prefetch_ungated "]]
     weights = [float(ln.split("|")[5]) for ln in lines]
     assert weights[0] > weights[2]  # every expert on the host: fewer weights on the GPU
+    assert table[2].endswith("| free | n_cpu_moe |") and [ln.split("|")[-2].strip() for ln in lines] == [
+        "0", "0", "48", "48"]  # the placement simulated
     rc, out, _ = run(capsys, "run", "-r", "1", "-q", "-p", "512", "-n", "0", "--variant", "baseline", "--vram")
     assert rc == 0 and "| setting |" not in out and "| baseline | 0 |" in out
 
@@ -381,3 +383,14 @@ def test_digits_of_other_scripts_are_refused_as_llama_bench_refuses_them(capsys,
 def test_a_model_that_is_not_a_regular_file_is_named_by_the_flag(capsys):
     rc, out, err = run(capsys, "run", "-m", "/dev/null", "-r", "1")
     assert rc == 2 and "-m/--model" in err and "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_vram_table_shows_the_placement_a_fit_chose_per_variant(capsys):
+    """-fitt fits n_cpu_moe per variant (staging needs room): the rows print -ncmoe as given, the
+    --vram table the n_cpu_moe each variant was simulated with."""
+    rc, out, _ = run(capsys, "run", "qwen3-30b-a3b-rtx3090", "-p", "512", "-n", "0", "-fitt", "1024", "--variant",
+                     "baseline,slots3", "--vram", "-r", "1", "-q")
+    assert rc == 0
+    got = {ln.split("|")[1].strip(): int(ln.split("|")[-2]) for ln in out.splitlines()
+           if ln.startswith(("| baseline |", "| slots3 |"))}
+    assert got["slots3"] > got["baseline"] >= 0

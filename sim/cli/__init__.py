@@ -454,9 +454,10 @@ def vram_table(results) -> str:
     from sim.units import GiB
 
     many = len({label for label, _ in results}) > 1
+    # n_cpu_moe: the placement simulated (a -fitt fit chooses it per variant; the rows print -ncmoe as given)
     lines = [("| setting " if many else "") + "| variant | GPU | reserved | weights | KV cache | compute | staging | "
-             "expert cache | total | free |",
-             ("| --- " if many else "") + "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
+             "expert cache | total | free | n_cpu_moe |",
+             ("| --- " if many else "") + "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
     peak: dict = {}
     for label, r in results:  # per setting and variant, the test whose largest GPU holds most
         key = (label, r.variant)
@@ -467,7 +468,7 @@ def vram_table(results) -> str:
             vals = (b.reserved_bytes, b.weights_bytes, b.kv_bytes, b.compute_bytes, b.staging_bytes, b.cache_bytes,
                     b.total_bytes, b.free_bytes)
             lines.append((f"| {md_escape(label)} " if many else "") + f"| {md_escape(r.variant)} | {b.device} | "
-                         + " | ".join(f"{v / GiB:.2f}" for v in vals) + " |")
+                         + " | ".join(f"{v / GiB:.2f}" for v in vals) + f" | {r.n_cpu_moe} |")
     return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n" + cache_pool_table(results)
 
 
