@@ -1152,3 +1152,26 @@ def test_compare_warns_that_simulated_rows_are_not_measurements(tmp_path, capsys
     assert compare_main([str(run), "-q"]) == 0
     err = capsys.readouterr().err
     assert "1 row of" in err and "is prefetch-sim's own output" in err
+
+
+def test_a_row_ten_times_off_its_prediction_is_named_in_a_warning(tmp_path, capsys):
+    """A row whose times are in microseconds (consistent with themselves, 1000x the t/s) is named
+    in one warning that says to check the units; the folder's other rows are not."""
+    run = subset(tmp_path, list(range(1, 11)))
+    bench = run / "llama-bench.jsonl"
+    rows = [json.loads(x) for x in bench.read_text().splitlines()]
+    r = rows[2]
+    for k in ("avg_ns", "stddev_ns"):
+        r[k] = r[k] // 1000
+    r["samples_ns"] = [x // 1000 for x in r["samples_ns"]]
+    r["samples_ts"] = [r["n_prompt" if r["n_prompt"] else "n_gen"] * 1e9 / x for x in r["samples_ns"]]
+    import statistics
+    r["avg_ts"] = statistics.mean(r["samples_ts"])
+    r["stddev_ts"] = statistics.stdev(r["samples_ts"]) if len(r["samples_ts"]) > 1 else 0.0
+    r["avg_ns"] = int(statistics.mean(r["samples_ns"]))
+    r["stddev_ns"] = int(statistics.stdev(r["samples_ns"])) if len(r["samples_ns"]) > 1 else 0
+    bench.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    warned = [ln for ln in err.splitlines() if "away from the prediction" in ln]
+    assert len(warned) == 1 and "1 row(s)" in warned[0] and "(line 3)" in warned[0] and "nanoseconds" in warned[0]

@@ -1705,10 +1705,17 @@ def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str
     sys.stdout.write(md)
 
 
+#: a row whose measured t/s is this many times above or below the prediction is named in a warning
+#: (:func:`say_unsimulated`): every committed row is within 5.6x (the untuned CuPy profile's worst); a
+#: unit mix-up is 1000x
+FAR_OFF = 10.0
+
+
 def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = "") -> None:
     """On stderr: each row of ``df`` (:func:`compare`'s) its invocation's command line did not ask
-    for, one line each; up to five other rows without a prediction with their note; then the
-    count (``run``: the folder, when a tool reads several)."""
+    for, one line each; a warning naming the rows measured over :data:`FAR_OFF` times away from
+    their prediction; up to five other rows without a prediction with their note; then the count
+    (``run``: the folder, when a tool reads several)."""
     of = f"{run}: " if run else ""
     disagree = df.attrs.get("disagreements", {})
     for ln in sorted(disagree):  # each row the command line did not ask for, one line each
@@ -1718,6 +1725,15 @@ def say_unsimulated(prog: str, df: pd.DataFrame, *, where: str = "", run: str = 
         what = ", ".join(f"{k} ({v})" for k, v in approx.items())
         print(f"{prog}: {of}{df.attrs['n_approximated']} of {int(df.predicted_ts.notna().sum())} predicted rows rest "
               f"on an approximation of what llama.cpp ran: {what}{where}", file=sys.stderr)
+    # a measured t/s ten times off the prediction is a unit or a file mix-up sooner than a miss
+    # (samples_ns written in microseconds gave 2.2 M t/s for a 30B model, -99.9 %)
+    ratio = df.measured_ts / df.predicted_ts
+    far = df[(ratio > FAR_OFF) | (ratio < 1 / FAR_OFF)]
+    if len(far):
+        lines = ", ".join(str(x) for x in far.line.head(8)) + (f" and {len(far) - 8} more" if len(far) > 8 else "")
+        print(f"{prog}: {of}warning: {len(far)} row(s) measure over {FAR_OFF:g}x away from the prediction (line "
+              f"{lines}): check avg_ns/samples_ns are nanoseconds and the rows are of this model and GPU",
+              file=sys.stderr)
     n_bad = int(df.predicted_ts.isna().sum())
     if n_bad:
         bad = df[df.predicted_ts.isna() & ~df.line.isin(list(disagree))]
