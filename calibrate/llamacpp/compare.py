@@ -631,15 +631,13 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         return RowCase(None, terms.tests, terms, m, "unknown",
                        tuple(notes + [f"not simulated: the row's model is {ftype}, the model file it is simulated "
                                       f"with {_ftype_label(model.name)} ({model.name})"]), variant=variant)
-    get0 = row.get if hasattr(row, "get") else (lambda k, d=None: d)
     # settings prefetch-sim run refuses (sim.cli.benchflags.unmodelled_setting): not scored
-    unmodelled = ("no_kv_offload (the KV cache and attention on the host) is not modelled"
-                  if _truthy(get0("no_kv_offload", False))
-                  else "embeddings output is not modelled" if _truthy(get0("embeddings", False))
-                  else f"split_mode {get0('split_mode')} over {hardware.n_gpu} GPUs is not modelled"
-                  if str(get0("split_mode", "layer")) in ("row", "tensor") and hardware.n_gpu > 1 else None)
+    split = terms.split_mode in ("row", "tensor") and hardware.n_gpu > 1
+    unmodelled = ("no_kv_offload (the KV cache and attention on the host) is not modelled" if terms.no_kv_offload
+                  else "embeddings output is not modelled" if terms.embeddings
+                  else f"split_mode {terms.split_mode} over {hardware.n_gpu} GPUs is not modelled" if split else None)
     if unmodelled is not None:
-        kept = [n for n in notes if not n.startswith(("no_kv_offload:", "embeddings:", "split_mode "))]
+        kept = [n for n in notes if not (split and n.startswith("split_mode "))]  # row_terms' one-GPU note
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(kept + [f"not simulated: {unmodelled}"]),
                        variant=variant)
     size = row.get("model_size") if hasattr(row, "get") else None
@@ -1086,11 +1084,6 @@ def _ftype_label(model_type) -> str:
     llama_ftype_name's ``(guessed)``; "" when there is none."""
     parts = str(model_type or "").split(" ", 2)
     return parts[2].replace("(guessed)", "").strip() if len(parts) == 3 else ""
-
-
-def _truthy(v) -> bool:
-    """A llama-bench boolean field (true/false in JSON, 1/0 or "true" in CSV) as a bool."""
-    return v is True or str(v).strip().lower() in ("1", "true")
 
 
 def _finite(v: Any) -> bool:

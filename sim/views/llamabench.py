@@ -817,6 +817,9 @@ class RowTerms:
     tensor_split: tuple[float, ...]
     test: str
     notes: tuple[str, ...] = field(default=())
+    no_kv_offload: bool = False
+    embeddings: bool = False
+    split_mode: str = "layer"
 
     @property
     def tests(self):
@@ -874,8 +877,6 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         raise ValueError(f"tensor_split {ts_text!r}: not shares as llama-bench prints them (0.00 or 3.00/1.00)") from None
     if shares and not any(shares):
         shares = ()
-    if _get(row, "no_kv_offload", False):
-        notes.append("no_kv_offload: KV cache on the host is not modelled (simulated on the GPU)")
     sm = str(_get(row, "split_mode", "layer"))
     if sm not in ("layer", "none", "row", "tensor"):
         raise ValueError(f"split_mode {sm!r}: llama-bench prints none, layer, row or tensor")
@@ -883,8 +884,6 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         notes.append(f"split_mode {sm}: not modelled (layer split simulated)")
     if str(_get(row, "lazy_mode", "auto")) == "on":
         notes.append("lazy_mode on: on-demand tensor reads are not modelled")
-    if _get(row, "embeddings", False):
-        notes.append("embeddings: not modelled (logits graph simulated)")
     n_prompt, n_gen, n_depth = int(row["n_prompt"]), int(row["n_gen"]), int(row["n_depth"])
     return RowTerms(
         ngl=sim_ngl(int(_get(row, "n_gpu_layers", -1))),
@@ -898,6 +897,8 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         type_k=type_k, type_v=type_v, kv_bytes_per_elem=kvb,
         no_op_offload=bool(_get(row, "no_op_offload", 0)),
         tensor_split=shares, test=bench_test_name(n_prompt, n_gen, n_depth), notes=tuple(notes),
+        no_kv_offload=bool(_get(row, "no_kv_offload", False)), embeddings=bool(_get(row, "embeddings", False)),
+        split_mode=sm,
     )
 
 
