@@ -12,6 +12,13 @@
 #   bash scripts/h200_diag2.sh start [WAIT_S]  # build, GGUFs, measurements; waits up to WAIT_S (540) s, packs $OUT/diag2-a.tgz
 #   bash scripts/h200_diag2.sh collect  # waits for the rest, packs $OUT/diag2.tgz
 #   DIAG2_PARTS=gptoss bash scripts/h200_diag2.sh start 420  # question 2 alone (a short lease: no Qwen3 GGUF)
+#  3. (part "restore", 2026-12-07) why the ground truth's form decodes gpt-oss slower at depth 8192:
+#     the two forms with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS=1), a third form whose depth
+#     state is saved by a context of the tg test's own size (-p 1 -n 128: pp1 @ d8192 holds 8193
+#     tokens, 8448 cells, as tg128 @ d8192's 8320), and ncu kernel times of a tg16 @ d8192 in the
+#     gt and tg forms (CUDA graphs on: ncu times each graph node).
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3 (default gptoss,qwen3; "all" is the same);
+#   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
 : "${OUT:?OUT is not set (the device tool sets it)}"
@@ -40,8 +47,10 @@ O=$W/out
 T0=$(date +%s); say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" | tee -a "$O/progress.log"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -2;
   lscpu | grep -E "Model name|^CPU\(s\)"; git rev-parse HEAD 2>/dev/null; date -u +%FT%TZ; } > "$O/meta.txt" 2>&1
+PARTS=,${DIAG2_PARTS:-gptoss,qwen3},; [ "$PARTS" = ,all, ] && PARTS=,gptoss,qwen3,
+part() { case $PARTS in *,$1,*) return 0 ;; esac; return 1; }
 P1=
-[ "${DIAG2_PARTS:-all}" = gptoss ] || { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
+part qwen3 && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
 say "build exit $?"
@@ -56,14 +65,33 @@ G=$W/gptoss.gguf
 # "tg" as the decode leases ran it (-p 0: tg128 @ d8192 fills the depth in its repetition 0);
 # plain twice each (gt, tg, gt, tg), then each with the phase timing alone
 GT="-p 512 -n 128"; TG="-p 0 -n 128"
-for f in gt1 tg1 gt2 tg2; do
-  case $f in gt*) A=$GT ;; *) A=$TG ;; esac
-  timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/bench-gptoss-$f.jsonl" 2>/dev/null; say "bench gpt-oss $f exit $?"
-done
-for f in gt tg; do
-  case $f in gt) A=$GT ;; *) A=$TG ;; esac
-  PREFETCH_SIM_PHASE_TIME=1 timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/phase-gptoss-$f.jsonl" 2> "$O/logs/phase-gptoss-$f.log"; say "phase gpt-oss $f exit $?"
-done
+GA="-ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512"
+if part gptoss; then
+  for f in gt1 tg1 gt2 tg2; do
+    case $f in gt*) A=$GT ;; *) A=$TG ;; esac
+    timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/bench-gptoss-$f.jsonl" 2>/dev/null; say "bench gpt-oss $f exit $?"
+  done
+  for f in gt tg; do
+    case $f in gt) A=$GT ;; *) A=$TG ;; esac
+    PREFETCH_SIM_PHASE_TIME=1 timeout 100 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa on -b 2048 -ub 512 $A -d 0,8192 -r 5 -o jsonl > "$O/phase-gptoss-$f.jsonl" 2> "$O/logs/phase-gptoss-$f.log"; say "phase gpt-oss $f exit $?"
+  done
+fi
+# 3. restore: the two forms with CUDA graphs off; the -p 1 form (its depth state saved by a context of
+# 8448 cells, the tg test's size); plain gt and tg again beside them (drift); ncu of a tg16 @ d8192
+# in the gt and tg forms, every kernel of the run (the tg16 graphs' are the log's last rows)
+if part restore; then
+  P1F="-p 1 -n 128"
+  for f in gt1 tg1 gtng tgng p1 gt2 tg2 p1b; do
+    case $f in gt*) A=$GT ;; tg*) A=$TG ;; p1*) A=$P1F ;; esac
+    case $f in *ng) E=GGML_CUDA_DISABLE_GRAPHS=1 ;; *) E= ;; esac
+    env $E timeout 120 "$B" -m "$G" $GA $A -d 0,8192 -r 5 -o jsonl > "$O/restore-gptoss-$f.jsonl" 2>/dev/null; say "restore gpt-oss $f exit $?"
+  done
+  for f in gt tg; do
+    case $f in gt) A="-p 512 -n 16" ;; *) A="-p 0 -n 16" ;; esac
+    timeout 150 $NCU --log-file "$W/ncu-restore-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-restore-$f.jsonl" 2>"$O/logs/ncu-restore-$f.err"; say "ncu restore $f exit $?"
+    gzip -c "$W/ncu-restore-$f.csv" > "$O/ncu-restore-gptoss-$f.csv.gz"
+  done
+fi
 if [ -z "$P1" ]; then say done; touch "$W/done"; exit 0; fi
 wait $P1; say "gguf qwen3 exit $?"
 Q=$W/qwen3.gguf
