@@ -13,13 +13,11 @@
    MUL_MAT`` includes its q8_1 quantisation, ``attention`` the layer's elementwise kernels): the
    third graph of ``prefetch-sim trace`` of pp32 at each ubatch (a replayed CUDA graph).
 
-Usage: python scripts/diag3_summary.py data/llamacpp/h100-20261207-diag3
+Usage: PYTHONPATH=. python scripts/diag3_summary.py data/llamacpp/h100-20261207-diag3
 """
 
 from __future__ import annotations
 
-import io
-import gzip
 import json
 import statistics as st
 import sys
@@ -27,8 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from calibrate.llamacpp.smallbatch import UBATCHES  # the ncu run's ubatches
+
 FORMS = ("gt1", "tg1", "gtng", "tgng", "p1", "gt2", "tg2", "p1b")
-UBATCHES = (1, 2, 4, 8)
 
 
 def decode_forms(folder: Path) -> pd.DataFrame:
@@ -47,51 +46,12 @@ def decode_forms(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def kernel_class(name: str, grid: str) -> str:
-    """The class of one ncu kernel row (ggml-cuda kernel names of the pinned tree)."""
-    if name == "mul_mat_vec_q_moe" or (name == "mul_mat_vec_q" and grid.endswith(", 8, 1)")):
-        return "experts (MUL_MAT_ID)"
-    if name in ("mul_mat_f", "mul_mat_vec_f"):
-        return "router (f32 MUL_MAT)"
-    if name == "mul_mat_vec_q" and grid.startswith("(151936,"):
-        return "output head"
-    if name == "mul_mat_vec_q":
-        return "dense MUL_MAT"
-    if name.startswith("quantize"):
-        return "q8_1 quantisation"
-    if name.startswith("flash_attn"):
-        return "FlashAttention"
-    return "elementwise"
-
-
 def ncu_graphs(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(ms per graph by class from ncu, kernels per graph by class, totals beside llama-bench)."""
-    lines = gzip.open(folder / "ncu-qwen3-pp8-ub1-8.csv.gz", "rt").read().splitlines()
-    first = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
-    df = pd.read_csv(io.StringIO("\n".join(lines[first:])), low_memory=False,
-                     usecols=["Kernel Name", "Grid Size", "gpu__time_duration.sum"]).iloc[1:]
-    df["us"] = df["gpu__time_duration.sum"].astype(str).str.replace(",", "").astype(float) / 1e3
-    df["k"] = df["Kernel Name"].str.replace(r"\(.*", "", regex=True).str.replace(r"<.*", "", regex=True) \
-        .str.replace("void ", "").str.strip()
-    head = (df["k"] == "mul_mat_vec_q") & df["Grid Size"].str.startswith("(151936,")
-    # the output head ends each test (one per llama_decode call: the prompt's last ubatch)
-    df["ub"] = head.cumsum().shift(1, fill_value=0).map(dict(enumerate(UBATCHES)))
-    df["class"] = [kernel_class(k, g) for k, g in zip(df["k"], df["Grid Size"])]
-    graphs = {ub: 8 // ub for ub in UBATCHES}
-    bench = {}
-    for ln in (folder / "bench-qwen3-pp256.jsonl").read_text().splitlines():
-        r = json.loads(ln)
-        bench[r["n_ubatch"]] = 1e3 * r["n_prompt"] / r["avg_ts"] / (r["n_prompt"] // r["n_ubatch"])
-    ms = df.groupby(["class", "ub"])["us"].sum().unstack() / 1e3
-    count = df.groupby(["class", "ub"]).size().unstack()
-    for ub in UBATCHES:
-        ms[ub] /= graphs[ub]
-        count[ub] /= graphs[ub]
-    tot = pd.DataFrame({"ncu ms per graph": ms.sum(), "kernels per graph": count.sum(),
-                        "llama-bench ms per graph (pp256)": pd.Series(bench)}).loc[list(UBATCHES)]
-    tot["ncu overhead us per kernel"] = 1e3 * (tot["ncu ms per graph"] - tot["llama-bench ms per graph (pp256)"]) \
-        / tot["kernels per graph"]
-    corrected = ms - count.mul(tot["ncu overhead us per kernel"], axis=1) / 1e3
+    """(ms per graph by class less ncu's overhead, kernels per graph by class, totals):
+    :func:`calibrate.llamacpp.smallbatch.graph_table` on Qwen3's vocabulary."""
+    from calibrate.llamacpp.smallbatch import graph_table
+
+    corrected, count, tot = graph_table(folder, 151936)
     return corrected.round(3), count.round(1), tot.round(3)
 
 

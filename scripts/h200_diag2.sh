@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diagnostic lease, two questions in one build (docs/llamacpp.md, "Ubatch 4" and "gpt-oss decode at
+# Diagnostic lease, two questions in one build (docs/llamacpp.md, "Ubatch 2–8" and "gpt-oss decode at
 # depth"):
 #  1. ubatch 2-8: ncu kernel times of Qwen3-30B-A3B fully resident prompts of 8 tokens at ubatch 1,
 #     2, 4 and 8 in one model load (-fa 1, CUDA graphs off so ncu sees every kernel: ggml-cuda's
@@ -17,7 +17,10 @@
 #     state is saved by a context of the tg test's own size (-p 1 -n 128: pp1 @ d8192 holds 8193
 #     tokens, 8448 cells, as tg128 @ d8192's 8320), and ncu kernel times of a tg16 @ d8192 in the
 #     gt and tg forms (CUDA graphs on: ncu times each graph node).
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3 (default gptoss,qwen3; "all" is the same);
+#  4. (part "ubheld", 2026-12-07) the small-batch kernel prices (calibrate.llamacpp.smallbatch,
+#     measured on Qwen3) on the two other architectures: gpt-oss-20b and Gemma-3-27B fully resident,
+#     pp256 at ubatch 1, 2, 4, 8, 16 (-r 3), and ncu of gpt-oss pp8 at ubatch 1, 2, 4, 8.
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -50,6 +53,8 @@ T0=$(date +%s); say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"
 PARTS=,${DIAG2_PARTS:-gptoss,qwen3},; [ "$PARTS" = ,all, ] && PARTS=,gptoss,qwen3,
 part() { case $PARTS in *,$1,*) return 0 ;; esac; return 1; }
 P1=
+P3=
+part ubheld && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
 part qwen3 && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
@@ -91,6 +96,14 @@ if part restore; then
     timeout 150 $NCU --log-file "$W/ncu-restore-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-restore-$f.jsonl" 2>"$O/logs/ncu-restore-$f.err"; say "ncu restore $f exit $?"
     gzip -c "$W/ncu-restore-$f.csv" > "$O/ncu-restore-gptoss-$f.csv.gz"
   done
+fi
+# 4. ubheld: prompts at ubatch 1-16 on gpt-oss and Gemma (held out from the small-batch numbers)
+if part ubheld; then
+  timeout 120 "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-gptoss-pp256.jsonl" 2>/dev/null; say "bench gpt-oss pp256 exit $?"
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 150 $NCU --launch-count 40000 --log-file "$W/ncu-gptoss-ub.csv" "$B" -m "$G" -ngl 99 -ncmoe 0 -lm none -fa 1 -b 2048 -ub 1,2,4,8 -p 8 -n 0 -r 1 --no-warmup -o jsonl > "$O/ncu-gptoss-pp8.jsonl" 2>"$O/logs/ncu-gptoss-ub.err"; say "ncu gpt-oss ub exit $?"
+  gzip -c "$W/ncu-gptoss-ub.csv" > "$O/ncu-gptoss-pp8-ub1-8.csv.gz"
+  wait $P3; say "gguf gemma exit $?"
+  timeout 180 "$B" -m "$W/gemma.gguf" -ngl 99 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-gemma-pp256.jsonl" 2>/dev/null; say "bench gemma pp256 exit $?"
 fi
 if [ -z "$P1" ]; then say done; touch "$W/done"; exit 0; fi
 wait $P1; say "gguf qwen3 exit $?"

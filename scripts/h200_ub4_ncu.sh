@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Diagnostic lease (docs/llamacpp.md, "Ubatch 4"): build llama-bench, write the Qwen3-30B-A3B GGUF in
+# Diagnostic lease (docs/llamacpp.md, "Ubatch 2–8"): build llama-bench, write the Qwen3-30B-A3B GGUF in
 # parallel, then ncu kernel times of fully resident prompts of 16 tokens at ubatch 1, 2, 4, 8 and 16
 # (-fa 1, CUDA graphs off so ncu sees every kernel): how ggml-cuda's matvec kernel (MMVQ, with the
 # router ids for MUL_MAT_ID) costs at 2-8 tokens against 1, and llama-bench's own t/s of the same

@@ -687,3 +687,71 @@ def test_fit_refuses_a_number_no_fit_row_depends_on(monkeypatch):
     only = tuple(r for r in rows if r[0] == "graph_us")
     p, err = F.gauss_newton([None] * 3, t_meas, None, iterations=2, say=lambda *_: None, fitted=only)
     assert p["graph_s"] == pytest.approx(0.1e-3, rel=1e-6) and np.abs(err).max() < 1e-9
+
+
+def test_a_few_tokens_price_the_kernels_ggml_cuda_switches_to():
+    """2-8 tokens (calibrate.llamacpp.smallbatch): FlashAttention at least its one-token price at
+    the same keys plus the measured extra (linear between 2, 4 and 8, scaled by the query width,
+    none at one token or beyond 8); an f32 matmul mul_mat_vec_f's generic price up to 3 columns,
+    mul_mat_f's measured time from 4 to 8; a quantised matvec below the L2 grows by its
+    multiply-adds per column beyond the second, one above the L2 keeps the table's time."""
+    from sim.model.quant import ggml_nbytes
+
+    fa_rows = [dict(backend="gpu", op="FLASH_ATTN_EXT", type="F16", hd=128, nh=32, nkv=4, kv=kv, nb=nb, t_us=t)
+               for nb, kv, t in ((1, 256, 6.0), (1, 4096, 10.0), (64, 256, 12.0), (64, 4096, 30.0))]
+    base = _kernels()
+    tab = pd.concat([base.gpu, pd.DataFrame(fa_rows)], ignore_index=True)
+    k0 = _kernels(gpu=tab)
+    k = _kernels(gpu=tab, fa_extra_s=(4e-6, 10e-6, 14e-6), f32_mmf_s=12e-6, matvec_column_macs_per_s=1e13)
+    assert [k.fa_extra_at(n, 4096) for n in (1, 2, 3, 4, 6, 8, 9)] == pytest.approx(
+        [0, 4e-6, 7e-6, 10e-6, 12e-6, 14e-6, 0])
+    assert k.fa_extra_at(4, 2048) == pytest.approx(5e-6)          # half the width, half the extra
+    for keys in (200, 3000):
+        one = k.attn_s("gpu", 1, keys, 32, 4, 128, True)
+        assert one == pytest.approx(k0.attn_s("gpu", 1, keys, 32, 4, 128, True))   # one token: unchanged
+        for n in (2, 4, 8):
+            got = k.attn_s("gpu", n, keys, 32, 4, 128, True)
+            assert got == pytest.approx(max(k0.attn_s("gpu", n, keys, 32, 4, 128, True), one + k.fa_extra_at(n, 4096)))
+            assert got > k0.attn_s("gpu", n, keys, 32, 4, 128, True)
+            many = k.flash_attn_gpu_many(n, np.array([keys]), 32, 4, 128)   # the vectorised path agrees
+            assert float(many[0]) == pytest.approx(got, rel=1e-12)
+        assert k.attn_s("gpu", 16, keys, 32, 4, 128, True) == k0.attn_s("gpu", 16, keys, 32, 4, 128, True)
+    # the f32 router: no table type; mul_mat_f from 4 columns to 8, the caller's price otherwise
+    assert [k.matmul_s("gpu", "F32", 128, 2048, n, 4 * 128 * 2048) for n in (1, 3, 4, 8, 9)] == [
+        None, None, 12e-6, 12e-6, None]
+    assert k0.matmul_s("gpu", "F32", 128, 2048, 4, 4 * 128 * 2048) is None
+    # a quantised matvec below the L2: flat to two columns, then m*k multiply-adds per column
+    b = ggml_nbytes("Q4_K", 1024 * 1024)
+    for n in (1, 2):
+        assert k.matmul_s("gpu", "Q4_K", 1024, 1024, n, b) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, n, b)
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 5, b) == pytest.approx(
+        k0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, b) + 3 * 1024 * 1024 / 1e13)
+    big = 60 * 2**20  # above the L2: the table's time at n, which holds the growth, as before
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big)
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 16, b) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, 16, b)
+
+
+def test_the_profile_small_batch_numbers_are_those_of_the_committed_ncu_run():
+    """The shipped profile's fa_extra_us_N, f32_mmf_us and matvec_column_tmac_per_s are what
+    calibrate.llamacpp.smallbatch measures in data/llamacpp/h100-20261207-diag3 (its ncu overhead
+    per kernel, found per ubatch, within 1.6-1.7 us: a kernel list read wrongly would not be)."""
+    from calibrate.llamacpp.smallbatch import graph_table, small_batch_numbers
+
+    folder = REPO / "data/llamacpp/h100-20261207-diag3"
+    got = small_batch_numbers(folder)
+    g = load_hardware(PROFILE).ggml
+    assert [got[f"fa_extra_us_{n}"][0] * 1e-6 for n in (2, 4, 8)] == pytest.approx(list(g.fa_extra_s), rel=1e-5)
+    assert got["f32_mmf_us"][0] * 1e-6 == pytest.approx(g.f32_mmf_s, rel=1e-5)
+    assert got["matvec_column_tmac_per_s"][0] * 1e12 == pytest.approx(g.matvec_column_macs_per_s, rel=1e-5)
+    assert all(s.startswith("measured: ") and "NVIDIA H100" in s for _v, s in got.values())
+    _corr, count, tot = graph_table(folder, 151936)
+    assert tot["ncu overhead us per kernel"].between(1.55, 1.7).all()
+    assert count.loc["FlashAttention"].tolist() == [96, 96, 96, 96]   # two kernels a layer, 48 layers
+
+
+def test_smallbatch_names_a_folder_without_the_ncu_run(tmp_path, capsys):
+    from calibrate.llamacpp.smallbatch import main
+
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ncu-qwen3-pp8-ub1-8.csv.gz" in err[0] and "Traceback" not in err[0]

@@ -21,6 +21,10 @@ Two kinds of number, kept apart (the held-out split of :mod:`calibrate.llamacpp.
   - ``cpu_get_rows_gb_per_s`` and ``cpu_set_rows_gb_per_s``: ggml-cpu's one-thread GET_ROWS (the
     token embedding) and SET_ROWS (a CPU layer's KV store) timed split by split in llama-bench
     itself (a split-timing lease, ``--splits``: :func:`calibrate.llamacpp.splittime.rows_rates`);
+  - ``fa_extra_us_2``, ``fa_extra_us_4``, ``fa_extra_us_8``, ``f32_mmf_us`` and
+    ``matvec_column_tmac_per_s``: GPU kernels at 2-8 tokens per ubatch, from ``ncu`` of
+    llama-bench prompts at ubatch 1-8 (``--small-batch``:
+    :func:`calibrate.llamacpp.smallbatch.small_batch_numbers`);
   - ``mask_ns``, ``call_us``, ``call_ns_per_token``, ``apply_ns_per_token``,
     ``build_us_per_layer``, ``capture_us_per_layer``: llama.cpp's host work around each graph
     (the KQ masks, the ``llama_decode`` call, the memory apply, the build of a graph it does
@@ -71,7 +75,10 @@ EW_KERNELS = ("rms_norm_mul_rope_f32", "rms_norm_f32", "k_bin_bcast", "unary_gat
 #: numbers of FITTED that a full fill (no --params) measures instead (split_us: the split timing)
 MEASURED_BY_DEFAULT = ("split_us",)
 #: [ggml] numbers a profile may lack (set_values adds their line after the named one's)
-OPTIONAL_KEYS = {"cpu_split_us": "split_us"}  # key -> the line it goes after
+OPTIONAL_KEYS = {"cpu_split_us": "split_us",  # key -> the line it goes after
+                 "fa_extra_us_2": "attn_kv_cold_gb_per_s", "fa_extra_us_4": "fa_extra_us_2",
+                 "fa_extra_us_8": "fa_extra_us_4", "f32_mmf_us": "fa_extra_us_8",
+                 "matvec_column_tmac_per_s": "f32_mmf_us"}
 #: fit rows needed per fitted number (fewer: the fit is refused)
 MIN_ROWS_PER_PARAMETER = 3
 #: the fitted numbers: ([ggml] key, GgmlKernels field, TOML unit scale, start value, step)
@@ -557,6 +564,8 @@ def _main(argv: list[str] | None) -> int:
                     help="ncu of llama-bench decode at depth (the cold K/V rate of attention)")
     ap.add_argument("--phases", default="data/llamacpp/h200-20261202-phase",
                     help="phase-timing lease folder (llama.cpp's host work around each graph)")
+    ap.add_argument("--small-batch", dest="small_batch", default="data/llamacpp/h100-20261207-diag3",
+                    help="ncu of llama-bench prompts at ubatch 1-8 (GPU kernels at 2-8 tokens per ubatch)")
     ap.add_argument("--iterations", type=int, default=3, help="Gauss-Newton iterations")
     ap.add_argument("--jobs", type=int, default=2, help="processes")
     ap.add_argument("--params", metavar="NAMES", default=None, action="append",
@@ -590,7 +599,7 @@ def _main(argv: list[str] | None) -> int:
         from .compare import resolve
 
         # the lease folders as given, else under the repository (a checkout's data/, from any folder)
-        for flag in ("kernels", "splits", "depth", "phases"):
+        for flag in ("kernels", "splits", "depth", "phases", "small_batch"):
             setattr(args, flag, str(resolve(getattr(args, flag))))
         default_run = args.run == ap.get_default("run")
         shown_run = list(args.run)  # as given: the sources written into the profile name these
@@ -672,8 +681,11 @@ def _main(argv: list[str] | None) -> int:
             from .phasetime import call_table, host_figures
 
             phases = host_figures(call_table(args.phases), args.phases)
+            from .smallbatch import small_batch_numbers
+
+            small = small_batch_numbers(args.small_batch)
             measured = {"ew_gb_per_s": (rate / 1e9, rate_src), **(measured or cpu_numbers(hw)), **rows, **phases,
-                        "split_us": (split_s * 1e6, split_src)}
+                        "split_us": (split_s * 1e6, split_src), **small}
             hw = hw.with_(ggml=replace(hw.ggml, ew_bytes_per_s=rate, cpu_op_s=measured["cpu_op_us"][0] * 1e-6,
                                        mask_s=phases["mask_ns"][0] * 1e-9, call_s=phases["call_us"][0] * 1e-6,
                                        call_per_token_s=phases["call_ns_per_token"][0] * 1e-9,
@@ -683,7 +695,10 @@ def _main(argv: list[str] | None) -> int:
                                        cpu_ew_bytes_per_s=measured["cpu_ew_gb_per_s"][0] * 1e9,
                                        cpu_get_rows_bytes_per_s=rows["cpu_get_rows_gb_per_s"][0] * 1e9,
                                        cpu_set_rows_bytes_per_s=rows["cpu_set_rows_gb_per_s"][0] * 1e9,
-                                       attn_kv_cold_bytes_per_s=kv_rate, split_s=split_s))
+                                       attn_kv_cold_bytes_per_s=kv_rate, split_s=split_s,
+                                       fa_extra_s=tuple(small[f"fa_extra_us_{n}"][0] * 1e-6 for n in (2, 4, 8)),
+                                       f32_mmf_s=small["f32_mmf_us"][0] * 1e-6,
+                                       matvec_column_macs_per_s=small["matvec_column_tmac_per_s"][0] * 1e12))
             links = link_numbers(args.run[0])
             hw = hw.with_(h2d_pinned=replace(hw.h2d_pinned, bytes_per_s=links["h2d_pinned_gb_per_s"][0] * 1e9),
                           h2d_pageable=replace(hw.h2d_pageable,

@@ -56,6 +56,19 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   between cases (so the price rises through the L2's size), the rate measured from ``ncu`` of
   llama-bench decode at depth 8192 (``data/llamacpp/h200-20261202-depth``: 19.1 µs per layer in
   the graph against the table's 12.4).
+* **2-8 tokens on the GPU** (:mod:`calibrate.llamacpp.smallbatch`: ``ncu`` of llama-bench
+  prompts at ubatch 1, 2, 4 and 8, each kernel in the graph): ggml-cuda changes kernels between
+  one token and a few, which the tables (1 and 64 tokens for attention, no f32 case) do not see.
+  FlashAttention's vector kernel runs one query token only (``ggml_cuda_get_best_fattn_kernel``
+  on Hopper with f16 K/V); from two the mma kernel and its stream-k fixup run: at ``n`` tokens
+  the price is at least the one-token price at the same keys plus ``fa_extra(n)`` (measured at
+  2, 4 and 8, linear between, scaled by ``n_head * head_dim / 4096``). An f32 weight (the MoE
+  router) runs ``mul_mat_vec_f`` up to :data:`MMVF_MAX_COLS_F32` columns and ``mul_mat_f`` above
+  (``ggml_cuda_should_use_mmvf``): from 4 to 8 tokens ``f32_mmf`` per matmul, measured. A
+  quantised matvec whose weight fits the L2 (a larger one takes the table's time at ``n``, which
+  holds the same growth) adds ``(n - 2) * m * k / matvec_column_rate`` to its weight read: each
+  column beyond the second adds its dot products (flat from one to two in the graph). Without
+  these numbers (0) the prices are those of one token's kernels.
 * **CPU attention** skips masked cells (ggml-cpu's FlashAttention loop tests each mask value):
   the table's full-rectangle time times the share of causal (query, key) pairs.
 * **Scheduler overheads**: ``graph`` seconds of host time per graph (ubatch), ``mask`` seconds
@@ -144,6 +157,14 @@ class GgmlKernels:
             priced.
         attn_kv_cold_bytes_per_s: rate of the cold K/V read a graph's attention pays on top of the
             table's L2-hot case (bytes/s), measured (:meth:`kv_cold_s`); 0: not priced.
+        fa_extra_s: FlashAttention's time per layer above its one-token time at 2, 4 and 8 query
+            tokens (s, for a query :data:`FA_EXTRA_WIDTH` wide), measured in a graph
+            (:mod:`calibrate.llamacpp.smallbatch`); zeros: not priced (module docstring).
+        f32_mmf_s: one f32 matmul at :data:`MMVF_MAX_COLS_F32` + 1 to 8 columns (ggml-cuda's
+            ``mul_mat_f``), s, measured; 0: the generic matmul price.
+        matvec_column_macs_per_s: multiply-adds per second of each column of a quantised matvec
+            beyond the second, in a graph, measured; 0: a matvec below the L2 does not grow with
+            its columns.
         sources: field -> where the number came from.
     """
 
@@ -167,6 +188,9 @@ class GgmlKernels:
     cpu_get_rows_bytes_per_s: float = 0.0
     cpu_set_rows_bytes_per_s: float = 0.0
     attn_kv_cold_bytes_per_s: float = 0.0
+    fa_extra_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    f32_mmf_s: float = 0.0
+    matvec_column_macs_per_s: float = 0.0
     cpu_split_s: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -305,10 +329,14 @@ class GgmlKernels:
         curve = self._curve("gpu", "MUL_MAT", ty, m, k)
         if n <= MMVQ_MAX_BATCH:
             if not self._has_type("gpu", ty):
+                if ty == "F32" and n > MMVF_MAX_COLS_F32 and self.f32_mmf_s > 0:
+                    return self.f32_mmf_s  # mul_mat_f (module docstring)
                 return None
             t = 2 * self.floor_s + max(0.0, nbytes / self.cold_rate("gpu", ty) - self.floor_s)
             if curve is not None and nbytes > self.l2_bytes:
                 t = max(t, _at(curve, n))  # larger than the L2: the table's repetitions read it cold too
+            elif n > 2 and self.matvec_column_macs_per_s > 0:
+                t += (n - 2) * float(m) * k / self.matvec_column_macs_per_s
             return t
         return None if curve is None else _at(curve, n)
 
@@ -332,7 +360,11 @@ class GgmlKernels:
         here to :data:`KV_PAD`); None when no table holds an attention of that backend."""
         kv = pad_cells(keys)
         if flash or backend == "cpu":
-            return self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
+            t = self._attn_op(backend, "FA", n_tokens, kv, n_head, n_head_kv, head_dim)
+            extra = self.fa_extra_at(n_tokens, n_head * head_dim) if backend == "gpu" else 0.0
+            if t is not None and extra > 0:
+                t = max(t, self._attn_op(backend, "FA", 1, kv, n_head, n_head_kv, head_dim) + extra)
+            return t
         kq = self._attn_op(backend, "KQ", n_tokens, kv, n_head, n_head_kv, head_dim)
         kqv = self._attn_op(backend, "KQV", n_tokens, kv, n_head, n_head_kv, head_dim)
         sm = self._softmax(backend, n_tokens, kv, n_head)
@@ -358,7 +390,19 @@ class GgmlKernels:
             kk, got = min(cands, key=lambda c: (abs(math.log(c[0][3] * c[0][2] / (n_head * head_dim))),
                                                 abs(c[0][4] - n_head_kv)))
             scale = n_head * head_dim / (kk[3] * kk[2])
-        return interp_nb_kv_many(got, n_tokens, kv) * scale
+        t = interp_nb_kv_many(got, n_tokens, kv) * scale
+        extra = self.fa_extra_at(n_tokens, n_head * head_dim)
+        if extra > 0:
+            t = np.maximum(t, interp_nb_kv_many(got, 1, kv) * scale + extra)
+        return t
+
+    def fa_extra_at(self, n_tokens: int, width: int) -> float:
+        """FlashAttention's time per layer above one token's at ``n_tokens`` query tokens (s) for
+        a query ``width`` (n_head * head_dim) wide: ``fa_extra_s`` at 2, 4 and 8 tokens, linear
+        between, 0 at one token and beyond 8 (module docstring)."""
+        if not 2 <= n_tokens <= FA_EXTRA_TOKENS[-1] or not any(self.fa_extra_s):
+            return 0.0
+        return float(np.interp(n_tokens, (1, *FA_EXTRA_TOKENS), (0.0, *self.fa_extra_s))) * width / FA_EXTRA_WIDTH
 
     def kv_cold_s(self, cells, n_head_kv: int, head_dim: int):
         """The cold read of one layer's K/V (f16, ``cells`` padded cells: an int, or an array for
@@ -444,6 +488,16 @@ class GgmlKernels:
             kk, got = min(cands, key=lambda c: abs(math.log(c[0][2] / n_head)))
             scale = n_head / kk[2]
         return interp_nb_kv(got, n_tokens, kv) * scale
+
+
+#: columns of an f32 matvec that ``mul_mat_vec_f`` takes on NVIDIA GPUs from Ampere on
+#: (``ggml_cuda_should_use_mmvf`` in the pinned tree's ``ggml-cuda/mmvf.cu``: ``ne11 <= 3``);
+#: more run ``mul_mat_f``
+MMVF_MAX_COLS_F32 = 3
+#: token counts at which a profile's ``fa_extra_us_N`` are measured
+FA_EXTRA_TOKENS = (2, 4, 8)
+#: the query width (n_head * head_dim) the ``fa_extra`` numbers are given for
+FA_EXTRA_WIDTH = 4096
 
 
 def _rows(nb, kv, t_us) -> dict[int, tuple[np.ndarray, np.ndarray]]:

@@ -868,7 +868,7 @@ def _load_ggml(g: Fields):
     Raises:
         ScenarioError: naming the field and file of a missing, unreadable or invalid value.
     """
-    from sim.model.ggmlcost import GgmlKernels, read_table
+    from sim.model.ggmlcost import FA_EXTRA_TOKENS, GgmlKernels, read_table
 
     def table(key: str, required: bool):
         if not g.has(key):
@@ -925,6 +925,11 @@ def _load_ggml(g: Fields):
                                   if g.has("cpu_set_rows_gb_per_s") else 0.0),
         attn_kv_cold_bytes_per_s=(num("attn_kv_cold_gb_per_s", GB, kind="bytes_per_s")
                                   if g.has("attn_kv_cold_gb_per_s") else 0.0),
+        fa_extra_s=tuple(num(f"fa_extra_us_{n}", 1e-6, positive=False) if g.has(f"fa_extra_us_{n}") else 0.0
+                         for n in FA_EXTRA_TOKENS),
+        f32_mmf_s=num("f32_mmf_us", 1e-6, positive=False) if g.has("f32_mmf_us") else 0.0,
+        matvec_column_macs_per_s=(num("matvec_column_tmac_per_s", 1e12, kind="flops_per_s")
+                                  if g.has("matvec_column_tmac_per_s") else 0.0),
         sources=sources)
     g.check_unknown()
     try:
