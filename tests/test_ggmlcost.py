@@ -755,3 +755,25 @@ def test_smallbatch_names_a_folder_without_the_ncu_run(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ncu-qwen3-pp8-ub1-8.csv.gz" in err[0] and "Traceback" not in err[0]
+
+
+def test_a_matvec_above_the_l2_extends_the_tables_matvec_cases_not_the_mmq_ones():
+    """At 5-8 tokens a weight larger than the L2 takes the table's 1- and 4-token cases (both
+    mul_mat_vec_q) extended linearly in the tokens, not an interpolation towards the 16-token case
+    (MMQ, another kernel): Gemma's FFNs at 8 tokens were priced a quarter too cheap so."""
+    rows = [dict(backend="gpu", op="MUL_MAT", type="Q4_K", m=8192, n=n, k=8192, bs=1, nr=1, t_us=t)
+            for n, t in ((1, 40.0), (4, 60.0), (16, 64.0))]
+    # a fast cold case (the weight read is then far below the table's times, which decide)
+    rows.append(dict(backend="gpu", op="MUL_MAT", type="Q4_K", m=1024, n=1, k=1024, bs=64, nr=1, t_us=1.0))
+    tab = pd.DataFrame(rows).reindex(columns=_kernels().gpu.columns)
+    k = _kernels(gpu=tab)
+    big = 60 * 2**20
+    assert 2e-6 + big / k.cold_rate("gpu", "Q4_K") < 10e-6
+    assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 1, big) == pytest.approx(40e-6)
+    assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 4, big) == pytest.approx(60e-6)
+    assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 2, big) == pytest.approx(40e-6 * (60 / 40) ** 0.5)  # log-log
+    slope = (60e-6 - 40e-6) / 3
+    for n in (5, 8):
+        assert k.matmul_s("gpu", "Q4_K", 8192, 8192, n, big) == pytest.approx(60e-6 + (n - 4) * slope)
+    assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 8, big) > 64e-6     # above the MMQ case it used to reach
+    assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 16, big) == pytest.approx(64e-6)   # MMQ: the table

@@ -70,13 +70,14 @@ def kernel_class(name: str, grid: str, n_vocab: int) -> str:
     return "elementwise"
 
 
-def read_kernels(folder: str | Path, n_vocab: int) -> pd.DataFrame:
-    """The ncu run's kernels in launch order: ``kernel, grid, us, ub, cls``.
+def read_kernels(folder: str | Path, n_vocab: int, ncu_file: str = NCU_FILE) -> pd.DataFrame:
+    """The ncu run's kernels in launch order: ``kernel, grid, us, ub, cls`` (``ncu_file`` in
+    ``folder``: :data:`NCU_FILE`, or another model's run of the same script).
 
     Raises:
         PrefetchSimError: the file missing or unreadable, or not four tests in it.
     """
-    path = Path(folder) / NCU_FILE
+    path = Path(folder) / ncu_file
     try:
         lines = gzip.open(path, "rt").read().splitlines()
         first = next(i for i, ln in enumerate(lines) if ln.startswith('"ID"'))
@@ -98,17 +99,18 @@ def read_kernels(folder: str | Path, n_vocab: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def graph_table(folder: str | Path, n_vocab: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Per graph of each ubatch: ``(ms by class less ncu's overhead, kernels by class, totals)``;
+def graph_table(folder: str | Path, n_vocab: int, ncu_file: str = NCU_FILE, bench_file: str = BENCH_FILE
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Per graph of each ubatch (``ncu_file`` and llama-bench's ``bench_file`` in ``folder``): ``(ms by class less ncu's overhead, kernels by class, totals)``;
     the first two are (class x ubatch), the totals (ubatch x ``ncu ms per graph``, ``kernels
     per graph``, ``llama-bench ms per graph (pp256)``, ``ncu overhead us per kernel``).
 
     Raises:
         PrefetchSimError: the llama-bench file missing or without one of the ubatches.
     """
-    k = read_kernels(folder, n_vocab)
+    k = read_kernels(folder, n_vocab, ncu_file)
     graphs = {ub: NCU_PROMPT // ub for ub in UBATCHES}
-    path = Path(folder) / BENCH_FILE
+    path = Path(folder) / bench_file
     bench: dict[int, float] = {}
     try:
         for ln in path.read_text().splitlines():

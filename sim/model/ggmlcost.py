@@ -20,7 +20,10 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
     matrices, enough to exceed the L2); ``floor`` is the per-kernel time in a decode graph, fitted on the fit rows
     (``calibrate.llamacpp.fit``). A weight larger than the L2 is read cold by the table's
     repetitions too: its measured time is used when it is larger (the matvec's rate depends on
-    the shape as well as the type).
+    the shape as well as the type), from the table's matvec cases alone (1 and 4 tokens: log-log
+    between them, beyond 4 linear in ``n`` along their slope, :func:`_at_matvec`); the 16-token
+    case is MMQ's, another kernel, and interpolating towards it priced Gemma's 8-token FFNs a
+    quarter below ``mul_mat_vec_q``'s (``data/llamacpp/h100-20261207-ubheld``).
 * **Expert matmul** (``MUL_MAT_ID``), ``n`` tokens, top-k: the measured curve of (type, m, k) as
   above (the test draws router ids uniformly, as the routing check found llama.cpp's copies to
   be); ``n <= 8``: ``2 · floor + max(0, used-expert bytes / cold_rate - floor)``. Another
@@ -334,7 +337,8 @@ class GgmlKernels:
                 return None
             t = 2 * self.floor_s + max(0.0, nbytes / self.cold_rate("gpu", ty) - self.floor_s)
             if curve is not None and nbytes > self.l2_bytes:
-                t = max(t, _at(curve, n))  # larger than the L2: the table's repetitions read it cold too
+                # larger than the L2: the table's repetitions read it cold too (its matvec cases only)
+                t = max(t, _at_matvec(curve, n))
             elif n > 2 and self.matvec_column_macs_per_s > 0:
                 t += (n - 2) * float(m) * k / self.matvec_column_macs_per_s
             return t
@@ -516,6 +520,23 @@ def _at(curve, n: int) -> float:
     if x >= ln[-1]:
         return float(math.exp(lt[-1] + x - ln[-1]))
     return float(math.exp(np.interp(x, ln, lt)))
+
+
+def _at_matvec(curve, n: int) -> float:
+    """:func:`_at` of a weight's measured curve at ``n <= MMVQ_MAX_BATCH`` tokens from its matvec
+    cases alone (ggml-cuda's ``mul_mat_vec_q``; above 8 tokens MMQ, another kernel, runs): log-log
+    between them, and beyond the last one linear in ``n`` along the slope of the last two (each
+    column adds the same dot products). With fewer than two matvec cases, :func:`_at`."""
+    ln, lt = curve
+    keep = ln <= math.log(MMVQ_MAX_BATCH) + 1e-9
+    if int(keep.sum()) < 2:
+        return _at(curve, n)
+    ln, lt = ln[keep], lt[keep]
+    if math.log(max(n, 1)) <= ln[-1]:
+        return _at((ln, lt), n)
+    n1, n0 = math.exp(ln[-1]), math.exp(ln[-2])
+    t1, t0 = math.exp(lt[-1]), math.exp(lt[-2])
+    return float(t1 + (n - n1) * max(0.0, (t1 - t0) / (n1 - n0)))
 
 
 def interp_nb_kv(rows: Mapping[int, tuple[np.ndarray, np.ndarray]], nb: int, kv: float) -> float:
