@@ -207,9 +207,11 @@ def variant_work(variants, hardware) -> float:
 EXPANDED_WORK_MAX = 50_000
 
 
-def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expanded: bool = False) -> None:
+def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expanded: bool = False,
+               at_least: bool = False) -> None:
     """Refuse a command whose work (:func:`work_units`) exceeds ``budget`` (default
-    :data:`WORK_MAX`; :data:`EXPANDED_WORK_MAX` for a command that keeps every op, ``expanded``).
+    :data:`WORK_MAX`; :data:`EXPANDED_WORK_MAX` for a command that keeps every op, ``expanded``);
+    ``at_least``: ``work`` is a partial sum already over the budget (the message says "more than").
 
     Raises:
         ScenarioError: naming ``flag``, the estimate and the budget.
@@ -219,5 +221,6 @@ def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expan
         how = ("graphs x layers x variants: every op of every plan is kept" if expanded else
                f"graphs x layers x repetitions x settings, x1 per variant with an expert cache, "
                f"x1/{MEMO_WORK_DIVISOR} per other variant")
-        raise ScenarioError(f"this run would cost {work:,} graph-layers of work ({how}), over the budget of "
+        raise ScenarioError(f"this run would cost {'more than ' if at_least else ''}{work:,} graph-layers of work "
+                            f"({how}), over the budget of "
                             f"{budget:,}; shorten the tests or raise {flag}", field=flag)

@@ -1230,12 +1230,14 @@ def test_ctx_size_replaces_the_scenario_s_context(capsys):
     rc, out, err = run(capsys, *argv, "--ctx-size", "4096")
     assert rc == 0, err
     # Qwen3-30B-A3B: 48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB per token; and the
-    # compute buffer, reserved on min(n_ctx, n_batch, n_ubatch) tokens (512 -> 4096): f32
-    # activations of ACT_ELEMS_FACTOR residual rows and two of the widest (8 experts x 768)
+    # compute buffer, reserved on min(n_ctx, n_batch, n_ubatch) tokens (512 -> 4096): the worst-case
+    # graph's f32 logits of every token and the head's input (151936 + 2048 a token), larger
+    # than a layer's activations (ACT_ELEMS_FACTOR residual rows and two of the widest, 8 x 768)
     from sim.model.vram import ACT_ELEMS_FACTOR
 
-    act = 4 * (4096 - 512) * (ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768)
-    assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024 + act)
+    assert 151936 + 2048 > ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768
+    head = 4 * (4096 - 512) * (151936 + 2048)
+    assert json.loads(out)["peak_vram_bytes"] - small == pytest.approx((4096 - 512) * 96 * 1024 + head)
     rc, out, err = run(capsys, *argv, "--ctx-size", "65536")   # the flag's context, named as the flag's
     assert rc == 2 and "--ctx-size 65536 sizes it here" in err and "placement.ctx_size" not in err
     rc, out, err = run(capsys, *argv, "--ctx-size", "-3")
@@ -1316,23 +1318,27 @@ def test_each_row_s_vram_is_its_own_test_s_context(capsys):
     # f16 K and V of the 48 layers, 4 KV heads of 128
     per_token = 48 * 2 * 4 * 128 * 2
     assert both["pp512 @ d16384"] - both["pp512"] == 16384 * per_token
-    # and the compute buffer is reserved on min(n_ctx, n_batch, n_ubatch) tokens: 512 against 32
-    from sim.model.vram import ACT_ELEMS_FACTOR
-
-    act = 4 * (512 - 32) * (ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768)
-    assert both["pp512"] - both["tg32"] == pytest.approx((512 - 256) * per_token + act)
+    # and the compute buffer is reserved on min(n_ctx, n_batch, n_ubatch) tokens, 512 against 32,
+    # every one an output: the f32 logits and the head's input (151936 + 2048 a token)
+    head = 4 * (512 - 32) * (151936 + 2048)
+    assert both["pp512"] - both["tg32"] == pytest.approx((512 - 256) * per_token + head)
 
 
 def test_without_flash_attention_the_compute_buffer_holds_a_layer_s_scores(capsys):
     """-fa 0 keeps a layer's f32 KQ scores (n_kv cells x tokens x n_head) in the compute buffer:
-    Qwen3 at depth 8192 with -p 512 (a context of 8704 cells, reserved whole) holds
-    8704 x 512 x 32 x 4 B = 544 MiB more than -fa 1 (the committed leases' peak VRAM differs by about
-    500 MiB between -fa on,off and -fa on runs of tg128 at depth 8192, 8448 cells)."""
+    Qwen3 at depth 8192 with -p 512 (a context of 8704 cells, reserved whole): a layer's peak of
+    8704 x 512 x 32 x 4 B = 544 MiB of scores and its activations, where -fa 1's peak is the
+    worst-case graph's logits (512 x (151936 + 2048) f32, 300.75 MiB). llama.cpp's own compute
+    buffers of tg128 at depth 8192 (8448 cells, h200-20261203-tg's logs): 591.29 MiB with -fa 0,
+    341.54 with -fa 1; the simulator 576.0 and 300.75."""
     rc, out, err = run(capsys, "run", "-ncmoe", "0", "-p", "512", "-n", "0", "-d", "8192", "-fa", "1,0",
                        "--ctx-size", "0", "-r", "1", "--variant", "baseline", "-q", "-o", "json")
     assert rc == 0, err
     vram = {r["flash_attn"]: r["peak_vram_bytes"] for r in json.loads(out)}
-    assert vram[0] - vram[1] == 8704 * 512 * 32 * 4
+    from sim.model.vram import ACT_ELEMS_FACTOR
+
+    act = 4 * 512 * (ACT_ELEMS_FACTOR * 2048 + 2 * 8 * 768)
+    assert vram[0] - vram[1] == pytest.approx(8704 * 512 * 32 * 4 + act - 4 * 512 * (151936 + 2048))
 
 
 def test_the_vram_table_shows_the_peak_test_whatever_the_order_of_d(capsys):
@@ -1360,3 +1366,22 @@ def test_trace_of_a_prompt_in_several_ubatches_gives_run_s_time_too(capsys, tmp_
     m = re.search(r"slots3 / pp2048 @ d4096: \d+ ops, makespan ([0-9.]+) ms \(llama-bench's time ([0-9.]+) ms",
                   err + out)
     assert m and float(m.group(1)) > float(m.group(2)) == pytest.approx(first["slots3"], abs=1e-3)
+
+
+def test_a_sweep_far_over_the_work_budget_is_refused_from_a_partial_sum(capsys, monkeypatch):
+    """The work of a run is summed setting by setting and stops once past the budget, so a sweep
+    of thousands of prompts over hundreds of ubatches is refused without summing every test (it
+    took minutes); the message then says "more than". The distinct tests keep their order."""
+    import sim.bounds as bounds
+    from sim.cli.benchflags import Instance, sim_tests
+
+    calls = []
+    real = bounds.work_units
+    monkeypatch.setattr(bounds, "work_units", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "1-4096+1", "-ub", "1-64+1", "-n", "0", "--max-work", "1000")
+    assert rc == 2 and "--max-work" in err and "more than" in err and out == ""
+    assert 1 <= len(calls) < 64             # stopped before the 64th setting
+    rc, _out, err = run(capsys, "run", TINY, *QUICK, "-p", "1-16+1", "-n", "0", "--max-work", "1")
+    assert rc == 2 and "would cost " in err and "more than" not in err   # one setting: the whole sum
+    t = [Instance(None, p, 0, 0, 50) for p in (4, 2, 4, 1, 2)]
+    assert [x.n_prompt for x in sim_tests(t)] == [4, 2, 1]

@@ -44,6 +44,8 @@ def by_hand(scn, staging_bytes: float) -> dict:
     n_ub = scn.workload.n_ubatch
     widest = max(d, ff * m.moe.n_expert_used, m.n_ff, nh * hd)
     compute = f32 * n_ub * (ACT_ELEMS_FACTOR * d + 2 * widest) + E * ff * d * f16
+    # or, where larger, the worst-case graph's logits of every token and the head's input (f32)
+    compute = max(compute, f32 * n_ub * (m.n_vocab + d))
     margin = scn.placement.fit_target_mib[0] * MiB
     pool = scn.hardware.vram_bytes - scn.hardware.vram_reserved_bytes - weights - kv - compute - staging_bytes - margin
     entry = 3 * ff * d * f16  # one expert of one layer: gate + up + down
@@ -328,3 +330,58 @@ def test_host_resident_weights_beyond_the_host_memory_are_refused():
         account(tight, parse_variant("baseline"))
     assert e.value.field == "placement"
     account(scn.with_(hardware=replace(scn.hardware, host_memory_bytes=0.0)), parse_variant("baseline"))
+
+
+def test_the_compute_buffer_holds_the_worst_case_graphs_logits():
+    """llama.cpp reserves the compute buffer on a graph whose every token is an output
+    (``n_outputs = min(n_tokens, n_outputs_max)``, ``llama_context``): the head's f32 logits of
+    the reserved tokens and its normed input, on the GPU holding the output layer; a layer's
+    activations and one host weight's copy where larger. None when the output layer is on the CPU.
+    Measured against llama.cpp's own ``CUDA0 compute buffer size`` in
+    test_vramcheck_prices_the_committed_leases_compute_buffers."""
+    from sim.model.specs import load_model
+    from sim.model.vram import output_device
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    m = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+    wl = replace(scn.workload, n_ubatch=512, n_batch=2048)
+    res = scn.with_(model=m, workload=wl, placement=replace(scn.placement, n_cpu_moe=0, ctx_size=4096))
+    head = 4.0 * 512 * (m.n_vocab + m.d_model)
+    assert account(res, parse_variant("baseline"))[0].compute_bytes == pytest.approx(head)   # 300.75 MiB
+    small = res.with_(workload=replace(wl, n_ubatch=64))        # the worst case is 64 tokens
+    assert account(small, parse_variant("baseline"))[0].compute_bytes == pytest.approx(head / 8)
+    # the output layer on the CPU (-ngl 0; llama.cpp offloads it first, with any -ngl >= 1): the
+    # head runs on the first GPU from the op-offload batch on, on the CPU below it
+    assert res.with_(placement=replace(res.placement, ngl=1)).placement.output_on_gpu()
+    cpu_head = res.with_(placement=replace(res.placement, ngl=0))
+    assert account(cpu_head, parse_variant("baseline"))[0].compute_bytes == pytest.approx(head)
+    below = cpu_head.with_(workload=replace(wl, n_ubatch=16))
+    assert account(below, parse_variant("baseline"))[0].compute_bytes < head / 32 / 4
+    # host experts at 64 tokens: the copy of the largest expert tensor is the larger peak
+    host = small.with_(placement=replace(small.placement, n_cpu_moe=48))
+    assert account(host, parse_variant("baseline"))[0].compute_bytes > 100 * MiB > head / 8
+    # two GPUs: the logits are the output GPU's alone
+    x2 = load_scenario(ROOT / "scenarios" / "h200x2-qwen3-30b-a3b.toml")
+    x2 = x2.with_(workload=replace(x2.workload, n_ubatch=512, n_batch=2048),
+                  placement=replace(x2.placement, n_cpu_moe=0, ctx_size=4096))
+    v = account(x2, parse_variant("baseline"))
+    out = output_device(x2.model, x2.placement, 2)
+    assert v[out].compute_bytes == pytest.approx(4.0 * 512 * (x2.model.n_vocab + x2.model.d_model))
+    assert v[1 - out].compute_bytes < v[out].compute_bytes / 4
+
+
+def test_vramcheck_prices_the_committed_leases_compute_buffers():
+    """Against llama.cpp's own ``CUDA0 compute buffer size`` and cudaMemGetInfo's used memory in
+    a committed lease's logs (two models, resident and host experts, ubatch 512 and 2048, the
+    prefetch variants' staging): every context's compute buffer within 13 % and its total within
+    8 % (docs/llamacpp.md; the whole set: python -m calibrate.llamacpp.vramcheck). Before the
+    logits were counted, Gemma's compute buffer was 72 % short."""
+    from calibrate.llamacpp.vramcheck import check
+    from sim.model.specs import load_hardware
+
+    hw = load_hardware(ROOT / "scenarios" / "hardware" / "h200-llamacpp.toml")
+    df = check(ROOT / "data" / "llamacpp" / "h200-20261202-prefetch2", hw)
+    assert len(df) >= 10 and df["model"].str.startswith("gemma3").any() and df["model"].str.startswith("qwen3").any()
+    comp = df["predicted_compute_mib"] / df["compute_mib"] - 1
+    total = df["predicted_total_mib"] / df["used_mib"] - 1
+    assert comp.abs().max() < 0.13 and total.abs().max() < 0.08

@@ -513,15 +513,18 @@ def _setting_label(params, setting) -> str:
     return " ".join(parts) or "the setting"
 
 
-def bench_work(scn, params, models) -> int:
-    """The work of a run (:func:`sim.bounds.work_units` summed over its settings)."""
+def bench_work(scn, params, models, stop_above: int | None = None) -> tuple[int, bool]:
+    """The work of a run (:func:`sim.bounds.work_units` summed over its settings) and whether it
+    is the whole sum: with ``stop_above``, the sum stops at the first setting that takes it past
+    that (a run far over the budget is refused at once, not after summing a million tests)."""
     from sim.cli.benchflags import sim_tests
     from sim.bounds import variant_work, work_units
 
     total = 0
     share = variant_work(scn.variants, scn.hardware)
     seen = set()
-    for setting in params.settings():
+    settings = params.settings()
+    for i, setting in enumerate(settings):
         key = setting.simulated()
         if key in seen:  # simulated once (run_bench)
             continue
@@ -529,7 +532,9 @@ def bench_work(scn, params, models) -> int:
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share)
-    return total
+        if stop_above is not None and total > stop_above and i < len(settings) - 1:
+            return total, False
+    return total, True
 
 
 def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=None, max_work: int | None = None,
@@ -571,7 +576,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             ``--max-work``).
     """
     from sim.cli.benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests, unmodelled_setting
-    from sim.bounds import LIST_VALUES_MAX, check_work
+    from sim.bounds import LIST_VALUES_MAX, WORK_MAX, check_work
     from sim.plan.builder import make_context
     from sim.errors import PlacementError
     from sim.engines.metrics import fit_context_to_tests, rep_rng, run_scenario
@@ -585,7 +590,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     if n_settings > LIST_VALUES_MAX:
         raise ScenarioError(f"the flags give {n_settings:,} combinations, more than the limit of "
                             f"{LIST_VALUES_MAX}", field="-p/-n/-ub/...")
-    check_work(bench_work(scn, params, models), max_work)
+    work, whole = bench_work(scn, params, models, stop_above=WORK_MAX if max_work is None else max_work)
+    check_work(work, max_work, at_least=not whole)
     ids = variant_ids(scn.variants)
     when = bench_time()
     rows, all_results, first_err, unfit = [], [], None, []

@@ -1565,13 +1565,9 @@ def overflow_in_flags(exc: Exception, params: BenchParams, setting: Setting, bas
 
 
 def sim_tests(instances: Sequence[Instance]) -> list:
-    """The distinct simulator tests of some instances, in order of first use."""
-    out: list = []
-    for inst in instances:
-        for t in inst.tests:
-            if t not in out:
-                out.append(t)
-    return out
+    """The distinct simulator tests of some instances, in order of first use (a dict's keys:
+    linear in the tests, where a list's membership test made a 4096-prompt sweep quadratic)."""
+    return list(dict.fromkeys(t for inst in instances for t in inst.tests))
 
 
 def load_models(params: BenchParams, scn) -> dict[str | None, Any]:

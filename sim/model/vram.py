@@ -375,6 +375,13 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
             offl = [b for b, gg in zip(host_bytes, host_gpu) if gg == g]
             if offl and offloads:
                 comp += max(offl)  # a copy of the largest host weight group offloaded to this GPU
+            if g == (out_dev if pl.output_on_gpu() else 0 if offloads else -1):
+                # the worst-case graph outputs every token (llama_context reserves n_outputs =
+                # min(n_tokens, n_outputs_max = n_batch)): the head's f32 logits and its normed
+                # input, live together at the graph's end, on the output layer's GPU (or, with the
+                # output layer on the host, the first GPU, where the head is offloaded from the
+                # op-offload batch on)
+                comp = max(comp, 4.0 * reserve_tokens * (model.n_vocab + model.d_model))
         # staging lives on the GPU that runs the offloaded ops: the layer's GPU (GPU 0 for
         # layers that are not offloaded); the patch reserves it on the worst-case graph, where no
         # weight crosses below the op-offload batch, nor in any later graph (measured: Gemma tg16,
