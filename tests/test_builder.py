@@ -381,6 +381,27 @@ def test_expert_cache_hits_skip_copies_and_decode_hits_run_on_gpu():
     assert 0.0 <= ctx.cache.hit_rate <= 1.0
 
 
+def test_a_decode_split_whose_experts_all_hit_the_cache_is_no_cpu_split():
+    """A decode split runs its experts' misses on the CPU and its hits on the GPU; where every
+    expert hits there is nothing for the CPU, so no activations go to the host and back and no
+    CPU split is paid (it was: a 100 % hit rate decoded at half of fully resident); a split with a
+    miss keeps its CPU split."""
+    scn = make_scenario(n_expert=8, top_k=2, cache=-1, variants=("cache_lru",))
+    v = parse_variant("cache_lru")
+    ctx = make_context(scn, v, np.random.default_rng(0))
+    assert ctx.cache.capacity_experts >= scn.model.n_layer * 8    # every expert fits
+    cold = build_plan(scn, v, BenchTest(0, 1), np.random.default_rng(3), ctx)
+    misses = [o for o in cold.ops if o.kind is OpKind.CPU_MATVEC]
+    assert misses and any(o.tag == "act" for o in cold.ops)      # a cold cache: CPU work, its copies
+    for n in range(40):                                          # warm every expert in
+        build_plan(scn, v, BenchTest(0, 1), np.random.default_rng(100 + n), ctx)
+    ctx.cache.reset_stats()
+    warm = build_plan(scn, v, BenchTest(0, 1), np.random.default_rng(3), ctx)
+    assert ctx.cache.hit_rate == 1.0
+    assert not [o for o in warm.ops if o.kind is OpKind.CPU_MATVEC or o.tag in ("act", "cpu_split_overhead")]
+    assert sum(o.tag == "cache_hit" for o in warm.ops) == sum(o.tag == "cache_hit" for o in warm.ops if o.kind is OpKind.MOE) > 0
+
+
 # -- invariants (hypothesis) -------------------------------------------------------------------
 
 

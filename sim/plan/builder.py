@@ -1089,6 +1089,25 @@ def _emit_sync_copy(em: Emitter, ctx: BuildContext, s: Split, n_tokens: int,
         em.host(OpKind.HOST_SYNC, f"wait copy {t.name}", (last,))
 
 
+def _emit_cache_hits(em: Emitter, cache_gpu_items, fill_reqs, gpu: int) -> None:
+    """The expert-cache hits of a decode split, on the GPU (``(item, hits)`` each), then the
+    background insertion of its misses on the copy stream (``(layer, tensor, misses)``): after the
+    hits were launched (the hits read experts filled by earlier tokens); later hits wait for these
+    fills (fill event), the graph does not."""
+    for it, hits in cache_gpu_items:
+        em.layer = it.layer
+        m_, n_, k_, _, topk = it.shape[:5]
+        # conservatively wait for the layer's last fill (it may hold an expert hit now)
+        fill = em.fill_of.get(it.layer)
+        em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
+                  nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits), *it.shape[5:6]),
+                  tag="cache_hit")
+    for layer, t, misses in fill_reqs:
+        em.fill_of[layer] = em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill",
+                                      nbytes=misses * t.bytes_per_mat, pinned=True, tag="cache_fill")
+        em.fill_pending = True
+
+
 def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False, llama_copies: bool = False) -> None:
     """A split on the CPU backend: activations D2H, CPU compute on the host thread, H2D back.
 
@@ -1115,7 +1134,9 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     (``data/llamacpp/h200-20261204-tg6``, ``copy_us``).
 
     With an expert cache at decode, experts that hit run on the GPU; only misses run on the CPU
-    (their insertion into the cache is copied in the background on the copy stream)."""
+    (their insertion into the cache is copied in the background on the copy stream). A split
+    whose experts all hit has nothing to run on the CPU and is no CPU split: no activations to
+    the host and back, no CPU split cost."""
     ctx = em.ctx
     model = ctx.scn.model
     d = model.d_model
@@ -1127,20 +1148,12 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     moe = any(it.expert for it in s.items)
     ids = rows * model.moe.n_expert_used * ID_BYTES if moe else 0
     blk = s.items[0].layer
-    # llama.cpp: one synchronous copy per input (the first also waits for the GPU's queued work);
-    # the CuPy executor: the inputs in one copy
-    for what, nbytes in (("act", act), ("ids", ids)) if llama_copies else (("act", act + ids),):
-        if nbytes:
-            d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"{what} to host blk.{blk}", nbytes=nbytes, tag="act")
-            em.host(OpKind.HOST_SYNC, f"wait {what}", (d2h,))
-    if overhead:
-        em.host(OpKind.HOST_WORK, f"split {em.split} host overhead", tag="cpu_split_overhead")
+    # what runs on the CPU (the cache read first: hits run on the GPU, only misses on the CPU)
     cache_gpu_items = []
     fill_reqs: list = []
-    last_cpu = None
+    cpu_work: list = []
     read_layers: set[int] = set()
     for it in s.items:
-        em.layer = it.layer
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
             nbytes, shape = cpu_attn_args(it.shape)
@@ -1166,6 +1179,23 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
             shape = (m_, n_, k_, 1, "mm", it.shape)
         if nbytes == 0 and shape[3] == 0:
             continue
+        cpu_work.append((it, nbytes, shape))
+    if not cpu_work:
+        # every expert of the split hit the cache: nothing runs on the CPU, so there is no CPU
+        # split (no activations to the host, no thread pool); the hits run on the GPU
+        _emit_cache_hits(em, cache_gpu_items, fill_reqs, gpu)
+        return
+    # llama.cpp: one synchronous copy per input (the first also waits for the GPU's queued work);
+    # the CuPy executor: the inputs in one copy
+    for what, nbytes in (("act", act), ("ids", ids)) if llama_copies else (("act", act + ids),):
+        if nbytes:
+            d2h = em.launch(OpKind.D2H, Stream.COMPUTE, gpu, f"{what} to host blk.{blk}", nbytes=nbytes, tag="act")
+            em.host(OpKind.HOST_SYNC, f"wait {what}", (d2h,))
+    if overhead:
+        em.host(OpKind.HOST_WORK, f"split {em.split} host overhead", tag="cpu_split_overhead")
+    last_cpu = None
+    for it, nbytes, shape in cpu_work:
+        em.layer = it.layer
         # the CPU backend runs on the host thread: it starts after the host's last op (the
         # wait for the activations) and the host continues only when it is done
         deps = [em.last_host] + ([last_cpu] if last_cpu is not None else [])
@@ -1180,20 +1210,7 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         h2d = em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=out,
                         tag="act", pinned=True)
         em.host(OpKind.HOST_SYNC, "wait act to device", (h2d,))
-    for it, hits in cache_gpu_items:
-        m_, n_, k_, _, topk = it.shape[:5]
-        # conservatively wait for the layer's last fill (it may hold an expert hit now)
-        fill = em.fill_of.get(it.layer)
-        em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
-                  nbytes=hits * it.tensors[0].bytes_per_mat, shape=(m_, n_, k_, hits, min(topk, hits), *it.shape[5:6]),
-                  tag="cache_hit")
-    # background insertion of this token's misses on the copy stream, after the hits were
-    # launched (the hits read experts filled by earlier tokens); later hits wait for these
-    # fills (fill event), the graph does not
-    for layer, t, misses in fill_reqs:
-        em.fill_of[layer] = em.launch(OpKind.H2D, Stream.COPY, gpu, f"{t.name} cache fill",
-                                      nbytes=misses * t.bytes_per_mat, pinned=True, tag="cache_fill")
-        em.fill_pending = True
+    _emit_cache_hits(em, cache_gpu_items, fill_reqs, gpu)
     if not llama_copies:  # the CuPy executor: the activations back asynchronously (pinned host memory)
         em.launch(OpKind.H2D, Stream.COMPUTE, gpu, f"act to device blk.{s.items[-1].layer}", nbytes=act,
                   tag="act", pinned=True)
