@@ -1385,3 +1385,13 @@ def test_a_sweep_far_over_the_work_budget_is_refused_from_a_partial_sum(capsys, 
     assert rc == 2 and "would cost " in err and "more than" not in err   # one setting: the whole sum
     t = [Instance(None, p, 0, 0, 50) for p in (4, 2, 4, 1, 2)]
     assert [x.n_prompt for x in sim_tests(t)] == [4, 2, 1]
+
+
+def test_a_cache_with_whole_tensor_prefetch_notes_that_its_prefill_bypasses_the_cache(capsys):
+    """slots3+cache_lru prefilled 2.7x slower than cache_lru with nothing said: its prefill copies
+    whole expert tensors and bypasses the cache (docs/model.md); run says so, for that variant only."""
+    rc, _out, err = run(capsys, "run", TINY, "-p", "64", "-n", "0", "-r", "1", "-q",
+                        "--variant", "cache_lru,slots2+cache_lru")
+    assert rc == 0, err
+    lines = [ln for ln in err.splitlines() if "bypasses the expert cache" in ln]
+    assert len(lines) == 1 and "slots2+cache_lru" in lines[0]

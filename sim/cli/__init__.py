@@ -788,6 +788,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         notes.add("vs base: against the upstream scheduler (-pw 0 -pes 0), simulated but not printed "
                   "(-pw 0,1 prints it)")
     for v in scn.variants:
+        if v.expert_cache != "none" and (v.prefetch_weights or v.expert_slots):
+            notes.add(f"variant {v.name}: a prefill that copies whole expert tensors (weight prefetch, expert "
+                      "slots) bypasses the expert cache: no hits, no insertions; the cache is filled by decode "
+                      "misses only (docs/model.md, \"Expert cache\")")
         if v.prefetch_weights and v.expert_slots:
             notes.add(f"variant {v.name}: weight prefetch (two slots) with {v.expert_slots} expert slots of its own "
                       f"is a design of the simulator; its rows print -pw 1 -pes {v.expert_slots}, which the prefetch "
