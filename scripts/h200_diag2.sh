@@ -20,7 +20,9 @@
 #  4. (part "ubheld", 2026-12-07) the small-batch kernel prices (calibrate.llamacpp.smallbatch,
 #     measured on Qwen3) on the two other architectures: gpt-oss-20b and Gemma-3-27B fully resident,
 #     pp256 at ubatch 1, 2, 4, 8, 16 (-r 3), and ncu of gpt-oss pp8 at ubatch 1, 2, 4, 8.
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld (default gptoss,qwen3; "all" is the same);
+#  5. (part "gemmancu", 2026-12-07) Gemma-3-27B under ncu as Qwen3 (pp8 at ubatch 1, 2, 4, 8, CUDA
+#     graphs off) beside its pp256 at ubatch 1-16: the small-batch kernel numbers on a dense model.
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -54,7 +56,7 @@ PARTS=,${DIAG2_PARTS:-gptoss,qwen3},; [ "$PARTS" = ,all, ] && PARTS=,gptoss,qwen
 part() { case $PARTS in *,$1,*) return 0 ;; esac; return 1; }
 P1=
 P3=
-part ubheld && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
+{ part ubheld || part gemmancu; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
 part qwen3 && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
@@ -104,6 +106,13 @@ if part ubheld; then
   gzip -c "$W/ncu-gptoss-ub.csv" > "$O/ncu-gptoss-pp8-ub1-8.csv.gz"
   wait $P3; say "gguf gemma exit $?"
   timeout 180 "$B" -m "$W/gemma.gguf" -ngl 99 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-gemma-pp256.jsonl" 2>/dev/null; say "bench gemma pp256 exit $?"
+fi
+# 5. gemmancu: Gemma's kernels at ubatch 1-8, and its pp256 beside them (ncu's overhead per kernel)
+if part gemmancu; then
+  wait $P3; say "gguf gemma exit $?"
+  timeout 180 "$B" -m "$W/gemma.gguf" -ngl 99 -lm none -fa 1 -b 2048 -ub 1,2,4,8,16 -p 256 -n 0 -r 3 -o jsonl > "$O/bench-gemma-pp256.jsonl" 2>/dev/null; say "bench gemma pp256 exit $?"
+  GGML_CUDA_DISABLE_GRAPHS=1 timeout 240 $NCU --launch-count 60000 --log-file "$W/ncu-gemma-ub.csv" "$B" -m "$W/gemma.gguf" -ngl 99 -lm none -fa 1 -b 2048 -ub 1,2,4,8 -p 8 -n 0 -r 1 --no-warmup -o jsonl > "$O/ncu-gemma-pp8.jsonl" 2>"$O/logs/ncu-gemma-ub.err"; say "ncu gemma ub exit $?"
+  gzip -c "$W/ncu-gemma-ub.csv" > "$O/ncu-gemma-pp8-ub1-8.csv.gz"
 fi
 if [ -z "$P1" ]; then say done; touch "$W/done"; exit 0; fi
 wait $P1; say "gguf qwen3 exit $?"
