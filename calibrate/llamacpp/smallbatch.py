@@ -211,8 +211,26 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("folder", help="the lease folder (ncu-qwen3-pp8-ub1-8.csv.gz, bench-qwen3-pp256.jsonl)")
     ap.add_argument("--write", metavar="PROFILE", default=None,
                     help="rewrite (or add) these lines of the profile's [ggml] table")
+    ap.add_argument("--classes", nargs=3, metavar=("NCU", "BENCH", "N_VOCAB"), default=None,
+                    help="print instead the ms per graph by kernel class of another run of the folder: its ncu "
+                         "file, its llama-bench pp256 JSONL and the model's vocabulary (e.g. "
+                         "ncu-gemma-pp8-ub1-8.csv.gz bench-gemma-pp256.jsonl 262144)")
     args = ap.parse_args(argv)
     try:
+        if args.classes:
+            ncu, bench, vocab = args.classes
+            corr, count, tot = graph_table(args.folder, int(vocab), ncu, bench)
+            print("ms per graph by kernel class, each kernel less ncu's overhead per kernel ("
+                  + ", ".join(f"{v:.2f}" for v in tot["ncu overhead us per kernel"]) + " us at ubatch "
+                  + ", ".join(map(str, UBATCHES)) + "); kernels per graph in brackets\n")
+            print("| class | " + " | ".join(f"ub {u}" for u in UBATCHES) + " |")
+            print("| --- |" + " ---: |" * len(UBATCHES))
+            for cls in CLASSES:
+                if count.loc[cls].sum() == 0:
+                    continue
+                print(f"| {cls} | " + " | ".join(f"{corr.loc[cls, u]:.3f} ({count.loc[cls, u]:.0f})" for u in UBATCHES)
+                      + " |")
+            return 0
         values = small_batch_numbers(args.folder)
         for key, (v, src) in values.items():
             print(f"{key} = {v:.6g}   ({src})")
