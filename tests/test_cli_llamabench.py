@@ -1395,3 +1395,25 @@ def test_a_cache_with_whole_tensor_prefetch_notes_that_its_prefill_bypasses_the_
     assert rc == 0, err
     lines = [ln for ln in err.splitlines() if "bypasses the expert cache" in ln]
     assert len(lines) == 1 and "slots2+cache_lru" in lines[0]
+
+
+def test_a_weight_type_the_kernel_tables_lack_is_noted():
+    """A model whose GPU weights are of a type the llama.cpp profile never measured (Q2_K, IQ4_XS,
+    BF16...) is priced by the generic roofline, which put a Q2_K prefill 3x above Q4_K with nothing
+    said: run notes the types; the shipped models (Q4_K, Q6_K, Q8_0, MXFP4, f32 routers) get none."""
+    from dataclasses import replace as _replace
+
+    from sim.cli import untabled_types_note
+    from sim.model.specs import load_hardware
+
+    hw = load_hardware(ROOT / "scenarios" / "hardware" / "h200-llamacpp.toml")
+    for name in ("qwen3-30b-a3b", "gpt-oss-20b", "gemma3-27b"):
+        assert untabled_types_note(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), hw) is None
+    m = load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+    from types import SimpleNamespace
+
+    q2 = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="Q2_K") if t.name.endswith("attn_q.weight")
+                                                else t for t in m.tensors])
+    note = untabled_types_note(q2, hw)
+    assert note and "weight type(s) Q2_K have" in note and "roofline" in note
+    assert untabled_types_note(q2, load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")) is None

@@ -339,6 +339,11 @@ def test_missing_or_inconsistent_architecture_keys_name_the_key(tmp_path):
     assert "key_length 16" in str(e)
     _one_line_error(_llama(tmp_path / "noq.gguf", drop=("blk.1.attn_q.weight",)), "no tensor 'blk.1.attn_q.weight'",
                     load_gguf_model)
+    # a block_count above the blocks the file holds: the header and the tensors disagree (it was
+    # "no tensor 'blk.2...': this tensor layout is not supported")
+    big = _llama(tmp_path / "bc.gguf", extra_kv=[(V.UINT32, "llama.block_count", 3)], drop=("llama.block_count",))
+    e = _one_line_error(big, "llama.block_count is 3, but the file holds tensors of blocks 0..1 only", load_gguf_model)
+    assert "not supported" not in str(e)
 
 
 # ------------------------------------------------------------------------------------------

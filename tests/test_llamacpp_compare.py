@@ -1175,3 +1175,18 @@ def test_a_row_ten_times_off_its_prediction_is_named_in_a_warning(tmp_path, caps
     err = capsys.readouterr().err
     warned = [ln for ln in err.splitlines() if "away from the prediction" in ln]
     assert len(warned) == 1 and "1 row(s)" in warned[0] and "(line 3)" in warned[0] and "nanoseconds" in warned[0]
+
+
+def test_a_field_the_row_lacks_and_the_default_assumed_are_counted_as_approximations():
+    """A row without n_cpu_moe, load_mode or flash_attn is predicted with llama-bench's default
+    assumed (+223 % and -83 % errors from such rows were said only in the CSV's note column): the
+    summary's approximation line counts them."""
+    df = pd.DataFrame(dict(
+        predicted_ts=[1.0, 2.0, 3.0],
+        note=["the row has no n_cpu_moe (a llama-bench older than -ncmoe): 0 assumed, the experts where -ngl "
+              "and -ot put them",
+              "the row has no load_mode (nor use_mmap) and its invocation no -lm: llama-bench's default auto "
+              "assumed (mmap: pageable host weights)",
+              "the row has no flash_attn: llama-bench's default auto assumed"]))
+    assert cmp.approximations(df) == {"flash_attn missing: auto assumed": 1,
+                                      "load_mode missing: auto (mmap) assumed": 1, "n_cpu_moe missing: 0 assumed": 1}

@@ -385,3 +385,13 @@ def test_vramcheck_prices_the_committed_leases_compute_buffers():
     comp = df["predicted_compute_mib"] / df["compute_mib"] - 1
     total = df["predicted_total_mib"] / df["used_mib"] - 1
     assert comp.abs().max() < 0.13 and total.abs().max() < 0.08
+
+
+def test_vramcheck_names_a_missing_run_folder(tmp_path, capsys):
+    from calibrate.llamacpp.vramcheck import main
+
+    assert main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nope: no such run folder" in err
+    assert main([str(tmp_path)]) == 2     # a folder without lease logs
+    assert "no row with llama.cpp's compute buffer line" in capsys.readouterr().err

@@ -647,7 +647,8 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
                        variant=variant)
     if _finite(size) and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
-                     "the GGUF is not the model the invocation names (trimmed or --tiny?)")
+                     "the GGUF is not the model the invocation names (a trimmed or --tiny GGUF, or a model_toml of "
+                     "another model)")
     get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
     # only a profile that says how many threads its CPU figures were measured with
     recorded = (getattr(hardware, "measured", None) or {}).get("host_cpus") is not None
@@ -1748,6 +1749,10 @@ _APPROXIMATIONS = (
     ("model_size", "differs", "model_size"), ("n_threads", "", "n_threads"), ("no_host with repack", "", "repack"),
     ("backend", "simulated as", "backend"), ("flash_attn off", "", "flash_attn off"),
     ("attention at depth", "unfused", "unfused attention at depth"),
+    # a field the row lacks, its llama-bench default assumed (build_cases)
+    ("the row has no n_cpu_moe", "assumed", "n_cpu_moe missing: 0 assumed"),
+    ("the row has no load_mode", "assumed", "load_mode missing: auto (mmap) assumed"),
+    ("the row has no flash_attn", "assumed", "flash_attn missing: auto assumed"),
 )
 
 

@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         hw = load_hardware(resolve(args.hardware))
+        for r in args.runs:
+            if not Path(r).is_dir():
+                raise PrefetchSimError(f"{r}: no such run folder")
         runs = args.runs or sorted(str(p.parent) for p in resolve("data/llamacpp").glob("*/logs.tar.gz")
                                    if (p.parent / "invocations.jsonl").is_file())
         with warnings.catch_warnings():

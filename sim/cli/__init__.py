@@ -733,6 +733,28 @@ def no_kernel_tables_note(scn) -> str | None:
             "read the variants' ratios, not the absolute t/s")
 
 
+def untabled_types_note(model, hw) -> str | None:
+    """The note a run gets when ``model`` has GPU weight types that the profile's llama.cpp kernel
+    tables (``[ggml] gpu_kernels``) have no case of: their matmuls fall back to the generic
+    roofline (:meth:`sim.model.ggmlcost.GgmlKernels.matmul_s` and ``moe_s`` return None), which
+    put a Q2_K or IQ4_XS prefill 2.5-4x above Q4_K and a BF16 decode above the measured matvec
+    rate. f32 weights (norms, the MoE router) are priced apart and left out. None when every type
+    has a case, or the profile has no tables."""
+    g = hw.ggml
+    if g is None:
+        return None
+    types = sorted({t.ggml_type.upper() for t in model.tensors
+                    if t.ggml_type and t.ggml_type.upper() != "F32" and not t.name.startswith("token_embd")})
+    missing = [ty for ty in types if not g._has_type("gpu", ty)]
+    if not missing:
+        return None
+    have = sorted({ty for (backend, ty) in g._cold if backend == "gpu"})
+    return (f"model '{model.name}': weight type(s) {', '.join(missing)} have no case in the kernel tables of "
+            f"profile '{hw.name}' (it measured {', '.join(have)}): their GPU matmuls are priced by the generic roofline, "
+            "which can be off several times; measure them (docs/llamacpp.md, \"Kernel tables and the llama.cpp "
+            "profile\") before trusting those rows")
+
+
 def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
     """A note when the VRAM figures (``peak_vram_bytes``, ``--vram``) size the KV cache to the
     scenario's ``placement.ctx_size`` while llama-bench would size it smaller: llama-bench makes
@@ -808,8 +830,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params, ctx_flag))
-    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
-        if note:
+    from sim.cli.benchflags import load_models
+
+    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants),
+                 *(untabled_types_note(m, scn.hardware) for m in load_models(params, scn).values())):
+        if note:  # on rows only: an error stays one line
             notes.add(note)
     _say_notes(notes)
     # sql: upstream's llama_bench columns unless the prefetch patch's flags are given (an upstream db takes the rows)

@@ -692,6 +692,10 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         n_out = ne[1] if len(ne) > 1 else 1
         n_mat = math.prod(ne[2:]) if len(ne) > 2 else 1
         tensors.append(Tensor(name, layer, group, ne[0], n_out, n_mat, GGML_TYPE_BPW[t], ggml_type=t))
+    blocks = {layer for layer, _g in (tensor_group(t.name) for t in tensors) if layer >= 0}
+    if blocks and max(blocks) + 1 < n_layer:   # llama.cpp's loader: "missing tensor 'blk.N...'"
+        raise ScenarioError(f"{arch}.block_count is {n_layer}, but the file holds tensors of blocks 0..{max(blocks)} "
+                            f"only: the header and the tensors disagree", file=p)
     tied = "output.weight" not in idx.tensors
     if not tied and idx.tensors["output.weight"].ne != (d_model, n_vocab):
         raise ScenarioError(f"output.weight has shape {list(idx.tensors['output.weight'].ne)}, expected "
