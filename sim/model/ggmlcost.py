@@ -65,7 +65,10 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   FlashAttention's vector kernel runs one query token only (``ggml_cuda_get_best_fattn_kernel``
   on Hopper with f16 K/V); from two the mma kernel and its stream-k fixup run: at ``n`` tokens
   the price is at least the one-token price at the same keys plus ``fa_extra(n)`` (measured at
-  2, 4 and 8, linear between, scaled by ``n_head * head_dim / 4096``). An f32 weight (the MoE
+  2, 4 and 8, linear between, scaled by ``n_head * head_dim / 4096``; measured on Qwen3, whose
+  grouped-query ratio is 8: the kernel packs a KV head's query heads into its columns, and Gemma's,
+  at ratio 2, is 2.8-3.3 µs at 2-8 tokens, ``data/llamacpp/h100-20261207-gemmancu``, so keying it
+  on tokens x ratio is the better rule, not yet made). An f32 weight (the MoE
   router) runs ``mul_mat_vec_f`` up to :data:`MMVF_MAX_COLS_F32` columns and ``mul_mat_f`` above
   (``ggml_cuda_should_use_mmvf``): from 4 to 8 tokens ``f32_mmf`` per matmul, measured. A
   quantised matvec whose weight fits the L2 (a larger one takes the table's time at ``n``, which
