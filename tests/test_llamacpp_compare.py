@@ -1190,3 +1190,18 @@ def test_a_field_the_row_lacks_and_the_default_assumed_are_counted_as_approximat
               "the row has no flash_attn: llama-bench's default auto assumed"]))
     assert cmp.approximations(df) == {"flash_attn missing: auto assumed": 1,
                                       "load_mode missing: auto (mmap) assumed": 1, "n_cpu_moe missing: 0 assumed": 1}
+
+
+def test_a_folder_of_several_gpus_says_which_rows_ran_on_another():
+    """One warning line either way: all rows on another GPU names it; a folder mixing GPUs says how
+    many rows ran on each other GPU (it named one GPU as if every row had run there)."""
+    df = pd.DataFrame({"x": [1]})
+    df.attrs.update(gpu_name="NVIDIA H200", hardware="H200 (llama.cpp kernels)", n_gpu=1,
+                    gpu_info=["NVIDIA H100 80GB HBM3"], gpu_rows={"NVIDIA H100 80GB HBM3": 4})
+    got = [w for w in cmp.warnings(df) if "GPU" in w]
+    assert len(got) == 1 and got[0].startswith("the rows were measured on NVIDIA H100 80GB HBM3")
+    df.attrs.update(gpu_info=["NVIDIA H100 80GB HBM3", "NVIDIA H200"],
+                    gpu_rows={"NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 3})
+    got = [w for w in cmp.warnings(df) if "another GPU" in w]
+    assert len(got) == 1 and got[0].startswith("1 of the 4 rows were measured on another GPU")
+    assert "1 on NVIDIA H100 80GB HBM3" in got[0]

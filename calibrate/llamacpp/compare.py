@@ -996,9 +996,11 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ScenarioError(f"cannot read: {exc}", file=meta_path) from None
     gpus = sorted({str(g) for g in bench["gpu_info"].dropna()}) if "gpu_info" in bench.columns else []
+    gpu_rows = (bench["gpu_info"].dropna().astype(str).value_counts().to_dict()
+                if "gpu_info" in bench.columns else {})
     backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
-                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, n_gpu=hw.n_gpu,
+                    repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, gpu_rows=gpu_rows, n_gpu=hw.n_gpu,
                     backend=hardware_backend(hw),
                     backends=backends,
                     simulated=int(bench["cpu_info"].astype(str).str.startswith(SIMULATED_CPU_INFO).sum())
@@ -1032,8 +1034,17 @@ def warnings(df: pd.DataFrame) -> list[str]:
     name = str(df.attrs.get("gpu_name") or "")
     other = other_gpus(df.attrs.get("gpu_info", []), name)
     if other:
-        out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
-                   f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
+        rows_of = df.attrs.get("gpu_rows") or {}
+        n_other = sum(rows_of.get(g, 0) for g in other)
+        n_all = sum(rows_of.values())
+        if rows_of and (len(other) > 1 or n_other < n_all):   # a folder of several GPUs: which rows
+            where = ", ".join(f"{rows_of.get(g, 0)} on {g}" for g in other)
+            out.append(f"{n_other} of the {n_all} rows were measured on another GPU than the {name} of profile "
+                       f"'{df.attrs.get('hardware')}' ({where}): their errors compare two GPUs (give "
+                       "--hardware the profile of those rows' GPU, or compare each GPU's rows apart)")
+        else:
+            out.append(f"the rows were measured on {', '.join(other)}, the profile '{df.attrs.get('hardware')}' is "
+                       f"{name}: the errors compare two GPUs (give --hardware the profile of the rows' GPU)")
     # llama-bench's gpu_info joins the names of the machine's GPUs with ", " (get_gpu_info): a
     # profile of more GPUs than the machine had cannot be the rows' (fewer can: -dev, -sm none)
     counts = [len([x for x in str(g).split(",") if x.strip()]) for g in df.attrs.get("gpu_info", [])]
