@@ -8,7 +8,12 @@ copies of the split inputs (host weights) of one split at a time: ``ggml_backend
 adds a split's input copies to the graph at the start of the split and ggml-alloc frees them
 after their last use, with one graph copy (``n_copies = 1``: llama.cpp enables pipeline
 parallelism, with its per-copy inputs, only with every layer on the GPUs and no tensor overrides,
-so never with host weights). Prefetch staging is reserved for the worst-case graph as well
+so never with host weights). The worst-case graph outputs every token (``n_outputs = min(n_tokens,
+n_outputs_max)``), so its end holds the head's f32 logits of every reserved token and the head's
+input, ``tokens * (n_vocab + d_model) * 4`` bytes on the output layer's GPU; the compute buffer is
+the larger of that and a layer's peak (checked against llama.cpp's own ``CUDA0 compute buffer
+size`` in the committed lease logs: :mod:`calibrate.llamacpp.vramcheck`, median |error| 0.9 %).
+Prefetch staging is reserved for the worst-case graph as well
 (docs/DESIGN.md, variant 2 caveat): a gated prefetch reserves the same bytes as an ungated one,
 even in graphs where it is off.
 
