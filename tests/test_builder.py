@@ -784,3 +784,25 @@ def test_a_prompt_of_several_ubatches_skips_the_head_and_last_ffn_before_its_cal
     assert t_new < t_old
     new_tg = build_plan(scn, v, tg, np.random.default_rng(0))
     assert new_tg.names == old_tg.names and new_tg.shapes == old_tg.shapes
+
+
+def test_the_moe_gate_looks_at_moe_ops_on_any_backend():
+    """The prefetch patch gates a graph on its MUL_MAT_ID nodes in every split: a partial -ngl
+    decode, whose experts run on the CPU and whose CPU layers' q-norm weights cross to the GPU
+    (sim.plan.builder.offloaded_head_norms), is gated off, so prefetch_gated_512 builds the
+    baseline's plan there (it prefetched the q-norm weights: +1.0 % in decode); ungated
+    prefetch still stages them."""
+    from dataclasses import replace as _replace
+
+    from sim.model.specs import load_scenario
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    scn = scn.with_(placement=_replace(scn.placement, ngl=20))
+    plans = {}
+    for name in ("baseline", "prefetch_gated_512", "prefetch_ungated"):
+        v = parse_variant(name)
+        plans[name] = build_plan(scn, v, BenchTest(0, 2), np.random.default_rng(1),
+                                 make_context(scn, v, np.random.default_rng(0)))
+    tags = {k: [o.tag for o in p.ops] for k, p in plans.items()}
+    assert "prefetch" not in tags["prefetch_gated_512"] and tags["prefetch_gated_512"] == tags["baseline"]
+    assert "prefetch" in tags["prefetch_ungated"]

@@ -100,7 +100,11 @@ def test_parse_axis_values_and_ranges():
     assert parse_axis("ubatch=32-256*2").values == (32, 64, 128, 256)
     assert parse_axis("depth=8192,0,0").values == (0, 8192)
     assert parse_axis("pcie=16, 8.5,32").values == (8.5, 16.0, 32.0)
-    assert parse_axis("CACHE=0,64").spec.column == "cache_experts_requested"
+    assert parse_axis("CACHE=1,64").spec.column == "cache_experts_requested"
+    # 0 was documented as "no cache" but uncapped the cache (placement.expert_cache_experts 0):
+    # refused; the baseline is the run without one
+    with pytest.raises(ScenarioError, match=">= 1, got 0"):
+        parse_axis("cache=0,64")
 
 
 @pytest.mark.parametrize("text, flag, words", [

@@ -1056,8 +1056,10 @@ class Placement:
             ``"CUDA0"``...; the first rule whose regex ``re.search``-es a tensor name wins.
         pinned: host weights in pinned memory (``--no-mmap`` with pinned host buffers) versus
             pageable (mmap'd, the llama.cpp default).
-        expert_cache_experts: capacity of the GPU expert cache in experts per layer-tensor
-            set (0 = no cache; ``-1`` = whatever VRAM is left, see :mod:`sim.model.vram`).
+        expert_cache_experts: cap on the GPU expert cache of a cache variant, in experts per
+            layer-tensor set; 0 (the default) or ``-1`` (``"auto"`` in the TOML): no cap, whatever
+            VRAM is left (see :mod:`sim.model.vram`). Whether there is a cache at all is the
+            variant's (``expert_cache``), not this number's.
         op_offload_min_batch: batch at and above which an op with a host weight runs on the
             GPU (ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH``, default 32).
         ctx_size: ``-c``: KV cache reserved for this many tokens.

@@ -22,8 +22,9 @@ of :mod:`sim.plan`. What it models (docs/DESIGN.md, "The mechanics being modelle
   one of two staging buffers while the current split computes; the consumer waits on the copy's
   ready event; a buffer is overwritten only after its last consumer finished (free event). With
   pageable host memory each copy blocks the host thread.
-* **MoE-batch gate.** In a graph with MoE host splits, prefetch is off when the ubatch has
-  fewer tokens than ``gate_min_batch``; staging stays reserved (see :mod:`sim.model.vram`).
+* **MoE-batch gate.** In a graph with MoE ops (``MUL_MAT_ID``, on any backend), prefetch is off
+  when the ubatch has fewer tokens than ``gate_min_batch``; staging stays reserved (see
+  :mod:`sim.model.vram`).
 * **Expert staging slots.** When tokens x top-k >= 2 x n_expert, expert splits are copied
   whole into N rotating slots, one staged split ahead whatever N (the copy feeding staged split
   k+1 is issued when the host reaches staged split k); N bounds reuse, not depth: a slot is
@@ -838,9 +839,12 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     scn, var, model = ctx.scn, ctx.variant, ctx.scn.model
     hw = scn.hardware
     items, splits = graph_splits(ctx, n_tokens, kv_len, token_offset, masks, n_outputs)
-    has_moe_host = any(s.host_input is not None and s.host_input.expert for s in splits)
+    # the gate looks at the graph's MoE ops on any backend (the prefetch patch: any MUL_MAT_ID node
+    # of any split, its tokens against the gate), not only at the host-resident experts' splits: a
+    # decode whose experts run on the CPU is gated off too
+    has_moe = any(it.kind is OpKind.MOE for it in items)
     prefetch_on = var.prefetch_weights and not (
-        has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
+        has_moe and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
     slots_on = (var.expert_slots > 0 and model.moe is not None
                 and n_tokens * model.moe.n_expert_used >= 2 * model.moe.n_expert)
     # which splits get their host input staged on the copy stream, and into how many buffers:

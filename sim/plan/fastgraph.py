@@ -547,8 +547,9 @@ def build_graph_columns(em, n_tokens: int, kv_len: int, token_offset: int, masks
     head[1:] |= dev[1:] != dev[:-1]
     has_host = bool(offl.any())
     has_moe_host = bool((offl & cols.expert).any())
+    # the gate: any MoE op of the graph (sim.plan.builder.build_graph)
     prefetch_on = var.prefetch_weights and not (
-        has_moe_host and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
+        bool(cols.expert.any()) and var.gate_min_batch is not None and n_tokens < var.gate_min_batch)
     slots_on = (var.expert_slots > 0 and moe is not None and n_tokens * moe.n_expert_used >= 2 * moe.n_expert)
     if has_host:
         if prefetch_on or (slots_on and has_moe_host):

@@ -101,7 +101,7 @@ AXES: dict[str, AxisSpec] = {a.name: a for a in (
     # 0 (and 1): never gated, the ungated prefetch (the patch's -pwg 0), the left end of a gate sweep
     AxisSpec("gate", "gate_min_batch", "MoE batch gate threshold (tokens)", min_value=0),
     AxisSpec("slots", "expert_slots", "staging slots", log=False),
-    AxisSpec("cache", "cache_experts_requested", "expert cache capacity (experts)", min_value=0, log=False),
+    AxisSpec("cache", "cache_experts_requested", "expert cache capacity (experts)", min_value=1, log=False),
     AxisSpec("pcie", "h2d_pinned_gb_per_s", "pinned H2D bandwidth (GB/s)", integer=False, min_value=0),
     AxisSpec("ngl", "n_gpu_layers", "-ngl (layers on the GPU)", min_value=0, log=False),
     AxisSpec("ncmoe", "n_cpu_moe_requested", "-ncmoe (blocks with host experts)", min_value=0, log=False),
