@@ -1417,3 +1417,16 @@ def test_a_weight_type_the_kernel_tables_lack_is_noted():
     note = untabled_types_note(q2, hw)
     assert note and "weight type(s) Q2_K have" in note and "roofline" in note
     assert untabled_types_note(q2, load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")) is None
+
+
+def test_trace_says_which_repetition_it_shows(capsys, tmp_path):
+    """trace draws llama-bench's first timed repetition (its CUDA-graph capture included), where
+    run and breakdown give the mean over -r: with -r above 1 its line says so (the two disagreed
+    with nothing said), with -r 1 there is nothing to tell apart."""
+    out = str(tmp_path / "t.json")
+    rc, o, err = run(capsys, "trace", TINY, "-p", "64", "-n", "0", "-r", "3", "--variant", "baseline", "--out", out)
+    assert rc == 0, err
+    assert "first timed repetition" in err + o and "the mean of 3" in err + o
+    rc, o, err = run(capsys, "trace", TINY, "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "--out", out)
+    assert rc == 0, err
+    assert "first timed repetition" not in err + o

@@ -900,6 +900,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
             if ov > 0:
                 line += (f" (llama-bench's time {(mk - ov) * 1e3:.3f} ms: the next ubatch's host work, "
                          f"{ov * 1e3:.3f} ms, overlaps the GPU's)")
+            reps = scn.workload.bench_repetitions or scn.workload.repetitions
+            if reps > 1:   # run's and breakdown's figure is the mean over -r
+                line += (f"; llama-bench's first timed repetition, its CUDA-graph capture included (run and "
+                         f"breakdown give the mean of {reps})")
             lines.append(line)
     df = pd.concat(frames, ignore_index=True)
     if out.suffix.lower() == ".csv":

@@ -575,8 +575,14 @@ def _run_cell(job: _Job) -> CellResult:
     try:
         r = run_variant_test(job.scn, job.variant, job.test, job.repetitions, job.engine)
     except PlacementError as exc:
+        text = str(exc)
+        if exc.file:   # the scenario as the user named it from the working folder, not its absolute path
+            try:
+                text = text.replace(exc.file, str(Path(exc.file).resolve().relative_to(Path.cwd().resolve())))
+            except ValueError:
+                pass
         return CellResult(job.index, job.point, job.variant.name, job.test.name, _NAN, _NAN, _NAN, _NAN,
-                          _NAN, _NAN, 0, _NAN, -1, _NAN, _NAN, error=str(exc))
+                          _NAN, _NAN, 0, _NAN, -1, _NAN, _NAN, error=text)
     return CellResult(
         index=job.index, point=job.point, variant=r.variant, test=r.test, tps_mean=r.tps_mean,
         tps_std=r.tps_std, ttft_s=_NAN if r.ttft_s is None else float(r.ttft_s),
