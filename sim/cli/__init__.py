@@ -697,6 +697,11 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             raise type(first_err)(f"{first_err.reason}; {shown} {verb} not fit either", file=first_err.file,
                                   field=first_err.field) from None
         raise first_err
+    if notes is not None:   # on a run that gives rows only (an error stays one line)
+        for m in models.values():
+            note = untabled_types_note(m, scn.hardware)
+            if note:
+                notes.add(note)
     return rows, all_results, [line for _label, line in unfit]
 
 
@@ -743,14 +748,13 @@ def untabled_types_note(model, hw) -> str | None:
     g = hw.ggml
     if g is None:
         return None
-    types = sorted({t.ggml_type.upper() for t in model.tensors
-                    if t.ggml_type and t.ggml_type.upper() != "F32" and not t.name.startswith("token_embd")})
-    missing = [ty for ty in types if not g._has_type("gpu", ty)]
+    have = g.measured_types("gpu")
+    missing = sorted({t.ggml_type.upper() for t in model.tensors
+                      if t.ggml_type and t.ggml_type.upper() != "F32" and not t.name.startswith("token_embd")} - have)
     if not missing:
         return None
-    have = sorted({ty for (backend, ty) in g._cold if backend == "gpu"})
     return (f"model '{model.name}': weight type(s) {', '.join(missing)} have no case in the kernel tables of "
-            f"profile '{hw.name}' (it measured {', '.join(have)}): their GPU matmuls are priced by the generic roofline, "
+            f"profile '{hw.name}' (it measured {', '.join(sorted(have))}): their GPU matmuls are priced by the generic roofline, "
             "which can be off several times; measure them (docs/llamacpp.md, \"Kernel tables and the llama.cpp "
             "profile\") before trusting those rows")
 
@@ -830,11 +834,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params, ctx_flag))
-    from sim.cli.benchflags import load_models
-
-    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants),
-                 *(untabled_types_note(m, scn.hardware) for m in load_models(params, scn).values())):
-        if note:  # on rows only: an error stays one line
+    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants)):  # on rows only: an error stays one line
+        if note:
             notes.add(note)
     _say_notes(notes)
     # sql: upstream's llama_bench columns unless the prefetch patch's flags are given (an upstream db takes the rows)

@@ -451,6 +451,12 @@ class GgmlKernels:
     def _has_type(self, backend: str, ty: str) -> bool:
         return (backend, ty) in self._cold
 
+    def measured_types(self, backend: str) -> frozenset[str]:
+        """The ggml types (upper case) whose matvecs the ``backend`` table measured cold: the
+        types it prices from its own cases (another type falls back to the caller's roofline on
+        the GPU, to the median cold rate on the CPU)."""
+        return frozenset(ty for (b, ty) in self._cold if b == backend)
+
     def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0):
         got = self._curves.get((backend, op, ty, int(m), int(k)))
         if got is not None:
