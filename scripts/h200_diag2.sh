@@ -22,7 +22,13 @@
 #     pp256 at ubatch 1, 2, 4, 8, 16 (-r 3), and ncu of gpt-oss pp8 at ubatch 1, 2, 4, 8.
 #  5. (part "gemmancu", 2026-12-07) Gemma-3-27B under ncu as Qwen3 (pp8 at ubatch 1, 2, 4, 8, CUDA
 #     graphs off) beside its pp256 at ubatch 1-16: the small-batch kernel numbers on a dense model.
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu (default gptoss,qwen3; "all" is the same);
+#  6. (part "pform", 2026-12-07) which part of the invocation's history slows gpt-oss's restored decode
+#     at depth 8192: tg128 @ d8192 after a pp test at the same depth of -p 1, 64, 256 (its context
+#     has the tg test's 8448 cells), 512, 768, 2048, 4096 (more cells), the -p 0 form, alternated,
+#     with nvidia-smi's clocks, power and temperature every 0.2 s beside; then ncu of the
+#     FlashAttention kernels alone (the other kernels run unprofiled) of a tg16 @ d8192 in the
+#     -p 512 and -p 1 forms.
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -97,6 +103,23 @@ if part restore; then
     case $f in gt) A="-p 512 -n 16" ;; *) A="-p 0 -n 16" ;; esac
     timeout 150 $NCU --log-file "$W/ncu-restore-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-restore-$f.jsonl" 2>"$O/logs/ncu-restore-$f.err"; say "ncu restore $f exit $?"
     gzip -c "$W/ncu-restore-$f.csv" > "$O/ncu-restore-gptoss-$f.csv.gz"
+  done
+fi
+# 6. pform: the restored decode at depth after pp tests of several sizes (docs/llamacpp.md, "Decode
+# at depth after a restored state"); clocks beside
+if part pform; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 200 > "$O/pform-clocks.csv" 2>&1 & SMI=$!
+  for f in p512a p1a p256a p2048a p64a p0a p768a p4096a p512b p256b p1b p0b p512c p256c; do
+    case $f in p0*) A="-p 0 -n 128" ;; *) n=${f#p}; A="-p ${n%?} -n 128" ;; esac
+    say "pform $f start ($A)"
+    timeout 120 "$B" -m "$G" $GA $A -d 0,8192 -r 5 -o jsonl > "$O/pform-gptoss-$f.jsonl" 2>/dev/null; say "pform $f exit $?"
+  done
+  kill $SMI 2>/dev/null
+  for f in p512 p1; do
+    A="-p ${f#p} -n 16"
+    timeout 200 $NCU --kernel-name regex:flash_attn --log-file "$W/ncu-pform-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-pform-$f.jsonl" 2>"$O/logs/ncu-pform-$f.err"; say "ncu pform $f exit $?"
+    gzip -c "$W/ncu-pform-$f.csv" > "$O/ncu-pform-gptoss-$f.csv.gz"
   done
 fi
 # 4. ubheld: prompts at ubatch 1-16 on gpt-oss and Gemma (held out from the small-batch numbers)
