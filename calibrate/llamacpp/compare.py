@@ -796,8 +796,49 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
         rc = inv.get("rc") if inv else None
         extra.append("; ".join(n for n in (f"invocation exit status {rc}" if isinstance(rc, int) and rc != 0 else "",
                                           lm_note, ncmoe_note, fa_note, dev_note) if n))
+    restored = restored_depth_notes(
+        [row for _, row in bench.iterrows()],
+        [(inv or {}).get("id") or gguf_name(row["model_filename"]) for (_, row), inv in zip(bench.iterrows(), owners)],
+        [c is not None and c.scenario is not None and bool(c.model.sliding_window) for c in cases])
+    extra = ["; ".join(n for n in (e, r) if n) for e, r in zip(extra, restored)]
     bench.attrs["disagreements"] = disagree
     return bench, owners, cases, extra
+
+
+def restored_depth_notes(rows: Sequence[Mapping[str, Any]], runs: Sequence[Any],
+                         windowed: Sequence[bool]) -> list[str | None]:
+    """The note of each tg row at a depth that llama-bench restored after a pp test of two or
+    more tokens at that depth had run in the same invocation, on a model with a sliding window;
+    None for the other rows.
+
+    llama-bench keeps one saved depth state across the tests of an invocation (``cstate`` in
+    ``llama-bench.cpp``): ``-p 512 -n 128 -d 8192`` fills the depth in pp512 @ d8192, saves it,
+    runs pp512 on it, and tg128 @ d8192 restores it. Measured on gpt-oss-20b
+    (``data/llamacpp/h100-20261207-pform``, one H100): after a pp test of 64 to 4096 tokens at the
+    depth, tg128 @ d8192 cost 246–325 µs per token more than at depth 0, against 154–197 µs after
+    ``-p 0`` or ``-p 1`` (3–4 % of t/s); not the clocks, not the FlashAttention kernels, cause not
+    found, not modelled (the simulator prices the faster forms). Qwen3-30B-A3B (no sliding window)
+    showed no such difference between the forms of the committed leases.
+
+    Args:
+        rows: llama-bench rows in file order (``n_prompt``, ``n_gen``, ``n_depth``).
+        runs: per row, what identifies its llama-bench process (the invocation id, or the GGUF name
+            when the row has no invocation).
+        windowed: per row, whether its model has sliding-window layers (and it is simulated).
+    """
+    pp_at: dict[tuple, int] = {}   # (run, depth) -> the largest pp test seen so far at that depth
+    out: list[str | None] = []
+    for row, run, sw in zip(rows, runs, windowed):
+        n_p, n_g, d = int(row["n_prompt"]), int(row["n_gen"]), int(row["n_depth"])
+        note = None
+        if d > 0 and n_p == 0 and n_g > 0 and sw and pp_at.get((run, d)):
+            note = (f"depth {d} restored after a pp test of {pp_at[(run, d)]} tokens at that depth in this "
+                    "invocation: gpt-oss-20b decoded so about 100 µs per token slower than after -p 0 or -p 1 "
+                    "(data/llamacpp/h100-20261207-pform), not modelled")
+        if d > 0 and n_p >= 2:
+            pp_at[(run, d)] = max(pp_at.get((run, d), 0), n_p)
+        out.append(note)
+    return out
 
 
 def gguf_name(path: Any) -> str:
@@ -1764,6 +1805,8 @@ _APPROXIMATIONS = (
     ("the row has no n_cpu_moe", "assumed", "n_cpu_moe missing: 0 assumed"),
     ("the row has no load_mode", "assumed", "load_mode missing: auto (mmap) assumed"),
     ("the row has no flash_attn", "assumed", "flash_attn missing: auto assumed"),
+    # llama-bench's saved depth state (restored_depth_notes)
+    ("depth ", "restored after a pp test", "tg at depth restored after a pp test"),
 )
 
 
