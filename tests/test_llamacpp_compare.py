@@ -940,7 +940,7 @@ def test_rows_of_settings_run_refuses_are_not_scored(tmp_path, capsys):
     """Rows of settings prefetch-sim run refuses as not modelled (embeddings, no_kv_offload) and a
     row of another file type than the model file (Q8_0 against Q4_K - Medium) are not simulated:
     left out of the figures, each said once (they were scored as the modelled setting)."""
-    for old, new, said in (('"embeddings": false', '"embeddings": true', "embeddings output is not modelled"),
+    for old, new, said in (('"embeddings": false', '"embeddings": true', "embeddings (embeddings output: no output head, pooled) is not modelled"),
                            ('"no_kv_offload": false', '"no_kv_offload": true', "no_kv_offload"),
                            ("Q4_K - Medium", "Q8_0", "the row's model is Q8_0")):
         d = tmp_path / str(abs(hash(new)))
@@ -1224,3 +1224,22 @@ def test_a_tg_row_at_a_depth_restored_after_a_multi_token_pp_test_is_noted():
     assert got[1].startswith("depth 8192 restored after a pp test of 512 tokens")
     df = pd.DataFrame(dict(predicted_ts=[1.0], note=[got[1]]))
     assert cmp.approximations(df) == {"tg at depth restored after a pp test": 1}
+
+
+def test_run_and_compare_refuse_the_same_settings():
+    """One rule (sim.views.llamabench.unmodelled_kind) for prefetch-sim run's refusal and
+    compare's unscored rows: each setting hits the same kind through both (the rule was written
+    twice), a -sm row on one GPU hits neither."""
+    from types import SimpleNamespace
+
+    from sim.cli.benchflags import unmodelled_setting
+    from sim.views.llamabench import UNMODELLED, unmodelled_kind
+
+    base = dict(no_kv_offload=False, split_mode="layer", embeddings=False)
+    for kind, change in (("no_kv_offload", {"no_kv_offload": True}), ("split_mode", {"split_mode": "row"}),
+                         ("embeddings", {"embeddings": True})):
+        s = SimpleNamespace(**{**base, **change})
+        assert unmodelled_kind(s, 2) == kind
+        assert unmodelled_setting(s, SimpleNamespace(n_gpu=2))[0] == UNMODELLED[kind][0]
+    assert unmodelled_kind(SimpleNamespace(**{**base, "split_mode": "row"}), 1) is None
+    assert unmodelled_setting(SimpleNamespace(**{**base, "split_mode": "tensor"}), SimpleNamespace(n_gpu=1)) is None

@@ -53,7 +53,8 @@ import pandas as pd
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
 from sim.cli.benchflags import SIMULATED_CPU_INFO, check_main_gpu, default_threads, hardware_backend
-from sim.views.llamabench import (RowTerms, model_with_kv, prefetch_settings, read_llama_bench, row_placement, row_terms,
+from sim.views.llamabench import (UNMODELLED, RowTerms, model_with_kv, prefetch_settings, read_llama_bench,
+                             row_placement, row_terms, unmodelled_kind,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
     parse_variant
@@ -632,10 +633,11 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
                        tuple(notes + [f"not simulated: the row's model is {ftype}, the model file it is simulated "
                                       f"with {_ftype_label(model.name)} ({model.name})"]), variant=variant)
     # settings prefetch-sim run refuses (sim.cli.benchflags.unmodelled_setting): not scored
-    split = terms.split_mode in ("row", "tensor") and hardware.n_gpu > 1
-    unmodelled = ("no_kv_offload (the KV cache and attention on the host) is not modelled" if terms.no_kv_offload
-                  else "embeddings output is not modelled" if terms.embeddings
-                  else f"split_mode {terms.split_mode} over {hardware.n_gpu} GPUs is not modelled" if split else None)
+    refused = unmodelled_kind(terms, hardware.n_gpu)
+    split = refused == "split_mode"
+    unmodelled = (None if refused is None else
+                  f"split_mode {terms.split_mode} over {hardware.n_gpu} GPUs is not modelled" if split else
+                  f"{refused} ({UNMODELLED[refused][1]}) is not modelled")
     if unmodelled is not None:
         kept = [n for n in notes if not (split and n.startswith("split_mode "))]  # row_terms' one-GPU note
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(kept + [f"not simulated: {unmodelled}"]),

@@ -600,13 +600,15 @@ def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     each matmul split across the GPUs), embeddings output (``-embd 1``: no output head, pooling).
     Such a row would print the numbers of another configuration under its values; ``run``
     refuses it unless ``--skip-unmodelled`` leaves it out."""
-    if setting.no_kv_offload:
-        return "-nkvo/--no-kv-offload", "-nkvo 1 (the KV cache and attention on the host) is not modelled"
-    if setting.split_mode in ("row", "tensor") and hw.n_gpu > 1:
-        return "-sm/--split-mode", f"-sm {setting.split_mode} over {hw.n_gpu} GPUs is not modelled (-sm layer and none are)"
-    if setting.embeddings:
-        return "-embd/--embeddings", "-embd 1 (embeddings output) is not modelled"
-    return None
+    from sim.views.llamabench import UNMODELLED, unmodelled_kind
+
+    kind = unmodelled_kind(setting, hw.n_gpu)
+    if kind is None:
+        return None
+    flag, what = UNMODELLED[kind]
+    if kind == "split_mode":
+        return flag, f"-sm {setting.split_mode} over {hw.n_gpu} GPUs is not modelled (-sm layer and none are)"
+    return flag, f"{flag.split('/')[0]} 1 ({what}) is not modelled"
 
 
 def unmodelled_notes(args: argparse.Namespace) -> list[str]:

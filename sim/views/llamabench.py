@@ -909,6 +909,32 @@ NO_OP_OFFLOAD_MIN_BATCH = 2**31 - 1
 _SIM_BUFFER = re.compile(r"CPU|CUDA\d+|GPU\d*")
 
 
+#: the settings llama.cpp runs in a way the simulator does not model and whose speed they would
+#: change (:func:`unmodelled_kind`), each with llama-bench's flag and JSON field and what it does
+UNMODELLED = {
+    "no_kv_offload": ("-nkvo/--no-kv-offload", "the KV cache and attention on the host"),
+    "split_mode": ("-sm/--split-mode", "each matmul split across the GPUs"),
+    "embeddings": ("-embd/--embeddings", "embeddings output: no output head, pooled"),
+}
+
+
+def unmodelled_kind(setting, n_gpu: int) -> str | None:
+    """The key of :data:`UNMODELLED` that ``setting`` (anything with ``no_kv_offload``,
+    ``split_mode`` and ``embeddings``: a :class:`RowTerms`, a ``prefetch-sim run`` setting) hits,
+    else None: the KV cache on the host (every layer's attention on the CPU), a row or tensor split
+    over several GPUs (``-sm layer`` and ``none``, and any split on one GPU, are modelled), or
+    embeddings output (no output head, pooling). ``run`` refuses such a setting
+    (:func:`sim.cli.benchflags.unmodelled_setting`) and ``compare`` does not score such a row:
+    the one rule for both."""
+    if setting.no_kv_offload:
+        return "no_kv_offload"
+    if setting.split_mode in ("row", "tensor") and n_gpu > 1:
+        return "split_mode"
+    if setting.embeddings:
+        return "embeddings"
+    return None
+
+
 def row_placement(terms: RowTerms, model, n_gpu: int = 1):
     """The simulator ``Placement`` of a row on ``model`` (a ``ModelSpec`` already cut to the
     GGUF's layers) and a machine of ``n_gpu`` GPUs, and notes on what it could not carry.
