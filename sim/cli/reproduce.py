@@ -39,11 +39,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     df = to_frame(compare(args.repetitions, quiet=getattr(args, "quiet", False)))
     if args.out:
         write_atomic(args.out, df.to_csv(index=False))
-    show = df[["case", "metric", "variant", "reported", "simulated", "unit", "rel_error", "sign_ok", "status"]].copy()
+    show = df[["case", "metric", "variant", "reported", "simulated", "unit", "rel_error", "sign_ok", "status",
+               "criterion"]].copy()
     show["rel_error"] = show["rel_error"].map(lambda x: "" if x != x else f"{x:+.1%}")
     show["simulated"] = show["simulated"].map(lambda x: "" if x != x else f"{x:.4g}")
     print(show.to_string(index=False))
     n = df.sign_ok.notna().sum()
+    ok = df.status == "ok"
+    by = ", ".join(f"{int((ok & (df.criterion == c)).sum())} {'in range' if c.startswith('in range') else c}"
+                   for c in dict.fromkeys(df.criterion[ok]))
     print(f"\nsign of the difference to baseline agrees on {int(df.sign_ok.fillna(False).sum())} of {n} rows; "
-          f"within 10%: {int((df.status == 'ok').sum())} of {int((df.status != 'not modelled').sum())} modelled rows")
+          f"ok: {int(ok.sum())} of {int((df.status != 'not modelled').sum())} modelled rows ({by}); "
+          "'sign': the sign right, the magnitude off by more than 10%")
     return 0

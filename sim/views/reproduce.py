@@ -38,9 +38,13 @@ class Comparison:
         rel_error: ``simulated / reported - 1``.
         sign_ok: for a difference to baseline, whether simulated and reported differ from the
             baseline in the same direction (None for baseline rows and absolute metrics).
-        status: ``"ok"``, ``"sign"`` (sign right, magnitude off by > 10%), ``"wrong sign"``,
-            ``"not modelled"``.
+        status: ``"ok"`` (by ``criterion``), ``"off"``, ``"sign"`` (sign right, magnitude off by >
+            10%), ``"wrong sign"``, ``"not modelled"``.
         note: why, when not modelled or off.
+        criterion: what ``ok`` means for this row: ``"within 10%"`` of a reported value, ``"<= bound"``
+            (the report gives an upper bound, e.g. "< 10 µs"), ``"in range LO-HI"`` (the report
+            brackets the value: the gate crossover lies between two measured batches; both rows of
+            the pair are judged by the simulated crossover), ``""`` when not modelled.
     """
 
     case: str
@@ -53,6 +57,7 @@ class Comparison:
     sign_ok: bool | None
     status: str
     note: str = ""
+    criterion: str = ""
 
 
 def load_reported(path: str | Path = REPORTED_CSV) -> pd.DataFrame:
@@ -216,17 +221,19 @@ def compare(repetitions: int = 2, reported: pd.DataFrame | None = None, *, quiet
             inside = lo <= val <= hi
             out.append(Comparison(row.case, row.metric, row.variant, row.unit, float(row.value), val, rel, None,
                                   "ok" if inside else "off", f"simulated crossover {val:.0f} tokens; reported "
-                                  f"between {lo:.0f} and {hi:.0f}"))
+                                  f"between {lo:.0f} and {hi:.0f}", f"in range {lo:.0f}-{hi:.0f}"))
             continue
         status = "ok" if abs(rel) <= 0.10 else "off"
+        criterion = "within 10%"
         if "upper bound" in str(row.note):
             status = "ok" if val <= float(row.value) else "off"
+            criterion = "<= bound"
         if sign_ok is False:
             status = "wrong sign"
         elif sign_ok and status == "off":
             status = "sign"
         out.append(Comparison(row.case, row.metric, row.variant, row.unit, float(row.value), val, rel, sign_ok,
-                              status))
+                              status, criterion=criterion))
     return out
 
 
