@@ -28,7 +28,10 @@
 #     with nvidia-smi's clocks, power and temperature every 0.2 s beside; then ncu of the
 #     FlashAttention kernels alone (the other kernels run unprofiled) of a tg16 @ d8192 in the
 #     -p 512 and -p 1 forms.
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform (default gptoss,qwen3; "all" is the same);
+#  7. (part "pform2", 2026-12-07) the same question on the two other architectures: Qwen3-30B-A3B (no
+#     sliding window) and Gemma-3-27B (sliding window 1024 on 5 of 6 layers) fully resident, tg at
+#     depth 0 and 8192 in the -p 512, -p 1 and -p 0 forms, alternated, twice.
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform, pform2 (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -62,8 +65,8 @@ PARTS=,${DIAG2_PARTS:-gptoss,qwen3},; [ "$PARTS" = ,all, ] && PARTS=,gptoss,qwen
 part() { case $PARTS in *,$1,*) return 0 ;; esac; return 1; }
 P1=
 P3=
-{ part ubheld || part gemmancu; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
-part qwen3 && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
+{ part ubheld || part gemmancu || part pform2; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
+{ part qwen3 || part pform2; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
 say "build exit $?"
@@ -121,6 +124,17 @@ if part pform; then
     timeout 200 $NCU --kernel-name regex:flash_attn --log-file "$W/ncu-pform-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-pform-$f.jsonl" 2>"$O/logs/ncu-pform-$f.err"; say "ncu pform $f exit $?"
     gzip -c "$W/ncu-pform-$f.csv" > "$O/ncu-pform-gptoss-$f.csv.gz"
   done
+fi
+# 7. pform2: the invocation forms on Qwen3 (no sliding window) and Gemma (sliding window)
+if part pform2; then
+  wait $P1; say "gguf qwen3 exit $?"
+  wait $P3; say "gguf gemma exit $?"
+  for f in p512a p1a p0a p512b p1b p0b; do
+    n=${f#p}; n=${n%?}
+    timeout 150 "$B" -m "$W/qwen3.gguf" $GA -p $n -n 128 -d 0,8192 -r 5 -o jsonl > "$O/pform2-qwen3-$f.jsonl" 2>/dev/null; say "pform2 qwen3 $f exit $?"
+    timeout 200 "$B" -m "$W/gemma.gguf" -ngl 99 -lm none -fa on -b 2048 -ub 512 -p $n -n 64 -d 0,8192 -r 5 -o jsonl > "$O/pform2-gemma-$f.jsonl" 2>/dev/null; say "pform2 gemma $f exit $?"
+  done
+  P1=
 fi
 # 4. ubheld: prompts at ubatch 1-16 on gpt-oss and Gemma (held out from the small-batch numbers)
 if part ubheld; then
