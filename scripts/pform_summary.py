@@ -10,7 +10,11 @@
    ``...-p1.csv.gz``): each kernel's median time over the tg16 @ d8192 graphs (the last 16 x 48
    FlashAttention kernels of each run: two kernels per layer).
 
+Part ``pform2`` (``pform2-<model>-p<N><run>.jsonl``: Qwen3-30B-A3B and Gemma-3-27B in the ``-p
+512``, ``-p 1`` and ``-p 0`` forms): table 1 for each model.
+
 Usage: PYTHONPATH=. python scripts/pform_summary.py data/llamacpp/h100-20261207-pform
+       PYTHONPATH=. python scripts/pform_summary.py data/llamacpp/h100-20261207-pform2
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import pandas as pd
 ORDER = "p512a p1a p256a p2048a p64a p0a p768a p4096a p512b p256b p1b p0b p512c p256c".split()
 
 
-def forms(folder: Path) -> pd.DataFrame:
+ORDER2 = "p512a p1a p0a p512b p1b p0b".split()
+
+
+def forms(folder: Path, prefix: str = "pform-gptoss", order: list[str] = ORDER) -> pd.DataFrame:
     """One row per run, in the order they ran."""
     rows = []
-    for run in ORDER:
+    for run in order:
         rec = {"run": run, "-p": int(run[1:-1])}
-        for ln in (folder / f"pform-gptoss-{run}.jsonl").read_text().splitlines():
+        for ln in (folder / f"{prefix}-{run}.jsonl").read_text().splitlines():
             r = json.loads(ln)
             if r["n_gen"] > 0:
                 d = r["n_depth"]
@@ -90,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="the lease's data folder")
     a = ap.parse_args(argv)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
+        if (a.folder / "pform2-qwen3-p512a.jsonl").is_file():
+            for model in ("qwen3", "gemma"):
+                print(model)
+                print(forms(a.folder, f"pform2-{model}", ORDER2).to_string(index=False), end="\n\n")
+            return 0
         print(forms(a.folder).to_string(index=False), end="\n\n")
         print(clocks(a.folder).to_string(index=False), end="\n\n")
         print(flash_kernels(a.folder).to_string())

@@ -1208,18 +1208,20 @@ def test_a_folder_of_several_gpus_says_which_rows_ran_on_another():
 
 
 def test_a_tg_row_at_a_depth_restored_after_a_multi_token_pp_test_is_noted():
-    """llama-bench restores one saved depth state across an invocation's tests; on a sliding-window
-    model a tg row at a depth after a pp test of >= 2 tokens at that depth (same invocation) is
-    noted (h100-20261207-pform), and counted as an approximation. Not after pp1, not at another
-    depth, not in another invocation, not on a model without a window, not before the pp test."""
+    """llama-bench restores one saved depth state across an invocation's tests; on gpt-oss a tg row
+    at a depth after a pp test of >= 2 tokens at that depth (same invocation) is noted
+    (h100-20261207-pform), and counted as an approximation. Not after pp1, not at another depth,
+    not in another invocation, not on another architecture (h100-20261207-pform2), not before the
+    pp test."""
     rows = [dict(n_prompt=512, n_gen=0, n_depth=8192), dict(n_prompt=0, n_gen=128, n_depth=8192),   # a: noted
             dict(n_prompt=1, n_gen=0, n_depth=8192), dict(n_prompt=0, n_gen=128, n_depth=8192),     # b: pp1
             dict(n_prompt=0, n_gen=128, n_depth=4096), dict(n_prompt=64, n_gen=0, n_depth=4096),    # c: tg first
-            dict(n_prompt=256, n_gen=0, n_depth=8192), dict(n_prompt=0, n_gen=32, n_depth=8192),    # d: no window
+            dict(n_prompt=256, n_gen=0, n_depth=8192), dict(n_prompt=0, n_gen=32, n_depth=8192),    # d: other arch
             dict(n_prompt=0, n_gen=128, n_depth=8192)]                                              # e: other run
     runs = ["a", "a", "b", "b", "c", "c", "d", "d", "e"]
-    windowed = [True] * 6 + [False, False, True]
-    got = cmp.restored_depth_notes(rows, runs, windowed)
+    affected = [True] * 6 + [False, False, True]
+    got = cmp.restored_depth_notes(rows, runs, affected)
+    assert cmp.RESTORED_DEPTH_ARCHS == ("gpt-oss",)
     assert [n is not None for n in got] == [False, True] + [False] * 7
     assert got[1].startswith("depth 8192 restored after a pp test of 512 tokens")
     df = pd.DataFrame(dict(predicted_ts=[1.0], note=[got[1]]))
