@@ -31,7 +31,9 @@
 #  7. (part "pform2", 2026-12-07) the same question on the two other architectures: Qwen3-30B-A3B (no
 #     sliding window) and Gemma-3-27B (sliding window 1024 on 5 of 6 layers) fully resident, tg at
 #     depth 0 and 8192 in the -p 512, -p 1 and -p 0 forms, alternated, twice.
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform, pform2 (default gptoss,qwen3; "all" is the same);
+#  8. (part "pform3", 2026-12-07) gpt-oss's -p 512 and -p 1 forms with ggml-cuda's programmatic
+#     dependent launch off (GGML_CUDA_PDL=0) and with its op fusion off (GGML_CUDA_DISABLE_FUSION=1).
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform, pform2, pform3 (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -123,6 +125,14 @@ if part pform; then
     A="-p ${f#p} -n 16"
     timeout 200 $NCU --kernel-name regex:flash_attn --log-file "$W/ncu-pform-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-pform-$f.jsonl" 2>"$O/logs/ncu-pform-$f.err"; say "ncu pform $f exit $?"
     gzip -c "$W/ncu-pform-$f.csv" > "$O/ncu-pform-gptoss-$f.csv.gz"
+  done
+fi
+# 8. pform3: gpt-oss's two forms with PDL off and with fusion off
+if part pform3; then
+  for f in p512 p1 p512pdl0 p1pdl0 p512nofuse p1nofuse p512b p1b p512pdl0b p1pdl0b p512nofuseb p1nofuseb; do
+    case $f in p512*) A="-p 512 -n 128" ;; *) A="-p 1 -n 128" ;; esac
+    case $f in *pdl0*) E=GGML_CUDA_PDL=0 ;; *nofuse*) E=GGML_CUDA_DISABLE_FUSION=1 ;; *) E= ;; esac
+    env $E timeout 120 "$B" -m "$G" $GA $A -d 0,8192 -r 5 -o jsonl > "$O/pform3-gptoss-$f.jsonl" 2>/dev/null; say "pform3 $f ($E) exit $?"
   done
 fi
 # 7. pform2: the invocation forms on Qwen3 (no sliding window) and Gemma (sliding window)
