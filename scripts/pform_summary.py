@@ -11,10 +11,13 @@
    FlashAttention kernels of each run: two kernels per layer).
 
 Part ``pform2`` (``pform2-<model>-p<N><run>.jsonl``: Qwen3-30B-A3B and Gemma-3-27B in the ``-p
-512``, ``-p 1`` and ``-p 0`` forms): table 1 for each model.
+512``, ``-p 1`` and ``-p 0`` forms): table 1 for each model. Part ``pform3``
+(``pform3-gptoss-p<N><setting><run>.jsonl``: gpt-oss's two forms with ``GGML_CUDA_PDL=0`` and with
+``GGML_CUDA_DISABLE_FUSION=1``): table 1 and the excess per setting (:func:`switches`).
 
 Usage: PYTHONPATH=. python scripts/pform_summary.py data/llamacpp/h100-20261207-pform
        PYTHONPATH=. python scripts/pform_summary.py data/llamacpp/h100-20261207-pform2
+       PYTHONPATH=. python scripts/pform_summary.py data/llamacpp/h100-20261207-pform3
 """
 
 from __future__ import annotations
@@ -33,13 +36,29 @@ ORDER = "p512a p1a p256a p2048a p64a p0a p768a p4096a p512b p256b p1b p0b p512c 
 
 
 ORDER2 = "p512a p1a p0a p512b p1b p0b".split()
+ORDER3 = "p512 p1 p512pdl0 p1pdl0 p512nofuse p1nofuse p512b p1b p512pdl0b p1pdl0b p512nofuseb p1nofuseb".split()
+
+
+def switches(folder: Path) -> pd.DataFrame:
+    """Part ``pform3``: per setting (plain, ``GGML_CUDA_PDL=0``, ``GGML_CUDA_DISABLE_FUSION=1``) the
+    mean depth cost of the two ``-p 512`` runs and of the two ``-p 1`` runs (µs) and the excess."""
+    rows = []
+    for s in ("", "pdl0", "nofuse"):
+        cost = {}
+        for form in ("p512", "p1"):
+            runs = [f"{form}{s}", f"{form}{s}b"]
+            cost[form] = st.mean(forms(folder, "pform3-gptoss", runs)["depth cost µs"])
+        rows.append({"setting": s or "plain", "-p 512 µs": round(cost["p512"]), "-p 1 µs": round(cost["p1"]),
+                     "excess µs": round(cost["p512"] - cost["p1"])})
+    return pd.DataFrame(rows)
 
 
 def forms(folder: Path, prefix: str = "pform-gptoss", order: list[str] = ORDER) -> pd.DataFrame:
     """One row per run, in the order they ran."""
     rows = []
     for run in order:
-        rec = {"run": run, "-p": int(run[1:-1])}
+        rec = {"run": run, "-p": int(re.match(r"p(\d+)", run).group(1) if prefix.startswith("pform3")
+                                     else run[1:-1])}
         for ln in (folder / f"{prefix}-{run}.jsonl").read_text().splitlines():
             r = json.loads(ln)
             if r["n_gen"] > 0:
@@ -97,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", type=Path, help="the lease's data folder")
     a = ap.parse_args(argv)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
+        if (a.folder / "pform3-gptoss-p512.jsonl").is_file():
+            print(forms(a.folder, "pform3-gptoss", ORDER3).to_string(index=False), end="\n\n")
+            print(switches(a.folder).to_string(index=False))
+            return 0
         if (a.folder / "pform2-qwen3-p512a.jsonl").is_file():
             for model in ("qwen3", "gemma"):
                 print(model)

@@ -828,7 +828,9 @@ def restored_depth_notes(rows: Sequence[Mapping[str, Any]], runs: Sequence[Any],
     found, not modelled (the simulator prices the faster forms). On the same kind of machine
     Qwen3-30B-A3B (no sliding window) and Gemma-3-27B (a 1024-token window on 5 of 6 layers) decode
     alike after ``-p 512`` and ``-p 1`` (``data/llamacpp/h100-20261207-pform2``: the mean depth cost
-    differs by −18 and −15 µs per token).
+    differs by −18 and −15 µs per token). With ggml-cuda's programmatic dependent launch off
+    (``GGML_CUDA_PDL=0``) or its op fusion off, gpt-oss's two forms decode alike
+    (``data/llamacpp/h100-20261207-pform3``).
 
     Args:
         rows: llama-bench rows in file order (``n_prompt``, ``n_gen``, ``n_depth``).
