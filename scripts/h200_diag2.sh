@@ -33,7 +33,9 @@
 #     depth 0 and 8192 in the -p 512, -p 1 and -p 0 forms, alternated, twice.
 #  8. (part "pform3", 2026-12-07) gpt-oss's -p 512 and -p 1 forms with ggml-cuda's programmatic
 #     dependent launch off (GGML_CUDA_PDL=0) and with its op fusion off (GGML_CUDA_DISABLE_FUSION=1).
-# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform, pform2, pform3 (default gptoss,qwen3; "all" is the same);
+#  9. (part "depth32k", 2026-12-07) decode at depths 0-32768 (tg64 at -d 0,8192,16384,24576,32768,
+#     -p 0) of Qwen3-30B-A3B and gpt-oss-20b fully resident: the shape of the depth cost past 16k.
+# DIAG2_PARTS: a comma list of gptoss, restore, qwen3, ubheld, gemmancu, pform, pform2, pform3, depth32k (default gptoss,qwen3; "all" is the same);
 #   DIAG2_PARTS=restore,qwen3 bash scripts/h200_diag2.sh start 540, then collect.
 # Carry .llamacpp and .whl.
 set -uo pipefail
@@ -68,7 +70,7 @@ part() { case $PARTS in *,$1,*) return 0 ;; esac; return 1; }
 P1=
 P3=
 { part ubheld || part gemmancu || part pform2; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gemma3-27b.toml --out "$W/gemma.gguf" --seed 0 > "$O/logs/gguf-gemma.log" 2>&1 & P3=$!; }
-{ part qwen3 || part pform2; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
+{ part qwen3 || part pform2 || part depth32k; } && { python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/qwen3-30b-a3b.toml --out "$W/qwen3.gguf" --seed 0 > "$O/logs/gguf-qwen3.log" 2>&1 & P1=$!; }
 python3 -m calibrate.llamacpp.gguf_writer --model scenarios/models/gpt-oss-20b.toml --out "$W/gptoss.gguf" --seed 0 > "$O/logs/gguf-gptoss.log" 2>&1 & P2=$!
 python3 -m calibrate.llamacpp build --src .llamacpp/llama.cpp-src.tgz --work "$W/b" --targets llama-bench > "$O/logs/build.log" 2>&1
 say "build exit $?"
@@ -126,6 +128,13 @@ if part pform; then
     timeout 200 $NCU --kernel-name regex:flash_attn --log-file "$W/ncu-pform-$f.csv" "$B" -m "$G" $GA $A -d 8192 -r 1 --no-warmup -o jsonl > "$O/ncu-pform-$f.jsonl" 2>"$O/logs/ncu-pform-$f.err"; say "ncu pform $f exit $?"
     gzip -c "$W/ncu-pform-$f.csv" > "$O/ncu-pform-gptoss-$f.csv.gz"
   done
+fi
+# 9. depth32k: decode at depths to 32768 on Qwen3 and gpt-oss
+if part depth32k; then
+  timeout 150 "$B" -m "$G" $GA -p 0 -n 64 -d 0,8192,16384,24576,32768 -r 3 -o jsonl > "$O/depth32k-gptoss.jsonl" 2>/dev/null; say "depth32k gpt-oss exit $?"
+  wait $P1; say "gguf qwen3 exit $?"
+  timeout 200 "$B" -m "$W/qwen3.gguf" $GA -p 0 -n 64 -d 0,8192,16384,24576,32768 -r 3 -o jsonl > "$O/depth32k-qwen3.jsonl" 2>/dev/null; say "depth32k qwen3 exit $?"
+  P1=
 fi
 # 8. pform3: gpt-oss's two forms with PDL off and with fusion off
 if part pform3; then
