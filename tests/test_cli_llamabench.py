@@ -1112,6 +1112,24 @@ def test_the_work_budget_counts_memoised_variants_at_a_hundredth(capsys):
     assert err.count("\n") == 1
 
 
+def test_an_moe_prompt_in_small_ubatches_counts_every_graph_as_built(capsys):
+    """An MoE prompt of 2-511-token ubatches builds nearly every graph anew (its expert counts
+    differ per graph), so its graphs count x1 per variant, not a hundredth: -p 1000000 -ub 2 is
+    refused at once (it was accepted and ran for tens of minutes), one-token ubatches and dense
+    models as before."""
+    from sim.bounds import MEMO_WORK_DIVISOR, work_units
+    from sim.model.specs import BenchTest
+
+    pp = [BenchTest(100_000, 0)]
+    share = 1 / MEMO_WORK_DIVISOR
+    assert abs(work_units(pp, 48, 2, 2048, 1, share, moe_variants=1.0) - work_units(pp, 48, 2, 2048, 1, 1.0)) < 100
+    assert work_units(pp, 48, 1, 2048, 1, share, moe_variants=1.0) == work_units(pp, 48, 1, 2048, 1, share)
+    assert work_units(pp, 48, 512, 2048, 1, share, moe_variants=1.0) == work_units(pp, 48, 512, 2048, 1, share)
+    assert work_units(pp, 48, 2, 2048, 1, share) * MEMO_WORK_DIVISOR <= work_units(pp, 48, 2, 2048, 1, 1.0) + 200
+    rc, _, err = run(capsys, "run", "-p", "1000000", "-n", "0", "-ub", "2", "-r", "1", "-q", "--variant", "baseline")
+    assert rc == 2 and "field '--max-work'" in err and err.count("\n") == 1
+
+
 def test_no_warmup_drops_the_warm_up_an_expert_cache_keeps(capsys):
     """--no-warmup is modelled: an expert cache starts cold (llama-bench's warm-up run no longer
     fills it), the baseline (which keeps nothing of the warm-up) is unchanged, and no

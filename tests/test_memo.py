@@ -690,3 +690,34 @@ def test_kv_prices_at_once_are_the_op_prices(path):
                     assert got.tolist() == want.tolist()
     with pytest.raises(ValueError):
         attn_durations_kv_s(replace(op, kind=OpKind.GEMM), hw, kvs)
+
+
+@pytest.mark.parametrize("ub", [1, 2])
+def test_prompts_in_small_ubatches_draw_bounded_masks_and_time_as_the_full_plan(ub, monkeypatch):
+    """An MoE prompt in one-token ubatches draws one block per (tokens, outputs) pair, not one per
+    graph (a prompt of 10**5 one-token ubatches held 1.8 GB of masks); in two-token ubatches the
+    masks are drawn in chunks, each graph keeping the first block of its key. Either way the
+    timing is the full plan's, and a chunk of 3 graphs times as one chunk of all."""
+    import sim.plan.memo as memo
+    from sim.plan import builder
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    t = BenchTest(40, 0, 0)
+    scn = fit_context_to_tests(replace(scn, workload=replace(scn.workload, n_ubatch=ub)), [t])
+    v = parse_variant("baseline")
+    drawn = []
+    real = builder.draw_masks_graphs
+    monkeypatch.setattr(memo, "draw_masks_graphs", lambda ctx, g, o=None: drawn.append(len(g)) or real(ctx, g, o))
+    got = time_test(make_context(scn, v, rep_rng(scn.seed, -1, -1)), t, rep_rng(scn.seed, t, 0), "analytic", {})
+    assert sum(drawn) == (2 if ub == 1 else 20)     # ub 1: (1 token, no output) and (1 token, its output)
+    plan = build_plan(scn, v, t, rep_rng(scn.seed, t, 0), make_context(scn, v, rep_rng(scn.seed, -1, -1)))
+    sched = time_plan(plan, scn)
+    edges = graph_host_edges(plan, np.asarray(sched.start_s, dtype=float), np.asarray(sched.end_s, dtype=float))
+    ctx = make_context(scn, v, rep_rng(scn.seed, -1, -1))
+    full = float(sched.makespan_s) - ubatch_overlap_s(ctx, t, *edges)
+    assert _rel(got.makespan_s, full) <= REL and got.h2d_bytes == plan.meta["h2d_bytes"]
+    if ub == 2:
+        monkeypatch.setattr(memo, "_DRAW_CHUNK", 3)
+        drawn.clear()
+        small = time_test(make_context(scn, v, rep_rng(scn.seed, -1, -1)), t, rep_rng(scn.seed, t, 0), "analytic", {})
+        assert drawn == [3] * 6 + [2] and small == got

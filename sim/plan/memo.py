@@ -203,6 +203,8 @@ ENABLE_BATCH_DRAWS = True
 
 #: at most this many distinct mask blocks are kept (:func:`block_keys`)
 _BLOCKS_MAX = 256
+#: graphs whose masks :func:`time_test` draws at once (their blocks then dropped but each new key's)
+_DRAW_CHUNK = 4096
 
 
 def block_keys(blocks: list, layers: list[int], mask_layers: list[frozenset[int]], memo: dict) -> list[tuple]:
@@ -643,18 +645,36 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
     outputs = output_rows(scn, test, graphs)
     router = ctx.router
     # masks: drawn as the full plan draws them; when no graph reads more than the count and the
-    # count is fixed (decode: one token, its output), the first graph's stand for all (the rng
-    # is the test's own)
+    # count is fixed (decode, or a prompt in one-token ubatches: one token, its output or none),
+    # the first graph of each (tokens, outputs) stands for all of that pair (the rng is the test's
+    # own: no later draw of this test is left to depend on the ones skipped)
     matter = [_masks_matter(ctx, n, host_layers) for n, _kv, _off in graphs]
-    fixed = router is None or (not any(matter) and all(router.fixed_count(n) is not None for n, _kv, _off in graphs)
-                               and len(set(outputs)) == 1)
+    fixed = router is None or (not any(matter) and all(
+        router.fixed_count(n) is not None and (o is None or o >= n or router.fixed_count(o) is not None)
+        for (n, _kv, _off), o in zip(graphs, outputs)))
     if ENABLE_BATCH_DRAWS:
-        blocks = draw_masks_graphs(ctx, graphs[:1] if fixed else graphs, outputs[:1] if fixed else outputs)
-        if fixed:
-            blocks = blocks * len(graphs)
         layers = ctx.moe_layers if router is not None else []
-        mkeys = block_keys(blocks, layers, [host_layers if m else frozenset() for m in matter], memo)
-        masks: list = blocks
+        if fixed:
+            first: dict = {}
+            for g, ((n, _kv, _off), o) in enumerate(zip(graphs, outputs)):
+                first.setdefault((n, o), g)
+            drawn = draw_masks_graphs(ctx, [graphs[g] for g in first.values()], [outputs[g] for g in first.values()])
+            by_pair = dict(zip(first, drawn))
+            masks: list = [by_pair[(n, o)] for (n, _kv, _off), o in zip(graphs, outputs)]
+            mkeys = block_keys(masks, layers, [host_layers if m else frozenset() for m in matter], memo)
+        else:
+            # drawn in chunks (the same draws in the same order); each graph keeps the first block
+            # of its key (blocks of one key make the same template): memory bounded by the chunk
+            # and the distinct keys, not by the graphs (a prompt of 10**6 one-token ubatches)
+            masks = []
+            mkeys = []
+            block_of: dict = {}
+            for c0 in range(0, len(graphs), _DRAW_CHUNK):
+                c1 = min(len(graphs), c0 + _DRAW_CHUNK)
+                blocks = draw_masks_graphs(ctx, graphs[c0:c1], outputs[c0:c1])
+                keys = block_keys(blocks, layers, [host_layers if m else frozenset() for m in matter[c0:c1]], memo)
+                masks.extend(block_of.setdefault(k, blk) for blk, k in zip(blocks, keys))
+                mkeys.extend(keys)
     else:
         masks = []
         for g, (n, _kv, off) in enumerate(graphs):
@@ -724,6 +744,8 @@ def time_test(ctx: BuildContext, test: BenchTest, rng: np.random.Generator, engi
         if remaining[b] == 0:
             # no later graph of this call shares the key: time its rows now, then let it go
             done = [(k, work.pop(k), pending.pop(k)) for k in [k for k in work if (k[0], k[2], k[4]) == b]]
+            for fk in [fk for fk in family if (fk[0], fk[2], fk[4]) == b]:
+                del family[fk]   # no later graph derives from it (memory: one template per live key)
             rows = _rows_at_many([(t, [kv_ for _g, kv_ in lst]) for _k, t, lst in done], ctx)
             done = [(k, t, list(zip([g_ for g_, _kv in lst], r))) for (k, t, lst), r in zip(done, rows)]
             _evaluate([(t, sorted({r for _g, r in lst})) for _k, t, lst in done], engine)
