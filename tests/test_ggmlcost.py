@@ -397,16 +397,33 @@ def test_decode_attention_never_gets_cheaper_when_the_kv_outgrows_the_l2():
     added to an interpolation of hot and cold cases, then dropped): for each shipped geometry,
     decode attention never falls with more keys and moves at 256-cell steps by no more than the
     priced cases' slopes allow; every measured case is priced as measured plus its cold read (0
-    beyond the L2); past the last case each cell costs at least its K/V at the cold rate."""
+    beyond the L2), but a hot case that its cold read makes dearer than a later case measured
+    cold, which is priced between its kept neighbours, below that case (Qwen3 and gpt-oss at 16384
+    cells: kept, they had made decode from 16k to 32k keys nearly free); past the last case each
+    cell costs at least its K/V at the cold rate."""
     g = load_hardware(PROFILE).ggml
+    n_dropped = 0
     for key, rows in g._attn_raw.items():
         if key[:2] != ("gpu", "FA"):
             continue
         hd, nh, nkv = key[2:]
         kvs, ts = rows[1]
-        priced = np.maximum.accumulate(ts + np.array([g.kv_cold_s(int(kv), nkv, hd) for kv in kvs]))
-        for kv, t in zip(kvs, priced):  # each measured case: as measured, plus its cold read
-            assert g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True) == pytest.approx(t)
+        add = np.array([g.kv_cold_s(int(kv), nkv, hd) for kv in kvs])
+        corrected = ts + add
+        dropped = [add[i] > 0 and any(a == 0 and c < corrected[i] for c, a in zip(corrected[i + 1:], add[i + 1:]))
+                   for i in range(len(kvs))]
+        kept_max = np.maximum.accumulate(corrected[~np.array(dropped)])
+        k = 0
+        for i, (kv, t) in enumerate(zip(kvs, corrected)):
+            got = g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True)
+            if dropped[i]:
+                n_dropped += 1
+                later_cold = min(c for c, a in zip(corrected[i + 1:], add[i + 1:]) if a == 0)
+                assert got < t and got <= later_cold * (1 + 1e-12)
+            else:  # a measured case: as measured, plus its cold read (non-decreasing)
+                assert got == pytest.approx(float(kept_max[k]))
+                k += 1
+        priced = np.array([g.attn_s("gpu", 1, int(kv), nh, nkv, hd, True) for kv in kvs])
         # no step and no fall: each 256 cells add at most the steepest slope between neighbouring
         # priced cases (the old price fell by a third in one step where the K/V passed the L2)
         cells = np.arange(256, 4 * int(kvs[-1]) + 1, 256)
@@ -418,6 +435,16 @@ def test_decode_attention_never_gets_cheaper_when_the_kv_outgrows_the_l2():
         far = 4 * int(kvs[-1])
         assert got[-1] - g.attn_s("gpu", 1, int(kvs[-1]), nh, nkv, hd, True) >= (
             4.0 * nkv * hd * (far - kvs[-1]) / g.attn_kv_cold_bytes_per_s) * (1 - 1e-9)
+    assert n_dropped == 2   # Qwen3's and gpt-oss's 16384-cell cases
+
+
+def test_decode_attention_keeps_growing_from_16k_to_32k_keys():
+    """Decode attention of Qwen3's geometry grows from 16k to 32k keys at least as steeply per
+    cell as from 8k to 16k (it had grown 0.12 times as steeply: the corrected 16384-cell case
+    lifted the cold 32768-cell case to its price)."""
+    g = load_hardware(PROFILE).ggml
+    at = [g.attn_s("gpu", 1, kv, 32, 4, 128, True) for kv in (8448, 16384, 32768)]
+    assert (at[2] - at[1]) / (32768 - 16384) >= (at[1] - at[0]) / (16384 - 8448)
 
 
 def test_the_profile_cold_kv_rate_is_that_of_the_committed_depth_profiles():

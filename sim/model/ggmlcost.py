@@ -265,7 +265,10 @@ class GgmlKernels:
         K half, a ``KQV`` case the V half), a case whose K/V exceed the L2 was read cold already.
         Interpolated between such points, the price rises with the keys through the L2's size:
         adding the cold read after interpolating the L2-hot and cold cases dropped it there
-        (tg32 of Qwen3 at depth 25344 → 25600: 180 → 215 t/s). Along the keys the prices are
+        (tg32 of Qwen3 at depth 25344 → 25600: 180 → 215 t/s). A hot case made dearer by its
+        cold read than a later case measured cold is dropped (the correction is measured at 8448
+        cells; at 16384 it overshoots Qwen3's and gpt-oss's cold 32768-cell cases, and lifting
+        those to it made decode from 16k to 32k keys nearly free). Along the keys the prices are
         made non-decreasing, and one point is added a span beyond the last case so that the
         extrapolation to more keys costs at least their K/V at the cold rate (it had been flat
         past 32768 cells, where the last two cases' slope is not positive). The CPU's tables are
@@ -281,9 +284,19 @@ class GgmlKernels:
             share = 1.0 if op == "FA" else 0.5
             cold = {}
             for nb, (kvs, ts) in rows.items():
-                # more keys never cost less (a hot case's cold read can exceed the next, cold case's
-                # time: Qwen3 at 16384 cells 27.7 us against 26.9 measured at 32768)
-                t = np.maximum.accumulate(ts + share * self.kv_cold_s(kvs, nkv, hd))
+                add = share * self.kv_cold_s(kvs, nkv, hd)
+                t = ts + add
+                # a hot case whose cold read makes it dearer than a case of more keys measured cold
+                # is dropped: the direct measurement wins over the correction, which was measured at
+                # 8448 cells (Qwen3 at 16384 cells 27.7 us against 26.9 measured at 32768: lifting
+                # the later cases to it instead left decode from 16k to 32k keys nearly free)
+                cold_after = np.minimum.accumulate(np.where(add > 0, np.inf, t)[::-1])[::-1]
+                later = np.append(cold_after[1:], np.inf)
+                keep = (add <= 0) | (t <= later)
+                if keep.sum() >= 2:
+                    kvs, t = kvs[keep], t[keep]
+                # more keys never cost less (what is left of the tables' noise)
+                t = np.maximum.accumulate(t)
                 if len(kvs) >= 2:
                     # beyond the last case each further cell's K/V is read at the cold rate at least:
                     # a point one span further on, so the extrapolation's slope is never below it
