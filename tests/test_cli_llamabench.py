@@ -1450,3 +1450,20 @@ def test_trace_says_which_repetition_it_shows(capsys, tmp_path):
     rc, o, err = run(capsys, "trace", TINY, "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "--out", out)
     assert rc == 0, err
     assert "first timed repetition" not in err + o
+
+
+def test_a_thread_count_other_than_the_profile_s_is_refused_where_weights_are_on_the_host(capsys):
+    """-t changes the CPU's speed, which the profile's CPU figures (measured with its host_cpus
+    threads) do not follow: with experts on the host a -t 1,4,16,64 sweep printed four identical
+    rows under four labels. Refused there (one line naming -t), left out with --skip-unmodelled;
+    the profile's own count, and any count on a fully resident setting, run."""
+    rc, _, err = run(capsys, "run", "-t", "4", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline")
+    assert rc == 2 and "field '-t/--threads'" in err and "measured with 16 threads" in err
+    assert len([ln for ln in err.splitlines() if "error" in ln]) == 1
+    rc, out, err = run(capsys, "run", "-t", "4,16", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline",
+                       "-o", "jsonl", "--skip-unmodelled")
+    assert rc == 0 and [json.loads(ln)["n_threads"] for ln in out.splitlines()] == [16]
+    assert "-t 4: left out (--skip-unmodelled)" in err
+    rc, out, _ = run(capsys, "run", "-t", "4", "-ncmoe", "0", "-p", "64", "-n", "0", "-r", "1", "-q",
+                     "--variant", "baseline", "-o", "jsonl")
+    assert rc == 0 and json.loads(out.splitlines()[0])["n_threads"] == 4

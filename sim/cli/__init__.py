@@ -576,7 +576,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             that does not fit (naming its flag), or a run over the work budget (naming
             ``--max-work``).
     """
-    from sim.cli.benchflags import Notes, load_models, overflow_in_flags, setting_scenario, sim_tests, unmodelled_setting
+    from sim.cli.benchflags import (Notes, load_models, overflow_in_flags, setting_scenario, sim_tests,
+                                    threads_unmodelled, unmodelled_setting)
     from sim.bounds import LIST_VALUES_MAX, WORK_MAX, check_work
     from sim.plan.builder import make_context
     from sim.errors import PlacementError
@@ -619,6 +620,14 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                                  combos=params.prefetch)
             continue
         sscn = setting_scenario(setting, params, scn, model, notes)
+        why = threads_unmodelled(setting.n_threads, sscn)
+        if why is not None:
+            if not skip_unmodelled:
+                raise ScenarioError(f"{why}: its rows would print the profile's thread count's numbers; give "
+                                    "--skip-unmodelled to leave them out", field="-t/--threads")
+            notes.add(f"{label}: left out (--skip-unmodelled): {why}")
+            skipped += 1
+            continue
         if sscn.model.moe is None:
             for v in sscn.variants:
                 if v.expert_slots and not v.prefetch_weights:

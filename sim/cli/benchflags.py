@@ -429,7 +429,8 @@ _LIST_FLAGS: tuple[tuple[str, tuple[str, ...], Any, str, str], ...] = (
      f"K cache type ({', '.join(KV_TYPES)}): its bytes per element size the KV cache"),
     ("type_v", ("-ctv", "--cache-type-v"), _choice_list(KV_TYPES, "KV cache type"), "TYPE", "V cache type"),
     ("n_threads", ("-t", "--threads"), int_list, "N", "CPU threads (reported; not modelled: the profile's host "
-                                                       "figures price CPU ops; default the profile's host_cpus)"),
+                                                       "figures price CPU ops; default the profile's host_cpus; "
+                                                       "another count is refused where weights are on the host)"),
     ("n_gpu_layers", ("-ngl", "--n-gpu-layers"), _signed_int_list, "N", "layers on the GPU (any negative value, as llama-bench's default -1, or >= layers + 1: all)"),
     ("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), int_list, "N", "keep the experts of the first N blocks on the host"),
     ("split_mode", ("-sm", "--split-mode"), _choice_list(SPLIT_MODES, "split mode"), "MODE",
@@ -609,6 +610,29 @@ def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     if kind == "split_mode":
         return flag, f"-sm {setting.split_mode} over {hw.n_gpu} GPUs is not modelled (-sm layer and none are)"
     return flag, f"{flag.split('/')[0]} 1 ({what}) is not modelled"
+
+
+def threads_unmodelled(n_threads: int, scn) -> str | None:
+    """Why ``-t n_threads`` cannot be simulated on ``scn``, else None: its profile records the
+    thread count its CPU figures were measured with (``[measured] host_cpus``), ``n_threads``
+    differs, and the placement keeps weights other than the token embedding on the host (their
+    matmuls run on the CPU in decode and in ubatches under the op-offload batch, at a speed the
+    thread count changes and the profile does not rescale). A fully resident setting's CPU does
+    no weight's work, and any ``-t`` prints the same numbers as llama-bench's would."""
+    from sim.model.vram import host_flags
+
+    raw = (getattr(scn.hardware, "measured", None) or {}).get("host_cpus")
+    try:
+        measured = int(str(raw))
+    except (TypeError, ValueError):
+        return None
+    if measured <= 0 or n_threads == measured:
+        return None
+    flags = host_flags(scn.model, scn.placement)
+    if not any(f for t, f in zip(scn.model.tensors, flags) if not t.name.startswith("token_embd.")):
+        return None
+    return (f"-t {n_threads} with weights on the host: the profile's CPU figures were measured with "
+            f"{measured} threads and are not rescaled")
 
 
 def unmodelled_notes(args: argparse.Namespace) -> list[str]:
@@ -1410,7 +1434,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     else:
         pl = replace(pl, flash_attn=base.flash_attn)
     if "n_threads" in given:
-        notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures)")
+        notes.add("-t: the thread count is not modelled (CPU ops are priced by the profile's host figures; a -t "
+                  "other than the profile's is refused where weights are on the host)")
     if "tensor_split" in given and hw.n_gpu > 1:
         notes.add("-ts: sets each GPU's layers (placement, VRAM); the activations crossing between the GPUs are "
                   "not priced, nor llama.cpp's pipelining of a batch's ubatches over the GPUs (n_batch > n_ubatch), "
