@@ -1467,3 +1467,12 @@ def test_a_thread_count_other_than_the_profile_s_is_refused_where_weights_are_on
     rc, out, _ = run(capsys, "run", "-t", "4", "-ncmoe", "0", "-p", "64", "-n", "0", "-r", "1", "-q",
                      "--variant", "baseline", "-o", "jsonl")
     assert rc == 0 and json.loads(out.splitlines()[0])["n_threads"] == 4
+
+
+def test_the_fit_says_it_replaces_the_scenario_s_own_placement(capsys):
+    """-fitt without -ncmoe on the command line replaced the default scenario's -ncmoe 24 (the fit
+    put every expert on the GPU) with no note, the row printing n_cpu_moe 24: the note names it."""
+    rc, out, err = run(capsys, "run", "-fitt", "1024", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline",
+                       "-o", "jsonl")
+    assert rc == 0 and json.loads(out.splitlines()[0])["n_cpu_moe"] == 24
+    assert "replaces the scenario's -ncmoe 24" in err

@@ -1408,8 +1408,14 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             check_fit_target(setting.fit_target, hw)
         replaced = [f for f, k in (("-ngl", "n_gpu_layers"), ("-ncmoe", "n_cpu_moe"), ("-ot", "overrides"),
                                    ("-ts", "tensor_split")) if k in given]
-        if replaced:
-            notes.add(f"-fitt/-fitc: llama-bench's fit (common_fit_params) replaces the given {', '.join(replaced)}; "
+        # the scenario's own placement, where the flags left it, is replaced as well
+        own = [f"{f} {v}" for f, k, v, default in (
+            ("-ngl", "n_gpu_layers", base.ngl, (999, -1)), ("-ncmoe", "n_cpu_moe", base.n_cpu_moe, (0,)),
+            ("-ot", "overrides", ";".join(f"{rx}={buf}" for rx, buf in base.override_tensor), ("",)))
+            if k not in given and v not in default and not (k == "n_gpu_layers" and v > m.n_layer)]
+        if replaced or own:
+            what = ", ".join(replaced + [f"the scenario's {o}" for o in own])
+            notes.add(f"-fitt/-fitc: llama-bench's fit (common_fit_params) replaces {what}; "
                       "the row prints them as given, as llama-bench does (--vram: the placement simulated)")
         if moe:
             pl = replace(pl, fit_experts=True)
