@@ -878,7 +878,8 @@ def test_variant_ids_are_equal_length_distinct_when_cut_and_fixed_by_the_variant
              "baseline_without_selective_copy"]
     ids = variant_ids([parse_variant(n) for n in names])
     assert len({len(b) for b, _ in ids.values()}) == 1
-    assert sorted(n for _, n in ids.values()) == list(range(len(names)))
+    nums = [n for _, n in ids.values()]
+    assert len(set(nums)) == len(names) and min(nums) == ids["baseline"][1] == 0
     for cut in range(6, 20):
         assert len({b[:cut] for b, _ in ids.values()}) == len(names)
     # an id is the variant's own: the same alone, in another set or in another order
@@ -1476,3 +1477,15 @@ def test_the_fit_says_it_replaces_the_scenario_s_own_placement(capsys):
                        "-o", "jsonl")
     assert rc == 0 and json.loads(out.splitlines()[0])["n_cpu_moe"] == 24
     assert "replaces the scenario's -ncmoe 24" in err
+
+
+def test_a_variant_s_build_number_is_the_same_in_every_run(capsys):
+    """build_number was the variant's position in --variant: slots3 printed 1 or 0 by the order
+    given. Now fixed by the variant (baseline 0, the lowest), as build_commit."""
+    got = []
+    for order in ("baseline,slots3", "slots3,baseline"):
+        rc, out, _ = run(capsys, "run", "--variant", order, "-p", "64", "-n", "0", "-r", "1", "-q", "-o", "jsonl")
+        assert rc == 0
+        got.append({json.loads(ln)["variant"]: (json.loads(ln)["build_number"], json.loads(ln)["build_commit"])
+                    for ln in out.splitlines()})
+    assert got[0] == got[1] and got[0]["baseline"][0] == 0 and got[0]["slots3"][0] > 0

@@ -273,9 +273,21 @@ def variant_ids(variants) -> dict[str, tuple[str, int]]:
     nothing is cut and the id printed is the one to give; beside a real llama.cpp commit (7 or
     more hex digits) they are cut to its length: six hex digits after the ``s`` (which marks a
     simulated build: a git hash has no ``s``) then tell them apart, and :func:`variant_id_note`
-    says when two of a run's do not. ``build_number`` is the variant's position in the run.
+    says when two of a run's do not. ``build_number`` (:func:`variant_build_number`) is fixed by
+    the variant too: 0 for ``baseline`` (the lowest, the build that script takes as the base), a
+    number from the same digest for any other (it was the variant's position in ``--variant``, so
+    one variant's rows of two runs could carry two numbers).
     """
-    return {v.name: (variant_id(v.name), i) for i, v in enumerate(variants)}
+    return {v.name: (variant_id(v.name), variant_build_number(v.name)) for v in variants}
+
+
+def variant_build_number(name: str) -> int:
+    """``build_number`` of a variant's rows: 0 for ``baseline``, else 1 plus the first six hex
+    digits of :func:`variant_id`'s digest read as a number (the same in every run; at most
+    16,777,216)."""
+    if name == "baseline":
+        return 0
+    return 1 + int(variant_id(name)[1:7], 16)
 
 
 def variant_id_note(variants) -> str | None:
