@@ -1245,3 +1245,15 @@ def test_run_and_compare_refuse_the_same_settings():
         assert unmodelled_setting(s, SimpleNamespace(n_gpu=2))[0] == UNMODELLED[kind][0]
     assert unmodelled_kind(SimpleNamespace(**{**base, "split_mode": "row"}), 1) is None
     assert unmodelled_setting(SimpleNamespace(**{**base, "split_mode": "tensor"}), SimpleNamespace(n_gpu=1)) is None
+
+
+def test_rows_of_a_machine_with_more_gpus_than_the_profile_are_warned_about():
+    """Rows from a two-GPU machine (gpu_info lists two) against a one-GPU profile: llama-bench split
+    the model over both unless told otherwise; this was said only when the profile had more GPUs."""
+    df = pd.DataFrame({"x": [1]})
+    df.attrs.update(gpu_name="NVIDIA H200", hardware="H200 (llama.cpp kernels)", n_gpu=1,
+                    gpu_info=["NVIDIA H200, NVIDIA H200"], gpu_rows={"NVIDIA H200, NVIDIA H200": 3}, over_gpu_rows=3)
+    got = [w for w in cmp.warnings(df) if "GPUs (gpu_info)" in w]
+    assert len(got) == 1 and got[0].startswith("3 of the rows ran on a machine of 2 GPUs (gpu_info)") and "has 1" in got[0]
+    df.attrs.update(over_gpu_rows=0)   # -sm none, or -dev naming one GPU: fine
+    assert not [w for w in cmp.warnings(df) if "gpu_info" in w]

@@ -1052,6 +1052,13 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     gpu_rows = (bench["gpu_info"].dropna().astype(str).value_counts().to_dict()
                 if "gpu_info" in bench.columns else {})
     backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
+    def over(r) -> bool:   # split over more GPUs than the profile has (llama-bench's default uses all it sees)
+        seen = len([g for g in str(r.get("gpu_info", "") or "").split(",") if g.strip()])
+        devs = [d for d in str(r.get("devices", "auto") or "auto").split("/") if d.strip()]
+        return (seen > hw.n_gpu and str(r.get("split_mode", "layer")) != "none"
+                and (devs == ["auto"] or len(devs) > hw.n_gpu))
+
+    df.attrs.update(over_gpu_rows=int(sum(over(r) for _, r in bench.iterrows())))
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
                     repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, gpu_rows=gpu_rows, n_gpu=hw.n_gpu,
                     backend=hardware_backend(hw),
@@ -1106,6 +1113,11 @@ def warnings(df: pd.DataFrame) -> list[str]:
         out.append(f"the rows' machine had {max(counts)} GPU(s) (gpu_info), the profile "
                    f"'{df.attrs.get('hardware')}' has {n_gpu}: its VRAM and layer split are another machine's "
                    "(give --hardware a profile with the rows' GPU count)")
+    elif counts and n_gpu and max(counts) > n_gpu and df.attrs.get("over_gpu_rows"):
+        out.append(f"{df.attrs['over_gpu_rows']} of the rows ran on a machine of {max(counts)} GPUs (gpu_info) with "
+                   f"their model split over them (split_mode not none, devices not narrowed), the profile "
+                   f"'{df.attrs.get('hardware')}' has {n_gpu}: they ran on more GPUs than are simulated (give "
+                   "--hardware a profile with the rows' GPU count)")
     backend = str(df.attrs.get("backend") or "")
     other = [b for b in df.attrs.get("backends", []) if backend and backend not in [x.strip() for x in b.split(",")]]
     if other:
