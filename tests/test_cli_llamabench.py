@@ -1489,3 +1489,12 @@ def test_a_variant_s_build_number_is_the_same_in_every_run(capsys):
         got.append({json.loads(ln)["variant"]: (json.loads(ln)["build_number"], json.loads(ln)["build_commit"])
                     for ln in out.splitlines()})
     assert got[0] == got[1] and got[0]["baseline"][0] == 0 and got[0]["slots3"][0] > 0
+
+
+def test_a_context_past_the_trained_one_is_noted(capsys):
+    """-d 65536 on Qwen3-30B-A3B (trained for 40960 tokens) ran with no word of it, where llama.cpp
+    warns: one note, naming n_ctx_train; none within the trained context."""
+    rc, _, err = run(capsys, "run", "-p", "0", "-n", "16", "-d", "65536", "-r", "1", "-q", "--variant", "baseline")
+    assert rc == 0 and err.count("n_ctx_train") == 1 and "65,552 tokens" in err and "40,960" in err
+    rc, _, err = run(capsys, "run", "-p", "512", "-n", "16", "-r", "1", "-q", "--variant", "baseline")
+    assert rc == 0 and "n_ctx_train" not in err

@@ -618,3 +618,13 @@ def test_gguf_geometry_beyond_the_model_toml_s_bounds_is_refused(tmp_path, key, 
     p = _llama(tmp_path / "m.gguf", drop=(key,), extra_kv=[(V.UINT32, key, value)])
     err = _one_line_error(p, f"must be <= ", fn=load_gguf_model)
     assert field in err.field
+
+
+def test_the_trained_context_is_read_from_context_length(tmp_path):
+    """<arch>.context_length is the model's n_ctx_train (0 when absent); a non-integer is a
+    one-line error naming the key."""
+    m = load_gguf_model(_llama(tmp_path / "a.gguf", extra_kv=[(V.UINT32, "llama.context_length", 32768)]))
+    assert m.n_ctx_train == 32768
+    assert load_gguf_model(_llama(tmp_path / "b.gguf")).n_ctx_train == 0
+    with pytest.raises(ScenarioError, match="context_length"):
+        load_gguf_model(_llama(tmp_path / "c.gguf", extra_kv=[(V.STRING, "llama.context_length", "long")]))

@@ -646,6 +646,12 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                     notes.add(f"variant {v.name}: {sscn.model.name} has no experts: expert slots stage nothing, "
                               "its rows are the baseline's")
         tests = sim_tests(insts)
+        n_train = sscn.model.n_ctx_train
+        longest = max((t.n_prompt + t.n_gen + t.n_depth for t in tests), default=0)
+        if n_train and longest > n_train:
+            notes.add(f"{sscn.model.name}: a context of {longest:,} tokens (-p + -n + -d) is past its trained context "
+                      f"of {n_train:,} (n_ctx_train): llama.cpp runs it with a warning; the speed is simulated "
+                      "alike (the output's quality is not)")
         base_ctx = sscn.placement.ctx_size
         prog = None
         if progress is not None:

@@ -628,6 +628,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     ``expert_used_count``, ``expert_feed_forward_length`` (default: ``ne[1]`` of the first
     ``ffn_up_exps``), ``expert_shared_count`` (default: 1 when shared-expert tensors exist),
     ``leading_dense_block_count`` (default: the blocks before the first ``ffn_gate_inp``),
+    ``context_length`` (the trained context, ``n_ctx_train``; 0 when absent),
     ``attention.sliding_window`` and ``attention.sliding_window_pattern`` (a number, or per-layer
     flags of the form "every N-th layer full"; default 6 for gemma3 and 2 for gpt-oss, as
     llama.cpp); the vocabulary size is ``ne[1]`` of ``token_embd.weight``. For a model whose
@@ -799,7 +800,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         name=label, n_layer=n_layer, d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
         n_vocab=n_vocab, n_ff=n_ff, attn_kind="full", sliding_window=window, swa_interval=interval, moe=moe,
         group_types=_group_types(tensors), source=src, file=str(p), arch=arch, tied_embeddings=tied,
-        tensor_table=tuple(tensors),
+        tensor_table=tuple(tensors), n_ctx_train=meta.uint("context_length", 0, max_value=2**31 - 1),
     )
 
 

@@ -159,6 +159,9 @@ class ModelSpec:
         sliding_window: tokens of the sliding window on SWA layers (0 = none).
         swa_interval: every ``swa_interval``-th layer is full, the others sliding (0 = none).
         linear_state_dim: per-head recurrent state size of linear-attention layers.
+        n_ctx_train: tokens of the context the model was trained for (GGUF
+            ``<arch>.context_length``, the TOML's ``n_ctx_train``; 0 = not known). llama.cpp runs
+            a longer context with a warning; ``prefetch-sim run`` notes it.
         moe: the MoE part, or None for a dense model.
         group_types: ggml type (or mean bits per weight) per tensor group: the TOML's preset
             and ``[quant]`` entries (a GGUF: each group's type, or its mean bits when its
@@ -212,6 +215,7 @@ class ModelSpec:
     quant_n_layer: int = 0
     tied_embeddings: bool = False
     tensor_table: tuple[Tensor, ...] = ()
+    n_ctx_train: int = 0
 
     # -- structure --------------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
@@ -470,6 +474,7 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
                       "sliding_window and swa_interval go together (a window, and every swa_interval-th layer "
                       "full): give both or neither")
     linear_state_dim = m.int("linear_state_dim", 128, min=1, max=DIM_MAX)
+    n_ctx_train = m.int("n_ctx_train", 0, min=0, max=2**31 - 1)
     # bytes per KV element: a quantised cache has ~0.5 (q4_0), f32 4; 8 leaves room
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, min=1 / 16, max=8.0)
     source = m.str("source", "")
@@ -530,6 +535,7 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
         swa_interval=swa_interval, linear_state_dim=linear_state_dim, moe=moe,
         group_types=types, kv_bytes_per_elem=kv_bytes, source=source, file=str(path),
         arch=arch, quant_preset=preset.upper(), quant_explicit=explicit, tied_embeddings=tied,
+        n_ctx_train=n_ctx_train,
     )
     from sim.bounds import check_kind
 
