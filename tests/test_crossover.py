@@ -428,7 +428,9 @@ def test_the_fa_axis_takes_llama_benchs_on_off_spelling():
     from sim.views.crossover import parse_axis
 
     assert parse_axis("fa=on,off").values == parse_axis("fa=0,1").values
-    with pytest.raises(ScenarioError, match="'maybe' is not on, off, 0 or 1"):
+    # auto is on, as run -fa auto simulates it (it was refused where run accepts it)
+    assert parse_axis("fa=auto,off").values == parse_axis("fa=on,off").values
+    with pytest.raises(ScenarioError, match="'maybe' is not on, off, auto, 0, 1 or -1"):
         parse_axis("fa=on,maybe")
 
 

@@ -156,13 +156,14 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis 'kv': unknown KV cache type '{unknown[0]}' (use one of: {', '.join(KV_TYPES)})",
                                 field=flag)
         values = [kv_bytes_per_elem(n, n) for n in names]
-    elif spec.name == "fa" and any(v.strip().lower() in ("on", "off") for v in vals.split(",")):
-        # llama-bench's -fa spellings (run -fa on|off) as well as 0/1
-        words = {"on": 1, "off": 0, "1": 1, "0": 0}
+    elif spec.name == "fa" and any(v.strip().lower() in ("on", "off", "auto", "-1") for v in vals.split(",")):
+        # llama-bench's -fa spellings (run -fa on|off|auto) as well as 0/1/-1; auto is on, as in
+        # run (llama.cpp turns FlashAttention on where the GPU supports it, as a CUDA GPU does)
+        words = {"on": 1, "off": 0, "auto": 1, "1": 1, "0": 0, "-1": 1}
         names = [v.strip().lower() for v in vals.split(",") if v.strip()]
         bad = [n for n in names if n not in words]
         if bad:
-            raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, 0 or 1", field=flag)
+            raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, auto, 0, 1 or -1", field=flag)
         values = [words[n] for n in names]
     elif spec.integer:
         from sim.cli import _int_list
