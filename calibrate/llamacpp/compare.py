@@ -840,10 +840,10 @@ def restored_depth_notes(rows: Sequence[Mapping[str, Any]], runs: Sequence[Any],
     """
     pp_at: dict[tuple, int] = {}   # (run, depth) -> the largest pp test seen so far at that depth
     out: list[str | None] = []
-    for row, run, sw in zip(rows, runs, affected):
+    for row, run, hit in zip(rows, runs, affected):
         n_p, n_g, d = int(row["n_prompt"]), int(row["n_gen"]), int(row["n_depth"])
         note = None
-        if d > 0 and n_p == 0 and n_g > 0 and sw and pp_at.get((run, d)):
+        if d > 0 and n_p == 0 and n_g > 0 and hit and pp_at.get((run, d)):
             note = (f"depth {d} restored after a pp test of {pp_at[(run, d)]} tokens at that depth in this "
                     "invocation: gpt-oss-20b decoded so about 100 µs per token slower than after -p 0 or -p 1 "
                     "(data/llamacpp/h100-20261207-pform), not modelled")
@@ -1052,6 +1052,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     gpu_rows = (bench["gpu_info"].dropna().astype(str).value_counts().to_dict()
                 if "gpu_info" in bench.columns else {})
     backends = sorted({str(b) for b in bench["backends"].dropna()}) if "backends" in bench.columns else []
+
     def over(r) -> bool:   # split over more GPUs than the profile has (llama-bench's default uses all it sees)
         seen = len([g for g in str(r.get("gpu_info", "") or "").split(",") if g.strip()])
         devs = [d for d in str(r.get("devices", "auto") or "auto").split("/") if d.strip()]

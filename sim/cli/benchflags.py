@@ -618,7 +618,8 @@ def threads_unmodelled(n_threads: int, scn) -> str | None:
     differs, and the placement keeps weights other than the token embedding on the host (their
     matmuls run on the CPU in decode and in ubatches under the op-offload batch, at a speed the
     thread count changes and the profile does not rescale). A fully resident setting's CPU does
-    no weight's work, and any ``-t`` prints the same numbers as llama-bench's would."""
+    no weight's work (its one-thread ``GET_ROWS`` and the host's graph work do not use the pool),
+    so its ``-t`` is only printed."""
     from sim.model.vram import host_flags
 
     raw = (getattr(scn.hardware, "measured", None) or {}).get("host_cpus")
