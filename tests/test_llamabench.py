@@ -492,7 +492,9 @@ H200_BENCH = ROOT / "data" / "llamacpp" / "h200-20261201" / "llama-bench.jsonl"
 
 @pytest.mark.parametrize("old, new, field, words", [
     # the fresh-user test's edit: avg_ts x10, its samples untouched (was scored as a -90 % error)
-    ('"avg_ts": 320.638570', '"avg_ts": 3206.38570', "avg_ts, line 1", "not the mean of samples_ts (320.638570"),
+    ('"avg_ts": 320.638570', '"avg_ts": 3206.38570', "avg_ts, line 1",
+     "not the mean of samples_ts as llama-bench derives them from samples_ns (not the printed, rounded samples_ts) "
+     "(320.638570"),
     ('"avg_ts": 320.638570', '"avg_ts": 320.638572', "avg_ts, line 1", "not the mean"),  # past %f rounding
     ('"samples_ts": [ 303.044, 323.969, 325.063, 325.849, 325.268 ]', '"samples_ts": [ 1.0, 2.0 ]',
      "samples_ts, line 1", "2 samples_ts for 5 samples_ns"),

@@ -392,7 +392,9 @@ def _check_samples(out: dict, err) -> None:
         _check_averages(out, n_tokens, err)
         return
     if not _close(out["avg_ts"], mean_ts, slack):
-        raise err("avg_ts", f"{out['avg_ts']:f} is not the mean of samples_ts ({mean_ts:f}, llama-bench's avg)")
+        src = ("samples_ts as llama-bench derives them from samples_ns (not the printed, rounded samples_ts)"
+               if exact_ts else "samples_ts")
+        raise err("avg_ts", f"{out['avg_ts']:f} is not the mean of {src} ({mean_ts:f}, llama-bench's avg)")
     if ns and "stddev_ns" in out and out["stddev_ns"] not in (stdev_ns(ns), stdev_ns(ns, wrap=False)):
         raise err("stddev_ns", f"{out['stddev_ns']} is not the standard deviation of samples_ns "
                                f"({stdev_ns(ns, wrap=False)}, llama-bench's stdev)")
