@@ -1257,3 +1257,13 @@ def test_rows_of_a_machine_with_more_gpus_than_the_profile_are_warned_about():
     assert len(got) == 1 and got[0].startswith("3 of the rows ran on a machine of 2 GPUs (gpu_info)") and "has 1" in got[0]
     df.attrs.update(over_gpu_rows=0)   # -sm none, or -dev naming one GPU: fine
     assert not [w for w in cmp.warnings(df) if "gpu_info" in w]
+
+
+def test_a_repeat_that_shares_no_row_is_warned_about(tmp_path, capsys):
+    """compare --repeat with a folder of other configurations printed an empty reproducibility
+    table and said nothing."""
+    a = subset(tmp_path / "a", [1, 2])
+    b = subset(tmp_path / "b", [5, 6])
+    assert cmp.main([str(a), "-q", "--jobs", "1", "--repeat", str(b)]) == 0
+    err = capsys.readouterr().err
+    assert len([ln for ln in err.splitlines() if "shares no row" in ln]) == 1

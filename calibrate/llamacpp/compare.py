@@ -1967,6 +1967,9 @@ def main(argv: list[str] | None = None) -> int:
             md += "\n" + repro_markdown(reproducibility(df), f"Reproducibility: {args.run_dir} against its repeat "
                                                               f"{args.repeat} (|error| on the rows both have, "
                                                               f"matched by {how})")
+            if not df.repeat_ts.notna().any():
+                print(f"{prog}: warning: --repeat {args.repeat} shares no row with {args.run_dir} (matched by "
+                      f"{how}): its table is empty", file=sys.stderr)
         if len(df) and df.predicted_ts.isna().all():  # nothing to compare: no table, no files
             first = df.iloc[0]
             print(f"{prog}: error: none of the {len(df)} rows of {args.run_dir} could be simulated on this profile "
