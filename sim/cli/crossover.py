@@ -75,6 +75,10 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"{n_cells:,} sweep points, more than the limit of {LIST_VALUES_MAX}", field="--axis2")
     for note in axis_notes(axes, test, scn):
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
+    if args.repetitions is None and scn.workload.repetitions > 1:
+        print(f"prefetch-sim: note: -r 1 (crossover's default): each cell is llama-bench's first timed repetition "
+              f"(the CUDA-graph capture included) on one routing draw, where run averages the scenario's "
+              f"{scn.workload.repetitions}; give -r {scn.workload.repetitions} for run's numbers", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions or 1, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress,
                 max_work=WORK_MAX if args.max_work is None else args.max_work, prefetch_plots=True)
