@@ -1498,3 +1498,13 @@ def test_a_context_past_the_trained_one_is_noted(capsys):
     assert rc == 0 and err.count("n_ctx_train") == 1 and "65,552 tokens" in err and "40,960" in err
     rc, _, err = run(capsys, "run", "-p", "512", "-n", "16", "-r", "1", "-q", "--variant", "baseline")
     assert rc == 0 and "n_ctx_train" not in err
+
+
+def test_a_two_gpu_scenario_says_the_crossing_between_gpus_is_not_priced(capsys):
+    """The activations crossing between GPUs are not priced: said with -ts (as before) and now
+    also for a two-GPU scenario's own split (a -ts-free run said nothing); not on one GPU."""
+    rc, _, err = run(capsys, "run", "h200x2-qwen3-30b-a3b", "-p", "64", "-n", "0", "-r", "1", "-q",
+                     "--variant", "baseline")
+    assert rc == 0 and "-sm layer over 2 GPUs" in err and "not priced" in err
+    rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline")
+    assert rc == 0 and "not priced" not in err

@@ -1447,6 +1447,10 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         notes.add("-ts: sets each GPU's layers (placement, VRAM); the activations crossing between the GPUs are "
                   "not priced, nor llama.cpp's pipelining of a batch's ubatches over the GPUs (n_batch > n_ubatch), "
                   "so with every weight on the GPUs the t/s is the one GPU's whatever the split")
+    elif hw.n_gpu > 1 and setting.split_mode != "none":
+        notes.add(f"-sm {setting.split_mode} over {hw.n_gpu} GPUs: each GPU holds its share of the layers (placement, "
+                  "VRAM); the activations crossing between the GPUs are not priced, nor llama.cpp's pipelining of a "
+                  "batch's ubatches over them, so with every weight on the GPUs the t/s is one GPU's")
     insts = params.instances(setting)
     wl = Workload(
         n_prompt=tuple(dict.fromkeys(i.n_prompt for i in insts if i.n_prompt)) or (0,),
