@@ -598,26 +598,53 @@ def test_a_fifo_given_as_a_gguf_is_refused_not_read(tmp_path):
     assert str(fifo) in str(ei.value)
 
 
-def test_a_shard_of_a_split_gguf_is_refused_naming_split_count(tmp_path):
-    """llama.cpp loads every shard of a split GGUF; the simulator reads one file's header, so a
-    shard (split.count > 1) is refused by name instead of priced as a whole model; one of 1 is a
-    whole file."""
-    p = _llama(tmp_path / "m-00001-of-00002.gguf",
-               extra_kv=[(V.UINT16, "split.count", 2), (V.UINT16, "split.no", 0)])
-    err = _one_line_error(p, "one shard of a split GGUF .split.count = 2", fn=load_gguf_model)
-    assert err.field == "split.count" and "llama-gguf-split --merge" in str(err)
+def _shards(full: Path, folder: Path, n: int, *, name: str = "m", tensors_count: int | None = None) -> list[Path]:
+    """``full`` written again as ``n`` shards as llama-gguf-split writes them: every metadata key
+    in the first (split.no 0), the tensors dealt out in order, split.count / split.no /
+    split.tensors.count in each, named PREFIX-0000k-of-0000n.gguf."""
+    idx = read_gguf_index(full)
+    vt = {int: V.UINT32, float: V.FLOAT32, str: V.STRING}
+    meta = [(vt[type(v)], k, v) for k, v in idx.kv.items()
+            if k not in ("general.architecture", "general.alignment") and type(v) in vt]
+    names = list(idx.tensors)
+    per = -(-len(names) // n)
+    out = []
+    for k in range(n):
+        split = [(V.UINT16, "split.no", k), (V.UINT16, "split.count", n),
+                 (V.INT32, "split.tensors.count", len(names) if tensors_count is None else tensors_count)]
+        ts = [(nm, idx.tensors[nm].ne, idx.tensors[nm].ggml_type) for nm in names[k * per:(k + 1) * per]]
+        out.append(_write(folder / f"{name}-{k + 1:05d}-of-{n:05d}.gguf", idx.kv["general.architecture"],
+                          (meta if k == 0 else []) + split, ts))
+    return out
+
+
+def test_a_split_gguf_reads_as_its_whole_file(tmp_path):
+    """llama.cpp loads every shard of a split GGUF (llama-gguf-split's PREFIX-00001-of-0000N.gguf);
+    so does the reader, from any shard: the same model as the whole file (it had refused a shard,
+    asking for a merge). A missing shard, a shard of another name, or a tensor count other than
+    split.tensors.count is one line naming the file and field."""
+    full = _llama(tmp_path / "full.gguf", n_layer=3, extra_kv=[(V.UINT32, "llama.context_length", 8192)])
+    want = load_gguf_model(full)
+    shards = _shards(full, tmp_path, 3)
+    for sh in (shards[0], shards[2]):
+        got = load_gguf_model(sh)
+        assert (got.name, got.n_layer, got.n_ctx_train, got.nbytes, got.n_params) == (
+            want.name, want.n_layer, want.n_ctx_train, want.nbytes, want.n_params)
+        assert [(t.name, t.ggml_type, t.n_in, t.n_out) for t in got.tensors] == \
+            [(t.name, t.ggml_type, t.n_in, t.n_out) for t in want.tensors]
+    shards[1].unlink()
+    err = _one_line_error(shards[0], "shard m-00002-of-00003.gguf of this split GGUF", fn=load_gguf_model)
+    assert err.field == "split.count"
+    other = tmp_path / "o"
+    other.mkdir()
+    renamed = _shards(full, other, 2)[0].rename(other / "renamed.gguf")
+    assert _one_line_error(renamed, "named 'renamed.gguf'", fn=load_gguf_model).field == "split.count"
+    bad = tmp_path / "b"
+    bad.mkdir()
+    err = _one_line_error(_shards(full, bad, 2, tensors_count=5)[0], "split.tensors.count is 5", fn=load_gguf_model)
+    assert err.field == "split.tensors.count"
     whole = _llama(tmp_path / "w.gguf", extra_kv=[(V.UINT16, "split.count", 1)])
     assert load_gguf_model(whole).n_layer == 2
-
-
-@pytest.mark.parametrize("key,value,field", [
-    ("llama.block_count", 2000, "block_count"), ("llama.attention.head_count_kv", 70000, "head_count_kv"),
-    ("llama.feed_forward_length", 2 * 10**7, "feed_forward_length")])
-def test_gguf_geometry_beyond_the_model_toml_s_bounds_is_refused(tmp_path, key, value, field):
-    """The same bounds as a model TOML's (sim.bounds): a header past them is one line naming the key."""
-    p = _llama(tmp_path / "m.gguf", drop=(key,), extra_kv=[(V.UINT32, key, value)])
-    err = _one_line_error(p, f"must be <= ", fn=load_gguf_model)
-    assert field in err.field
 
 
 def test_the_trained_context_is_read_from_context_length(tmp_path):

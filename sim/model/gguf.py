@@ -618,6 +618,54 @@ def _need(idx: GGUFIndex, name: str, why: str) -> GGUFTensor:
     return t
 
 
+#: a shard's file name as llama.cpp's ``llama_split_path`` makes it: ``PREFIX-%05d-of-%05d.gguf``,
+#: the shard's number from 1
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def merge_split(idx: GGUFIndex) -> GGUFIndex:
+    """The header of a split GGUF (``split.count`` > 1, as ``llama-gguf-split`` writes it) as one
+    index: the metadata of its first shard (``split.no`` 0, which holds them all) and the tensors of
+    every shard in shard order. The shards are found by llama.cpp's naming (``llama_split_path``:
+    ``PREFIX-00001-of-00003.gguf`` ...) beside ``idx.path``, which may be any of them.
+
+    Raises:
+        ScenarioError: naming the file and field: a shard whose name is not of that form, a
+            missing shard, a shard whose ``split.no`` / ``split.count`` disagree with its name, a
+            tensor in two shards, ``split.tensors.count`` other than the tensors found.
+    """
+    import dataclasses
+
+    p, n = idx.path, idx.kv.get("split.count")
+    m = _SPLIT_NAME.match(p.name)
+    if m is None or int(m["count"]) != n:
+        raise ScenarioError(f"a shard of a split GGUF (split.count = {n}) named '{p.name}': llama.cpp finds the "
+                            f"other shards by their names, PREFIX-00001-of-{n:05d}.gguf and so on; give the shards "
+                            "those names, or merge them (llama-gguf-split --merge FIRST_SHARD OUT.gguf)",
+                            file=p, field="split.count")
+    shards = [p.with_name(f"{m['prefix']}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    missing = [sh for sh in shards if not sh.is_file()]
+    if missing:
+        raise ScenarioError(f"shard {missing[0].name} of this split GGUF (split.count = {n}) is missing: llama.cpp "
+                            "loads every shard", file=p, field="split.count")
+    idxs = [idx if sh.resolve() == p.resolve() else read_gguf_index(sh) for sh in shards]
+    for k, (sh, x) in enumerate(zip(shards, idxs)):
+        if x.kv.get("split.no") != k or x.kv.get("split.count") != n:
+            raise ScenarioError(f"split.no {x.kv.get('split.no')!r}, split.count {x.kv.get('split.count')!r}: its "
+                                f"name makes it shard {k} of {n}", file=sh, field="split.no")
+    tensors: dict[str, GGUFTensor] = {}
+    for sh, x in zip(shards, idxs):
+        for name, t in x.tensors.items():
+            if name in tensors:
+                raise ScenarioError(f"tensor '{name}' is in two shards of this split GGUF", file=sh)
+            tensors[name] = t
+    want = idxs[0].kv.get("split.tensors.count")
+    if isinstance(want, int) and not isinstance(want, bool) and want != len(tensors):
+        raise ScenarioError(f"split.tensors.count is {want}, but its {n} shards hold {len(tensors)} tensors",
+                            file=shards[0], field="split.tensors.count")
+    return dataclasses.replace(idxs[0], tensors=tensors, file_size=sum(x.file_size for x in idxs))
+
+
 def load_gguf_model(path: str | Path) -> ModelSpec:
     """A :class:`sim.model.specs.ModelSpec` from a GGUF's header (no tensor data is read).
 
@@ -662,10 +710,7 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
                             field="general.architecture")
     n_split = idx.kv.get("split.count")
     if isinstance(n_split, int) and not isinstance(n_split, bool) and n_split > 1:
-        # llama.cpp loads every shard (llama_get_list_splits); this reader reads one file's header
-        raise ScenarioError(f"one shard of a split GGUF (split.count = {n_split}, split.no = "
-                            f"{idx.kv.get('split.no', '?')}): the simulator reads one file; merge the shards "
-                            "first (llama-gguf-split --merge FIRST_SHARD OUT.gguf)", file=p, field="split.count")
+        idx = merge_split(idx)   # llama.cpp loads every shard (llama_get_list_splits)
     from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
 
     meta = _Meta(idx, arch)
