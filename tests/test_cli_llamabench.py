@@ -1508,3 +1508,15 @@ def test_a_two_gpu_scenario_says_the_crossing_between_gpus_is_not_priced(capsys)
     assert rc == 0 and "-sm layer over 2 GPUs" in err and "not priced" in err
     rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline")
     assert rc == 0 and "not priced" not in err
+
+
+def test_the_fit_margin_is_left_free_not_counted_as_used(capsys):
+    """-fitt M holds M MiB as reserved VRAM to size the fit, but llama.cpp leaves them free: the
+    same placement printed 17.97, 18.97 and 25.97 GiB at -fitt 0, 1024 and 8192. Now one figure."""
+    peaks = []
+    for extra in ([], ["-fitt", "1024"], ["-fitt", "8192"]):
+        rc, out, _ = run(capsys, "run", "-ncmoe", "0", "--ctx-size", "0", *extra, "-p", "64", "-n", "0", "-r", "1",
+                         "-q", "--variant", "baseline", "-o", "jsonl")
+        assert rc == 0
+        peaks.append(json.loads(out.splitlines()[0])["peak_vram_bytes"])
+    assert peaks[0] == peaks[1] == peaks[2]
