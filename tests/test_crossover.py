@@ -513,3 +513,14 @@ def test_the_default_single_repetition_is_said_where_run_averages_more(tmp_path,
     assert "give -r 5 for run's numbers" in capsys.readouterr().err
     assert cli.main(argv + ["-r", "2"]) == 0
     assert "-r 1 (crossover's default)" not in capsys.readouterr().err
+
+
+def test_a_sweep_past_the_trained_context_is_noted():
+    """run notes a context past n_ctx_train; a crossover's depth or prompt axis said nothing."""
+    from sim.model.specs import load_scenario
+    from sim.views.crossover import axis_notes, parse_axis
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")     # Qwen3-30B-A3B, 40960 tokens
+    got = axis_notes([parse_axis("depth=0,65536")], BenchTest(0, 32, 0), scn)
+    assert len([n for n in got if "n_ctx_train" in n]) == 1 and "65,568 tokens" in got[-1]
+    assert not [n for n in axis_notes([parse_axis("depth=0,8192")], BenchTest(0, 32, 0), scn) if "n_ctx_train" in n]

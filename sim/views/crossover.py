@@ -1173,7 +1173,7 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
     """What a sweep's axes cannot change, said before it runs: ubatch values above the test's
     prompt (a ubatch holds at most the prompt: those points repeat the last one), ``ncmoe``
     above the model's blocks (every expert on the host, as llama.cpp), ``kv`` (it sizes the KV
-    cache; attention reads are priced as F16)."""
+    cache; attention reads are priced as F16), and contexts past the model's ``n_ctx_train``."""
     out = []
     for ax in axes:
         if ax.name == "ubatch" and test.n_prompt and not any(a.name == "prompt" for a in axes):
@@ -1186,6 +1186,13 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
         if ax.name == "kv":
             out.append("axis kv: the KV cache type sizes the KV cache (VRAM, what fits); attention reads are "
                        "priced as F16")
+    # a context past the model's trained one (run says so too): llama.cpp runs it with a warning
+    n_train = scn.model.n_ctx_train
+    tok = {a.name: max(a.values) for a in axes if a.name in ("depth", "prompt")}
+    longest = tok.get("depth", test.n_depth) + tok.get("prompt", test.n_prompt) + test.n_gen
+    if n_train and longest > n_train:
+        out.append(f"{scn.model.name}: contexts up to {longest:,} tokens are past its trained context of "
+                   f"{n_train:,} (n_ctx_train): llama.cpp runs them with a warning; the speed is simulated alike")
     return out
 
 
