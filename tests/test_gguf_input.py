@@ -619,19 +619,22 @@ def _shards(full: Path, folder: Path, n: int, *, name: str = "m", tensors_count:
 
 
 def test_a_split_gguf_reads_as_its_whole_file(tmp_path):
-    """llama.cpp loads every shard of a split GGUF (llama-gguf-split's PREFIX-00001-of-0000N.gguf);
-    so does the reader, from any shard: the same model as the whole file (it had refused a shard,
-    asking for a merge). A missing shard, a shard of another name, or a tensor count other than
-    split.tensors.count is one line naming the file and field."""
+    """llama.cpp loads every shard of a split GGUF (llama-gguf-split's PREFIX-00001-of-0000N.gguf)
+    given the first; so does the reader: the same model as the whole file (it had refused a shard,
+    asking for a merge). Another shard (its metadata may be only the split keys), a missing shard, a
+    first shard of another name, or a tensor count other than split.tensors.count is one line
+    naming the file and field."""
     full = _llama(tmp_path / "full.gguf", n_layer=3, extra_kv=[(V.UINT32, "llama.context_length", 8192)])
     want = load_gguf_model(full)
     shards = _shards(full, tmp_path, 3)
-    for sh in (shards[0], shards[2]):
-        got = load_gguf_model(sh)
-        assert (got.name, got.n_layer, got.n_ctx_train, got.nbytes, got.n_params) == (
-            want.name, want.n_layer, want.n_ctx_train, want.nbytes, want.n_params)
-        assert [(t.name, t.ggml_type, t.n_in, t.n_out) for t in got.tensors] == \
-            [(t.name, t.ggml_type, t.n_in, t.n_out) for t in want.tensors]
+    got = load_gguf_model(shards[0])
+    assert (got.name, got.n_layer, got.n_ctx_train, got.nbytes, got.n_params) == (
+        want.name, want.n_layer, want.n_ctx_train, want.nbytes, want.n_params)
+    assert [(t.name, t.ggml_type, t.n_in, t.n_out) for t in got.tensors] == \
+        [(t.name, t.ggml_type, t.n_in, t.n_out) for t in want.tensors]
+    # another shard: refused as llama.cpp refuses it, naming the first
+    err = _one_line_error(shards[2], "give m-00001-of-00003.gguf", fn=load_gguf_model)
+    assert err.field == "split.no"
     shards[1].unlink()
     err = _one_line_error(shards[0], "shard m-00002-of-00003.gguf of this split GGUF", fn=load_gguf_model)
     assert err.field == "split.count"

@@ -794,8 +794,9 @@ def test_rows_note_a_thread_count_and_a_repack_the_tables_do_not_price():
     row = df.loc[2].to_dict()
     plain = "; ".join(cmp.row_case(row, q, HW).notes)
     assert "n_threads" not in plain and "repack" not in plain
+    # this row keeps experts on the host: another thread count is not scored (prefetch-sim run's rule)
     notes = "; ".join(cmp.row_case(row | {"n_threads": 8, "no_host": True}, q, HW).notes)
-    assert "n_threads 8" in notes and "16 threads" in notes and "CPU_REPACK" in notes
+    assert "not simulated: -t 8 with weights on the host" in notes and "16 threads" in notes and "CPU_REPACK" in notes
     assert "CPU_REPACK" not in "; ".join(cmp.row_case(row | {"no_host": True, "repack": False}, q, HW).notes)
     # a profile that does not record its thread count (a datasheet) says nothing of threads
     sheet = load_hardware(ROOT / "scenarios" / "hardware" / "h200-datasheet.toml")
@@ -929,7 +930,7 @@ def test_approximations_counts_each_kind_once_per_predicted_row():
 
 
 def test_cli_says_approximated_rows(tmp_path, capsys):
-    run = _mixed_up(tmp_path, {1: ('"n_threads": 16', '"n_threads": 4')})
+    run = _mixed_up(tmp_path, {3: ('"n_threads": 16', '"n_threads": 4')})   # line 3: fully resident
     assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
     err = capsys.readouterr().err.splitlines()
     said = [ln for ln in err if "rest on an approximation" in ln]
@@ -1267,3 +1268,25 @@ def test_a_repeat_that_shares_no_row_is_warned_about(tmp_path, capsys):
     assert cmp.main([str(a), "-q", "--jobs", "1", "--repeat", str(b)]) == 0
     err = capsys.readouterr().err
     assert len([ln for ln in err.splitlines() if "shares no row" in ln]) == 1
+
+
+def test_a_row_that_ran_llama_bench_s_fit_is_not_scored(tmp_path, capsys):
+    """A row with fit_target (or fit_min_ctx) other than 0 ran llama-bench's fit, whose placement
+    the row does not print: it was predicted on the row's -ncmoe (2.7x off for -fitt 1024 on
+    the default configuration) with nothing said. Not simulated, said once."""
+    run = _mixed_up(tmp_path, {1: ('"fit_target": 0', '"fit_target": 1024')})
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("compare: line 1 ")]
+    assert len(line) == 1 and "not simulated: fit_target 1024" in line[0] and "-fitt" in line[0], err
+
+
+def test_a_row_of_another_thread_count_with_host_weights_is_not_scored(tmp_path, capsys):
+    """prefetch-sim run refuses a -t other than the profile's where weights are on the host; compare
+    scored such rows (a note only). Now one rule: not simulated there; a fully resident row of
+    another thread count is still predicted, with its note."""
+    run = _mixed_up(tmp_path, {1: ('"n_threads": 16', '"n_threads": 4'), 3: ('"n_threads": 16', '"n_threads": 4')})
+    df = cmp.compare(run, HW, jobs=1)
+    host, resident = df[df.line == 1].iloc[0], df[df.line == 3].iloc[0]
+    assert math.isnan(host.predicted_ts) and "not simulated: -t 4 with weights on the host" in host.note
+    assert resident.regime == "resident" and resident.predicted_ts > 0 and "n_threads 4" in resident.note

@@ -642,6 +642,14 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         kept = [n for n in notes if not (split and n.startswith("split_mode "))]  # row_terms' one-GPU note
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(kept + [f"not simulated: {unmodelled}"]),
                        variant=variant)
+    get_ = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    fit = {k: _int_or(get_(k), 0) for k in ("fit_target", "fit_min_ctx")}
+    if any(fit.values()):   # llama-bench ran common_fit_params: its placement is not the row's -ngl/-ncmoe/-ot
+        which = ", ".join(f"{k} {v}" for k, v in fit.items() if v)
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: {which}: llama-bench's fit (common_fit_params) replaced the "
+                                      "row's -ngl/-ncmoe/-ot/-ts with a placement it does not print; prefetch-sim run "
+                                      "-fitt simulates the fit"]), variant=variant)
     size = row.get("model_size") if hasattr(row, "get") else None
     if _finite(size) and not size > 0:
         return RowCase(None, terms.tests, terms, m, "unknown",
@@ -681,6 +689,14 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         wl = replace(wl, bench_repetitions=len(samples))  # llama-bench's -r of the row
     scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=wl,
                    routing=RoutingSpec(), variants=(parse_variant(variant),), seed=0, file=file)
+    if recorded and _finite(n_threads) and int(n_threads) > 0:
+        from sim.cli.benchflags import threads_unmodelled
+
+        why = threads_unmodelled(int(n_threads), scn)   # the rule prefetch-sim run refuses -t by
+        if why is not None:
+            return RowCase(None, terms.tests, terms, m, "unknown",
+                           tuple([n for n in notes if not n.startswith("n_threads ")]
+                                 + [f"not simulated: {why} (prefetch-sim run refuses such a -t)"]), variant=variant)
     return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps, variant)
 
 

@@ -627,7 +627,8 @@ def merge_split(idx: GGUFIndex) -> GGUFIndex:
     """The header of a split GGUF (``split.count`` > 1, as ``llama-gguf-split`` writes it) as one
     index: the metadata of its first shard (``split.no`` 0, which holds them all) and the tensors of
     every shard in shard order. The shards are found by llama.cpp's naming (``llama_split_path``:
-    ``PREFIX-00001-of-00003.gguf`` ...) beside ``idx.path``, which may be any of them.
+    ``PREFIX-00001-of-00003.gguf`` ...) beside ``idx.path``, the first (:func:`load_gguf_model`
+    refuses another, as llama.cpp does).
 
     Raises:
         ScenarioError: naming the file and field: a shard whose name is not of that form, a
@@ -700,6 +701,15 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
 
     idx = read_gguf_index(path)
     p = idx.path
+    n_split = idx.kv.get("split.count")
+    if isinstance(n_split, int) and not isinstance(n_split, bool) and n_split > 1:
+        no = idx.kv.get("split.no")
+        if no != 0:   # llama_model_loader: "model must be loaded with the first split"
+            m = _SPLIT_NAME.match(p.name)
+            first = f"{m['prefix']}-00001-of-{n_split:05d}.gguf" if m else "its first shard"
+            raise ScenarioError(f"shard split.no = {no!r} of a split GGUF (split.count = {n_split}): llama.cpp loads "
+                                f"a split model from its first shard; give {first}", file=p, field="split.no")
+        idx = merge_split(idx)   # llama.cpp loads every shard (llama_get_list_splits)
     arch = idx.kv.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise ScenarioError("missing or empty general.architecture (not a llama.cpp model file?)", file=p,
@@ -708,9 +718,6 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         raise ScenarioError(f"general.architecture '{arch}' is not modelled by the simulator (its graph is built as "
                             f"llama-shaped blocks; supported: {', '.join(MODELLED_ARCHS)})", file=p,
                             field="general.architecture")
-    n_split = idx.kv.get("split.count")
-    if isinstance(n_split, int) and not isinstance(n_split, bool) and n_split > 1:
-        idx = merge_split(idx)   # llama.cpp loads every shard (llama_get_list_splits)
     from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
 
     meta = _Meta(idx, arch)

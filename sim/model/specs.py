@@ -474,7 +474,7 @@ def _load_model_toml(path: str | Path) -> ModelSpec:
                       "sliding_window and swa_interval go together (a window, and every swa_interval-th layer "
                       "full): give both or neither")
     linear_state_dim = m.int("linear_state_dim", 128, min=1, max=DIM_MAX)
-    n_ctx_train = m.int("n_ctx_train", 0, min=0, max=2**31 - 1)
+    n_ctx_train = m.int("n_ctx_train", 0, min=0, max=2**32 - 1)
     # bytes per KV element: a quantised cache has ~0.5 (q4_0), f32 4; 8 leaves room
     kv_bytes = m.float("kv_bytes_per_elem", 2.0, min=1 / 16, max=8.0)
     source = m.str("source", "")
