@@ -642,8 +642,8 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         kept = [n for n in notes if not (split and n.startswith("split_mode "))]  # row_terms' one-GPU note
         return RowCase(None, terms.tests, terms, m, "unknown", tuple(kept + [f"not simulated: {unmodelled}"]),
                        variant=variant)
-    get_ = row.get if hasattr(row, "get") else (lambda k, d=None: d)
-    fit = {k: _int_or(get_(k), 0) for k in ("fit_target", "fit_min_ctx")}
+    get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
+    fit = {k: _int_or(get(k), 0) for k in ("fit_target", "fit_min_ctx")}
     if any(fit.values()):   # llama-bench ran common_fit_params: its placement is not the row's -ngl/-ncmoe/-ot
         which = ", ".join(f"{k} {v}" for k, v in fit.items() if v)
         return RowCase(None, terms.tests, terms, m, "unknown",
@@ -659,7 +659,6 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
                      "the GGUF is not the model the invocation names (a trimmed or --tiny GGUF, or a model_toml of "
                      "another model)")
-    get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
     # only a profile that says how many threads its CPU figures were measured with
     recorded = (getattr(hardware, "measured", None) or {}).get("host_cpus") is not None
     n_threads, host_cpus = get("n_threads"), default_threads(hardware)
