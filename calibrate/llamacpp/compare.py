@@ -52,7 +52,8 @@ import pandas as pd
 
 from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
-from sim.cli.benchflags import SIMULATED_CPU_INFO, check_main_gpu, default_threads, hardware_backend
+from sim.cli.benchflags import (SIMULATED_CPU_INFO, check_main_gpu, default_threads, hardware_backend,
+                                threads_unmodelled)
 from sim.views.llamabench import (UNMODELLED, RowTerms, model_with_kv, prefetch_settings, read_llama_bench,
                              row_placement, row_terms, unmodelled_kind,
                              row_variant, row_workload)
@@ -662,12 +663,19 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     # only a profile that says how many threads its CPU figures were measured with
     recorded = (getattr(hardware, "measured", None) or {}).get("host_cpus") is not None
     n_threads, host_cpus = get("n_threads"), default_threads(hardware)
+    threads_why = None
     if recorded and _finite(n_threads) and int(n_threads) > 0 and int(n_threads) != host_cpus:
-        notes.append(f"n_threads {int(n_threads)}: the profile's CPU figures were measured with {host_cpus} "
-                     "threads and are not rescaled")
+        threads_why = threads_unmodelled(int(n_threads), m, pl, hardware)   # run's rule: not scored
+        if threads_why is None:
+            notes.append(f"n_threads {int(n_threads)}: the profile's CPU figures were measured with {host_cpus} "
+                         "threads and are not rescaled")
     if _true(get("no_host", False)) and not _false(get("repack", True)):
         notes.append("no_host with repack: the CPU weights are repacked (CPU_REPACK), the CPU tables price "
                      "ggml-cpu's plain kernels")
+    if threads_why is not None:
+        return RowCase(None, terms.tests, terms, m, "unknown",
+                       tuple(notes + [f"not simulated: {threads_why} (prefetch-sim run refuses such a -t)"]),
+                       variant=variant)
     backend = hardware_backend(hardware)
     backends = _str_or(row.get("backends") if hasattr(row, "get") else None, backend)
     if backend not in [b.strip() for b in backends.split(",")]:
@@ -688,14 +696,6 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         wl = replace(wl, bench_repetitions=len(samples))  # llama-bench's -r of the row
     scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=wl,
                    routing=RoutingSpec(), variants=(parse_variant(variant),), seed=0, file=file)
-    if recorded and _finite(n_threads) and int(n_threads) > 0:
-        from sim.cli.benchflags import threads_unmodelled
-
-        why = threads_unmodelled(int(n_threads), scn)   # the rule prefetch-sim run refuses -t by
-        if why is not None:
-            return RowCase(None, terms.tests, terms, m, "unknown",
-                           tuple([n for n in notes if not n.startswith("n_threads ")]
-                                 + [f"not simulated: {why} (prefetch-sim run refuses such a -t)"]), variant=variant)
     return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps, variant)
 
 

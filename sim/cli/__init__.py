@@ -644,7 +644,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                                  combos=params.prefetch)
             continue
         sscn = setting_scenario(setting, params, scn, model, notes)
-        why = threads_unmodelled(setting.n_threads, sscn)
+        why = threads_unmodelled(setting.n_threads, sscn.model, sscn.placement, sscn.hardware)
         if why is not None:
             if not skip_unmodelled:
                 raise ScenarioError(f"{why}: its rows would print the profile's thread count's numbers; give "
@@ -658,12 +658,10 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                     notes.add(f"variant {v.name}: {sscn.model.name} has no experts: expert slots stage nothing, "
                               "its rows are the baseline's")
         tests = sim_tests(insts)
-        n_train = sscn.model.n_ctx_train
-        longest = max((t.n_prompt + t.n_gen + t.n_depth for t in tests), default=0)
-        if n_train and longest > n_train:
-            notes.add(f"{sscn.model.name}: a context of {longest:,} tokens (-p + -n + -d) is past its trained context "
-                      f"of {n_train:,} (n_ctx_train): llama.cpp runs it with a warning; the speed is simulated "
-                      "alike (the output's quality is not)")
+        past = sscn.model.past_trained_context(max((t.n_prompt + t.n_gen + t.n_depth for t in tests), default=0),
+                                               " (-p + -n + -d)")
+        if past:
+            notes.add(past)
         base_ctx = sscn.placement.ctx_size
         prog = None
         if progress is not None:

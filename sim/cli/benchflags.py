@@ -612,8 +612,9 @@ def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     return flag, f"{flag.split('/')[0]} 1 ({what}) is not modelled"
 
 
-def threads_unmodelled(n_threads: int, scn) -> str | None:
-    """Why ``-t n_threads`` cannot be simulated on ``scn``, else None: its profile records the
+def threads_unmodelled(n_threads: int, model, placement, hardware) -> str | None:
+    """Why ``-t n_threads`` cannot be simulated for ``model`` under ``placement`` on ``hardware``,
+    else None (the one rule of ``run`` and ``compare``): the profile records the
     thread count its CPU figures were measured with (``[measured] host_cpus``), ``n_threads``
     differs, and the placement keeps weights other than the token embedding on the host (their
     matmuls run on the CPU in decode and in ubatches under the op-offload batch, at a speed the
@@ -622,15 +623,15 @@ def threads_unmodelled(n_threads: int, scn) -> str | None:
     so its ``-t`` is only printed."""
     from sim.model.vram import host_flags
 
-    raw = (getattr(scn.hardware, "measured", None) or {}).get("host_cpus")
+    raw = (getattr(hardware, "measured", None) or {}).get("host_cpus")
     try:
         measured = int(str(raw))
     except (TypeError, ValueError):
         return None
     if measured <= 0 or n_threads == measured:
         return None
-    flags = host_flags(scn.model, scn.placement)
-    if not any(f for t, f in zip(scn.model.tensors, flags) if not t.name.startswith("token_embd.")):
+    flags = host_flags(model, placement)
+    if not any(f for t, f in zip(model.tensors, flags) if not t.name.startswith("token_embd.")):
         return None
     return (f"-t {n_threads} with weights on the host: the profile's CPU figures were measured with "
             f"{measured} threads and are not rescaled")

@@ -217,6 +217,16 @@ class ModelSpec:
     tensor_table: tuple[Tensor, ...] = ()
     n_ctx_train: int = 0
 
+    def past_trained_context(self, tokens: int, what: str = "") -> str | None:
+        """The note ``run`` and ``crossover`` print when a context of ``tokens`` (``what``: how it
+        is made, e.g. ``" (-p + -n + -d)"``) is past :attr:`n_ctx_train`, else None (also when
+        the trained context is not known)."""
+        if not self.n_ctx_train or tokens <= self.n_ctx_train:
+            return None
+        return (f"{self.name}: a context of {tokens:,} tokens{what} is past its trained context of "
+                f"{self.n_ctx_train:,} (n_ctx_train): llama.cpp runs it with a warning; the speed is simulated "
+                "alike (the output's quality is not)")
+
     # -- structure --------------------------------------------------------------------
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer >= self.moe.n_layer_dense_lead

@@ -1186,13 +1186,12 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
         if ax.name == "kv":
             out.append("axis kv: the KV cache type sizes the KV cache (VRAM, what fits); attention reads are "
                        "priced as F16")
-    # a context past the model's trained one (run says so too): llama.cpp runs it with a warning
-    n_train = scn.model.n_ctx_train
+    # a context past the model's trained one (run says so too)
     tok = {a.name: max(a.values) for a in axes if a.name in ("depth", "prompt")}
-    longest = tok.get("depth", test.n_depth) + tok.get("prompt", test.n_prompt) + test.n_gen
-    if n_train and longest > n_train:
-        out.append(f"{scn.model.name}: contexts up to {longest:,} tokens are past its trained context of "
-                   f"{n_train:,} (n_ctx_train): llama.cpp runs them with a warning; the speed is simulated alike")
+    past = scn.model.past_trained_context(tok.get("depth", test.n_depth) + tok.get("prompt", test.n_prompt)
+                                          + test.n_gen, " (the sweep's longest)")
+    if past:
+        out.append(past)
     return out
 
 
