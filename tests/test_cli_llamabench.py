@@ -1420,8 +1420,10 @@ def test_a_cache_with_whole_tensor_prefetch_notes_that_its_prefill_bypasses_the_
 
 def test_a_weight_type_the_kernel_tables_lack_is_noted():
     """A model whose GPU weights are of a type the llama.cpp profile never measured (Q2_K, IQ4_XS,
-    BF16...) is priced by the generic roofline, which put a Q2_K prefill 3x above Q4_K with nothing
-    said: run notes the types; the shipped models (Q4_K, Q6_K, Q8_0, MXFP4, f32 routers) get none."""
+    BF16...) had been priced by the generic roofline, which put a Q2_K prefill 3x above Q4_K with
+    nothing said: run notes the types and what prices them (a quantised type its family's measured
+    types, a float type the roofline, experts of a type without an expert case the dense ratio);
+    the shipped models (Q4_K, Q6_K, Q8_0, MXFP4, f32 routers) get none."""
     from dataclasses import replace as _replace
 
     from sim.cli import untabled_types_note
@@ -1436,7 +1438,17 @@ def test_a_weight_type_the_kernel_tables_lack_is_noted():
     q2 = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="Q2_K") if t.name.endswith("attn_q.weight")
                                                 else t for t in m.tensors])
     note = untabled_types_note(q2, hw)
-    assert note and "weight type(s) Q2_K have" in note and "roofline" in note
+    # a quantised type is priced from its family's measured types, and the note says from which
+    assert note and "Q2_K from Q4_K" in note and "25 %" in note and "roofline" not in note
+    bf = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="BF16") if t.name.endswith("attn_q.weight")
+                                                else t for t in m.tensors])
+    note = untabled_types_note(bf, hw)
+    assert note and "BF16 priced by the generic roofline" in note
+    # Q8_0 experts: Q8_0 has dense cases but no MUL_MAT_ID case (priced silently by the roofline before)
+    q8 = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="Q8_0") if "_exps" in t.name else t
+                                                for t in m.tensors])
+    note = untabled_types_note(q8, hw)
+    assert note and "expert matmuls of Q8_0 (no MUL_MAT_ID case)" in note
     assert untabled_types_note(q2, load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")) is None
 
 

@@ -65,7 +65,87 @@ def test_matvec_is_two_floors_plus_the_cold_bytes_and_mmq_the_measured_curve():
     assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 512, b) == pytest.approx(160e-6)
     # another shape of the type: scaled by m*k from the nearest measured one
     assert k.matmul_s("gpu", "Q4_K", 2048, 1024, 64, 2 * b) == pytest.approx(40e-6)
-    assert k.matmul_s("gpu", "IQ2_XS", 1024, 1024, 64, b) is None  # no curve: the caller's roofline
+    # a quantised type without a case: its family's measured type (test_an_unmeasured_type_...)
+    assert k.matmul_s("gpu", "IQ2_XS", 1024, 1024, 64, b) == pytest.approx(20e-6)
+    assert k.matmul_s("gpu", "BF16", 1024, 1024, 64, b) is None  # a float type: the caller's roofline
+
+
+def _proxy_kernels() -> GgmlKernels:
+    """Dense curves of Q4_K (t), Q6_K (2t) and Q8_0 (t/2) on one shape, Q4_K's and Q6_K's expert
+    curves (3t, 6t), and cold cases of the three (Q8_0 twice Q4_K's rate)."""
+    rows = []
+    for ty, f in (("Q4_K", 1.0), ("Q6_K", 2.0), ("Q8_0", 0.5)):
+        rows += [dict(backend="gpu", op="MUL_MAT", type=ty, m=1024, n=n, k=1024, bs=1, nr=1, t_us=f * t)
+                 for n, t in ((16, 10.0), (64, 20.0), (256, 80.0))]
+        rows.append(dict(backend="gpu", op="MUL_MAT", type=ty, m=1024, n=1, k=1024, bs=64, nr=1,
+                         t_us=64.0 * (0.5 if ty == "Q8_0" else 1.0)))
+    for ty, f in (("Q4_K", 3.0), ("Q6_K", 6.0)):
+        rows += [dict(backend="gpu", op="MUL_MAT_ID", type=ty, m=1024, n=n, k=1024, bs=1, nr=8, nkv=64, t_us=f * t)
+                 for n, t in ((16, 10.0), (64, 20.0), (256, 80.0))]
+    tab = pd.DataFrame(rows).reindex(columns=["backend", "op", "type", "m", "n", "k", "bs", "nr", "hd", "nh", "nkv",
+                                              "kv", "nb", "t_us"])
+    return GgmlKernels(gpu=tab, cpu=None, l2_bytes=50 * 2**20, floor_s=2e-6, ew_bytes_per_s=1e12, cpu_op_s=5e-6,
+                       cpu_ew_bytes_per_s=50e9, graph_s=0.0, split_s=0.0)
+
+
+def test_an_unmeasured_quantised_type_is_priced_from_its_family_not_the_roofline():
+    """A weight type the kernel tables have no case of had fallen back to the generic roofline,
+    which put a Q5_K_M Qwen3-30B-A3B prefill at 11.3k t/s against Q4_K_M's 5.9k and a Q8_0 one
+    at 11.9k (its experts: Q8_0 has dense cases but no MUL_MAT_ID case). Now: a K-quant between
+    Q4_K and Q6_K on bits per weight (log time), a legacy block type from Q8_0, other quantised
+    types from Q4_K, experts of a family without an expert case from Q4_K's expert curve times
+    the dense ratio; float types keep the roofline (None)."""
+    from sim.model.quant import bpw_of
+
+    k = _proxy_kernels()
+    w6 = (bpw_of("Q5_K") - bpw_of("Q4_K")) / (bpw_of("Q6_K") - bpw_of("Q4_K"))
+    mix = k.proxy_mix("MUL_MAT", "Q5_K")
+    assert [p for p, _w in mix] == ["Q4_K", "Q6_K"] and [w for _p, w in mix] == pytest.approx([1 - w6, w6])
+    assert k.proxy_mix("MUL_MAT", "Q2_K") == (("Q4_K", 1.0),)     # below Q4_K's bits: Q4_K alone
+    assert k.proxy_mix("MUL_MAT", "Q4_0") == (("Q8_0", 1.0),)     # a legacy block type
+    assert k.proxy_mix("MUL_MAT", "IQ4_XS") == (("Q4_K", 1.0),)
+    assert k.proxy_mix("MUL_MAT", "Q4_K") == () and k.proxy_mix("MUL_MAT", "BF16") == ()
+    assert k.proxy_mix("MUL_MAT_ID", "Q8_0") == ()                # no expert case in its family
+    # MMQ: the geometric interpolation of the family's curves at the same shape and tokens
+    assert k.matmul_s("gpu", "Q5_K", 1024, 1024, 64, 0) == pytest.approx(20e-6 * 2.0 ** w6)
+    assert k.matmul_s("gpu", "Q4_0", 1024, 1024, 64, 0) == pytest.approx(10e-6)
+    # a matvec: the bytes at the proxies' cold rate (Q4_0: Q8_0's, above Q4_K's; Q5_K: between)
+    big = 100e6
+    assert k.cold_rate("gpu", "Q8_0") > k.cold_rate("gpu", "Q4_K")
+    assert k.matmul_s("gpu", "Q4_0", 1024, 1024, 1, big) == pytest.approx(2e-6 + big / k.cold_rate("gpu", "Q8_0"))
+    rate5 = k.cold_rate("gpu", "Q4_K") ** (1 - w6) * k.cold_rate("gpu", "Q6_K") ** w6
+    assert k.moe_s("gpu", "Q5_K", 1024, 1024, 1, 8, big) == pytest.approx(2e-6 + big / rate5)
+    # experts: Q5_K between Q4_K's and Q6_K's expert curves; Q8_0 (dense cases only) as Q4_K's
+    # expert curve times the dense Q8_0 / Q4_K ratio (1/2)
+    assert k.moe_s("gpu", "Q5_K", 1024, 1024, 64, 8, 0) == pytest.approx(60e-6 * 2.0 ** w6)
+    assert k.moe_s("gpu", "Q8_0", 1024, 1024, 64, 8, 0) == pytest.approx(30e-6)
+    assert k.moe_s("gpu", "BF16", 1024, 1024, 64, 8, 0) is None
+    # each lies between the measured types it comes from
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 256, 0) < k.matmul_s("gpu", "Q5_K", 1024, 1024, 256, 0) \
+        < k.matmul_s("gpu", "Q6_K", 1024, 1024, 256, 0)
+
+
+def test_a_q5_k_m_or_q8_0_moe_prefill_is_priced_near_q4_k_m_not_twice_it(tmp_path):
+    """End to end on the shipped profile: Qwen3-30B-A3B as Q5_K_M and as Q8_0, fully resident
+    pp512, against the shipped Q4_K_M file; the roofline had given 1.9x and 2.0x its t/s (every
+    measured type's time per weight lies within 0.78-1.25x Q4_K's at one shape)."""
+    from sim.engines.metrics import fit_context_to_tests, run_variant_test
+    from sim.model.specs import load_scenario, parse_variant
+
+    src = (REPO / "scenarios/models/qwen3-30b-a3b.toml").read_text()
+    base = load_scenario(REPO / "scenarios/default.toml")
+    t = BenchTest(512, 0)
+    tps = {}
+    for preset in ("Q4_K_M", "Q5_K_M", "Q8_0"):
+        text = src.replace('preset = "Q4_K_M"', f'preset = "{preset}"')
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("attn_v =", "exps_down =")))
+        f = tmp_path / f"{preset}.toml"
+        f.write_text(text)
+        scn = base.with_(model=load_model(f), placement=replace(base.placement, n_cpu_moe=0))
+        scn = fit_context_to_tests(scn, [t])
+        tps[preset] = float(np.mean(run_variant_test(scn, parse_variant("baseline"), t, 1).tps))
+    assert 0.8 < tps["Q5_K_M"] / tps["Q4_K_M"] < 1.0   # more bits, slower kernels: a little slower
+    assert 0.8 < tps["Q8_0"] / tps["Q4_K_M"] < 1.25
 
 
 def test_the_shipped_tables_price_the_measured_cases_exactly():

@@ -780,23 +780,45 @@ def no_kernel_tables_note(scn) -> str | None:
 
 def untabled_types_note(model, hw) -> str | None:
     """The note a run gets when ``model`` has GPU weight types that the profile's llama.cpp kernel
-    tables (``[ggml] gpu_kernels``) have no case of: their matmuls fall back to the generic
-    roofline (:meth:`sim.model.ggmlcost.GgmlKernels.matmul_s` and ``moe_s`` return None), which
-    put a Q2_K or IQ4_XS prefill 2.5-4x above Q4_K and a BF16 decode above the measured matvec
-    rate. f32 weights (norms, the MoE router) are priced apart and left out. None when every type
+    tables (``[ggml] gpu_kernels``) have no case of. A quantised type is priced from measured
+    types of its family (:meth:`sim.model.ggmlcost.GgmlKernels.proxy_mix`: Q5_K from Q4_K and
+    Q6_K, Q4_0 from Q8_0 ...), and an expert tensor whose type has no ``MUL_MAT_ID`` case (Q8_0)
+    from Q4_K's expert kernels scaled by the dense ratio; the note names them and the size of
+    error to expect. A float type (F16, BF16) falls back to the generic roofline (cuBLAS runs
+    it). f32 weights (norms, the MoE router) are priced apart and left out. None when every type
     has a case, or the profile has no tables."""
     g = hw.ggml
     if g is None:
         return None
     have = g.measured_types("gpu")
-    missing = sorted({t.ggml_type.upper() for t in model.tensors
-                      if t.ggml_type and t.ggml_type.upper() != "F32" and not t.name.startswith("token_embd")} - have)
-    if not missing:
+    types = {t.ggml_type.upper() for t in model.tensors
+             if t.ggml_type and t.ggml_type.upper() != "F32" and not t.name.startswith("token_embd")}
+    experts = {t.ggml_type.upper() for t in model.tensors if t.ggml_type and "_exps" in t.name}
+    proxied = {ty: g.proxy_mix("MUL_MAT", ty) for ty in sorted(types - have)}
+    roofline = sorted(ty for ty, mix in proxied.items() if not mix)
+    by_proxy = {ty: mix for ty, mix in proxied.items() if mix}
+    id_proxy = {ty: g.proxy_mix("MUL_MAT_ID", ty) for ty in sorted(experts)
+                if ty not in by_proxy and ty not in roofline and g.proxy_mix("MUL_MAT_ID", ty) != ()}
+    id_dense = sorted(ty for ty in experts if ty in have and not any(
+        k[0] == "gpu" and k[1] == "MUL_MAT_ID" and k[2] == ty for k in g._curves))
+    parts = []
+    if by_proxy or id_proxy:
+        said = ", ".join(f"{ty} from {' and '.join(p for p, _w in mix)}" for ty, mix in {**by_proxy, **id_proxy}.items())
+        parts.append(f"weight type(s) with no case of their own priced from measured types of their family ({said})")
+    if id_dense:
+        parts.append(f"expert matmuls of {', '.join(id_dense)} (no MUL_MAT_ID case) from Q4_K's scaled by the dense "
+                     f"{'/'.join(id_dense)}-to-Q4_K ratio")
+    if parts:
+        parts[-1] += (": the measured types differ by up to 25 % at one shape, the error to expect on those "
+                      "matmuls")
+    if roofline:
+        parts.append(f"weight type(s) {', '.join(roofline)} priced by the generic roofline, which can be off "
+                     "several times")
+    if not parts:
         return None
-    return (f"model '{model.name}': weight type(s) {', '.join(missing)} have no case in the kernel tables of "
-            f"profile '{hw.name}' (it measured {', '.join(sorted(have))}): their GPU matmuls are priced by the generic roofline, "
-            "which can be off several times; measure them (docs/llamacpp.md, \"Kernel tables and the llama.cpp "
-            "profile\") before trusting those rows")
+    return (f"model '{model.name}' on profile '{hw.name}' (its kernel tables measured {', '.join(sorted(have))}): "
+            + "; ".join(parts) + "; measure them (docs/llamacpp.md, \"Kernel tables and the llama.cpp profile\") "
+            "before trusting those rows")
 
 
 def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:

@@ -28,6 +28,15 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   above (the test draws router ids uniformly, as the routing check found llama.cpp's copies to
   be); ``n <= 8``: ``2 · floor + max(0, used-expert bytes / cold_rate - floor)``. Another
   model's shape is scaled by ``m·k·top-k``.
+* **A weight type the tables have no case of** (:meth:`GgmlKernels.proxy_mix`): priced from
+  measured types of its family, not from the generic roofline (which put a Q5_K or Q8_0 MoE
+  prefill 2-2.5x above Q4_K's): a K-quant from Q4_K and Q6_K, log-interpolated on bits per
+  weight (Q2_K and Q3_K as Q4_K); the legacy block types (Q4_0 ... Q5_1) from Q8_0; i-quants
+  and ternary types from Q4_K. An expert matmul of a type whose family has no ``MUL_MAT_ID``
+  case (Q8_0's) is Q4_K's expert curve times the family's dense ``MUL_MAT`` over Q4_K's at the
+  same shape and tokens. Among the measured types the time per weight at one shape differs by
+  up to 25 % (MMQ at 512-4096 tokens: Q6_K 1.14-1.25x Q4_K, Q8_0 0.78-0.91x), the size of error
+  to expect from a proxy; float weights (F16, BF16) keep the roofline (cuBLAS runs them).
 * **Attention**: FlashAttention (``-fa 1``) from the ``FLASH_ATTN_EXT`` table of the head
   geometry, or the unfused ``KQ``, ``SOFT_MAX`` and ``KQV`` of ``-fa 0`` (plus two permute
   copies of the output priced as elementwise passes), at ``kv`` = keys attended (cached plus
@@ -100,6 +109,15 @@ from sim.wording import plural
 #: ggml-cuda's ``MMVQ_MAX_BATCH_SIZE``: MUL_MAT / MUL_MAT_ID with at most this many tokens run
 #: the matvec kernel (``mmvq.cu``), larger batches MMQ
 MMVQ_MAX_BATCH = 8
+
+#: the measured types an untabled quantised type is priced from, by family (module docstring,
+#: :meth:`GgmlKernels.proxy_mix`): K-quants, the legacy 32-weight block types, the rest
+PROXY_K = ("Q4_K", "Q6_K")
+PROXY_LEGACY = ("Q8_0",)
+PROXY_OTHER = ("Q4_K",)
+LEGACY_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1"})
+#: float types: no proxy (ggml-cuda runs them through cuBLAS / its float kernels: the roofline)
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 #: llama.cpp pads the KV cells a graph attends to a multiple of 256 (``llama_kv_cache::get_padding``
 #: with flash attention; the grid's every row uses it)
 KV_PAD = 256
@@ -350,15 +368,22 @@ class GgmlKernels:
             if not self._has_type("gpu", ty):
                 if ty == "F32" and n > MMVF_MAX_COLS_F32 and self.f32_mmf_s > 0:
                     return self.f32_mmf_s  # mul_mat_f (module docstring)
-                return None
-            t = 2 * self.floor_s + max(0.0, nbytes / self.cold_rate("gpu", ty) - self.floor_s)
+                mix = self.proxy_mix("MUL_MAT", ty)
+                if not mix:
+                    return None
+                rate = math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
+            else:
+                rate = self.cold_rate("gpu", ty)
+            t = 2 * self.floor_s + max(0.0, nbytes / rate - self.floor_s)
             if curve is not None and nbytes > self.l2_bytes:
                 # larger than the L2: the table's repetitions read it cold too (its matvec cases only)
                 t = max(t, _at_matvec(curve, n))
             elif n > 2 and self.matvec_column_macs_per_s > 0:
                 t += (n - 2) * float(m) * k / self.matvec_column_macs_per_s
             return t
-        return None if curve is None else _at(curve, n)
+        if curve is not None:
+            return _at(curve, n)
+        return self._proxy_at("MUL_MAT", ty, m, k, n)
 
     def moe_s(self, backend: str, ggml_type: str, m: int, k: int, n: int, topk: int, used_bytes: float,
               cpu_flops_per_s: float = 1e12) -> float | None:
@@ -368,11 +393,71 @@ class GgmlKernels:
             return self.cpu_op_s + max(used_bytes / (self.cpu_rate_scale * self.cold_rate("cpu", ty)),
                                        2.0 * n * topk * m * k / cpu_flops_per_s)
         if n <= MMVQ_MAX_BATCH:
-            if not self._has_type("gpu", ty):
-                return None
-            return 2 * self.floor_s + max(0.0, used_bytes / self.cold_rate("gpu", ty) - self.floor_s)
+            if self._has_type("gpu", ty):
+                rate = self.cold_rate("gpu", ty)
+            else:
+                mix = self.proxy_mix("MUL_MAT", ty)
+                if not mix:
+                    return None
+                rate = math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
+            return 2 * self.floor_s + max(0.0, used_bytes / rate - self.floor_s)
         curve = self._curve("gpu", "MUL_MAT_ID", ty, m, k, topk=topk)
-        return None if curve is None else _at(curve, n)
+        if curve is not None:
+            return _at(curve, n)
+        got = self._proxy_at("MUL_MAT_ID", ty, m, k, n, topk=topk)
+        if got is not None:
+            return got
+        # no expert case in the family (Q8_0, the legacy types): Q4_K's expert curve times the
+        # family's dense time over Q4_K's at the same shape and tokens
+        base = self._curve("gpu", "MUL_MAT_ID", "Q4_K", m, k, topk=topk)
+        dense = self._curve("gpu", "MUL_MAT", ty, m, k)
+        dense_t = _at(dense, n) if dense is not None else self._proxy_at("MUL_MAT", ty, m, k, n)
+        ref = self._curve("gpu", "MUL_MAT", "Q4_K", m, k)
+        if base is None or dense_t is None or ref is None:
+            return None
+        return _at(base, n) * dense_t / _at(ref, n)
+
+    def proxy_mix(self, op: str, ggml_type: str) -> tuple[tuple[str, float], ...]:
+        """The measured types (and log-time weights, summing to 1) a GPU ``op`` (``MUL_MAT`` or
+        ``MUL_MAT_ID``) of an unmeasured ``ggml_type`` is priced from (module docstring): a K-quant
+        from Q4_K and Q6_K on bits per weight (below Q4_K's 4.5: Q4_K alone; Q5_K's 5.5: 0.52 and
+        0.48), a legacy block type from Q8_0, another quantised type from Q4_K. Only types with
+        a case of ``op`` (``MUL_MAT_ID``: an expert curve; ``MUL_MAT``: a cold matvec case or a
+        curve) count. Empty for a float type, a measured type, or a family with no measured
+        member."""
+        from sim.model.quant import bpw_of
+
+        ty = ggml_type.upper()
+        if ty in FLOAT_TYPES:
+            return ()
+        if op == "MUL_MAT_ID":
+            have = {t for (b, o, t, _m, _k) in self._curves if b == "gpu" and o == op}
+        else:
+            have = {t for (b, o, t, _m, _k) in self._curves if b == "gpu" and o == op} | self.measured_types("gpu")
+        if ty in have:
+            return ()
+        fam = PROXY_K if ty.endswith("_K") else PROXY_LEGACY if ty in LEGACY_TYPES else PROXY_OTHER
+        got = [t for t in fam if t in have]
+        if not got:
+            return ()
+        if len(got) == 1:
+            return ((got[0], 1.0),)
+        lo, hi = got  # Q4_K, Q6_K
+        b, b_lo, b_hi = bpw_of(ty), bpw_of(lo), bpw_of(hi)
+        w = min(max((b - b_lo) / (b_hi - b_lo), 0.0), 1.0)
+        return tuple((t, x) for t, x in ((lo, 1.0 - w), (hi, w)) if x > 0)
+
+    def _proxy_at(self, op: str, ty: str, m: int, k: int, n: int, topk: int = 0) -> float | None:
+        """Seconds of ``op`` at ``n`` tokens on an unmeasured type from its :meth:`proxy_mix`
+        (the geometric mean of the proxies' times at the same shape), or None without one."""
+        mix = self.proxy_mix(op, ty)
+        parts = []
+        for p, w in mix:
+            c = self._curve("gpu", op, p, m, k, topk=topk)
+            if c is None:
+                return None
+            parts.append(w * math.log(_at(c, n)))
+        return math.exp(sum(parts)) if parts else None
 
     def attn_s(self, backend: str, n_tokens: int, keys: int, n_head: int, n_head_kv: int, head_dim: int,
                flash: bool) -> float | None:
