@@ -66,6 +66,10 @@ INT_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 #: most blocks in a model: the deepest released LLMs have < 200
 LAYERS_MAX = 1024
+#: llama.cpp's own limits on a model it loads (src/llama-hparams.h: LLAMA_MAX_LAYERS, LLAMA_MAX_EXPERTS;
+#: llama_model::load_hparams asserts them): a GGUF past them is refused as llama-bench refuses it
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
 #: largest model dimension (d_model, n_ff, n_vocab, ...): 2**24, 100x the widest released
 DIM_MAX = 2**24
 #: most heads or experts: 2**16 (released MoEs have <= 512 experts, models <= 128 heads)

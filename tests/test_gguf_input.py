@@ -344,6 +344,15 @@ def test_missing_or_inconsistent_architecture_keys_name_the_key(tmp_path):
     big = _llama(tmp_path / "bc.gguf", extra_kv=[(V.UINT32, "llama.block_count", 3)], drop=("llama.block_count",))
     e = _one_line_error(big, "llama.block_count is 3, but the file holds tensors of blocks 0..1 only", load_gguf_model)
     assert "not supported" not in str(e)
+    # llama.cpp's own limits (LLAMA_MAX_LAYERS 512, LLAMA_MAX_EXPERTS 1024: GGML_ASSERT on load):
+    # a file past them had been simulated (a 600-block file at 2071 t/s) where llama-bench aborts
+    deep = _llama(tmp_path / "deep.gguf", extra_kv=[(V.UINT32, "llama.block_count", 600)], drop=("llama.block_count",))
+    e = _one_line_error(deep, "is 600; llama.cpp loads at most 512 blocks", load_gguf_model)
+    assert e.field == "llama.block_count"
+    wide = _llama(tmp_path / "wide.gguf", arch="qwen3moe", extra_kv=[(V.UINT32, "llama.expert_count", 1025),
+                                                                    (V.UINT32, "llama.expert_used_count", 8)])
+    e = _one_line_error(wide, "is 1025; llama.cpp loads at most 1024 experts", load_gguf_model)
+    assert e.field == "qwen3moe.expert_count"
 
 
 # ------------------------------------------------------------------------------------------

@@ -718,10 +718,13 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
         raise ScenarioError(f"general.architecture '{arch}' is not modelled by the simulator (its graph is built as "
                             f"llama-shaped blocks; supported: {', '.join(MODELLED_ARCHS)})", file=p,
                             field="general.architecture")
-    from sim.bounds import COUNT_MAX, DIM_MAX, LAYERS_MAX
+    from sim.bounds import COUNT_MAX, DIM_MAX, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS
 
     meta = _Meta(idx, arch)
-    n_layer = meta.uint("block_count", min_value=1, max_value=LAYERS_MAX)
+    n_layer = meta.uint("block_count", min_value=1)
+    if n_layer > LLAMA_MAX_LAYERS:  # llama.cpp asserts it on load (GGML_ASSERT in load_hparams)
+        raise meta.error("block_count", f"is {n_layer}; llama.cpp loads at most {LLAMA_MAX_LAYERS} blocks "
+                                        "(LLAMA_MAX_LAYERS): llama-bench would abort on this file")
     d_model = meta.uint("embedding_length", min_value=1, max_value=DIM_MAX)
     n_head = meta.uint("attention.head_count", min_value=1, max_value=COUNT_MAX)
     n_head_kv = meta.uint("attention.head_count_kv", n_head, min_value=1, max_value=COUNT_MAX)
@@ -772,6 +775,9 @@ def load_gguf_model(path: str | Path) -> ModelSpec:
     # MoE
     moe_layers = [i for i in range(n_layer) if f"blk.{i}.ffn_gate_inp.weight" in idx.tensors]
     n_expert = meta.uint("expert_count", 0, max_value=COUNT_MAX)
+    if n_expert > LLAMA_MAX_EXPERTS:  # llama.cpp asserts it on load (GGML_ASSERT in load_hparams)
+        raise meta.error("expert_count", f"is {n_expert}; llama.cpp loads at most {LLAMA_MAX_EXPERTS} experts "
+                                         "(LLAMA_MAX_EXPERTS): llama-bench would abort on this file")
     moe = None
     if n_expert or moe_layers:
         if not n_expert:
