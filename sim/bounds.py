@@ -182,8 +182,13 @@ def check_depth(data, *, file=None) -> None:
 
 
 #: fixed work of one plan (a variant's test, one repetition) or one build context, in
-#: graph-layers: setting up, timing and summarising a plan costs about as much as 20 of them
-PLAN_OVERHEAD_UNITS = 20
+#: graph-layers built op by op (~62 us each, WORK_MAX), whether the variant is memoised or not:
+#: drawing the routing, building and timing a test's graph templates and summarising it cost
+#: 2.9-4.8 ms a plan whatever its length (`prefetch-sim run -m scenarios/models/qwen3-30b-a3b.toml
+#: -ngl 99 -ncmoe 0 -p 1-200+1 -n 0 -r 5 --variant baseline`: 5.8 s for 1000 plans, -r 1: 1.6 s for
+#: 200, on the 2-core CI machine, 2026-12-07); counted x1/MEMO_WORK_DIVISOR as the graphs are, a
+#: sweep of 8192 one-graph prompts had been estimated at a tenth of the budget and ran 4 minutes
+PLAN_OVERHEAD_UNITS = 80
 
 
 #: an MoE prompt in ubatches of 2 to this many tokens draws a different expert count per layer in
@@ -193,21 +198,25 @@ MOE_DISTINCT_UBATCH_MAX = 511
 
 
 def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: int, n_variants: float,
-               *, moe_variants: float | None = None) -> int:
+               *, moe_variants: float | None = None, plans: float | None = None) -> int:
     """Work of one setting: (graphs built (a pp test: its ubatches, a tg test: one per token)
-    x layers + :data:`PLAN_OVERHEAD_UNITS`) x repetitions x variants, plus one context per variant.
+    x layers x the variants' share + :data:`PLAN_OVERHEAD_UNITS` x plans) x repetitions, plus one
+    context per plan.
 
-    ``n_variants``: the variants' share (:func:`variant_work`); ``moe_variants``: given for an MoE
+    ``n_variants``: the variants' share of the graphs (:func:`variant_work`); ``plans``: the
+    variants themselves, each a plan per test and repetition whatever its share (default
+    ``n_variants``: a command that builds every plan op by op); ``moe_variants``: given for an MoE
     model, the variant count that its prompt graphs of 2 to :data:`MOE_DISTINCT_UBATCH_MAX` tokens
     count with instead (each such graph is built anew by every variant: a prompt of 10**4 ubatches
     of 2 tokens took 27 s where its estimate was a hundredth of that)."""
     ub = max(1, min(n_ubatch, n_batch))
     distinct = moe_variants is not None and 2 <= ub <= MOE_DISTINCT_UBATCH_MAX
-    total = PLAN_OVERHEAD_UNITS * max(0.0, n_variants)
+    n_plans = max(0.0, n_variants if plans is None else plans)
+    total = PLAN_OVERHEAD_UNITS * n_plans
     for t in tests:
         graphs = -(-t.n_prompt // ub) if t.n_prompt else t.n_gen
         share = moe_variants if distinct and t.n_prompt else n_variants
-        total += (graphs * max(1, n_layer) + PLAN_OVERHEAD_UNITS) * max(1, repetitions) * max(0.0, share)
+        total += (graphs * max(1, n_layer) * max(0.0, share) + PLAN_OVERHEAD_UNITS * n_plans) * max(1, repetitions)
     return int(math.ceil(total))
 
 
@@ -240,7 +249,8 @@ def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expan
     if work > budget:
         how = ("graphs x layers x variants: every op of every plan is kept" if expanded else
                f"graphs x layers x repetitions x settings, x1 per variant with an expert cache, "
-               f"x1/{MEMO_WORK_DIVISOR} per other variant")
+               f"x1/{MEMO_WORK_DIVISOR} per other variant, plus {PLAN_OVERHEAD_UNITS} per test, repetition and "
+               f"variant")
         raise ScenarioError(f"this run would cost {'more than ' if at_least else ''}{work:,} graph-layers of work "
                             f"({how}), over the budget of "
                             f"{budget:,}; shorten the tests or raise {flag}", field=flag)

@@ -1113,6 +1113,27 @@ def test_the_work_budget_counts_memoised_variants_at_a_hundredth(capsys):
     assert err.count("\n") == 1
 
 
+def test_a_sweep_of_many_short_tests_counts_each_plan_s_fixed_cost(capsys):
+    """Each test costs a few milliseconds per repetition and variant whatever its length (its
+    routing draws, templates and summary); counted a hundredth like the memoised graphs, a
+    -p 1-4096+1 -fa on,off sweep was estimated at a tenth of the budget and ran 4 minutes
+    (fresh-user round 4). Now refused at once, naming --max-work; a short sweep runs."""
+    from sim.bounds import PLAN_OVERHEAD_UNITS, work_units
+    from sim.model.specs import BenchTest
+
+    tests = [BenchTest(n, 0) for n in range(1, 201)]
+    # 200 one-graph prompts x 5 repetitions x 1 variant: the plans' fixed cost dominates
+    w = work_units(tests, 48, 512, 2048, 5, 0.01, plans=1.0)
+    assert w >= 200 * 5 * PLAN_OVERHEAD_UNITS
+    assert work_units(tests, 48, 512, 2048, 5, 0.01, plans=2.0) - w >= 200 * 5 * PLAN_OVERHEAD_UNITS
+    rc, _, err = run(capsys, "run", "-m", "scenarios/models/qwen3-30b-a3b.toml", "-ngl", "99", "-ncmoe", "0",
+                     "-p", "1-4096+1", "-fa", "on,off", "-n", "0", "--variant", "baseline", "-q", "-o", "none")
+    assert rc == 2 and "field '--max-work'" in err and "per test, repetition and variant" in err
+    rc, _, err = run(capsys, "run", "-m", "scenarios/models/qwen3-30b-a3b.toml", "-ngl", "99", "-ncmoe", "0",
+                     "-p", "1-8+1", "-n", "0", "-r", "1", "--variant", "baseline", "-q", "-o", "none")
+    assert rc == 0, err
+
+
 def test_an_moe_prompt_in_small_ubatches_counts_every_graph_as_built(capsys):
     """An MoE prompt of 2-511-token ubatches builds nearly every graph anew (its expert counts
     differ per graph), so its graphs count x1 per variant, not a hundredth: -p 1000000 -ub 2 is
@@ -1123,10 +1144,12 @@ def test_an_moe_prompt_in_small_ubatches_counts_every_graph_as_built(capsys):
 
     pp = [BenchTest(100_000, 0)]
     share = 1 / MEMO_WORK_DIVISOR
-    assert abs(work_units(pp, 48, 2, 2048, 1, share, moe_variants=1.0) - work_units(pp, 48, 2, 2048, 1, 1.0)) < 100
-    assert work_units(pp, 48, 1, 2048, 1, share, moe_variants=1.0) == work_units(pp, 48, 1, 2048, 1, share)
-    assert work_units(pp, 48, 512, 2048, 1, share, moe_variants=1.0) == work_units(pp, 48, 512, 2048, 1, share)
-    assert work_units(pp, 48, 2, 2048, 1, share) * MEMO_WORK_DIVISOR <= work_units(pp, 48, 2, 2048, 1, 1.0) + 200
+    one = dict(plans=1.0)  # one variant: one plan per test and repetition, whatever its share
+    assert work_units(pp, 48, 2, 2048, 1, share, moe_variants=1.0, **one) == work_units(pp, 48, 2, 2048, 1, 1.0, **one)
+    assert work_units(pp, 48, 1, 2048, 1, share, moe_variants=1.0, **one) == work_units(pp, 48, 1, 2048, 1, share, **one)
+    assert (work_units(pp, 48, 512, 2048, 1, share, moe_variants=1.0, **one)
+            == work_units(pp, 48, 512, 2048, 1, share, **one))
+    assert work_units(pp, 48, 2, 2048, 1, share, **one) * MEMO_WORK_DIVISOR <= work_units(pp, 48, 2, 2048, 1, 1.0, **one) * 1.01
     rc, _, err = run(capsys, "run", "-p", "1000000", "-n", "0", "-ub", "2", "-r", "1", "-q", "--variant", "baseline")
     assert rc == 2 and "field '--max-work'" in err and err.count("\n") == 1
 

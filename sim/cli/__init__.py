@@ -556,7 +556,8 @@ def bench_work(scn, params, models, stop_above: int | None = None) -> tuple[int,
         model = models[setting.model]
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share,
-                            moe_variants=float(len(scn.variants)) if model.moe is not None else None)
+                            moe_variants=float(len(scn.variants)) if model.moe is not None else None,
+                            plans=float(len(scn.variants)))
         if stop_above is not None and total > stop_above and i < len(settings) - 1:
             return total, False
     return total, True

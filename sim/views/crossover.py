@@ -695,7 +695,8 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
 
         check_work(sum(work_units([j.test], j.scn.model.n_layer, j.scn.workload.n_ubatch, j.scn.workload.n_batch,
                                   repetitions, variant_work([j.variant], j.scn.hardware),
-                                  moe_variants=1.0 if j.scn.model.moe is not None else None) for j in work), max_work)
+                                  moe_variants=1.0 if j.scn.model.moe is not None else None, plans=1.0)
+                       for j in work), max_work)
     n_jobs = default_jobs() if jobs is None else max(1, int(jobs))
     results: list[CellResult | None] = [None] * len(work)
     # a cell whose inputs are those of an earlier one (an axis that leaves a variant as it is,
