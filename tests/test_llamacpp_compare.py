@@ -1290,3 +1290,30 @@ def test_a_row_of_another_thread_count_with_host_weights_is_not_scored(tmp_path,
     host, resident = df[df.line == 1].iloc[0], df[df.line == 3].iloc[0]
     assert math.isnan(host.predicted_ts) and "not simulated: -t 4 with weights on the host" in host.note
     assert resident.regime == "resident" and resident.predicted_ts > 0 and "n_threads 4" in resident.note
+
+
+def test_a_kv_type_llama_bench_cannot_print_is_refused_and_missing_samples_assume_its_default_r(tmp_path, capsys):
+    """Fresh-user round 4: a row with type_k 'q3_k' (llama-bench's -ctk takes f16, bf16, q8_0,
+    q4_0, q4_1, q5_0, q5_1, iq4_nl: no row can print another) had been predicted with a note;
+    now it is left out naming type_k. A row without samples_ns/samples_ts had been predicted
+    with its CUDA-graph capture spread over the routing draws (3) instead of llama-bench's -r, with
+    nothing said: now llama-bench's default -r 5 is assumed, noted and counted as an approximation,
+    and its prediction is that of the same row with five samples."""
+    run = subset(tmp_path, [1])
+    bench = run / "llama-bench.jsonl"
+    row = json.loads(bench.read_text())
+    assert len(row["samples_ns"]) == 5
+    out = tmp_path / "a.csv"
+    assert cmp.main([str(run), "-q", "--jobs", "1", "--out", str(out)]) == 0
+    with_samples = pd.read_csv(out)["predicted_ts"].iloc[0]
+    bench.write_text(json.dumps({k: v for k, v in row.items() if k not in ("samples_ns", "samples_ts")}) + "\n")
+    capsys.readouterr()
+    assert cmp.main([str(run), "-q", "--jobs", "1", "--out", str(out)]) == 0
+    got = pd.read_csv(out)
+    assert got["predicted_ts"].iloc[0] == pytest.approx(with_samples, rel=1e-12)
+    assert "default -r 5 assumed" in got["note"].iloc[0]
+    assert "samples missing: -r 5 assumed (1)" in capsys.readouterr().err
+    bench.write_text(json.dumps({**row, "type_k": "q3_k"}) + "\n")
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "type_k 'q3_k': not a KV cache type llama-bench takes" in err and err.count("\n") == 1

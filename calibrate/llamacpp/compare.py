@@ -692,11 +692,22 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
     reps = repetitions if m.moe is not None else 1
     wl = row_workload(terms, reps)
     samples = row.get("samples_ns")
+    if not (isinstance(samples, (list, tuple)) and samples):
+        samples = row.get("samples_ts")
     if isinstance(samples, (list, tuple)) and samples:
         wl = replace(wl, bench_repetitions=len(samples))  # llama-bench's -r of the row
+    else:  # the CUDA-graph capture is spread over llama-bench's repetitions: its default -r
+        wl = replace(wl, bench_repetitions=LLAMA_BENCH_REPETITIONS)
+        notes.append(f"no samples_ns/samples_ts: llama-bench's default -r {LLAMA_BENCH_REPETITIONS} assumed (its "
+                     "first repetition's CUDA-graph capture spread over them)")
     scn = Scenario(name=name, model=m, hardware=hardware, placement=pl, workload=wl,
                    routing=RoutingSpec(), variants=(parse_variant(variant),), seed=0, file=file)
     return RowCase(scn, terms.tests, terms, m, regime(m, pl, kind), tuple(notes), reps, variant)
+
+
+#: llama-bench's default repetitions (``cmd_params_defaults.reps``), assumed for a row whose
+#: samples are missing
+LLAMA_BENCH_REPETITIONS = 5
 
 
 def predict(scn: Scenario, tests: Sequence[BenchTest], engine: str = "analytic",
@@ -1845,6 +1856,7 @@ _APPROXIMATIONS = (
     ("the row has no n_cpu_moe", "assumed", "n_cpu_moe missing: 0 assumed"),
     ("the row has no load_mode", "assumed", "load_mode missing: auto (mmap) assumed"),
     ("the row has no flash_attn", "assumed", "flash_attn missing: auto assumed"),
+    ("no samples_ns/samples_ts", "assumed", "samples missing: -r 5 assumed"),
     # llama-bench's saved depth state (restored_depth_notes)
     ("depth ", "restored after a pp test", "tg at depth restored after a pp test"),
 )

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ScenarioError
+from sim.views.llamabench import KV_TYPES  # the KV cache types -ctk/-ctv accept (llama-bench's)
 
 # --------------------------------------------------------------------------------------
 # value syntax
@@ -407,8 +408,6 @@ def _nonneg_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-#: ``ggml_type_from_name`` of llama-bench: the KV cache types ``-ctk``/``-ctv`` accept
-KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 #: ``llama_load_mode_name`` values
 LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")

@@ -754,6 +754,11 @@ def flash_attn_label(value: Any) -> str:
         raise ValueError(f"unknown flash_attn {value!r} (-1 auto, 0 off, 1 on)") from None
 
 
+#: ``ggml_type_from_name`` of llama-bench: the KV cache types ``-ctk``/``-ctv`` accept, and so the
+#: only ``type_k``/``type_v`` a llama-bench row can print
+KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
 def kv_bytes_per_elem(type_k: Any = "f16", type_v: Any = "f16") -> float:
     """Mean bytes per K/V cache element of ``type_k``/``type_v`` (ggml type names as printed,
     ``f16``, ``q8_0``...), from :data:`sim.model.quant.GGML_TYPE_BPW`: the simulator's
@@ -866,6 +871,10 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     n_batch = int(_get(row, "n_batch", 2048))
     n_ubatch = clamped_ubatch(int(_get(row, "n_ubatch", 512)), n_batch)
     type_k, type_v = str(_get(row, "type_k", "f16")), str(_get(row, "type_v", "f16"))
+    for name, t in (("type_k", type_k), ("type_v", type_v)):
+        if t.lower() not in KV_TYPES:  # llama-bench parses -ctk/-ctv with ggml_type_from_name
+            raise ValueError(f"{name} {t!r}: not a KV cache type llama-bench takes ({', '.join(KV_TYPES)}); "
+                             "no llama-bench row prints it")
     try:
         kvb = kv_bytes_per_elem(type_k, type_v)
     except KeyError:
