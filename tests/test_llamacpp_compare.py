@@ -880,7 +880,7 @@ def test_rows_of_another_backend_than_the_profiles_are_warned_once(tmp_path, res
 @pytest.mark.parametrize("field, value, words", [
     ("model_type", "gemma3 27B Q4_K - Medium", "model_type is a gemma3, the model file it is simulated with a qwen3moe"),
     ("model_size", -1, "model_size -1"),
-    ("type_k", "q9_9", "type_k/type_v q9_9/f16: not a ggml type"),
+    ("type_k", "q9_9", "type_k 'q9_9': not a KV cache type llama-bench takes"),
     ("split_mode", "diagonal", "split_mode 'diagonal'"),
     ("tensor_split", "abc", "tensor_split 'abc'"),
 ])
