@@ -30,9 +30,11 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     # a symlink is written through (its target is replaced, not the link); a device, FIFO or
     # other special file (/dev/null, /dev/stdout) is written in place, never replaced
     path = Path(os.path.realpath(target))
-    if path.exists() and not path.is_file():
+    # decided on the name as given (stat follows the links): /dev/stdout's real path on a pipe is
+    # /proc/<pid>/fd/pipe:[n], which names nothing, while opening /dev/stdout writes the pipe
+    if target.exists() and not target.is_file():
         try:
-            with open(path, "wb") as fh:
+            with open(target, "wb") as fh:
                 fh.write(payload)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None

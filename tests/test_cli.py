@@ -340,6 +340,31 @@ def test_a_device_or_fifo_output_is_checked_itself_not_its_folder(tmp_path, monk
         check_output_path(fifo, "--out")
 
 
+def test_dev_stdout_on_a_pipe_is_written_through_its_link():
+    """/dev/stdout on a pipe links to /proc/<pid>/fd/1, whose real path ('pipe:[n]') names
+    nothing: write_atomic had taken it for a new file in /proc/<pid>/fd and failed ("does not
+    accept new files", fresh-user round 4). The link itself is opened and written."""
+    import os
+    import sys as _sys
+
+    from sim.atomic import write_atomic
+
+    if not _sys.platform.startswith("linux"):
+        pytest.skip("/proc/self/fd is Linux's")
+    r, w = os.pipe()
+    try:
+        link = Path(f"/proc/self/fd/{w}")
+        assert not Path(os.path.realpath(link)).exists()
+        write_atomic(link, "row\n")
+        os.close(w)
+        w = -1
+        assert os.read(r, 100) == b"row\n"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
 def test_a_read_only_output_file_is_refused_not_replaced(tmp_path, monkeypatch, capsys):
     """A file the user may not write (os.access says so: a read-only file of another user) is
     refused naming --out, before any simulation and by write_atomic itself, and stays as it was;
@@ -394,3 +419,16 @@ def test_the_vram_table_shows_the_placement_a_fit_chose_per_variant(capsys):
     got = {ln.split("|")[1].strip(): int(ln.split("|")[-2]) for ln in out.splitlines()
            if ln.startswith(("| baseline |", "| slots3 |"))}
     assert got["slots3"] > got["baseline"] >= 0
+
+
+def test_an_out_name_of_no_known_format_is_written_as_markdown_and_said(capsys, tmp_path):
+    """--out x.db / x.csv.gz had been written as markdown with nothing said (fresh-user round 4):
+    a note names the extension and the format written; a known extension and a plain name stay
+    quiet."""
+    out = tmp_path / "x.db"
+    rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "-n", "0", "--out", str(out))
+    assert rc == 0 and out.read_text().startswith("| model")
+    assert ".db is none of the formats (md, csv, json, jsonl, sql); writing markdown" in err
+    for name in ("x.csv", "table"):
+        rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "-n", "0", "--out", str(tmp_path / name))
+        assert rc == 0 and "none of the formats" not in err

@@ -53,7 +53,7 @@ def scenario_path(arg: str | None) -> Path:
 
 
 #: output formats of ``run`` (llama-bench's ``-o``)
-FORMATS = ("md", "csv", "json", "jsonl", "sql")
+from sim.views.report import FORMATS  # noqa: E402
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -857,6 +857,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         suffix = Path(args.out).suffix.lower().lstrip(".")
         if args.output is None and suffix in FORMATS:
             args.output = suffix  # --out table.csv writes csv
+        elif args.output is None and suffix not in ("", "txt", "markdown"):
+            # llama-bench has no --out: a name that looks like another format gets md, said so
+            print(f"prefetch-sim: note: --out '{args.out}': .{suffix} is none of the formats "
+                  f"({', '.join(FORMATS)}); writing markdown (-o md); give -o to choose", file=sys.stderr)
         elif args.output is not None and suffix in FORMATS and suffix != args.output:
             raise ScenarioError(f"'{args.out}' ends in .{suffix} but -o asks for {args.output}", field="--out")
     args.output = args.output or "md"

@@ -53,6 +53,7 @@ from typing import Any
 
 from sim.errors import ScenarioError
 from sim.views.llamabench import KV_TYPES  # the KV cache types -ctk/-ctv accept (llama-bench's)
+from sim.views.report import FORMATS  # llama-bench's -o formats
 
 # --------------------------------------------------------------------------------------
 # value syntax
@@ -260,7 +261,7 @@ NUMA_MODES = ("distribute", "isolate", "numactl", "")
 #: llama-bench's own measurements by it: ``calibrate.llamacpp.compare`` warns)
 SIMULATED_CPU_INFO = "simulated host"
 
-OUTPUT_FORMATS = ("csv", "json", "jsonl", "md", "sql", "none")
+OUTPUT_FORMATS = tuple(sorted(FORMATS)) + ("none",)
 
 
 def _numa(text: str) -> str:
