@@ -432,6 +432,23 @@ def test_the_fa_axis_takes_llama_benchs_on_off_spelling():
     assert parse_axis("fa=auto,off").values == parse_axis("fa=on,off").values
     with pytest.raises(ScenarioError, match="'maybe' is not on, off, auto, 0, 1 or -1"):
         parse_axis("fa=on,maybe")
+    # what the values became is said (fresh-user round 4: on,off,auto gave two cells silently)
+    assert parse_axis("fa=on,off").note == ""
+    assert "auto is simulated as on" in parse_axis("fa=auto,off").note
+    assert "on and auto are one cell" in parse_axis("fa=on,off,auto").note
+
+
+def test_the_ngl_axis_takes_llama_benchs_minus_one_as_every_layer():
+    """run -ngl -1 (llama-bench's default: every layer and the output) is accepted; the crossover
+    axis refused it ("values cannot be negative"). It is 999, said in a note; other negatives the
+    same, as run takes them."""
+    from sim.views.crossover import parse_axis
+
+    ax = parse_axis("ngl=-1,0,24")
+    assert ax.values == (0, 24, 999) and "every layer and the output" in ax.note
+    assert parse_axis("ngl=0,24").note == ""
+    with pytest.raises(ScenarioError, match="axis 'ngl': expected integers"):
+        parse_axis("ngl=-1,x")
 
 
 def test_a_gate_sweep_may_start_at_0_the_ungated_prefetch(tmp_path, capsys):

@@ -122,6 +122,8 @@ class Axis:
 
     spec: AxisSpec
     values: tuple
+    #: what the values given became (``fa=auto``: on; ``ngl=-1``: every layer), said before the sweep
+    note: str = ""
 
     @property
     def name(self) -> str:
@@ -146,6 +148,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
     if spec is None:
         raise ScenarioError(f"unknown axis '{name}' (use one of: {', '.join(AXES)})", field=flag)
     values: list[float] = []
+    note = ""
     if spec.name == "kv":
         from sim.cli.benchflags import KV_TYPES
         from sim.views.llamabench import kv_bytes_per_elem
@@ -165,6 +168,19 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         if bad:
             raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, auto, 0, 1 or -1", field=flag)
         values = [words[n] for n in names]
+        if any(n in ("auto", "-1") for n in names):
+            note = ("axis fa: auto is simulated as on (llama.cpp turns FlashAttention on for a CUDA GPU that "
+                    "supports it)" + ("; on and auto are one cell" if any(n in ("on", "1") for n in names) else ""))
+    elif spec.name == "ngl" and any(v.strip().startswith("-") for v in vals.split(",")):
+        # llama-bench's default -ngl -1: every layer and the output (run takes it as well)
+        from sim.model.specs import sim_ngl
+
+        try:
+            values = [sim_ngl(int(v)) for v in vals.split(",") if v.strip()]
+        except ValueError:
+            raise ScenarioError(f"axis 'ngl': expected integers like -1,0,24,99 (a negative value: every layer, "
+                                f"as llama-bench's -ngl -1), got '{vals}'", field=flag) from None
+        note = "axis ngl: a negative value is every layer and the output (llama-bench's -ngl -1), the cell ngl 999"
     elif spec.integer:
         from sim.cli import _int_list
 
@@ -198,7 +214,7 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
             raise ScenarioError(f"axis '{name}': {_fmt(v)} is more than the limit of {top}", field=flag)
         if name == "pcie":
             check_kind(v * 1e9, "bytes_per_s", field=f"{flag} {name}")
-    return Axis(spec, tuple(sorted(set(values))))
+    return Axis(spec, tuple(sorted(set(values))), note)
 
 
 _TEST_RE = re.compile(r"^\s*(pp|tg)(\d+)(?:\s*@\s*d(\d+))?\s*$")
@@ -1174,8 +1190,9 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
     """What a sweep's axes cannot change, said before it runs: ubatch values above the test's
     prompt (a ubatch holds at most the prompt: those points repeat the last one), ``ncmoe``
     above the model's blocks (every expert on the host, as llama.cpp), ``kv`` (it sizes the KV
-    cache; attention reads are priced as F16), and contexts past the model's ``n_ctx_train``."""
-    out = []
+    cache; attention reads are priced as F16), contexts past the model's ``n_ctx_train``, and what
+    values given became (:attr:`Axis.note`: ``fa=auto`` is on, ``ngl=-1`` every layer)."""
+    out = [ax.note for ax in axes if ax.note]
     for ax in axes:
         if ax.name == "ubatch" and test.n_prompt and not any(a.name == "prompt" for a in axes):
             over = [v for v in ax.values if v > test.n_prompt]
