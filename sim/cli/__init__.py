@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sim.atomic import check_output_path, write_atomic
 from sim.errors import PlacementError, PrefetchSimError, ScenarioError
+from sim.views.report import FORMATS  # run's -o formats (llama-bench's)
 from sim.wording import plural
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,10 +51,6 @@ def scenario_path(arg: str | None) -> Path:
     from sim.resources import resolve_scenario
 
     return resolve_scenario(arg)
-
-
-#: output formats of ``run`` (llama-bench's ``-o``)
-from sim.views.report import FORMATS  # noqa: E402
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -798,10 +795,11 @@ def untabled_types_note(model, hw) -> str | None:
     proxied = {ty: g.proxy_mix("MUL_MAT", ty) for ty in sorted(types - have)}
     roofline = sorted(ty for ty, mix in proxied.items() if not mix)
     by_proxy = {ty: mix for ty, mix in proxied.items() if mix}
-    id_proxy = {ty: g.proxy_mix("MUL_MAT_ID", ty) for ty in sorted(experts)
-                if ty not in by_proxy and ty not in roofline and g.proxy_mix("MUL_MAT_ID", ty) != ()}
-    id_dense = sorted(ty for ty in experts if ty in have and not any(
-        k[0] == "gpu" and k[1] == "MUL_MAT_ID" and k[2] == ty for k in g._curves))
+    # an expert type measured for dense matmuls only: from its family's expert curve, else from
+    # Q4_K's scaled by the dense ratio (GgmlKernels.moe_s)
+    id_missing = sorted(ty for ty in experts if ty in have and ty not in g.curve_types("gpu", "MUL_MAT_ID"))
+    id_proxy = {ty: mix for ty in id_missing if (mix := g.proxy_mix("MUL_MAT_ID", ty))}
+    id_dense = [ty for ty in id_missing if ty not in id_proxy]
     parts = []
     if by_proxy or id_proxy:
         said = ", ".join(f"{ty} from {' and '.join(p for p, _w in mix)}" for ty, mix in {**by_proxy, **id_proxy}.items())

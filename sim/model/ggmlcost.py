@@ -430,10 +430,9 @@ class GgmlKernels:
         ty = ggml_type.upper()
         if ty in FLOAT_TYPES:
             return ()
-        if op == "MUL_MAT_ID":
-            have = {t for (b, o, t, _m, _k) in self._curves if b == "gpu" and o == op}
-        else:
-            have = {t for (b, o, t, _m, _k) in self._curves if b == "gpu" and o == op} | self.measured_types("gpu")
+        have = self.curve_types("gpu", op)
+        if op != "MUL_MAT_ID":
+            have |= self.measured_types("gpu")
         if ty in have:
             return ()
         fam = PROXY_K if ty.endswith("_K") else PROXY_LEGACY if ty in LEGACY_TYPES else PROXY_OTHER
@@ -551,9 +550,15 @@ class GgmlKernels:
 
     def measured_types(self, backend: str) -> frozenset[str]:
         """The ggml types (upper case) whose matvecs the ``backend`` table measured cold: the
-        types it prices from its own cases (another type falls back to the caller's roofline on
-        the GPU, to the median cold rate on the CPU)."""
+        types it prices from its own cases (another quantised type is priced from its family's,
+        :meth:`proxy_mix`, a float type by the caller's roofline on the GPU; on the CPU the median
+        cold rate)."""
         return frozenset(ty for (b, ty) in self._cold if b == backend)
+
+    def curve_types(self, backend: str, op: str) -> frozenset[str]:
+        """The ggml types (upper case) with a measured token curve of ``op`` (``MUL_MAT``,
+        ``MUL_MAT_ID``) on ``backend``."""
+        return frozenset(t for (b, o, t, _m, _k) in self._curves if b == backend and o == op)
 
     def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0):
         got = self._curves.get((backend, op, ty, int(m), int(k)))
