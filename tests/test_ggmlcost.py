@@ -125,6 +125,27 @@ def test_an_unmeasured_quantised_type_is_priced_from_its_family_not_the_roofline
         < k.matmul_s("gpu", "Q6_K", 1024, 1024, 256, 0)
 
 
+def test_a_weight_above_the_l2_is_not_priced_from_a_smaller_l2_hot_case_scaled_up():
+    """A matvec on a weight larger than the L2 takes the table's curve when that curve's case was
+    read cold itself; a case that fit in the L2 ran launch-bound, and scaled by m*k to a larger
+    weight it had priced Llama-8B's Q8_0 FFN (4096x14336, 62 MB) at 1.47 TB/s from gpt-oss's
+    12.5 MB 2880x4096 case, half Q8_0's measured cold rate (3.0 TB/s), so a dense F16 decode
+    (the roofline) came out faster than Q8_0 (fresh-user round 5). Now its cold rate prices it;
+    a weight whose nearest case is itself above the L2 (Gemma's 5376x21504 Q4_K, gpt-oss's
+    201088x2880 Q8_0 output) keeps the measured curve."""
+    from sim.model.quant import ggml_nbytes
+
+    g = load_hardware(PROFILE).ggml
+    for ty, m, k in (("Q8_0", 14336, 4096), ("Q8_0", 4096, 14336)):
+        b = ggml_nbytes(ty, m * k)
+        assert b > g.l2_bytes
+        rate = b / g.matmul_s("gpu", ty, m, k, 1, b)
+        assert 0.85 * g.cold_rate("gpu", ty) < rate <= g.cold_rate("gpu", ty)
+    # a measured case above the L2 still prices itself (its own cold read, slower than the cold rate)
+    b = ggml_nbytes("Q8_0", 201088 * 2880)
+    assert g.matmul_s("gpu", "Q8_0", 201088, 2880, 1, b) > 1.2 * b / g.cold_rate("gpu", "Q8_0")
+
+
 def test_a_q5_k_m_or_q8_0_moe_prefill_is_priced_near_q4_k_m_not_twice_it(tmp_path):
     """End to end on the shipped profile: Qwen3-30B-A3B as Q5_K_M and as Q8_0, fully resident
     pp512, against the shipped Q4_K_M file; the roofline had given 1.9x and 2.0x its t/s (every

@@ -375,7 +375,7 @@ class GgmlKernels:
             else:
                 rate = self.cold_rate("gpu", ty)
             t = 2 * self.floor_s + max(0.0, nbytes / rate - self.floor_s)
-            if curve is not None and nbytes > self.l2_bytes:
+            if curve is not None and nbytes > self.l2_bytes and self._measured_cold(ty, m, k):
                 # larger than the L2: the table's repetitions read it cold too (its matvec cases only)
                 t = max(t, _at_matvec(curve, n))
             elif n > 2 and self.matvec_column_macs_per_s > 0:
@@ -416,6 +416,17 @@ class GgmlKernels:
         if base is None or dense_t is None or ref is None:
             return None
         return _at(base, n) * dense_t / _at(ref, n)
+
+    def _measured_cold(self, ty: str, m: int, k: int) -> bool:
+        """Whether the GPU curve a ``(m, k)`` weight of type ``ty`` is priced from was measured on
+        a weight larger than the L2 (read cold by the table's repetitions). A smaller case stayed
+        in the L2 and ran launch-bound: scaled by ``m·k`` to a larger weight it gave no HBM read
+        (Llama-8B's Q8_0 FFN matvecs at 1.4 TB/s from gpt-oss's 12.5 MB 2880x4096 case, below the
+        3 TB/s of Q8_0's cold case, and F16's roofline above them: fresh-user round 5)."""
+        from sim.model.quant import ggml_nbytes
+
+        shape = self._curve_shape("gpu", "MUL_MAT", ty, m, k)
+        return shape is not None and ggml_nbytes(ty, shape[0] * shape[1]) > self.l2_bytes
 
     def proxy_mix(self, op: str, ggml_type: str) -> tuple[tuple[str, float], ...]:
         """The measured types (and log-time weights, summing to 1) a GPU ``op`` (``MUL_MAT`` or
@@ -560,14 +571,25 @@ class GgmlKernels:
         ``MUL_MAT_ID``) on ``backend``."""
         return frozenset(t for (b, o, t, _m, _k) in self._curves if b == backend and o == op)
 
+    def _curve_shape(self, backend: str, op: str, ty: str, m: int, k: int) -> tuple[int, int] | None:
+        """The measured ``(m, k)`` that :meth:`_curve` takes the curve of ``(m, k)`` from: the
+        same shape, else the type's nearest in ``m·k``; None without a curve of the type."""
+        if (backend, op, ty, int(m), int(k)) in self._curves:
+            return int(m), int(k)
+        cands = [kk[3:] for kk in self._curves if kk[:3] == (backend, op, ty)]
+        if not cands:
+            return None
+        return min(cands, key=lambda mk: abs(math.log(mk[0] * mk[1] / (m * k))))
+
     def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0):
         got = self._curves.get((backend, op, ty, int(m), int(k)))
         if got is not None:
             return got
-        cands = [(kk, v) for kk, v in self._curves.items() if kk[:3] == (backend, op, ty)]
-        if not cands:
+        shape = self._curve_shape(backend, op, ty, m, k)
+        if shape is None:
             return None
-        (_, _, _, m0, k0), (ln, lt) = min(cands, key=lambda c: abs(math.log(c[0][3] * c[0][4] / (m * k))))
+        m0, k0 = shape
+        ln, lt = self._curves[(backend, op, ty, m0, k0)]
         scale = (m * k) / (m0 * k0)
         if op == "MUL_MAT_ID" and topk:
             scale *= topk / self._topk_of(ty, m0, k0, topk)
