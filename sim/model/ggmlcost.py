@@ -375,7 +375,7 @@ class GgmlKernels:
             else:
                 rate = self.cold_rate("gpu", ty)
             t = 2 * self.floor_s + max(0.0, nbytes / rate - self.floor_s)
-            if curve is not None and nbytes > self.l2_bytes and self._measured_cold(ty, m, k):
+            if curve is not None and nbytes > self.l2_bytes and self._measured_cold(ty, m, k, nbytes):
                 # larger than the L2: the table's repetitions read it cold too (its matvec cases only)
                 t = max(t, _at_matvec(curve, n))
             elif n > 2 and self.matvec_column_macs_per_s > 0:
@@ -417,16 +417,16 @@ class GgmlKernels:
             return None
         return _at(base, n) * dense_t / _at(ref, n)
 
-    def _measured_cold(self, ty: str, m: int, k: int) -> bool:
-        """Whether the GPU curve a ``(m, k)`` weight of type ``ty`` is priced from was measured on
-        a weight larger than the L2 (read cold by the table's repetitions). A smaller case stayed
-        in the L2 and ran launch-bound: scaled by ``m·k`` to a larger weight it gave no HBM read
-        (Llama-8B's Q8_0 FFN matvecs at 1.4 TB/s from gpt-oss's 12.5 MB 2880x4096 case, below the
-        3 TB/s of Q8_0's cold case, and F16's roofline above them: fresh-user round 5)."""
-        from sim.model.quant import ggml_nbytes
-
+    def _measured_cold(self, ty: str, m: int, k: int, nbytes: float) -> bool:
+        """Whether the GPU curve a ``(m, k)`` weight of ``nbytes`` bytes and type ``ty`` is priced
+        from was measured on a weight larger than the L2 (read cold by the table's repetitions):
+        its own shape, or a measured shape whose bytes (``nbytes`` scaled by the shapes' ``m·k``)
+        exceed the L2. A smaller case stayed in the L2 and ran launch-bound: scaled by ``m·k`` to
+        a larger weight it gave no HBM read (Llama-8B's Q8_0 FFN matvecs at 1.4 TB/s from
+        gpt-oss's 12.5 MB 2880x4096 case, below the 3 TB/s of Q8_0's cold case, and F16's
+        roofline above them: fresh-user round 5)."""
         shape = self._curve_shape("gpu", "MUL_MAT", ty, m, k)
-        return shape is not None and ggml_nbytes(ty, shape[0] * shape[1]) > self.l2_bytes
+        return shape is not None and nbytes * shape[0] * shape[1] / (float(m) * k) > self.l2_bytes
 
     def proxy_mix(self, op: str, ggml_type: str) -> tuple[tuple[str, float], ...]:
         """The measured types (and log-time weights, summing to 1) a GPU ``op`` (``MUL_MAT`` or
