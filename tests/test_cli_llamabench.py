@@ -1555,3 +1555,28 @@ def test_the_fit_margin_is_left_free_not_counted_as_used(capsys):
         assert rc == 0
         peaks.append(json.loads(out.splitlines()[0])["peak_vram_bytes"])
     assert peaks[0] == peaks[1] == peaks[2]
+
+
+def test_an_iq4_nl_kv_cache_under_flash_attention_is_not_modelled_and_other_pairs_say_their_conversion(capsys):
+    """ggml-cuda's FlashAttention has no kernel for an iq4_nl K or V cache
+    (ggml_cuda_fattn_kv_type_supported): llama.cpp runs every layer's attention on the CPU, where
+    the simulator had printed the f16 row's numbers (fresh-user round 5). run refuses it naming
+    -ctk/-ctv (--skip-unmodelled leaves it out), -fa 0 runs; a pair of supported types that the
+    default build has no kernel for (q5_1/f16) is converted to F16 in every call, said in the
+    note; a compiled pair (q8_0/q8_0) is not; crossover's kv axis refuses iq4_nl."""
+    from sim.errors import ScenarioError
+    from sim.views.crossover import parse_axis
+
+    common = ("-ngl", "99", "-ncmoe", "0", "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q")
+    rc, _, err = run(capsys, "run", *common, "-fa", "1", "-ctk", "iq4_nl", "-ctv", "f16")
+    assert rc == 2 and "field '-ctk/-ctv'" in err and "no kernel for" in err and err.count("\n") == 1
+    rc, out, err = run(capsys, "run", *common, "-fa", "1", "-ctk", "f16,iq4_nl", "--skip-unmodelled")
+    assert rc == 0 and out.count("pp64 |") == 1
+    rc, _, err = run(capsys, "run", *common, "-fa", "0", "-ctk", "iq4_nl", "-ctv", "f16")
+    assert rc == 0, err
+    rc, _, err = run(capsys, "run", *common, "-fa", "1", "-ctk", "q5_1", "-ctv", "f16")
+    assert rc == 0 and "converts K and V to F16 in every call" in err
+    rc, _, err = run(capsys, "run", *common, "-fa", "1", "-ctk", "q8_0", "-ctv", "q8_0")
+    assert rc == 0 and "KV q8_0/q8_0" in err and "converts K and V" not in err
+    with pytest.raises(ScenarioError, match="iq4_nl is not modelled"):
+        parse_axis("kv=f16,iq4_nl")

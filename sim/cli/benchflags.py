@@ -607,6 +607,8 @@ def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     if kind is None:
         return None
     flag, what = UNMODELLED[kind]
+    if kind == "fa_kv_type":
+        return flag, f"{what}; not modelled (-fa 0, or another K/V type, is)"
     if kind == "split_mode":
         return flag, f"-sm {setting.split_mode} over {hw.n_gpu} GPUs is not modelled (-sm layer and none are)"
     return flag, f"{flag.split('/')[0]} 1 ({what}) is not modelled"

@@ -158,6 +158,12 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
         if unknown:
             raise ScenarioError(f"axis 'kv': unknown KV cache type '{unknown[0]}' (use one of: {', '.join(KV_TYPES)})",
                                 field=flag)
+        from sim.views.llamabench import FA_KV_UNSUPPORTED
+
+        if any(n in FA_KV_UNSUPPORTED for n in names):  # run refuses it with -fa on: not modelled
+            raise ScenarioError(f"axis 'kv': {', '.join(sorted(set(names) & set(FA_KV_UNSUPPORTED)))} is not modelled "
+                                "(FlashAttention has no ggml-cuda kernel for it: llama.cpp runs the attention on "
+                                "the CPU); sweep the other types", field=flag)
         values = [kv_bytes_per_elem(n, n) for n in names]
     elif spec.name == "fa" and any(v.strip().lower() in ("on", "off", "auto", "-1") for v in vals.split(",")):
         # llama-bench's -fa spellings (run -fa on|off|auto) as well as 0/1/-1; auto is on, as in

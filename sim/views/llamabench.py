@@ -880,7 +880,13 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     except KeyError:
         raise ValueError(f"type_k/type_v {type_k}/{type_v}: not a ggml type llama-bench prints") from None
     if kvb is not None and (type_k.lower(), type_v.lower()) != ("f16", "f16"):
-        notes.append(f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16")
+        note = f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16"
+        fa = flash_attn_label(_get(row, "flash_attn"))
+        if fa != "off" and (type_k.lower(), type_v.lower()) not in FA_KV_COMPILED:
+            note += (f" (llama.cpp's default build has no FlashAttention kernel for K/V {type_k}/{type_v}, "
+                     f"GGML_CUDA_FA_QUANTS {';'.join('-'.join(p) for p in FA_KV_COMPILED)}: it converts K and V "
+                     "to F16 in every call, which is not priced)")
+        notes.append(note)
     ts_text = str(_get(row, "tensor_split", "") or "")
     try:
         shares = tuple(float(x) for x in ts_text.split("/") if x.strip()) if ts_text else ()
@@ -922,7 +928,17 @@ _SIM_BUFFER = re.compile(r"CPU|CUDA\d+|GPU\d*")
 
 #: the settings llama.cpp runs in a way the simulator does not model and whose speed they would
 #: change (:func:`unmodelled_kind`), each with llama-bench's flag and JSON field and what it does
+#: the K/V cache type pairs ggml-cuda's FlashAttention vector kernel is compiled for by default
+#: (ggml/CMakeLists.txt: GGML_CUDA_FA_QUANTS "q4_0-q4_0;q8_0-q8_0;f16-f16;bf16-bf16"); another
+#: pair of supported types is converted to F16 in every call (fattn.cu: "slow")
+FA_KV_COMPILED = (("q4_0", "q4_0"), ("q8_0", "q8_0"), ("f16", "f16"), ("bf16", "bf16"))
+#: K/V cache types ggml-cuda's FlashAttention has no kernel for at all
+#: (``ggml_cuda_fattn_kv_type_supported``): the op then runs on the CPU
+FA_KV_UNSUPPORTED = ("iq4_nl",)
+
 UNMODELLED = {
+    "fa_kv_type": ("-ctk/-ctv", "FlashAttention on an iq4_nl K/V cache, which ggml-cuda has no kernel for "
+                                "(ggml_cuda_fattn_kv_type_supported): llama.cpp runs every layer's attention on the CPU"),
     "no_kv_offload": ("-nkvo/--no-kv-offload", "the KV cache and attention on the host"),
     "split_mode": ("-sm/--split-mode", "each matmul split across the GPUs"),
     "embeddings": ("-embd/--embeddings", "embeddings output: no output head, pooled"),
@@ -932,11 +948,16 @@ UNMODELLED = {
 def unmodelled_kind(setting, n_gpu: int) -> str | None:
     """The key of :data:`UNMODELLED` that ``setting`` (anything with ``no_kv_offload``,
     ``split_mode`` and ``embeddings``: a :class:`RowTerms`, a ``prefetch-sim run`` setting) hits,
-    else None: the KV cache on the host (every layer's attention on the CPU), a row or tensor split
-    over several GPUs (``-sm layer`` and ``none``, and any split on one GPU, are modelled), or
-    embeddings output (no output head, pooling). ``run`` refuses such a setting
+    else None: FlashAttention (on or auto) on an iq4_nl K or V cache (no ggml-cuda kernel: the
+    attention runs on the CPU), the KV cache on the host (every layer's attention on the CPU), a
+    row or tensor split over several GPUs (``-sm layer`` and ``none``, and any split on one GPU,
+    are modelled), or embeddings output (no output head, pooling). ``run`` refuses such a setting
     (:func:`sim.cli.benchflags.unmodelled_setting`) and ``compare`` does not score such a row:
     the one rule for both."""
+    fa = getattr(setting, "flash_attn", -1)
+    if (fa not in (0, "off", False) and any(str(getattr(setting, k, "f16")).lower() in FA_KV_UNSUPPORTED
+                                            for k in ("type_k", "type_v"))):
+        return "fa_kv_type"
     if setting.no_kv_offload:
         return "no_kv_offload"
     if setting.split_mode in ("row", "tensor") and n_gpu > 1:
