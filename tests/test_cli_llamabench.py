@@ -1466,7 +1466,11 @@ def test_a_weight_type_the_kernel_tables_lack_is_noted():
     bf = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="BF16") if t.name.endswith("attn_q.weight")
                                                 else t for t in m.tensors])
     note = untabled_types_note(bf, hw)
-    assert note and "BF16 priced by the generic roofline" in note
+    assert note and "BF16 priced by the generic roofline" in note and "MUL_MAT_ID" not in note
+    bfx = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="BF16") if "_exps" in t.name else t
+                                                 for t in m.tensors])
+    note = untabled_types_note(bfx, hw)
+    assert note and "expert matmuls of BF16 most" in note and "likely priced too fast" in note
     # Q8_0 experts: Q8_0 has dense cases but no MUL_MAT_ID case (priced silently by the roofline before)
     q8 = SimpleNamespace(name=m.name, tensors=[_replace(t, ggml_type="Q8_0") if "_exps" in t.name else t
                                                 for t in m.tensors])

@@ -812,7 +812,10 @@ def untabled_types_note(model, hw) -> str | None:
                       "matmuls")
     if roofline:
         parts.append(f"weight type(s) {', '.join(roofline)} priced by the generic roofline, which can be off "
-                     "several times")
+                     "several times"
+                     + (f" (expert matmuls of {', '.join(t for t in roofline if t in experts)} most: llama.cpp does "
+                        "not run MUL_MAT_ID as one cuBLAS GEMM, so their prefill is likely priced too fast)"
+                        if any(t in experts for t in roofline) else ""))
     if not parts:
         return None
     return (f"model '{model.name}' on profile '{hw.name}' (its kernel tables measured {', '.join(sorted(have))}): "
