@@ -541,3 +541,15 @@ def test_a_sweep_past_the_trained_context_is_noted():
     got = axis_notes([parse_axis("depth=0,65536")], BenchTest(0, 32, 0), scn)
     assert len([n for n in got if "n_ctx_train" in n]) == 1 and "65,568 tokens" in got[-1]
     assert not [n for n in axis_notes([parse_axis("depth=0,8192")], BenchTest(0, 32, 0), scn) if "n_ctx_train" in n]
+
+
+def test_a_sweep_of_the_baseline_alone_says_there_is_nothing_to_compare(tmp_path, capsys):
+    """--variant X --baseline X sweeps one variant against itself: it wrote a CSV and figure and
+    said nothing (fresh-user round 5); a note now says no crossing is looked for."""
+    rc = cli.main(["crossover", str(TINY), "--axis", "prompt=64,128", "--variant", "prefetch_ungated",
+                   "--baseline", "prefetch_ungated", "--out", str(tmp_path), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "is the baseline itself" in err
+    rc = cli.main(["crossover", str(TINY), "--axis", "prompt=64,128", "--variant", "prefetch_ungated",
+                   "--out", str(tmp_path), "-q"])
+    assert rc == 0 and "is the baseline itself" not in capsys.readouterr().err
