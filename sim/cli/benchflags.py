@@ -596,9 +596,11 @@ def prefetch_flag_variants(args: argparse.Namespace) -> tuple | None:
 
 def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     """``(flag, reason)`` when ``setting`` runs llama.cpp in a way the simulator does not model
-    and whose speed it would change, else None: the KV cache on the host (``-nkvo 1``: every
-    layer's attention on the CPU), a row or tensor split over several GPUs (``-sm row|tensor``:
-    each matmul split across the GPUs), embeddings output (``-embd 1``: no output head, pooling).
+    and whose speed it would change, else None: FlashAttention on an iq4_nl K/V cache (``-ctk``/
+    ``-ctv iq4_nl``: no ggml-cuda kernel, the attention runs on the CPU), the KV cache on the
+    host (``-nkvo 1``: every layer's attention on the CPU), a row or tensor split over several
+    GPUs (``-sm row|tensor``: each matmul split across the GPUs), embeddings output (``-embd 1``:
+    no output head, pooling).
     Such a row would print the numbers of another configuration under its values; ``run``
     refuses it unless ``--skip-unmodelled`` leaves it out."""
     from sim.views.llamabench import UNMODELLED, unmodelled_kind
