@@ -75,9 +75,6 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         raise ScenarioError(f"{n_cells:,} sweep points, more than the limit of {LIST_VALUES_MAX}", field="--axis2")
     for note in axis_notes(axes, test, scn):
         print(f"prefetch-sim: note: {note}", file=sys.stderr)
-    if {v.name for v in variants} == {args.baseline}:
-        print(f"prefetch-sim: note: --variant {args.baseline} is the baseline itself: the sweep has no other variant "
-              "to compare, so no crossing is looked for (the CSV and figure hold its t/s alone)", file=sys.stderr)
     res = sweep(scn, axes, variants, test, repetitions=args.repetitions or 1, engine=args.engine, jobs=args.jobs,
                 baseline=args.baseline, progress=progress,
                 max_work=WORK_MAX if args.max_work is None else args.max_work, prefetch_plots=True)
@@ -88,6 +85,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
 
         raise PlacementError(f"no point of the sweep fits; the first: {res.cells[0].error}",
                              field="--axis" if len(axes) == 1 else "--axis/--axis2")
+    if {v.name for v in variants} == {args.baseline}:
+        print(f"prefetch-sim: note: --variant {args.baseline} is the baseline itself: the sweep has no other variant "
+              "to compare, so no crossing is looked for (the CSV and figure hold its t/s alone)", file=sys.stderr)
     if args.repetitions is None and scn.workload.repetitions > 1:   # after the sweep: an error stays one line
         print(f"prefetch-sim: note: -r 1 (crossover's default): each cell is llama-bench's first timed repetition "
               f"(the CUDA-graph capture included) on one routing draw, where run averages the scenario's "
