@@ -368,10 +368,9 @@ class GgmlKernels:
             if not self._has_type("gpu", ty):
                 if ty == "F32" and n > MMVF_MAX_COLS_F32 and self.f32_mmf_s > 0:
                     return self.f32_mmf_s  # mul_mat_f (module docstring)
-                mix = self.proxy_mix("MUL_MAT", ty)
-                if not mix:
+                rate = self._matvec_rate(ty)
+                if rate is None:
                     return None
-                rate = math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
             else:
                 rate = self.cold_rate("gpu", ty)
             t = 2 * self.floor_s + max(0.0, nbytes / rate - self.floor_s)
@@ -393,13 +392,9 @@ class GgmlKernels:
             return self.cpu_op_s + max(used_bytes / (self.cpu_rate_scale * self.cold_rate("cpu", ty)),
                                        2.0 * n * topk * m * k / cpu_flops_per_s)
         if n <= MMVQ_MAX_BATCH:
-            if self._has_type("gpu", ty):
-                rate = self.cold_rate("gpu", ty)
-            else:
-                mix = self.proxy_mix("MUL_MAT", ty)
-                if not mix:
-                    return None
-                rate = math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
+            rate = self._matvec_rate(ty)
+            if rate is None:
+                return None
             return 2 * self.floor_s + max(0.0, used_bytes / rate - self.floor_s)
         curve = self._curve("gpu", "MUL_MAT_ID", ty, m, k, topk=topk)
         if curve is not None:
@@ -416,6 +411,16 @@ class GgmlKernels:
         if base is None or dense_t is None or ref is None:
             return None
         return _at(base, n) * dense_t / _at(ref, n)
+
+    def _matvec_rate(self, ty: str) -> float | None:
+        """GPU cold matvec rate (bytes/s) of type ``ty``: its own cold case, else the geometric
+        mix of its :meth:`proxy_mix` types' (None for a float type without a case)."""
+        if self._has_type("gpu", ty):
+            return self.cold_rate("gpu", ty)
+        mix = self.proxy_mix("MUL_MAT", ty)
+        if not mix:
+            return None
+        return math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
 
     def _measured_cold(self, ty: str, m: int, k: int, nbytes: float) -> bool:
         """Whether the GPU curve a ``(m, k)`` weight of ``nbytes`` bytes and type ``ty`` is priced
