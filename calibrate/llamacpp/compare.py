@@ -54,8 +54,8 @@ from sim.bounds import check_text_input
 from sim.errors import PrefetchSimError, ScenarioError
 from sim.cli.benchflags import (SIMULATED_CPU_INFO, check_main_gpu, default_threads, hardware_backend,
                                 threads_unmodelled)
-from sim.views.llamabench import (UNMODELLED, RowTerms, model_with_kv, prefetch_settings, read_llama_bench,
-                             row_placement, row_terms, unmodelled_kind,
+from sim.views.llamabench import (UNMODELLED, RowTerms, kv_context_error, model_with_kv, prefetch_settings,
+                             read_llama_bench, row_placement, row_terms, unmodelled_kind,
                              row_variant, row_workload)
 from sim.model.specs import BenchTest, HardwareProfile, ModelSpec, Placement, Scenario, load_hardware, load_model, \
     parse_variant
@@ -613,6 +613,10 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
         notes.append(f"variant {variant} (prefetch_weights {pw}, prefetch_gate {pwg}, prefetch_expert_slots {pes})")
     kind = bench_kind(terms.n_prompt, terms.n_gen)
     m = model_with_kv(model, terms)
+    refused = kv_context_error(m, terms.flash_attn, terms.type_k, terms.type_v)
+    if refused:  # llama.cpp would not have created this context: the row cannot be llama-bench's
+        return RowCase(None, terms.tests, terms, m, "unknown", tuple(notes + [f"not simulated: {refused[0]} "
+                                                                              f"{refused[1]}"]), variant=variant)
     try:
         check_main_gpu(_int_or(row.get("main_gpu") if hasattr(row, "get") else None, 0), hardware)
         pl, pnotes = row_placement(terms, m, hardware.n_gpu)

@@ -808,8 +808,10 @@ def untabled_types_note(model, hw) -> str | None:
         parts.append(f"expert matmuls of {', '.join(id_dense)} (no MUL_MAT_ID case) from Q4_K's scaled by the dense "
                      f"{'/'.join(id_dense)}-to-Q4_K ratio")
     if parts:
+        low = sorted(t for t in {**by_proxy, **id_proxy} if t.startswith(("IQ", "TQ", "Q2_", "Q3_")))
         parts[-1] += (": the measured types differ by up to 25 % at one shape, the error to expect on those "
-                      "matmuls")
+                      "matmuls" + (f"; {', '.join(low)} unpack at more cost per weight than any measured type, so "
+                                   "expect more, their prefill priced too fast" if low else ""))
     if roofline:
         parts.append(f"weight type(s) {', '.join(roofline)} priced by the generic roofline, which can be off "
                      "several times"

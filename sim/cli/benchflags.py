@@ -1369,9 +1369,18 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         "no_kv_offload": setting.no_kv_offload, "embeddings": setting.embeddings,
         "n_batch": setting.n_batch, "n_ubatch": setting.n_ubatch,
         "type_k": setting.type_k, "type_v": setting.type_v,
+        # the flash attention the setting runs (-fa, else the scenario's)
+        "flash_attn": setting.flash_attn if (setting.flash_attn != -1 or "flash_attn" in given)
+        else int(bool(scn.placement.flash_attn)),
         "n_prompt": first.n_prompt, "n_gen": first.n_gen, "n_depth": first.n_depth,
     }
     terms = row_terms(row)
+    from sim.views.llamabench import kv_context_error
+
+    refused = kv_context_error(model, row["flash_attn"], setting.type_k, setting.type_v)
+    if refused:  # llama.cpp creates no context (before any note: the error is the one line)
+        flag = "-ctk" if refused[0] == "type_k" else "-ctv"
+        raise ScenarioError(f"{flag} {refused[1]}", field=flag)
     notes.extend(terms.notes)
     if setting.n_ubatch > setting.n_batch:
         ub = "-ub" if "n_ubatch" in given else "the scenario's n_ubatch"
@@ -1438,8 +1447,11 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
         raise ScenarioError(f"-ctv {setting.type_v} with -fa off: llama.cpp refuses this context (V cache "
                             "quantization requires flash_attn)", field="-ctv")
+    from sim.views.llamabench import fa_auto_off
+
     if setting.flash_attn != -1 or "flash_attn" in given:
-        pl = replace(pl, flash_attn=setting.flash_attn != 0)
+        pl = replace(pl, flash_attn=setting.flash_attn != 0 and not fa_auto_off(setting.flash_attn, setting.type_k,
+                                                                                setting.type_v))
         if hw.ggml is None:
             notes.add(f"-fa: profile '{hw.name}' has one attention cost for every -fa (a profile with llama.cpp "
                       "kernel tables, such as h200-llamacpp, prices both)")

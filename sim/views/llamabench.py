@@ -879,14 +879,14 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         kvb = kv_bytes_per_elem(type_k, type_v)
     except KeyError:
         raise ValueError(f"type_k/type_v {type_k}/{type_v}: not a ggml type llama-bench prints") from None
-    if kvb is not None and (type_k.lower(), type_v.lower()) != ("f16", "f16"):
-        note = f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16"
-        fa = flash_attn_label(_get(row, "flash_attn"))
-        if fa != "off" and (type_k.lower(), type_v.lower()) not in FA_KV_COMPILED:
-            note += (f" (llama.cpp's default build has no FlashAttention kernel for K/V {type_k}/{type_v}, "
-                     f"GGML_CUDA_FA_QUANTS {';'.join('-'.join(p) for p in FA_KV_COMPILED)}: it converts K and V "
-                     "to F16 in every call, which is not priced)")
+    fa_row = flash_attn_label(_get(row, "flash_attn"))
+    fa_on = fa_row != "off" and not fa_auto_off(fa_row, type_k, type_v)
+    note = kv_note(type_k, type_v, fa_on) if kvb is not None else None
+    if note:
         notes.append(note)
+    if fa_auto_off(fa_row, type_k, type_v):
+        notes.append(f"flash_attn auto with K {type_k}: llama.cpp turns FlashAttention off (ggml-cuda has no "
+                     "kernel for that K cache), as simulated")
     ts_text = str(_get(row, "tensor_split", "") or "")
     try:
         shares = tuple(float(x) for x in ts_text.split("/") if x.strip()) if ts_text else ()
@@ -935,6 +935,59 @@ FA_KV_COMPILED = (("q4_0", "q4_0"), ("q8_0", "q8_0"), ("f16", "f16"), ("bf16", "
 #: K/V cache types ggml-cuda's FlashAttention has no kernel for at all
 #: (``ggml_cuda_fattn_kv_type_supported``): the op then runs on the CPU
 FA_KV_UNSUPPORTED = ("iq4_nl",)
+#: block size of every quantised KV cache type llama-bench takes (32-element blocks)
+KV_BLOCK = 32
+
+
+def _fa(value: Any) -> str:
+    """A flash-attention setting (``-1``/``0``/``1``, a bool, or a label) as ``auto``/``off``/``on``."""
+    return value if value in ("auto", "on", "off") else flash_attn_label(value)
+
+
+def fa_auto_off(flash_attn: Any, type_k: Any, type_v: Any) -> bool:
+    """Whether llama.cpp's ``-fa auto`` turns FlashAttention off for these KV types: an auto
+    setting resolves by where the FlashAttention op would run (``llama_context``:
+    ``resolve(llm_fused_op_flash_attn_probe)``, "not supported, set to disabled"), and with a K
+    cache type ggml-cuda has no FlashAttention kernel for (:data:`FA_KV_UNSUPPORTED`) it would
+    run on the CPU; a quantised V forces it on first (``llama_init_from_model``: "enabling
+    flash_attn since it is required for quantized V cache")."""
+    return (_fa(flash_attn) == "auto" and str(type_k).lower() in FA_KV_UNSUPPORTED
+            and str(type_v).lower() in UNQUANTISED_KV)
+
+
+def kv_context_error(model, flash_attn: Any, type_k: Any, type_v: Any) -> tuple[str, str] | None:
+    """``(field, reason)`` when llama.cpp refuses the context (``llama_init_from_model`` returns
+    no context and llama-bench stops there) for its KV types: with FlashAttention not disabled
+    (on or auto), a quantised K or V cache whose 32-element block does not divide the model's
+    head size ("K cache type q8_0 with block size 32 does not divide n_embd_head_k=80"). A
+    quantised V with FlashAttention off is refused by the callers already. None when it loads."""
+    if _fa(flash_attn) == "off":
+        return None
+    for field, t in (("type_k", type_k), ("type_v", type_v)):
+        if str(t).lower() not in UNQUANTISED_KV and model.head_dim % KV_BLOCK:
+            return field, (f"{t} with FlashAttention ({_fa(flash_attn)}): llama.cpp refuses this context ("
+                           f"{'K' if field == 'type_k' else 'V'} cache type {t} with block size {KV_BLOCK} does "
+                           f"not divide the head size {model.head_dim} of '{model.name}')")
+    return None
+
+
+def kv_note(type_k: str, type_v: str, fa_on: bool) -> str | None:
+    """The note of a quantised KV cache (what VRAM and the attention price take from it), or
+    None for f16/f16: the attention reads are priced as F16; with FlashAttention on, ggml-cuda's
+    prefill kernels convert any quantised K/V to F16 in every call, and a pair its default build
+    has no vector kernel for (:data:`FA_KV_COMPILED`) converts in decode too (fattn.cu: "slow"):
+    neither conversion is priced."""
+    k, v = type_k.lower(), type_v.lower()
+    if (k, v) == ("f16", "f16"):
+        return None
+    note = f"KV {type_k}/{type_v}: VRAM counts its size; attention reads are priced as F16"
+    if fa_on and (k not in UNQUANTISED_KV or v not in UNQUANTISED_KV):
+        note += ("; FlashAttention's prefill kernels convert the quantised K/V to F16 in every call"
+                 + ("" if (k, v) in FA_KV_COMPILED else
+                    f", and decode's too (the default build has no kernel for {type_k}/{type_v}: GGML_CUDA_FA_QUANTS "
+                    f"{';'.join('-'.join(p) for p in FA_KV_COMPILED)})")
+                 + ", which is not priced")
+    return note
 
 UNMODELLED = {
     "fa_kv_type": ("-ctk/-ctv", "FlashAttention on an iq4_nl K/V cache, which ggml-cuda has no kernel for "
@@ -948,15 +1001,17 @@ UNMODELLED = {
 def unmodelled_kind(setting, n_gpu: int) -> str | None:
     """The key of :data:`UNMODELLED` that ``setting`` (anything with ``no_kv_offload``,
     ``split_mode`` and ``embeddings``: a :class:`RowTerms`, a ``prefetch-sim run`` setting) hits,
-    else None: FlashAttention (on or auto) on an iq4_nl K or V cache (no ggml-cuda kernel: the
-    attention runs on the CPU), the KV cache on the host (every layer's attention on the CPU), a
+    else None: FlashAttention on an iq4_nl K or V cache (no ggml-cuda kernel: the attention runs
+    on the CPU; ``-fa auto`` with an iq4_nl K and an unquantised V turns it off instead,
+    :func:`fa_auto_off`), the KV cache on the host (every layer's attention on the CPU), a
     row or tensor split over several GPUs (``-sm layer`` and ``none``, and any split on one GPU,
     are modelled), or embeddings output (no output head, pooling). ``run`` refuses such a setting
     (:func:`sim.cli.benchflags.unmodelled_setting`) and ``compare`` does not score such a row:
     the one rule for both."""
-    fa = getattr(setting, "flash_attn", -1)
-    if (fa not in (0, "off", False) and any(str(getattr(setting, k, "f16")).lower() in FA_KV_UNSUPPORTED
-                                            for k in ("type_k", "type_v"))):
+    fa = _fa(getattr(setting, "flash_attn", -1))
+    tk, tv = getattr(setting, "type_k", "f16"), getattr(setting, "type_v", "f16")
+    if (fa != "off" and not fa_auto_off(fa, tk, tv)
+            and any(str(t).lower() in FA_KV_UNSUPPORTED for t in (tk, tv))):
         return "fa_kv_type"
     if setting.no_kv_offload:
         return "no_kv_offload"
@@ -1013,7 +1068,7 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
         # llama-bench prints shares up to the last non-zero one: "1.00" on two GPUs is 1/0 (all
         # on the first); no share above zero ("0.00") is llama.cpp's default split
         tensor_split=tuple(shares) + (0.0,) * (n_gpu - len(shares)) if any(shares) and n_gpu > 1 else (),
-        flash_attn=terms.flash_attn != "off",
+        flash_attn=terms.flash_attn != "off" and not fa_auto_off(terms.flash_attn, terms.type_k, terms.type_v),
     )
     return pl, tuple(notes)
 
