@@ -1317,3 +1317,7 @@ def test_a_kv_type_llama_bench_cannot_print_is_refused_and_missing_samples_assum
     assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
     err = capsys.readouterr().err
     assert "type_k 'q3_k': not a KV cache type llama-bench takes" in err and err.count("\n") == 1
+    # llama-bench prints ggml_type_name, lower case: an upper-case Q8_0 was edited (round 6)
+    bench.write_text(json.dumps({**row, "type_k": "Q8_0"}) + "\n")
+    assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
+    assert "type_k 'Q8_0': not a KV cache type llama-bench takes" in capsys.readouterr().err

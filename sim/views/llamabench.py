@@ -872,7 +872,8 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     n_ubatch = clamped_ubatch(int(_get(row, "n_ubatch", 512)), n_batch)
     type_k, type_v = str(_get(row, "type_k", "f16")), str(_get(row, "type_v", "f16"))
     for name, t in (("type_k", type_k), ("type_v", type_v)):
-        if t.lower() not in KV_TYPES:  # llama-bench parses -ctk/-ctv with ggml_type_from_name
+        # llama-bench parses -ctk/-ctv with ggml_type_from_name and prints ggml_type_name: lower case
+        if t not in KV_TYPES:
             raise ValueError(f"{name} {t!r}: not a KV cache type llama-bench takes ({', '.join(KV_TYPES)}); "
                              "no llama-bench row prints it")
     try:
