@@ -1342,7 +1342,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             compile (one that matches no tensor is noted: :func:`check_rule`); ``-mg`` beyond
             the profile's GPUs.
     """
-    from sim.views.llamabench import UNQUANTISED_KV, model_with_kv, row_placement, row_terms
+    from sim.views.llamabench import (UNQUANTISED_KV, fa_auto_off, kv_context_error, model_with_kv, row_placement,
+                                      row_terms)
     from sim.model.specs import Workload
 
     hw = scn.hardware
@@ -1375,8 +1376,6 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         "n_prompt": first.n_prompt, "n_gen": first.n_gen, "n_depth": first.n_depth,
     }
     terms = row_terms(row)
-    from sim.views.llamabench import kv_context_error
-
     refused = kv_context_error(model, row["flash_attn"], setting.type_k, setting.type_v)
     if refused:  # llama.cpp creates no context (before any note: the error is the one line)
         flag = "-ctk" if refused[0] == "type_k" else "-ctv"
@@ -1447,8 +1446,6 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
         raise ScenarioError(f"-ctv {setting.type_v} with -fa off: llama.cpp refuses this context (V cache "
                             "quantization requires flash_attn)", field="-ctv")
-    from sim.views.llamabench import fa_auto_off
-
     if setting.flash_attn != -1 or "flash_attn" in given:
         pl = replace(pl, flash_attn=setting.flash_attn != 0 and not fa_auto_off(setting.flash_attn, setting.type_k,
                                                                                 setting.type_v))

@@ -150,16 +150,13 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
     values: list[float] = []
     note = ""
     if spec.name == "kv":
-        from sim.cli.benchflags import KV_TYPES
-        from sim.views.llamabench import kv_bytes_per_elem
+        from sim.views.llamabench import FA_KV_UNSUPPORTED, KV_TYPES, kv_bytes_per_elem
 
         names = [v.strip().lower() for v in vals.split(",") if v.strip()]
         unknown = [n for n in names if n not in KV_TYPES]
         if unknown:
             raise ScenarioError(f"axis 'kv': unknown KV cache type '{unknown[0]}' (use one of: {', '.join(KV_TYPES)})",
                                 field=flag)
-        from sim.views.llamabench import FA_KV_UNSUPPORTED
-
         if any(n in FA_KV_UNSUPPORTED for n in names):  # run refuses it with -fa on: not modelled
             raise ScenarioError(f"axis 'kv': {', '.join(sorted(set(names) & set(FA_KV_UNSUPPORTED)))} is not modelled "
                                 "(FlashAttention has no ggml-cuda kernel for it: llama.cpp runs the attention on "
