@@ -407,7 +407,10 @@ def test_placement_ncmoe_puts_every_expert_on_the_host():
     pl, notes = row_placement(row_terms(json.loads(LINES[0])), m)  # -ncmoe 48 on a 2-layer GGUF, -lm none
     host = {t.name for t in m.tensors if pl.host_resident(m, t)}
     assert host == {t.name for t in m.tensors if t.is_expert} | {"token_embd.weight"}
-    assert pl.n_cpu_moe == 2 and pl.ngl == 999 and pl.pinned and pl.ctx_size == 512 and notes == ()
+    assert pl.n_cpu_moe == 2 and pl.ngl == 999 and pl.pinned and pl.ctx_size == 512
+    assert notes == ("n_cpu_moe 48: the model has 2 blocks; every expert is on the host",)
+    pl, notes = row_placement(row_terms(json.loads(LINES[0]) | {"n_cpu_moe": 2}), m)
+    assert pl.n_cpu_moe == 2 and notes == ()  # at the model's blocks: nothing to say
 
 
 def test_placement_gemma_ffn_override_and_ngl():

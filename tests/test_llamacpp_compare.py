@@ -32,6 +32,8 @@ RUN = ROOT / "tests" / "data" / "llamacpp" / "h200-test"
 def _model_cut(name: str, n_layer: int):
     """A shipped model cut as the comparison cuts it (the full file's first blocks)."""
     return cmp.cut_model(load_model(ROOT / "scenarios" / "models" / f"{name}.toml"), n_layer)
+#: the note of a -ncmoe 48 row on the test folder's 2-block GGUF (sim.views.llamabench.row_placement)
+CUT_NOTE = "n_cpu_moe 48: the model has 2 blocks; every expert is on the host"
 HW = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
 
 
@@ -94,7 +96,8 @@ def test_notes_say_what_is_not_represented(result):
     assert "flash_attn off" in note[7]
     assert "pp64 @ d128 then tg8 @ d192" in note[10]
     assert "FlashAttention" in note[4]  # depth 4096 with the profile's unfused attention table
-    assert note[1] == note[3] == note[5] == ""
+    # lines 1 and 2 are -ncmoe 48 on the test's 2-block GGUF: said, as run says it
+    assert note[1] == note[2] == CUT_NOTE and note[3] == note[5] == ""
 
 
 def test_prediction_equals_run_scenario_by_hand(result):
@@ -143,7 +146,7 @@ def test_prefetch_rows_are_predicted_with_their_variant(tmp_path):
     assert df.variant.tolist()[:5] == ["baseline", "baseline", "prefetch_ungated", "prefetch_gated_512", "slots3"]
     assert pd.isna(df.variant[5]) and df.predicted_ts.isna().tolist() == [False] * 5 + [True]
     assert "not simulated" in df.note[5] and "prefetch_expert_slots 3" in df.note[5]
-    assert df.note[0] == df.note[1] == "" and "variant prefetch_ungated (prefetch_weights 1, prefetch_gate 0" in df.note[2]
+    assert df.note[0] == df.note[1] == CUT_NOTE and "variant prefetch_ungated (prefetch_weights 1, prefetch_gate 0" in df.note[2]
     assert df.predicted_ts[0] == df.predicted_ts[1]  # an upstream row and -pw 0: the same baseline
     q = _model_cut("qwen3-30b-a3b", 2)
     pl = Placement(n_cpu_moe=2, pinned=True, ctx_size=512)

@@ -1054,6 +1054,9 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
         except (re.error, ValueError) as exc:
             raise ValueError(f"-ot rule '{regex}={buf}': pattern not understood by Python re ({exc})") from None
     ncm = min(terms.n_cpu_moe, model.n_layer) if model.moe is not None else 0
+    if model.moe is not None and terms.n_cpu_moe > model.n_layer:
+        # llama.cpp's -ncmoe names blocks 0..N-1: past the last block every expert is on the host
+        notes.append(f"n_cpu_moe {terms.n_cpu_moe}: the model has {model.n_layer} blocks; every expert is on the host")
     shares = terms.tensor_split
     if len(shares) > n_gpu:
         if any(shares[n_gpu:]):
