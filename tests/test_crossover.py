@@ -187,7 +187,9 @@ def test_placement_axes_parse_and_apply(tiny):
 
 @pytest.mark.parametrize("text, words", [
     ("kv=f16,q9_0", "unknown KV cache type 'q9_0'"),
-    ("fa=0,2", "<= 1"),
+    ("fa=0,2", "'2' is not on, off, auto, 0, 1 or -1"),
+    ("fa=", "axis 'fa' has no values"),   # it had been told to give integers like 512,1024
+    ("fa=maybe", "'maybe' is not on, off"),
     ("ncmoe=-1", "cannot be negative"),
 ])
 def test_bad_placement_axis_values_are_refused(text, words):

@@ -162,11 +162,13 @@ def parse_axis(text: str, flag: str = "--axis") -> Axis:
                                 "(FlashAttention has no ggml-cuda kernel for it: llama.cpp runs the attention on "
                                 "the CPU); sweep the other types", field=flag)
         values = [kv_bytes_per_elem(n, n) for n in names]
-    elif spec.name == "fa" and any(v.strip().lower() in ("on", "off", "auto", "-1") for v in vals.split(",")):
+    elif spec.name == "fa":
         # llama-bench's -fa spellings (run -fa on|off|auto) as well as 0/1/-1; auto is on, as in
         # run (llama.cpp turns FlashAttention on where the GPU supports it, as a CUDA GPU does)
         words = {"on": 1, "off": 0, "auto": 1, "1": 1, "0": 0, "-1": 1}
         names = [v.strip().lower() for v in vals.split(",") if v.strip()]
+        if not names:
+            raise ScenarioError("axis 'fa' has no values (use on, off, auto, 0, 1 or -1)", field=flag)
         bad = [n for n in names if n not in words]
         if bad:
             raise ScenarioError(f"axis 'fa': '{bad[0]}' is not on, off, auto, 0, 1 or -1", field=flag)
