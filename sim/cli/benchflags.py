@@ -1342,8 +1342,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             compile (one that matches no tensor is noted: :func:`check_rule`); ``-mg`` beyond
             the profile's GPUs.
     """
-    from sim.views.llamabench import (UNQUANTISED_KV, fa_auto_off, kv_context_error, model_with_kv, row_placement,
-                                      row_terms)
+    from sim.views.llamabench import (QUANTISED_V_NEEDS_FA, fa_auto_off, kv_context_error, model_with_kv,
+                                      quantised_v_without_fa, row_placement, row_terms)
     from sim.model.specs import Workload
 
     hw = scn.hardware
@@ -1442,10 +1442,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             pl = replace(pl, fit_target_mib=(0,))
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
-    if setting.flash_attn == 0 and str(setting.type_v).lower() not in UNQUANTISED_KV:
-        # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
-        raise ScenarioError(f"-ctv {setting.type_v} with -fa off: llama.cpp refuses this context (V cache "
-                            "quantization requires flash_attn)", field="-ctv")
+    if quantised_v_without_fa(setting.flash_attn, setting.type_v):
+        raise ScenarioError(f"-ctv {setting.type_v} with -fa off: {QUANTISED_V_NEEDS_FA}", field="-ctv")
     if setting.flash_attn != -1 or "flash_attn" in given:
         pl = replace(pl, flash_attn=setting.flash_attn != 0 and not fa_auto_off(setting.flash_attn, setting.type_k,
                                                                                 setting.type_v))

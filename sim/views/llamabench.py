@@ -295,10 +295,8 @@ def _check_row(rec: dict, err) -> dict:
     if not out["avg_ts"] > 0:
         raise err("avg_ts", f"must be > 0 t/s, got {out['avg_ts']!r}")
     tv = out.get("type_v")
-    if out.get("flash_attn") == 0 and tv is not None and str(tv).lower() not in UNQUANTISED_KV:
-        # llama.cpp: "V cache quantization requires flash_attn" (llama_init_from_model fails)
-        raise err("type_v", f"{tv} with flash_attn 0: llama.cpp refuses this context (V cache quantization "
-                            "requires flash_attn), so llama-bench cannot have run it")
+    if "flash_attn" in out and quantised_v_without_fa(out["flash_attn"], tv):
+        raise err("type_v", f"{tv} with flash_attn 0: {QUANTISED_V_NEEDS_FA}, so llama-bench cannot have run it")
     if "stddev_ts" in out and out["stddev_ts"] < 0:
         raise err("stddev_ts", f"must be >= 0, got {out['stddev_ts']!r}")
     for k in ("avg_ts", "stddev_ts", "samples_ts"):  # physically absurd rates (TS_MAX)
@@ -943,6 +941,18 @@ KV_BLOCK = 32
 def _fa(value: Any) -> str:
     """A flash-attention setting (``-1``/``0``/``1``, a bool, or a label) as ``auto``/``off``/``on``."""
     return value if value in ("auto", "on", "off") else flash_attn_label(value)
+
+
+#: why llama.cpp refuses a quantised V cache without FlashAttention (``llama_init_from_model``)
+QUANTISED_V_NEEDS_FA = "llama.cpp refuses this context (V cache quantization requires flash_attn)"
+
+
+def quantised_v_without_fa(flash_attn: Any, type_v: Any) -> bool:
+    """Whether llama.cpp refuses the context for a quantised V cache with FlashAttention off
+    (``llama_init_from_model``: "V cache quantization requires flash_attn"; ``-fa auto`` turns it
+    on instead). ``flash_attn``: ``-1``/``0``/``1``, a bool or a label; ``type_v``: a ggml type
+    name or None (not given: f16)."""
+    return type_v is not None and _fa(flash_attn) == "off" and str(type_v).lower() not in UNQUANTISED_KV
 
 
 def fa_auto_off(flash_attn: Any, type_k: Any, type_v: Any) -> bool:
