@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sim.plan.builder import build_plan, make_context
-from sim.errors import PlacementError
+from sim.errors import PlacementError, VramOverflowError
 from sim.model.specs import FIT_TARGET_MIB_DEFAULT, BenchTest, load_scenario, parse_variant
 from sim.model.vram import ACT_ELEMS_FACTOR, account, fit_n_cpu_moe
 
@@ -202,13 +202,15 @@ def test_fitted_cache_runs_and_reports_its_pool(tmp_path, capsys):
 
 
 def test_fitt_on_the_command_line_is_not_counted_twice():
-    """llama-bench's ``-fitt M`` holds M MiB as reserved VRAM (for the n_cpu_moe fit): a fitted
-    cache then leaves nothing more free, so its pool equals the one of fit_target_mib = M."""
+    """llama-bench's ``-fitt M`` is the placement's fit target (M MiB left free by the n_cpu_moe
+    fit and by a fitted cache pool), not reserved VRAM: a fitted cache's pool equals the one of
+    a scenario with fit_target_mib = M, and the reserved VRAM is the profile's."""
     from test_cli_llamabench import scn_of
 
     flagged = scn_of("-fitt", "300", "--variant", "cache_fit")
-    assert flagged.placement.fit_target_mib == (0,)
+    assert flagged.placement.fit_target_mib == (300,) and flagged.placement.fit_experts
     plain = scn_of("--variant", "cache_fit")
+    assert flagged.hardware.vram_reserved_bytes == plain.hardware.vram_reserved_bytes
     # -fitt refits from n_cpu_moe 0 (llama-bench's fit replaces -ncmoe)
     plain = plain.with_(placement=replace(plain.placement, fit_target_mib=(300,), fit_experts=True, n_cpu_moe=0))
     v = parse_variant("cache_fit")
@@ -217,7 +219,40 @@ def test_fitt_on_the_command_line_is_not_counted_twice():
     a = account(flagged, v, replace(flagged.placement, n_cpu_moe=n))
     b = account(plain, v, replace(plain.placement, n_cpu_moe=n))
     assert [x.cache_pool_bytes for x in a] == [x.cache_pool_bytes for x in b]
-    assert [x.reserved_bytes - y.reserved_bytes for x, y in zip(a, b)] == [300 * MiB] * len(a)
+    assert [x.reserved_bytes for x in a] == [x.reserved_bytes for x in b]
+    assert [x.fit_margin_bytes for x in a] == [300 * MiB] * len(a)
+
+
+def test_the_ncmoe_fit_leaves_the_fit_target_free():
+    """With a fit target (-fitt) the n_cpu_moe fit picks the fewest host blocks that leave the
+    target free on every GPU: at its choice free >= target, one block fewer does not; a larger
+    target never needs fewer host blocks; past what any placement leaves, the error names the
+    fit target."""
+    from test_cli_llamabench import scn_of
+
+    v = parse_variant("baseline")
+    base = scn_of()
+    free0 = min(b.free_bytes for b in account(base, v, replace(base.placement, n_cpu_moe=base.model.n_layer)))
+    free_gpu = min(b.free_bytes for b in account(base, v, replace(base.placement, n_cpu_moe=0)))
+    assert free0 > free_gpu
+    last = -1
+    seen = set()
+    for mib in [0, *np.linspace(free_gpu / MiB - 1, free0 / MiB, 12).astype(int).tolist()]:
+        scn = base.with_(placement=replace(base.placement, fit_experts=True, n_cpu_moe=0, fit_target_mib=(mib,)))
+        n = fit_n_cpu_moe(scn, v)
+        got = account(scn, v, replace(scn.placement, n_cpu_moe=n))
+        assert all(b.free_bytes >= mib * MiB and b.fit_margin_bytes == mib * MiB for b in got)
+        if n > 0:
+            fewer = account(scn, v, replace(scn.placement, n_cpu_moe=n - 1))
+            assert any(b.free_bytes < mib * MiB for b in fewer)
+        assert n >= last
+        last = n
+        seen.add(n)
+    assert len(seen) > 1  # the sweep moved the fit
+    over = base.with_(placement=replace(base.placement, fit_experts=True, n_cpu_moe=0,
+                                        fit_target_mib=(int(free0 / MiB) + 2,)))
+    with pytest.raises(VramOverflowError, match="fit target"):
+        fit_n_cpu_moe(over, v)
 
 
 def test_cache_fit_variant_spellings():

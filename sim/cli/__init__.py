@@ -481,18 +481,6 @@ def vram_table(results) -> str:
     return "VRAM by component (GiB):\n\n" + "\n".join(lines) + "\n" + cache_pool_table(results)
 
 
-def fit_margin_left_free(results, margin_bytes: float) -> list:
-    """``results`` with the ``-fitt`` margin out of the VRAM in use: the fit holds it as reserved
-    VRAM (:func:`sim.cli.benchflags.setting_scenario`: fewer host experts then fit), but llama.cpp
-    leaves it free, so each GPU's ``reserved_bytes`` loses it and ``fit_margin_bytes`` shows it
-    (``peak_vram_bytes`` and ``--vram``'s totals had counted it as used)."""
-    from dataclasses import replace
-
-    return [replace(r, vram=tuple(replace(b, reserved_bytes=b.reserved_bytes - margin_bytes,
-                                          fit_margin_bytes=b.fit_margin_bytes or margin_bytes)
-                                  for b in r.vram)) for r in results]
-
-
 def cache_pool_table(results) -> str:
     """Markdown table of the expert-cache pool per setting, variant and GPU (:attr:`sim.model.vram.
     VramBreakdown.cache_pool_bytes`: what VRAM leaves for it, minus the fit target for
@@ -717,8 +705,6 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         if left == len(groups):
             continue
         variants = [v for v in sscn.variants if v in variants]  # the scenario's order
-        if setting.fit_target:
-            results = fit_margin_left_free(results, setting.fit_target * 2**20)
         done[key] = (sscn, variants, results)
         all_results += [(label, r) for r in results]
         rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,

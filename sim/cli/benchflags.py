@@ -1436,10 +1436,9 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         else:
             notes.add(f"-fitt: fitting a dense model ('{m.name}') by layers is not modelled; -ngl as given")
         if setting.fit_target:
-            # the margin is held as reserved VRAM, for the n_cpu_moe fit and for a fitted expert
-            # cache pool alike (expert_cache = "fit" then leaves nothing more free)
-            hw = hw.with_(vram_reserved_bytes=hw.vram_reserved_bytes + setting.fit_target * 2**20)
-            pl = replace(pl, fit_target_mib=(0,))
+            # the margin the n_cpu_moe fit and a fitted expert cache pool leave free on every GPU
+            # (sim.model.vram.fit_n_cpu_moe, account)
+            pl = replace(pl, fit_target_mib=(setting.fit_target,))
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
     if quantised_v_without_fa(setting.flash_attn, setting.type_v):

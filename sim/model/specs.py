@@ -1090,10 +1090,11 @@ class Placement:
             kernel tables (:mod:`sim.model.ggmlcost`).
         fit_target_mib: llama.cpp's fit target (``-fitt MiB0,MiB1,...``): MiB left free per GPU
             when a variant's expert cache is sized by the fit (``expert_cache = "fit"``, see
-            :func:`sim.model.vram.account`); one value is broadcast to every GPU, a list sets the
-            first GPUs and the others keep the default, :data:`FIT_TARGET_MIB_DEFAULT`.
-            Only the fitted cache pool reads it (``fit_experts`` takes its margin from
-            llama-bench's ``-fitt`` flag, :func:`sim.cli.benchflags.setting_scenario`).
+            :func:`sim.model.vram.account`) and, where given, by the ``n_cpu_moe`` fit
+            (``fit_experts``, :func:`sim.model.vram.fit_n_cpu_moe`); one value is broadcast to
+            every GPU, a list sets the first GPUs and the others keep the default,
+            :data:`FIT_TARGET_MIB_DEFAULT` (empty: the default for a fitted cache, no margin
+            for the ``n_cpu_moe`` fit).
     """
 
     ngl: int = 999

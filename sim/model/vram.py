@@ -61,8 +61,9 @@ class VramBreakdown:
         cache_pool_bytes: VRAM given to the expert-cache pool on this GPU (0 without a cache):
             what is left after the other components, minus :attr:`fit_margin_bytes`; the
             cache holds ``cache_experts`` whole entries of it.
-        fit_margin_bytes: the fit target left free on this GPU (``expert_cache = "fit"``
-            only; llama.cpp's ``-fitt``).
+        fit_margin_bytes: the fit target left free on this GPU (llama.cpp's ``-fitt``): for
+            ``expert_cache = "fit"``, and for the ``n_cpu_moe`` fit (``placement.fit_experts``)
+            where ``placement.fit_target_mib`` is given; 0 otherwise.
         cache_fit: the cache pool is sized by the fit (``expert_cache = "fit"``).
     """
 
@@ -409,14 +410,18 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
                 "tests' depth + tokens), or add placement.override_tensor rules (llama.cpp's -ot)",
                 file=scn.file, field="placement", breakdown=b, ctx_size=pl.ctx_size, needs=needs)
     check_host_memory(scn, pl, on_host, devs)
+    if pl.fit_experts and pl.fit_target_mib:
+        # the n_cpu_moe fit leaves the fit target free (fit_n_cpu_moe reads it)
+        out = [replace(b, fit_margin_bytes=pl.fit_margin_bytes(b.device)) for b in out]
     # expert cache pool: what is left (minus the fit target for a fitted pool), split over GPUs
     if variant.expert_cache != "none" and model.moe is not None:
         want = pl.expert_cache_experts
         eb = max((expert_bytes(model, i) for i in range(model.n_layer) if model.is_moe_layer(i)), default=0)
         fit = variant.expert_cache == "fit"
-        out = [replace(b, fit_margin_bytes=pl.fit_margin_bytes(b.device) if fit else 0.0, cache_fit=fit)
+        out = [replace(b, fit_margin_bytes=pl.fit_margin_bytes(b.device) if fit else b.fit_margin_bytes,
+                       cache_fit=fit) for b in out]
+        out = [replace(b, cache_pool_bytes=max(b.free_bytes - (b.fit_margin_bytes if fit else 0.0), 0.0))
                for b in out]
-        out = [replace(b, cache_pool_bytes=max(b.free_bytes - b.fit_margin_bytes, 0.0)) for b in out]
         if fit and (not eb or all(b.cache_pool_bytes < eb for b in out)):
             raise PlacementError(_nothing_left(out, eb, variant, pl), file=scn.file, field="placement.fit_target_mib")
         if eb:
@@ -480,20 +485,36 @@ def _fill(n: int, caps: list[int]) -> list[int]:
 def fit_n_cpu_moe(scn: Scenario, variant: Variant) -> int:
     """Smallest ``n_cpu_moe`` whose placement fits with the variant's staging reserved
     (llama.cpp ``--fit``-style automatic placement). Starts from the scenario's ``n_cpu_moe``.
-    For a fitted expert cache (``expert_cache = "fit"``) the placement must also leave the fit
-    target plus one cache entry free (:func:`account` raises otherwise).
+    With ``placement.fit_target_mib`` given (llama-bench's ``-fitt``) every GPU must also keep
+    the fit target free; for a fitted expert cache (``expert_cache = "fit"``) the placement must
+    leave the fit target plus one cache entry free (:func:`account` raises otherwise).
 
     Raises:
-        PlacementError: even all experts on the host do not fit.
+        PlacementError: even all experts on the host do not fit (a
+            :class:`sim.errors.VramOverflowError` naming ``placement`` where the fit target is
+            what does not fit).
     """
     model = scn.model
     last_err = None
     for n in range(scn.placement.n_cpu_moe, model.n_layer + 1):
         pl = replace(scn.placement, n_cpu_moe=n)
         try:
-            account(scn, variant, pl)
-            return n
+            vram = account(scn, variant, pl)
         except PlacementError as exc:
             last_err = exc
+            continue
+        short = next((b for b in vram if b.free_bytes < b.fit_margin_bytes), None) if pl.fit_target_mib else None
+        if short is None:
+            return n
+        needs = (f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU "
+                 f"{short.device} with the fit target free: needs {short.total_bytes / GiB:.2f} GiB (weights "
+                 f"{short.weights_bytes / GiB:.2f}, KV {short.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute "
+                 f"{short.compute_bytes / GiB:.2f}, staging {short.staging_bytes / GiB:.2f}, reserved "
+                 f"{short.reserved_bytes / GiB:.2f}) and fit target {short.fit_margin_bytes / GiB:.2f} GiB of "
+                 f"{short.capacity_bytes / GiB:.2f} GiB")
+        last_err = VramOverflowError(
+            f"{needs}; lower the fit target (placement.fit_target_mib, llama.cpp's -fitt), the context "
+            "(ctx_size, or the tests' depth + tokens), or use fewer staging slots or no prefetch",
+            file=scn.file, field="placement", breakdown=short, ctx_size=pl.ctx_size, needs=needs)
     assert last_err is not None
     raise last_err
