@@ -146,6 +146,35 @@ def test_a_weight_above_the_l2_is_not_priced_from_a_smaller_l2_hot_case_scaled_u
     assert g.matmul_s("gpu", "Q8_0", 201088, 2880, 1, b) > 1.2 * b / g.cold_rate("gpu", "Q8_0")
 
 
+def test_a_large_weight_in_prefill_is_not_priced_from_a_one_token_case():
+    """Above the matvec batch (MMQ) a weight takes the nearest curve that was measured there:
+    the output heads' cases hold one token only, and taken as the nearest shape in m*k they had
+    priced a 512-token matmul of Llama-70B's Q8_0 FFN (28672x8192) or a Q6_K ffn_down as 512
+    matvecs, 3 TFLOP/s (fresh-user round 7: Llama-70B Q8_0 pp512 at 28.9 t/s). Every measured
+    type at prefill shapes from 20 M to 235 M weights: within the TFLOP/s of its measured MMQ
+    curves, and a 512-token ubatch costs far less than 512 one-token ones."""
+    from sim.model.quant import ggml_nbytes
+
+    g = load_hardware(PROFILE).ggml
+    for ty in ("Q4_K", "Q6_K", "Q8_0"):
+        best = max(2.0 * m * k * 512 / g.matmul_s("gpu", ty, m, k, 512, ggml_nbytes(ty, m * k))
+                   for (b, op, t, m, k) in g._curves if (b, op, t) == ("gpu", "MUL_MAT", ty) and m * k < 10**8
+                   and len(g._curves[(b, op, t, m, k)][0]) > 1)
+        for m, k in ((28672, 8192), (8192, 28672), (21504, 5376), (5376, 21504), (14336, 4096), (262144, 5376)):
+            b = ggml_nbytes(ty, m * k)
+            t1, t512 = g.matmul_s("gpu", ty, m, k, 1, b), g.matmul_s("gpu", ty, m, k, 512, b)
+            assert t512 < 512 * t1 / 20, (ty, m, k)
+            assert 2.0 * m * k * 512 / t512 > 0.5 * best, (ty, m, k)
+    # an output head's own case still prices its one-token matvec, and a few tokens add the
+    # column cost to it (the weight is read once), not a whole matvec each
+    b = ggml_nbytes("Q6_K", 262144 * 5376)
+    t1 = g.matmul_s("gpu", "Q6_K", 262144, 5376, 1, b)
+    assert t1 >= math.exp(g._curves[("gpu", "MUL_MAT", "Q6_K", 262144, 5376)][1][0])  # the table's case
+    for n in (2, 4, 8):
+        tn = g.matmul_s("gpu", "Q6_K", 262144, 5376, n, b)
+        assert t1 < tn < t1 + 0.35 * (n - 1) * t1   # linear from its one case: t1 + (n - 1) * t1
+
+
 def test_a_q5_k_m_or_q8_0_moe_prefill_is_priced_near_q4_k_m_not_twice_it(tmp_path):
     """End to end on the shipped profile: Qwen3-30B-A3B as Q5_K_M and as Q8_0, fully resident
     pp512, against the shipped Q4_K_M file; the roofline had given 1.9x and 2.0x its t/s (every

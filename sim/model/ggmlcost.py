@@ -11,7 +11,8 @@ cuBLAS f16 roofline and numpy matvecs. The formulas, with their sources:
   - ``n > MMVQ_MAX_BATCH`` (8; ggml-cuda's ``MMVQ_MAX_BATCH_SIZE``: above it MMQ runs): the
     measured time of that (type, m, k) at ``n``, interpolated log-log between the measured token
     counts (linear in ``n`` beyond the largest). A shape the table lacks is scaled from the
-    nearest measured shape of the same type by ``m·k``.
+    nearest measured shape of the same type by ``m·k`` among those measured above 8 tokens
+    (the output heads' cases hold one token: a matvec, not the MMQ kernel).
   - ``n <= 8`` (a matvec): ``2 · floor`` (its q8_1 activation quantisation and the MMVQ kernel,
     two kernels) ``+ max(0, bytes / cold_rate(T) - floor)``. ``test-backend-ops`` repeats one op
     on one weight, which then stays in the 50 MB L2 and is launch-bound; in a decode graph
@@ -363,7 +364,7 @@ class GgmlKernels:
         if backend == "cpu":
             return self.cpu_op_s + max(nbytes / (self.cpu_rate_scale * self.cold_rate("cpu", ty)),
                                        2.0 * n * m * k / cpu_flops_per_s)
-        curve = self._curve("gpu", "MUL_MAT", ty, m, k)
+        curve = self._curve("gpu", "MUL_MAT", ty, m, k, n=n)
         if n <= MMVQ_MAX_BATCH:
             if not self._has_type("gpu", ty):
                 if ty == "F32" and n > MMVF_MAX_COLS_F32 and self.f32_mmf_s > 0:
@@ -374,11 +375,12 @@ class GgmlKernels:
             else:
                 rate = self.cold_rate("gpu", ty)
             t = 2 * self.floor_s + max(0.0, nbytes / rate - self.floor_s)
-            if curve is not None and nbytes > self.l2_bytes and self._measured_cold(ty, m, k, nbytes):
+            column_s = float(m) * k / self.matvec_column_macs_per_s if self.matvec_column_macs_per_s > 0 else 0.0
+            if curve is not None and nbytes > self.l2_bytes and self._measured_cold(ty, m, k, nbytes, n):
                 # larger than the L2: the table's repetitions read it cold too (its matvec cases only)
-                t = max(t, _at_matvec(curve, n))
-            elif n > 2 and self.matvec_column_macs_per_s > 0:
-                t += (n - 2) * float(m) * k / self.matvec_column_macs_per_s
+                t = max(t, _at_matvec(curve, n, column_s))
+            elif n > 2:
+                t += (n - 2) * column_s
             return t
         if curve is not None:
             return _at(curve, n)
@@ -396,7 +398,7 @@ class GgmlKernels:
             if rate is None:
                 return None
             return 2 * self.floor_s + max(0.0, used_bytes / rate - self.floor_s)
-        curve = self._curve("gpu", "MUL_MAT_ID", ty, m, k, topk=topk)
+        curve = self._curve("gpu", "MUL_MAT_ID", ty, m, k, topk=topk, n=n)
         if curve is not None:
             return _at(curve, n)
         got = self._proxy_at("MUL_MAT_ID", ty, m, k, n, topk=topk)
@@ -404,10 +406,10 @@ class GgmlKernels:
             return got
         # no expert case in the family (Q8_0, the legacy types): Q4_K's expert curve times the
         # family's dense time over Q4_K's at the same shape and tokens
-        base = self._curve("gpu", "MUL_MAT_ID", "Q4_K", m, k, topk=topk)
-        dense = self._curve("gpu", "MUL_MAT", ty, m, k)
+        base = self._curve("gpu", "MUL_MAT_ID", "Q4_K", m, k, topk=topk, n=n)
+        dense = self._curve("gpu", "MUL_MAT", ty, m, k, n=n)
         dense_t = _at(dense, n) if dense is not None else self._proxy_at("MUL_MAT", ty, m, k, n)
-        ref = self._curve("gpu", "MUL_MAT", "Q4_K", m, k)
+        ref = self._curve("gpu", "MUL_MAT", "Q4_K", m, k, n=n)
         if base is None or dense_t is None or ref is None:
             return None
         return _at(base, n) * dense_t / _at(ref, n)
@@ -422,7 +424,7 @@ class GgmlKernels:
             return None
         return math.exp(sum(w * math.log(self.cold_rate("gpu", p)) for p, w in mix))
 
-    def _measured_cold(self, ty: str, m: int, k: int, nbytes: float) -> bool:
+    def _measured_cold(self, ty: str, m: int, k: int, nbytes: float, n: int = 1) -> bool:
         """Whether the GPU curve a ``(m, k)`` weight of ``nbytes`` bytes and type ``ty`` is priced
         from was measured on a weight larger than the L2 (read cold by the table's repetitions):
         its own shape, or a measured shape whose bytes (``nbytes`` scaled by the shapes' ``m·k``)
@@ -430,7 +432,7 @@ class GgmlKernels:
         a larger weight it gave no HBM read (Llama-8B's Q8_0 FFN matvecs at 1.4 TB/s from
         gpt-oss's 12.5 MB 2880x4096 case, below the 3 TB/s of Q8_0's cold case, and F16's
         roofline above them: fresh-user round 5)."""
-        shape = self._curve_shape("gpu", "MUL_MAT", ty, m, k)
+        shape = self._curve_shape("gpu", "MUL_MAT", ty, m, k, n)
         return shape is not None and nbytes * shape[0] * shape[1] / (float(m) * k) > self.l2_bytes
 
     def proxy_mix(self, op: str, ggml_type: str) -> tuple[tuple[str, float], ...]:
@@ -468,7 +470,7 @@ class GgmlKernels:
         mix = self.proxy_mix(op, ty)
         parts = []
         for p, w in mix:
-            c = self._curve("gpu", op, p, m, k, topk=topk)
+            c = self._curve("gpu", op, p, m, k, topk=topk, n=n)
             if c is None:
                 return None
             parts.append(w * math.log(_at(c, n)))
@@ -576,21 +578,45 @@ class GgmlKernels:
         ``MUL_MAT_ID``) on ``backend``."""
         return frozenset(t for (b, o, t, _m, _k) in self._curves if b == backend and o == op)
 
-    def _curve_shape(self, backend: str, op: str, ty: str, m: int, k: int) -> tuple[int, int] | None:
-        """The measured ``(m, k)`` that :meth:`_curve` takes the curve of ``(m, k)`` from: the
-        same shape, else the type's nearest in ``m·k``; None without a curve of the type."""
-        if (backend, op, ty, int(m), int(k)) in self._curves:
-            return int(m), int(k)
-        cands = [kk[3:] for kk in self._curves if kk[:3] == (backend, op, ty)]
-        if not cands:
-            return None
-        return min(cands, key=lambda mk: abs(math.log(mk[0] * mk[1] / (m * k))))
+    @cached_property
+    def _shape_memo(self) -> dict:
+        """:meth:`_curve_shape`'s answers, by its arguments (the tables do not change)."""
+        return {}
 
-    def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0):
-        got = self._curves.get((backend, op, ty, int(m), int(k)))
-        if got is not None:
+    def _covers(self, key: tuple, n: int) -> bool:
+        """Whether the curve ``key`` of :attr:`_curves` prices ``n`` tokens: every curve prices a
+        matvec (up to :data:`MMVQ_MAX_BATCH` tokens, ggml-cuda's ``mul_mat_vec_q``; a curve of
+        one case goes on by the column cost, :func:`_at_matvec`); more tokens need a case of
+        the MMQ kernel (beyond its last case the time grows linearly in ``n``). A curve of one
+        token alone (the output heads' cases) extrapolated linearly had priced a 512-token
+        matmul as 512 matvecs (Llama-70B's Q8_0 FFN at 3 TFLOP/s: fresh-user round 7)."""
+        return n <= MMVQ_MAX_BATCH or self._curves[key][0][-1] > math.log(MMVQ_MAX_BATCH) + 1e-9
+
+    def _curve_shape(self, backend: str, op: str, ty: str, m: int, k: int, n: int = 1) -> tuple[int, int] | None:
+        """The measured ``(m, k)`` that :meth:`_curve` takes the curve of ``(m, k)`` at ``n``
+        tokens from: the same shape, else the type's nearest in ``m·k``, among the curves that
+        price ``n`` tokens (:meth:`_covers`); None without one."""
+        memo_key = (backend, op, ty, int(m), int(k), n > MMVQ_MAX_BATCH)
+        got = self._shape_memo.get(memo_key, False)
+        if got is not False:
             return got
-        shape = self._curve_shape(backend, op, ty, m, k)
+        key = (backend, op, ty, int(m), int(k))
+        if key in self._curves and self._covers(key, n):
+            got = int(m), int(k)
+        else:
+            cands = [kk[3:] for kk in self._curves if kk[:3] == (backend, op, ty) and self._covers(kk, n)]
+            got = min(cands, key=lambda mk: abs(math.log(mk[0] * mk[1] / (m * k)))) if cands else None
+        self._shape_memo[memo_key] = got
+        return got
+
+    def _curve(self, backend: str, op: str, ty: str, m: int, k: int, topk: int = 0, n: int = 1):
+        """The (log n, log t) curve that prices a ``(m, k)`` weight of type ``ty`` at ``n`` tokens:
+        its own, else that of :meth:`_curve_shape` scaled by ``m·k`` (and, for experts, by
+        ``topk`` over the case's); None without one."""
+        got = self._curves.get((backend, op, ty, int(m), int(k)))
+        if got is not None and self._covers((backend, op, ty, int(m), int(k)), n):
+            return got
+        shape = self._curve_shape(backend, op, ty, m, k, n)
         if shape is None:
             return None
         m0, k0 = shape
@@ -661,15 +687,18 @@ def _at(curve, n: int) -> float:
     return float(math.exp(np.interp(x, ln, lt)))
 
 
-def _at_matvec(curve, n: int) -> float:
+def _at_matvec(curve, n: int, column_s: float = 0.0) -> float:
     """:func:`_at` of a weight's measured curve at ``n <= MMVQ_MAX_BATCH`` tokens from its matvec
     cases alone (ggml-cuda's ``mul_mat_vec_q``; above 8 tokens MMQ, another kernel, runs): log-log
     between them, and beyond the last one linear in ``n`` along the slope of the last two (each
-    column adds the same dot products). With fewer than two matvec cases, :func:`_at`."""
+    column adds the same dot products). With one matvec case (an output head's, measured at
+    one token), beyond it ``column_s`` seconds per further token (the weight is read once);
+    the time at or below the first case is that case's."""
     ln, lt = curve
     keep = ln <= math.log(MMVQ_MAX_BATCH) + 1e-9
     if int(keep.sum()) < 2:
-        return _at(curve, n)
+        n1 = math.exp(ln[0])
+        return float(math.exp(lt[0]) + max(0.0, n - n1) * column_s)
     ln, lt = ln[keep], lt[keep]
     if math.log(max(n, 1)) <= ln[-1]:
         return _at((ln, lt), n)
