@@ -1324,3 +1324,33 @@ def test_a_kv_type_llama_bench_cannot_print_is_refused_and_missing_samples_assum
     bench.write_text(json.dumps({**row, "type_k": "Q8_0"}) + "\n")
     assert cmp.main([str(run), "-q", "--jobs", "1"]) == 2
     assert "type_k 'Q8_0': not a KV cache type llama-bench takes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool, flag, name", [
+    ("compare", "--out", "llama-bench.jsonl"), ("compare", "--summary", "invocations.jsonl"),
+    ("ab", "--summary", "meta.json"), ("pool", "--out", "llama-bench.jsonl"), ("ab", "--out", "invocations.jsonl"),
+    ("fit", "--out", "llama-bench.jsonl"),
+])
+def test_an_output_never_replaces_the_measurements_it_reads(tmp_path, capsys, tool, flag, name):
+    """An output path that is a run folder's measurement file is refused before any work,
+    naming the flag, and the file is left as it was (fresh-user round 7: --out
+    RUN/llama-bench.jsonl replaced the rows by CSV); a compare_*.csv beside them is written."""
+    import importlib
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    before = (run / name).read_bytes()
+    mod = importlib.import_module(f"calibrate.llamacpp.{tool}")
+    args = ([f"--run={run}", "--params", "cpu_split_us"] if tool == "fit" else [str(run), "-q", "--jobs", "1"])
+    assert mod.main(args + [flag, str(run / name)]) == 2
+    err = capsys.readouterr().err
+    assert f"'{flag}'" in err and "measurement file of run folder" in err and "replace it" in err
+    assert (run / name).read_bytes() == before
+
+
+def test_an_output_never_replaces_the_hardware_profile_it_reads(tmp_path, capsys):
+    prof = tmp_path / "h.toml"
+    shutil.copy(ROOT / "scenarios" / "hardware" / "h200.toml", prof)
+    before = prof.read_bytes()
+    assert cmp.main([str(RUN), "--hardware", str(prof), "--out", str(prof), "-q"]) == 2
+    assert "is an input of this command" in capsys.readouterr().err and prof.read_bytes() == before

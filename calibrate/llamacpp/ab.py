@@ -738,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.min_effect) and args.min_effect >= 0):
             raise ScenarioError(f"must be a number >= 0, got {args.min_effect}", field="--min-effect")
         cmp.check_run_dir(args.run_dir)
-        cmp.hardware_path(args.hardware)
+        cmp.check_outputs_spare_inputs({"--out": args.out, "--figure": args.figure, "--summary": args.summary},
+                                       [args.run_dir], [cmp.hardware_path(args.hardware)])
         df = ab(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                 progress=progress, uncertainty=args.uncertainty, min_effect_pts=args.min_effect, max_work=args.max_work)
         title = (f"Prefetch A/B: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.engine} engine, "

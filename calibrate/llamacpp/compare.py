@@ -1779,6 +1779,36 @@ def check_common_args(args: argparse.Namespace):
     return lambda it: bar(it, desc="simulating", unit="scenario")
 
 
+#: what a run folder's measurements are kept in (llama-bench.jsonl, invocations.jsonl, the host
+#: sampler's and the build's records, packed logs): never an output's place
+RUN_DATA_SUFFIXES = (".jsonl", ".json", ".gz", ".tgz", ".tar", ".txt", ".log", ".csv.gz")
+
+
+def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), files=()) -> None:
+    """Refuse an output path that is one of the command's inputs: a measurement file of a run
+    folder (an existing file under ``run_dirs`` whose name ends in :data:`RUN_DATA_SUFFIXES`,
+    ``llama-bench.jsonl`` and ``invocations.jsonl`` among them; the outputs that tools write
+    beside them, ``compare_*.csv``/``.md``/``.png``, stay writable) or one of ``files`` (a
+    hardware profile, a CPU table). ``outputs``: flag -> path (None: not given).
+
+    Raises:
+        ScenarioError: naming the output's flag and the input it would overwrite (the
+            measurements would be lost: fresh-user round 7 replaced llama-bench.jsonl by CSV).
+    """
+    ins: dict[str, str] = {}
+    for d in run_dirs:
+        for f in Path(d).rglob("*"):
+            if f.is_file() and f.name.endswith(RUN_DATA_SUFFIXES):
+                ins.setdefault(os.path.realpath(f), f"a measurement file of run folder {d}")
+    for f in files:
+        if f:
+            ins.setdefault(os.path.realpath(f), "an input of this command")
+    for flag, path in outputs.items():
+        if path and os.path.realpath(path) in ins:
+            raise ScenarioError(f"'{path}' is {ins[os.path.realpath(path)]}: writing there would replace it; give "
+                                "the output another path", field=flag)
+
+
 def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot,
                   table: pd.DataFrame | None = None) -> None:
     """Write ``--out`` (``table``, default ``df``), ``--summary`` (``md``) and ``--figure``
@@ -1940,7 +1970,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ScenarioError(f"'{args.repeat}' is the run folder itself; give the same grid measured on "
                                     "another machine", field="--repeat")
             check_distinct_runs([args.run_dir, args.repeat], field="--repeat")
-        hardware_path(args.hardware)
+        check_outputs_spare_inputs({"--out": args.out, "--figure": args.figure, "--summary": args.summary},
+                                   [args.run_dir] + ([args.repeat] if args.repeat else []),
+                                   [hardware_path(args.hardware)])
         df = compare(args.run_dir, args.hardware, args.engine, repetitions=args.repetitions, jobs=args.jobs,
                      progress=progress, max_work=args.max_work)
         title = (f"Predicted vs measured: {args.run_dir} on profile '{df.attrs['hardware']}' ({args.hardware}) "

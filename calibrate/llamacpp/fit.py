@@ -651,6 +651,9 @@ def _main(argv: list[str] | None) -> int:
             if os.path.realpath(args.out) == os.path.realpath(args.profile):
                 raise PrefetchSimError(f"--out {args.out} is --profile itself; --write rewrites the profile, "
                                        "--out writes a copy elsewhere")
+            from .compare import check_outputs_spare_inputs
+
+            check_outputs_spare_inputs({"--out": args.out}, args.run, [args.cpu_table])
         if args.cpu_table and not args.out:
             raise PrefetchSimError("--cpu-table writes a copy of the profile: give --out TOML")
         text = Path(args.profile).read_text()

@@ -47,6 +47,7 @@ import pandas as pd
 from sim.errors import ScenarioError
 
 from .compare import (BENCH_FILE, CONFIG_KEY, _config_keys, _groups, add_common_args, check_common_args,
+                      check_outputs_spare_inputs,
                       check_distinct_runs, check_run_dir, compare, hardware_path, run_cli, say_unsimulated, summarize,
                       warnings, write_outputs)
 
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "count as other model loads; give each run once", field="RUN_DIR")
                 same[digest] = d
         check_distinct_runs(args.run_dirs)  # nor an edited copy: no measured row in two folders
-        hardware_path(args.hardware)
+        check_outputs_spare_inputs({"--out": args.out, "--figure": args.figure, "--summary": args.summary},
+                                   args.run_dirs, [hardware_path(args.hardware)])
         frames = []
         name = None
         labels: dict[str, int] = {}
