@@ -634,6 +634,20 @@ def test_repeat_key_is_the_configuration_when_the_grids_differ():
     assert cmp.repeat_key(a2, b) == cmp.CONFIG_KEY and cmp.attach_repeat(a2, b, cmp.CONFIG_KEY).repeat_ts.notna().all()
 
 
+def test_repeat_rows_of_another_model_never_match():
+    """Two folders that give one invocation id (or none) to the same settings on different
+    models: no row is matched, by either key (fresh-user round 7: a Qwen3 pp512 row had been
+    paired with gpt-oss's t/s, a 167 % repeat difference)."""
+    a = _repro_rows([3011.0], [3000.0], ["pp"], ["fit"], invs=["bench1"])
+    b = _repro_rows([8031.0], [8000.0], ["pp"], ["fit"], invs=["bench1"])
+    a["model"], a["model_toml"], a["n_layer"] = "qwen3moe 30B.A3B Q4_K - Medium", "qwen3-30b-a3b.toml", 48
+    b["model"], b["model_toml"], b["n_layer"] = "gpt-oss 20B MXFP4 MoE", "gpt-oss-20b.toml", 24
+    for key in (cmp.REPEAT_KEY, cmp.CONFIG_KEY, cmp.repeat_key(a, b)):
+        assert cmp.attach_repeat(a, b, key).repeat_ts.isna().all()
+    b[["model", "model_toml", "n_layer"]] = a[["model", "model_toml", "n_layer"]]
+    assert cmp.attach_repeat(a, b, cmp.repeat_key(a, b)).repeat_ts.tolist() == [8031.0]
+
+
 @pytest.mark.slow
 def test_the_decode_ground_truth_prints_its_repeatability_between_model_loads(tmp_path, capsys):
     """data/llamacpp/h200-20261203-tg measures every configuration in two invocations: compare

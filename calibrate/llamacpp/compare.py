@@ -1273,14 +1273,16 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 #: the columns that identify a row's configuration across run folders of one grid (a repeat on
-#: another machine): :func:`reproducibility` matches rows on them
-REPEAT_KEY = ("invocation", "test", "n_prompt", "n_gen", "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot",
+#: another machine): :func:`reproducibility` matches rows on them; the model's among them (two
+#: folders may give one invocation id to different models: fresh-user round 7 had a Qwen3 row
+#: matched to gpt-oss's t/s)
+REPEAT_KEY = ("invocation", "model", "model_toml", "n_layer", "test", "n_prompt", "n_gen", "n_depth", "n_ubatch", "n_batch", "ngl", "n_cpu_moe", "ot",
               "load_mode", "flash_attn", "type_k", "type_v", "variant", "n_threads", "host_flags")
 
 #: the columns that identify a configuration whatever the invocation that measured it: the
 #: model and :data:`REPEAT_KEY` less ``invocation`` (a run that measures one configuration in
 #: separate invocations, i.e. separate model loads; a repeat from another grid)
-CONFIG_KEY = ("model", "model_toml", "n_layer") + tuple(k for k in REPEAT_KEY if k != "invocation")
+CONFIG_KEY = tuple(k for k in REPEAT_KEY if k != "invocation")
 
 #: columns of :func:`reproducibility`
 REPRO_COLUMNS = ("group", "n_matched", "median_abs_repeat_diff", "p90_abs_repeat_diff", "median_abs_rel_error",
