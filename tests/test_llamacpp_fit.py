@@ -303,3 +303,39 @@ def test_fit_warns_when_the_run_was_measured_on_another_gpu_than_the_profiles():
     (line,) = other_gpu_warnings(ROOT_DIR / "data/llamacpp/h100-20261206-tg9", hw)
     assert "NVIDIA H100" in line and "NVIDIA H200" in line and "\n" not in line
     assert other_gpu_warnings(ROOT_DIR / "data/llamacpp/h200-20261201", hw) == []
+
+
+def test_gauss_newton_halves_a_step_that_raises_the_error(monkeypatch):
+    """A full Gauss-Newton step on rows the model follows only loosely overshoots (a saturating
+    time, atan-like: from 2 above the root the step lands 3.5 below it and the next ones run
+    away); halved until the squared error does not rise, the fit converges (fresh-user round 7:
+    cpu_rate_scale 1.4e4 written into a profile compare then refused)."""
+    import calibrate.llamacpp.fit as F
+
+    monkeypatch.setattr(F, "predict_times", lambda cases, hw, p, jobs: np.array([1.0 + np.arctan(p["x"] - 10.0)]))
+    rows = [("x_us", "x", 1.0, 12.0, 1e-4)]
+    p, err = F.gauss_newton([0], np.array([1.0]), None, iterations=8, jobs=1, say=lambda *_: None, fitted=rows)
+    assert abs(p["x"] - 10.0) < 1e-3 and abs(err[0]) < 1e-3
+    # no step from the start that lowers the error: refused (the start values are not a fit)
+    # (the start is the error's minimum, 100 % off: every step along the direction raises it)
+    monkeypatch.setattr(F, "predict_times", lambda cases, hw, p, jobs: np.array([2.0 + (p["x"] - 12.0) ** 2]))
+    with pytest.raises(PrefetchSimError, match="no step from the fit's start values"):
+        F.gauss_newton([0], np.array([1.0]), None, iterations=3, jobs=1, say=lambda *_: None,
+                       fitted=[("x_us", "x", 1.0, 12.0, 1e-2)])
+
+
+def test_a_fitted_profile_that_would_not_load_is_not_written(monkeypatch, capsys, tmp_path):
+    """What fit would write is loaded first: a fitted number outside the profile's bounds is an
+    error naming it, and --out is not written (fresh-user round 7: cpu_rate_scale = 13556 had been
+    written, and compare refused the file)."""
+    from calibrate.llamacpp import fit as F
+
+    def fake_gauss_newton(cases, t_meas, hw, iterations, jobs, fitted=None, say=print):
+        return {f: 1.4e4 for _k, f, *_ in fitted}, np.zeros(len(cases))
+
+    monkeypatch.setattr(F, "gauss_newton", fake_gauss_newton)
+    out = tmp_path / "p.toml"
+    runs = ["data/llamacpp/h200-20261203-tg5a", "data/llamacpp/h200-20261203-tg5b"]
+    assert F.main(["--run", *runs, "--params", "cpu_rate_scale", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "would not load" in err and "cpu_rate_scale" in err and not out.exists()

@@ -208,9 +208,10 @@ def with_cpu_table(text: str, table: str | Path, dst: str | Path) -> str:
     return out
 
 
-def load_profile_text(text: str, dst: str | Path, table: str | Path):
+def load_profile_text(text: str, dst: str | Path, table: str | Path | None):
     """The hardware profile ``text`` as it will read once written at ``dst`` (loaded from a
-    temporary file in ``dst``'s folder, removed again, as are the folders made for it).
+    temporary file in ``dst``'s folder, removed again, as are the folders made for it), with
+    the CPU table ``table`` (None: the one the text names).
 
     Raises:
         PrefetchSimError: the profile, with the table ``table``, does not load (the message of
@@ -224,7 +225,8 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
 
     folder = Path(dst).resolve().parent
     try:  # the table first, so that a bad one is named as the user gave it
-        read_table(table)
+        if table is not None:
+            read_table(table)
     except FileNotFoundError:
         raise PrefetchSimError(f"--cpu-table {table}: file not found") from None
     except ScenarioError as exc:
@@ -251,7 +253,7 @@ def load_profile_text(text: str, dst: str | Path, table: str | Path):
                 fh.write(text)
             return load_hardware(tmp)
         except PrefetchSimError as exc:
-            raise PrefetchSimError(f"--cpu-table {table}: {exc}") from None
+            raise PrefetchSimError(f"--cpu-table {table}: {exc}" if table is not None else str(exc)) from None
         finally:
             os.unlink(tmp)
     finally:
@@ -385,20 +387,25 @@ def clamp_fitted(value: float, step: float) -> float:
 INSENSITIVE = 1e-7
 
 
+#: halvings of a Gauss-Newton step that raises the fit rows' squared relative error
+#: (:func:`gauss_newton`)
+BACKTRACK = 8
+
+
 def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int = 2, say=print, fitted=None):
     """Non-negative Gauss-Newton on ``pred / meas - 1`` over ``fitted`` (rows of :data:`FITTED`,
-    default all; the other ``[ggml]`` numbers stay those of ``hw``); returns
-    ``(values, relative errors)``.
+    default all; the other ``[ggml]`` numbers stay those of ``hw``), each step halved up to
+    :data:`BACKTRACK` times until it does not raise the sum of squared relative errors (none
+    does: the fit stops); returns ``(values, relative errors)``.
 
     Raises:
         PrefetchSimError: a fitted number that no case's predicted time depends on
             (:data:`INSENSITIVE`): the rows cannot determine it, and the fit would write its start
-            value as "fitted"."""
+            value as "fitted"; no step from the start values lowers the error (the same)."""
     rows = FITTED if fitted is None else tuple(fitted)
     p = {f: start for _k, f, _s, start, _d in rows}
-    err = None
+    t0 = predict_times(cases, hw, p, jobs)
     for it in range(iterations):
-        t0 = predict_times(cases, hw, p, jobs)
         err = t0 / t_meas - 1
         start = " (the fit's start values, not the profile's)" if it == 0 else ""
         say(f"  iteration {it}{start}: median |err| {np.median(np.abs(err)) * 100:.2f}%, "
@@ -432,9 +439,27 @@ def gauss_newton(cases, t_meas: np.ndarray, hw, iterations: int = 3, jobs: int =
                 x0[j] = 0.0
                 free.remove(j)
             err = predict_times(cases, hw, {f: x0[i] for i, (_k, f, _s, _st, _d) in enumerate(rows)}, jobs) / t_meas - 1
-        p = {f: clamp_fitted(x[i], d) for i, (_k, f, _s, _st, d) in enumerate(rows)}
-    t = predict_times(cases, hw, p, jobs)
-    return p, t / t_meas - 1
+        # a step that raises the squared error is halved (backtracking), up to BACKTRACK times; a
+        # full Gauss-Newton step on rows the model cannot follow had run cpu_rate_scale to 1.4e4
+        # (fresh-user round 7); when no step helps, the fit stops where it is
+        sse0 = float(np.sum((t0 / t_meas - 1) ** 2))
+        base = np.array([p[f] for _k, f, _s, _st, _d in rows])
+        for half in range(BACKTRACK + 1):
+            trial = base + (x - base) / 2**half
+            q = {f: clamp_fitted(max(trial[i], 0.0), d) for i, (_k, f, _s, _st, d) in enumerate(rows)}
+            t1 = predict_times(cases, hw, q, jobs)
+            if float(np.sum((t1 / t_meas - 1) ** 2)) <= sse0:
+                break
+        else:
+            if it == 0:  # not one step: the start values would be written as fitted
+                raise PrefetchSimError(
+                    f"no step from the fit's start values lowers the fit rows' squared error (median |err| "
+                    f"{np.median(np.abs(t0 / t_meas - 1)) * 100:.2f}%): the model cannot follow these rows with "
+                    f"{', '.join(k for k, *_ in rows)}; nothing is fitted")
+            say(f"  iteration {it + 1}: no step along the Gauss-Newton direction lowers the squared error; stopped")
+            break
+        p, t0 = q, t1
+    return p, t0 / t_meas - 1
 
 
 def link_numbers(run_dir: str | Path) -> dict[str, tuple[float, str]]:
@@ -744,7 +769,13 @@ def _main(argv: list[str] | None) -> int:
             target = args.out or args.profile
             if links:
                 text = set_values(text, links, "hardware", args.profile)
-            write_atomic(target, set_values(text, {**measured, **fitted}, "ggml", args.profile))
+            text = set_values(text, {**measured, **fitted}, "ggml", args.profile)
+            try:  # what would be written must load (its numbers within the profile's bounds)
+                load_profile_text(text, target, args.cpu_table)
+            except PrefetchSimError as exc:
+                raise PrefetchSimError(f"the fitted profile would not load, so {target} is not written: {exc} "
+                                       f"(fit rows: median |err| {med:.2f}%: rows the model cannot follow?)") from None
+            write_atomic(target, text)
             print(f"wrote {target}")
     except PrefetchSimError as exc:
         print(f"fit: error: {exc}", file=sys.stderr)

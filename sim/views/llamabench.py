@@ -711,6 +711,14 @@ def sim_overrides(rules: Sequence[tuple[str, str]], model=None) -> tuple[tuple[s
     return tuple(out)
 
 
+def load_mode_of(row) -> str:
+    """A row's ``load_mode`` as printed, or for a llama-bench version without it (``-mmp``) what
+    its ``use_mmap`` ran: ``mmap`` when true, ``none`` (weights read into host buffers) when
+    false; ``auto`` (the default) with neither."""
+    lm, mm = _get(row, "load_mode"), _get(row, "use_mmap")
+    return str(lm) if lm is not None else "auto" if mm is None else "mmap" if mm else "none"
+
+
 def host_memory_pinned(load_mode: Any = "auto", no_host: Any = False, use_mmap: Any = None) -> bool:
     """Whether a row's host-resident weights sit in pinned memory.
 
@@ -906,8 +914,7 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         n_cpu_moe=int(_get(row, "n_cpu_moe", 0)),
         overrides=parse_overrides(_get(row, "tensor_buft_overrides", "none")),
         pinned=host_memory_pinned(_get(row, "load_mode"), _get(row, "no_host", False), _get(row, "use_mmap")),
-        load_mode=str(_get(row, "load_mode", "auto" if _get(row, "use_mmap") is None else
-                           ("mmap" if _get(row, "use_mmap") else "none"))),
+        load_mode=load_mode_of(row),
         flash_attn=flash_attn_label(_get(row, "flash_attn")),
         n_ubatch=n_ubatch, n_batch=n_batch, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
         type_k=type_k, type_v=type_v, kv_bytes_per_elem=kvb,
