@@ -610,3 +610,17 @@ def test_a_utf8_byte_order_mark_is_taken_as_the_toml_reader_takes_it(tmp_path):
     plain = read_llama_bench(write(tmp_path, LINES[0] + "\n"))
     got = read_llama_bench(write(tmp_path, "\ufeff" + LINES[0] + "\n"))
     assert got.avg_ts.iloc[0] == plain.avg_ts.iloc[0] and got.attrs["format"] == "jsonl"
+
+
+def test_a_row_of_a_llama_bench_before_depth_runs_at_depth_zero(tmp_path):
+    """llama-bench before -d printed no n_depth: every test ran on an empty context, so the row
+    reads as depth 0 (it had been refused as "missing required field (llama-bench writes it in
+    every row)": fresh-user round 7)."""
+    rec = json.loads(LINES[0])
+    del rec["n_depth"]
+    df = read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
+    assert df.n_depth.tolist() == [0] and row_terms(df.iloc[0]).test == f"pp{rec['n_prompt']}"
+    rec = json.loads(LINES[0])
+    del rec["n_prompt"]   # a field every version printed is still required
+    with pytest.raises(ScenarioError, match="n_prompt.*missing required"):
+        read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))

@@ -1368,3 +1368,14 @@ def test_an_output_never_replaces_the_hardware_profile_it_reads(tmp_path, capsys
     before = prof.read_bytes()
     assert cmp.main([str(RUN), "--hardware", str(prof), "--out", str(prof), "-q"]) == 2
     assert "is an input of this command" in capsys.readouterr().err and prof.read_bytes() == before
+
+
+def test_a_profile_without_kernel_tables_is_said_to_price_other_kernels(result):
+    """compare on a profile without [ggml] (the CuPy H200 profile here) warns first that its t/s
+    are not llama.cpp's kernels' (run says so; compare had been silent: fresh-user round 7); a
+    profile with the tables gets no such line."""
+    w = cmp.warnings(result)
+    assert w and "has no llama.cpp kernel tables" in w[0] and "h200-llamacpp" in w[0]
+    tabled = result.copy()
+    tabled.attrs = dict(result.attrs, kernel_tables=True)
+    assert not any("kernel tables" in x for x in cmp.warnings(tabled))

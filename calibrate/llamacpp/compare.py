@@ -1092,7 +1092,7 @@ def compare(run_dir: str | Path, hardware: str | Path | HardwareProfile = DEFAUL
     df.attrs.update(over_gpu_rows=int(sum(over(r) for _, r in bench.iterrows())))
     df.attrs.update(meta=meta, hardware=hw.name, hardware_file=hw.file, engine=engine, run_dir=str(run_dir),
                     repetitions=repetitions, gpu_name=hw.gpu_name, gpu_info=gpus, gpu_rows=gpu_rows, n_gpu=hw.n_gpu,
-                    backend=hardware_backend(hw),
+                    backend=hardware_backend(hw), kernel_tables=hw.ggml is not None,
                     backends=backends,
                     simulated=int(bench["cpu_info"].astype(str).str.startswith(SIMULATED_CPU_INFO).sum())
                     if "cpu_info" in bench.columns else 0,
@@ -1115,8 +1115,15 @@ def warnings(df: pd.DataFrame) -> list[str]:
     profile's ``gpu_name``), on a machine of fewer GPUs than the profile has (the names
     ``gpu_info`` lists against ``n_gpu``), on another backend (``backends`` without the profile's,
     :func:`sim.cli.benchflags.hardware_backend`: ``ROCm`` rows against a CUDA profile), and each invocation whose rows' ``model_size`` differs from the model
-    file the row is simulated with (the GGUF is not the model it names: a trimmed or other file)."""
+    file the row is simulated with (the GGUF is not the model it names: a trimmed or other file);
+    first, a profile without llama.cpp kernel tables (``[ggml]``), whose absolute t/s are not
+    llama.cpp's."""
     out = []
+    if df.attrs.get("kernel_tables") is False:
+        out.append(f"profile '{df.attrs.get('hardware')}' has no llama.cpp kernel tables ([ggml]): its matmuls are "
+                   "priced at its dense GEMM rate and roofline, not ggml's kernels (the CuPy H200 profile is off a "
+                   "median 108 % on data/llamacpp/h200-20261201; MoE pp512 about 7x): give --hardware a "
+                   "llama.cpp-calibrated profile (h200-llamacpp) for absolute t/s")
     if df.attrs.get("simulated"):
         n_sim = df.attrs["simulated"]
         out.append(f"{plural(n_sim, 'row')} of {df.attrs.get('run_dir')} {'is' if n_sim == 1 else 'are'} prefetch-sim's own output "

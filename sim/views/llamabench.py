@@ -107,11 +107,14 @@ PREFETCH_DEFAULTS: Mapping[str, int] = {f.name: f.default for f in FIELDS if f.p
 UPSTREAM_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.patch)
 
 #: fields a row must have to be simulated (older llama-bench versions lack some of the others,
-#: e.g. ``n_cpu_moe``, ``load_mode``; those get llama-bench's defaults)
+#: e.g. ``n_cpu_moe``, ``load_mode``, and before ``-d`` ``n_depth``; those get llama-bench's
+#: defaults: :data:`FIELD_DEFAULTS` in the reader, the others in :func:`row_terms`)
 REQUIRED_FIELDS: tuple[str, ...] = (
-    "model_filename", "model_type", "n_batch", "n_ubatch", "n_gpu_layers", "n_prompt", "n_gen",
-    "n_depth", "avg_ts",
+    "model_filename", "model_type", "n_batch", "n_ubatch", "n_gpu_layers", "n_prompt", "n_gen", "avg_ts",
 )
+#: what the reader puts in a row without the field: ``n_depth`` 0 (a llama-bench before ``-d``
+#: ran every test on an empty context)
+FIELD_DEFAULTS: Mapping[str, Any] = {"n_depth": 0}
 
 #: largest t/s a row may report (``avg_ts``, ``stddev_ts``, each of ``samples_ts``): 1e9 t/s, one token
 #: per nanosecond. llama-bench times a test with a nanosecond clock (``get_time_ns``) around at
@@ -280,6 +283,8 @@ def _check_row(rec: dict, err) -> dict:
     out = {}
     for k, v in rec.items():
         out[k] = _check_value(k, v, err) if k in FIELD_BY_NAME else v
+    for k, v in FIELD_DEFAULTS.items():
+        out.setdefault(k, v)
     for k in ("n_prompt", "n_gen", "n_depth"):
         if out[k] < 0:
             raise err(k, f"must be >= 0, got {out[k]}")
