@@ -299,7 +299,10 @@ def test_no_committed_row_exceeds_the_rate_bound(path):
                                          ('{"a": 1}', "missing required"), ("[\n  3\n]", "object"),
                                          ("[\n  {\n", "malformed"),
                                          (",".join(CSV_FIELDS) + "\n", "-o csv"),
-                                         ("| model | size |\n", "-o markdown")])
+                                         ("| model | size |\n", "-o markdown"),
+                                         # an older -o csv header, -o sql (fresh-user round 7: "malformed JSON")
+                                         ("build_commit,build_number,cuda,vulkan,kompute,metal\n", "-o csv"),
+                                         ("CREATE TABLE IF NOT EXISTS llama_bench (\n", "-o sql")])
 def test_bad_files(tmp_path, text, words):
     p = write(tmp_path, text)
     with pytest.raises(ScenarioError, match=words) as ei:
@@ -624,3 +627,12 @@ def test_a_row_of_a_llama_bench_before_depth_runs_at_depth_zero(tmp_path):
     del rec["n_prompt"]   # a field every version printed is still required
     with pytest.raises(ScenarioError, match="n_prompt.*missing required"):
         read_llama_bench(write(tmp_path, json.dumps(rec) + "\n"))
+
+
+def test_two_json_arrays_in_one_file_are_named_as_two_runs(tmp_path):
+    """llama-bench -o json run twice into one file: the second array's line is named and the file
+    said to hold two runs (it had been "malformed JSON (Extra data)")."""
+    arr = json.dumps([json.loads(LINES[0])], indent=2)
+    with pytest.raises(ScenarioError, match="second JSON array") as ei:
+        read_llama_bench(write(tmp_path, arr + "\n" + arr + "\n"))
+    assert ei.value.field == f"line {arr.count(chr(10)) + 2}"

@@ -1379,3 +1379,12 @@ def test_a_profile_without_kernel_tables_is_said_to_price_other_kernels(result):
     tabled = result.copy()
     tabled.attrs = dict(result.attrs, kernel_tables=True)
     assert not any("kernel tables" in x for x in cmp.warnings(tabled))
+
+
+def test_a_run_folder_with_csv_output_only_says_what_to_rerun(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "llama-bench.jsonl").rename(run / "llama-bench.csv")
+    assert cmp.main([str(run), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "llama-bench.csv is there" in err and "-o jsonl" in err

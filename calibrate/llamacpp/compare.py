@@ -773,6 +773,12 @@ def build_cases(run_dir: str | Path, hardware: HardwareProfile, *, repetitions: 
     if not bench_file.exists() and (run / "llama-bench.json").is_file():
         raise ScenarioError(f"file not found; {run / 'llama-bench.json'} is there: name it {BENCH_FILE} (a -o json "
                             "array is read as well)", file=bench_file)
+    other = [f for f in ("llama-bench.csv", "llama-bench.md", "llama-bench.sql", "llama-bench.txt")
+             if (run / f).is_file()]
+    if not bench_file.exists() and other:
+        raise ScenarioError(f"file not found; {run / other[0]} is there, but the comparison reads llama-bench -o "
+                            "json or -o jsonl output (they carry the samples): rerun llama-bench with -o jsonl",
+                            file=bench_file)
     bench = read_llama_bench(bench_file)
     invs = read_invocations(inv_file)
     refs = model_map(invs, run, inv_file)

@@ -522,8 +522,12 @@ def read_llama_bench(path: str | Path):
     if not body:
         raise ScenarioError("empty file: no llama-bench rows", file=p)
 
-    if body.startswith(",".join(CSV_FIELDS[:3])) or body.startswith("| model"):
-        kind = "csv" if body[0] != "|" else "markdown"
+    head = body.split("\n", 1)[0]
+    # -o csv's header starts with build_commit in every version (older ones: build_commit,
+    # build_number,cuda,...), -o md's with | model, -o sql with CREATE TABLE
+    if (head.startswith(('"build_commit"', "build_commit,")) or body.startswith("| model")
+            or head.upper().startswith("CREATE TABLE")):
+        kind = "csv" if body[0] not in "|Cc" else "markdown" if body[0] == "|" else "sql"
         raise ScenarioError(f"this is llama-bench -o {kind} output: the reader takes -o json or -o jsonl "
                             "(they carry the samples)", file=p)
     records: list[tuple[int, dict]] = []
@@ -534,6 +538,16 @@ def read_llama_bench(path: str | Path):
         except json.JSONDecodeError as exc:
             first = text.lstrip().split("\n", 1)[0]
             if exc.msg == "Extra data":  # a whole value on line 1, more after it: jsonl whose line 1 is no row
+                lead = len(text) - len(text.lstrip())
+                try:  # a whole -o json array and another after it: llama-bench -o json run twice into one file
+                    val0, end = json.JSONDecoder().raw_decode(text, lead)
+                except json.JSONDecodeError:
+                    val0, end = None, 0
+                if isinstance(val0, list) and text[end:].lstrip().startswith("["):
+                    line2 = text.count("\n", 0, end + len(text[end:]) - len(text[end:].lstrip())) + 1
+                    raise ScenarioError("a second JSON array after the first: llama-bench -o json writes one array per "
+                                        "run, so this file holds two runs; give each its own file, or use -o jsonl "
+                                        "(its lines append)", file=p, field=f"line {line2}") from None
                 try:
                     val = json.loads(first)
                 except json.JSONDecodeError:
