@@ -636,3 +636,14 @@ def test_two_json_arrays_in_one_file_are_named_as_two_runs(tmp_path):
     with pytest.raises(ScenarioError, match="second JSON array") as ei:
         read_llama_bench(write(tmp_path, arr + "\n" + arr + "\n"))
     assert ei.value.field == f"line {arr.count(chr(10)) + 2}"
+
+
+def test_an_ot_rule_that_matches_nothing_is_noted_for_compare_too():
+    """row_placement, which run and compare share, notes an -ot rule that matches no tensor (llama.cpp
+    skips it); compare had simulated such a row as resident without a word (fresh-user round 7)."""
+    m = _cut("qwen3-30b-a3b", 2)
+    row = json.loads(LINES[0]) | {"tensor_buft_overrides": "nomatch_xyz=CPU", "n_cpu_moe": 0}
+    _pl, notes = row_placement(row_terms(row), m)
+    assert any("-ot rule 'nomatch_xyz=CPU' matches no tensor" in n and "llama.cpp ignores" in n for n in notes)
+    row["tensor_buft_overrides"] = r"blk\.0\.ffn_up_exps=CPU"
+    assert row_placement(row_terms(row), m)[1] == ()

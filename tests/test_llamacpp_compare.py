@@ -1388,3 +1388,18 @@ def test_a_run_folder_with_csv_output_only_says_what_to_rerun(tmp_path, capsys):
     assert cmp.main([str(run), "-q"]) == 2
     err = capsys.readouterr().err
     assert "llama-bench.csv is there" in err and "-o jsonl" in err
+
+
+def test_an_invocation_may_name_a_built_in_model_and_paste_the_whole_command(tmp_path, result):
+    """invocations.jsonl's model_toml takes a built-in model name, as a scenario's model = does,
+    and args may start with the program's own path (a pasted command line); both had been
+    refused (fresh-user round 7). The first invocation's rows predict as with the TOML path."""
+    invs = [json.loads(x) for x in (RUN / "invocations.jsonl").read_text().splitlines() if x.strip()]
+    invs[0] = invs[0] | {"model_toml": "qwen3-30b-a3b", "args": ["./build/bin/llama-bench"] + invs[0]["args"]}
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "invocations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in invs))
+    df = cmp.compare(run, HW, jobs=1)
+    assert df.predicted_ts[:2].tolist() == result.predicted_ts[:2].tolist()
+    assert cmp._bytes_text(57752) == "57752 bytes" and cmp._bytes_text(3 * 2**20) == "3.00 MiB"
+    assert cmp._bytes_text(17.28 * 2**30) == "17.28 GiB"

@@ -278,6 +278,11 @@ class ModelRef:
     n_layer: int | None
 
 
+def _bytes_text(n: float) -> str:
+    """A size as GiB, MiB or bytes, whichever shows it (a test GGUF of 57752 bytes read 0.00 GiB)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{int(n)} bytes"
+
+
 def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dict[str, ModelRef]:
     """GGUF basename -> :class:`ModelRef`, from the invocations.
 
@@ -285,11 +290,16 @@ def model_map(invocations: Sequence[dict], run_dir: Path, inv_file: Path) -> dic
         ScenarioError: a model TOML that does not exist, or one GGUF named with two different
             model files or layer counts.
     """
+    from sim.resources import builtin, is_bare_name
+
     out: dict[str, ModelRef] = {}
     layers: dict[Path, int] = {}
     for inv in invocations:
         line = inv["_line"]
         toml = resolve(inv["model_toml"], run_dir)
+        if not toml.exists() and is_bare_name(str(inv["model_toml"])):
+            # a built-in model name (gemma3-27b), as a scenario file's model = takes it
+            toml = builtin("model", str(inv["model_toml"]).strip()) or toml
         if toml.is_dir():
             raise ScenarioError(f"{inv['model_toml']} is a folder, not a model TOML", file=inv_file,
                                 field=f"model_toml, line {line}")
@@ -435,7 +445,11 @@ def row_disagreements(row: Mapping[str, Any], inv: Mapping[str, Any] | None) -> 
             continue
         v = _row_field(row, name)
         if v is not None and not any(_same(name, v, a) for a in values):
-            out.append((name, _shown(v), f"{flag} {','.join(_shown(a) for a in values)}"))
+            # -mmp's values as given (1/0), the load mode it asked for beside them
+            given = ",".join({"mmap": "1", "none": "0"}.get(str(a), _shown(a)) if flag == "-mmp" else _shown(a)
+                             for a in values)
+            out.append((name, _shown(v), f"{flag} {given}" + (f", load_mode {','.join(map(str, values))}"
+                                                             if flag == "-mmp" else "")))
     for name, (flag, default) in STABLE_DEFAULTS.items():
         v = _row_field(row, name) if name not in asked else None
         if v is not None and not _same(name, v, default):
@@ -661,7 +675,7 @@ def row_case(row: Mapping[str, Any], model: ModelSpec, hardware: HardwareProfile
                        tuple(notes + [f"not simulated: model_size {size}: llama-bench prints the model's bytes"]),
                        variant=variant)
     if _finite(size) and abs(m.nbytes / size - 1) > MODEL_SIZE_TOLERANCE:
-        notes.append(f"model_size {size / 2**30:.2f} GiB differs from the model file's {m.nbytes / 2**30:.2f} GiB: "
+        notes.append(f"model_size {_bytes_text(size)} differs from the model file's {_bytes_text(m.nbytes)}: "
                      "the GGUF is not the model the invocation names (a trimmed or --tiny GGUF, or a model_toml of "
                      "another model)")
     # only a profile that says how many threads its CPU figures were measured with

@@ -340,7 +340,10 @@ def _parse_bench_args(args: Sequence[str], *, output: bool = False) -> argparse.
     add_bench_flags(ap)
     if output:
         ap.add_argument("-o", "--output")  # in a whole command line (the runner sets it)
-    ns, rest = ap.parse_known_args(list(args))
+    args = list(args)
+    if output and args and os.path.basename(str(args[0])) in ("llama-bench", "llama-bench.exe"):
+        args = args[1:]  # a whole command line pasted with the program's own name (./build/bin/llama-bench)
+    ns, rest = ap.parse_known_args(args)
     if rest:
         raise ValueError(f"unknown llama-bench flag or stray value {rest[0]!r}")
     if ns.scenario is not None:

@@ -40,7 +40,6 @@ on stderr, one line each; a setting it does not model and whose speed they chang
 from __future__ import annotations
 
 import argparse
-import difflib
 import itertools
 import math
 import functools
@@ -1160,31 +1159,11 @@ def sim_buffer(canon: str) -> str:
     return "CUDA" + re.sub(r"\D", "", canon)
 
 
-def gguf_names(model) -> list[str]:
-    """The model's tensor names as a GGUF has them (``blk.3.ffn_up_exps.weight``); a model whose
-    names lack the suffix (an older :class:`sim.model.specs.Tensor` naming) gets ``.weight`` added."""
-    names = [t.name for t in model.tensors]
-    if any(n.endswith((".weight", ".bias")) for n in names):
-        return names
-    return [n + ".weight" for n in names]
-
-
-def _norm_names(model) -> list[str]:
-    """Names of the norm tensors a GGUF has and the simulator leaves out (< 0.01% of bytes)."""
-    out = ["output_norm.weight"]
-    for i in range(model.n_layer):
-        out += [f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight", f"blk.{i}.post_attention_norm.weight",
-                f"blk.{i}.post_ffw_norm.weight", f"blk.{i}.attn_q_norm.weight", f"blk.{i}.attn_k_norm.weight"]
-    return out
-
-
 def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
     """An ``-ot`` rule must compile (as llama.cpp's ECMAScript regex, in Python's ``re``). One that
-    matches no tensor of the model (llama.cpp's ``regex_search`` on GGUF names) is noted with the
-    nearest tensor names and has no effect, as in llama.cpp, whose loader tries each rule on each
-    tensor and silently skips a rule that matches none (``llama_model_loader::create_tensor``,
-    ``tensor_buft_overrides``); one that matches only norm tensors (which the simulator leaves
-    out) is noted too.
+    matches no tensor of the model, or only norm tensors, is noted where the placement is made
+    (:func:`sim.views.llamabench.row_placement`, :func:`sim.views.llamabench.rule_match_note`),
+    for run and compare alike.
 
     Raises:
         ScenarioError: the pattern does not compile.
@@ -1192,19 +1171,11 @@ def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
     from sim.views.llamabench import python_regex
 
     try:
-        cre = re.compile(python_regex(pattern))
+        re.compile(python_regex(pattern))
     except (re.error, ValueError) as exc:
         raise ScenarioError(f"rule '{pattern}={buf}': pattern not understood ({exc})", field="-ot") from None
-    names = gguf_names(model)
-    if any(cre.search(n) for n in names):
-        return
-    if any(cre.search(n) for n in _norm_names(model)):
-        notes.add(f"-ot rule '{pattern}={buf}' matches only norm tensors, which the simulator leaves out")
-        return
-    plain = re.sub(r"\\(.)", r"\1", pattern)
-    near = difflib.get_close_matches(plain, names, n=3, cutoff=0.0)
-    notes.add(f"-ot rule '{pattern}={buf}' matches no tensor of model '{model.name}' (nearest: "
-              f"{', '.join(near)}); llama.cpp ignores such a rule, and so does the simulation")
+    # one that matches no tensor is noted by row_placement (sim.views.llamabench.rule_match_note),
+    # as compare notes it
 
 
 # --------------------------------------------------------------------------------------

@@ -1059,6 +1059,45 @@ def unmodelled_kind(setting, n_gpu: int) -> str | None:
     return None
 
 
+def gguf_names(model) -> list[str]:
+    """The model's tensor names as a GGUF has them (``blk.3.ffn_up_exps.weight``); a model whose
+    names lack the suffix (an older :class:`sim.model.specs.Tensor` naming) gets ``.weight`` added."""
+    names = [t.name for t in model.tensors]
+    if any(n.endswith((".weight", ".bias")) for n in names):
+        return names
+    return [n + ".weight" for n in names]
+
+
+def _norm_names(model) -> list[str]:
+    """Names of the norm tensors a GGUF has and the simulator leaves out (< 0.01% of bytes)."""
+    out = ["output_norm.weight"]
+    for i in range(model.n_layer):
+        out += [f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight", f"blk.{i}.post_attention_norm.weight",
+                f"blk.{i}.post_ffw_norm.weight", f"blk.{i}.attn_q_norm.weight", f"blk.{i}.attn_k_norm.weight"]
+    return out
+
+
+def rule_match_note(pattern: str, buf: str, model) -> str | None:
+    """The note of an ``-ot`` rule (a pattern that compiles) that matches no tensor of ``model``
+    (llama.cpp's ``regex_search`` on GGUF names), with the nearest tensor names: it has no
+    effect, as in llama.cpp, whose loader tries each rule on each tensor and silently skips a
+    rule that matches none (``llama_model_loader::create_tensor``, ``tensor_buft_overrides``);
+    or of one that matches only norm tensors (which the simulator leaves out). None when the
+    rule matches a simulated tensor."""
+    import difflib
+
+    cre = re.compile(python_regex(pattern))
+    names = gguf_names(model)
+    if any(cre.search(n) for n in names):
+        return None
+    if any(cre.search(n) for n in _norm_names(model)):
+        return f"-ot rule '{pattern}={buf}' matches only norm tensors, which the simulator leaves out"
+    plain = re.sub(r"\\(.)", r"\1", pattern)
+    near = difflib.get_close_matches(plain, names, n=3, cutoff=0.0)
+    return (f"-ot rule '{pattern}={buf}' matches no tensor of model '{model.name}' (nearest: "
+            f"{', '.join(near)}); llama.cpp ignores such a rule, and so does the simulation")
+
+
 def row_placement(terms: RowTerms, model, n_gpu: int = 1):
     """The simulator ``Placement`` of a row on ``model`` (a ``ModelSpec`` already cut to the
     GGUF's layers) and a machine of ``n_gpu`` GPUs, and notes on what it could not carry.
@@ -1089,6 +1128,9 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
             re.compile(python_regex(regex))
         except (re.error, ValueError) as exc:
             raise ValueError(f"-ot rule '{regex}={buf}': pattern not understood by Python re ({exc})") from None
+        note = rule_match_note(regex, buf, model)
+        if note:
+            notes.append(note)
     ncm = min(terms.n_cpu_moe, model.n_layer) if model.moe is not None else 0
     if model.moe is not None and terms.n_cpu_moe > model.n_layer:
         # llama.cpp's -ncmoe names blocks 0..N-1: past the last block every expert is on the host
