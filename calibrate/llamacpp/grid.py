@@ -111,6 +111,10 @@ class GridSpec:
             not say.
         perf_first: make the perf runs before the grid instead (after the GGUF writers ended,
             so the CPU is quiet), where the kernel tables matter more than the grid's last rows.
+        perf_models: the model TOMLs (repository paths) whose shapes the perf runs time; empty:
+            :data:`calibrate.llamacpp.perf_cases.LEASE_MODELS` (the ground truth's three).
+        perf_weights_only: time only the weight matmuls and their cold cases
+            (:func:`calibrate.llamacpp.perf_cases.weight_cases`), not the attention.
         canary: measure the host's DRAM read rate (``psim-membw``, about 1 s) before each
             llama-bench invocation, into ``run/canary.jsonl``: the CPU side of a decode with
             host-resident weights follows it, and on a shared host it moves between loads.
@@ -125,6 +129,8 @@ class GridSpec:
     perf: tuple[str, ...] | None = None
     perf_first: bool = False
     canary: bool = False
+    perf_models: tuple[str, ...] = ()
+    perf_weights_only: bool = False
 
     def model(self, key: str) -> GridModel:
         return next(m for m in self.models if m.key == key)
@@ -178,8 +184,16 @@ def load_grid(path: str | Path) -> GridSpec:
         raise g.error("perf", f"expected a list of distinct names from {list(names)}, got {perf_raw!r}")
     perf_first = g.bool("perf_first", False)
     canary = g.bool("canary", False)
-    g.check_unknown()
     from sim.resources import shipped_root
+
+    weights_only = g.bool("perf_weights_only", False)
+    pm_raw = g.raw("perf_models", [])
+    if not isinstance(pm_raw, list) or not all(isinstance(x, str) and x for x in pm_raw):
+        raise g.error("perf_models", f"expected a list of model TOML paths, got {pm_raw!r}")
+    for m in pm_raw:
+        if not ((REPO / m).is_file() or (shipped_root() / m).is_file()):
+            raise g.error("perf_models", f"model file not found: {REPO / m}")
+    g.check_unknown()
 
     models: list[GridModel] = []
     for i, tbl in enumerate(f.raw("model", []) or []):
@@ -254,7 +268,7 @@ def load_grid(path: str | Path) -> GridSpec:
     f.check_unknown()
     return GridSpec(name=name, repetitions=reps, timeout_s=timeout, models=tuple(models), runs=tuple(runs),
                     file=str(path), perf=tuple(perf_raw), perf_first=perf_first,
-                    canary=canary)
+                    canary=canary, perf_models=tuple(pm_raw), perf_weights_only=weights_only)
 
 
 # --------------------------------------------------------------------------------------

@@ -303,10 +303,13 @@ def h2d_probe(lease: Lease, timeout_s: float = 120) -> None:
 
 
 def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path,
-             names: tuple[str, ...] | None = None) -> None:
-    """``test-backend-ops perf`` on the models' shapes (:data:`PERF_RUNS`, those of ``names`` in
-    that order; None: all) while time is left: ``run/perf/<name>-cases.txt`` (the case file) and
-    ``run/perf/<name>.txt`` (the output)."""
+             names: tuple[str, ...] | None = None, models: tuple[str, ...] = (),
+             weights_only: bool = False) -> None:
+    """``test-backend-ops perf`` on the shapes of ``models`` (repository paths of model TOMLs;
+    empty: :data:`calibrate.llamacpp.perf_cases.LEASE_MODELS`) for the runs of
+    :data:`PERF_RUNS` named in ``names``, in that order (None: all), while time is left:
+    ``run/perf/<name>-cases.txt`` (the case file) and ``run/perf/<name>.txt`` (the output);
+    ``weights_only``: the weight matmuls alone (:func:`calibrate.llamacpp.perf_cases.weight_cases`)."""
     from . import perf_cases
 
     perf = lease.run_dir / "perf"
@@ -318,7 +321,8 @@ def run_perf(lease: Lease, program: Path, deadline_at: float, repo: Path,
             lease.say(f"perf {name}: skipped (deadline)")
             continue
         cases = perf / f"{name}-cases.txt"
-        n = len(perf_cases.write_case_list(cases, getattr(perf_cases, make)([repo / m for m in perf_cases.LEASE_MODELS])))
+        listed = getattr(perf_cases, make)([repo / m for m in (models or perf_cases.LEASE_MODELS)])
+        n = len(perf_cases.write_case_list(cases, perf_cases.weight_cases(listed) if weights_only else listed))
         env = {**os.environ, "PREFETCH_SIM_PERF_CASES": str(cases), "PREFETCH_SIM_THREADS": str(os.cpu_count() or 1),
                "PREFETCH_SIM_PERF_MIN_US": str(PERF_MIN_US)}
         cmd = [str(program), "perf", "-b", backend]
@@ -465,7 +469,7 @@ def _after_writers(lease: Lease, spec, procs, src_archive, deadline_at: float, r
     has_perf = "test-backend-ops" in res.targets
     if has_perf and spec.perf_first:  # the CPU is quiet now: the writers have ended
         lease.status("perf")
-        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
+        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf, spec.perf_models, spec.perf_weights_only)
     before = None
     if spec.canary:
         exe = compile_canary(lease, lease.work / "psim-membw")
@@ -475,7 +479,7 @@ def _after_writers(lease: Lease, spec, procs, src_archive, deadline_at: float, r
              say=lease.say, before=before)
     if has_perf and not spec.perf_first:
         lease.status("perf")
-        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf)
+        run_perf(lease, res.program("test-backend-ops"), deadline_at, repo, spec.perf, spec.perf_models, spec.perf_weights_only)
     meta["ended_at"] = _now()
     (lease.run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
     lease.status("done")

@@ -151,6 +151,13 @@ def _cold(kind: str, shapes) -> list[Case]:
     return out
 
 
+def weight_cases(cases: Iterable[Case]) -> list[Case]:
+    """The weight matmuls of ``cases`` (``MUL_MAT``, ``MUL_MAT_ID``) and their cold cases
+    (``MUL_MAT_B`` over distinct matrices, one broadcast: ``nr2`` 1), without the attention's
+    (FlashAttention, softmax, and the unfused KQ/KQV, ``MUL_MAT_B`` with ``nr2`` the GQA ratio)."""
+    return [c for c in cases if c.op in ("MUL_MAT", "MUL_MAT_ID") or (c.op == "MUL_MAT_B" and int(c.args[6]) == 1)]
+
+
 def gpu_cases(models: Iterable[str | Path] = LEASE_MODELS) -> list[Case]:
     """The GPU list: weight matmuls at :data:`GPU_TOKENS` (the output head at 1 token: llama-bench
     computes the logits of the last token), expert matmuls at the same counts, FlashAttention at
