@@ -175,6 +175,24 @@ def test_a_large_weight_in_prefill_is_not_priced_from_a_one_token_case():
         assert t1 < tn < t1 + 0.35 * (n - 1) * t1   # linear from its one case: t1 + (n - 1) * t1
 
 
+def test_an_output_heads_one_token_case_prices_only_its_own_shape():
+    """The output heads' cases (one token each) are cold and slow per byte (Q8_0 201088x2880:
+    1.72 TB/s, rows of 2880); taken as the nearest shape of a larger FFN they had priced its
+    matvec at that rate: Mistral-Small-24B Q8_0 decode 67 t/s on the H200 profile where an H100
+    measured 92 (data/llamacpp/h100-20261207-dense3). Another shape's matvec now takes the cold
+    rate (or a curve of more than one case); the head itself keeps its case."""
+    from sim.model.quant import ggml_nbytes
+
+    g = load_hardware(PROFILE).ggml
+    for m, k in ((32768, 5120), (5120, 32768), (28672, 8192), (21504, 5376)):
+        b = ggml_nbytes("Q8_0", m * k)
+        rate = b / g.matmul_s("gpu", "Q8_0", m, k, 1, b)
+        assert rate > 0.85 * g.cold_rate("gpu", "Q8_0"), (m, k)
+    b = ggml_nbytes("Q8_0", 201088 * 2880)
+    head = math.exp(g._curves[("gpu", "MUL_MAT", "Q8_0", 201088, 2880)][1][0])
+    assert g.matmul_s("gpu", "Q8_0", 201088, 2880, 1, b) == pytest.approx(head, rel=1e-12)
+
+
 def test_a_q5_k_m_or_q8_0_moe_prefill_is_priced_near_q4_k_m_not_twice_it(tmp_path):
     """End to end on the shipped profile: Qwen3-30B-A3B as Q5_K_M and as Q8_0, fully resident
     pp512, against the shipped Q4_K_M file; the roofline had given 1.9x and 2.0x its t/s (every

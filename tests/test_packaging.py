@@ -107,7 +107,8 @@ def test_bare_model_and_hardware_names_are_the_shipped_files(tmp_path, monkeypat
     shipped_hw = load_hardware(ROOT / "scenarios" / "hardware" / "h200.toml")
     assert (scn.hardware.name, scn.hardware.h2d_pinned) == (shipped_hw.name, shipped_hw.h2d_pinned)
     assert resources.builtin_names("model") == (
-        "gemma3-27b", "gpt-oss-20b", "laguna-118b", "mixtral-8x7b", "qwen3-30b-a3b", "tiny-moe")
+        "gemma3-27b", "gpt-oss-20b", "laguna-118b", "llama3-8b", "mistral-small-24b", "mixtral-8x7b", "qwen3-30b-a3b",
+        "tiny-moe")
     assert "h200" in resources.builtin_names("hardware") and "tiny-gpu" in resources.builtin_names("hardware")
 
 

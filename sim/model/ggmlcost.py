@@ -594,8 +594,8 @@ class GgmlKernels:
 
     def _curve_shape(self, backend: str, op: str, ty: str, m: int, k: int, n: int = 1) -> tuple[int, int] | None:
         """The measured ``(m, k)`` that :meth:`_curve` takes the curve of ``(m, k)`` at ``n``
-        tokens from: the same shape, else the type's nearest in ``m·k``, among the curves that
-        price ``n`` tokens (:meth:`_covers`); None without one."""
+        tokens from: the same shape, else the type's nearest in ``m·k`` among the curves of more
+        than one case that price ``n`` tokens (:meth:`_covers`); None without one."""
         memo_key = (backend, op, ty, int(m), int(k), n > MMVQ_MAX_BATCH)
         got = self._shape_memo.get(memo_key, False)
         if got is not False:
@@ -604,7 +604,12 @@ class GgmlKernels:
         if key in self._curves and self._covers(key, n):
             got = int(m), int(k)
         else:
-            cands = [kk[3:] for kk in self._curves if kk[:3] == (backend, op, ty) and self._covers(kk, n)]
+            # another shape's one-case curve (an output head, measured at one token) is not taken:
+            # its matvec ran at 1.72 TB/s for Q8_0 (201088 rows of 2880) where a dense FFN's reads
+            # at the cold case's 3.0 (h100-20261207-dense3: Mistral-Small-24B Q8_0 decoded at
+            # 2.3 TB/s on an H100, which the head's rate had put 27 % slow on an H200)
+            cands = [kk[3:] for kk in self._curves if kk[:3] == (backend, op, ty) and self._covers(kk, n)
+                     and self._curves[kk][0].size > 1]
             got = min(cands, key=lambda mk: abs(math.log(mk[0] * mk[1] / (m * k)))) if cands else None
         self._shape_memo[memo_key] = got
         return got
