@@ -447,3 +447,18 @@ def test_cli_makes_a_missing_folder(tmp_path, capsys):
     rc, _so, err = _run(capsys, "--model", str(MODELS / "qwen3-30b-a3b.toml"), "--out", str(out), "--quiet", "--tiny")
     assert rc == 0, err
     assert out.is_file() and not out.with_name(out.name + ".tmp").exists()
+
+
+def test_a_llama_with_tied_embeddings_is_written_without_an_output_tensor():
+    """The writer follows the model file's tied_embeddings (Llama-3.2 ties; it had written an
+    output.weight for every llama, 0.21 GiB more than the model: h100-20261207-dense3), and the
+    token embedding then takes the output's type, as llama.cpp's quantiser gives it."""
+    from sim.model.specs import load_model
+
+    root = Path(__file__).resolve().parents[1]
+    tied = load_model(root / "calibrate/llamacpp/grids/models/llama3.2-3b-q4_k_m.toml")
+    names = {t.name: t for t in gw.plan_tensors(tied)}
+    assert "output.weight" not in names and names["token_embd.weight"].ggml_type == "Q6_K"
+    untied = load_model(root / "scenarios/models/llama3-8b.toml")
+    names = {t.name: t for t in gw.plan_tensors(untied)}
+    assert names["output.weight"].ggml_type == "Q6_K" and names["token_embd.weight"].ggml_type == "Q4_K"

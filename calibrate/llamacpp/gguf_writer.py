@@ -222,7 +222,7 @@ def plan_tensors(spec: ModelSpec, *, n_layer: int | None = None, preset: str | N
     d, hd, m = spec.d_model, spec.head_dim, spec.moe
     n_expert = m.n_expert if m else 0
     n_gqa = spec.n_head // spec.n_head_kv
-    tied = arch == "gemma3"
+    tied = spec.tied_embeddings  # the model file's (default: gemma3 ties, llama does not; Llama-3.2 ties)
 
     def ty(group: str, layer: int, n_in: int, role: str | None = None) -> str:
         return tensor_ggml_type(preset, group, layer, n_full, n_expert=n_expert, n_gqa=n_gqa,
