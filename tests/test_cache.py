@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.plan.cache import ExpertCache
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def ids(*xs):
@@ -317,3 +320,47 @@ def test_skew_raises_the_run_hit_rate():
         scn = make_scenario(n_layer=2, n_expert=32, top_k=2, cache=16, routing=RoutingSpec(kind=kind))
         rates[kind] = run_variant_test(scn, parse_variant("cache_lru"), BenchTest(0, 64, 0), 2).cache_hit_rate
     assert rates["skewed"] > rates["uniform"] > 0
+
+
+def test_each_gpu_caches_only_the_experts_of_the_layers_it_computes():
+    """Two GPUs: a GPU's expert cache holds host experts of the layers whose expert matmuls it
+    runs, so a GPU that computes none of them caches nothing, and the plan's cache is one per GPU
+    (fresh-user round 8: laguna-2x3090's GPU 1 had held 414 experts that only GPU 0's layers
+    use, a single cache of the summed capacity)."""
+    from dataclasses import replace
+
+    from sim.model.specs import load_scenario, parse_variant
+    from sim.model.vram import account, cache_device, host_expert_layers, layer_devices
+    from sim.plan.builder import make_context
+    from sim.plan.cache import DeviceCaches
+
+    scn = load_scenario(ROOT / "scenarios" / "laguna-2x3090.toml")
+    scn = scn.with_(placement=replace(scn.placement, ctx_size=5000 + 32))
+    v = parse_variant("cache_lru")
+    pl = scn.placement
+    devs = layer_devices(scn.model, pl, scn.hardware.n_gpu)
+    owners = {cache_device(devs, i) for i in host_expert_layers(scn.model, pl)}
+    vram = account(scn, v)
+    for b in vram:
+        if b.device not in owners:
+            assert b.cache_experts == 0 and b.cache_bytes == 0
+    assert sum(b.cache_experts for b in vram) > 0
+    ctx = make_context(scn, v, np.random.default_rng(0))
+    assert isinstance(ctx.cache, DeviceCaches)
+    assert [c.capacity_experts for c in ctx.cache.caches] == [b.cache_experts for b in vram]
+    layer = host_expert_layers(scn.model, pl)[0]
+    ctx.cache.access(layer, np.arange(4))
+    own = ctx.cache.caches[cache_device(devs, layer)]
+    assert len(own) == min(4, own.capacity_experts) and ctx.cache.n_misses == 4
+
+
+def test_device_caches_route_each_layer_to_its_gpu():
+    from sim.plan.cache import DeviceCaches
+
+    dc = DeviceCaches([2, 3], {0: 0, 1: 1})
+    dc.access(0, np.array([5, 6, 7]))    # GPU 0's cache of 2: 7 evicts 5
+    dc.access(1, np.array([5, 6, 7]))    # GPU 1's cache of 3 holds all three
+    assert dc.resident(0).tolist() == [6, 7] and dc.resident(1).tolist() == [5, 6, 7]
+    r = dc.access(0, np.array([5]))
+    assert r.misses.tolist() == [5] and dc.access(1, np.array([5])).hits.tolist() == [5]
+    assert dc.n_accesses == 8 and dc.hit_rate == pytest.approx(1 / 8) and len(dc) == 5

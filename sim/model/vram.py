@@ -143,15 +143,27 @@ def expert_bytes(model: ModelSpec, layer: int) -> int:
     return sum(t.bytes_per_mat for t in model.tensors if t.layer == layer and t.is_expert)
 
 
+def host_expert_layers(model: ModelSpec, placement: Placement) -> list[int]:
+    """The MoE layers with a host-resident expert tensor under ``placement``, ascending."""
+    if model.moe is None:
+        return []
+    flags = host_flags(model, placement)
+    return sorted({t.layer for t, host in zip(model.tensors, flags) if host and t.is_expert})
+
+
 def host_experts(model: ModelSpec, placement: Placement) -> int:
     """Experts (an expert: gate+up+down of one layer) whose weights ``placement`` leaves on the
     host: ``n_expert`` for each MoE layer with a host-resident expert tensor. An expert cache
     never holds more entries than this (there is nothing else to cache)."""
-    if model.moe is None:
-        return 0
-    flags = host_flags(model, placement)
-    layers = {t.layer for t, host in zip(model.tensors, flags) if host and t.is_expert}
-    return len(layers) * model.moe.n_expert
+    return len(host_expert_layers(model, placement)) * (model.moe.n_expert if model.moe else 0)
+
+
+def cache_device(layer_dev: list[int], layer: int) -> int:
+    """The GPU whose expert cache serves ``layer``'s host experts: the GPU the layer's expert
+    matmuls run on (its own; a layer ``-ngl`` leaves on the CPU has them offloaded to GPU 0 at
+    prefill, ggml's first backend). Experts cached on another GPU would be of no use to it."""
+    d = layer_dev[layer] if 0 <= layer < len(layer_dev) else -1
+    return d if d >= 0 else 0
 
 
 #: per model (by id, holding the model so that the id stays its own): its weight groups, and
@@ -425,7 +437,12 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
         if fit and (not eb or all(b.cache_pool_bytes < eb for b in out)):
             raise PlacementError(_nothing_left(out, eb, variant, pl), file=scn.file, field="placement.fit_target_mib")
         if eb:
-            caps = [int(b.cache_pool_bytes // eb) for b in out]
+            # a GPU caches the host experts of the layers it computes, none of another GPU's
+            # (each GPU's cache is its own: sim.plan.builder.make_context)
+            mine = [0] * len(out)
+            for layer in host_expert_layers(model, pl):
+                mine[cache_device(devs, layer)] += model.moe.n_expert
+            caps = [min(int(b.cache_pool_bytes // eb), mine[i]) for i, b in enumerate(out)]
             limit = host_experts(model, pl)  # nothing beyond the host-resident experts to hold
             n_cache = min(sum(caps), limit if want in (-1, 0) else min(want, limit))
             per = _fill(n_cache, caps)

@@ -51,14 +51,15 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.plan.cache import ExpertCache
+from sim.plan.cache import DeviceCaches, ExpertCache
 from sim.model.costs import attn_keys, attn_pairs
 from sim.errors import PlacementError
 from sim.model.ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
 from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
 from sim.model.routing import Router, make_router
 from sim.model.specs import BenchTest, Scenario, Tensor, Variant
-from sim.model.vram import VramBreakdown, account, fit_n_cpu_moe, host_flags, layer_devices, output_device
+from sim.model.vram import (VramBreakdown, account, cache_device, fit_n_cpu_moe, host_flags, layer_devices,
+                            output_device)
 
 ACT_BYTES = 4  # f32 activations
 _HOST = Stream.HOST
@@ -124,7 +125,7 @@ class BuildContext:
     scn: Scenario
     variant: Variant
     router: Router | None
-    cache: ExpertCache | None
+    cache: ExpertCache | DeviceCaches | None
     rng: np.random.Generator
     vram: list[VramBreakdown]
     n_cpu_moe: int
@@ -266,8 +267,12 @@ def make_context(scn: Scenario, variant: Variant, rng: np.random.Generator) -> B
               if model.moe else None)
     cache = None
     if variant.expert_cache != "none" and model.moe is not None:
-        cap = sum(v.cache_experts for v in vram)
-        cache = ExpertCache(cap, variant.cache_policy)
+        if len(vram) > 1:  # each GPU's cache serves the layers it computes (sim.model.vram.cache_device)
+            layers = [i for i in range(model.n_layer) if model.is_moe_layer(i)]
+            cache = DeviceCaches([v.cache_experts for v in vram], {i: cache_device(devs, i) for i in layers},
+                                 variant.cache_policy)
+        else:
+            cache = ExpertCache(sum(v.cache_experts for v in vram), variant.cache_policy)
     flags = host_flags(model, placement)
     host = frozenset(map(id, compress(model.tensors, flags)))
     return BuildContext(scn2, variant, router, cache, rng, vram, placement.n_cpu_moe, host, devs, host_flags=flags)

@@ -5,7 +5,9 @@ expert's tensors of that layer (``ffn_gate_exps``, ``ffn_up_exps`` and ``ffn_dow
 the fused ``ffn_gate_up_exps`` and ``ffn_down_exps``): an entry costs the sum of the
 ``bytes_per_mat`` of the layer's expert tensors (quant types may differ per tensor and layer,
 so entries of different layers may differ in size; the capacity here counts entries, the
-VRAM planner turns bytes into a count). Capacity is shared by all layers.
+VRAM planner turns bytes into a count). Capacity is shared by all layers of one GPU; with
+several GPUs each has its own cache (:class:`DeviceCaches`) of the layers whose expert matmuls
+it runs.
 
 Policies (docs/DESIGN.md, "GPU expert cache"):
 
@@ -172,3 +174,56 @@ class ExpertCache:
         self._by_count.setdefault(1, OrderedDict())[key] = None
         self._min_count = 1
         return False
+
+
+class DeviceCaches:
+    """One :class:`ExpertCache` per GPU, each serving the layers whose expert matmuls run there
+    (``device_of[layer]``): an expert cached in one GPU's VRAM is of no use to a layer another
+    GPU computes (a single cache of the GPUs' summed capacity had let GPU 0's layers use GPU 1's
+    room: fresh-user round 8 on a two-GPU Laguna scenario). The interface the plan builder uses
+    (:meth:`access`, :attr:`hit_rate`, :attr:`n_accesses`, :meth:`reset_stats`), summed over GPUs.
+
+    Args:
+        capacities: entries of each GPU's cache, by GPU index.
+        device_of: layer -> the GPU whose cache serves it.
+        policy: as :class:`ExpertCache`.
+    """
+
+    def __init__(self, capacities: list[int], device_of: dict[int, int], policy: str = "lru"):
+        self.caches = [ExpertCache(c, policy) for c in capacities]
+        self.device_of = dict(device_of)
+        self.policy = policy
+        self.capacity_experts = sum(int(c) for c in capacities)
+
+    def access(self, layer: int, experts: np.ndarray) -> CacheResult:
+        """:meth:`ExpertCache.access` on the cache of ``layer``'s GPU."""
+        return self.caches[self.device_of.get(int(layer), 0)].access(layer, experts)
+
+    @property
+    def n_hits(self) -> int:
+        return sum(c.n_hits for c in self.caches)
+
+    @property
+    def n_misses(self) -> int:
+        return sum(c.n_misses for c in self.caches)
+
+    @property
+    def n_accesses(self) -> int:
+        return self.n_hits + self.n_misses
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits / accesses over every GPU's cache, in [0, 1]; 0.0 before any access."""
+        n = self.n_accesses
+        return self.n_hits / n if n else 0.0
+
+    def reset_stats(self) -> None:
+        for c in self.caches:
+            c.reset_stats()
+
+    def __len__(self) -> int:
+        return sum(len(c) for c in self.caches)
+
+    def resident(self, layer: int) -> np.ndarray:
+        """Sorted int64 expert ids of ``layer`` held by its GPU's cache."""
+        return self.caches[self.device_of.get(int(layer), 0)].resident(layer)
