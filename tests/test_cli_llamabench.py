@@ -1632,3 +1632,20 @@ def test_a_quantised_kv_whose_block_does_not_divide_the_head_size_is_refused_wit
     assert kv_context_error(m, "off", "q4_0", "f16") is None
     assert kv_context_error(load_model(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml"), "on", "q4_0",
                             "q4_0") is None
+
+
+def test_a_routing_trace_shorter_than_the_ubatch_is_noted(tmp_path, capsys):
+    """A trace of 64 tokens under 512-token ubatches is replayed 8 times and copies what 64 tokens
+    use: said on stderr (fresh-user round 8: silent, and prefetch's gain moved from +16 % to +0.5 %);
+    ubatches within the trace say nothing."""
+    src = (ROOT / "scenarios" / "laguna-2x3090.toml").read_text()
+    trace = (ROOT / "scenarios" / "traces" / "example_skewed_256x10.csv").as_posix()
+    i = src.index("[routing]")
+    j = src.find("\n[", i + 1)
+    src = src[:i] + f'[routing]\nkind = "trace"\ntrace_file = "{trace}"\n' + (src[j:] if j >= 0 else "")
+    scn = tmp_path / "laguna-trace.toml"
+    scn.write_text(src)
+    rc, _out, err = run(capsys, "run", str(scn), "-p", "512", "-n", "0", "-r", "1", "--variant", "baseline", "-q")
+    assert rc == 0 and "holds 64 tokens; a ubatch of 512 replays them 8 times" in err
+    rc, _out, err = run(capsys, "run", str(scn), "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q")
+    assert rc == 0 and "routing trace" not in err
