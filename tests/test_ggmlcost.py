@@ -901,8 +901,15 @@ def test_a_few_tokens_price_the_kernels_ggml_cuda_switches_to():
         assert k.matmul_s("gpu", "Q4_K", 1024, 1024, n, b) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, n, b)
     assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 5, b) == pytest.approx(
         k0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, b) + 3 * 1024 * 1024 / 1e13)
-    big = 60 * 2**20  # above the L2: the table's time at n, which holds the growth, as before
-    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big)
+    big = 60 * 2**20  # above the L2: a curve with a matvec case holds the growth (its time at n)
+    with_mv = pd.concat([tab, pd.DataFrame([dict(backend="gpu", op="MUL_MAT", type="Q4_K", m=1024, n=n, k=1024, bs=1,
+                                                 nr=1, t_us=t) for n, t in ((1, 30.0), (4, 40.0))])], ignore_index=True)
+    kv0 = _kernels(gpu=with_mv)
+    kv = _kernels(gpu=with_mv, fa_extra_s=(4e-6, 10e-6, 14e-6), f32_mmf_s=12e-6, matvec_column_macs_per_s=1e13)
+    assert kv.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big) == kv0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big)
+    # a curve of MMQ cases alone (as gpu_kernels_extra's) prices no matvec: the cold rate and the column cost do
+    assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big) == pytest.approx(
+        k0.matmul_s("gpu", "Q4_K", 1024, 1024, 5, big) + 3 * 1024 * 1024 / 1e13)
     assert k.matmul_s("gpu", "Q4_K", 1024, 1024, 16, b) == k0.matmul_s("gpu", "Q4_K", 1024, 1024, 16, b)
 
 
@@ -952,3 +959,35 @@ def test_a_matvec_above_the_l2_extends_the_tables_matvec_cases_not_the_mmq_ones(
         assert k.matmul_s("gpu", "Q4_K", 8192, 8192, n, big) == pytest.approx(60e-6 + (n - 4) * slope)
     assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 8, big) > 64e-6     # above the MMQ case it used to reach
     assert k.matmul_s("gpu", "Q4_K", 8192, 8192, 16, big) == pytest.approx(64e-6)   # MMQ: the table
+
+
+def test_gpu_kernels_extra_adds_mmq_cases_of_new_shapes_only(tmp_path):
+    """[ggml] gpu_kernels_extra appends another GPU's MMQ cases (16 or more tokens) of shapes the
+    main table lacks; a matvec case or a shape the main table has is refused naming the field.
+    With the shipped one, Llama-8B's Q8_0 FFN prices its prefill from its own case and its matvec
+    as before (the cold rate)."""
+    from sim.model.quant import ggml_nbytes
+
+    g = load_hardware(PROFILE).ggml
+    assert ("gpu", "MUL_MAT", "Q8_0", 14336, 4096) in g._curves
+    assert g._curve_shape("gpu", "MUL_MAT", "Q8_0", 14336, 4096, 512) == (14336, 4096)
+    assert g._curve_shape("gpu", "MUL_MAT", "Q8_0", 14336, 4096, 1) != (14336, 4096)   # no matvec case there
+    b = ggml_nbytes("Q8_0", 14336 * 4096)
+    assert b / g.matmul_s("gpu", "Q8_0", 14336, 4096, 1, b) > 0.85 * g.cold_rate("gpu", "Q8_0")
+    prof = tmp_path / "h.toml"
+    src = PROFILE.read_text().replace('"h200-llamacpp/', f'"{(PROFILE.parent / "h200-llamacpp").as_posix()}/')
+    extra = pd.read_csv(PROFILE.parent / "h200-llamacpp" / "kernels-cuda-extra-h100.csv")
+    for bad, words in ((extra.assign(n=extra.n.where(extra.index > 0, 8)), "only MUL_MAT cases at 16"),
+                       (pd.concat([extra, _mmq_row(PROFILE.parent / "h200-llamacpp" / "kernels-cuda.csv")]),
+                        "is in gpu_kernels too")):
+        bad.to_csv(tmp_path / "x.csv", index=False)
+        prof.write_text(src.replace(f'{(PROFILE.parent / "h200-llamacpp").as_posix()}/kernels-cuda-extra-h100.csv',
+                                    (tmp_path / "x.csv").as_posix()))
+        with pytest.raises(ScenarioError, match=words) as ei:
+            load_hardware(prof)
+        assert "gpu_kernels_extra" in str(ei.value)
+
+
+def _mmq_row(path):
+    t = pd.read_csv(path)
+    return t[(t.op == "MUL_MAT") & (t.n >= 16)].head(1)

@@ -529,11 +529,11 @@ def table_path_from(table: str | Path, dst: str | Path) -> str:
 
 
 #: a ``gpu_kernels`` / ``cpu_kernels`` line of a profile, its value in either TOML string quoting
-_TABLE_LINE = re.compile(r"""(?m)^(\s*(?:gpu|cpu)_kernels\s*=\s*)(?:"([^"\\]*)"|'([^']*)')""")
+_TABLE_LINE = re.compile(r"""(?m)^(\s*(?:gpu|cpu)_kernels(?:_extra)?\s*=\s*)(?:"([^"\\]*)"|'([^']*)')""")
 
 
 def rebase_profile(text: str, src: str | Path, dst: str | Path) -> str:
-    """A profile's text with its kernel-table paths (``gpu_kernels``, ``cpu_kernels``: relative to
+    """A profile's text with its kernel-table paths (``gpu_kernels``, ``gpu_kernels_extra``, ``cpu_kernels``: relative to
     the profile's folder) rewritten so the copy at ``dst`` reads the tables ``src`` reads
     (:func:`table_path_from`)."""
     src_dir = Path(src).resolve().parent

@@ -804,6 +804,12 @@ def untabled_types_note(model, hw) -> str | None:
                      + (f" (expert matmuls of {', '.join(t for t in roofline if t in experts)} most: llama.cpp does "
                         "not run MUL_MAT_ID as one cuBLAS GEMM, so their prefill is likely priced too fast)"
                         if any(t in experts for t in roofline) else ""))
+    # types whose prefill has MMQ cases of its own (gpu_kernels_extra, timed on another GPU of the
+    # same SMs): what the parts above say prices their matvecs
+    mmq = sorted(t for t in (set(by_proxy) | set(roofline)) if t in g.curve_types("gpu", "MUL_MAT"))
+    if mmq:
+        parts.append(f"{', '.join(mmq)} prefill (above 8 tokens) priced from kernel cases of {'its' if len(mmq) == 1 else 'their'} "
+                     "own timed on an H100 (gpu_kernels_extra; the matvecs as said)")
     if not parts:
         return None
     return (f"model '{model.name}' on profile '{hw.name}' (its kernel tables measured {', '.join(sorted(have))}): "

@@ -440,17 +440,16 @@ class GgmlKernels:
         ``MUL_MAT_ID``) of an unmeasured ``ggml_type`` is priced from (module docstring): a K-quant
         from Q4_K and Q6_K on bits per weight (below Q4_K's 4.5: Q4_K alone; Q5_K's 5.5: 0.52 and
         0.48), a legacy block type from Q8_0, another quantised type from Q4_K. Only types with
-        a case of ``op`` (``MUL_MAT_ID``: an expert curve; ``MUL_MAT``: a cold matvec case or a
-        curve) count. Empty for a float type, a measured type, or a family with no measured
+        a case of ``op`` (``MUL_MAT_ID``: an expert curve; ``MUL_MAT``: a cold matvec case) count. Empty for a float type, a measured type, or a family with no measured
         member."""
         from sim.model.quant import bpw_of
 
         ty = ggml_type.upper()
         if ty in FLOAT_TYPES:
             return ()
-        have = self.curve_types("gpu", op)
-        if op != "MUL_MAT_ID":
-            have |= self.measured_types("gpu")
+        # an expert type needs an expert curve; a dense type a cold matvec case (the matvecs it
+        # prices: a type with MMQ cases alone, gpu_kernels_extra's, still needs one for them)
+        have = self.curve_types("gpu", op) if op == "MUL_MAT_ID" else self.measured_types("gpu")
         if ty in have:
             return ()
         fam = PROXY_K if ty.endswith("_K") else PROXY_LEGACY if ty in LEGACY_TYPES else PROXY_OTHER
@@ -584,13 +583,17 @@ class GgmlKernels:
         return {}
 
     def _covers(self, key: tuple, n: int) -> bool:
-        """Whether the curve ``key`` of :attr:`_curves` prices ``n`` tokens: every curve prices a
-        matvec (up to :data:`MMVQ_MAX_BATCH` tokens, ggml-cuda's ``mul_mat_vec_q``; a curve of
-        one case goes on by the column cost, :func:`_at_matvec`); more tokens need a case of
-        the MMQ kernel (beyond its last case the time grows linearly in ``n``). A curve of one
+        """Whether the curve ``key`` of :attr:`_curves` prices ``n`` tokens: a matvec (up to
+        :data:`MMVQ_MAX_BATCH` tokens, ggml-cuda's ``mul_mat_vec_q``) needs a matvec case (a
+        curve of one goes on by the column cost, :func:`_at_matvec`; the MMQ cases of
+        ``gpu_kernels_extra`` price no matvec); more tokens need a case of the MMQ kernel
+        (beyond its last case the time grows linearly in ``n``). A curve of one
         token alone (the output heads' cases) extrapolated linearly had priced a 512-token
         matmul as 512 matvecs (Llama-70B's Q8_0 FFN at 3 TFLOP/s: fresh-user round 7)."""
-        return n <= MMVQ_MAX_BATCH or self._curves[key][0][-1] > math.log(MMVQ_MAX_BATCH) + 1e-9
+        ln = self._curves[key][0]
+        if n <= MMVQ_MAX_BATCH:  # a matvec case (a curve of MMQ cases only, gpu_kernels_extra, has none)
+            return bool(ln[0] <= math.log(MMVQ_MAX_BATCH) + 1e-9)
+        return bool(ln[-1] > math.log(MMVQ_MAX_BATCH) + 1e-9)
 
     def _curve_shape(self, backend: str, op: str, ty: str, m: int, k: int, n: int = 1) -> tuple[int, int] | None:
         """The measured ``(m, k)`` that :meth:`_curve` takes the curve of ``(m, k)`` at ``n``

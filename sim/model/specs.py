@@ -877,6 +877,39 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     )
 
 
+#: the fewest tokens of a ``gpu_kernels_extra`` case: the MMQ kernels (above ggml-cuda's
+#: ``MMVQ_MAX_BATCH_SIZE`` of 8; 16 in the case lists), compute-bound, where GPUs of one
+#: architecture and clock agree (the parity gate of data/llamacpp/h200-dense3-predicted)
+EXTRA_MIN_TOKENS = 16
+
+
+def _with_extra_cases(gpu, extra, g: Fields):
+    """``gpu`` (the GPU kernel table) with the weight-matmul cases of ``extra`` (``[ggml]
+    gpu_kernels_extra``: cases timed on another GPU of the same SMs and clocks) appended. Only
+    ``MUL_MAT`` cases at :data:`EXTRA_MIN_TOKENS` or more tokens may be in it (compute-bound; a
+    matvec reads HBM, which differs between such GPUs), of a (type, m, k) the main table lacks.
+
+    Raises:
+        ScenarioError: (``gpu_kernels_extra``) another op, fewer tokens, or a shape the main
+            table has.
+    """
+    import pandas as pd
+
+    bad = extra[(extra["op"] != "MUL_MAT") | (extra["n"] < EXTRA_MIN_TOKENS)]
+    if len(bad):
+        r = bad.iloc[0]
+        raise g.error("gpu_kernels_extra", f"{g.path('gpu_kernels_extra')}: {r['op']} {r['type']} {r['m']:g}x{r['k']:g} "
+                                           f"at {r['n']:g} tokens: only MUL_MAT cases at {EXTRA_MIN_TOKENS} or more "
+                                           "tokens may come from another GPU")
+    have = set(zip(gpu["type"].str.upper(), gpu["m"].astype(float), gpu["k"].astype(float))) & set(
+        zip(extra["type"].str.upper(), extra["m"].astype(float), extra["k"].astype(float)))
+    if have:
+        ty, m, k = sorted(have)[0]
+        raise g.error("gpu_kernels_extra", f"{g.path('gpu_kernels_extra')}: {ty} {m:g}x{k:g} is in gpu_kernels too: "
+                                           "a shape comes from one table")
+    return pd.concat([gpu, extra.reindex(columns=gpu.columns)], ignore_index=True)
+
+
 def _load_ggml(g: Fields):
     """The ``[ggml]`` table of a hardware profile: kernel tables (CSV paths relative to the
     profile) and sourced numbers (:class:`sim.model.ggmlcost.GgmlKernels`).
@@ -914,6 +947,9 @@ def _load_ggml(g: Fields):
     from sim.model.ggmlcost import check_coverage
 
     gpu = table("gpu_kernels", True)
+    extra = table("gpu_kernels_extra", False)
+    if extra is not None:
+        gpu = _with_extra_cases(gpu, extra, g)
     cpu = table("cpu_kernels", True)
     for key, tab, backend in (("gpu_kernels", gpu, "gpu"), ("cpu_kernels", cpu, "cpu")):
         try:
