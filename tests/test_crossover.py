@@ -555,3 +555,23 @@ def test_a_sweep_of_the_baseline_alone_says_there_is_nothing_to_compare(tmp_path
     rc = cli.main(["crossover", str(TINY), "--axis", "prompt=64,128", "--variant", "prefetch_ungated",
                    "--out", str(tmp_path), "-q"])
     assert rc == 0 and "is the baseline itself" not in capsys.readouterr().err
+
+
+def test_the_pcie_axis_on_pageable_memory_and_a_kv_axis2_error_name_what_they_should(tmp_path):
+    """The pcie axis sets the pinned H2D rate: on a scenario whose host memory is pageable it is
+    said to move almost nothing (it had swept silently); a quantised kv value on --axis2 with fa=0
+    on --axis names --axis2 (fresh-user round 8)."""
+    from dataclasses import replace as _replace
+
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
+    from sim.views.crossover import apply_point, axis_notes, parse_axis
+
+    scn = load_scenario(ROOT / "scenarios" / "default.toml")
+    t = BenchTest(512, 0)
+    pageable = scn.with_(placement=_replace(scn.placement, pinned=False))
+    ax = parse_axis("pcie=8,32")
+    assert any("axis pcie" in n and "pageable" in n for n in axis_notes([ax], t, pageable))
+    assert not any("axis pcie" in n for n in axis_notes([ax], t, scn))
+    with pytest.raises(ScenarioError) as ei:
+        apply_point(scn, [parse_variant("baseline")], t, [("fa", 0), ("kv", 1.0625)])
+    assert ei.value.field == "--axis2"

@@ -325,8 +325,10 @@ def apply_point(scn: Scenario, variants: Sequence[Variant], test: BenchTest,
             raise ScenarioError(f"unknown axis '{name}' (use one of: {', '.join(AXES)})", field="--axis")
     if any(n == "kv" for n, _ in settings) and scn.model.kv_bytes_per_elem < 2.0 and not scn.placement.flash_attn:
         # llama.cpp refuses a quantised V cache without FlashAttention (llama_init_from_model)
+        names = [n for n, _ in settings]
         raise ScenarioError("a quantised KV cache needs FlashAttention (-fa 1): llama.cpp refuses a quantised V "
-                            "cache with -fa off; sweep 'fa' with kv=f16 only", field="--axis")
+                            "cache with -fa off; sweep 'fa' with kv=f16 only",
+                            field="--axis2" if names.index("kv") == 1 else "--axis")
     need_ctx = test.n_depth + test.n_tokens
     if scn.placement.ctx_size < need_ctx:
         scn = scn.with_(placement=replace(scn.placement, ctx_size=need_ctx))
@@ -1209,6 +1211,11 @@ def axis_notes(axes: Sequence[Axis], test: BenchTest, scn: Scenario) -> list[str
         if ax.name == "kv":
             out.append("axis kv: the KV cache type sizes the KV cache (VRAM, what fits); attention reads are "
                        "priced as F16")
+        if ax.name == "pcie" and not scn.placement.pinned:
+            # the axis sets the pinned rate; pageable host weights copy at hardware.h2d_pageable
+            out.append("axis pcie: sets the pinned H2D rate, and this scenario's host memory is pageable (copies at "
+                       "hardware.h2d_pageable): the axis moves almost nothing; set host_memory = \"pinned\" "
+                       "(llama-bench -lm none) to sweep the link")
     # a context past the model's trained one (run says so too)
     tok = {a.name: max(a.values) for a in axes if a.name in ("depth", "prompt")}
     past = scn.model.past_trained_context(tok.get("depth", test.n_depth) + tok.get("prompt", test.n_prompt)
