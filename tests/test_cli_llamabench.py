@@ -1649,3 +1649,18 @@ def test_a_routing_trace_shorter_than_the_ubatch_is_noted(tmp_path, capsys):
     assert rc == 0 and "holds 64 tokens; a ubatch of 512 replays them 8 times" in err
     rc, _out, err = run(capsys, "run", str(scn), "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q")
     assert rc == 0 and "routing trace" not in err
+
+
+def test_run_out_never_replaces_an_input(tmp_path, capsys):
+    """run --out naming the -m model or the scenario is refused before any work (fresh-user round 8:
+    the model TOML, the scenario and a GGUF had been replaced by the rows)."""
+    model = tmp_path / "m.toml"
+    model.write_text((ROOT / "scenarios" / "models" / "llama3-8b.toml").read_text())
+    before = model.read_bytes()
+    rc, _out, err = run(capsys, "run", TINY, "-m", str(model), "-p", "64", "-n", "0", "-r", "1", "-q", "--out", str(model))
+    assert rc == 2 and "an input of this run" in err and "--out" in err and model.read_bytes() == before
+    scn = tmp_path / "s.toml"
+    scn.write_text(Path(TINY).read_text().replace('"tiny-', f'"{(Path(TINY).parent).as_posix()}/tiny-'))
+    before = scn.read_bytes()
+    rc, _out, err = run(capsys, "run", str(scn), "-p", "64", "-n", "0", "-r", "1", "-q", "--out", str(scn))
+    assert rc == 2 and "is the scenario" in err and scn.read_bytes() == before

@@ -1403,3 +1403,23 @@ def test_an_invocation_may_name_a_built_in_model_and_paste_the_whole_command(tmp
     assert df.predicted_ts[:2].tolist() == result.predicted_ts[:2].tolist()
     assert cmp._bytes_text(57752) == "57752 bytes" and cmp._bytes_text(3 * 2**20) == "3.00 MiB"
     assert cmp._bytes_text(17.28 * 2**30) == "17.28 GiB"
+
+
+def test_an_output_never_replaces_a_model_or_grid_toml_nor_a_run_folders_tables(tmp_path, capsys):
+    """compare --out over a model TOML, a run folder's kernel table or grid.toml is refused (fresh-user
+    round 8: each had been replaced); fit --out over a TOML that is no hardware profile too."""
+    from calibrate.llamacpp import fit as F
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "kernels-cuda-h100.csv").write_text("backend,op\n")
+    (run / "grid.toml").write_text("[grid]\nname = 'x'\n")
+    model = tmp_path / "m.toml"
+    model.write_text((ROOT / "scenarios" / "models" / "llama3-8b.toml").read_text())
+    for target in (model, run / "kernels-cuda-h100.csv", run / "grid.toml"):
+        before = target.read_bytes()
+        assert cmp.main([str(run), "-q", "--jobs", "1", "--out", str(target)]) == 2
+        assert "would replace it" in capsys.readouterr().err and target.read_bytes() == before
+    before = model.read_bytes()
+    assert F.main(["--run", str(RUN), "--params", "cpu_split_us", "--out", str(model)]) == 2
+    assert "no hardware profile" in capsys.readouterr().err and model.read_bytes() == before

@@ -1813,12 +1813,14 @@ def check_common_args(args: argparse.Namespace):
 RUN_DATA_SUFFIXES = (".jsonl", ".json", ".gz", ".tgz", ".tar", ".txt", ".log", ".csv.gz")
 
 
-def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), files=()) -> None:
+def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), files=(), toml_ok: bool = False) -> None:
     """Refuse an output path that is one of the command's inputs: a measurement file of a run
     folder (an existing file under ``run_dirs`` whose name ends in :data:`RUN_DATA_SUFFIXES`,
     ``llama-bench.jsonl`` and ``invocations.jsonl`` among them; the outputs that tools write
-    beside them, ``compare_*.csv``/``.md``/``.png``, stay writable) or one of ``files`` (a
-    hardware profile, a CPU table). ``outputs``: flag -> path (None: not given).
+    beside them, ``compare_*.csv``/``.md``/``.png``, stay writable; its ``grid.toml``, kernel
+    tables and ``perf/``, ``logs/`` do not) or one of ``files`` (a hardware profile, a CPU table);
+    and, unless ``toml_ok``, any existing ``.toml`` file (a table or figure over a model or grid
+    file). ``outputs``: flag -> path (None: not given).
 
     Raises:
         ScenarioError: naming the output's flag and the input it would overwrite (the
@@ -1827,7 +1829,9 @@ def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), file
     ins: dict[str, str] = {}
     for d in run_dirs:
         for f in Path(d).rglob("*"):
-            if f.is_file() and f.name.endswith(RUN_DATA_SUFFIXES):
+            rel = f.relative_to(d).parts
+            if f.is_file() and (f.name.endswith(RUN_DATA_SUFFIXES) or f.name == "grid.toml"
+                                or f.name.startswith("kernels-") or rel[0] in ("perf", "logs")):
                 ins.setdefault(os.path.realpath(f), f"a measurement file of run folder {d}")
     for f in files:
         if f:
@@ -1836,6 +1840,11 @@ def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), file
         if path and os.path.realpath(path) in ins:
             raise ScenarioError(f"'{path}' is {ins[os.path.realpath(path)]}: writing there would replace it; give "
                                 "the output another path", field=flag)
+        if path and not toml_ok and Path(path).suffix.lower() == ".toml" and Path(path).is_file():
+            # a table or a figure over a TOML is never wanted: a model, hardware or grid file
+            noun = {"--out": "table", "--summary": "summary", "--figure": "figure"}.get(flag, "file")
+            raise ScenarioError(f"'{path}' is a TOML file (a model, hardware profile or grid?): the {noun} written "
+                                "there would replace it; give the output another path", field=flag)
 
 
 def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot,

@@ -678,7 +678,17 @@ def _main(argv: list[str] | None) -> int:
                                        "--out writes a copy elsewhere")
             from .compare import check_outputs_spare_inputs
 
-            check_outputs_spare_inputs({"--out": args.out}, args.run, [args.cpu_table])
+            check_outputs_spare_inputs({"--out": args.out}, args.run, [args.cpu_table], toml_ok=True)
+            if Path(args.out).is_file():  # a profile over another TOML (a model, a grid) is never wanted
+                import tomllib
+
+                try:
+                    is_profile = isinstance(tomllib.loads(Path(args.out).read_text()).get("hardware"), dict)
+                except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                    is_profile = False
+                if not is_profile:
+                    raise PrefetchSimError(f"--out {args.out}: an existing file that is no hardware profile (a "
+                                           "model or grid TOML?); the fitted profile would replace it: give another path")
         if args.cpu_table and not args.out:
             raise PrefetchSimError("--cpu-table writes a copy of the profile: give --out TOML")
         text = Path(args.profile).read_text()

@@ -9,6 +9,7 @@ print one line naming the file and field, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import re
 import sys
@@ -870,6 +871,30 @@ def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
             "less VRAM (--ctx-size 0 sizes it so)"]
 
 
+def _check_out_spares_inputs(args: argparse.Namespace, scn) -> None:
+    """Refuse ``--out`` naming one of the run's inputs: the scenario, its model and hardware
+    files, a routing trace, a ``-m`` model (TOML or GGUF). The rows would replace it (fresh-user
+    round 8: ``--out`` the ``-m`` GGUF left a 3 kB CSV where the model had been).
+
+    Raises:
+        ScenarioError: naming ``--out`` and the input.
+    """
+    ins: dict[str, str] = {}
+    for what, path in (("the scenario", getattr(scn, "file", None)), ("the model file", getattr(scn.model, "file", None)),
+                       ("the hardware profile", getattr(scn.hardware, "file", None)),
+                       ("the routing trace", getattr(scn.routing, "trace_file", None))):
+        if path:
+            ins.setdefault(os.path.realpath(path), what)
+    for item in getattr(args, "model", None) or ():   # -m lists: tuples of paths, one per flag
+        for m in (item if isinstance(item, (list, tuple)) else str(item).split(",")):
+            if str(m).strip():
+                ins.setdefault(os.path.realpath(str(m).strip()), f"-m {str(m).strip()}")
+    what = ins.get(os.path.realpath(args.out))
+    if what:
+        raise ScenarioError(f"'{args.out}' is {what}, an input of this run: the rows would replace it; give --out "
+                            "another path", field="--out")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.cli.benchflags import Notes, default_threads, harness_notes, ot_notes, params_from_args, unmodelled_notes
     from sim.views.report import format_rows
@@ -891,6 +916,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ScenarioError(f"'{args.out}' ends in .{suffix} but -o asks for {args.output}", field="--out")
     args.output = args.output or "md"
     scn = _base_scenario(args)
+    if args.out is not None:
+        _check_out_spares_inputs(args, scn)
     added_base = not any(v.name == "baseline" for v in scn.variants)
     if added_base:
         # "vs base" is always against the upstream scheduler: add it when not asked for

@@ -1468,7 +1468,7 @@ def check_fit_target(fit_target_mib: int, hw) -> None:
         return
     room = max(0, int((hw.vram_bytes - hw.vram_reserved_bytes) // 2**20))
     reserved = f", {hw.vram_reserved_bytes / 2**20:.0f} MiB of it reserved" if hw.vram_reserved_bytes else ""
-    raise ScenarioError(f"-fitt {fit_target_mib}: the margin alone is more than a GPU's memory ({hw.gpu_name} of "
+    raise ScenarioError(f"-fitt {fit_target_mib}: the margin alone leaves no room on a GPU ({hw.gpu_name} of "
                         f"profile '{hw.name}': {hw.vram_bytes / 2**20:.0f} MiB{reserved}), so nothing fits, whatever "
                         f"the fit moves to the host; give a smaller -fitt (below {room} MiB, leaving room "
                         "for the weights, KV cache and compute buffer)", field="-fitt/--fit-target")
