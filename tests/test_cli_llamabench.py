@@ -607,7 +607,7 @@ def test_variant_takes_a_comma_list_and_repeats(capsys):
 def test_a_fit_target_beyond_the_gpu_is_one_error_asking_for_a_smaller_one(capsys):
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-fitt", "999999")
     assert rc == 2 and out == "" and err.count("\n") == 1
-    assert "field '-fitt/--fit-target': -fitt 999999: the margin alone is more than a GPU's memory" in err
+    assert "field '-fitt/--fit-target': -fitt 999999: the margin alone leaves no room on a GPU" in err
     assert "smaller -fitt" in err and "n_cpu_moe" not in err
     # nothing fits for another reason: the reason once, as the error
     rc, out, err = run(capsys, "run", TINY, *QUICK, "-p", "64", "-n", "0", "-m", "qwen3-30b-a3b", "-ngl", "99",
@@ -1664,3 +1664,17 @@ def test_run_out_never_replaces_an_input(tmp_path, capsys):
     before = scn.read_bytes()
     rc, _out, err = run(capsys, "run", str(scn), "-p", "64", "-n", "0", "-r", "1", "-q", "--out", str(scn))
     assert rc == 2 and "is the scenario" in err and scn.read_bytes() == before
+
+
+def test_fitt_on_a_dense_model_is_refused_or_left_out(capsys):
+    """llama-bench's fit lowers -ngl on a dense model: not modelled, so run refuses it naming -fitt
+    (it had printed -ngl as given under the row's -fitt, a note only: fresh-user round 8) and
+    --skip-unmodelled leaves it out while a MoE model in the same list is fitted."""
+    dense = str(ROOT / "scenarios" / "models" / "llama3-8b.toml")
+    moe = str(ROOT / "scenarios" / "models" / "qwen3-30b-a3b.toml")
+    rc, _out, err = run(capsys, "run", "-m", dense, "-fitt", "1024", "-p", "64", "-n", "0", "-r", "1", "-q")
+    assert rc == 2 and "-fitt/--fit-target" in err and "dense model" in err
+    rc, out, err = run(capsys, "run", "-m", f"{dense},{moe}", "-fitt", "1024", "-p", "64", "-n", "0", "-r", "1", "-q",
+                       "--skip-unmodelled", "--variant", "baseline", "-o", "jsonl")
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert rc == 0 and rows and all("qwen3moe" in r["model_type"] for r in rows) and "left out" in err

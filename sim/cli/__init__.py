@@ -616,6 +616,12 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         insts = params.instances(setting)
         label = _setting_label(params, setting)
         why = unmodelled_setting(setting, scn.hardware)
+        if why is None and (setting.fit_target or setting.fit_min_ctx) and model.moe is None:
+            # llama-bench's fit of a dense model lowers -ngl until the target is free: another
+            # placement than the row prints, at another speed (only the n_cpu_moe fit is modelled)
+            why = ("-fitt/--fit-target", f"-fitt/-fitc on a dense model ('{model.name}'): llama-bench's fit lowers "
+                                         "-ngl until the target is free, which is not modelled (-ngl as given, "
+                                         "without -fitt, is)")
         if why is not None:
             if not skip_unmodelled:
                 raise ScenarioError(f"{why[1]}: its rows would print another configuration's numbers; give "
