@@ -55,7 +55,25 @@ class CacheResult:
     evicted: list[Key] = field(default_factory=list)
 
 
-class ExpertCache:
+class _HitStats:
+    """``n_accesses`` and ``hit_rate`` from a cache's ``n_hits`` and ``n_misses``."""
+
+    n_hits: int
+    n_misses: int
+
+    @property
+    def n_accesses(self) -> int:
+        return self.n_hits + self.n_misses
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits / accesses since construction or ``reset_stats`` (every GPU's, for
+        :class:`DeviceCaches`), in [0, 1]; 0.0 before any access."""
+        n = self.n_accesses
+        return self.n_hits / n if n else 0.0
+
+
+class ExpertCache(_HitStats):
     """A cache of ``(layer, expert)`` entries with LRU or LFU eviction.
 
     Args:
@@ -100,16 +118,6 @@ class ExpertCache:
     def resident(self, layer: int) -> np.ndarray:
         """Sorted int64 expert ids of ``layer`` held in the cache."""
         return np.array(sorted(e for (lay, e) in self.keys() if lay == layer), dtype=np.int64)
-
-    @property
-    def n_accesses(self) -> int:
-        return self.n_hits + self.n_misses
-
-    @property
-    def hit_rate(self) -> float:
-        """Hits / accesses since construction or :meth:`reset_stats`, in [0, 1]; 0.0 before any access."""
-        n = self.n_accesses
-        return self.n_hits / n if n else 0.0
 
     def reset_stats(self) -> None:
         """Zero the hit and miss counters (the cached entries stay)."""
@@ -176,7 +184,7 @@ class ExpertCache:
         return False
 
 
-class DeviceCaches:
+class DeviceCaches(_HitStats):
     """One :class:`ExpertCache` per GPU, each serving the layers whose expert matmuls run there
     (``device_of[layer]``): an expert cached in one GPU's VRAM is of no use to a layer another
     GPU computes (a single cache of the GPUs' summed capacity had let GPU 0's layers use GPU 1's
@@ -206,16 +214,6 @@ class DeviceCaches:
     @property
     def n_misses(self) -> int:
         return sum(c.n_misses for c in self.caches)
-
-    @property
-    def n_accesses(self) -> int:
-        return self.n_hits + self.n_misses
-
-    @property
-    def hit_rate(self) -> float:
-        """Hits / accesses over every GPU's cache, in [0, 1]; 0.0 before any access."""
-        n = self.n_accesses
-        return self.n_hits / n if n else 0.0
 
     def reset_stats(self) -> None:
         for c in self.caches:
