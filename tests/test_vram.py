@@ -256,6 +256,9 @@ def test_the_ncmoe_fit_leaves_the_fit_target_free():
 
 
 def test_cache_fit_variant_spellings():
+    # spaces around "+" and upper case are not part of the label (fresh-user round 8: "slots3 + cache_lru"
+    # kept its spaces, another build id than slots3+cache_lru)
+    assert parse_variant("Slots3 + cache_LRU").name == parse_variant("slots3+cache_lru").name == "slots3+cache_lru"
     v = parse_variant("slots2+cache_fit")
     assert (v.expert_cache, v.cache_policy, v.expert_slots) == ("fit", "lru", 2)
     assert parse_variant("cache_lfu").cache_policy == "lfu"
@@ -430,3 +433,12 @@ def test_vramcheck_names_a_missing_run_folder(tmp_path, capsys):
     assert err.count("\n") == 0 and "nope: no such run folder" in err
     assert main([str(tmp_path)]) == 2     # a folder without lease logs
     assert "no row with llama.cpp's compute buffer line" in capsys.readouterr().err
+
+
+def test_a_workload_refuses_a_negative_token_count():
+    from sim.model.specs import Workload
+
+    for field in ("n_prompt", "n_gen", "n_depth"):
+        with pytest.raises(ValueError, match=f"Workload.{field}: -3 is negative"):
+            Workload(**{field: (512, -3)})
+    assert [t.name for t in Workload(n_prompt=(0, 64), n_gen=(0,)).tests()] == ["pp64"]

@@ -1289,7 +1289,8 @@ class Workload:
     """llama-bench's test matrix (``-p``, ``-n``, ``-d``, ``-ub``, ``-b``, ``-r``).
 
     Attributes:
-        n_prompt: prompt lengths (``-p``); 0 entries are skipped.
+        n_prompt: prompt lengths (``-p``); 0 entries are skipped (a negative one raises
+            ``ValueError``, as in ``n_gen`` and ``n_depth``).
         n_gen: generation lengths (``-n``); 0 entries are skipped.
         n_depth: KV depths (``-d``).
         n_ubatch: physical batch (``-ub``).
@@ -1319,6 +1320,14 @@ class Workload:
     bench_repetitions: int = 0
     warmup: bool = True
     n_ubatch_given: int = 0
+
+    def __post_init__(self):
+        # a negative token count is no test llama-bench can run; tests() skips only zeros (the
+        # Python API had dropped a negative prompt silently: fresh-user round 8)
+        for name in ("n_prompt", "n_gen", "n_depth"):
+            bad = next((v for v in getattr(self, name) if v < 0), None)
+            if bad is not None:
+                raise ValueError(f"Workload.{name}: {bad} is negative (token counts are >= 0)")
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]
@@ -1450,7 +1459,9 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
             kw["expert_cache"] = mt["cache"]
         elif mt["nosel"]:
             kw["selective_copy"] = False
-    return Variant(name=text.strip().lower(), **kw)  # the canonical label: tokens are case-blind
+    # the canonical label: tokens are case-blind, and spaces around a "+" are not part of them
+    # ("slots3 + cache_lru" is slots3+cache_lru, its build id too)
+    return Variant(name="+".join(t.strip() for t in text.strip().lower().split("+")), **kw)
 
 
 def variant_from_fields(v: Fields) -> Variant:
