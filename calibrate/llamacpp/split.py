@@ -32,33 +32,25 @@ FIT_UBATCHES = (128, 512, 4096)
 FIT_OVERRIDE = "ffn_(gate|up|down)=CPU"
 
 
-def _field(row, key: str, default=None):
-    """``row[key]``, or ``default`` where the row lacks it or holds NaN (a field an older
-    llama-bench did not print)."""
-    get = row.get if hasattr(row, "get") else (lambda k, d=None: d)
-    v = get(key, default)
-    return default if v is None or (isinstance(v, float) and v != v) else v
-
-
 def is_fit_row(row) -> bool:
     """True when a llama-bench row (a mapping or a pandas row with llama-bench's field names)
     belongs to the fit set (module docstring); False for held-out rows. A field an older
     llama-bench did not print takes what it ran as: ``load_mode`` from ``use_mmap`` (``none`` when
     false, else ``mmap``; neither: ``auto``), ``n_cpu_moe`` 0, ``n_gpu_layers`` every layer."""
-    from sim.views.llamabench import load_mode_of
+    from sim.views.llamabench import load_mode_of, row_value
 
-    stem = Path(str(_field(row, "model_filename", ""))).stem
+    stem = Path(str(row_value(row, "model_filename", ""))).stem
     if (stem not in FIT_MODELS or load_mode_of(row) != "none"
-            or int(_field(row, "n_ubatch", 512)) not in FIT_UBATCHES):
+            or int(row_value(row, "n_ubatch", 512)) not in FIT_UBATCHES):
         return False
-    if any(_on(_field(row, k)) for k in ("prefetch_weights", "prefetch_expert_slots")):
+    if any(_on(row_value(row, k)) for k in ("prefetch_weights", "prefetch_expert_slots")):
         return False
     n_layer = FIT_MODELS[stem]
-    ot = str(_field(row, "tensor_buft_overrides", "none") or "none")
-    ngl = int(_field(row, "n_gpu_layers", -1))
+    ot = str(row_value(row, "tensor_buft_overrides", "none") or "none")
+    ngl = int(row_value(row, "n_gpu_layers", -1))
     if not (ngl < 0 or ngl > n_layer):
         return False
-    ncmoe = int(_field(row, "n_cpu_moe", 0))
+    ncmoe = int(row_value(row, "n_cpu_moe", 0))
     if stem == "gemma3-27b":
         return ot in ("none", FIT_OVERRIDE) and ncmoe == 0
     return ot == "none" and ncmoe in (0, n_layer)

@@ -1159,7 +1159,7 @@ def sim_buffer(canon: str) -> str:
     return "CUDA" + re.sub(r"\D", "", canon)
 
 
-def check_rule(pattern: str, buf: str, model, notes: "Notes") -> None:
+def check_rule(pattern: str, buf: str) -> None:
     """An ``-ot`` rule must compile (as llama.cpp's ECMAScript regex, in Python's ``re``). One that
     matches no tensor of the model, or only norm tensors, is noted where the placement is made
     (:func:`sim.views.llamabench.row_placement`, :func:`sim.views.llamabench.rule_match_note`),
@@ -1323,7 +1323,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     canon = tuple((p, canonical_buffer(b, hw)) for p, b in setting.overrides)
     if "overrides" in given:
         for p, b in canon:
-            check_rule(p, b, model, notes)
+            check_rule(p, b)
     moe = model.moe is not None
     ncmoe = setting.n_cpu_moe
     if not moe and ncmoe:

@@ -410,11 +410,7 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
         out.append(VramBreakdown(g, hw.vram_bytes, hw.vram_reserved_bytes, w, kv, comp, stg, expert_slot_bytes=slot))
     for b in out:
         if b.total_bytes > b.capacity_bytes:
-            needs = (f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU "
-                     f"{b.device}: needs {b.total_bytes / GiB:.2f} GiB (weights {b.weights_bytes / GiB:.2f}, KV "
-                     f"{b.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute {b.compute_bytes / GiB:.2f}, staging "
-                     f"{b.staging_bytes / GiB:.2f}, reserved {b.reserved_bytes / GiB:.2f}) of "
-                     f"{b.capacity_bytes / GiB:.2f} GiB")
+            needs = _needs_text(b, variant, pl.ctx_size)
             raise VramOverflowError(
                 f"{needs}; "
                 + ("use fewer staging slots or no prefetch, or " if b.staging_bytes else "")
@@ -448,6 +444,18 @@ def account(scn: Scenario, variant: Variant, placement: Placement | None = None,
             per = _fill(n_cache, caps)
             out = [replace(b, cache_experts=c, cache_bytes=c * eb) for b, c in zip(out, per)]
     return out
+
+
+def _needs_text(b: VramBreakdown, variant: Variant, ctx_size: int, fit_target: bool = False) -> str:
+    """The overflow of GPU ``b`` without advice (``does not fit on GPU 0: needs 56.02 GiB (weights
+    ...) of 24.00 GiB``), with the fit target beside the components when ``fit_target``."""
+    who = "" if variant.is_baseline else f" with variant {variant.name!r}"
+    free = " with the fit target free" if fit_target else ""
+    target = f" and fit target {b.fit_margin_bytes / GiB:.2f} GiB" if fit_target else ""
+    return (f"does not fit{who} on GPU {b.device}{free}: needs {b.total_bytes / GiB:.2f} GiB (weights "
+            f"{b.weights_bytes / GiB:.2f}, KV {b.kv_bytes / GiB:.2f} for {ctx_size} tokens, compute "
+            f"{b.compute_bytes / GiB:.2f}, staging {b.staging_bytes / GiB:.2f}, reserved "
+            f"{b.reserved_bytes / GiB:.2f}){target} of {b.capacity_bytes / GiB:.2f} GiB")
 
 
 def check_host_memory(scn: Scenario, pl: Placement, on_host, devs) -> None:
@@ -523,12 +531,7 @@ def fit_n_cpu_moe(scn: Scenario, variant: Variant) -> int:
         short = next((b for b in vram if b.free_bytes < b.fit_margin_bytes), None) if pl.fit_target_mib else None
         if short is None:
             return n
-        needs = (f"does not fit{'' if variant.is_baseline else f' with variant {variant.name!r}'} on GPU "
-                 f"{short.device} with the fit target free: needs {short.total_bytes / GiB:.2f} GiB (weights "
-                 f"{short.weights_bytes / GiB:.2f}, KV {short.kv_bytes / GiB:.2f} for {pl.ctx_size} tokens, compute "
-                 f"{short.compute_bytes / GiB:.2f}, staging {short.staging_bytes / GiB:.2f}, reserved "
-                 f"{short.reserved_bytes / GiB:.2f}) and fit target {short.fit_margin_bytes / GiB:.2f} GiB of "
-                 f"{short.capacity_bytes / GiB:.2f} GiB")
+        needs = _needs_text(short, variant, pl.ctx_size, fit_target=True)
         last_err = VramOverflowError(
             f"{needs}; lower the fit target (placement.fit_target_mib, llama.cpp's -fitt), the context "
             "(ctx_size, or the tests' depth + tokens), or use fewer staging slots or no prefetch",

@@ -160,7 +160,7 @@ def prefetch_settings(row: Mapping[str, Any]) -> tuple[int, int, int]:
     llama-bench row, or NaN in a DataFrame of mixed rows)."""
     out = []
     for name in PATCH_FIELDS:
-        v = _get(row, name, PREFETCH_DEFAULTS[name])
+        v = row_value(row, name, PREFETCH_DEFAULTS[name])
         out.append(int(v))
     return out[0], out[1], out[2]
 
@@ -734,7 +734,7 @@ def load_mode_of(row) -> str:
     """A row's ``load_mode`` as printed, or for a llama-bench version without it (``-mmp``) what
     its ``use_mmap`` ran: ``mmap`` when true, ``none`` (weights read into host buffers) when
     false; ``auto`` (the default) with neither."""
-    lm, mm = _get(row, "load_mode"), _get(row, "use_mmap")
+    lm, mm = row_value(row, "load_mode"), row_value(row, "use_mmap")
     return str(lm) if lm is not None else "auto" if mm is None else "mmap" if mm else "none"
 
 
@@ -802,7 +802,9 @@ def kv_bytes_per_elem(type_k: Any = "f16", type_v: Any = "f16") -> float:
     return (one(type_k) + one(type_v)) / 2
 
 
-def _get(row: Mapping[str, Any], key: str, default: Any = None) -> Any:
+def row_value(row: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``row[key]`` of a llama-bench row (a mapping or a pandas row), or ``default`` where the row
+    lacks it or holds NaN (a field another llama-bench version did not print)."""
     v = row.get(key, default) if hasattr(row, "get") else default
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return default
@@ -893,9 +895,9 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
             not ``/``-separated numbers.
     """
     notes: list[str] = []
-    n_batch = int(_get(row, "n_batch", 2048))
-    n_ubatch = clamped_ubatch(int(_get(row, "n_ubatch", 512)), n_batch)
-    type_k, type_v = str(_get(row, "type_k", "f16")), str(_get(row, "type_v", "f16"))
+    n_batch = int(row_value(row, "n_batch", 2048))
+    n_ubatch = clamped_ubatch(int(row_value(row, "n_ubatch", 512)), n_batch)
+    type_k, type_v = str(row_value(row, "type_k", "f16")), str(row_value(row, "type_v", "f16"))
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         # llama-bench parses -ctk/-ctv with ggml_type_from_name and prints ggml_type_name: lower case
         if t not in KV_TYPES:
@@ -905,7 +907,7 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
         kvb = kv_bytes_per_elem(type_k, type_v)
     except KeyError:
         raise ValueError(f"type_k/type_v {type_k}/{type_v}: not a ggml type llama-bench prints") from None
-    fa_row = flash_attn_label(_get(row, "flash_attn"))
+    fa_row = flash_attn_label(row_value(row, "flash_attn"))
     fa_on = fa_row != "off" and not fa_auto_off(fa_row, type_k, type_v)
     note = kv_note(type_k, type_v, fa_on) if kvb is not None else None
     if note:
@@ -913,33 +915,33 @@ def row_terms(row: Mapping[str, Any]) -> RowTerms:
     if fa_auto_off(fa_row, type_k, type_v):
         notes.append(f"flash_attn auto with K {type_k}: llama.cpp turns FlashAttention off (ggml-cuda has no "
                      "kernel for that K cache), as simulated")
-    ts_text = str(_get(row, "tensor_split", "") or "")
+    ts_text = str(row_value(row, "tensor_split", "") or "")
     try:
         shares = tuple(float(x) for x in ts_text.split("/") if x.strip()) if ts_text else ()
     except ValueError:
         raise ValueError(f"tensor_split {ts_text!r}: not shares as llama-bench prints them (0.00 or 3.00/1.00)") from None
     if shares and not any(shares):
         shares = ()
-    sm = str(_get(row, "split_mode", "layer"))
+    sm = str(row_value(row, "split_mode", "layer"))
     if sm not in ("layer", "none", "row", "tensor"):
         raise ValueError(f"split_mode {sm!r}: llama-bench prints none, layer, row or tensor")
     if sm not in ("layer", "none"):
         notes.append(f"split_mode {sm}: not modelled (layer split simulated)")
-    if str(_get(row, "lazy_mode", "auto")) == "on":
+    if str(row_value(row, "lazy_mode", "auto")) == "on":
         notes.append("lazy_mode on: on-demand tensor reads are not modelled")
     n_prompt, n_gen, n_depth = int(row["n_prompt"]), int(row["n_gen"]), int(row["n_depth"])
     return RowTerms(
-        ngl=sim_ngl(int(_get(row, "n_gpu_layers", -1))),
-        n_cpu_moe=int(_get(row, "n_cpu_moe", 0)),
-        overrides=parse_overrides(_get(row, "tensor_buft_overrides", "none")),
-        pinned=host_memory_pinned(_get(row, "load_mode"), _get(row, "no_host", False), _get(row, "use_mmap")),
+        ngl=sim_ngl(int(row_value(row, "n_gpu_layers", -1))),
+        n_cpu_moe=int(row_value(row, "n_cpu_moe", 0)),
+        overrides=parse_overrides(row_value(row, "tensor_buft_overrides", "none")),
+        pinned=host_memory_pinned(row_value(row, "load_mode"), row_value(row, "no_host", False), row_value(row, "use_mmap")),
         load_mode=load_mode_of(row),
-        flash_attn=flash_attn_label(_get(row, "flash_attn")),
+        flash_attn=flash_attn_label(row_value(row, "flash_attn")),
         n_ubatch=n_ubatch, n_batch=n_batch, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth,
         type_k=type_k, type_v=type_v, kv_bytes_per_elem=kvb,
-        no_op_offload=bool(_get(row, "no_op_offload", 0)),
+        no_op_offload=bool(row_value(row, "no_op_offload", 0)),
         tensor_split=shares, test=bench_test_name(n_prompt, n_gen, n_depth), notes=tuple(notes),
-        no_kv_offload=bool(_get(row, "no_kv_offload", False)), embeddings=bool(_get(row, "embeddings", False)),
+        no_kv_offload=bool(row_value(row, "no_kv_offload", False)), embeddings=bool(row_value(row, "embeddings", False)),
         split_mode=sm,
     )
 
@@ -951,8 +953,6 @@ NO_OP_OFFLOAD_MIN_BATCH = 2**31 - 1
 _SIM_BUFFER = re.compile(r"CPU|CUDA\d+|GPU\d*")
 
 
-#: the settings llama.cpp runs in a way the simulator does not model and whose speed they would
-#: change (:func:`unmodelled_kind`), each with llama-bench's flag and JSON field and what it does
 #: the K/V cache type pairs ggml-cuda's FlashAttention vector kernel is compiled for by default
 #: (ggml/CMakeLists.txt: GGML_CUDA_FA_QUANTS "q4_0-q4_0;q8_0-q8_0;f16-f16;bf16-bf16"); another
 #: pair of supported types is converted to F16 in every call (fattn.cu: "slow")
@@ -1026,6 +1026,8 @@ def kv_note(type_k: str, type_v: str, fa_on: bool) -> str | None:
                  + ", which is not priced")
     return note
 
+#: the settings llama.cpp runs in a way the simulator does not model and whose speed they would
+#: change (:func:`unmodelled_kind`), each with llama-bench's flag and JSON field and what it does
 UNMODELLED = {
     "fa_kv_type": ("-ctk/-ctv", "FlashAttention on an iq4_nl K/V cache, which ggml-cuda has no kernel for "
                                 "(ggml_cuda_fattn_kv_type_supported): llama.cpp runs every layer's attention on the CPU"),
