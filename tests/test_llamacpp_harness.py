@@ -179,6 +179,30 @@ def test_split_time_patch_times_every_split_and_prints_once_per_graph(tmp_path):
     assert set(P.PATCHES) >= {"copy-log", "perf-cases", "split-time"}
 
 
+def test_realloc_log_patch_names_the_reason_before_the_schedulers_sync(tmp_path):
+    backend = FAKE_BACKEND + """\
+static bool alloc_splits() {
+    if (backend_ids_changed || !ggml_gallocr_alloc_graph(sched->galloc, &sched->graph)) {
+        // the re-allocation may cause the split inputs to be moved to a different address
+        for (int i = 0; i < sched->n_backends; i++) { ggml_backend_synchronize(sched->backends[i]); }
+    }
+}
+"""
+    tree = fake_tree(tmp_path / "t", backend)
+    alloc = tree / "ggml/src/ggml-alloc.c"
+    alloc.write_text("static bool ggml_gallocr_needs_realloc(ggml_gallocr_t galloc, struct ggml_cgraph * graph) {\n"
+                     "    if (galloc->n_nodes != graph->n_nodes) { return true; }\n    return false;\n}\n")
+    assert P.apply(tree, P.REALLOC_LOG, "realloc-log")
+    a = alloc.read_text()
+    # the reasons are printed inside the check, before its own first test, behind the variable
+    assert a.index('getenv("PREFETCH_SIM_REALLOC_LOG")') < a.index("if (galloc->n_nodes != graph->n_nodes) { return true; }")
+    assert "gallocr nodes %d -> %d" in a and "size %zu > size_max %zu" in a
+    b = (tree / "ggml/src/ggml-backend.cpp").read_text()
+    # the scheduler's line comes before its synchronisation of every backend
+    assert b.index("prefetch-sim realloc-log: reserve backend_ids_changed=") < b.index("ggml_backend_synchronize(sched->backends[i])")
+    assert not P.apply(tree, P.REALLOC_LOG, "realloc-log")  # idempotent
+
+
 def test_patch_with_a_missing_or_repeated_anchor_is_an_error(tmp_path):
     tree = fake_tree(tmp_path / "t", FAKE_BACKEND.replace("prev_backend_id = split_backend_id;", ""))
     with pytest.raises(B.BuildError, match="found 0 times"):
@@ -695,7 +719,7 @@ def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
     for op in ("MUL_MAT_B", "SOFT_MAX", "FLASH_ATTN_EXT", "MUL_MAT_ID"):
         assert f'op == "{op}"' in text
     assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
-    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "phase-time", "prefetch"}
+    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "phase-time", "realloc-log", "prefetch"}
 
 
 def test_model_cases_cover_every_weight_shape_with_its_type():

@@ -359,12 +359,74 @@ PHASE_TIME = (
 """),
 )
 
+REALLOC_MARK = "// prefetch-sim realloc-log"
+
+#: ``realloc-log`` (``ggml/src/ggml-alloc.c`` and ``ggml/src/ggml-backend.cpp``): with
+#: ``PREFETCH_SIM_REALLOC_LOG`` set, every graph whose allocation cannot reuse the scheduler's last
+#: plan prints why, before ``ggml_backend_sched_alloc_splits`` synchronises every backend (waits for
+#: the GPU) and re-plans the buffers::
+#:
+#:     prefetch-sim realloc-log: gallocr nodes 1727 -> 1731 leafs 310 -> 310
+#:     prefetch-sim realloc-log: gallocr node 12 kq_mask-0 (NONE) size 1048576 > size_max 524288
+#:     prefetch-sim realloc-log: gallocr src 1 kq_mask of node 40 __fattn__-0 size 1048576 > size_max 524288
+#:     prefetch-sim realloc-log: reserve backend_ids_changed=0 nodes=1731 leafs=310
+#:
+#: (the first invalid node or source only; ``backend_ids_changed=1`` re-plans without asking the
+#: allocator). Unset, it costs one cached ``getenv`` per graph and changes nothing else.
+REALLOC_LOG = (
+    Insertion("ggml/src/ggml-alloc.c", "static bool ggml_gallocr_needs_realloc(ggml_gallocr_t galloc, struct ggml_cgraph * graph) {", f"""\
+    {REALLOC_MARK}: why this graph does not fit the last plan (printed when PREFETCH_SIM_REALLOC_LOG is set)
+    {{
+        static int psim_rl = -1;
+        if (psim_rl < 0) {{ psim_rl = getenv("PREFETCH_SIM_REALLOC_LOG") != NULL; }}
+        if (psim_rl) {{
+            if (galloc->n_nodes != graph->n_nodes || galloc->n_leafs != graph->n_leafs) {{
+                fprintf(stderr, "prefetch-sim realloc-log: gallocr nodes %d -> %d leafs %d -> %d\\n",
+                        galloc->n_nodes, graph->n_nodes, galloc->n_leafs, graph->n_leafs);
+            }} else {{
+                for (int psim_i = 0; psim_i < graph->n_nodes; psim_i++) {{
+                    struct ggml_tensor * psim_nd = graph->nodes[psim_i];
+                    struct node_alloc * psim_na = &galloc->node_allocs[psim_i];
+                    if (!ggml_gallocr_node_needs_realloc(galloc, psim_nd, &psim_na->dst)) {{
+                        fprintf(stderr, "prefetch-sim realloc-log: gallocr node %d %s (%s) size %zu > size_max %zu\\n", psim_i,
+                                psim_nd->name, ggml_op_desc(psim_nd), ggml_nbytes(psim_nd), psim_na->dst.size_max);
+                        break;
+                    }}
+                    int psim_bad = -1;
+                    for (int psim_j = 0; psim_j < GGML_MAX_SRC; psim_j++) {{
+                        if (psim_nd->src[psim_j] != NULL && !ggml_gallocr_node_needs_realloc(galloc, psim_nd->src[psim_j], &psim_na->src[psim_j])) {{
+                            psim_bad = psim_j;
+                            break;
+                        }}
+                    }}
+                    if (psim_bad >= 0) {{
+                        fprintf(stderr, "prefetch-sim realloc-log: gallocr src %d %s of node %d %s size %zu > size_max %zu\\n", psim_bad,
+                                psim_nd->src[psim_bad]->name, psim_i, psim_nd->name, ggml_nbytes(psim_nd->src[psim_bad]),
+                                psim_na->src[psim_bad].size_max);
+                        break;
+                    }}
+                }}
+            }}
+        }}
+    }}
+"""),
+    Insertion("ggml/src/ggml-backend.cpp", "// the re-allocation may cause the split inputs to be moved to a different address", f"""\
+        {{  {REALLOC_MARK}
+            static const bool psim_rl = getenv("PREFETCH_SIM_REALLOC_LOG") != nullptr;
+            if (psim_rl) {{
+                fprintf(stderr, "prefetch-sim realloc-log: reserve backend_ids_changed=%d nodes=%d leafs=%d\\n",
+                        (int) backend_ids_changed, sched->graph.n_nodes, sched->graph.n_leafs);
+            }}
+        }}
+""", after=False),
+)
+
 from .prefetch_patch import PREFETCH  # noqa: E402  (it builds on Insertion and NewFile above)
 
 #: every patch, by name
 PATCHES: dict[str, tuple[Insertion | NewFile, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
                                                         "split-time": SPLIT_TIME, "phase-time": PHASE_TIME,
-                                                        "prefetch": PREFETCH}
+                                                        "realloc-log": REALLOC_LOG, "prefetch": PREFETCH}
 
 
 def _find(lines: list[str], ins: Insertion, name: str) -> int:
