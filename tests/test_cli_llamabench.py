@@ -1666,6 +1666,37 @@ def test_run_out_never_replaces_an_input(tmp_path, capsys):
     assert rc == 2 and "is the scenario" in err and scn.read_bytes() == before
 
 
+def test_breakdown_trace_and_list_devices_never_replace_an_input(tmp_path, capsys):
+    """breakdown, trace and --list-devices refuse an --out that names an input (the scenario, a -m
+    model, a routing trace), a kernel table of the profile or any existing TOML or GGUF; trace
+    --list-devices prints the list and leaves its --out alone (fresh-user round 9: each had been
+    replaced, a GGUF by a markdown table, the shipped kernel table by the rows)."""
+    scn = tmp_path / "s.toml"
+    scn.write_text(Path(TINY).read_text().replace('"tiny-', f'"{(Path(TINY).parent).as_posix()}/tiny-'))
+    before = scn.read_bytes()
+    rc, _out, err = run(capsys, "breakdown", str(scn), "-p", "64", "-n", "0", "-r", "1", "-q", "--out", str(scn))
+    assert rc == 2 and "is the scenario" in err and "--out" in err and scn.read_bytes() == before
+    rc, _out, err = run(capsys, "trace", str(scn), "-p", "64", "-n", "0", "-q", "--out", str(scn))
+    assert rc == 2 and scn.read_bytes() == before   # .toml: not a trace name either
+    gguf = tmp_path / "m.json"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)          # a GGUF under another name: still refused
+    rc, _out, err = run(capsys, "breakdown", str(scn), "-p", "64", "-n", "0", "-r", "1", "-q", "-o", "json", "--out", str(gguf))
+    assert rc == 2 and "existing GGUF" in err and gguf.read_bytes()[:4] == b"GGUF"
+    other = tmp_path / "other.toml"
+    other.write_text("x = 1\n")
+    rc, _out, err = run(capsys, "run", str(scn), "--list-devices", "--out", str(other))
+    assert rc == 2 and "existing TOML" in err and other.read_text() == "x = 1\n"
+    # the shipped profile's kernel table, named from another folder
+    table = ROOT / "scenarios" / "hardware" / "h200-llamacpp" / "kernels-cpu.csv"
+    tb = table.read_bytes()
+    rc, _out, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "-o", "csv", "--out", str(table))
+    assert rc == 2 and "kernel table" in err and table.read_bytes() == tb
+    trace_out = tmp_path / "trace.json"
+    trace_out.write_text("{}")
+    rc, out, _err = run(capsys, "trace", str(scn), "--list-devices", "--out", str(trace_out))
+    assert rc == 0 and "Available devices" in out and trace_out.read_text() == "{}"
+
+
 def test_fitt_on_a_dense_model_is_refused_or_left_out(capsys):
     """llama-bench's fit lowers -ngl on a dense model: not modelled, so run refuses it naming -fitt
     (it had printed -ngl as given under the row's -fitt, a note only: fresh-user round 8) and
@@ -1678,3 +1709,13 @@ def test_fitt_on_a_dense_model_is_refused_or_left_out(capsys):
                        "--skip-unmodelled", "--variant", "baseline", "-o", "jsonl")
     rows = [json.loads(x) for x in out.splitlines()]
     assert rc == 0 and rows and all("qwen3moe" in r["model_type"] for r in rows) and "left out" in err
+
+
+def test_reproduce_out_never_replaces_the_published_figures(capsys):
+    """reproduce --out naming data/reported_measurements.csv is refused before any work (fresh-user
+    round 9: it was replaced by the table, and the next reproduce died with a KeyError)."""
+    from sim.views.reproduce import REPORTED_CSV
+
+    before = REPORTED_CSV.read_bytes()
+    rc, _out, err = run(capsys, "reproduce", "-r", "1", "-q", "--out", str(REPORTED_CSV))
+    assert rc == 2 and "published figures" in err and REPORTED_CSV.read_bytes() == before

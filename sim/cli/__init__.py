@@ -877,27 +877,64 @@ def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
             "less VRAM (--ctx-size 0 sizes it so)"]
 
 
-def _check_out_spares_inputs(args: argparse.Namespace, scn) -> None:
-    """Refuse ``--out`` naming one of the run's inputs: the scenario, its model and hardware
-    files, a routing trace, a ``-m`` model (TOML or GGUF). The rows would replace it (fresh-user
-    round 8: ``--out`` the ``-m`` GGUF left a 3 kB CSV where the model had been).
+def _kernel_tables(hw_file) -> list[str]:
+    """The kernel-table CSVs a hardware profile TOML names (``[ggml]`` ``gpu_kernels``,
+    ``gpu_kernels_extra``, ``cpu_kernels``, relative to the profile), as given; [] when it names
+    none or cannot be read (its loader has already said why)."""
+    import tomllib
+
+    try:
+        with open(hw_file, "rb") as f:
+            g = tomllib.load(f).get("ggml", {})
+    except (OSError, ValueError):
+        return []
+    base = Path(hw_file).parent
+    return [str(base / g[k]) for k in ("gpu_kernels", "gpu_kernels_extra", "cpu_kernels")
+            if isinstance(g.get(k), str) and g[k]]
+
+
+def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the rows") -> None:
+    """Refuse ``--out`` naming one of the command's inputs: the scenario, its model and hardware
+    files, the hardware profile's kernel tables, a routing trace, a ``-m`` model (TOML or GGUF),
+    or any other existing TOML or GGUF file (an output of this tool is neither). What it writes
+    would replace it (fresh-user round 8: ``--out`` the ``-m`` GGUF left a 3 kB CSV where the
+    model had been; round 9: ``breakdown``, ``trace`` and ``--list-devices`` had no such check, and
+    ``run``'s missed the kernel tables). Used by ``run``, ``breakdown``, ``trace`` and
+    ``--list-devices``.
 
     Raises:
         ScenarioError: naming ``--out`` and the input.
     """
+    out = getattr(args, "out", None)
+    if not out:
+        return
     ins: dict[str, str] = {}
+    hw_file = getattr(scn.hardware, "file", None)
     for what, path in (("the scenario", getattr(scn, "file", None)), ("the model file", getattr(scn.model, "file", None)),
-                       ("the hardware profile", getattr(scn.hardware, "file", None)),
+                       ("the hardware profile", hw_file),
                        ("the routing trace", getattr(scn.routing, "trace_file", None))):
         if path:
             ins.setdefault(os.path.realpath(path), what)
+    if hw_file:
+        for t in _kernel_tables(hw_file):
+            ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile ({t})")
     for item in getattr(args, "model", None) or ():   # -m lists: tuples of paths, one per flag
         for m in (item if isinstance(item, (list, tuple)) else str(item).split(",")):
             if str(m).strip():
                 ins.setdefault(os.path.realpath(str(m).strip()), f"-m {str(m).strip()}")
-    what = ins.get(os.path.realpath(args.out))
+    what = ins.get(os.path.realpath(out))
+    if what is None and Path(out).is_file():
+        if Path(out).suffix.lower() in (".toml", ".gguf"):
+            what = f"an existing {Path(out).suffix.lower()[1:].upper()} file"
+        else:
+            try:
+                with open(out, "rb") as f:
+                    if f.read(4) == b"GGUF":
+                        what = "an existing GGUF file"
+            except OSError:
+                pass
     if what:
-        raise ScenarioError(f"'{args.out}' is {what}, an input of this run: the rows would replace it; give --out "
+        raise ScenarioError(f"'{out}' is {what}, an input of this run: {writes} would replace it; give --out "
                             "another path", field="--out")
 
 
@@ -995,6 +1032,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         raise ScenarioError(f"'{out}': use a .json (Chrome trace) or .csv file name", field="--out")
     check_output_path(out)
     scn = load_scenario_with_overrides(args)
+    _check_out_spares_inputs(args, scn, "the trace")
     tests = scn.workload.tests()
     ti, test = pick_tests([args.test], tests)[0] if args.test is not None else (0, tests[0])
     check_plan_work(scn, [test], args, replay=tests[:ti])
@@ -1247,11 +1285,15 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "list_devices", False):   # llama-bench's --list-devices: the devices, then exit
             from sim.cli.benchflags import device_list
 
-            text = device_list(_base_scenario(args).hardware)
-            if getattr(args, "out", None):  # the list goes where the rows would have gone
+            scn = _base_scenario(args)
+            text = device_list(scn.hardware)
+            # the list goes where the rows would have gone (run, breakdown); a trace's --out (a
+            # default name when not given) is for a trace: the list is printed
+            if getattr(args, "out", None) and getattr(args, "func", None) is not cmd_trace:
                 from sim.atomic import check_output_path, write_atomic
 
                 check_output_path(args.out)
+                _check_out_spares_inputs(args, scn, "the device list")
                 write_atomic(args.out, text + "\n")
             else:
                 print(text)

@@ -41,9 +41,10 @@ def breakdown_rows(args: argparse.Namespace) -> tuple[list[dict], list[tuple[str
     Raises:
         ScenarioError, PlacementError: bad flags, tests or placements, in the flags' terms.
     """
-    from sim.cli import check_plan_work, load_scenario_with_overrides, pick_tests
+    from sim.cli import _check_out_spares_inputs, check_plan_work, load_scenario_with_overrides, pick_tests
 
     scn = load_scenario_with_overrides(args)
+    _check_out_spares_inputs(args, scn, "the tables")
     tests = scn.workload.tests()
     # in the workload's order (llama-bench's), each once: an expert cache carries over the tests
     chosen = (sorted(dict(pick_tests(args.test, tests)).items()) if args.test else list(enumerate(tests)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from sim.cli.benchflags import ascii_int
@@ -32,6 +33,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if suffix not in ("", ".csv"):
             raise ScenarioError(f"'{args.out}' ends in {suffix}, but reproduce writes CSV: give a .csv name",
                                 field="--out")
+    if args.out and REPORTED_CSV.is_file() and os.path.realpath(args.out) == os.path.realpath(REPORTED_CSV):
+        raise ScenarioError(f"'{args.out}' is the published figures reproduce reads ({REPORTED_CSV}): the table "
+                            "would replace it; give --out another path", field="--out")
     if not REPORTED_CSV.is_file():
         raise PrefetchSimError(f"{REPORTED_CSV} not found: `reproduce` needs the source checkout "
                                "(pip install -e . from a clone)")
