@@ -233,6 +233,7 @@ def call_table(run_dir: str | Path) -> pd.DataFrame:
                     "invocation": inv["id"], "model_toml": inv.get("model_toml", ""), "row": ri,
                     "n_prompt": int(r["n_prompt"]), "n_gen": int(r["n_gen"]), "n_depth": int(r.get("n_depth", 0)),
                     "n_ubatch": int(r["n_ubatch"]), "n_cpu_moe": int(r.get("n_cpu_moe", 0)),
+                    "flash_attn": r.get("flash_attn"),
                     "n_gpu_layers": int(r.get("n_gpu_layers", 99)), "step": step, "rep": rep, "call": k,
                     "call_tokens": n_tok, "ubatch": j, "n_tokens": u["n_tokens"], "kv_before": kv + done,
                     "reused": u["reused"],

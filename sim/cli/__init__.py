@@ -924,15 +924,12 @@ def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the r
                 ins.setdefault(os.path.realpath(str(m).strip()), f"-m {str(m).strip()}")
     what = ins.get(os.path.realpath(out))
     if what is None and Path(out).is_file():
+        from sim.model.gguf import is_gguf
+
         if Path(out).suffix.lower() in (".toml", ".gguf"):
             what = f"an existing {Path(out).suffix.lower()[1:].upper()} file"
-        else:
-            try:
-                with open(out, "rb") as f:
-                    if f.read(4) == b"GGUF":
-                        what = "an existing GGUF file"
-            except OSError:
-                pass
+        elif is_gguf(out):
+            what = "an existing GGUF file"
     if what:
         raise ScenarioError(f"'{out}' is {what}, an input of this run: {writes} would replace it; give --out "
                             "another path", field="--out")
