@@ -719,7 +719,7 @@ def test_perf_cases_patch_reads_the_case_file_first(tmp_path):
     for op in ("MUL_MAT_B", "SOFT_MAX", "FLASH_ATTN_EXT", "MUL_MAT_ID"):
         assert f'op == "{op}"' in text
     assert not P.apply(tmp_path, P.PERF_CASES, "perf-cases")
-    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "phase-time", "realloc-log", "prefetch"}
+    assert set(P.PATCHES) == {"copy-log", "perf-cases", "split-time", "phase-time", "realloc-log", "node-time", "prefetch"}
 
 
 def test_model_cases_cover_every_weight_shape_with_its_type():
@@ -1327,3 +1327,104 @@ def test_a_report_label_that_names_files_elsewhere_is_refused(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert "--label" in err and len(err.strip().splitlines()) == 1, err
     assert _tree(run) == before and not list(tmp_path.rglob("compare_*"))
+
+
+# a stand-in of ggml-cpu.c's compute loop: the node-time patch's anchors, in the pinned tree's order,
+# with just enough around them to compile and run
+FAKE_CPU_LOOP = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <time.h>
+struct ggml_tensor { const char * name; const char * op; int empty; };
+struct ggml_cgraph { int n_nodes; struct ggml_tensor ** nodes; };
+struct tp_t { int abort; };
+struct ggml_compute_state { int ith; struct tp_t * threadpool; };
+struct params_t { int nth; };
+static int64_t ggml_time_us(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (int64_t) t.tv_sec * 1000000 + t.tv_nsec / 1000; }
+static const char * ggml_op_desc(const struct ggml_tensor * t) { return t->op; }
+static int barriers = 0;
+static void ggml_barrier(struct tp_t * tp) { (void) tp; barriers++; }
+static void work(const struct ggml_tensor * t) { volatile double x = 0; for (int i = 0; i < 20000; i++) { x += i; } (void) t; }
+static void compute_thread(struct ggml_compute_state * state, struct ggml_cgraph * cgraph) {
+    struct params_t params = { 16 };
+    struct tp_t * tp = state->threadpool;
+    GGML_PRINT_DEBUG("thread #%d compute-start cplan %p last-graph %d\n", state->ith, (const void *)cplan, state->last_graph);
+    for (int node_n = 0; node_n < cgraph->n_nodes && atomic_load_explicit(&tp->abort, memory_order_relaxed) != node_n; node_n++) {
+        struct ggml_tensor * node = cgraph->nodes[node_n];
+        if (node->empty) {
+            continue;
+        }
+        work(node);
+        if (node_n + 1 < cgraph->n_nodes) {
+            ggml_barrier(state->threadpool);
+        }
+    }
+    GGML_PRINT_DEBUG("thread #%d compute-done cplan %p last-graph %d\n", state->ith, (const void *)cplan, state->last_graph);
+
+    ggml_barrier(state->threadpool);
+}
+int main(void) {
+    struct ggml_tensor a = {"ffn_moe_gate-3", "MUL_MAT_ID", 0}, b = {"ffn_moe_gate_biased-3", "ADD_ID", 0},
+                       v = {"view-3", "VIEW", 1}, c = {"ffn_moe_down-3", "MUL_MAT_ID", 0};
+    struct ggml_tensor * nodes[] = {&a, &b, &c, &v};
+    struct ggml_cgraph g = {4, nodes};
+    struct tp_t tp = {-1};
+    for (int ith = 0; ith < 2; ith++) { struct ggml_compute_state s = {ith, &tp}; compute_thread(&s, &g); }
+    return 0;
+}
+"""
+
+
+def test_node_time_patch_times_each_cpu_node_on_thread_zero_and_the_parser_reads_it(tmp_path):
+    import shutil
+    import subprocess
+
+    from calibrate.llamacpp import nodetime
+
+    src = tmp_path / "ggml/src/ggml-cpu/ggml-cpu.c"
+    src.parent.mkdir(parents=True)
+    src.write_text(FAKE_CPU_LOOP)
+    assert P.apply(tmp_path, P.NODE_TIME, "node-time")
+    text = src.read_text()
+    assert not P.apply(tmp_path, P.NODE_TIME, "node-time")  # idempotent
+    # read once, before the loop; a node's time taken after its barrier; the line after the last barrier
+    assert text.index('getenv("PREFETCH_SIM_NODE_TIME")') < text.index("for (int node_n = 0;")
+    loop_barrier = text.index("ggml_barrier(state->threadpool);")
+    assert loop_barrier < text.index("psim_us[psim_cnt] = psim_now - psim_prev") < text.index("compute-done")
+    assert text.rindex("ggml_barrier(state->threadpool);") < text.index('"prefetch-sim node-time: threads %d nodes %d"')
+    assert "node-time" in P.PATCHES
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to run the patched stand-in")
+    prog = "#include <stdatomic.h>\n#define GGML_PRINT_DEBUG(...)\n" + text
+    (tmp_path / "t.c").write_text(prog)
+    subprocess.run([cc, "-std=gnu11", "-O0", "-o", str(tmp_path / "t"), str(tmp_path / "t.c")], check=True)
+    quiet = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, check=True)
+    assert "node-time" not in quiet.stderr  # unset: nothing printed
+    out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PREFETCH_SIM_NODE_TIME": "1"})
+    nodes = nodetime.parse(out.stderr)
+    # one line (thread 0 only), the three computed nodes in order (the trailing view skipped), no
+    # node twice though the last computed node is not the graph's last
+    assert out.stderr.count("prefetch-sim node-time:") == 1
+    assert [(n.op, n.name) for n in nodes] == [("MUL_MAT_ID", "ffn_moe_gate-3"), ("ADD_ID", "ffn_moe_gate_biased-3"),
+                                               ("MUL_MAT_ID", "ffn_moe_down-3")]
+    assert all(n.us >= 0 and n.threads == 16 for n in nodes)
+    s = nodetime.summary(nodetime.frame(nodes))
+    assert s.iloc[-1]["median_us"] == pytest.approx(sum(n.us for n in nodes))
+
+
+@pytest.mark.parametrize("line, msg", [
+    ("prefetch-sim node-time: threads x nodes 1 | ADD_ID a-0 1.0", "is not 'threads N nodes M'"),
+    ("prefetch-sim node-time: threads 4 nodes 2 | ADD_ID a-0 1.0", "1 nodes listed for nodes 2"),
+    ("prefetch-sim node-time: threads 4 nodes 1 | ADD_ID a-0", "is not 'OP NAME US'"),
+    ("prefetch-sim node-time: threads 4 nodes 1 | ADD_ID a-0 -3", "is negative"),
+    ("prefetch-sim node-time: threads 4 nodes 1 | ADD_ID a-0 nan", "is negative"),
+])
+def test_node_time_parser_refuses_malformed_lines(line, msg):
+    from calibrate.llamacpp import nodetime
+
+    with pytest.raises(ValueError, match=msg):
+        nodetime.parse("other\n" + line)
+    assert nodetime.kind_of("ffn_moe_gate-17") == "ffn_moe_gate" and nodetime.kind_of("norm") == "norm"

@@ -421,12 +421,70 @@ REALLOC_LOG = (
 """, after=False),
 )
 
+NODE_MARK = "// prefetch-sim node-time"
+
+#: ``node-time`` (``ggml/src/ggml-cpu/ggml-cpu.c``): with ``PREFETCH_SIM_NODE_TIME`` set, every graph
+#: the CPU backend computes (one per CPU split) prints one line from its thread 0 after the last
+#: barrier::
+#:
+#:     prefetch-sim node-time: threads 16 nodes 7 | MUL_MAT_ID ffn_moe_gate-0 212.4 | ADD_ID ffn_moe_gate_biased-0 9.8 | ...
+#:
+#: each computed node's op, name and microseconds from the end of the previous node's barrier
+#: (the first: from thread 0's start in the graph) to the end of its own barrier, i.e. the node's
+#: work on the slowest thread plus the barrier that closes it. Nodes a fused op swallowed are not
+#: listed. At most 4096 nodes per line (``nodes`` gives the count). Unset, it costs one cached
+#: ``getenv`` per graph on thread 0 and changes nothing else.
+NODE_TIME = (
+    Insertion("ggml/src/ggml-cpu/ggml-cpu.c",
+              "for (int node_n = 0; node_n < cgraph->n_nodes && atomic_load_explicit(&tp->abort, memory_order_relaxed) != node_n; node_n++) {",
+              f"""\
+    {NODE_MARK}: per-node times of this CPU graph (printed when PREFETCH_SIM_NODE_TIME is set)
+    static int psim_nt = -1;
+    const int psim_on = state->ith == 0 && (psim_nt >= 0 ? psim_nt : (psim_nt = getenv("PREFETCH_SIM_NODE_TIME") != NULL));
+    int64_t psim_prev = psim_on ? ggml_time_us() : 0;
+    int psim_cnt = 0;
+    const struct ggml_tensor * psim_last = NULL;
+    static const struct ggml_tensor * psim_nodes[4096];  // thread 0 of the CPU backend's one thread pool
+    static int64_t psim_us[4096];
+""", after=False),
+    Insertion("ggml/src/ggml-cpu/ggml-cpu.c", "ggml_barrier(state->threadpool);", f"""\
+            if (psim_on) {{  {NODE_MARK}
+                const int64_t psim_now = ggml_time_us();
+                if (psim_cnt < 4096) {{ psim_nodes[psim_cnt] = node; psim_us[psim_cnt] = psim_now - psim_prev; }}
+                psim_cnt++;
+                psim_prev = psim_now;
+                psim_last = NULL;
+            }}
+""", following="if (node_n + 1 < cgraph->n_nodes) {"),
+    Insertion("ggml/src/ggml-cpu/ggml-cpu.c", "if (node_n + 1 < cgraph->n_nodes) {", f"""\
+        if (psim_on) {{ psim_last = node; }}  {NODE_MARK}
+""", after=False),
+    Insertion("ggml/src/ggml-cpu/ggml-cpu.c", "ggml_barrier(state->threadpool);", f"""\
+    if (psim_on) {{  {NODE_MARK}
+        const int64_t psim_now = ggml_time_us();
+        if (psim_last != NULL) {{
+            if (psim_cnt < 4096) {{ psim_nodes[psim_cnt] = psim_last; psim_us[psim_cnt] = psim_now - psim_prev; }}
+            psim_cnt++;
+        }}
+        static char psim_line[1 << 18];
+        int psim_len = snprintf(psim_line, sizeof(psim_line), "prefetch-sim node-time: threads %d nodes %d",
+                                (int) params.nth, psim_cnt);
+        for (int psim_i = 0; psim_i < psim_cnt && psim_i < 4096 && psim_len < (int) sizeof(psim_line) - 128; psim_i++) {{
+            psim_len += snprintf(psim_line + psim_len, sizeof(psim_line) - psim_len, " | %s %s %.1f",
+                                 ggml_op_desc(psim_nodes[psim_i]), psim_nodes[psim_i]->name, (double) psim_us[psim_i]);
+        }}
+        fprintf(stderr, "%s\\n", psim_line);
+    }}
+""", following='compute-done cplan %p last-graph'),
+)
+
 from .prefetch_patch import PREFETCH  # noqa: E402  (it builds on Insertion and NewFile above)
 
 #: every patch, by name
 PATCHES: dict[str, tuple[Insertion | NewFile, ...]] = {"copy-log": COPY_LOG, "perf-cases": PERF_CASES,
                                                         "split-time": SPLIT_TIME, "phase-time": PHASE_TIME,
-                                                        "realloc-log": REALLOC_LOG, "prefetch": PREFETCH}
+                                                        "realloc-log": REALLOC_LOG, "node-time": NODE_TIME,
+                                                        "prefetch": PREFETCH}
 
 
 def _find(lines: list[str], ins: Insertion, name: str) -> int:
