@@ -430,14 +430,18 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
     if k is OpKind.CPU_MATVEC and len(sh) > 5 and g.cpu is not None:
         m, n, kk, mult, tag, inner = sh[:6]
         flops = hw.cpu_flops_per_s
+        # the weightless nodes the scheduler keeps on the CPU beside the op (a bias add, the GLU
+        # before a down projection: sim.plan.builder.cpu_weightless_nodes)
+        ew = g.elementwise_s("cpu", sh[6], sh[7]) if len(sh) > 7 else 0.0
         if tag == "mm":
-            total = 0.0
+            total = ew
             for ty, n_out, n_in, nb in inner[3]:
                 total += (g.matmul_s("cpu", ty, n_out, n_in, m, nb, flops) if ty
                           else cpu_s(hw, nb, 2.0 * m * n_out * n_in))
             return total
         if tag == "moe" and inner[5]:
-            return g.moe_s("cpu", inner[5], n, kk, m, mult, op.nbytes, flops)
+            t = g.moe_s("cpu", inner[5], n, kk, m, mult, op.nbytes, flops)
+            return None if t is None else t + ew
         if tag == "rows":  # the token embedding's GET_ROWS: one thread, f32 rows out
             return g.get_rows_s(m * n)
         if tag == "attn" and len(inner) > 10 and not inner[6]:

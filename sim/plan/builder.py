@@ -145,12 +145,22 @@ class BuildContext:
         return output_device(self.scn.model, self.scn.placement, self.scn.hardware.n_gpu)
 
     @cached_property
+    def ffn_cpu(self) -> list[tuple[frozenset, bool, int, float]]:
+        """Per layer, :func:`ffn_cpu_nodes` under this placement (llama.cpp's scheduler: a
+        profile with a ``[ggml]`` section; the CuPy executor's plans have none)."""
+        model = self.scn.model
+        if self.scn.hardware.ggml is None:
+            return [(frozenset(), False, 0, 0.0)] * model.n_layer
+        return [ffn_cpu_nodes(model, self.tensor_by_name, self.host_ids, i) for i in range(model.n_layer)]
+
+    @cached_property
     def attn_layer_sig(self) -> list[tuple]:
         """Per layer, everything of the layer that :func:`attn_item_shape` reads (window,
-        linear or full attention, elementwise kernels, on a GPU or not, norm weights): layers
-        with equal signatures have equal attention shapes at every (tokens, KV length)."""
+        linear or full attention, elementwise kernels, on a GPU or not, norm weights, the FFN's
+        weightless nodes on the CPU): layers with equal signatures have equal attention shapes
+        at every (tokens, KV length)."""
         parts = layer_attn_parts(self.scn.model)
-        return [(w, full, ew, d >= 0, nw) for (w, full, ew, nw), d in zip(parts, self.layer_dev)]
+        return [(w, full, ew, d >= 0, nw, f[2:]) for (w, full, ew, nw), d, f in zip(parts, self.layer_dev, self.ffn_cpu)]
 
     @cached_property
     def attn_sig_ids(self) -> list[int]:
@@ -233,6 +243,66 @@ def per_model(store: dict, model, make):
 
 #: :func:`layer_attn_parts` per model (:func:`per_model`)
 _ATTN_PARTS: dict[int, tuple] = {}
+#: :func:`bias_tensors` per model (:func:`per_model`)
+_BIASES: dict[int, dict] = {}
+
+
+def bias_tensors(model) -> dict[str, Tensor]:
+    """The bias of each weight that has one, by the weight's GGUF name
+    (``blk.3.ffn_gate_exps.weight`` -> the tensor ``blk.3.ffn_gate_exps.bias``; gpt-oss's experts
+    and attention), computed once per model (not to be modified)."""
+    def make(m):
+        names = {t.name: t for t in m.tensors}
+        return {n[:-5] + ".weight": t for n, t in names.items() if n.endswith(".bias") and n[:-5] + ".weight" in names}
+    return per_model(_BIASES, model, make)
+
+
+def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[frozenset, bool, int, float]:
+    """The weightless nodes of block ``layer``'s FFN that ggml's scheduler keeps on the CPU when
+    the FFN's host-resident weight ops run there (below the op-offload batch), as ``(weights
+    whose bias add runs beside them, the GLU runs there, nodes, f32 elements read and written
+    per token)``:
+
+    * the bias add of a host-resident matmul whose bias is host-resident too (gpt-oss's
+      experts: llama.cpp's ``build_moe_ffn`` adds each expert's bias with ``ggml_add_id`` right
+      after its ``ggml_mul_mat_id``; the bias is a CPU weight of the op: ``2 · top-k · n_out``
+      elements per token);
+    * the GLU, when the down projection and the gate projection (or the fused gate/up) are
+      host-resident: ``build_moe_ffn`` / ``build_ffn`` compute up, then gate, then the GLU, and
+      ``ggml_backend_sched_split_graph``'s expansion passes give a weightless op the GPU of the
+      GPU op before it ("expand gpu down", which the CPU's gate op interrupts) or after it
+      ("expand gpu up", which the CPU's down op interrupts), else the backend of the op before
+      it (the gate's CPU): ``3 · top-k · n_ff_exp`` elements per token (dense FFN: ``3 · n_ff``).
+      With the down projection on the GPU the GLU runs on the GPU.
+
+    So a host-expert decode split computes four nodes on Qwen3 (three ``MUL_MAT_ID``, the GLU)
+    and seven on gpt-oss (and three ``ADD_ID``); ``calibrate/llamacpp/grids/h200-nodetime.toml``
+    lists them in the graph (the ``node-time`` patch). The CPU split prices them beside its
+    matmuls (:func:`_emit_cpu_split`, ``elementwise_s("cpu", ...)``: the profile's per-op CPU
+    cost each) and the layer's GPU elementwise kernels (:func:`sim.model.ggmlcost.layer_elementwise`)
+    lose them (:func:`attn_item_shape`). A block left on the CPU by ``-ngl`` prices every
+    elementwise op with its attention instead. ``tens``: the model's tensors by GGUF name
+    (:attr:`BuildContext.tensor_by_name`); ``host_ids``: ``id()`` of the host-resident ones."""
+    moe = model.moe is not None and model.is_moe_layer(layer)
+    names = (("ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps"), "ffn_down_exps") if moe else \
+        (("ffn_gate", "ffn_up"), "ffn_down")
+    by_name = bias_tensors(model)
+    topk = model.moe.n_expert_used if moe else 1
+    host = lambda n: (t := tens.get(f"blk.{layer}.{n}.weight")) is not None and id(t) in host_ids  # noqa: E731
+    biased, nodes, elems = [], 0, 0.0
+    for n in (*names[0], names[1]):
+        w = f"blk.{layer}.{n}.weight"
+        b = by_name.get(w)
+        if host(n) and b is not None and id(b) in host_ids:
+            biased.append(w)
+            nodes += 1
+            elems += 2.0 * topk * tens[w].n_out
+    gate = next((n for n in names[0][:2] if f"blk.{layer}.{n}.weight" in tens), None)  # fused, else the gate
+    glu = host(names[1]) and gate is not None and host(gate)
+    if glu:
+        nodes += 1
+        elems += 3.0 * topk * (model.moe.n_ff_exp if moe else model.n_ff)
+    return frozenset(biased), glu, nodes, elems
 
 
 def layer_attn_parts(model) -> list[tuple]:
@@ -295,6 +365,10 @@ def attn_item_shape(ctx: BuildContext, layer: int, n_tokens: int, kv_len: int) -
     linear = not model.is_full_attn_layer(i)
     ew_kernels, ew_elems = layer_elementwise(model, i)
     on_gpu = ctx.layer_dev[i] >= 0
+    _b, _g, cpu_k, cpu_e = ctx.ffn_cpu[i]
+    if cpu_k and on_gpu and n_tokens < pl.op_offload_min_batch:
+        # the FFN's weightless nodes run on the CPU beside its host matmuls (ffn_cpu_nodes)
+        ew_kernels, ew_elems = max(ew_kernels - cpu_k, 0), max(ew_elems - cpu_e, 0.0)
     # a layer -ngl left on the CPU, at a batch the op-offload rule offloads: ggml's scheduler
     # runs its attention on the GPU next to the offloaded matmuls, copying the layer's KV
     # cache view in and the new K/V back to the CPU cache (SET_ROWS stays on the CPU), one
@@ -1162,7 +1236,20 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
     fill_reqs: list = []
     cpu_work: list = []
     read_layers: set[int] = set()
+    attn_layers = {it.layer for it in s.items if it.kind is OpKind.ATTN}
     for it in s.items:
+        # the weightless nodes beside the op (ffn_cpu_nodes): its bias add; the GLU, on the down
+        # projection (not in a block -ngl left on the CPU: its attention item prices them)
+        ew_nodes, ew_bytes = 0, 0.0
+        if it.kind is not OpKind.ATTN and it.layer not in attn_layers and it.tensors:
+            biased, glu, _n, _e = ctx.ffn_cpu[it.layer]
+            name = it.tensors[0].name
+            topk = model.moe.n_expert_used if it.kind is OpKind.MOE else 1
+            if name in biased:
+                ew_nodes, ew_bytes = 1, 4.0 * 2.0 * topk * it.tensors[0].n_out * it.shape[0]
+            if glu and ("ffn_down_exps." in name or ".ffn_down." in name):
+                ff = model.moe.n_ff_exp if it.kind is OpKind.MOE else model.n_ff
+                ew_nodes, ew_bytes = ew_nodes + 1, ew_bytes + 4.0 * 3.0 * topk * ff * it.shape[0]
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
             nbytes, shape = cpu_attn_args(it.shape)
@@ -1182,10 +1269,10 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
                     fill_reqs.append((it.layer, t, misses))
                 n_used = misses
                 nbytes = misses * t.bytes_per_mat
-            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0, "moe", it.shape)
+            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0, "moe", it.shape, ew_nodes, ew_bytes)
         else:
             m_, n_, k_ = it.shape[:3]
-            shape = (m_, n_, k_, 1, "mm", it.shape)
+            shape = (m_, n_, k_, 1, "mm", it.shape, ew_nodes, ew_bytes)
         if nbytes == 0 and shape[3] == 0:
             continue
         cpu_work.append((it, nbytes, shape))

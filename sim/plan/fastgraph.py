@@ -31,7 +31,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from sim.plan.builder import ACT_BYTES, ID_BYTES, kq_mask_shape, layer_attn_parts, overhead_shape, per_model
+from sim.plan.builder import ACT_BYTES, ID_BYTES, kq_mask_shape, overhead_shape, per_model
 from sim.model.ggmlcost import MMVQ_MAX_BATCH
 from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Stream
 
@@ -68,11 +68,10 @@ class _Static:
         ffn: (J,) bool, an item of its block's FFN (after the attention's output projection).
         kernels: (J,) int64 CUDA kernels of a GEMM (:func:`sim.model.ggmlcost.graph_kernels`).
         moe_type: per tail id of a MOE item, its ggml type; topk: experts per token.
-        sig_part: (n_layer,) int64 id of each layer's :func:`sim.plan.builder.layer_attn_parts`.
     """
 
     __slots__ = ("role", "names", "layers", "tpos", "tail", "tails", "wb", "bpm", "copy", "moe_row", "m_one",
-                 "ffn", "kernels", "moe_type", "topk", "n_items", "attn_rows", "moe_items", "sig_part")
+                 "ffn", "kernels", "moe_type", "topk", "n_items", "attn_rows", "moe_items")
 
 
 def _static_items(model) -> _Static | None:
@@ -189,8 +188,6 @@ def _make_static(model) -> _Static:
     st.moe_type = moe_type
     st.topk = topk
     st.n_items = len(names)
-    parts: dict = {}
-    st.sig_part = np.array([parts.setdefault(p, len(parts)) for p in layer_attn_parts(model)], dtype=np.int64)
     st.attn_rows = np.flatnonzero(st.role == _ATTN)
     st.moe_items = np.flatnonzero(st.role == _MOE)
     return st
@@ -249,8 +246,9 @@ def _resident(ctx, st: _Static) -> _Resident:
     ld = np.asarray(ctx.layer_dev, dtype=np.int64)
     r.dev = np.where(st.layers >= 0, ld[np.maximum(st.layers, 0)] if ld.size else -1, ctx.output_dev)
     r.attn_layers_on_gpu = bool((ld >= 0).all())
-    # equal attention signatures (BuildContext.attn_layer_sig): equal model parts, both on a GPU or not
-    key = st.sig_part * 2 + (ld >= 0) if ld.size else np.zeros(0, dtype=np.int64)
+    # equal attention signatures (BuildContext.attn_layer_sig: equal model parts, both on a GPU or
+    # not, the same FFN nodes on the CPU)
+    key = np.asarray(ctx.attn_sig_ids, dtype=np.int64) if ld.size else np.zeros(0, dtype=np.int64)
     first, inv = unique_index_inverse(key)
     r.sig = inv
     r.sig_layer = first.tolist()
