@@ -1719,3 +1719,22 @@ def test_reproduce_out_never_replaces_the_published_figures(capsys):
     before = REPORTED_CSV.read_bytes()
     rc, _out, err = run(capsys, "reproduce", "-r", "1", "-q", "--out", str(REPORTED_CSV))
     assert rc == 2 and "published figures" in err and REPORTED_CSV.read_bytes() == before
+
+
+def test_tensor_split_with_more_shares_than_gpus_takes_the_first_as_llama_cpp_does():
+    """llama.cpp copies the first n_devices shares of -ts (llama_model::load_tensors) and splits by
+    free memory only when those are all zero: 3/1/5 on two GPUs is 3/1, 0/0/5 the default split."""
+    from dataclasses import replace as dc_replace
+
+    from sim.views.llamabench import row_placement
+
+    model = load_model("scenarios/models/qwen3-30b-a3b.toml")
+    row = json.loads(Path("data/llamacpp/h200-20261201/llama-bench.jsonl").read_text().splitlines()[0])
+    terms = row_terms(row)
+    placement = lambda shares: row_placement(dc_replace(terms, tensor_split=shares), model, 2)  # noqa: E731
+    pl, notes = placement((3.0, 1.0, 5.0))
+    assert pl.tensor_split == placement((3.0, 1.0))[0].tensor_split == (3.0, 1.0)
+    assert any("reads the first 2 (3/1)" in n for n in notes)
+    pl, notes = placement((0.0, 0.0, 5.0))
+    assert pl.tensor_split == () and any("all zero, its default split" in n for n in notes)
+    assert placement((3.0, 1.0, 0.0)) == (placement((3.0, 1.0))[0], placement((3.0, 1.0))[1])

@@ -1139,12 +1139,14 @@ def row_placement(terms: RowTerms, model, n_gpu: int = 1):
         notes.append(f"n_cpu_moe {terms.n_cpu_moe}: the model has {model.n_layer} blocks; every expert is on the host")
     shares = terms.tensor_split
     if len(shares) > n_gpu:
+        # llama.cpp reads the first n_devices shares (llama_model::load_tensors: std::copy of
+        # tensor_split over n_devices(); all of them zero: its default split)
         if any(shares[n_gpu:]):
+            kept = "/".join(f"{x:g}" for x in shares[:n_gpu])
             notes.append(f"tensor_split {'/'.join(f'{x:g}' for x in shares)} for more GPUs than the "
-                         f"hardware's {n_gpu}: default split simulated")
-            shares = ()
-        else:
-            shares = shares[:n_gpu]
+                         f"hardware's {n_gpu}: llama.cpp reads the first {n_gpu} ({kept}"
+                         f"{'' if any(shares[:n_gpu]) else ': all zero, its default split'})")
+        shares = shares[:n_gpu]
     pl = Placement(
         ngl=terms.ngl, n_cpu_moe=ncm, override_tensor=sim_overrides(terms.overrides, model),
         pinned=terms.pinned, ctx_size=terms.ctx_size,
