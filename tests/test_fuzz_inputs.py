@@ -115,7 +115,14 @@ def test_a_name_with_a_pipe_or_newline_keeps_the_md_table(tmp_path, capsys):
     case = fuzzgen.Case(0, "valid", "", [])
     fuzzgen.setup_case(case, tmp_path)
     (tmp_path / "s.toml").write_text(fuzzgen.tiny_scenario().replace('spec = "slots2"',
-                                                                     'spec = "slots2"\nname = "a|b\\nc"'))
+                                                                     'spec = "slots2"\nname = "a|b c"'))
     assert main(["run", str(tmp_path / "s.toml"), "-q"]) == 0
     out = capsys.readouterr().out
     assert "a\\|b c" in out and fuzzgen.md_table_ok(out)
+    # a newline (or spaces around the name) would make the rows' variant column and build id
+    # ambiguous: refused, one line naming the field
+    (tmp_path / "s.toml").write_text(fuzzgen.tiny_scenario().replace('spec = "slots2"',
+                                                                     'spec = "slots2"\nname = "a|b\\nc"'))
+    assert main(["run", str(tmp_path / "s.toml"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "variant[1].name" in err and "control characters" in err and len(err.strip().splitlines()) == 1

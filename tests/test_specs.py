@@ -590,7 +590,7 @@ def test_an_out_of_range_rate_is_reported_in_the_unit_of_its_key(tmp_path):
 def test_a_variant_table_may_set_gate_0_the_ungated_prefetch_as_its_label_does(tmp_path):
     """[[variant]] gate_min_batch = 0 (the patch's -pwg 0: never gated) loads as prefetch_gated_0
     does; -1 is refused naming the field."""
-    text = (Path("scenarios/tiny/tiny.toml").read_text()
+    text = (Path("scenarios/tiny/tiny.toml").read_text().replace('[[variant]]\nspec = "prefetch_ungated"\n', "")
             + '\n[[variant]]\nname = "g0"\ngate_min_batch = 0\n')
     p = tmp_path / "s.toml"
     p.write_text(text.replace('model = "', 'model = "' + str(Path("scenarios/tiny").resolve()) + "/")
@@ -599,7 +599,14 @@ def test_a_variant_table_may_set_gate_0_the_ungated_prefetch_as_its_label_does(t
     from sim.model.specs import parse_variant
 
     named = parse_variant("prefetch_gated_0")
-    assert (g0.prefetch_weights, g0.gate_min_batch) == (named.prefetch_weights, named.gate_min_batch) == (True, 0)
+    # one policy: the ungated prefetch, whatever the spelling
+    assert (g0.prefetch_weights, g0.gate_min_batch) == (named.prefetch_weights, named.gate_min_batch) == (True, None)
+    assert named == parse_variant("prefetch_ungated")
+    # beside the ungated prefetch itself it is the same policy twice: refused
+    p.write_text(p.read_text() + '\n[[variant]]\nspec = "prefetch_ungated"\n')
+    with pytest.raises(ScenarioError, match="same policy"):
+        load_scenario(p)
+    p.write_text(p.read_text().replace('\n[[variant]]\nspec = "prefetch_ungated"\n', ""))
     p.write_text(p.read_text().replace("gate_min_batch = 0", "gate_min_batch = -1"))
     with pytest.raises(ScenarioError, match="gate_min_batch"):
         load_scenario(p)
@@ -657,3 +664,43 @@ def test_a_variant_with_an_empty_name_is_refused(tmp_path):
     with pytest.raises(ScenarioError, match="must not be empty") as ei:
         load_scenario(p)
     assert ei.value.field.endswith("name")
+
+
+@pytest.mark.parametrize("spelling, label", [
+    ("gated512", "prefetch_gated_512"), ("GATED_0512", "prefetch_gated_512"), ("prefetch_gated_0", "prefetch_ungated"),
+    ("prefetch", "prefetch_ungated"), ("slots03", "slots3"), ("cache_lru+slots3", "slots3+cache_lru"),
+    ("whole_copy", "baseline_without_selective_copy"), (" Slots2 + prefetch_weights ", "prefetch_ungated+slots2"),
+])
+def test_one_policy_has_one_label_and_build_id(spelling, label):
+    from sim.cli import variant_ids
+    from sim.model.specs import parse_variant
+
+    v, std = parse_variant(spelling), parse_variant(label)
+    assert v == std and v.name == label
+    assert variant_ids([v]) == {label: variant_ids([std])[label]}
+
+
+def _tiny_with_variant(tmp_path, body: str) -> Path:
+    text = Path("scenarios/tiny/tiny.toml").read_text() + "\n[[variant]]\n" + body + "\n"
+    p = tmp_path / "s.toml"
+    p.write_text(text.replace('model = "', 'model = "' + str(Path("scenarios/tiny").resolve()) + "/")
+                 .replace('hardware = "', 'hardware = "' + str(Path("scenarios/tiny").resolve()) + "/"))
+    return p
+
+
+@pytest.mark.parametrize("body, words", [
+    ('name = "slots3"\nspec = "prefetch_ungated"', "standard label of another policy (slots3)"),
+    ('name = "prefetch_gated_512"\nexpert_slots = 2', "standard label of another policy (prefetch_gated_512)"),
+    ('name = "mine "\nspec = "slots2"', "no spaces around it"),
+    ('name = "a\\nb"\nspec = "slots2"', "control characters"),
+])
+def test_a_variant_table_may_not_take_a_standard_label_of_another_policy_or_an_ambiguous_name(tmp_path, body, words):
+    p = _tiny_with_variant(tmp_path, body)
+    with pytest.raises(ScenarioError, match=re.escape(words)) as exc:
+        load_scenario(p)
+    assert "name" in str(exc.value.field) and str(p) in str(exc.value)
+
+
+def test_a_variant_table_named_by_its_own_policy_in_another_spelling_gets_the_canonical_label(tmp_path):
+    p = _tiny_with_variant(tmp_path, 'name = "gated512"\ngate_min_batch = 512')
+    assert "prefetch_gated_512" in [v.name for v in load_scenario(p).variants]

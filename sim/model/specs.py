@@ -1459,9 +1459,29 @@ def parse_variant(text: str, *, file: str | Path | None = None, field_name: str 
             kw["expert_cache"] = mt["cache"]
         elif mt["nosel"]:
             kw["selective_copy"] = False
-    # the canonical label: tokens are case-blind, and spaces around a "+" are not part of them
-    # ("slots3 + cache_lru" is slots3+cache_lru, its build id too)
-    return Variant(name="+".join(t.strip() for t in text.strip().lower().split("+")), **kw)
+    if kw.get("gate_min_batch") == 0:   # a gate at 0 tokens gates nothing: ungated prefetch
+        del kw["gate_min_batch"]
+    return Variant(name=variant_label(**kw), **kw)
+
+
+def variant_label(prefetch_weights: bool = False, gate_min_batch: int | None = None, expert_slots: int = 0,
+                  expert_cache: str = "none", selective_copy: bool = True) -> str:
+    """The canonical label of a policy (what the rows' variant column and build id name): one
+    name per policy whatever the spelling :func:`parse_variant` read (``gated512``,
+    ``prefetch_gated_512`` and ``PREFETCH_GATED_0512`` are ``prefetch_gated_512``; ``slots03``
+    is ``slots3``; ``prefetch_gated_0`` gates nothing and is ``prefetch_ungated``), its parts in
+    one order: prefetch, slots, cache, whole copy (``cache_lru+slots3`` is ``slots3+cache_lru``);
+    ``baseline`` for the upstream scheduler."""
+    parts = []
+    if prefetch_weights:
+        parts.append("prefetch_ungated" if gate_min_batch is None else f"prefetch_gated_{gate_min_batch}")
+    if expert_slots:
+        parts.append(f"slots{expert_slots}")
+    if expert_cache != "none":
+        parts.append(f"cache_{expert_cache}")
+    if not selective_copy:
+        parts.append("baseline_without_selective_copy")
+    return "+".join(parts) or "baseline"
 
 
 def variant_from_fields(v: Fields) -> Variant:
@@ -1470,11 +1490,16 @@ def variant_from_fields(v: Fields) -> Variant:
 
     if v.has("name") and not v.str("name").strip():   # the rows' variant column and build id
         raise v.error("name", "must not be empty (the rows' variant column)")
+    if v.has("name"):
+        name = v.str("name")
+        if name != name.strip() or any(not c.isprintable() for c in name):
+            raise v.error("name", f"{name!r}: no spaces around it and no control characters (it is the rows' "
+                                  "variant column and build id)")
     if v.has("spec"):
         var = parse_variant(v.str("spec"), file=v.file, field_name=v.name("spec"))
-        name = v.str("name", var.name)
+        var = replace(var, name=v.str("name", var.name))
         v.check_unknown()
-        return replace(var, name=name)
+        return _checked_name(var, v)
     if not v.has("name"):
         raise v.error("spec", "a [[variant]] needs spec (e.g. spec = 'slots3') or a name with its fields")
     # 0: never gated (ungated prefetch, as prefetch_gated_0 and the patch's -pwg 0)
@@ -1482,13 +1507,30 @@ def variant_from_fields(v: Fields) -> Variant:
     var = Variant(
         name=v.str("name"),
         prefetch_weights=v.bool("prefetch_weights", gate is not None),
-        gate_min_batch=gate,
+        gate_min_batch=gate or None,   # a gate at 0 gates nothing (parse_variant's prefetch_gated_0)
         expert_slots=v.int("expert_slots", 0, min=0, max=COUNT_MAX),
         expert_cache=v.str("expert_cache", "none", choices=CACHE_POLICIES),
         selective_copy=v.bool("selective_copy", True),
     )
     v.check_unknown()
-    return var
+    return _checked_name(var, v)
+
+
+def _checked_name(var: Variant, v: Fields) -> Variant:
+    """``var`` with its name checked against the standard labels: a name that :func:`parse_variant`
+    reads as another policy (``name = "slots3"`` on a prefetch) is refused, naming the field; one
+    that reads as this very policy in another spelling (``gated512``) becomes its canonical label
+    (:func:`variant_label`), so one policy has one build id."""
+    try:
+        std = parse_variant(var.name)
+    except ScenarioError:
+        return var          # a name of the user's own
+    if std.name == "baseline":
+        return var          # reserved for the upstream scheduler: check_distinct_variants says so
+    if replace(std, name=var.name) != var:
+        raise v.error("name", f"'{var.name}' is the standard label of another policy ({std.name}): its rows and "
+                              "build id would claim that policy; choose a name of your own")
+    return replace(var, name=std.name)
 
 
 def check_distinct_variants(variants, *, file=None, field: str = "variant") -> None:
