@@ -21,7 +21,7 @@ import pytest
 
 from sim.errors import PlacementError, ScenarioError
 from sim.model.quant import bpw_of
-from sim.model.specs import ModelSpec, load_hardware, load_model, load_scenario
+from sim.model.specs import BenchTest, ModelSpec, load_hardware, load_model, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCEN = ROOT / "scenarios"
@@ -704,3 +704,38 @@ def test_a_variant_table_may_not_take_a_standard_label_of_another_policy_or_an_a
 def test_a_variant_table_named_by_its_own_policy_in_another_spelling_gets_the_canonical_label(tmp_path):
     p = _tiny_with_variant(tmp_path, 'name = "gated512"\ngate_min_batch = 512')
     assert "prefetch_gated_512" in [v.name for v in load_scenario(p).variants]
+
+
+def test_the_python_api_refuses_what_the_files_and_flags_refuse():
+    """Fresh-user round 9: Workload and Placement built in Python took a ubatch of 0 tokens,
+    0 repetitions (a NaN t/s), a negative n_cpu_moe, and ngl -1 as no layer offloaded (the CLI
+    and a scenario read it as every layer, llama-bench's default)."""
+    from dataclasses import replace as dc_replace
+
+    from sim.engines.metrics import run_variant_test
+    from sim.model.specs import Placement, Workload, parse_variant
+
+    for kw in ({"n_ubatch": 0}, {"n_batch": 0}, {"repetitions": 0}, {"bench_repetitions": -1}):
+        with pytest.raises(ValueError, match=f"Workload.{next(iter(kw))}"):
+            Workload(**kw)
+    with pytest.raises(ValueError, match="Placement.n_cpu_moe"):
+        Placement(n_cpu_moe=-2)
+    assert Placement(ngl=-1).ngl == 999 == Placement().ngl
+    scn = load_scenario("scenarios/default.toml")
+    with pytest.raises(ValueError, match="repetitions"):
+        run_variant_test(scn, parse_variant("baseline"), BenchTest(0, 1, 0), repetitions=0)
+    assert dc_replace(scn.placement, ngl=-5).ngl == 999
+
+
+def test_a_sweep_names_its_baseline_among_its_variants_and_takes_variant_objects():
+    from sim.model.specs import parse_variant
+    from sim.views.crossover import parse_axis, sweep, with_baseline
+
+    with pytest.raises(ScenarioError, match="baseline 'nope' is none of the variants"):
+        with_baseline([parse_variant("slots2")], "nope")
+    scn = load_scenario("scenarios/tiny/tiny.toml")
+    v = parse_variant("prefetch_ungated")
+    res = sweep(scn, [parse_axis("prompt=32,64")], [v], BenchTest(32, 0, 0), jobs=1)
+    assert (res.speedup(v) == res.speedup("prefetch_ungated")).all()
+    with pytest.raises(KeyError, match="no variant 'slots9'"):
+        res.speedup(parse_variant("slots9"))

@@ -265,8 +265,12 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest,
 
     Raises:
         PlacementError: the placement does not fit with this variant.
+        ValueError: ``repetitions`` below 1 (no t/s to report).
     """
     from sim.plan.memo import memo_eligible, time_test
+
+    if repetitions < 1:
+        raise ValueError(f"repetitions: {repetitions} is below 1 (no run to time)")
 
     if ctx is None:
         ctx = (shared_context(scn, variant) if memo and ENABLE_SHARED_CONTEXTS

@@ -1145,6 +1145,16 @@ class Placement:
     flash_attn: bool = True
     fit_target_mib: tuple[int, ...] = ()
 
+    def __post_init__(self):
+        # as a scenario and the CLI read them (fresh-user round 9: the Python API took ngl -1 as
+        # no layer offloaded, and a negative n_cpu_moe as none)
+        if self.ngl < 0:
+            object.__setattr__(self, "ngl", sim_ngl(self.ngl))
+        if self.n_cpu_moe < 0:
+            raise ValueError(f"Placement.n_cpu_moe: {self.n_cpu_moe} is negative (blocks whose experts stay on the host)")
+        if self.expert_cache_experts < -1:
+            raise ValueError(f"Placement.expert_cache_experts: {self.expert_cache_experts} is below -1 (-1, 0: no cap)")
+
     def fit_margin_bytes(self, gpu: int) -> float:
         """Bytes the fit leaves free on GPU ``gpu`` (:attr:`fit_target_mib`, as llama.cpp's
         ``-fitt`` parses it: one value for every GPU, else per GPU with the default for the
@@ -1328,6 +1338,10 @@ class Workload:
             bad = next((v for v in getattr(self, name) if v < 0), None)
             if bad is not None:
                 raise ValueError(f"Workload.{name}: {bad} is negative (token counts are >= 0)")
+        # no ubatch of 0 tokens, no run of 0 repetitions (a NaN t/s: fresh-user round 9)
+        for name, low in (("n_ubatch", 1), ("n_batch", 1), ("repetitions", 1), ("bench_repetitions", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"Workload.{name}: {getattr(self, name)} is below {low}")
 
     def tests(self) -> list[BenchTest]:
         out = [BenchTest(p, 0, d) for p in self.n_prompt if p > 0 for d in self.n_depth]

@@ -522,8 +522,13 @@ class SweepResult:
             return label + " @ d<depth>"
         return f"{label} @ d{d}" if d else label
 
-    def metric(self, variant: str, name: str) -> np.ndarray:
-        """Array of shape :attr:`shape` of one :class:`CellResult` field for ``variant``."""
+    def metric(self, variant: str | Variant, name: str) -> np.ndarray:
+        """Array of shape :attr:`shape` of one :class:`CellResult` field for ``variant`` (its
+        label, or the :class:`~sim.model.specs.Variant` itself).
+
+        Raises:
+            KeyError: no such variant in the sweep."""
+        variant = getattr(variant, "name", variant)
         if variant not in self.variants:
             raise KeyError(f"no variant '{variant}' in this sweep (have {', '.join(self.variants)})")
         out = np.full(self.shape, np.nan)
@@ -532,8 +537,9 @@ class SweepResult:
                 out[c.index] = float(getattr(c, name))
         return out
 
-    def speedup(self, variant: str) -> np.ndarray:
-        """``tps_mean(variant) / tps_mean(baseline)`` per point, shape :attr:`shape`."""
+    def speedup(self, variant: str | Variant) -> np.ndarray:
+        """``tps_mean(variant) / tps_mean(baseline)`` per point, shape :attr:`shape` (``variant``:
+        its label or the :class:`~sim.model.specs.Variant`)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return self.metric(variant, "tps_mean") / self.metric(self.baseline, "tps_mean")
 
@@ -656,6 +662,10 @@ def with_baseline(variants: Sequence[Variant], baseline: str = "baseline") -> li
     base = [v for v in vs if v.name == baseline]
     if base:
         return base + [v for v in vs if v.name != baseline]
+    if baseline != "baseline":
+        # a plain upstream scheduler under another name would carry that name's rows and ratios
+        raise ScenarioError(f"baseline '{baseline}' is none of the variants "
+                            f"({', '.join(v.name for v in vs) or 'none given'})", field="baseline")
     return [Variant(name=baseline)] + vs
 
 
