@@ -249,3 +249,30 @@ def test_attention_on_gpu():
                                                              float(np.abs(got - ref).max()))
     row = M.measure_attention(g, 1, 4096, 32, 4, 128, reps=5)
     assert 0 < row["t_s"] < 1e-2 and 0 < row["t_host_s"] < 1e-2
+
+
+def test_a_model_without_softmax_attention_builds_no_kq_mask_and_decodes_alike_at_any_depth():
+    """attn_kind = "linear" (recurrent state, no KV cache to mask): llama.cpp builds no KQ mask,
+    so the host's mask fill and its copy do not grow with the depth (fresh-user round 9: they
+    did)."""
+    from dataclasses import replace
+
+    from sim.engines.metrics import run_variant_test
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
+
+    from scenario_factory import ROOT
+    from sim.model.ggmlcost import mask_bytes, mask_entries, mask_shapes_many
+
+    scn = load_scenario(ROOT / "scenarios/default.toml")
+    scn = scn.with_(placement=replace(scn.placement, n_cpu_moe=0))
+    lin = scn.with_(model=replace(scn.model, attn_kind="linear"))
+    assert mask_entries(lin.model, 1, 8192) == mask_bytes(lin.model, 1, 8192, True) == 0
+    e, b = mask_shapes_many(lin.model, 4, [0, 4096, 8192], True, True)
+    assert e.tolist() == b.tolist() == [0, 0, 0]
+    assert mask_entries(scn.model, 1, 8192) > 0      # softmax attention: the mask grows with depth
+    hybrid = replace(scn.model, attn_kind="hybrid")
+    assert mask_entries(hybrid, 1, 8192) == mask_entries(scn.model, 1, 8192)
+    v = parse_variant("baseline")
+    t0 = run_variant_test(lin, v, BenchTest(0, 4, 0), repetitions=1).tps_mean
+    t1 = run_variant_test(lin, v, BenchTest(0, 4, 8192), repetitions=1).tps_mean
+    assert t1 == pytest.approx(t0, rel=1e-9)

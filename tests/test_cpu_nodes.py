@@ -94,3 +94,4 @@ def test_prefill_and_the_executor_profile_keep_the_nodes_on_the_gpu():
     # the CuPy executor's profile (no [ggml] section) has no llama.cpp scheduler: nothing moves
     cupy = _scn(GPTOSS, 24, hardware=ROOT / "scenarios/hardware/h200.toml")
     assert _nodes(cupy) == (frozenset(), False, 0, 0.0)
+

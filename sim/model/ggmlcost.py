@@ -883,7 +883,10 @@ def mask_entries(model, n_tokens: int, kv_len: int) -> int:
     llama-kv-cache.cpp, :func:`_mask_loop`): the full-attention mask, plus the sliding-window
     cache's when some layers use a window. A prompt ubatch from position 0 visits about
     ``n_tokens**2`` entries; one at depth ``kv_len`` about ``n_kv + n_tokens * (n_tokens + 32)``;
-    a decode token ``n_kv``."""
+    a decode token ``n_kv``. 0 for a model without a softmax-attention layer (``attn_kind =
+    "linear"``: llama.cpp's recurrent-state models build no KQ mask)."""
+    if getattr(model, "attn_kind", "full") == "linear":
+        return 0
     n = _mask_loop(n_tokens, kv_len, 0)[0]
     if model.sliding_window and model.swa_interval:
         n += _mask_loop(n_tokens, kv_len, model.sliding_window)[0]
@@ -893,7 +896,10 @@ def mask_entries(model, n_tokens: int, kv_len: int) -> int:
 def mask_bytes(model, n_tokens: int, kv_len: int, flash_attn: bool) -> int:
     """Bytes of the KQ masks of one graph (``n_kv x n_tokens``, f16 with FlashAttention, else
     f32: ``build_attn_inp_kq_mask`` in llama-graph.cpp). They are graph inputs in a pinned host
-    buffer that the scheduler copies to the GPU, synchronously, before the first split."""
+    buffer that the scheduler copies to the GPU, synchronously, before the first split. 0 for a
+    model without a softmax-attention layer (:func:`mask_entries`)."""
+    if getattr(model, "attn_kind", "full") == "linear":
+        return 0
     elem = 2 if flash_attn else 4
     n = _mask_loop(n_tokens, kv_len, 0)[1]
     if model.sliding_window and model.swa_interval:
@@ -916,6 +922,8 @@ def mask_shapes_many(model, n_tokens: int, kv_lens, flash_attn: bool, on_gpu: bo
     ((K,) ints >= 0): ``(entries, bytes)``, (K,) int64 each, element for element the integers
     those functions give."""
     kv = np.asarray(kv_lens, dtype=np.int64)
+    if getattr(model, "attn_kind", "full") == "linear":
+        return np.zeros(kv.size, dtype=np.int64), np.zeros(kv.size, dtype=np.int64)
     entries, cells = _mask_loop_many(n_tokens, kv, 0)
     if model.sliding_window and model.swa_interval:
         e2, c2 = _mask_loop_many(n_tokens, kv, model.sliding_window)
