@@ -1063,6 +1063,7 @@ def test_m_says_where_the_placement_comes_from(capsys):
         err = capsys.readouterr().err
         assert "-m: the placement comes from the scenario (-ngl 999, -ncmoe 24, -lm none)" in err
         assert "-ncmoe 24: 'qwen3moe ?B Q4_K - Medium' has 8 blocks; every expert is on the host" in err
+        assert err.count("every expert is on the host") == 1   # said once, in the flag's terms
         assert main(["run", "-m", str(g), "-ngl", "99", "-ncmoe", "0", "-lm", "none", "-p", "64", "-n", "0",
                      "-r", "1", "--variant", "baseline", "-q"]) == 0
         assert "placement comes from the scenario" not in capsys.readouterr().err

@@ -1366,7 +1366,8 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         pl, pnotes = row_placement(terms, m, hw.n_gpu)
     except ValueError as exc:
         raise ScenarioError(str(exc), field="-ot") from None
-    notes.extend(pnotes)
+    # the row's note on n_cpu_moe past the blocks is said below in the flag's terms (-ncmoe)
+    notes.extend(n for n in pnotes if not n.startswith("n_cpu_moe "))
     base = scn.placement
     if "model" in given:
         kept = [f"{flag} {val}" for dest, flag, val in (
