@@ -197,8 +197,16 @@ PLAN_OVERHEAD_UNITS = 80
 MOE_DISTINCT_UBATCH_MAX = 511
 
 
+#: a prompt graph built op by op (a variant with an expert cache) costs about twice a decode
+#: graph's graph-layer: `prefetch-sim run -p 2000 -n 0 -ub 1 -r 1 --variant cache_lru` 14.6 s
+#: against `-p 0 -n 2000` 7.8 s (the same 96,000 graph-layers), on the 2-core CI machine,
+#: 2026-12-07 (fresh-user round 9: `-p 10000 -ub 1 -r 1 --variant cache_lru` passed the budget
+#: and ran 48-67 s in 3.7 GB)
+OP_PROMPT_FACTOR = 2.0
+
+
 def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: int, n_variants: float,
-               *, moe_variants: float | None = None, plans: float | None = None) -> int:
+               *, moe_variants: float | None = None, plans: float | None = None, op_variants: float = 0.0) -> int:
     """Work of one setting: (graphs built (a pp test: its ubatches, a tg test: one per token)
     x layers x the variants' share + :data:`PLAN_OVERHEAD_UNITS` x plans) x repetitions, plus one
     context per plan.
@@ -208,7 +216,9 @@ def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: in
     ``n_variants``: a command that builds every plan op by op); ``moe_variants``: given for an MoE
     model, the variant count that its prompt graphs of 2 to :data:`MOE_DISTINCT_UBATCH_MAX` tokens
     count with instead (each such graph is built anew by every variant: a prompt of 10**4 ubatches
-    of 2 tokens took 27 s where its estimate was a hundredth of that)."""
+    of 2 tokens took 27 s where its estimate was a hundredth of that); ``op_variants``: how many of
+    the variants are built op by op (:func:`op_by_op_variants`), whose prompt graphs count
+    :data:`OP_PROMPT_FACTOR` times."""
     ub = max(1, min(n_ubatch, n_batch))
     distinct = moe_variants is not None and 2 <= ub <= MOE_DISTINCT_UBATCH_MAX
     n_plans = max(0.0, n_variants if plans is None else plans)
@@ -216,8 +226,18 @@ def work_units(tests, n_layer: int, n_ubatch: int, n_batch: int, repetitions: in
     for t in tests:
         graphs = -(-t.n_prompt // ub) if t.n_prompt else t.n_gen
         share = moe_variants if distinct and t.n_prompt else n_variants
+        if t.n_prompt:
+            share += (OP_PROMPT_FACTOR - 1.0) * max(0.0, op_variants)
         total += (graphs * max(1, n_layer) * max(0.0, share) + PLAN_OVERHEAD_UNITS * n_plans) * max(1, repetitions)
     return int(math.ceil(total))
+
+
+def op_by_op_variants(variants, hardware) -> float:
+    """How many of ``variants`` are built op by op (an expert cache, or every variant of a profile
+    in executor mode: not memoised, :func:`sim.plan.memo.memo_eligible`)."""
+    if getattr(hardware, "executor_mode", False):
+        return float(len(variants))
+    return float(sum(1 for v in variants if getattr(v, "expert_cache", "none") != "none"))
 
 
 def variant_work(variants, hardware) -> float:
@@ -248,7 +268,7 @@ def check_work(work: int, budget: int | None, flag: str = "--max-work", *, expan
     budget = (EXPANDED_WORK_MAX if expanded else WORK_MAX) if budget is None else budget
     if work > budget:
         how = ("graphs x layers x variants: every op of every plan is kept" if expanded else
-               f"graphs x layers x repetitions x settings, x1 per variant with an expert cache, "
+               f"graphs x layers x repetitions x settings, x1 per variant with an expert cache (x2 its prompt graphs), "
                f"x1/{MEMO_WORK_DIVISOR} per other variant, plus {PLAN_OVERHEAD_UNITS} per test, repetition and "
                f"variant")
         raise ScenarioError(f"this run would cost {'more than ' if at_least else ''}{work:,} graph-layers of work "

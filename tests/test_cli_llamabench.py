@@ -1121,6 +1121,27 @@ def test_the_work_budget_counts_memoised_variants_at_a_hundredth(capsys):
     assert err.count("\n") == 1
 
 
+def test_the_work_budget_counts_an_op_by_op_prompt_graph_twice(capsys):
+    """An expert-cache variant's prompt graphs cost about twice its decode graphs (OP_PROMPT_FACTOR):
+    -p 10000 -ub 1 -r 1 with cache_lru had passed the budget and run a minute in 3.7 GB (fresh-user
+    round 9); now refused at once, naming --max-work; the memoised variants are not counted twice."""
+    from sim.bounds import OP_PROMPT_FACTOR, op_by_op_variants, variant_work, work_units
+    from sim.model.specs import BenchTest, load_hardware, parse_variant
+
+    hw = load_hardware("scenarios/hardware/h200-llamacpp.toml")
+    base, lru = parse_variant("baseline"), parse_variant("cache_lru")
+    assert op_by_op_variants([base, lru], hw) == 1.0 and op_by_op_variants([base], hw) == 0.0
+    pp, tg = [BenchTest(1000, 0)], [BenchTest(0, 1000)]
+    one = dict(n_layer=48, n_ubatch=1, n_batch=2048, repetitions=1, plans=0.0)
+    w_pp = work_units(pp, n_variants=variant_work([lru], hw), op_variants=1.0, **one)
+    w_tg = work_units(tg, n_variants=variant_work([lru], hw), op_variants=1.0, **one)
+    assert w_pp == OP_PROMPT_FACTOR * w_tg
+    assert work_units(pp, n_variants=variant_work([base], hw), op_variants=0.0, **one) == \
+        work_units(tg, n_variants=variant_work([base], hw), op_variants=0.0, **one)
+    rc, _, err = run(capsys, "run", "-p", "10000", "-n", "0", "-ub", "1", "-r", "1", "-q", "--variant", "cache_lru")
+    assert rc == 2 and "field '--max-work'" in err and "x2 its prompt graphs" in err
+
+
 def test_a_sweep_of_many_short_tests_counts_each_plan_s_fixed_cost(capsys):
     """Each test costs a few milliseconds per repetition and variant whatever its length (its
     routing draws, templates and summary); counted a hundredth like the memoised graphs, a

@@ -528,10 +528,11 @@ def bench_work(scn, params, models, stop_above: int | None = None) -> tuple[int,
     is the whole sum: with ``stop_above``, the sum stops at the first setting that takes it past
     that (a run far over the budget is refused at once, not after summing a million tests)."""
     from sim.cli.benchflags import sim_tests
-    from sim.bounds import variant_work, work_units
+    from sim.bounds import op_by_op_variants, variant_work, work_units
 
     total = 0
     share = variant_work(scn.variants, scn.hardware)
+    op_share = op_by_op_variants(scn.variants, scn.hardware)
     seen = set()
     settings = params.settings()
     for i, setting in enumerate(settings):
@@ -543,7 +544,7 @@ def bench_work(scn, params, models, stop_above: int | None = None) -> tuple[int,
         tests = sim_tests(params.instances(setting))
         total += work_units(tests, model.n_layer, setting.n_ubatch, setting.n_batch, params.repetitions, share,
                             moe_variants=float(len(scn.variants)) if model.moe is not None else None,
-                            plans=float(len(scn.variants)))
+                            plans=float(len(scn.variants)), op_variants=op_share)
         if stop_above is not None and total > stop_above and i < len(settings) - 1:
             return total, False
     return total, True

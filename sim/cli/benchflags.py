@@ -719,7 +719,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                    help=f"repetitions per test (1 to {REPETITIONS_MAX}, as the TOML's repetitions)")
     p.add_argument("--max-work", dest="max_work", type=ascii_int, default=None, metavar="N",
                    help=f"refuse a run that would cost more than N graph-layers of work (graphs x layers x "
-                        f"repetitions x settings, x1 per variant with an expert cache, x1/{MEMO_WORK_DIVISOR} per "
+                        f"repetitions x settings, x1 per variant with an expert cache (x2 its prompt graphs), x1/{MEMO_WORK_DIVISOR} per "
                         f"other variant; default {WORK_MAX:,}, about half a minute; trace and check keep every op: "
                         f"x1 per variant, default {EXPANDED_WORK_MAX:,}, about 1.5 GB)")
     p.add_argument("--ctx-size", dest="ctx_size", type=ascii_int, default=None, metavar="N",

@@ -724,11 +724,12 @@ def sweep(scn: Scenario, axes: Sequence[Axis], variants: Sequence[Variant], test
         for var in v2:
             work.append(_Job(idx, point, s2, var, t2, repetitions, engine))
     if max_work is not None:
-        from sim.bounds import check_work, variant_work, work_units
+        from sim.bounds import check_work, op_by_op_variants, variant_work, work_units
 
         check_work(sum(work_units([j.test], j.scn.model.n_layer, j.scn.workload.n_ubatch, j.scn.workload.n_batch,
                                   repetitions, variant_work([j.variant], j.scn.hardware),
-                                  moe_variants=1.0 if j.scn.model.moe is not None else None, plans=1.0)
+                                  moe_variants=1.0 if j.scn.model.moe is not None else None, plans=1.0,
+                                  op_variants=op_by_op_variants([j.variant], j.scn.hardware))
                        for j in work), max_work)
     n_jobs = default_jobs() if jobs is None else max(1, int(jobs))
     results: list[CellResult | None] = [None] * len(work)
