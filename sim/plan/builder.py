@@ -145,12 +145,12 @@ class BuildContext:
         return output_device(self.scn.model, self.scn.placement, self.scn.hardware.n_gpu)
 
     @cached_property
-    def ffn_cpu(self) -> list[tuple[frozenset, bool, int, float]]:
+    def ffn_cpu(self) -> list[tuple[frozenset, str | None, int, float]]:
         """Per layer, :func:`ffn_cpu_nodes` under this placement (llama.cpp's scheduler: a
         profile with a ``[ggml]`` section; the CuPy executor's plans have none)."""
         model = self.scn.model
         if self.scn.hardware.ggml is None:
-            return [(frozenset(), False, 0, 0.0)] * model.n_layer
+            return [(frozenset(), None, 0, 0.0)] * model.n_layer
         return [ffn_cpu_nodes(model, self.tensor_by_name, self.host_ids, i) for i in range(model.n_layer)]
 
     @cached_property
@@ -257,11 +257,11 @@ def bias_tensors(model) -> dict[str, Tensor]:
     return per_model(_BIASES, model, make)
 
 
-def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[frozenset, bool, int, float]:
+def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[frozenset, str | None, int, float]:
     """The weightless nodes of block ``layer``'s FFN that ggml's scheduler keeps on the CPU when
     the FFN's host-resident weight ops run there (below the op-offload batch), as ``(weights
-    whose bias add runs beside them, the GLU runs there, nodes, f32 elements read and written
-    per token)``:
+    whose bias add runs beside them, the weight whose op the GLU runs before (the down
+    projection) or None, nodes, f32 elements read and written per token)``:
 
     * the bias add of a host-resident matmul whose bias is host-resident too (gpt-oss's
       experts: llama.cpp's ``build_moe_ffn`` adds each expert's bias with ``ggml_add_id`` right
@@ -298,7 +298,7 @@ def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[f
             nodes += 1
             elems += 2.0 * topk * tens[w].n_out
     gate = next((n for n in names[0][:2] if f"blk.{layer}.{n}.weight" in tens), None)  # fused, else the gate
-    glu = host(names[1]) and gate is not None and host(gate)
+    glu = f"blk.{layer}.{names[1]}.weight" if host(names[1]) and gate is not None and host(gate) else None
     if glu:
         nodes += 1
         elems += 3.0 * topk * (model.moe.n_ff_exp if moe else model.n_ff)
@@ -1242,12 +1242,12 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         # projection (not in a block -ngl left on the CPU: its attention item prices them)
         ew_nodes, ew_bytes = 0, 0.0
         if it.kind is not OpKind.ATTN and it.layer not in attn_layers and it.tensors:
-            biased, glu, _n, _e = ctx.ffn_cpu[it.layer]
+            biased, glu_at, _n, _e = ctx.ffn_cpu[it.layer]
             name = it.tensors[0].name
             topk = model.moe.n_expert_used if it.kind is OpKind.MOE else 1
             if name in biased:
                 ew_nodes, ew_bytes = 1, 4.0 * 2.0 * topk * it.tensors[0].n_out * it.shape[0]
-            if glu and ("ffn_down_exps." in name or ".ffn_down." in name):
+            if name == glu_at:
                 ff = model.moe.n_ff_exp if it.kind is OpKind.MOE else model.n_ff
                 ew_nodes, ew_bytes = ew_nodes + 1, ew_bytes + 4.0 * 3.0 * topk * ff * it.shape[0]
         nbytes, shape = it.weight_bytes, None
