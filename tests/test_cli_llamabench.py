@@ -1760,3 +1760,38 @@ def test_tensor_split_with_more_shares_than_gpus_takes_the_first_as_llama_cpp_do
     pl, notes = placement((0.0, 0.0, 5.0))
     assert pl.tensor_split == () and any("all zero, its default split" in n for n in notes)
     assert placement((3.0, 1.0, 0.0)) == (placement((3.0, 1.0))[0], placement((3.0, 1.0))[1])
+
+
+@pytest.mark.parametrize("pattern, nested", [
+    ("(.*.*)*X", True), ("(a+)+b", True), ("((a|b)*c)*", True), ("x(?=(a*)*)", True),
+    (r"blk\.\d+\.ffn_.*_exps", False), (r"blk\.(1|2)\.ffn_(up|gate)_exps", False), ("(ab){2,5}", False),
+    (r"(blk\.\d+\.)?ffn", False),
+])
+def test_an_ot_pattern_with_exponential_matching_is_a_one_line_error(capsys, pattern, nested):
+    """-ot "(.*.*)*X=CPU" ran for minutes in the regex engine (fresh-user round 10): a group
+    repeated without bound inside another such repetition is refused, naming -ot."""
+    import time
+
+    from sim.model.specs import nested_repeat
+
+    assert (nested_repeat(pattern) is not None) == nested
+    if nested and "=" not in pattern:   # llama-bench splits a rule at its first '='
+        t0 = time.monotonic()
+        rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline",
+                         "-ot", f"{pattern}=CPU")
+        assert rc == 2 and "field '-ot'" in err and "exponential time" in err and len(err.strip().splitlines()) == 1
+        assert time.monotonic() - t0 < 60   # a bound on a hang, not a speed figure
+
+
+def test_a_scenario_ot_rule_with_exponential_matching_names_its_field(tmp_path):
+    from sim.errors import ScenarioError
+    from sim.model.specs import load_scenario
+
+    src = Path("scenarios/default.toml").read_text()
+    p = tmp_path / "s.toml"
+    p.write_text(src.replace("[placement]", '[placement]\noverride_tensor = ["(a+)+b=CPU"]', 1)
+                 .replace('model = "', f'model = "{Path("scenarios").resolve()}/').replace(
+                     'hardware = "', f'hardware = "{Path("scenarios").resolve()}/'))
+    with pytest.raises(ScenarioError, match="exponential time") as exc:
+        load_scenario(p)
+    assert "override_tensor[0]" in str(exc.value.field)

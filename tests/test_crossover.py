@@ -575,3 +575,27 @@ def test_the_pcie_axis_on_pageable_memory_and_a_kv_axis2_error_name_what_they_sh
     with pytest.raises(ScenarioError) as ei:
         apply_point(scn, [parse_variant("baseline")], t, [("fa", 0), ("kv", 1.0625)])
     assert ei.value.field == "--axis2"
+
+
+def test_a_sweep_never_writes_over_an_input_its_file_names_fall_on(tmp_path, capsys):
+    """The sweep's file names are built (<scenario>__<axis>...): one that falls on an input, here
+    the scenario's routing trace, is refused naming --out and the trace is left as it was
+    (fresh-user round 10: it was replaced by the sweep's CSV)."""
+    import fuzzgen
+    from sim.cli import main
+
+    case = fuzzgen.Case(0, "valid", "", [])
+    fuzzgen.setup_case(case, tmp_path)
+    assert main(["crossover", str(tmp_path / "tiny-trace.toml"), "--axis", "prompt=32,64", "--variant", "slots2",
+                 "--out", str(tmp_path / "o"), "-q"]) == 0
+    stem = next((tmp_path / "o").glob("*.csv")).stem
+    scn = (tmp_path / "tiny-trace.toml").read_text().replace('trace_file = "trace.csv"', f'trace_file = "{stem}.csv"')
+    (tmp_path / "tiny-trace.toml").write_text(scn)
+    (tmp_path / f"{stem}.csv").write_bytes((tmp_path / "trace.csv").read_bytes())
+    before = (tmp_path / f"{stem}.csv").read_bytes()
+    capsys.readouterr()
+    rc = main(["crossover", str(tmp_path / "tiny-trace.toml"), "--axis", "prompt=32,64", "--variant", "slots2",
+               "--out", str(tmp_path), "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the routing trace" in err and "--out" in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / f"{stem}.csv").read_bytes() == before and not (tmp_path / f"{stem}.png").exists()

@@ -1423,3 +1423,33 @@ def test_an_output_never_replaces_a_model_or_grid_toml_nor_a_run_folders_tables(
     before = model.read_bytes()
     assert F.main(["--run", str(RUN), "--params", "cpu_split_us", "--out", str(model)]) == 2
     assert "no hardware profile" in capsys.readouterr().err and model.read_bytes() == before
+
+
+@pytest.mark.parametrize("tool, flag, table", [
+    ("compare", "--summary", "kernels-cuda.csv"), ("compare", "--out", "kernels-cpu.csv"),
+    ("ab", "--out", "kernels-cuda-extra-h100.csv"), ("pool", "--summary", "kernels-cuda.csv"),
+    ("vramcheck", "--out", "kernels-cpu.csv"), ("fit", "--out", "kernels-cuda.csv"),
+])
+def test_an_output_never_replaces_a_kernel_table_of_the_profile(tmp_path, capsys, tool, flag, table):
+    """The profile's kernel tables are inputs of every tool that reads the profile (fresh-user
+    round 10: compare --summary over kernels-cuda.csv exited 0 and broke every later run)."""
+    import importlib
+
+    hw = tmp_path / "hw"
+    shutil.copytree(ROOT / "scenarios" / "hardware" / "h200-llamacpp", hw / "h200-llamacpp")
+    shutil.copy(ROOT / "scenarios" / "hardware" / "h200-llamacpp.toml", hw / "p.toml")
+    target = hw / "h200-llamacpp" / table
+    before = target.read_bytes()
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    mod = importlib.import_module(f"calibrate.llamacpp.{tool}")
+    if tool == "fit":
+        args = [f"--run={run}", "--params", "cpu_split_us", "--profile", str(hw / "p.toml")]
+    elif tool == "vramcheck":
+        args = [str(run), "--hardware", str(hw / "p.toml")]
+    else:
+        args = [str(run), "-q", "--jobs", "1", "--hardware", str(hw / "p.toml")]
+    rc = mod.main(args + [flag, str(target)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "kernel table of the hardware profile" in err and "replace it" in err
+    assert target.read_bytes() == before

@@ -1820,7 +1820,9 @@ def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), file
     beside them, ``compare_*.csv``/``.md``/``.png``, stay writable; its ``grid.toml``, kernel
     tables and ``perf/``, ``logs/`` do not) or one of ``files`` (a hardware profile, a CPU table);
     and, unless ``toml_ok``, any existing ``.toml`` file (a table or figure over a model or grid
-    file). ``outputs``: flag -> path (None: not given).
+    file). A hardware profile among ``files`` brings its kernel tables (fresh-user round 10: ``compare
+    --summary`` over ``kernels-cuda.csv`` broke every later run). ``outputs``: flag -> path (None:
+    not given).
 
     Raises:
         ScenarioError: naming the output's flag and the input it would overwrite (the
@@ -1833,9 +1835,15 @@ def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), file
             if f.is_file() and (f.name.endswith(RUN_DATA_SUFFIXES) or f.name == "grid.toml"
                                 or f.name.startswith("kernels-") or rel[0] in ("perf", "logs")):
                 ins.setdefault(os.path.realpath(f), f"a measurement file of run folder {d}")
+    from sim.model.specs import profile_kernel_tables
+
     for f in files:
         if f:
             ins.setdefault(os.path.realpath(f), "an input of this command")
+            if str(f).lower().endswith(".toml"):   # a hardware profile: its kernel tables are inputs too
+                for t in profile_kernel_tables(f):
+                    ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile {f}, an input of "
+                                                        "this command")
     for flag, path in outputs.items():
         if path and os.path.realpath(path) in ins:
             raise ScenarioError(f"'{path}' is {ins[os.path.realpath(path)]}: writing there would replace it; give "

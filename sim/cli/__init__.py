@@ -878,22 +878,6 @@ def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
             "less VRAM (--ctx-size 0 sizes it so)"]
 
 
-def _kernel_tables(hw_file) -> list[str]:
-    """The kernel-table CSVs a hardware profile TOML names (``[ggml]`` ``gpu_kernels``,
-    ``gpu_kernels_extra``, ``cpu_kernels``, relative to the profile), as given; [] when it names
-    none or cannot be read (its loader has already said why)."""
-    import tomllib
-
-    try:
-        with open(hw_file, "rb") as f:
-            g = tomllib.load(f).get("ggml", {})
-    except (OSError, ValueError):
-        return []
-    base = Path(hw_file).parent
-    return [str(base / g[k]) for k in ("gpu_kernels", "gpu_kernels_extra", "cpu_kernels")
-            if isinstance(g.get(k), str) and g[k]]
-
-
 def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the rows") -> None:
     """Refuse ``--out`` naming one of the command's inputs: the scenario, its model and hardware
     files, the hardware profile's kernel tables, a routing trace, a ``-m`` model (TOML or GGUF),
@@ -909,16 +893,9 @@ def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the r
     out = getattr(args, "out", None)
     if not out:
         return
-    ins: dict[str, str] = {}
-    hw_file = getattr(scn.hardware, "file", None)
-    for what, path in (("the scenario", getattr(scn, "file", None)), ("the model file", getattr(scn.model, "file", None)),
-                       ("the hardware profile", hw_file),
-                       ("the routing trace", getattr(scn.routing, "trace_file", None))):
-        if path:
-            ins.setdefault(os.path.realpath(path), what)
-    if hw_file:
-        for t in _kernel_tables(hw_file):
-            ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile ({t})")
+    from sim.model.specs import scenario_input_files
+
+    ins = scenario_input_files(scn)
     for item in getattr(args, "model", None) or ():   # -m lists: tuples of paths, one per flag
         for m in (item if isinstance(item, (list, tuple)) else str(item).split(",")):
             if str(m).strip():

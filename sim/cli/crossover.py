@@ -92,7 +92,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
         print(f"prefetch-sim: note: -r 1 (crossover's default): each cell is llama-bench's first timed repetition "
               f"(the CUDA-graph capture included) on one routing draw, where run averages the scenario's "
               f"{scn.workload.repetitions}; give -r {scn.workload.repetitions} for run's numbers", file=sys.stderr)
-    _report(write_outputs(res, args.out, _stem(res)))
+    from sim.model.specs import scenario_input_files
+
+    _report(write_outputs(res, args.out, _stem(res), inputs=scenario_input_files(scn)))
     return 0
 
 

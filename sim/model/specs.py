@@ -8,6 +8,7 @@ the field on any bad value. Units are SI and carried in names (``vram_bytes``,
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
@@ -1203,6 +1204,81 @@ class Placement:
         return layer >= model.n_layer - self.gpu_blocks(model)
 
 
+def nested_repeat(pattern: str) -> str | None:
+    """The part of a regular expression (Python ``re`` syntax) that repeats, without bound, a
+    group that itself repeats without bound (``(.*.*)*``, ``(a+)+``), or None. Matching such a
+    pattern can take time exponential in the name's length where it fails (Python's ``re`` and
+    llama.cpp's ``std::regex`` both backtrack): ``-ot "(.*.*)*X=CPU"`` ran for minutes (fresh-user
+    round 10). A pattern ``re`` cannot parse gives None (its compile error says why)."""
+    try:
+        import re._constants as C
+        import re._parser as P
+    except ImportError:  # pragma: no cover - Python before 3.11
+        import sre_constants as C  # type: ignore[no-redef]
+        import sre_parse as P  # type: ignore[no-redef]
+    try:
+        tree = P.parse(pattern)
+    except (re.error, RecursionError):
+        return None
+    repeats = {C.MAX_REPEAT, C.MIN_REPEAT} | ({C.POSSESSIVE_REPEAT} if hasattr(C, "POSSESSIVE_REPEAT") else set())
+
+    def walk(items, inside: bool) -> bool:
+        for op, av in items:
+            if op in repeats:
+                unbounded = av[1] == C.MAXREPEAT
+                if unbounded and inside:
+                    return True
+                if walk(av[2], inside or unbounded):
+                    return True
+            elif op is C.SUBPATTERN:
+                if walk(av[-1], inside):
+                    return True
+            elif op is C.BRANCH:
+                if any(walk(b, inside) for b in av[1]):
+                    return True
+            elif op in (C.ASSERT, C.ASSERT_NOT):
+                if walk(av[1], inside):
+                    return True
+        return False
+
+    return pattern if walk(tree, False) else None
+
+
+def profile_kernel_tables(hw_file) -> list[str]:
+    """The kernel-table CSVs a hardware profile TOML names (``[ggml]`` ``gpu_kernels``,
+    ``gpu_kernels_extra``, ``cpu_kernels``, relative to the profile), as paths; [] when it names
+    none or cannot be read (its loader says why)."""
+    import tomllib
+
+    try:
+        with open(hw_file, "rb") as f:
+            g = tomllib.load(f).get("ggml", {})
+    except (OSError, ValueError):
+        return []
+    if not isinstance(g, dict):
+        return []
+    base = Path(hw_file).parent
+    return [str(base / g[k]) for k in ("gpu_kernels", "gpu_kernels_extra", "cpu_kernels")
+            if isinstance(g.get(k), str) and g[k]]
+
+
+def scenario_input_files(scn) -> dict[str, str]:
+    """The files a scenario was read from, by real path: the scenario, its model and hardware
+    files, the hardware profile's kernel tables (:func:`profile_kernel_tables`) and a routing
+    trace, each with what it is (``"the routing trace"``). What an output must never replace."""
+    ins: dict[str, str] = {}
+    hw_file = getattr(scn.hardware, "file", None)
+    for what, path in (("the scenario", getattr(scn, "file", None)), ("the model file", getattr(scn.model, "file", None)),
+                       ("the hardware profile", hw_file),
+                       ("the routing trace", getattr(scn.routing, "trace_file", None))):
+        if path:
+            ins.setdefault(os.path.realpath(path), what)
+    if hw_file:
+        for t in profile_kernel_tables(hw_file):
+            ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile ({t})")
+    return ins
+
+
 def sim_ngl(n_gpu_layers: int) -> int:
     """``-ngl`` (a scenario's ``placement.ngl``, a llama-bench row's ``n_gpu_layers``) as
     :attr:`Placement.ngl`: a negative value (llama-bench's default ``-1``) means every layer and
@@ -1229,6 +1305,9 @@ def placement_from_fields(p: Fields) -> Placement:
             re.compile(regex)
         except re.error as exc:
             raise ScenarioError(f"bad regex '{regex}': {exc}", file=p.file, field=fld) from None
+        if nested_repeat(regex):
+            raise ScenarioError(f"regex '{regex}' repeats a repeated group without bound: matching it can take "
+                                "exponential time; write it without the nesting", file=p.file, field=fld)
         if not re.fullmatch(r"CPU|CUDA\d+|GPU\d*", buf.upper()):
             raise ScenarioError(f"buffer must be CPU or CUDA<n>, got '{buf}'", file=p.file, field=fld)
         rules.append((regex, buf.upper()))

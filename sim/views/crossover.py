@@ -1125,17 +1125,30 @@ class SweepOutput:
     crossovers: tuple[Crossover, ...]
 
 
-def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None) -> SweepOutput:
+def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None, inputs: dict | None = None) -> SweepOutput:
     """Write ``<stem>.csv`` and ``<stem>.png`` (``fig``, or :func:`plot_sweep`) into ``out_dir``,
     both or neither: both are rendered and written to temporary files first, then moved into
     place (:func:`sim.atomic.write_atomic_many`); a failed write leaves older files as they were.
+    ``inputs``: real path -> what it is (:func:`sim.model.specs.scenario_input_files`): a file name
+    that falls on one of them, or on any existing TOML or GGUF file, is refused before anything
+    is written.
 
     Raises:
+        ScenarioError: an output would replace an input (naming ``--out``).
         OSError: a file cannot be written (after the clean-up)."""
     import io
+    import os
 
     out_dir = Path(out_dir)
     csv_path, png_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.png"
+    for p in (csv_path, png_path):
+        what = (inputs or {}).get(os.path.realpath(p))
+        if what is None and p.is_file() and p.suffix.lower() in (".toml", ".gguf"):
+            what = f"an existing {p.suffix[1:].upper()} file"
+        if what:
+            # fresh-user round 10: a routing trace named as the sweep's CSV was replaced
+            raise ScenarioError(f"'{p}' is {what}, an input of this sweep: writing there would replace it; "
+                                "give --out another folder", field="--out")
     csv_bytes = res.to_dataframe().to_csv(index=False).encode()
     buf = io.BytesIO()
     (fig if fig is not None else plot_sweep(res)).savefig(buf, format="png")
@@ -1169,7 +1182,9 @@ def run_figure(spec: FigureSpec, out_dir: str | Path, *, scenario: str | Path | 
     axes = [parse_axis(t, flag="--figure") for t in spec.axes]
     res = sweep(scn, axes, variants, test, repetitions=spec.repetitions if repetitions is None else repetitions,
                 engine=engine, jobs=jobs, progress=progress, prefetch_plots=True)
-    return write_outputs(res, out_dir, spec.name, spec.plot(res))
+    from sim.model.specs import scenario_input_files
+
+    return write_outputs(res, out_dir, spec.name, spec.plot(res), inputs=scenario_input_files(scn))
 
 
 # ----------------------------------------------------------------------------------------

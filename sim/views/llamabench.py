@@ -687,14 +687,22 @@ def python_regex(regex: str) -> str:
     else is the same in both for the patterns ``-ot`` sees.
 
     Raises:
-        ValueError: a POSIX class Python has no spelling for here.
+        ValueError: a POSIX class Python has no spelling for here, or a group repeated without
+            bound inside a repetition without bound (:func:`sim.model.specs.nested_repeat`:
+            exponential matching time).
     """
+    from sim.model.specs import nested_repeat
+
     def sub(m: re.Match) -> str:
         if m.group(1) not in _POSIX_CLASSES:
             raise ValueError(f"POSIX class [:{m.group(1)}:] in '{regex}' not supported")
         return _POSIX_CLASSES[m.group(1)]
 
-    return re.sub(r"\[:(\w+):\]", sub, regex)
+    out = re.sub(r"\[:(\w+):\]", sub, regex)
+    if nested_repeat(out):
+        raise ValueError(f"'{regex}' repeats a repeated group without bound: matching it can take exponential "
+                         "time; write it without the nesting")
+    return out
 
 
 def sim_regex(regex: str) -> str:
