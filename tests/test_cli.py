@@ -271,6 +271,15 @@ def test_trace_and_check_keep_every_op_so_their_default_budget_counts_every_vari
     assert rc == 0 and Path(out).stat().st_size > 0
 
 
+def test_trace_refuses_several_tests_rather_than_keep_the_last(capsys, tmp_path):
+    """A trace is one test's timeline: --test given twice is a one-line error naming --test, not
+    the last of them traced without a word (fresh-user round 10)."""
+    out = tmp_path / "t.json"
+    rc, _, err = run(capsys, "trace", TINY, "--test", "tg4", "--test", "tg4 @ d0", "--out", str(out))
+    assert rc == 2 and "field '--test'" in err and "2 tests given" in err and not out.exists()
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_an_output_name_ending_in_a_slash_is_a_folder_not_a_file(tmp_path):
     """--out d/ (the folder does not exist) is refused, not written as a file named d."""
     from sim.atomic import check_output_path

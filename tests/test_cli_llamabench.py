@@ -1671,6 +1671,12 @@ def test_a_routing_trace_shorter_than_the_ubatch_is_noted(tmp_path, capsys):
     assert rc == 0 and "holds 64 tokens; a ubatch of 512 replays them 8 times" in err
     rc, _out, err = run(capsys, "run", str(scn), "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q")
     assert rc == 0 and "routing trace" not in err
+    # a -m model the trace does not serve (dense; or another MoE: uniform routing) gets no note on
+    # it (fresh-user round 10)
+    for m in ("llama3-8b.toml", "qwen3-30b-a3b.toml"):
+        rc, _out, err = run(capsys, "run", str(scn), "-m", str(ROOT / "scenarios" / "models" / m), "-p", "512",
+                            "-n", "0", "-r", "1", "--variant", "baseline", "-q", "--ctx-size", "0")
+        assert rc == 0 and "replays them" not in err
 
 
 def test_run_out_never_replaces_an_input(tmp_path, capsys):

@@ -836,6 +836,13 @@ def trace_wrap_note(scn, params) -> str | None:
     r = scn.routing
     if getattr(r, "kind", "uniform") != "trace" or scn.model.moe is None:
         return None
+    # only where some setting runs the scenario's own model: a -m model gets the trace only if it
+    # fits it, else uniform routing (benchflags says so); a dense -m model has no routing at all
+    # (fresh-user round 10: the note came with -m llama3-8b)
+    own = getattr(scn.model, "file", None)
+    if None not in params.values["model"] and not (
+            own and any(os.path.realpath(str(m)) == os.path.realpath(own) for m in params.values["model"])):
+        return None
     from sim.model.routing import load_trace
 
     moe = scn.model.moe
@@ -1009,7 +1016,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     scn = load_scenario_with_overrides(args)
     _check_out_spares_inputs(args, scn, "the trace")
     tests = scn.workload.tests()
-    ti, test = pick_tests([args.test], tests)[0] if args.test is not None else (0, tests[0])
+    if args.test is not None and len(args.test) > 1:
+        # fresh-user round 10: the last of several was traced without a word
+        raise ScenarioError(f"{len(args.test)} tests given ({', '.join(args.test)}): a trace is one test's timeline; "
+                            "trace them one at a time (breakdown takes several)", field="--test")
+    ti, test = pick_tests(args.test, tests)[0] if args.test is not None else (0, tests[0])
     check_plan_work(scn, [test], args, replay=tests[:ti])
     import pandas as pd
 
@@ -1225,7 +1236,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "timeline of llama-bench's first timed repetition (its routing draw, its "
                                       "CUDA-graph capture), whatever -r")
     _add_bench_flags(tr, one_setting=True)
-    tr.add_argument("--test", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first)")
+    tr.add_argument("--test", action="append", help="test name, e.g. pp512 or 'pp512 @ d8192' (default: the first); "
+                                                    "one: a trace is one test's timeline")
     tr.add_argument("--out", type=_out_path, default="trace.json", help="output file (.json Chrome trace, .csv table; default "
                                                         "trace.json in the current folder)")
     tr.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
