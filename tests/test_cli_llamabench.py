@@ -1801,3 +1801,24 @@ def test_a_scenario_ot_rule_with_exponential_matching_names_its_field(tmp_path):
     with pytest.raises(ScenarioError, match="exponential time") as exc:
         load_scenario(p)
     assert "override_tensor[0]" in str(exc.value.field)
+
+
+def test_m_alone_says_the_tests_and_placement_come_from_the_scenario(capsys):
+    """-m without -p/-n runs the scenario's tests: said, as the placement taken from it is (fresh-
+    user round 10); a dense -m model is not told of the scenario's -ncmoe in that note."""
+    m = str(ROOT / "scenarios" / "models" / "llama3-8b.toml")
+    rc, _, err = run(capsys, "run", "-m", m, "-q", "--variant", "baseline", "-r", "1")
+    assert rc == 0 and "-m: the tests come from the scenario (pp64, pp512, pp2048, tg128)" in err
+    placement = next(ln for ln in err.splitlines() if "placement comes from the scenario" in ln)
+    assert "-ncmoe 24" not in placement
+    rc, _, err = run(capsys, "run", "-m", m, "-q", "--variant", "baseline", "-r", "1", "-p", "64", "-n", "0")
+    assert rc == 0 and "tests come from the scenario" not in err
+
+
+def test_the_kv_context_note_says_when_ctx_size_is_the_default(tmp_path, capsys):
+    s = tmp_path / "s.toml"
+    s.write_text(f'[scenario]\nname = "x"\nmodel = "{ROOT}/scenarios/models/qwen3-30b-a3b.toml"\n'
+                 f'hardware = "{ROOT}/scenarios/hardware/h200-llamacpp.toml"\n[placement]\nngl = 999\n'
+                 '[[variant]]\nspec = "baseline"\n')
+    rc, _, err = run(capsys, "run", str(s), "-p", "64", "-n", "0", "-q", "--vram", "-r", "1")
+    assert rc == 0 and "4096 tokens" in err and "its default where a scenario sets none" in err

@@ -880,6 +880,10 @@ def kv_context_notes(scn, params, ctx_flag: bool = False) -> list[str]:
     where = f" ({scn.file})" if getattr(scn, "file", None) else ""
     source = "--ctx-size" if ctx_flag else "the scenario's placement.ctx_size"
     where = "" if ctx_flag else where
+    from sim.model.specs import PLACEMENT_CTX_DEFAULT
+
+    if not ctx_flag and ctx == PLACEMENT_CTX_DEFAULT:
+        where += " (its default where a scenario sets none)"
     return [f"peak_vram_bytes: the KV cache is sized to {source}, {ctx} tokens{where}; "
             f"llama-bench sizes it to each test's n_prompt + n_gen + n_depth (at most {need} here), which needs "
             "less VRAM (--ctx-size 0 sizes it so)"]

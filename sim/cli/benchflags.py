@@ -721,7 +721,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
                    help=f"refuse a run that would cost more than N graph-layers of work (graphs x layers x "
                         f"repetitions x settings, x1 per variant with an expert cache (x2 its prompt graphs), x1/{MEMO_WORK_DIVISOR} per "
                         f"other variant; default {WORK_MAX:,}, about half a minute; trace and check keep every op: "
-                        f"x1 per variant, default {EXPANDED_WORK_MAX:,}, about 1.5 GB)")
+                        f"x1 per variant, default {EXPANDED_WORK_MAX:,}, about 2 GB)")
     p.add_argument("--ctx-size", dest="ctx_size", type=ascii_int, default=None, metavar="N",
                    help="the context the KV cache is sized to, in tokens, in place of the scenario's "
                         "placement.ctx_size (a server's context: a what-if); 0: llama-bench's own, the tests' "
@@ -1374,11 +1374,16 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
             ("n_gpu_layers", "-ngl", base.ngl), ("n_cpu_moe", "-ncmoe", base.n_cpu_moe),
             ("load_mode", "-lm", "none" if base.pinned else "mmap"),
             ("overrides", "-ot", ";".join(f"{rx}={buf}" for rx, buf in base.override_tensor) or "none"))
-            if dest not in given and not (dest == "n_cpu_moe" and (moe is None or base.n_cpu_moe == 0))
+            if dest not in given and not (dest == "n_cpu_moe" and (not moe or base.n_cpu_moe == 0))
             and not (dest == "overrides" and not base.override_tensor)]
         if kept:
             notes.add(f"-m: the placement comes from the scenario ({', '.join(kept)}); llama-bench's own defaults "
                       "are -ngl -1 -ncmoe 0 -lm auto: give the flags to override")
+        if not {"n_prompt", "n_gen", "n_pg"} & given:
+            # fresh-user round 10: the tests came from the scenario with nothing said
+            wl = scn.workload
+            notes.add(f"-m: the tests come from the scenario ({', '.join(t.name for t in wl.tests())}); llama-bench's "
+                      "own default is -p 512 -n 128: give -p/-n/-pg to override")
     if moe and setting.n_cpu_moe > m.n_layer:
         notes.add(f"-ncmoe {setting.n_cpu_moe}: '{m.name}' has {m.n_layer} blocks; every expert is on the host")
     pl = replace(pl, expert_cache_experts=base.expert_cache_experts, ctx_size=base.ctx_size,

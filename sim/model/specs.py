@@ -1096,6 +1096,10 @@ def _compiled_rules(rules: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Patter
     return tuple((re.compile(rx), buf) for rx, buf in rules)
 
 
+#: the KV context of a scenario that sets no ``placement.ctx_size`` (tokens)
+PLACEMENT_CTX_DEFAULT = 4096
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where weights live, as llama.cpp's flags set it.
@@ -1140,7 +1144,7 @@ class Placement:
     pinned: bool = True
     expert_cache_experts: int = 0
     op_offload_min_batch: int = 32
-    ctx_size: int = 4096
+    ctx_size: int = 4096   # PLACEMENT_CTX_DEFAULT
     fit_experts: bool = False
     tensor_split: tuple[float, ...] = ()
     flash_attn: bool = True
@@ -1324,7 +1328,7 @@ def placement_from_fields(p: Fields) -> Placement:
         pinned=host_memory == "pinned",
         expert_cache_experts=cache,
         op_offload_min_batch=p.int("op_offload_min_batch", 32, min=1, max=TOKENS_MAX),
-        ctx_size=p.int("ctx_size", 4096, min=1, max=TOKENS_MAX),
+        ctx_size=p.int("ctx_size", PLACEMENT_CTX_DEFAULT, min=1, max=TOKENS_MAX),
         fit_experts=p.bool("fit_experts", False),
         tensor_split=_tensor_split(p),
         flash_attn=p.bool("flash_attn", True),
