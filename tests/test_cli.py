@@ -441,3 +441,24 @@ def test_an_out_name_of_no_known_format_is_written_as_markdown_and_said(capsys, 
     for name in ("x.csv", "table"):
         rc, _, err = run(capsys, "run", TINY, "-r", "1", "-q", "-n", "0", "--out", str(tmp_path / name))
         assert rc == 0 and "none of the formats" not in err
+
+
+@pytest.mark.parametrize("cmd", [["run", "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-o", "json"],
+                                 ["check", "--variant", "slots3", "-p", "64", "-n", "0"], ["run", "--list-devices"]])
+def test_a_closed_stdout_pipe_ends_every_command_alike_and_quietly(cmd):
+    """The reader of stdout gone (| head): status 141 (SIGPIPE's, 128 + 13) and no error line,
+    whatever the command (fresh-user round 10: run exited 0, the others 2 with 'cannot write:
+    Broken pipe', check's 2 beside its documented 1 for hazards)."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "sim", *cmd], stdout=w, stderr=subprocess.PIPE, cwd=ROOT,
+                           timeout=120)
+    finally:
+        os.close(w)
+    err = p.stderr.decode()
+    assert p.returncode == 141 and "error" not in err and "Traceback" not in err

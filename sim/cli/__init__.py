@@ -1288,11 +1288,21 @@ def _main(argv: list[str] | None) -> int:
                 write_atomic(args.out, text + "\n")
             else:
                 print(text)
+            sys.stdout.flush()
             return 0
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()   # inside the try: a closed pipe is met here, not at the interpreter's exit
+        return rc
     except PrefetchSimError as exc:
         print(f"prefetch-sim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of stdout went away (| head): quiet, with the status of a program that
+        # SIGPIPE ended (128 + 13), whatever the command (fresh-user round 10: run exited 0 and
+        # the others 2 with an error line); stdout to /dev/null so that the exit's flush is quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except OSError as exc:  # an output that could not be written after all
         from sim.atomic import flag_of
 
