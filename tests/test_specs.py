@@ -739,3 +739,27 @@ def test_a_sweep_names_its_baseline_among_its_variants_and_takes_variant_objects
     assert (res.speedup(v) == res.speedup("prefetch_ungated")).all()
     with pytest.raises(KeyError, match="no variant 'slots9'"):
         res.speedup(parse_variant("slots9"))
+
+
+def test_the_python_api_round_10():
+    """Fresh-user round 10: run_scenario(repetitions=0) ran the scenario's repetitions and
+    variants=() returned []; Workload(n_prompt=(1.5,)) failed far away; Placement(ctx_size=-1)
+    was taken; load_scenario("default") did not know the built-in names the CLI takes."""
+    from sim.engines.metrics import run_scenario
+    from sim.model.specs import Placement, Workload
+
+    tiny = load_scenario("scenarios/tiny/tiny.toml")
+    with pytest.raises(ValueError, match="repetitions: 0"):
+        run_scenario(tiny, repetitions=0)
+    with pytest.raises(ValueError, match="no variant"):
+        run_scenario(tiny, variants=())
+    with pytest.raises(ValueError, match="no test"):
+        run_scenario(tiny, tests=[])
+    with pytest.raises(ValueError, match="not a whole number of tokens"):
+        Workload(n_prompt=(1.5,))
+    with pytest.raises(ValueError, match="Placement.ctx_size"):
+        Placement(ctx_size=-1)
+    assert Placement(ctx_size=0).ctx_size == 0    # --ctx-size 0: each test its own context
+    assert load_scenario("default").model.name == load_scenario("scenarios/default.toml").model.name
+    with pytest.raises(ScenarioError, match="built-in scenario names"):
+        load_scenario("no-such-scenario")

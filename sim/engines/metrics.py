@@ -373,16 +373,24 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
 
     Raises:
         PlacementError: a variant's placement does not fit (names the scenario file).
+        ValueError: ``repetitions`` below 1, or no variant or no test to run (given empty, or the
+            scenario has none).
     """
     import os
 
     from sim.cli.interrupt import WorkerPool
     from sim.cli.progress import closed_after
 
-    variants = list(variants or scn.variants)
-    tests = list(tests or scn.workload.tests())
+    # None means the scenario's; an empty list or 0 is refused, not read as "the default"
+    # (fresh-user round 10: repetitions=0 ran the scenario's, variants=() returned [])
+    variants = list(scn.variants if variants is None else variants)
+    tests = list(scn.workload.tests() if tests is None else tests)
+    if repetitions is not None and repetitions < 1:
+        raise ValueError(f"repetitions: {repetitions} is below 1 (no run to time)")
+    if not variants or not tests:
+        raise ValueError(f"nothing to run: {'no variant' if not variants else 'no test'}")
     scn = fit_context_to_tests(scn, tests)
-    reps = repetitions or scn.workload.repetitions
+    reps = scn.workload.repetitions if repetitions is None else repetitions
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
     # fail fast, in this process, on a placement that does not fit (the serial path reuses these
     # contexts; worker processes build their own from the same seeded rng)

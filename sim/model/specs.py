@@ -8,6 +8,7 @@ the field on any bad value. Units are SI and carried in names (``vram_bytes``,
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -1157,6 +1158,8 @@ class Placement:
             object.__setattr__(self, "ngl", sim_ngl(self.ngl))
         if self.n_cpu_moe < 0:
             raise ValueError(f"Placement.n_cpu_moe: {self.n_cpu_moe} is negative (blocks whose experts stay on the host)")
+        if self.ctx_size < 0:   # 0: each test its own context (--ctx-size 0); the TOML asks >= 1
+            raise ValueError(f"Placement.ctx_size: {self.ctx_size} is negative (KV context in tokens)")
         if self.expert_cache_experts < -1:
             raise ValueError(f"Placement.expert_cache_experts: {self.expert_cache_experts} is below -1 (-1, 0: no cap)")
 
@@ -1418,6 +1421,9 @@ class Workload:
         # a negative token count is no test llama-bench can run; tests() skips only zeros (the
         # Python API had dropped a negative prompt silently: fresh-user round 8)
         for name in ("n_prompt", "n_gen", "n_depth"):
+            odd = next((v for v in getattr(self, name) if isinstance(v, bool) or not isinstance(v, numbers.Integral)), None)
+            if odd is not None:
+                raise ValueError(f"Workload.{name}: {odd!r} is not a whole number of tokens")
             bad = next((v for v in getattr(self, name) if v < 0), None)
             if bad is not None:
                 raise ValueError(f"Workload.{name}: {bad} is negative (token counts are >= 0)")
@@ -1679,15 +1685,20 @@ class Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario TOML that names a model and a hardware file (relative to itself).
+    ``path`` as the command line takes it: a file, or a built-in name (``"default"``,
+    ``"laguna-2x3090"``; :func:`sim.resources.resolve_scenario`).
 
     Raises:
         ScenarioError: naming the file and field of any missing or invalid value, in the
-            scenario or in the files it names.
+            scenario or in the files it names; an unknown built-in name (listing them).
     """
-    from sim.resources import resolve_field
+    from sim.resources import resolve_field, resolve_scenario
     from sim.model.routing import routing_from_fields
 
     from sim.bounds import BYTES_MAX
+
+    if isinstance(path, str) and path.strip():
+        path = resolve_scenario(path)   # the built-in names too, as the CLI (fresh-user round 10)
 
     if Path(path).is_file() and _is_gguf(Path(path)):
         raise ScenarioError("is a GGUF model, not a scenario: give it with -m/--model (prefetch-sim run -m FILE; the "
