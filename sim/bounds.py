@@ -251,7 +251,8 @@ def variant_work(variants, hardware) -> float:
 
 #: default budget of ``trace`` and ``check``, which keep every op of every plan (a trace row, a
 #: hazard check's event lists: about 1.2 kB of memory per op, some 25 ops per graph-layer), in
-#: graph-layers counted x1 per variant: tg1000 of a 48-layer model, about 1.2 M ops and 1.5-1.8 GB (1.76 GB resident for `trace -n 1000 --test tg1000 --variant baseline`, fresh-user round 10)
+#: graph-layers counted x1 per variant: tg1000 of a 48-layer model, about 1.2 M ops and 1.5-1.8 GB
+#: (1.76 GB resident for `trace -n 1000 --test tg1000 --variant baseline`, fresh-user round 10)
 #: (`trace -n 10000` took 14 GB and wrote a 2 GB JSON under the run budget); raised with --max-work
 EXPANDED_WORK_MAX = 50_000
 

@@ -904,21 +904,14 @@ def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the r
     out = getattr(args, "out", None)
     if not out:
         return
-    from sim.model.specs import scenario_input_files
+    from sim.model.specs import replaced_input, scenario_input_files
 
     ins = scenario_input_files(scn)
     for item in getattr(args, "model", None) or ():   # -m lists: tuples of paths, one per flag
         for m in (item if isinstance(item, (list, tuple)) else str(item).split(",")):
             if str(m).strip():
                 ins.setdefault(os.path.realpath(str(m).strip()), f"-m {str(m).strip()}")
-    what = ins.get(os.path.realpath(out))
-    if what is None and Path(out).is_file():
-        from sim.model.gguf import is_gguf
-
-        if Path(out).suffix.lower() in (".toml", ".gguf"):
-            what = f"an existing {Path(out).suffix.lower()[1:].upper()} file"
-        elif is_gguf(out):
-            what = "an existing GGUF file"
+    what = replaced_input(out, ins)
     if what:
         raise ScenarioError(f"'{out}' is {what}, an input of this run: {writes} would replace it; give --out "
                             "another path", field="--out")

@@ -1145,7 +1145,7 @@ class Placement:
     pinned: bool = True
     expert_cache_experts: int = 0
     op_offload_min_batch: int = 32
-    ctx_size: int = 4096   # PLACEMENT_CTX_DEFAULT
+    ctx_size: int = PLACEMENT_CTX_DEFAULT
     fit_experts: bool = False
     tensor_split: tuple[float, ...] = ()
     flash_attn: bool = True
@@ -1212,8 +1212,8 @@ class Placement:
 
 
 def nested_repeat(pattern: str) -> str | None:
-    """The part of a regular expression (Python ``re`` syntax) that repeats, without bound, a
-    group that itself repeats without bound (``(.*.*)*``, ``(a+)+``), or None. Matching such a
+    """``pattern`` (a regular expression in Python ``re`` syntax) when it repeats, without bound,
+    a group that itself repeats without bound (``(.*.*)*``, ``(a+)+``); else None. Matching such a
     pattern can take time exponential in the name's length where it fails (Python's ``re`` and
     llama.cpp's ``std::regex`` both backtrack): ``-ot "(.*.*)*X=CPU"`` ran for minutes (fresh-user
     round 10). A pattern ``re`` cannot parse gives None (its compile error says why)."""
@@ -1284,6 +1284,23 @@ def scenario_input_files(scn) -> dict[str, str]:
         for t in profile_kernel_tables(hw_file):
             ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile ({t})")
     return ins
+
+
+def replaced_input(path, inputs: Mapping[str, str]) -> str | None:
+    """What writing ``path`` would replace, or None: one of ``inputs`` (real path -> what it is,
+    :func:`scenario_input_files`), else any existing TOML or GGUF file (an output of this tool is
+    neither: a model, hardware profile or scenario). The one test of every command's outputs
+    (``run``, ``breakdown``, ``trace``, ``--list-devices``, ``crossover``)."""
+    from sim.model.gguf import is_gguf
+
+    what = inputs.get(os.path.realpath(path))
+    p = Path(path)
+    if what is None and p.is_file():
+        if p.suffix.lower() in (".toml", ".gguf"):
+            what = f"an existing {p.suffix.lower()[1:].upper()} file"
+        elif is_gguf(p):
+            what = "an existing GGUF file"
+    return what
 
 
 def sim_ngl(n_gpu_layers: int) -> int:

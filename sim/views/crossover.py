@@ -1137,14 +1137,13 @@ def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None, in
         ScenarioError: an output would replace an input (naming ``--out``).
         OSError: a file cannot be written (after the clean-up)."""
     import io
-    import os
+
+    from sim.model.specs import replaced_input
 
     out_dir = Path(out_dir)
     csv_path, png_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.png"
     for p in (csv_path, png_path):
-        what = (inputs or {}).get(os.path.realpath(p))
-        if what is None and p.is_file() and p.suffix.lower() in (".toml", ".gguf"):
-            what = f"an existing {p.suffix[1:].upper()} file"
+        what = replaced_input(p, inputs or {})
         if what:
             # fresh-user round 10: a routing trace named as the sweep's CSV was replaced
             raise ScenarioError(f"'{p}' is {what}, an input of this sweep: writing there would replace it; "
