@@ -283,26 +283,51 @@ def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[f
     lose them (:func:`attn_item_shape`). A block left on the CPU by ``-ngl`` prices every
     elementwise op with its attention instead. ``tens``: the model's tensors by GGUF name
     (:attr:`BuildContext.tensor_by_name`); ``host_ids``: ``id()`` of the host-resident ones."""
-    moe = model.moe is not None and model.is_moe_layer(layer)
-    names = (("ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps"), "ffn_down_exps") if moe else \
-        (("ffn_gate", "ffn_up"), "ffn_down")
-    by_name = bias_tensors(model)
-    topk = model.moe.n_expert_used if moe else 1
-    host = lambda n: (t := tens.get(f"blk.{layer}.{n}.weight")) is not None and id(t) in host_ids  # noqa: E731
+    ffn = _ffn_weights(model, tens)[layer]
+    if ffn is None:
+        return _NO_CPU_NODES
+    weights, down, gate, topk, ff = ffn
     biased, nodes, elems = [], 0, 0.0
-    for n in (*names[0], names[1]):
-        w = f"blk.{layer}.{n}.weight"
-        b = by_name.get(w)
-        if host(n) and b is not None and id(b) in host_ids:
-            biased.append(w)
+    for w, b in weights:
+        if id(w) in host_ids and b is not None and id(b) in host_ids:
+            biased.append(w.name)
             nodes += 1
-            elems += 2.0 * topk * tens[w].n_out
-    gate = next((n for n in names[0][:2] if f"blk.{layer}.{n}.weight" in tens), None)  # fused, else the gate
-    glu = f"blk.{layer}.{names[1]}.weight" if host(names[1]) and gate is not None and host(gate) else None
+            elems += 2.0 * topk * w.n_out
+    glu = down.name if id(down) in host_ids and gate is not None and id(gate) in host_ids else None
     if glu:
         nodes += 1
-        elems += 3.0 * topk * (model.moe.n_ff_exp if moe else model.n_ff)
-    return frozenset(biased), glu, nodes, elems
+        elems += 3.0 * topk * ff
+    return (frozenset(biased), glu, nodes, elems) if nodes else _NO_CPU_NODES
+
+
+_NO_CPU_NODES: tuple = (frozenset(), None, 0, 0.0)
+#: :func:`_ffn_weights` per model (:func:`per_model`)
+_FFN_WEIGHTS: dict[int, list] = {}
+
+
+def _ffn_weights(model, tens: dict) -> list:
+    """Per layer of ``model``, what :func:`ffn_cpu_nodes` reads, looked up once per model: ``((weight,
+    its bias or None) for the gate/up and down projections, the down projection, the GLU's
+    producer (the fused gate/up, else the gate), top-k (1 for a dense FFN), the GLU's width)``,
+    or None for a layer without the tensors."""
+    def make(m):
+        by_name = bias_tensors(m)
+        out = []
+        for i in range(m.n_layer):
+            moe = m.moe is not None and m.is_moe_layer(i)
+            names = ("ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if moe else \
+                ("ffn_gate", "ffn_up", "ffn_down")
+            ts = {n: tens.get(f"blk.{i}.{n}.weight") for n in names}
+            down = ts[names[-1]]
+            if down is None:
+                out.append(None)
+                continue
+            gate = next((ts[n] for n in names[:2] if ts[n] is not None), None)
+            weights = tuple((t, by_name.get(t.name)) for t in ts.values() if t is not None)
+            out.append((weights, down, gate, m.moe.n_expert_used if moe else 1,
+                        m.moe.n_ff_exp if moe else m.n_ff))
+        return out
+    return per_model(_FFN_WEIGHTS, model, make)
 
 
 def layer_attn_parts(model) -> list[tuple]:
