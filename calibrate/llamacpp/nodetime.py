@@ -21,9 +21,7 @@ import argparse
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from sim.errors import PrefetchSimError
@@ -136,14 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graphs", type=int, default=0, metavar="N",
                     help="skip each invocation's first N CPU graphs (warm-up and the depth fill)")
     a = ap.parse_args(argv)
-    run = Path(a.run_dir)
-    inv_file = run / "invocations.jsonl"
-    try:
-        invs = pd.read_json(inv_file, lines=True)["id"].tolist()
-    except (OSError, ValueError, KeyError) as e:
-        raise PrefetchSimError(f"{inv_file}: cannot read the invocations' ids ({e})") from None
+    from .compare import check_outputs_spare_inputs, check_run_dir, read_invocations
+
+    run = check_run_dir(a.run_dir, field="run_dir")
+    check_outputs_spare_inputs({"--out": a.out}, [run])   # before any work: never over the lease's files
     frames = []
-    for inv in invs:
+    for inv in (rec.get("id") for rec in read_invocations(run / "invocations.jsonl")):
+        if inv is None:
+            continue
         try:
             text = read_log(run, f"logs/{inv}.log")
         except FileNotFoundError:

@@ -138,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise PrefetchSimError(f"{r}: no such run folder")
         runs = args.runs or sorted(str(p.parent) for p in resolve("data/llamacpp").glob("*/logs.tar.gz")
                                    if (p.parent / "invocations.jsonl").is_file())
-        from .compare import check_outputs_spare_inputs
+        if args.out:   # before any work: --out must not replace a run's measurements, the profile or its tables
+            from .compare import check_outputs_spare_inputs
 
-        # before any work: --out must not replace a run's measurements, the profile or its tables
-        check_outputs_spare_inputs({"--out": args.out}, runs, [str(resolve(args.hardware))])
+            check_outputs_spare_inputs({"--out": args.out}, runs, [str(resolve(args.hardware))])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             frames = [check(r, hw) for r in runs]
