@@ -54,10 +54,13 @@ def _nodes(scn, layer=0):
     (GPTOSS, 0, (), 0, False, 0),
 ])
 def test_ffn_cpu_nodes_follow_the_placement(model, n_cpu_moe, ot, biased, glu, nodes):
-    b, g, n, e = _nodes(_scn(model, n_cpu_moe, ot))
+    b, g, n, e, per = _nodes(_scn(model, n_cpu_moe, ot))
     assert (len(b), g is not None, n) == (biased, glu, nodes)
     assert g is None or g.endswith(("ffn_down_exps.weight", "ffn_down.weight"))
     assert (e > 0) == (nodes > 0)
+    # per weight: the nodes beside each weight's op, summing to the layer's
+    assert (sum(k for _w, k, _e in per), sum(x for _w, _k, x in per)) == (n, e)
+    assert {w for w, _k, _e in per} >= set(b) | ({g} if g else set())
 
 
 def test_gptoss_decode_prices_bias_adds_and_glu_on_the_cpu_and_not_on_the_gpu():
@@ -94,5 +97,5 @@ def test_prefill_and_the_executor_profile_keep_the_nodes_on_the_gpu():
     assert attn and all(sh[9] == k0 for sh in attn if len(sh) > 9)
     # the CuPy executor's profile (no [ggml] section) has no llama.cpp scheduler: nothing moves
     cupy = _scn(GPTOSS, 24, hardware=ROOT / "scenarios/hardware/h200.toml")
-    assert _nodes(cupy) == (frozenset(), None, 0, 0.0)
+    assert _nodes(cupy) == (frozenset(), None, 0, 0.0, ())
 

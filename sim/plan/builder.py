@@ -145,12 +145,12 @@ class BuildContext:
         return output_device(self.scn.model, self.scn.placement, self.scn.hardware.n_gpu)
 
     @cached_property
-    def ffn_cpu(self) -> list[tuple[frozenset, str | None, int, float]]:
+    def ffn_cpu(self) -> list[tuple[frozenset, str | None, int, float, tuple]]:
         """Per layer, :func:`ffn_cpu_nodes` under this placement (llama.cpp's scheduler: a
         profile with a ``[ggml]`` section; the CuPy executor's plans have none)."""
         model = self.scn.model
         if self.scn.hardware.ggml is None:
-            return [(frozenset(), None, 0, 0.0)] * model.n_layer
+            return [_NO_CPU_NODES] * model.n_layer
         return [ffn_cpu_nodes(model, self.tensor_by_name, self.host_ids, i) for i in range(model.n_layer)]
 
     @cached_property
@@ -160,7 +160,7 @@ class BuildContext:
         weightless nodes on the CPU): layers with equal signatures have equal attention shapes
         at every (tokens, KV length)."""
         parts = layer_attn_parts(self.scn.model)
-        return [(w, full, ew, d >= 0, nw, f[2:]) for (w, full, ew, nw), d, f in zip(parts, self.layer_dev, self.ffn_cpu)]
+        return [(w, full, ew, d >= 0, nw, f[2:4]) for (w, full, ew, nw), d, f in zip(parts, self.layer_dev, self.ffn_cpu)]
 
     @cached_property
     def attn_sig_ids(self) -> list[int]:
@@ -257,11 +257,15 @@ def bias_tensors(model) -> dict[str, Tensor]:
     return per_model(_BIASES, model, make)
 
 
-def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[frozenset, str | None, int, float]:
+def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int
+                  ) -> tuple[frozenset, str | None, int, float, tuple]:
     """The weightless nodes of block ``layer``'s FFN that ggml's scheduler keeps on the CPU when
     the FFN's host-resident weight ops run there (below the op-offload batch), as ``(weights
     whose bias add runs beside them, the weight whose op the GLU runs before (the down
-    projection) or None, nodes, f32 elements read and written per token)``:
+    projection) or None, nodes, f32 elements read and written per token, per weight)``, the
+    last a tuple of ``(weight name, nodes, elements per token)`` for each weight with nodes
+    beside it (what :func:`_emit_cpu_split` prices with that weight's op; the nodes and elements
+    are their sums):
 
     * the bias add of a host-resident matmul whose bias is host-resident too (gpt-oss's
       experts: llama.cpp's ``build_moe_ffn`` adds each expert's bias with ``ggml_add_id`` right
@@ -287,20 +291,23 @@ def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int) -> tuple[f
     if ffn is None:
         return _NO_CPU_NODES
     weights, down, gate, topk, ff = ffn
-    biased, nodes, elems = [], 0, 0.0
+    glu = down.name if id(down) in host_ids and gate is not None and id(gate) in host_ids else None
+    biased, per = [], []
     for w, b in weights:
+        k, e = 0, 0.0
         if id(w) in host_ids and b is not None and id(b) in host_ids:
             biased.append(w.name)
-            nodes += 1
-            elems += 2.0 * topk * w.n_out
-    glu = down.name if id(down) in host_ids and gate is not None and id(gate) in host_ids else None
-    if glu:
-        nodes += 1
-        elems += 3.0 * topk * ff
-    return (frozenset(biased), glu, nodes, elems) if nodes else _NO_CPU_NODES
+            k, e = 1, 2.0 * topk * w.n_out       # ADD_ID: the matmul's output in, the sum out
+        if w.name == glu:
+            k, e = k + 1, e + 3.0 * topk * ff    # GLU: gate and up in, the product out
+        if k:
+            per.append((w.name, k, e))
+    if not per:
+        return _NO_CPU_NODES
+    return (frozenset(biased), glu, sum(k for _n, k, _e in per), sum(e for _n, _k, e in per), tuple(per))
 
 
-_NO_CPU_NODES: tuple = (frozenset(), None, 0, 0.0)
+_NO_CPU_NODES: tuple = (frozenset(), None, 0, 0.0, ())
 #: :func:`_ffn_weights` per model (:func:`per_model`)
 _FFN_WEIGHTS: dict[int, list] = {}
 
@@ -390,7 +397,7 @@ def attn_item_shape(ctx: BuildContext, layer: int, n_tokens: int, kv_len: int) -
     linear = not model.is_full_attn_layer(i)
     ew_kernels, ew_elems = layer_elementwise(model, i)
     on_gpu = ctx.layer_dev[i] >= 0
-    _b, _g, cpu_k, cpu_e = ctx.ffn_cpu[i]
+    _b, _g, cpu_k, cpu_e, _w = ctx.ffn_cpu[i]
     if cpu_k and on_gpu and n_tokens < pl.op_offload_min_batch:
         # the FFN's weightless nodes run on the CPU beside its host matmuls (ffn_cpu_nodes)
         ew_kernels, ew_elems = max(ew_kernels - cpu_k, 0), max(ew_elems - cpu_e, 0.0)
@@ -1267,14 +1274,10 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         # projection (not in a block -ngl left on the CPU: its attention item prices them)
         ew_nodes, ew_bytes = 0, 0.0
         if it.kind is not OpKind.ATTN and it.layer not in attn_layers and it.tensors:
-            biased, glu_at, _n, _e = ctx.ffn_cpu[it.layer]
             name = it.tensors[0].name
-            topk = model.moe.n_expert_used if it.kind is OpKind.MOE else 1
-            if name in biased:
-                ew_nodes, ew_bytes = 1, 4.0 * 2.0 * topk * it.tensors[0].n_out * it.shape[0]
-            if name == glu_at:
-                ff = model.moe.n_ff_exp if it.kind is OpKind.MOE else model.n_ff
-                ew_nodes, ew_bytes = ew_nodes + 1, ew_bytes + 4.0 * 3.0 * topk * ff * it.shape[0]
+            for nm, k, e in ctx.ffn_cpu[it.layer][4]:
+                if nm == name:
+                    ew_nodes, ew_bytes = k, 4.0 * e * it.shape[0]   # f32 elements of the op's rows
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
             nbytes, shape = cpu_attn_args(it.shape)
