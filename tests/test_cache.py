@@ -364,3 +364,35 @@ def test_device_caches_route_each_layer_to_its_gpu():
     r = dc.access(0, np.array([5]))
     assert r.misses.tolist() == [5] and dc.access(1, np.array([5])).hits.tolist() == [5]
     assert dc.n_accesses == 8 and dc.hit_rate == pytest.approx(1 / 8) and len(dc) == 5
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gpt-oss-20b"])
+def test_a_decode_whose_experts_all_hit_is_priced_as_fully_resident(model):
+    """docs/model.md ("Expert cache"): a decode where every expert hits prices as fully resident,
+    an upper bound. Once the cache holds every host expert (the third repetition of a long decode
+    on llama.cpp's profile), each repetition's time equals the resident placement's, the graph
+    that a KV window rebuilds included: the hits' bias adds and GLU stay among the layer's GPU
+    kernels (none is taken to a CPU split that no longer runs) and their kernels are launched
+    one by one in a rebuilt graph like the resident experts'."""
+    from dataclasses import replace
+
+    from sim.engines.metrics import run_variant_test
+    from sim.model.specs import BenchTest, load_model, load_scenario, parse_variant
+
+    base = load_scenario(ROOT / "scenarios/default.toml")
+    base = base.with_(model=load_model(ROOT / f"scenarios/models/{model}.toml"))
+    test = BenchTest(0, 300, 0)   # crosses a 256-cell KV window: one graph is rebuilt
+    n_moe = base.model.n_layer
+
+    def tps(n_cpu_moe):
+        scn = base.with_(placement=replace(base.placement, n_cpu_moe=n_cpu_moe, ctx_size=512))
+        r = run_variant_test(scn, parse_variant("cache_lru"), test, 3)
+        return r.tps, r.cache_hit_rate
+
+    resident, _ = tps(0)
+    for n in (n_moe // 2, n_moe):
+        cached, rate = tps(n)
+        assert 0 < rate < 1                              # misses while the cache warms up
+        assert cached[0] < resident[0]                   # the misses ran on the CPU
+        assert cached[2] == pytest.approx(resident[2], rel=1e-12), n
+        assert np.all(cached <= resident * (1 + 1e-12)), n

@@ -54,7 +54,8 @@ import numpy as np
 from sim.plan.cache import DeviceCaches, ExpertCache
 from sim.model.costs import attn_keys, attn_pairs
 from sim.errors import PlacementError
-from sim.model.ggmlcost import graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries, pad_cells
+from sim.model.ggmlcost import (MMVQ_MAX_BATCH, graph_kernels, layer_elementwise, layer_norm_weights, mask_bytes, mask_entries,
+                                pad_cells)
 from sim.plan import KIND_CODE, STREAM_CODE, OpKind, Plan, Stream
 from sim.model.routing import Router, make_router
 from sim.model.specs import BenchTest, Scenario, Tensor, Variant
@@ -154,13 +155,24 @@ class BuildContext:
         return [ffn_cpu_nodes(model, self.tensor_by_name, self.host_ids, i) for i in range(model.n_layer)]
 
     @cached_property
+    def ffn_cpu_off_gpu(self) -> list[tuple[int, float]]:
+        """Per layer, the ``(nodes, elements per token)`` of :attr:`ffn_cpu` that leave the
+        layer's GPU elementwise kernels below the op-offload batch (:func:`attn_item_shape`).
+        With an expert cache none of a MoE layer's do: the experts that hit run on the GPU with
+        their bias adds and GLU there (a decode whose experts all hit is priced as fully
+        resident), the misses' nodes are priced with them on the CPU (:func:`_emit_cpu_split`)."""
+        model = self.scn.model
+        cached = self.cache is not None and model.moe is not None
+        return [(0, 0.0) if cached and model.is_moe_layer(i) else f[2:4] for i, f in enumerate(self.ffn_cpu)]
+
+    @cached_property
     def attn_layer_sig(self) -> list[tuple]:
         """Per layer, everything of the layer that :func:`attn_item_shape` reads (window,
         linear or full attention, elementwise kernels, on a GPU or not, norm weights, the FFN's
         weightless nodes on the CPU): layers with equal signatures have equal attention shapes
         at every (tokens, KV length)."""
         parts = layer_attn_parts(self.scn.model)
-        return [(w, full, ew, d >= 0, nw, f[2:4]) for (w, full, ew, nw), d, f in zip(parts, self.layer_dev, self.ffn_cpu)]
+        return [(w, full, ew, d >= 0, nw, f) for (w, full, ew, nw), d, f in zip(parts, self.layer_dev, self.ffn_cpu_off_gpu)]
 
     @cached_property
     def attn_sig_ids(self) -> list[int]:
@@ -397,7 +409,7 @@ def attn_item_shape(ctx: BuildContext, layer: int, n_tokens: int, kv_len: int) -
     linear = not model.is_full_attn_layer(i)
     ew_kernels, ew_elems = layer_elementwise(model, i)
     on_gpu = ctx.layer_dev[i] >= 0
-    _b, _g, cpu_k, cpu_e, _w = ctx.ffn_cpu[i]
+    cpu_k, cpu_e = ctx.ffn_cpu_off_gpu[i]
     if cpu_k and on_gpu and n_tokens < pl.op_offload_min_batch:
         # the FFN's weightless nodes run on the CPU beside its host matmuls (ffn_cpu_nodes)
         ew_kernels, ew_elems = max(ew_kernels - cpu_k, 0), max(ew_elems - cpu_e, 0.0)
@@ -685,6 +697,9 @@ class Emitter:
         self.layer = -1
         self.token_offset = 0
         self.cache_split: dict[int, tuple[int, int]] = {}
+        #: CUDA kernels the expert-cache hits of the graph being built launched (a host-resident
+        #: expert op that :func:`sim.model.ggmlcost.graph_kernels` counted as CPU work)
+        self.hit_kernels = 0
         self.last_host = -1                  # the host thread's last op
         self.fill_of: dict[int, int] = {}    # layer -> last background cache-fill copy
         self.fill_pending = False
@@ -1120,7 +1135,9 @@ def build_graph(em: Emitter, n_tokens: int, kv_len: int, token_offset: int,
     em.plan.graph_last_op.append(len(em.plan) - 1)
     em.plan.graph_tokens.append(n_tokens)
     em.plan.meta.setdefault("rebuilt_graphs", []).append(bool(em.rebuilt))
-    em.plan.meta.setdefault("graph_kernels", []).append(n_kernels)
+    # the expert-cache hits ran on the GPU: their kernels are launched one by one too
+    em.plan.meta.setdefault("graph_kernels", []).append(n_kernels + em.hit_kernels)
+    em.hit_kernels = 0
 
 
 def moved_attn(it: Item) -> bool:
@@ -1212,6 +1229,7 @@ def _emit_cache_hits(em: Emitter, cache_gpu_items, fill_reqs, gpu: int) -> None:
     for it, hits in cache_gpu_items:
         em.layer = it.layer
         m_, n_, k_, _, topk = it.shape[:5]
+        em.hit_kernels += 2 if m_ <= MMVQ_MAX_BATCH else 4   # as graph_kernels counts an expert matmul
         # conservatively wait for the layer's last fill (it may hold an expert hit now)
         fill = em.fill_of.get(it.layer)
         em.launch(OpKind.MOE, Stream.COMPUTE, gpu, f"{it.name} (cached)", (fill,) if fill is not None else (),
