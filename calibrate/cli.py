@@ -44,6 +44,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="use a numpy stand-in for CuPy (runs on a CPU; the numbers are meaningless)")
 
 
+#: ``[hardware] gpu_name`` of a profile written with ``--fake-gpu`` (:mod:`calibrate._fakecupy`)
+FAKE_GPU_NAME = "FakeGPU (numpy stand-in)"
+
+
+def _refuse_fake_over_measured(out: Path) -> None:
+    """Refuse a ``--fake-gpu`` calibration whose ``--out`` holds a profile measured on a GPU (a
+    shipped one such as ``scenarios/hardware/h200.toml``, or a user's): its numbers are
+    meaningless and every scenario that names the profile would run on them. Replacing an
+    earlier ``--fake-gpu`` profile is fine.
+
+    Raises:
+        PrefetchSimError: ``out`` exists and is not a ``--fake-gpu`` profile.
+    """
+    if not out.exists():
+        return
+    import tomllib  # noqa: PLC0415
+
+    try:
+        gpu = tomllib.loads(out.read_text(encoding="utf-8")).get("hardware", {}).get("gpu_name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        gpu = None
+    if gpu != FAKE_GPU_NAME:
+        what = f"a profile measured on {gpu}" if isinstance(gpu, str) and gpu else "a file that is no --fake-gpu profile"
+        raise PrefetchSimError(f"--out: '{out}' holds {what}; --fake-gpu's numbers are meaningless and would replace "
+                               "it (and its tables): write the stand-in's profile to another file")
+
+
 def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = None) -> int:
     """Run the calibration described by parsed ``args``; prints a summary table last.
 
@@ -64,7 +91,12 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
     from sim.atomic import check_output_path  # noqa: PLC0415
 
     check_output_path(out)
-    name = args.name or out.stem
+    if args.fake_gpu:
+        _refuse_fake_over_measured(out)
+    name = out.stem if args.name is None else args.name
+    if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        # the raw logs' folder is data/calibration/NAME-YYYYMMDD: a name is one path component
+        raise PrefetchSimError(f"--name must be one file-name component (no '/', '\\' or '..'), got {name!r}")
     day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     if args.raw_dir is None:
         raw = Path("data/calibration") / f"{name}-{day}"

@@ -30,6 +30,13 @@ class ScenarioError(PrefetchSimError):
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
 
+class ContextRefusedError(ScenarioError):
+    """A setting whose context llama.cpp refuses to create (``llama_init_from_model`` returns
+    none: a quantised V cache without FlashAttention, a quantised KV block that does not divide
+    the head size). llama-bench prints the rows before it and exits 1; ``run`` leaves such a
+    setting out as it leaves out one that does not fit (:func:`sim.cli.run_bench`)."""
+
+
 class PlacementError(ScenarioError):
     """A placement that cannot run: VRAM overflow, impossible layer counts, bad override rule."""
 

@@ -145,6 +145,26 @@ def resolve_scenario(arg: str) -> Path:
     return p
 
 
+def resolve_named(kind: str, arg: str | Path) -> Path:
+    """The file a Python caller's ``arg`` names for ``kind`` (``"model"`` or ``"hardware"``): the
+    file itself when it exists or ``arg`` is a path (its loader reports a missing one), else the
+    built-in of that bare name (the working folder's copy first), as
+    :func:`resolve_scenario` does for scenarios: ``load_model("qwen3-30b-a3b")``,
+    ``load_hardware("h200")``.
+
+    Raises:
+        ScenarioError: ``arg`` is a bare name that is neither a file nor built in (field
+            ``kind``), listing the built-in names.
+    """
+    p = Path(arg)
+    if not isinstance(arg, str) or p.is_file() or not is_bare_name(arg):
+        return p
+    found = builtin(kind, arg.strip(), cwd_first=True)
+    if found is None:
+        raise ScenarioError(f"no such file, and {unknown_name_message(kind, arg.strip())}", field=kind)
+    return found
+
+
 def resolve_field(kind: str, value: str, beside: Path, *, file: str | Path | None = None,
                   field: str | None = None) -> Path:
     """The file a scenario's ``model =`` or ``hardware =`` (``kind``) names: ``beside`` (the

@@ -315,6 +315,38 @@ def test_python_m_calibrate_fake_gpu(tmp_path, capsys):
     assert "elapsed" in capsys.readouterr().out
 
 
+def test_fake_gpu_refuses_to_replace_a_measured_profile(tmp_path, capsys):
+    """--fake-gpu's numbers are meaningless: over a profile measured on a GPU (a copy of the
+    shipped H200 one, its tables beside it) it writes nothing; over its own earlier output it
+    writes again."""
+    import shutil
+
+    from calibrate.cli import main
+
+    out = tmp_path / "h200.toml"
+    shutil.copy(REPO / "scenarios/hardware/h200.toml", out)
+    shutil.copytree(REPO / "scenarios/hardware/h200", tmp_path / "h200")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["--out", str(out), "--fake-gpu", "--quick", "--rounds", "1", "--quiet", "--raw-dir", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "NVIDIA H200" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    fake = tmp_path / "fake.toml"
+    for _ in range(2):
+        assert main(["--out", str(fake), "--fake-gpu", "--quick", "--rounds", "1", "--quiet", "--raw-dir", "none"]) == 0
+    assert load_hardware(fake).name == "fake"
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "..", "", "a\\b"])
+def test_name_is_one_path_component(tmp_path, capsys, name, monkeypatch):
+    from calibrate.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--out", str(tmp_path / "p.toml"), "--fake-gpu", "--quick", "--name", name]) == 2
+    assert "--name" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_rejects_bad_out(tmp_path, capsys):
     from calibrate.cli import main
 

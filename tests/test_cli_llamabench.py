@@ -536,6 +536,22 @@ def test_a_requested_variant_that_does_not_fit_is_an_error(capsys):
     assert rc == 2 and "no combination" in err
 
 
+def test_weight_prefetch_with_slots_says_its_patch_fields_are_another_design(capsys):
+    """--variant prefetch_ungated+slots2 runs (the simulator's own design) and its rows print the
+    patch's fields 1/0/2, which the patch runs as another design (refused as -pw 1 -pes 2 above):
+    a note says to tell the rows apart by build_commit; no note without such a variant."""
+    base = ("run", TINY, "-r", "1", "-q", "-p", "64", "-n", "0", "-o", "jsonl")
+    rc, out, err = run(capsys, *base, "--variant", "prefetch_ungated+slots2")
+    rows = [json.loads(x) for x in out.splitlines()]
+    both = [r for r in rows if r["prefetch_expert_slots"] == 2]
+    assert rc == 0 and both and all(r["prefetch_weights"] == 1 and r["prefetch_gate"] == 0 for r in both)
+    assert "prefetch_ungated+slots2: rows print prefetch_weights 1, prefetch_gate 0, prefetch_expert_slots 2" in err
+    assert "by build_commit" in err
+    for variant in ("prefetch_ungated", "slots2"):
+        rc, _out, err = run(capsys, *base, "--variant", variant)
+        assert rc == 0 and "another design" not in err
+
+
 def test_a_vram_overflow_names_the_flags_that_cause_it(capsys, tmp_path):
     """A VRAM overflow caused by flags names them (their values, what to change in flag terms),
     not the scenario file; one line, exit 2, nothing printed. Without a flag that sizes what
@@ -1630,6 +1646,24 @@ def test_an_iq4_nl_kv_cache_under_flash_attention_is_not_modelled_and_other_pair
     assert rc == 2 and "field '-ctk/-ctv'" in err
 
 
+def test_a_setting_whose_context_llama_cpp_refuses_is_left_out_after_the_others_rows(capsys):
+    """llama-bench runs its settings in order and stops with status 1 at a context it cannot
+    create, after the rows before it: -ctv q4_0 -fa 1,0 prints the -fa 1 rows, then one error line
+    for -fa 0, exit 1 (fresh-user round 11: the whole run had been refused, exit 2). Alone, the
+    refused setting is the error (exit 2, naming -ctv), as before; two refused name both."""
+    common = ("-ngl", "99", "-ncmoe", "0", "-p", "64", "-n", "0", "-r", "1", "--variant", "baseline", "-q", "-o", "jsonl")
+    rc, out, err = run(capsys, "run", *common, "-ctv", "q4_0", "-fa", "1,0")
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert rc == 1 and [r["flash_attn"] for r in rows] == [1]
+    errors = [x for x in err.splitlines() if "error:" in x]
+    assert errors == ["prefetch-sim: error: -fa 0: left out: -ctv q4_0 with -fa off: llama.cpp refuses this context "
+                      "(V cache quantization requires flash_attn)"]
+    rc, out, err = run(capsys, "run", *common, "-ctv", "q4_0", "-fa", "0")
+    assert rc == 2 and out == "" and "field '-ctv'" in err and "requires flash_attn" in err
+    rc, out, err = run(capsys, "run", *common, "-ctv", "q4_0,q8_0", "-fa", "0")
+    assert rc == 2 and out == "" and "-ctv q8_0 does not run either" in err
+
+
 def test_a_quantised_kv_whose_block_does_not_divide_the_head_size_is_refused_with_flash_attention(capsys, tmp_path):
     """llama.cpp refuses a context with FlashAttention on or auto and a quantised K (or V) cache
     whose 32-element block does not divide the head size ("K cache type q8_0 with block size 32
@@ -1799,6 +1833,42 @@ def test_a_scenario_ot_rule_with_exponential_matching_names_its_field(tmp_path):
                  .replace('model = "', f'model = "{Path("scenarios").resolve()}/').replace(
                      'hardware = "', f'hardware = "{Path("scenarios").resolve()}/'))
     with pytest.raises(ScenarioError, match="exponential time") as exc:
+        load_scenario(p)
+    assert "override_tensor[0]" in str(exc.value.field)
+
+
+@pytest.mark.parametrize("pattern, what", [
+    ("(?i)EXPS", "inline flags"), ("(?P<x>exps)", "named group"),
+    (r"exps\.weight\Z", r"\Z"), ("(?x) e x p s ", "inline flags"), ("exps(?#c)", "comment"),
+    ("(?<!attn_)up_exps", "lookbehind"), ("(?>ffn)_up", "atomic group"), ("ffn_u+p", None), ("_ex+ps", None),
+    ("ffn_up_ex+ps", None), ("f+?n_up", None), ("blk\\.1\\.ffn_(?:up|gate)_exps(?!_)", None), ("[[:alpha:]]+_exps", None),
+    ("[(?i)]", None), ("exps*+", "possessive"), ("ex{1}+ps", "possessive"),
+])
+def test_an_ot_pattern_that_std_regex_refuses_is_a_one_line_error(capsys, pattern, what, tmp_path):
+    """llama.cpp compiles -ot with std::regex (ECMAScript): Python-only syntax such as (?i) or
+    \\Z makes llama-bench throw when it loads the model; it ran here (fresh-user round 11). Now
+    the rule is refused, on the CLI naming -ot and in a scenario naming override_tensor[i];
+    ECMAScript's own syntax (non-capturing groups, lookahead, lazy quantifiers, POSIX classes)
+    still runs."""
+    from sim.errors import ScenarioError
+    from sim.model.specs import load_scenario, python_only_syntax
+
+    got = python_only_syntax(pattern)
+    assert (got is None) == (what is None) and (what is None or what in got)
+    assert "=" not in pattern and "," not in pattern   # llama-bench splits rules there
+    rc, _, err = run(capsys, "run", "-p", "64", "-n", "0", "-r", "1", "-q", "--variant", "baseline",
+                     "-ot", f"{pattern}=CPU")
+    if what is None:
+        assert rc == 0
+        return
+    assert rc == 2 and "field '-ot'" in err and "std::regex" in err and len(err.strip().splitlines()) == 1
+    src = Path("scenarios/default.toml").read_text()
+    p = tmp_path / "s.toml"
+    rule = pattern.replace("\\", "\\\\")
+    p.write_text(src.replace("[placement]", f'[placement]\noverride_tensor = ["{rule}=CPU"]', 1)
+                 .replace('model = "', f'model = "{Path("scenarios").resolve()}/').replace(
+                     'hardware = "', f'hardware = "{Path("scenarios").resolve()}/'))
+    with pytest.raises(ScenarioError, match="std::regex") as exc:
         load_scenario(p)
     assert "override_tensor[0]" in str(exc.value.field)
 

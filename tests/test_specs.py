@@ -637,6 +637,34 @@ def test_a_model_with_an_empty_name_is_refused(tmp_path):
     assert ei.value.field == "model.name"
 
 
+@pytest.mark.parametrize("key", ["name", "gpu_name"])
+def test_a_hardware_profile_with_an_empty_name_is_refused(tmp_path, key):
+    """A profile's name and GPU name are the rows' backend/gpu_info and the build line's profile:
+    blank, the footer had named no profile (fresh-user round 11)."""
+    from sim.model.specs import load_hardware
+
+    src = (ROOT / "scenarios" / "hardware" / "rtx3090.toml").read_text()
+    p = tmp_path / "h.toml"
+    text = re.sub(rf'(?m)^{key} = .*$', f'{key} = ""', src, count=1)
+    if key not in src.split("[hardware]", 1)[1].split("\n[", 1)[0]:
+        text = text.replace("[hardware]\n", f'[hardware]\n{key} = ""\n', 1)
+    p.write_text(text)
+    with pytest.raises(ScenarioError, match="must not be empty") as ei:
+        load_hardware(p)
+    assert ei.value.field == f"hardware.{key}"
+
+
+def test_a_scenario_with_an_empty_name_is_refused(tmp_path):
+    src = (ROOT / "scenarios" / "default.toml").read_text()
+    p = tmp_path / "s.toml"
+    p.write_text(re.sub(r'(?m)^name = .*$', 'name = " "', src, count=1)
+                 .replace('model = "models/', f'model = "{ROOT}/scenarios/models/', 1)
+                 .replace('hardware = "hardware/', f'hardware = "{ROOT}/scenarios/hardware/', 1))
+    with pytest.raises(ScenarioError, match="must not be empty") as ei:
+        load_scenario(p)
+    assert ei.value.field == "scenario.name"
+
+
 @pytest.mark.parametrize("edit,field,match", [
     (lambda s: s[:s.index("[moe]")] + s[s.index("\n[", s.index("[moe]") + 1):] if "\n[" in s[s.index("[moe]") + 1:]
      else s[:s.index("[moe]")], "model.arch", "needs its \\[moe\\] table"),
@@ -680,6 +708,16 @@ def test_one_policy_has_one_label_and_build_id(spelling, label):
     assert variant_ids([v]) == {label: variant_ids([std])[label]}
 
 
+@pytest.mark.parametrize("label", ["slots\uff12", "prefetch_gated_\uff15\uff11\uff12", "slots\u0662"])
+def test_a_variant_label_takes_ascii_digits_only(label):
+    """Python's \\d takes any Unicode digit: "slots２" (full width) ran as slots2 (fresh-user
+    round 11); the counts are ASCII digits, as the flags' (std::stoi)."""
+    from sim.model.specs import parse_variant
+
+    with pytest.raises(ScenarioError, match="unknown variant"):
+        parse_variant(label)
+
+
 def _tiny_with_variant(tmp_path, body: str) -> Path:
     text = Path("scenarios/tiny/tiny.toml").read_text() + "\n[[variant]]\n" + body + "\n"
     p = tmp_path / "s.toml"
@@ -699,6 +737,20 @@ def test_a_variant_table_may_not_take_a_standard_label_of_another_policy_or_an_a
     with pytest.raises(ScenarioError, match=re.escape(words)) as exc:
         load_scenario(p)
     assert "name" in str(exc.value.field) and str(p) in str(exc.value)
+
+
+def test_a_variant_table_with_a_name_alone_is_refused_and_a_named_baseline_says_so(tmp_path):
+    """A [[variant]] with a name and no spec nor policy field was the upstream scheduler under that
+    name, its rows at +0.0 % (fresh-user round 11): refused, naming spec; a name with a spec, or
+    with one policy field, still loads."""
+    p = _tiny_with_variant(tmp_path, 'name = "x"')
+    with pytest.raises(ScenarioError, match="neither spec nor a policy field") as exc:
+        load_scenario(p)
+    assert str(exc.value.field).endswith("spec") and str(p) in str(exc.value)
+    names = [v.name for v in load_scenario(_tiny_with_variant(tmp_path, 'name = "x"\nspec = "slots5"')).variants]
+    assert "x" in names
+    v = [v for v in load_scenario(_tiny_with_variant(tmp_path, 'name = "x"\nexpert_slots = 5')).variants if v.name == "x"]
+    assert v and v[0].expert_slots == 5
 
 
 def test_a_variant_table_named_by_its_own_policy_in_another_spelling_gets_the_canonical_label(tmp_path):
@@ -763,3 +815,37 @@ def test_the_python_api_round_10():
     assert load_scenario("default").model.name == load_scenario("scenarios/default.toml").model.name
     with pytest.raises(ScenarioError, match="built-in scenario names"):
         load_scenario("no-such-scenario")
+
+
+def test_the_python_api_round_11(tmp_path, monkeypatch):
+    """Fresh-user round 11: load_model / load_hardware did not take the built-in names that
+    load_scenario and the scenario files take; run_scenario(variants="baseline") raised an
+    AttributeError; replace(scn, seed=-1) failed in numpy without naming the seed."""
+    from dataclasses import replace
+
+    from sim.engines.metrics import run_scenario
+    from sim.model.specs import load_hardware, load_model, parse_variant
+
+    monkeypatch.chdir(tmp_path)   # not the checkout: the names resolve to the shipped files
+    assert load_model("qwen3-30b-a3b") == load_model(ROOT / "scenarios/models/qwen3-30b-a3b.toml")
+    assert load_hardware("h200").name == load_hardware(ROOT / "scenarios/hardware/h200.toml").name
+    with pytest.raises(ScenarioError, match="built-in model names") as exc:
+        load_model("no-such-model")
+    assert exc.value.field == "model"
+    with pytest.raises(ScenarioError, match="built-in hardware names"):
+        load_hardware("no-such-gpu")
+    with pytest.raises(ScenarioError, match="file not found"):
+        load_hardware(str(tmp_path / "missing.toml"))   # a path stays a path
+    tiny = load_scenario(ROOT / "scenarios/tiny/tiny.toml")
+    one = run_scenario(tiny, variants="slots2", repetitions=1, jobs=1)
+    assert {r.variant for r in one} == {"slots2"}
+    both = run_scenario(tiny, variants=["baseline", parse_variant("slots2")], repetitions=1, jobs=1)
+    assert [r.tps.tolist() for r in both if r.variant == "slots2"] == [r.tps.tolist() for r in one]
+    with pytest.raises(ScenarioError):
+        run_scenario(tiny, variants=["no-such-policy"], repetitions=1)
+    with pytest.raises(TypeError, match="variant labels"):
+        run_scenario(tiny, variants=[3], repetitions=1)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ScenarioError, match="integer >= 0") as exc:
+            replace(tiny, seed=bad)
+        assert exc.value.field == "scenario.seed"

@@ -567,10 +567,11 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
     ``-pw``/``-pwg``/``-pes`` combinations' or ``--variant``'s): one that does not fit a setting
     where another variant fits is an error naming the flag and the value. Any other variant (the
     scenario's own, the baseline added for ``vs base``) that does not fit is left out of the
-    setting (noted). A setting where no variant fits is left out (noted) when other settings give
-    rows, and counted in ``unfit`` (``run`` then exits 1 after printing the others' rows, as
-    llama-bench exits 1 on a model it cannot load); when none does, the first setting's reason is
-    the error, said once. Settings that differ
+    setting (noted). A setting where no variant fits, or whose context llama.cpp refuses
+    (:class:`sim.errors.ContextRefusedError`: ``-ctv q4_0 -fa 0``), is left out (noted) when other
+    settings give rows, and counted in ``unfit`` (``run`` then exits 1 after printing the others'
+    rows, as llama-bench exits 1 on a model or context it cannot load); when none does, the first
+    setting's reason is the error, said once. Settings that differ
     only in flags the simulator does not model (``-C``, ``-dev``, ``--repack``...:
     :meth:`sim.cli.benchflags.Setting.simulated`) are simulated once, each printing its own values.
 
@@ -592,7 +593,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
                                     threads_unmodelled, unmodelled_setting)
     from sim.bounds import LIST_VALUES_MAX, WORK_MAX, check_work
     from sim.plan.builder import make_context
-    from sim.errors import PlacementError
+    from sim.errors import ContextRefusedError, PlacementError
     from sim.engines.metrics import fit_context_to_tests, rep_rng, run_scenario
 
     notes = notes if notes is not None else Notes()
@@ -637,7 +638,14 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             rows += setting_rows(insts, sscn.model, scn.hardware, variants, results, ids, engine=engine, when=when,
                                  combos=params.prefetch)
             continue
-        sscn = setting_scenario(setting, params, scn, model, notes)
+        try:
+            sscn = setting_scenario(setting, params, scn, model, notes)
+        except ContextRefusedError as err:
+            # llama-bench prints the rows before it and stops with status 1: left out as a
+            # setting that does not fit
+            first_err = first_err or err
+            unfit.append((label, f"{label}: left out: {err.reason}" if len(settings) > 1 else err.reason))
+            continue
         why = threads_unmodelled(setting.n_threads, sscn.model, sscn.placement, sscn.hardware)
         if why is not None:
             if not skip_unmodelled:
@@ -726,7 +734,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             others = [label for label, _line in unfit[1:]]
             shown = ", ".join(others[:8]) + (f" and {len(others) - 8} more" if len(others) > 8 else "")
             verb = "does" if len(others) == 1 else "do"
-            raise type(first_err)(f"{first_err.reason}; {shown} {verb} not fit either", file=first_err.file,
+            what = "fit" if isinstance(first_err, PlacementError) else "run"
+            raise type(first_err)(f"{first_err.reason}; {shown} {verb} not {what} either", file=first_err.file,
                                   field=first_err.field) from None
         raise first_err
     if notes is not None:   # on a run that gives rows only (an error stays one line)
@@ -976,7 +985,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if args.vram or args.output not in ("md", "none"):
         notes.extend(kv_context_notes(scn, params, ctx_flag))
-    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants), trace_wrap_note(scn, params)):  # on rows only
+    from sim.views.llamabench import patch_fields_note
+
+    for note in (no_kernel_tables_note(scn), variant_id_note(scn.variants), trace_wrap_note(scn, params),
+                 patch_fields_note(scn.variants)):  # on rows only
         if note:
             notes.add(note)
     _say_notes(notes)

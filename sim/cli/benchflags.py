@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ScenarioError
+from sim.errors import ContextRefusedError, ScenarioError
 from sim.views.llamabench import KV_TYPES  # the KV cache types -ctk/-ctv accept (llama-bench's)
 from sim.views.report import FORMATS  # llama-bench's -o formats
 
@@ -1350,7 +1350,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
     refused = kv_context_error(model, row["flash_attn"], setting.type_k, setting.type_v)
     if refused:  # llama.cpp creates no context (before any note: the error is the one line)
         flag = "-ctk" if refused[0] == "type_k" else "-ctv"
-        raise ScenarioError(f"{flag} {refused[1]}", field=flag)
+        raise ContextRefusedError(f"{flag} {refused[1]}", field=flag)
     notes.extend(terms.notes)
     if setting.n_ubatch > setting.n_batch:
         ub = "-ub" if "n_ubatch" in given else "the scenario's n_ubatch"
@@ -1419,7 +1419,7 @@ def setting_scenario(setting: Setting, params: BenchParams, scn, model, notes: N
         if setting.fit_min_ctx:
             notes.add("-fitc: the context is each test's depth + tokens (at least the scenario's ctx_size)")
     if quantised_v_without_fa(setting.flash_attn, setting.type_v):
-        raise ScenarioError(f"-ctv {setting.type_v} with -fa off: {QUANTISED_V_NEEDS_FA}", field="-ctv")
+        raise ContextRefusedError(f"-ctv {setting.type_v} with -fa off: {QUANTISED_V_NEEDS_FA}", field="-ctv")
     if setting.flash_attn != -1 or "flash_attn" in given:
         pl = replace(pl, flash_attn=setting.flash_attn != 0 and not fa_auto_off(setting.flash_attn, setting.type_k,
                                                                                 setting.type_v))

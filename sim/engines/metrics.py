@@ -16,7 +16,7 @@ from sim import engines
 from sim.plan.builder import BuildContext, build_plan, make_context
 from sim.model.costs import plan_durations
 from sim.plan import Plan, Schedule
-from sim.model.specs import BenchTest, Scenario, Variant
+from sim.model.specs import BenchTest, Scenario, Variant, parse_variant
 from sim.model.vram import VramBreakdown
 
 
@@ -367,6 +367,9 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
                  jobs: int | None = None) -> list[TestResult]:
     """All (variant, test) cells of a scenario, variant-major.
 
+    ``variants``: :class:`~sim.model.specs.Variant` objects or labels (``"slots3"``,
+    :func:`~sim.model.specs.parse_variant`), or one of either; None: the scenario's.
+
     Variants run in parallel processes (``jobs``, default: all cores); the tests of one variant
     run in order in one process so that an expert cache stays warm across them. Results do not
     depend on ``jobs`` (every repetition has its own seeded rng).
@@ -375,6 +378,8 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
         PlacementError: a variant's placement does not fit (names the scenario file).
         ValueError: ``repetitions`` below 1, or no variant or no test to run (given empty, or the
             scenario has none).
+        ScenarioError: an unknown variant label.
+        TypeError: a variant that is neither a Variant nor a label.
     """
     import os
 
@@ -383,7 +388,12 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
 
     # None means the scenario's; an empty list or 0 is refused, not read as "the default"
     # (fresh-user round 10: repetitions=0 ran the scenario's, variants=() returned [])
-    variants = list(scn.variants if variants is None else variants)
+    if isinstance(variants, (str, Variant)):   # one variant, by label or object
+        variants = [variants]
+    variants = [parse_variant(v) if isinstance(v, str) else v
+                for v in (scn.variants if variants is None else variants)]
+    if any(not isinstance(v, Variant) for v in variants):
+        raise TypeError("variants: expected Variant objects or variant labels (sim.model.specs.parse_variant)")
     tests = list(scn.workload.tests() if tests is None else tests)
     if repetitions is not None and repetitions < 1:
         raise ValueError(f"repetitions: {repetitions} is below 1 (no run to time)")

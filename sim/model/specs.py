@@ -436,10 +436,15 @@ def load_model(path: str | Path) -> ModelSpec:
     or the GGUF magic, whatever the name: a GGUF named ``.toml`` is read as a GGUF;
     :func:`sim.model.gguf.load_gguf_model` reads its header only).
 
+    ``path`` may also be a built-in model's name (``"qwen3-30b-a3b"``: :func:`sim.resources.resolve_named`).
+
     Raises:
-        ScenarioError: naming the file and field of any missing or invalid value.
+        ScenarioError: naming the file and field of any missing or invalid value; an unknown
+            bare name, listing the built-in ones.
     """
-    p = Path(path)
+    from sim.resources import resolve_named
+
+    p = path = resolve_named("model", path)
     if p.suffix.lower() == ".gguf" or (p.is_file() and _is_gguf(p)):
         from sim.model.gguf import load_gguf_model
 
@@ -778,11 +783,16 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     """Read a hardware profile TOML (``scenarios/hardware/*.toml``).
 
     Every number is ``{ value = ..., source = "..." }``. Units in keys: ``_gb`` (10**9 bytes),
-    ``_gb_per_s``, ``_tflops`` (10**12 FLOP/s), ``_us`` (microseconds).
+    ``_gb_per_s``, ``_tflops`` (10**12 FLOP/s), ``_us`` (microseconds). ``path`` may also be a
+    built-in profile's name (``"h200"``: :func:`sim.resources.resolve_named`).
 
     Raises:
-        ScenarioError: naming the file and field of any missing or invalid value.
+        ScenarioError: naming the file and field of any missing or invalid value; an unknown
+            bare name, listing the built-in ones.
     """
+    from sim.resources import resolve_named
+
+    path = resolve_named("hardware", path)
     data = _with_base(load_toml(path), Path(path))
     f = Fields(data, path)
     g = f.sub("hardware", required=True)
@@ -801,6 +811,9 @@ def load_hardware(path: str | Path) -> HardwareProfile:
 
     name = g.str("name")
     gpu_name = g.str("gpu_name", name)
+    for key, val in (("name", name), ("gpu_name", gpu_name)):
+        if not val.strip():   # the rows' backend / gpu_info and the build line name the profile by them
+            raise g.error(key, "must not be empty (the rows and the build line name the profile by it)")
     backend = g.str("backend", default_backend(gpu_name, name))
     n_gpu = g.int("n_gpu", 1, min=1, max=16)
     vram = num("vram_gb", GB, kind="bytes")
@@ -1251,6 +1264,79 @@ def nested_repeat(pattern: str) -> str | None:
     return pattern if walk(tree, False) else None
 
 
+#: what ``(?`` may open in ECMAScript (``std::regex``'s default grammar, which llama.cpp's ``-ot``
+#: uses): a non-capturing group and the two lookaheads
+_ECMA_GROUPS = (":", "=", "!")
+#: escapes of Python ``re`` that ECMAScript lacks (``std::regex`` refuses them: ``error_escape``)
+_PY_ESCAPES = {"A": "\\A (start of string)", "Z": "\\Z (end of string)", "z": "\\z", "G": "\\G",
+               "N": "\\N{...} (a named character)", "U": "\\U (an 8-digit code point)"}
+
+
+def python_only_syntax(pattern: str) -> str | None:
+    """The first construct of ``pattern`` that Python's ``re`` accepts and ECMAScript (the
+    grammar ``std::regex`` compiles by default, as llama.cpp's ``-ot`` does in
+    ``llama_model_loader``) does not, described in a few words; None when there is none.
+
+    Found by a scan of the pattern (escapes and bracket expressions skipped): inline flags
+    (``(?i)``, ``(?x)``), named groups (``(?P<x>...)``, ``(?<x>...)``: ``std::regex`` has none),
+    lookbehind (``(?<=``, ``(?<!``), comments (``(?#...)``), atomic groups (``(?>``),
+    conditionals (``(?(1)...)``), possessive quantifiers (``a*+``) and the escapes ``\\A``, ``\\Z``,
+    ``\\z``, ``\\G``, ``\\N{}``, ``\\U``. A real ``llama-bench`` throws ``std::regex_error`` on
+    such a pattern when it loads the model (fresh-user round 11: ``-ot '(?i)EXPS=CPU'`` ran here)."""
+    i, n = 0, len(pattern)
+    in_class = False
+    prev_quant = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1] if i + 1 < n else ""
+            if not in_class and nxt in _PY_ESCAPES:
+                return _PY_ESCAPES[nxt]
+            i += 2
+            prev_quant = False
+            continue
+        if in_class:
+            if c == "[" and i + 1 < n and pattern[i + 1] in ":.=":   # [:alpha:] and kin inside a class
+                end = pattern.find(pattern[i + 1] + "]", i + 2)
+                i = end + 2 if end >= 0 else n
+                continue
+            if c == "]":
+                in_class = False
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            i += 1
+            if i < n and pattern[i] == "^":
+                i += 1
+            if i < n and pattern[i] == "]":   # a leading ] is a member
+                i += 1
+            prev_quant = False
+            continue
+        if c == "(" and pattern.startswith("(?", i):
+            rest = pattern[i + 2:i + 4]
+            if not rest.startswith(_ECMA_GROUPS):
+                if rest.startswith(("<=", "<!")):
+                    return f"lookbehind '(?{rest}'"
+                if rest.startswith(("P<", "P=", "<")):
+                    return "a named group '(?P<...>' / '(?<...>'"
+                if rest.startswith("#"):
+                    return "a comment '(?#...)'"
+                if rest.startswith(">"):
+                    return "an atomic group '(?>...)'"
+                if rest.startswith("("):
+                    return "a conditional '(?(...)...)'"
+                return f"inline flags '(?{rest[:1]}...'"
+        if prev_quant and c == "+":
+            return "a possessive quantifier ('*+', '++', '?+', '}+')"
+        if prev_quant and c == "?":
+            prev_quant = False   # a lazy quantifier (a*?): ECMAScript has it too
+        else:
+            prev_quant = c in "*+?" or (c == "}" and re.search(r"\{\d+(,\d*)?$", pattern[:i]) is not None)
+        i += 1
+    return None
+
+
 def profile_kernel_tables(hw_file) -> list[str]:
     """The kernel-table CSVs a hardware profile TOML names (``[ggml]`` ``gpu_kernels``,
     ``gpu_kernels_extra``, ``cpu_kernels``, relative to the profile), as paths; [] when it names
@@ -1332,6 +1418,10 @@ def placement_from_fields(p: Fields) -> Placement:
         if nested_repeat(regex):
             raise ScenarioError(f"regex '{regex}' repeats a repeated group without bound: matching it can take "
                                 "exponential time; write it without the nesting", file=p.file, field=fld)
+        bad = python_only_syntax(regex)
+        if bad:
+            raise ScenarioError(f"regex '{regex}' uses {bad}, which Python accepts but llama.cpp's std::regex "
+                                "(ECMAScript) refuses: llama-bench would fail to load the model", file=p.file, field=fld)
         if not re.fullmatch(r"CPU|CUDA\d+|GPU\d*", buf.upper()):
             raise ScenarioError(f"buffer must be CPU or CUDA<n>, got '{buf}'", file=p.file, field=fld)
         rules.append((regex, buf.upper()))
@@ -1530,7 +1620,8 @@ class Variant:
 _VARIANT_TOKEN = re.compile(
     r"(?P<baseline>baseline)$|(?P<ungated>prefetch_ungated|prefetch_weights|prefetch)$"
     r"|(?:prefetch_gated_?|gated_?)(?P<gate>\d+)$|(?:prefetch_experts_slots_?|slots_?)(?P<slots>\d+)$"
-    r"|cache_(?P<cache>lru|lfu|fit)$|(?P<nosel>no_selective_copy|baseline_without_selective_copy|whole_copy)$"
+    r"|cache_(?P<cache>lru|lfu|fit)$|(?P<nosel>no_selective_copy|baseline_without_selective_copy|whole_copy)$",
+    re.ASCII,   # ASCII digits only (``\d`` takes any Unicode digit: ``slots２`` ran as slots2)
 )
 
 
@@ -1622,6 +1713,11 @@ def variant_from_fields(v: Fields) -> Variant:
         return _checked_name(var, v)
     if not v.has("name"):
         raise v.error("spec", "a [[variant]] needs spec (e.g. spec = 'slots3') or a name with its fields")
+    policy = ("prefetch_weights", "gate_min_batch", "expert_slots", "expert_cache", "selective_copy")
+    if not any(v.has(f) for f in policy):
+        # a name alone would be the upstream scheduler under another name (its rows at +0.0 %)
+        raise v.error("spec", f"variant '{v.str('name')}' has neither spec nor a policy field "
+                              f"({', '.join(policy)}); give spec = 'baseline' for the upstream scheduler by name")
     # 0: never gated (ungated prefetch, as prefetch_gated_0 and the patch's -pwg 0)
     gate = v.int("gate_min_batch", None, min=0, max=TOKENS_MAX) if v.has("gate_min_batch") else None
     var = Variant(
@@ -1696,6 +1792,12 @@ class Scenario:
     compute_buffer_bytes: float | None = None
     file: str | None = None
 
+    def __post_init__(self) -> None:
+        # the routing draws' seed (numpy's SeedSequence takes integers >= 0); the TOML's
+        # scenario.seed is checked where it is read, this guards the Python API (replace(scn, seed=-1))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ScenarioError(f"expected an integer >= 0, got {self.seed!r}", file=self.file, field="scenario.seed")
+
     def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
 
@@ -1730,6 +1832,8 @@ def load_scenario(path: str | Path) -> Scenario:
                             "hardware", file=path, field="scenario")
     s = f.sub("scenario", required=True)
     name = s.str("name")
+    if not name.strip():
+        raise s.error("name", "must not be empty (reports and figures name the scenario by it)")
     # a bare name (no .toml/.gguf) with no such file beside the scenario: a shipped file (sim.resources)
     model_path = resolve_field("model", s.str("model"), s.path("model"), file=path, field=s.name("model"))
     hw_path = resolve_field("hardware", s.str("hardware"), s.path("hardware"), file=path, field=s.name("hardware"))

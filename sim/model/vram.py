@@ -54,7 +54,9 @@ class VramBreakdown:
             offloaded op).
         staging_bytes: prefetch staging buffers (2 x largest host split for weight prefetch,
             N x :attr:`expert_slot_bytes` for expert slots).
-        cache_bytes: expert cache (what the cache actually holds: whole entries of the pool).
+        cache_bytes: expert cache (what the cache actually holds: whole entries of the pool,
+            each an equal slot the size of the model's largest expert, gate+up+down of one layer,
+            :func:`expert_bytes`: any layer's expert fits any slot).
         cache_experts: cache capacity in experts (an expert = gate+up+down of one layer).
         expert_slot_bytes: bytes of one expert staging slot on this GPU
             (:func:`expert_slot_bytes`; 0 without expert slots).

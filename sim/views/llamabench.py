@@ -223,6 +223,24 @@ def variant_fields(variant) -> dict[str, int]:
             "prefetch_expert_slots": int(variant.expert_slots)}
 
 
+def patch_fields_note(variants) -> str | None:
+    """A note when one of ``variants`` prints prefetch-patch fields (:func:`variant_fields`) that
+    the patch runs as another design: weight prefetch with expert slots (``-pw 1 -pes N``,
+    which the patch runs by staging every host weight in ``max(2, N)`` slots and
+    :func:`prefetch_variant` refuses), so that a reader does not take its rows for the patch's.
+    None when no variant does."""
+    both = [v.name for v in variants if v.prefetch_weights and v.expert_slots]
+    if not both:
+        return None
+    v = next(v for v in variants if v.name == both[0])
+    f = variant_fields(v)
+    return (f"{', '.join(both)}: rows print prefetch_weights {f['prefetch_weights']}, prefetch_gate "
+            f"{f['prefetch_gate']}, prefetch_expert_slots {f['prefetch_expert_slots']}, but the prefetch patch runs "
+            f"-pw 1 -pes {f['prefetch_expert_slots']} as another design (every host weight staged in max(2, "
+            f"{f['prefetch_expert_slots']}) slots), which the simulator does not model: tell these rows from the "
+            "patch's by build_commit, not by those fields")
+
+
 # --------------------------------------------------------------------------------------
 # reader
 # --------------------------------------------------------------------------------------
@@ -687,17 +705,22 @@ def python_regex(regex: str) -> str:
     else is the same in both for the patterns ``-ot`` sees.
 
     Raises:
-        ValueError: a POSIX class Python has no spelling for here, or a group repeated without
+        ValueError: a POSIX class Python has no spelling for here, a group repeated without
             bound inside a repetition without bound (:func:`sim.model.specs.nested_repeat`:
-            exponential matching time).
+            exponential matching time), or syntax that ``std::regex`` refuses
+            (:func:`sim.model.specs.python_only_syntax`).
     """
-    from sim.model.specs import nested_repeat
+    from sim.model.specs import nested_repeat, python_only_syntax
 
     def sub(m: re.Match) -> str:
         if m.group(1) not in _POSIX_CLASSES:
             raise ValueError(f"POSIX class [:{m.group(1)}:] in '{regex}' not supported")
         return _POSIX_CLASSES[m.group(1)]
 
+    bad = python_only_syntax(regex)
+    if bad:
+        raise ValueError(f"'{regex}' uses {bad}, which Python accepts but llama.cpp's std::regex (ECMAScript) "
+                         "refuses: llama-bench would fail to load the model")
     out = re.sub(r"\[:(\w+):\]", sub, regex)
     if nested_repeat(out):
         raise ValueError(f"'{regex}' repeats a repeated group without bound: matching it can take exponential "
