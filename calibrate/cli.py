@@ -62,9 +62,10 @@ def _refuse_fake_over_measured(out: Path) -> None:
     import tomllib  # noqa: PLC0415
 
     try:
-        gpu = tomllib.loads(out.read_text(encoding="utf-8")).get("hardware", {}).get("gpu_name")
+        hw = tomllib.loads(out.read_text(encoding="utf-8")).get("hardware")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        gpu = None
+        hw = None
+    gpu = hw.get("gpu_name") if isinstance(hw, dict) else None
     if gpu != FAKE_GPU_NAME:
         what = f"a profile measured on {gpu}" if isinstance(gpu, str) and gpu else "a file that is no --fake-gpu profile"
         raise PrefetchSimError(f"--out: '{out}' holds {what}; --fake-gpu's numbers are meaningless and would replace "

@@ -1315,18 +1315,21 @@ def python_only_syntax(pattern: str) -> str | None:
             continue
         if c == "(" and pattern.startswith("(?", i):
             rest = pattern[i + 2:i + 4]
-            if not rest.startswith(_ECMA_GROUPS):
-                if rest.startswith(("<=", "<!")):
-                    return f"lookbehind '(?{rest}'"
-                if rest.startswith(("P<", "P=", "<")):
-                    return "a named group '(?P<...>' / '(?<...>'"
-                if rest.startswith("#"):
-                    return "a comment '(?#...)'"
-                if rest.startswith(">"):
-                    return "an atomic group '(?>...)'"
-                if rest.startswith("("):
-                    return "a conditional '(?(...)...)'"
-                return f"inline flags '(?{rest[:1]}...'"
+            if rest.startswith(_ECMA_GROUPS):   # (?: (?= (?!: ECMAScript's own
+                i += 3
+                prev_quant = False
+                continue
+            if rest.startswith(("<=", "<!")):
+                return f"lookbehind '(?{rest}'"
+            if rest.startswith(("P<", "P=", "<")):
+                return "a named group '(?P<...>' / '(?<...>'"
+            if rest.startswith("#"):
+                return "a comment '(?#...)'"
+            if rest.startswith(">"):
+                return "an atomic group '(?>...)'"
+            if rest.startswith("("):
+                return "a conditional '(?(...)...)'"
+            return f"inline flags '(?{rest[:1]}...'"
         if prev_quant and c == "+":
             return "a possessive quantifier ('*+', '++', '?+', '}+')"
         if prev_quant and c == "?":
