@@ -431,8 +431,8 @@ def ggml_duration_s(op: Op, hw: HardwareProfile) -> float | None:
         m, n, kk, mult, tag, inner = sh[:6]
         flops = hw.cpu_flops_per_s
         # the weightless nodes the scheduler keeps on the CPU beside the op (a bias add, the GLU
-        # before a down projection: sim.plan.builder.cpu_weightless_nodes)
-        ew = g.elementwise_s("cpu", sh[6], sh[7]) if len(sh) > 7 else 0.0
+        # before a down projection: sim.plan.builder.ffn_cpu_nodes)
+        ew = g.cpu_nodes_s(sh[6], sh[7], sh[8] if len(sh) > 8 else 0.0) if len(sh) > 7 else 0.0
         if tag == "mm":
             total = ew
             for ty, n_out, n_in, nb in inner[3]:

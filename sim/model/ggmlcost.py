@@ -190,6 +190,15 @@ class GgmlKernels:
         matvec_column_macs_per_s: multiply-adds per second of each column of a quantised matvec
             beyond the second, in a graph, measured; 0: a matvec below the L2 does not grow with
             its columns.
+        cpu_node_s: time of one weightless node of a CPU split in a llama-bench graph (s: its
+            work and the thread pool's barrier after it), measured with the ``node-time`` patch
+            (:mod:`calibrate.llamacpp.nodetime`: gpt-oss's expert bias ``ADD_ID`` and Qwen3's
+            ``SWIGLU``, less their bytes at ``cpu_ew_bytes_per_s``); None: ``cpu_op_s`` (the
+            CPU table's per-op intercept, measured on single matvecs outside a graph).
+        cpu_glu_oai_elem_s: ``SWIGLU_OAI``'s time per output element on one thread beyond a
+            plain node (s), measured (node-time: gpt-oss's GLU, whose clamped, scaled sigmoid
+            ggml-cpu computes element by element); ggml-cpu splits a GLU's rows (``top-k x
+            tokens``) over its threads. 0: not priced.
         sources: field -> where the number came from.
     """
 
@@ -217,6 +226,8 @@ class GgmlKernels:
     f32_mmf_s: float = 0.0
     matvec_column_macs_per_s: float = 0.0
     cpu_split_s: float | None = None
+    cpu_node_s: float | None = None
+    cpu_glu_oai_elem_s: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -552,6 +563,17 @@ class GgmlKernels:
         if self.cpu_get_rows_bytes_per_s <= 0 or elements <= 0:
             return 0.0
         return 4.0 * elements / self.cpu_get_rows_bytes_per_s
+
+    def cpu_nodes_s(self, nodes: int, nbytes: float, oai_elems_per_thread: float = 0.0) -> float:
+        """``nodes`` weightless nodes of a CPU split in a graph moving ``nbytes`` in all, of which
+        a ``SWIGLU_OAI`` computes ``oai_elems_per_thread`` output elements on its busiest thread
+        (:func:`sim.plan.builder.ffn_cpu_nodes`): ``nodes * cpu_node_s + nbytes /
+        cpu_ew_bytes_per_s + oai_elems_per_thread * cpu_glu_oai_elem_s`` (``cpu_op_s`` per node
+        when the profile has no in-graph node time)."""
+        if nodes <= 0:
+            return 0.0
+        node_s = self.cpu_op_s if self.cpu_node_s is None else self.cpu_node_s
+        return nodes * node_s + nbytes / self.cpu_ew_bytes_per_s + oai_elems_per_thread * self.cpu_glu_oai_elem_s
 
     def elementwise_s(self, backend: str, kernels: int, nbytes: float) -> float:
         """``kernels`` elementwise kernels moving ``nbytes`` in all (module docstring)."""

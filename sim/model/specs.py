@@ -997,6 +997,8 @@ def _load_ggml(g: Fields):
         f32_mmf_s=num("f32_mmf_us", 1e-6, positive=False) if g.has("f32_mmf_us") else 0.0,
         matvec_column_macs_per_s=(num("matvec_column_tmac_per_s", 1e12, kind="flops_per_s")
                                   if g.has("matvec_column_tmac_per_s") else 0.0),
+        cpu_node_s=num("cpu_node_us", 1e-6, positive=False) if g.has("cpu_node_us") else None,
+        cpu_glu_oai_elem_s=num("cpu_glu_oai_ns", 1e-9, positive=False) if g.has("cpu_glu_oai_ns") else 0.0,
         sources=sources)
     g.check_unknown()
     try:

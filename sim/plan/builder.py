@@ -155,6 +155,18 @@ class BuildContext:
         return [ffn_cpu_nodes(model, self.tensor_by_name, self.host_ids, i) for i in range(model.n_layer)]
 
     @cached_property
+    def cpu_threads(self) -> int | None:
+        """Threads of the CPU backend: the profile's ``[measured] host_cpus`` (the machine whose
+        CPU figures price the CPU ops, measured with all its threads, as llama-bench's default
+        ``-t``), None when the profile does not say."""
+        raw = (getattr(self.scn.hardware, "measured", None) or {}).get("host_cpus")
+        try:
+            n = int(str(raw))
+        except (TypeError, ValueError):
+            return None
+        return n if n > 0 else None
+
+    @cached_property
     def ffn_cpu_off_gpu(self) -> list[tuple[int, float]]:
         """Per layer, the ``(nodes, elements per token)`` of :attr:`ffn_cpu` that leave the
         layer's GPU elementwise kernels below the op-offload batch (:func:`attn_item_shape`).
@@ -304,22 +316,39 @@ def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int
         return _NO_CPU_NODES
     weights, down, gate, topk, ff = ffn
     glu = down.name if id(down) in host_ids and gate is not None and id(gate) in host_ids else None
+    oai = model.arch in GLU_OAI_ARCHS
     biased, per = [], []
     for w, b in weights:
-        k, e = 0, 0.0
+        k, e, row = 0, 0.0, 0
         if id(w) in host_ids and b is not None and id(b) in host_ids:
             biased.append(w.name)
             k, e = 1, 2.0 * topk * w.n_out       # ADD_ID: the matmul's output in, the sum out
         if w.name == glu:
             k, e = k + 1, e + 3.0 * topk * ff    # GLU: gate and up in, the product out
+            row = ff if oai else 0               # SWIGLU_OAI's elements per row (top-k rows a token)
         if k:
-            per.append((w.name, k, e))
+            per.append((w.name, k, e, row, topk))
     if not per:
         return _NO_CPU_NODES
-    return (frozenset(biased), glu, sum(k for _n, k, _e in per), sum(e for _n, _k, e in per), tuple(per))
+    return (frozenset(biased), glu, sum(p[1] for p in per), sum(p[2] for p in per), tuple(per))
 
 
 _NO_CPU_NODES: tuple = (frozenset(), None, 0, 0.0, ())
+#: architectures whose FFN gates with ``SWIGLU_OAI`` (llama.cpp's ``llm_build_openai_moe_iswa``:
+#: ``build_moe_ffn(..., LLM_FFN_SWIGLU_OAI_MOE, ...)``; the others' GLU is a ``SWIGLU`` or
+#: ``GEGLU``, priced as a plain node)
+GLU_OAI_ARCHS = frozenset({"gpt-oss"})
+
+
+def oai_elems_per_thread(row_elems: int, rows: int, threads: int | None) -> int:
+    """Output elements of a ``SWIGLU_OAI`` on its busiest CPU thread: ggml-cpu's GLU gives each
+    of its ``threads`` a contiguous share of the ``rows`` (``ggml_compute_forward_swiglu_oai``:
+    ``dr = (nr + nth - 1) / nth``), each row ``row_elems`` long. ``threads`` None (a profile
+    without ``[measured] host_cpus``): one row per thread."""
+    if row_elems <= 0 or rows <= 0:
+        return 0
+    per = 1 if not threads else -(-rows // threads)
+    return per * row_elems
 #: :func:`_ffn_weights` per model (:func:`per_model`)
 _FFN_WEIGHTS: dict[int, list] = {}
 
@@ -1291,11 +1320,13 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         # the weightless nodes beside the op (ffn_cpu_nodes): its bias add; the GLU, on the down
         # projection (not in a block -ngl left on the CPU: its attention item prices them)
         ew_nodes, ew_bytes = 0, 0.0
+        oai = 0
         if it.kind is not OpKind.ATTN and it.layer not in attn_layers and it.tensors:
             name = it.tensors[0].name
-            for nm, k, e in ctx.ffn_cpu[it.layer][4]:
+            for nm, k, e, row, topk in ctx.ffn_cpu[it.layer][4]:
                 if nm == name:
                     ew_nodes, ew_bytes = k, 4.0 * e * it.shape[0]   # f32 elements of the op's rows
+                    oai = oai_elems_per_thread(row, topk * it.shape[0], ctx.cpu_threads)
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
             nbytes, shape = cpu_attn_args(it.shape)
@@ -1315,10 +1346,10 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
                     fill_reqs.append((it.layer, t, misses))
                 n_used = misses
                 nbytes = misses * t.bytes_per_mat
-            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0, "moe", it.shape, ew_nodes, ew_bytes)
+            shape = (m_, n_, k_, min(topk, n_used) if n_used else 0, "moe", it.shape, ew_nodes, ew_bytes, oai)
         else:
             m_, n_, k_ = it.shape[:3]
-            shape = (m_, n_, k_, 1, "mm", it.shape, ew_nodes, ew_bytes)
+            shape = (m_, n_, k_, 1, "mm", it.shape, ew_nodes, ew_bytes, oai)
         if nbytes == 0 and shape[3] == 0:
             continue
         cpu_work.append((it, nbytes, shape))
