@@ -109,6 +109,11 @@ def run_from_args(args: argparse.Namespace, argv_for_record: list[str] | None = 
     check_output_path(out.with_suffix(""), "--out (its tables folder)", directory=True)
     if raw is not None:
         check_output_path(raw, "--raw-dir", directory=True)
+        if raw.is_dir() and any(raw.iterdir()):
+            # another run's raw logs (fresh-user round 12: --raw-dir over the shipped H200 logs
+            # replaced them with the stand-in's): two runs' files would mix
+            raise PrefetchSimError(f"--raw-dir: '{raw}' already holds files (another calibration's raw logs?); "
+                                   "give an empty or new folder")
     cp = None
     if args.fake_gpu:
         from . import _fakecupy as cp  # noqa: PLC0415

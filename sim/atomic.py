@@ -67,11 +67,18 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 FILE_SUFFIXES = (".csv", ".png", ".json", ".jsonl", ".md", ".txt", ".svg", ".pdf", ".html", ".toml", ".sql", ".gz")
 
 
+#: file name endings that name a format: an output named with one of them but written in another
+#: is refused (:func:`check_output_path`'s ``writes``)
+FORMAT_SUFFIXES = (".csv", ".md", ".png", ".json", ".jsonl", ".toml", ".txt", ".html", ".svg", ".pdf", ".sql")
+
+
 def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False,
-                      suffix: str | None = None) -> Path:
+                      suffix: str | None = None, writes: str | None = None) -> Path:
     """Fail early (before any simulation) on an output path that cannot be written. Creates
     nothing. ``suffix`` (``".png"``): the only file name ending the output may have (a figure
-    written as PNG under another name would mislead).
+    written as PNG under another name would mislead). ``writes`` (``".csv"``): the format written;
+    a name ending in another format's suffix (:data:`FORMAT_SUFFIXES`: ``x.md`` for a CSV) is
+    refused, any other name taken.
 
     Raises:
         ScenarioError: naming ``flag``: the path is empty or ``-`` (not standard output), a folder
@@ -89,6 +96,9 @@ def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool 
     if suffix is not None and p.suffix.lower() != suffix.lower():
         raise ScenarioError(f"'{p}' does not end in {suffix} (the file is written as {suffix.lstrip('.').upper()})",
                             field=flag)
+    if writes is not None and p.suffix.lower() in FORMAT_SUFFIXES and p.suffix.lower() != writes.lower():
+        raise ScenarioError(f"'{p}' ends in {p.suffix}, but the file is written as {writes.lstrip('.').upper()}: "
+                            f"give a {writes} name", field=flag)
     if not directory and (p.is_dir() or str(path).endswith(("/", os.sep))):
         raise ScenarioError(f"'{path}' is a folder{'' if p.is_dir() else ' name (it ends in /)'}; give a file name",
                             field=flag)

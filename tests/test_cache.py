@@ -396,3 +396,22 @@ def test_a_decode_whose_experts_all_hit_is_priced_as_fully_resident(model):
         assert cached[0] < resident[0]                   # the misses ran on the CPU
         assert cached[2] == pytest.approx(resident[2], rel=1e-12), n
         assert np.all(cached <= resident * (1 + 1e-12)), n
+
+
+def test_the_overlap_share_is_the_mean_of_the_repetitions_that_copied():
+    """A warm expert cache's later repetitions copy nothing (their overlap share is undefined,
+    NaN); the test's share is the mean over those that copied, not NaN (fresh-user round 12:
+    overlap_fraction null in run's JSON and empty in crossover figure d's CSV)."""
+    from dataclasses import replace
+
+    from sim.engines.metrics import run_variant_test
+    from sim.model.specs import BenchTest, load_scenario, parse_variant
+
+    scn = load_scenario(ROOT / "scenarios/qwen3-30b-a3b-rtx3090.toml")
+    scn = scn.with_(placement=replace(scn.placement, expert_cache_experts=512))
+    v = parse_variant("cache_lru")
+    one = run_variant_test(scn, v, BenchTest(0, 32, 0), 1)
+    five = run_variant_test(scn, v, BenchTest(0, 32, 0), 5)
+    assert one.h2d_bytes > 0 and 0 < one.overlap_fraction <= 1
+    assert five.h2d_bytes < one.h2d_bytes            # the later repetitions hit (and copy less or nothing)
+    assert five.overlap_fraction == five.overlap_fraction and 0 < five.overlap_fraction <= 1

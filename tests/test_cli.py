@@ -462,3 +462,59 @@ def test_a_closed_stdout_pipe_ends_every_command_alike_and_quietly(cmd):
         os.close(w)
     err = p.stderr.decode()
     assert p.returncode == 141 and "error" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("cmd", [
+    ["calibrate.llamacpp.splittime", "data/llamacpp/h200-20261201-splits"],
+    ["calibrate.llamacpp.splittime", "data/llamacpp/h200-20261201-splits", "--cpu"],
+    ["calibrate.llamacpp.nodetime", "data/llamacpp/h100-20261207-nodetime"],
+    ["calibrate.llamacpp.vramcheck", "data/llamacpp/h200-20261202-prefetch2"],
+    ["calibrate.llamacpp.compare", "data/llamacpp/h200-20261201-splits", "-q", "--jobs", "1"],
+])
+def test_the_llamacpp_tools_end_quietly_on_a_closed_stdout_pipe(cmd):
+    """As prefetch-sim's commands: 141 and no line (fresh-user round 12: vramcheck a
+    BrokenPipeError traceback, splittime 'error: [Errno 32] Broken pipe' and 2)."""
+    import os
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", *cmd], stdout=w, stderr=subprocess.PIPE, cwd=ROOT, timeout=300)
+    finally:
+        os.close(w)
+    err = p.stderr.decode()
+    assert p.returncode == 141 and "error" not in err and "Traceback" not in err, err[-300:]
+
+
+def test_round_12_command_line_details(capsys, tmp_path, monkeypatch):
+    """Fresh-user round 12: '-p=' was called no flag; reproduce --out= wrote nothing with status
+    0; crossover --figure ignored --baseline; a bare FIFO name was an unknown scenario; compare
+    --out x.md wrote CSV and fit --out x.csv a TOML; vramcheck did not take a built-in profile."""
+    import os
+
+    from calibrate.llamacpp import compare as cmp
+    from calibrate.llamacpp import fit as fit_mod
+    from calibrate.llamacpp import vramcheck
+
+    for argv, words in ((["run", "-p="], "-p=: write -p VALUE"), (["run", "-q=1"], "-q=1: -q takes no value")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert words in capsys.readouterr().err
+    rc, _, err = run(capsys, "reproduce", "-q", "--out=")
+    assert rc == 2 and "empty path" in err
+    rc, _, err = run(capsys, "crossover", "--figure", "b", "--baseline", "prefetch_ungated", "--out", str(tmp_path / "cx"))
+    assert rc == 2 and "--baseline" in err and not (tmp_path / "cx").exists()
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo")
+    rc, _, err = run(capsys, "run", "fifo", "-q")
+    assert rc == 2 and "not a regular file" in err
+    monkeypatch.chdir(ROOT)
+    assert cmp.main(["data/llamacpp/h200-20261203-tg", "-q", "--out", str(tmp_path / "x.md")]) == 2
+    assert "written as CSV" in capsys.readouterr().err
+    assert fit_mod.main(["--params", "cpu_split_us", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "written as TOML" in capsys.readouterr().err
+    assert vramcheck.main(["data/llamacpp/h200-20261202-prefetch2", "--hardware", "h200-llamacpp"]) == 0
+    assert "compute buffer" in capsys.readouterr().out
+    assert not list(tmp_path.glob("x.*"))

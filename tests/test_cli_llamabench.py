@@ -1892,3 +1892,70 @@ def test_the_kv_context_note_says_when_ctx_size_is_the_default(tmp_path, capsys)
                  '[[variant]]\nspec = "baseline"\n')
     rc, _, err = run(capsys, "run", str(s), "-p", "64", "-n", "0", "-q", "--vram", "-r", "1")
     assert rc == 0 and "4096 tokens" in err and "its default where a scenario sets none" in err
+
+
+@pytest.mark.parametrize("cmd", ["breakdown", "trace", "check"])
+@pytest.mark.parametrize("flags, field", [
+    (("-nkvo", "1"), "-nkvo"), (("-embd", "1"), "-embd"), (("-t", "4"), "-t/--threads"),
+    (("-fa", "1", "-ctk", "iq4_nl", "-ctv", "iq4_nl"), "-ctk/-ctv"),
+])
+def test_one_setting_commands_refuse_what_run_refuses_as_not_modelled(capsys, tmp_path, cmd, flags, field):
+    """breakdown, trace and check simulate one setting: one that run refuses as not modelled
+    (it would print another configuration's numbers) is refused there too, naming the flag (fresh-
+    user round 12: breakdown -nkvo 1 printed the -nkvo 0 time, exit 0); the same command without
+    the flag runs."""
+    out = ["--out", str(tmp_path / "t.json")] if cmd == "trace" else []
+    base = (cmd, "-p", "64", "-n", "0", "--variant", "baseline", *out)
+    base = base + (("-q",) if cmd != "check" else ())
+    rc, _, err = run(capsys, *base, *flags)
+    assert rc == 2 and f"field '{field}" in err and ("not modelled" in err or "not rescaled" in err), err
+    assert not (tmp_path / "t.json").exists()
+    rc, _, err = run(capsys, *base)
+    assert rc == 0, err
+
+
+def test_outputs_never_replace_shipped_inputs_or_the_documentation(tmp_path, monkeypatch, capsys):
+    """An output may not replace a shipped input (scenarios/, the published measurements, a
+    calibration's raw logs) or the documentation (fresh-user round 12: trace --out
+    data/reported_measurements.csv, fit --out scenarios/hardware/h200.toml, vramcheck --out
+    README.md all wrote there); docs/figures and new files stay writable. The shipped root is a
+    copy in tmp_path here, so a failing guard writes nothing of the checkout."""
+    import sim.resources as res
+    from calibrate.llamacpp.compare import check_outputs_spare_inputs
+    from sim.errors import ScenarioError
+
+    root = tmp_path / "root"
+    files = {"scenarios/traces/t.csv": "a shipped input", "data/reported_measurements.csv": "published measurements",
+             "data/calibration/h200-x/copies.csv": "raw logs", "README.md": "documentation",
+             "docs/model.md": "documentation", "LICENSE": "documentation"}
+    for rel in [*files, "docs/figures/f.csv", "data/llamacpp/run/compare_llamacpp.md"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x\n")
+    monkeypatch.setattr(res, "shipped_root", lambda: root)
+    for rel, words in files.items():
+        assert words in (res.shipped_input(root / rel) or ""), rel
+    for rel in ("docs/figures/f.csv", "data/llamacpp/run/compare_llamacpp.md", "docs/new.md", "scenarios/new.toml"):
+        assert res.shipped_input(root / rel) is None, rel
+    rc, _, err = run(capsys, "run", TINY, *QUICK, "-p", "16", "-n", "0", "--out", str(root / "README.md"))
+    assert rc == 2 and "the project's documentation" in err and "an input of this run" not in err
+    with pytest.raises(ScenarioError, match="a shipped input"):
+        check_outputs_spare_inputs({"--out": str(root / "scenarios/traces/t.csv")})
+    assert all((root / rel).read_text() == "x\n" for rel in files)
+
+
+def test_calibrate_raw_dir_must_be_new_or_empty(tmp_path, capsys):
+    """--raw-dir over another calibration's logs mixed (or replaced) them (fresh-user round 12):
+    a folder that holds files is refused before anything is measured; an empty one is taken."""
+    from calibrate.cli import main as cal_main
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "copies.csv").write_text("kept\n")
+    assert cal_main(["--out", str(tmp_path / "p.toml"), "--fake-gpu", "--quick", "--rounds", "1", "-q",
+                     "--raw-dir", str(raw)]) == 2
+    assert "--raw-dir" in capsys.readouterr().err and (raw / "copies.csv").read_text() == "kept\n"
+    assert not (tmp_path / "p.toml").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cal_main(["--out", str(tmp_path / "p.toml"), "--fake-gpu", "--quick", "--rounds", "1", "-q",
+                     "--raw-dir", str(empty)]) == 0

@@ -849,3 +849,27 @@ def test_the_python_api_round_11(tmp_path, monkeypatch):
         with pytest.raises(ScenarioError, match="integer >= 0") as exc:
             replace(tiny, seed=bad)
         assert exc.value.field == "scenario.seed"
+
+
+def test_the_python_api_round_12():
+    """Fresh-user round 12: Placement took NaN, 24.7 and True for n_cpu_moe (and ran them as 0,
+    25, 1), NaN for ngl; speedups() against a baseline none of the results ran gave all None;
+    load_scenario("") said '. : is a directory'."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from sim.engines.metrics import run_scenario, speedups
+
+    scn = load_scenario("scenarios/tiny/tiny.toml")
+    for field, bad in (("n_cpu_moe", float("nan")), ("n_cpu_moe", 24.7), ("n_cpu_moe", True), ("n_cpu_moe", "24"),
+                       ("ngl", float("nan")), ("ngl", 10.5), ("ctx_size", 4096.0)):
+        with pytest.raises(ValueError, match=f"Placement.{field}: expected an integer"):
+            replace(scn.placement, **{field: bad})
+    assert replace(scn.placement, n_cpu_moe=np.int64(2)).n_cpu_moe == 2
+    res = run_scenario(scn, variants=["baseline", "slots2"], repetitions=1, jobs=1)
+    assert all(v is not None for v in speedups(res).values())
+    with pytest.raises(ValueError, match="'nope' is none of the results' variants"):
+        speedups(res, "nope")
+    with pytest.raises(ScenarioError, match="empty path"):
+        load_scenario("")

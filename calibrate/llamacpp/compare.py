@@ -1793,6 +1793,8 @@ def check_common_args(args: argparse.Namespace):
     if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"must be >= 1, got {args.jobs}", field="--jobs")
     seen: dict[str, str] = {}
+    # the table is CSV, the summary markdown, the figure PNG: a name that says otherwise misleads
+    # (the table's and the summary's names: check_outputs_spare_inputs, after what they would replace)
     for flag, suffix in (("out", None), ("figure", ".png"), ("summary", None)):
         if getattr(args, flag) is not None:  # an empty path is refused, not taken as no output
             check_output_path(getattr(args, flag), f"--{flag}", **({"suffix": suffix} if suffix else {}))
@@ -1813,20 +1815,30 @@ def check_common_args(args: argparse.Namespace):
 RUN_DATA_SUFFIXES = (".jsonl", ".json", ".gz", ".tgz", ".tar", ".txt", ".log", ".csv.gz")
 
 
-def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), files=(), toml_ok: bool = False) -> None:
+#: the format of each output flag of the llama.cpp tools (compare, ab, pool, vramcheck, nodetime:
+#: tables as CSV, summaries as markdown); ``fit --out`` writes TOML
+OUTPUT_FORMATS = {"--out": ".csv", "--summary": ".md"}
+
+
+def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), files=(), toml_ok: bool = False,
+                               formats: dict[str, str] | None = None) -> None:
     """Refuse an output path that is one of the command's inputs: a measurement file of a run
     folder (an existing file under ``run_dirs`` whose name ends in :data:`RUN_DATA_SUFFIXES`,
     ``llama-bench.jsonl`` and ``invocations.jsonl`` among them; the outputs that tools write
     beside them, ``compare_*.csv``/``.md``/``.png``, stay writable; its ``grid.toml``, kernel
     tables and ``perf/``, ``logs/`` do not) or one of ``files`` (a hardware profile, a CPU table);
-    and, unless ``toml_ok``, any existing ``.toml`` file (a table or figure over a model or grid
-    file). A hardware profile among ``files`` brings its kernel tables (fresh-user round 10: ``compare
+    a shipped input or document (:func:`sim.resources.shipped_input`: ``scenarios/``, the published
+    measurements, ``README.md``...); and, unless ``toml_ok``, any existing ``.toml`` file (a table or
+    figure over a model or grid file). A hardware profile among ``files`` brings its kernel tables (fresh-user round 10: ``compare
     --summary`` over ``kernels-cuda.csv`` broke every later run). ``outputs``: flag -> path (None:
-    not given).
+    not given). Then each output's name against its format (``formats``, default
+    :data:`OUTPUT_FORMATS`): a name ending in another format's suffix (``--out x.md`` for a CSV)
+    is refused (:func:`sim.atomic.check_output_path`'s ``writes``).
 
     Raises:
         ScenarioError: naming the output's flag and the input it would overwrite (the
-            measurements would be lost: fresh-user round 7 replaced llama-bench.jsonl by CSV).
+            measurements would be lost: fresh-user round 7 replaced llama-bench.jsonl by CSV), or
+            a name of another format.
     """
     ins: dict[str, str] = {}
     for d in run_dirs:
@@ -1844,15 +1856,24 @@ def check_outputs_spare_inputs(outputs: dict[str, str | None], run_dirs=(), file
                 for t in profile_kernel_tables(f):
                     ins.setdefault(os.path.realpath(t), f"a kernel table of the hardware profile {f}, an input of "
                                                         "this command")
+    from sim.resources import shipped_input
+
     for flag, path in outputs.items():
-        if path and os.path.realpath(path) in ins:
-            raise ScenarioError(f"'{path}' is {ins[os.path.realpath(path)]}: writing there would replace it; give "
+        what = (ins.get(os.path.realpath(path)) or shipped_input(path)) if path else None
+        if what:
+            raise ScenarioError(f"'{path}' is {what}: writing there would replace it; give "
                                 "the output another path", field=flag)
         if path and not toml_ok and Path(path).suffix.lower() == ".toml" and Path(path).is_file():
             # a table or a figure over a TOML is never wanted: a model, hardware or grid file
             noun = {"--out": "table", "--summary": "summary", "--figure": "figure"}.get(flag, "file")
             raise ScenarioError(f"'{path}' is a TOML file (a model, hardware profile or grid?): the {noun} written "
                                 "there would replace it; give the output another path", field=flag)
+    from sim.atomic import check_output_path
+
+    for flag, path in outputs.items():
+        fmt = (OUTPUT_FORMATS if formats is None else formats).get(flag)
+        if path and fmt:
+            check_output_path(path, flag, writes=fmt)
 
 
 def write_outputs(args: argparse.Namespace, prog: str, df: pd.DataFrame, md: str, plot,
@@ -1973,6 +1994,8 @@ def run_cli(prog: str, body, args=None) -> int:
         except PrefetchSimError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            raise   # a closed stdout: run_interruptible's quiet 141
         except OSError as exc:
             from sim.atomic import flag_of
 

@@ -678,7 +678,8 @@ def _main(argv: list[str] | None) -> int:
                                        "--out writes a copy elsewhere")
             from .compare import check_outputs_spare_inputs
 
-            check_outputs_spare_inputs({"--out": args.out}, args.run, [args.cpu_table, args.profile], toml_ok=True)
+            check_outputs_spare_inputs({"--out": args.out}, args.run, [args.cpu_table, args.profile], toml_ok=True,
+                                       formats={"--out": ".toml"})   # the refit profile is TOML
             if Path(args.out).is_file():  # a profile over another TOML (a model, a grid) is never wanted
                 import tomllib
 

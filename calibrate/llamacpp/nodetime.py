@@ -169,9 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def _main_guarded(argv: list[str] | None = None) -> int:
     try:
-        sys.exit(main())
+        return main(argv)
     except PrefetchSimError as e:
         print(f"nodetime: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return 2
+
+
+if __name__ == "__main__":
+    from sim.cli.interrupt import run_interruptible
+
+    sys.exit(run_interruptible("nodetime", _main_guarded))  # Ctrl-C / SIGTERM: one line, 130 / 143; | head: 141

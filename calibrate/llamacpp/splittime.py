@@ -443,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"split_us = {split_s * 1e6:.4g}   ({src})")
         except PrefetchSimError:
             pass
+    except BrokenPipeError:
+        raise   # a closed stdout: run_interruptible's quiet 141
     except (PrefetchSimError, OSError, ValueError) as exc:
         print(f"splittime: error: {exc}", file=sys.stderr)
         return 2

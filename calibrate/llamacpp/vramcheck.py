@@ -129,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from sim.model.specs import load_hardware
 
-    from .compare import resolve
+    from .compare import hardware_path, resolve
 
     try:
-        hw = load_hardware(resolve(args.hardware))
+        hw = load_hardware(hardware_path(args.hardware))
         for r in args.runs:
             if not Path(r).is_dir():
                 raise PrefetchSimError(f"{r}: no such run folder")
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:   # before any work: --out must not replace a run's measurements, the profile or its tables
             from .compare import check_outputs_spare_inputs
 
-            check_outputs_spare_inputs({"--out": args.out}, runs, [str(resolve(args.hardware))])
+            check_outputs_spare_inputs({"--out": args.out}, runs, [str(hardware_path(args.hardware))])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             frames = [check(r, hw) for r in runs]
@@ -163,4 +163,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sim.cli.interrupt import run_interruptible
+
+    raise SystemExit(run_interruptible("vramcheck", main))  # Ctrl-C / SIGTERM: one line, 130 / 143; | head: 141

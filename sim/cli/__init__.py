@@ -117,7 +117,8 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     Raises:
         ScenarioError: a flag given several values (naming it), ``-pg``, or any bad value.
     """
-    from sim.cli.benchflags import Notes, load_models, ot_notes, params_from_args, setting_scenario, unmodelled_notes
+    from sim.cli.benchflags import (Notes, load_models, ot_notes, params_from_args, setting_scenario,
+                                    setting_unmodelled, threads_unmodelled, unmodelled_notes)
     from sim.engines.metrics import fit_context_to_tests
 
     scn = _base_scenario(args)
@@ -133,7 +134,15 @@ def load_scenario_with_overrides(args: argparse.Namespace):
     notes = Notes()
     notes.extend(unmodelled_notes(args) + ot_notes(args))
     models = load_models(params, scn)
+    # a setting run refuses as not modelled is refused here too: its numbers would be another
+    # configuration's (fresh-user round 12: breakdown -nkvo 1 printed the -nkvo 0 time)
+    why = setting_unmodelled(setting, models[setting.model], scn.hardware)
+    if why is not None:
+        raise ScenarioError(f"{why[1]}: its numbers would be another configuration's", field=why[0])
     sscn = setting_scenario(setting, params, scn, models[setting.model], notes)
+    why_t = threads_unmodelled(setting.n_threads, sscn.model, sscn.placement, sscn.hardware)
+    if why_t is not None:
+        raise ScenarioError(f"{why_t}: its numbers would be the profile's thread count's", field="-t/--threads")
     _say_notes(notes)
     wl = replace(sscn.workload, n_prompt=params.n_prompt, n_gen=params.n_gen, n_depth=params.n_depth)
     return fit_context_to_tests(sscn.with_(workload=wl))
@@ -235,6 +244,16 @@ def _add_bench_flags(p: argparse.ArgumentParser, one_setting: bool = False) -> N
         for a in p._actions:
             if a.dest == "n_pg":
                 a.help = "not taken here (give the pp and tg tests with -p and -n); prefetch-sim run takes it"
+            elif a.help and "refused, or left out with --skip-unmodelled" in a.help:
+                # one setting: nothing else to print, so a setting not modelled is refused
+                a.help = a.help.replace("refused, or left out with --skip-unmodelled", "refused here")
+            elif a.help and "--vram shows the placement simulated" in a.help:
+                a.help = a.help.replace("--vram shows the placement simulated", "run's --vram shows the placement "
+                                        "simulated")
+            elif a.dest == "skip_unmodelled":
+                a.help = ("prefetch-sim run's: leaves out the settings the simulator does not model; this command "
+                          "simulates one setting and refuses such a one (-nkvo 1, -embd 1, -sm row/tensor over "
+                          "several GPUs, FlashAttention on an iq4_nl K/V cache, another -t with host weights)")
 
 
 #: characters of the variant's name in its build id (``slots3``: the shortest shipped name)
@@ -589,8 +608,8 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
             that does not fit (naming its flag), or a run over the work budget (naming
             ``--max-work``).
     """
-    from sim.cli.benchflags import (Notes, load_models, overflow_in_flags, setting_scenario, sim_tests,
-                                    threads_unmodelled, unmodelled_setting)
+    from sim.cli.benchflags import (Notes, load_models, overflow_in_flags, setting_scenario, setting_unmodelled,
+                                    sim_tests, threads_unmodelled)
     from sim.bounds import LIST_VALUES_MAX, WORK_MAX, check_work
     from sim.plan.builder import make_context
     from sim.errors import ContextRefusedError, PlacementError
@@ -617,13 +636,7 @@ def run_bench(scn, params, *, engine: str = "analytic", progress=None, notes=Non
         model = models[setting.model]
         insts = params.instances(setting)
         label = _setting_label(params, setting)
-        why = unmodelled_setting(setting, scn.hardware)
-        if why is None and (setting.fit_target or setting.fit_min_ctx) and model.moe is None:
-            # llama-bench's fit of a dense model lowers -ngl until the target is free: another
-            # placement than the row prints, at another speed (only the n_cpu_moe fit is modelled)
-            why = ("-fitt/--fit-target", f"-fitt/-fitc on a dense model ('{model.name}'): llama-bench's fit lowers "
-                                         "-ngl until the target is free, which is not modelled (-ngl as given, "
-                                         "without -fitt, is)")
+        why = setting_unmodelled(setting, model, scn.hardware)
         if why is not None:
             if not skip_unmodelled:
                 raise ScenarioError(f"{why[1]}: its rows would print another configuration's numbers; give "
@@ -922,7 +935,8 @@ def _check_out_spares_inputs(args: argparse.Namespace, scn, writes: str = "the r
                 ins.setdefault(os.path.realpath(str(m).strip()), f"-m {str(m).strip()}")
     what = replaced_input(out, ins)
     if what:
-        raise ScenarioError(f"'{out}' is {what}, an input of this run: {writes} would replace it; give --out "
+        role = ", an input of this run" if os.path.realpath(out) in ins else ""
+        raise ScenarioError(f"'{out}' is {what}{role}: {writes} would replace it; give --out "
                             "another path", field="--out")
 
 
@@ -1185,6 +1199,11 @@ class Parser(argparse.ArgumentParser):
                 continue  # not like any flag of ours: argparse says it is unrecognized
             act = acts[flag]
             rest = value if flag == name else tok[len(flag):].removeprefix("=")
+            if flag == name and "=" in tok and act.nargs == 0:
+                self.error(f"{tok}: {flag} takes no value")
+            if flag == name and tok.endswith("=") and not rest:
+                # '-p=': the flag with '=' and no value (fresh-user round 12: said it was no flag)
+                self.error(f"{tok}: write {flag} VALUE; llama-bench takes a flag and its value as two words")
             if act.nargs == 0 or not rest or not self._takes(act, rest):
                 self.error(f"unrecognized flag '{name if flag == name else tok}' (not a flag of '{self.prog}')")
             self.error(f"{tok}: write {flag} {rest}; llama-bench takes a flag and its value as two words")

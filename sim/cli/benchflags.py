@@ -615,6 +615,20 @@ def unmodelled_setting(setting, hw) -> tuple[str, str] | None:
     return flag, f"{flag.split('/')[0]} 1 ({what}) is not modelled"
 
 
+def setting_unmodelled(setting, model, hw) -> tuple[str, str] | None:
+    """:func:`unmodelled_setting`, and llama-bench's ``-fitt``/``-fitc`` fit of a dense model
+    (it lowers ``-ngl`` until the target is free: another placement than the row prints; only the
+    ``n_cpu_moe`` fit is modelled): ``(flag, reason)`` or None. The one rule of ``run`` (which
+    leaves such a setting out with ``--skip-unmodelled``) and of the commands that simulate one
+    setting (``trace``, ``breakdown``, ``check``: refused)."""
+    why = unmodelled_setting(setting, hw)
+    if why is None and (setting.fit_target or setting.fit_min_ctx) and model.moe is None:
+        why = ("-fitt/--fit-target", f"-fitt/-fitc on a dense model ('{model.name}'): llama-bench's fit lowers "
+                                     "-ngl until the target is free, which is not modelled (-ngl as given, "
+                                     "without -fitt, is)")
+    return why
+
+
 def threads_unmodelled(n_threads: int, model, placement, hardware) -> str | None:
     """Why ``-t n_threads`` cannot be simulated for ``model`` under ``placement`` on ``hardware``,
     else None (the one rule of ``run`` and ``compare``): the profile records the

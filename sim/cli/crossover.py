@@ -37,8 +37,8 @@ def cmd_crossover(args: argparse.Namespace) -> int:
 
     progress = progress_enabled(args.quiet)
     if args.figure:
-        if args.axis or args.axis2 or args.variant or args.test:
-            raise ScenarioError("--figure builds a fixed sweep; drop --axis/--axis2/--variant/--test",
+        if args.axis or args.axis2 or args.variant or args.test or args.baseline != "baseline":
+            raise ScenarioError("--figure builds a fixed sweep; drop --axis/--axis2/--variant/--test/--baseline",
                                 field="--figure")
         keys = list(FIGURES) if args.figure.strip().lower() == "all" else [figure_spec(args.figure).key]
         for k in keys:

@@ -99,7 +99,8 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
     SIGTERM and SIGHUP raising :class:`Interrupted` in it. On an interruption (also when another
     exception, such as a :class:`~concurrent.futures.process.BrokenProcessPool` from workers
     killed by the same SIGTERM, arrives with it) print ``<prog>: interrupted`` (and the signal's
-    name unless SIGINT) on stderr and return ``128 + signal``. A worker process that died without
+    name unless SIGINT) on stderr and return ``128 + signal``. A closed standard output (``| head``)
+    is a quiet 141 (:func:`closed_pipe`). A worker process that died without
     a signal to this process (``BrokenProcessPool``: killed from outside, e.g. out of memory) is
     one line on stderr and exit status 2. Other exceptions propagate.
 
@@ -120,11 +121,14 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
     try:
         try:
             status = body(*args, **kwargs)
+            sys.stdout.flush()   # here: a closed pipe is met inside, not at the interpreter's exit
         finally:
             _state.armed = False  # from here on a signal is noted, never raised
         if _state.received is not None:  # arrived as the command ended
             return _say(prog, _state.received)
         return status
+    except BrokenPipeError:
+        return closed_pipe()
     except KeyboardInterrupt as exc:
         return _say(prog, _state.received or getattr(exc, "signum", signal.SIGINT))
     except BrokenProcessPool:
@@ -143,6 +147,15 @@ def run_interruptible(prog: str, body, *args, **kwargs) -> int:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         _state.armed = False
+
+
+def closed_pipe() -> int:
+    """The reader of standard output went away (``| head -1``): stdout to ``/dev/null`` (so the
+    interpreter's last flush is quiet) and the status of a program SIGPIPE ended, 141 (128 + 13),
+    with no message, as every command of the project ends then."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 @contextlib.contextmanager

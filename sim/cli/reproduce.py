@@ -27,7 +27,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if not 1 <= args.repetitions <= REPETITIONS_MAX:
         raise ScenarioError(f"must be between 1 and {REPETITIONS_MAX}, got {args.repetitions}",
                             field="-r/--repetitions")
-    if args.out:
+    if args.out is not None:   # "" is an error, as the other commands' (not "no output")
         check_output_path(args.out)
         suffix = Path(args.out).suffix.lower()
         if suffix not in ("", ".csv"):

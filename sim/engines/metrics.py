@@ -33,7 +33,8 @@ class TestResult:
             token is sampled from its logits), mean over repetitions; None for tg.
         h2d_bytes: mean bytes copied host→device per repetition.
         exposed_transfer_s: mean H2D time not hidden behind compute.
-        overlap_fraction: mean share of H2D time overlapped by compute.
+        overlap_fraction: mean share of H2D time overlapped by compute over the repetitions that
+            copied (NaN when none did).
         cache_hit_rate: expert cache hit rate (None without a cache).
         vram: per-GPU VRAM breakdown of the variant.
         n_cpu_moe: the placement's ``n_cpu_moe`` after ``fit_experts``.
@@ -300,7 +301,9 @@ def run_variant_test(scn: Scenario, variant: Variant, test: BenchTest,
         variant=variant.name, test=test.name, n_tokens=test.n_tokens, tps=np.asarray(tps),
         makespan_s=np.asarray(mk), ttft_s=float(np.mean(mk)) if test.n_prompt else None,
         h2d_bytes=float(np.mean(h2d)), exposed_transfer_s=float(np.mean(exp)),
-        overlap_fraction=float(np.mean(ovl)),
+        # the repetitions that copied (a repetition that copies nothing has no share: NaN; fresh-user
+        # round 12: one such repetition made the whole test's share NaN)
+        overlap_fraction=float(np.nanmean(ovl)) if not np.isnan(ovl).all() else float("nan"),
         # None without a cache or when the test never consulted it (prefetch copies whole tensors)
         cache_hit_rate=ctx.cache.hit_rate if ctx.cache is not None and ctx.cache.n_accesses else None,
         vram=tuple(ctx.vram), n_cpu_moe=ctx.n_cpu_moe, engine=engine,
@@ -422,6 +425,14 @@ def run_scenario(scn: Scenario, *, variants: Sequence[Variant] | None = None,
 
 
 def speedups(results: Sequence[TestResult], baseline: str = "baseline") -> dict[tuple[str, str], float | None]:
-    """``(variant, test) -> mean t/s ratio vs the baseline variant`` (None without one)."""
+    """``(variant, test) -> mean t/s ratio vs the baseline variant`` (None for a test the
+    baseline did not run).
+
+    Raises:
+        ValueError: ``baseline`` is none of the results' variants (every ratio would be None).
+    """
+    names = {r.variant for r in results}
+    if results and baseline not in names:
+        raise ValueError(f"baseline: '{baseline}' is none of the results' variants ({', '.join(sorted(names))})")
     base = {r.test: r.tps_mean for r in results if r.variant == baseline}
     return {(r.variant, r.test): (r.tps_mean / base[r.test] if r.test in base else None) for r in results}

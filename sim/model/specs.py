@@ -1168,7 +1168,11 @@ class Placement:
 
     def __post_init__(self):
         # as a scenario and the CLI read them (fresh-user round 9: the Python API took ngl -1 as
-        # no layer offloaded, and a negative n_cpu_moe as none)
+        # no layer offloaded, and a negative n_cpu_moe as none; round 12: NaN, 24.7, True and "24")
+        for name in ("ngl", "n_cpu_moe", "ctx_size", "expert_cache_experts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ValueError(f"Placement.{name}: expected an integer, got {v!r}")
         if self.ngl < 0:
             object.__setattr__(self, "ngl", sim_ngl(self.ngl))
         if self.n_cpu_moe < 0:
@@ -1379,12 +1383,14 @@ def scenario_input_files(scn) -> dict[str, str]:
 
 def replaced_input(path, inputs: Mapping[str, str]) -> str | None:
     """What writing ``path`` would replace, or None: one of ``inputs`` (real path -> what it is,
-    :func:`scenario_input_files`), else any existing TOML or GGUF file (an output of this tool is
-    neither: a model, hardware profile or scenario). The one test of every command's outputs
+    :func:`scenario_input_files`), a shipped input or document (:func:`sim.resources.shipped_input`),
+    else any existing TOML or GGUF file (an output of this tool is neither: a model, hardware
+    profile or scenario). The one test of every command's outputs
     (``run``, ``breakdown``, ``trace``, ``--list-devices``, ``crossover``)."""
     from sim.model.gguf import is_gguf
+    from sim.resources import shipped_input
 
-    what = inputs.get(os.path.realpath(path))
+    what = inputs.get(os.path.realpath(path)) or shipped_input(path)
     p = Path(path)
     if what is None and p.is_file():
         if p.suffix.lower() in (".toml", ".gguf"):
@@ -1821,7 +1827,9 @@ def load_scenario(path: str | Path) -> Scenario:
 
     from sim.bounds import BYTES_MAX
 
-    if isinstance(path, str) and path.strip():
+    if isinstance(path, str) and not path.strip():
+        raise ScenarioError("empty path: give a scenario file or a built-in name (e.g. 'default')", field="scenario")
+    if isinstance(path, str):
         path = resolve_scenario(path)   # the built-in names too, as the CLI (fresh-user round 10)
 
     if Path(path).is_file() and _is_gguf(Path(path)):

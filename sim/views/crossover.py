@@ -1146,7 +1146,8 @@ def write_outputs(res: SweepResult, out_dir: str | Path, stem: str, fig=None, in
         what = replaced_input(p, inputs or {})
         if what:
             # fresh-user round 10: a routing trace named as the sweep's CSV was replaced
-            raise ScenarioError(f"'{p}' is {what}, an input of this sweep: writing there would replace it; "
+            role = ", an input of this sweep" if os.path.realpath(p) in (inputs or {}) else ""
+            raise ScenarioError(f"'{p}' is {what}{role}: writing there would replace it; "
                                 "give --out another folder", field="--out")
     csv_bytes = res.to_dataframe().to_csv(index=False).encode()
     buf = io.BytesIO()
