@@ -287,9 +287,9 @@ def ffn_cpu_nodes(model, tens: dict, host_ids: frozenset, layer: int
     the FFN's host-resident weight ops run there (below the op-offload batch), as ``(weights
     whose bias add runs beside them, the weight whose op the GLU runs before (the down
     projection) or None, nodes, f32 elements read and written per token, per weight)``, the
-    last a tuple of ``(weight name, nodes, elements per token)`` for each weight with nodes
-    beside it (what :func:`_emit_cpu_split` prices with that weight's op; the nodes and elements
-    are their sums):
+    last a tuple of ``(weight name, nodes, elements per token, SWIGLU_OAI row length or 0, GLU
+    rows per token (top-k))`` for each weight with nodes beside it (what :func:`_emit_cpu_split`
+    prices with that weight's op; the nodes and elements are their sums):
 
     * the bias add of a host-resident matmul whose bias is host-resident too (gpt-oss's
       experts: llama.cpp's ``build_moe_ffn`` adds each expert's bias with ``ggml_add_id`` right
@@ -349,6 +349,8 @@ def oai_elems_per_thread(row_elems: int, rows: int, threads: int | None) -> int:
         return 0
     per = 1 if not threads else -(-rows // threads)
     return per * row_elems
+
+
 #: :func:`_ffn_weights` per model (:func:`per_model`)
 _FFN_WEIGHTS: dict[int, list] = {}
 
@@ -1323,10 +1325,10 @@ def _emit_cpu_split(em: Emitter, s: Split, n_tokens: int, overhead: bool = False
         oai = 0
         if it.kind is not OpKind.ATTN and it.layer not in attn_layers and it.tensors:
             name = it.tensors[0].name
-            for nm, k, e, row, topk in ctx.ffn_cpu[it.layer][4]:
+            for nm, k, e, row, rows_per_token in ctx.ffn_cpu[it.layer][4]:
                 if nm == name:
                     ew_nodes, ew_bytes = k, 4.0 * e * it.shape[0]   # f32 elements of the op's rows
-                    oai = oai_elems_per_thread(row, topk * it.shape[0], ctx.cpu_threads)
+                    oai = oai_elems_per_thread(row, rows_per_token * it.shape[0], ctx.cpu_threads)
         nbytes, shape = it.weight_bytes, None
         if it.kind is OpKind.ATTN:
             nbytes, shape = cpu_attn_args(it.shape)
