@@ -873,3 +873,22 @@ def test_the_python_api_round_12():
         speedups(res, "nope")
     with pytest.raises(ScenarioError, match="empty path"):
         load_scenario("")
+
+
+@pytest.mark.parametrize("given, want", [("rocm", "ROCm"), ("ROCM", "ROCm"), ("cuda", "CUDA"), ("vulkan", "Vulkan"),
+                                         ("Vulkn", None), ("", None)])
+def test_a_profile_backend_is_one_of_llama_cpps_in_any_case(tmp_path, given, want):
+    """Fresh-user round 13: backend = "rocm" ran with CUDA's pageable-copy semantics (the code
+    compared with "ROCm") and listed its device as rocm0; "Vulkn" was printed as given. The name
+    is matched in any case and printed as llama.cpp spells it; an unknown one is refused."""
+    src = (ROOT / "scenarios" / "hardware" / "rtx3090.toml").read_text()
+    p = tmp_path / "h.toml"
+    p.write_text(src.replace("[hardware]\n", f'[hardware]\nbackend = "{given}"\n', 1))
+    if want is None:
+        with pytest.raises(ScenarioError, match="unknown backend") as exc:
+            load_hardware(p)
+        assert exc.value.field == "hardware.backend"
+        return
+    hw = load_hardware(p)
+    assert hw.backend == want
+    assert hw.h2d_pageable.host_blocking == (want != "ROCm")

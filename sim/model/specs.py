@@ -731,6 +731,13 @@ _HW_NUMBERS = {
 }
 
 
+#: llama.cpp's GPU backend names (``ggml_backend_reg_name``, as llama-bench's ``backends`` column
+#: prints them), by their lower case: a profile's ``backend`` is one of them, in any case. The
+#: simulator's mechanics follow CUDA's and ROCm's copy semantics (``event_semantics``,
+#: ``h2d_pageable_host_blocking``); the others are names printed.
+GGML_BACKENDS = {b.lower(): b for b in ("CUDA", "ROCm", "Vulkan", "Metal", "SYCL", "MUSA", "CANN", "OpenCL")}
+
+
 def default_backend(gpu_name: str, name: str = "") -> str:
     """llama-bench's backend name for a GPU: ``CUDA`` for an NVIDIA one, ``ROCm`` for an AMD one
     (by the words in ``gpu_name`` or the profile ``name``), else ``name`` (or ``gpu_name``)."""
@@ -814,7 +821,14 @@ def load_hardware(path: str | Path) -> HardwareProfile:
     for key, val in (("name", name), ("gpu_name", gpu_name)):
         if not val.strip():   # the rows' backend / gpu_info and the build line name the profile by them
             raise g.error(key, "must not be empty (the rows and the build line name the profile by it)")
-    backend = g.str("backend", default_backend(gpu_name, name))
+    if g.has("backend"):
+        raw_backend = g.str("backend")
+        backend = GGML_BACKENDS.get(raw_backend.strip().lower())
+        if backend is None:   # fresh-user round 13: "rocm" ran as CUDA, "Vulkn" was printed
+            raise g.error("backend", f"unknown backend {raw_backend!r}; one of {', '.join(GGML_BACKENDS.values())} "
+                                     "(llama-bench's backend names; any case)")
+    else:
+        backend = default_backend(gpu_name, name)
     n_gpu = g.int("n_gpu", 1, min=1, max=16)
     vram = num("vram_gb", GB, kind="bytes")
     reserved = num("vram_reserved_gb", GB, default=0.5 * GB, kind="bytes")
