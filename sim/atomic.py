@@ -69,7 +69,7 @@ FILE_SUFFIXES = (".csv", ".png", ".json", ".jsonl", ".md", ".txt", ".svg", ".pdf
 
 #: file name endings that name a format: an output named with one of them but written in another
 #: is refused (:func:`check_output_path`'s ``writes``)
-FORMAT_SUFFIXES = (".csv", ".md", ".png", ".json", ".jsonl", ".toml", ".txt", ".html", ".svg", ".pdf", ".sql")
+FORMAT_SUFFIXES = tuple(s for s in FILE_SUFFIXES if s != ".gz")   # (.gz names a compression, not a format)
 
 
 def check_output_path(path: str | Path, flag: str = "--out", *, directory: bool = False,

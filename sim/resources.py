@@ -182,7 +182,7 @@ def resolve_scenario(arg: str) -> Path:
     return p
 
 
-def resolve_named(kind: str, arg: str | Path) -> Path:
+def resolve_named(kind: str, arg: str | Path, field: str | None = None) -> Path:
     """The file a Python caller's ``arg`` names for ``kind`` (``"model"`` or ``"hardware"``): the
     file itself when it exists or ``arg`` is a path (its loader reports a missing one), else the
     built-in of that bare name (the working folder's copy first), as
@@ -190,15 +190,16 @@ def resolve_named(kind: str, arg: str | Path) -> Path:
     ``load_hardware("h200")``.
 
     Raises:
-        ScenarioError: ``arg`` is a bare name that is neither a file nor built in (field
-            ``kind``), listing the built-in names.
+        ScenarioError: ``arg`` is a bare name that is neither a file nor built in (``field``,
+            default ``kind``), listing the built-in names.
     """
     p = Path(arg)
     if not isinstance(arg, str) or p.is_file() or not is_bare_name(arg):
         return p
     found = builtin(kind, arg.strip(), cwd_first=True)
     if found is None:
-        raise ScenarioError(f"no such file, and {unknown_name_message(kind, arg.strip())}", field=kind)
+        what = "a folder, not a file" if p.is_dir() else "no such file"
+        raise ScenarioError(f"{what}, and {unknown_name_message(kind, arg.strip())}", field=field or kind)
     return found
 
 

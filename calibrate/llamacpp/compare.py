@@ -137,24 +137,19 @@ def hardware_path(hardware: str | Path, field: str = "--hardware") -> Path:
     """The hardware profile file a command line names, as ``prefetch-sim`` and scenario files name
     one: a path (absolute, else relative to the current folder or the repository root:
     :func:`resolve`) that is a file, else a bare built-in name (``h200``, ``h200-llamacpp``: no
-    ``/``, no ``.toml``; :func:`sim.resources.builtin`). A path that is neither is returned as given
+    ``/``, no ``.toml``; :func:`sim.resources.resolve_named`). A path that is neither is returned as given
     (its loader reports the missing file).
 
     Raises:
         ScenarioError: (``field``) a bare name that is no file and no built-in profile, listing
             the built-in names.
     """
-    from sim.resources import builtin, is_bare_name, unknown_name_message
+    from sim.resources import is_bare_name, resolve_named
 
     p = resolve(hardware)
     if p.is_file() or not is_bare_name(str(hardware)):
         return p
-    name = str(hardware).strip()
-    found = builtin("hardware", name, cwd_first=True)
-    if found is None:
-        what = "a folder, not a file" if p.is_dir() else "no such file"
-        raise ScenarioError(f"{what}, and {unknown_name_message('hardware', name)}", field=field)
-    return found
+    return resolve_named("hardware", str(hardware), field=field)
 
 
 def jsonl_objects(path: str | Path, what: str) -> list[tuple[int, dict]]:

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     from .compare import hardware_path, resolve
 
     try:
-        hw = load_hardware(hardware_path(args.hardware))
+        hw_file = hardware_path(args.hardware)
+        hw = load_hardware(hw_file)
         for r in args.runs:
             if not Path(r).is_dir():
                 raise PrefetchSimError(f"{r}: no such run folder")
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:   # before any work: --out must not replace a run's measurements, the profile or its tables
             from .compare import check_outputs_spare_inputs
 
-            check_outputs_spare_inputs({"--out": args.out}, runs, [str(hardware_path(args.hardware))])
+            check_outputs_spare_inputs({"--out": args.out}, runs, [str(hw_file)])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             frames = [check(r, hw) for r in runs]

@@ -1321,12 +1321,11 @@ def _main(argv: list[str] | None) -> int:
         print(f"prefetch-sim: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # the reader of stdout went away (| head): quiet, with the status of a program that
-        # SIGPIPE ended (128 + 13), whatever the command (fresh-user round 10: run exited 0 and
-        # the others 2 with an error line); stdout to /dev/null so that the exit's flush is quiet
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
+        # the reader of stdout went away (| head): quiet 141, whatever the command (fresh-user
+        # round 10: run exited 0 and the others 2 with an error line)
+        from sim.cli.interrupt import closed_pipe
+
+        return closed_pipe()
     except OSError as exc:  # an output that could not be written after all
         from sim.atomic import flag_of
 

@@ -1360,6 +1360,21 @@ def python_only_syntax(pattern: str) -> str | None:
     return None
 
 
+def ot_regex_problem(pattern: str) -> str | None:
+    """Why an ``-ot`` pattern (Python ``re`` syntax, already compiled) cannot be taken, worded to
+    follow the pattern in a message, or None: syntax ``std::regex`` refuses
+    (:func:`python_only_syntax`: llama-bench would fail to load the model), then a group repeated
+    without bound inside such a repetition (:func:`nested_repeat`: exponential matching time).
+    The one rule of a scenario's ``override_tensor`` and the command line's ``-ot``."""
+    bad = python_only_syntax(pattern)
+    if bad:
+        return (f"uses {bad}, which Python accepts but llama.cpp's std::regex (ECMAScript) refuses: llama-bench "
+                "would fail to load the model")
+    if nested_repeat(pattern):
+        return "repeats a repeated group without bound: matching it can take exponential time; write it without the nesting"
+    return None
+
+
 def profile_kernel_tables(hw_file) -> list[str]:
     """The kernel-table CSVs a hardware profile TOML names (``[ggml]`` ``gpu_kernels``,
     ``gpu_kernels_extra``, ``cpu_kernels``, relative to the profile), as paths; [] when it names
@@ -1440,13 +1455,9 @@ def placement_from_fields(p: Fields) -> Placement:
             re.compile(regex)
         except re.error as exc:
             raise ScenarioError(f"bad regex '{regex}': {exc}", file=p.file, field=fld) from None
-        if nested_repeat(regex):
-            raise ScenarioError(f"regex '{regex}' repeats a repeated group without bound: matching it can take "
-                                "exponential time; write it without the nesting", file=p.file, field=fld)
-        bad = python_only_syntax(regex)
-        if bad:
-            raise ScenarioError(f"regex '{regex}' uses {bad}, which Python accepts but llama.cpp's std::regex "
-                                "(ECMAScript) refuses: llama-bench would fail to load the model", file=p.file, field=fld)
+        problem = ot_regex_problem(regex)
+        if problem:
+            raise ScenarioError(f"regex '{regex}' {problem}", file=p.file, field=fld)
         if not re.fullmatch(r"CPU|CUDA\d+|GPU\d*", buf.upper()):
             raise ScenarioError(f"buffer must be CPU or CUDA<n>, got '{buf}'", file=p.file, field=fld)
         rules.append((regex, buf.upper()))

@@ -229,12 +229,11 @@ def patch_fields_note(variants) -> str | None:
     which the patch runs by staging every host weight in ``max(2, N)`` slots and
     :func:`prefetch_variant` refuses), so that a reader does not take its rows for the patch's.
     None when no variant does."""
-    both = [v.name for v in variants if v.prefetch_weights and v.expert_slots]
+    both = [v for v in variants if v.prefetch_weights and v.expert_slots]
     if not both:
         return None
-    v = next(v for v in variants if v.name == both[0])
-    f = variant_fields(v)
-    return (f"{', '.join(both)}: rows print prefetch_weights {f['prefetch_weights']}, prefetch_gate "
+    f = variant_fields(both[0])
+    return (f"{', '.join(v.name for v in both)}: rows print prefetch_weights {f['prefetch_weights']}, prefetch_gate "
             f"{f['prefetch_gate']}, prefetch_expert_slots {f['prefetch_expert_slots']}, but the prefetch patch runs "
             f"-pw 1 -pes {f['prefetch_expert_slots']} as another design (every host weight staged in max(2, "
             f"{f['prefetch_expert_slots']}) slots), which the simulator does not model: tell these rows from the "
@@ -708,23 +707,19 @@ def python_regex(regex: str) -> str:
         ValueError: a POSIX class Python has no spelling for here, a group repeated without
             bound inside a repetition without bound (:func:`sim.model.specs.nested_repeat`:
             exponential matching time), or syntax that ``std::regex`` refuses
-            (:func:`sim.model.specs.python_only_syntax`).
+            (:func:`sim.model.specs.ot_regex_problem`).
     """
-    from sim.model.specs import nested_repeat, python_only_syntax
+    from sim.model.specs import ot_regex_problem
 
     def sub(m: re.Match) -> str:
         if m.group(1) not in _POSIX_CLASSES:
             raise ValueError(f"POSIX class [:{m.group(1)}:] in '{regex}' not supported")
         return _POSIX_CLASSES[m.group(1)]
 
-    bad = python_only_syntax(regex)
-    if bad:
-        raise ValueError(f"'{regex}' uses {bad}, which Python accepts but llama.cpp's std::regex (ECMAScript) "
-                         "refuses: llama-bench would fail to load the model")
     out = re.sub(r"\[:(\w+):\]", sub, regex)
-    if nested_repeat(out):
-        raise ValueError(f"'{regex}' repeats a repeated group without bound: matching it can take exponential "
-                         "time; write it without the nesting")
+    problem = ot_regex_problem(out)
+    if problem:
+        raise ValueError(f"'{regex}' {problem}")
     return out
 
 
